@@ -1,0 +1,44 @@
+#include "models/blas_check.h"
+
+#include <filesystem>
+#include <fstream>
+
+namespace fwmodel {
+namespace {
+
+bool IsOptimised(const std::string& path) {
+  return path.find("openblas") != std::string::npos || path.find("mkl") != std::string::npos ||
+         path.find("blis") != std::string::npos || path.find("atlas") != std::string::npos;
+}
+
+constexpr char kWarning[] =
+    "WARNING: LibTorch is using the reference BLAS (%s); matrix products run about 20x "
+    "slower. Install libopenblas0-openmp (scripts/install-deps.sh does) and restart.";
+
+std::string Format(const std::string& path) {
+  std::string text = kWarning;
+  text.replace(text.find("%s"), 2, path);
+  return text;
+}
+
+}  // namespace
+
+std::optional<std::string> SlowBlasWarning() {
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  while (std::getline(maps, line)) {
+    const size_t slash = line.find('/');
+    if (slash == std::string::npos) continue;
+    const std::string path = line.substr(slash);
+    if (path.find("libblas.so") == std::string::npos) continue;
+    if (IsOptimised(path)) return std::nullopt;
+    return Format(path);
+  }
+  // Not mapped (static or lazy load): ask the Debian alternatives link instead.
+  std::error_code ec;
+  const auto target = std::filesystem::canonical("/usr/lib/x86_64-linux-gnu/libblas.so.3", ec);
+  if (!ec && !IsOptimised(target.string())) return Format(target.string());
+  return std::nullopt;
+}
+
+}  // namespace fwmodel

@@ -1,0 +1,211 @@
+#include "models/config.h"
+
+#include <cmath>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "nlohmann/json.hpp"
+
+namespace fwmodel {
+namespace {
+
+using nlohmann::json;
+
+absl::Status KeyError(const std::string& key, const std::string& what) {
+  return absl::InvalidArgumentError(absl::StrCat("config.json: key '", key, "' ", what));
+}
+
+// Reads an integer key if present. JSON floats with an integral value are not
+// accepted: "d_model": 64.0 is a typo worth reporting.
+absl::Status ReadInt(const json& j, const std::string& key, bool required, int* out) {
+  auto it = j.find(key);
+  if (it == j.end()) {
+    return required ? KeyError(key, "is required but missing") : absl::OkStatus();
+  }
+  if (!it->is_number_integer()) {
+    return KeyError(key, absl::StrCat("must be an integer, got ", it->dump()));
+  }
+  const int64_t value = it->get<int64_t>();
+  if (value < INT32_MIN || value > INT32_MAX) {
+    return KeyError(key, absl::StrCat("is out of range: ", value));
+  }
+  *out = static_cast<int>(value);
+  return absl::OkStatus();
+}
+
+absl::Status ReadDouble(const json& j, const std::string& key, double* out) {
+  auto it = j.find(key);
+  if (it == j.end()) return absl::OkStatus();
+  if (!it->is_number()) return KeyError(key, absl::StrCat("must be a number, got ", it->dump()));
+  *out = it->get<double>();
+  return absl::OkStatus();
+}
+
+absl::Status ReadString(const json& j, const std::string& key, bool required, std::string* out) {
+  auto it = j.find(key);
+  if (it == j.end()) {
+    return required ? KeyError(key, "is required but missing") : absl::OkStatus();
+  }
+  if (!it->is_string()) return KeyError(key, absl::StrCat("must be a string, got ", it->dump()));
+  *out = it->get<std::string>();
+  return absl::OkStatus();
+}
+
+absl::Status ReadBool(const json& j, const std::string& key, bool* out) {
+  auto it = j.find(key);
+  if (it == j.end()) return absl::OkStatus();
+  if (!it->is_boolean()) return KeyError(key, absl::StrCat("must be true or false, got ", it->dump()));
+  *out = it->get<bool>();
+  return absl::OkStatus();
+}
+
+const std::set<std::string>& KnownKeys() {
+  static const auto* keys = new std::set<std::string>{
+      "format_version", "architecture", "vocab_size", "tokenizer", "bos_token_id",
+      "d_model",        "n_layers",     "n_heads",    "d_ff",      "ffn",
+      "dconv_kernel",   "dpfp_nu",      "norm_eps",   "attn_eps",  "tie_embeddings"};
+  return *keys;
+}
+
+}  // namespace
+
+const char* ArchitectureName(Architecture arch) {
+  switch (arch) {
+    case Architecture::kLinearAttention: return "linear_attention";
+    case Architecture::kFastWeight: return "fast_weight";
+    case Architecture::kAft: return "aft";
+  }
+  return "?";
+}
+
+const char* FfnKindName(FfnKind ffn) {
+  switch (ffn) {
+    case FfnKind::kRelu: return "relu";
+    case FfnKind::kSquaredRelu: return "squared_relu";
+    case FfnKind::kGeglu: return "geglu";
+  }
+  return "?";
+}
+
+absl::StatusOr<Architecture> ParseArchitecture(const std::string& name) {
+  if (name == "linear_attention") return Architecture::kLinearAttention;
+  if (name == "fast_weight") return Architecture::kFastWeight;
+  if (name == "aft") return Architecture::kAft;
+  return KeyError("architecture", absl::StrCat("has unknown value \"", name,
+                                               "\" (expected linear_attention, fast_weight or aft)"));
+}
+
+absl::StatusOr<FfnKind> ParseFfnKind(const std::string& name) {
+  if (name == "relu") return FfnKind::kRelu;
+  if (name == "squared_relu") return FfnKind::kSquaredRelu;
+  if (name == "geglu") return FfnKind::kGeglu;
+  return KeyError("ffn", absl::StrCat("has unknown value \"", name,
+                                      "\" (expected relu, squared_relu or geglu)"));
+}
+
+absl::Status ModelConfig::Validate() const {
+  if (format_version != 1) {
+    return KeyError("format_version", absl::StrCat("must be 1, got ", format_version));
+  }
+  if (vocab_size < 1 || vocab_size > (1 << 24)) {
+    return KeyError("vocab_size", absl::StrCat("must be in [1, 16777216], got ", vocab_size));
+  }
+  if (tokenizer != "bytes") {
+    return KeyError("tokenizer", absl::StrCat("has unknown value \"", tokenizer,
+                                              "\" (expected bytes)"));
+  }
+  if (vocab_size < 256) {
+    return KeyError("vocab_size",
+                    absl::StrCat("must be at least 256 for the bytes tokenizer, got ", vocab_size));
+  }
+  if (bos_token_id < 0 || bos_token_id >= vocab_size) {
+    return KeyError("bos_token_id", absl::StrCat("must be in [0, vocab_size), got ", bos_token_id));
+  }
+  if (d_model < 1) return KeyError("d_model", absl::StrCat("must be positive, got ", d_model));
+  if (n_layers < 1) return KeyError("n_layers", absl::StrCat("must be positive, got ", n_layers));
+  if (n_heads < 1) return KeyError("n_heads", absl::StrCat("must be positive, got ", n_heads));
+  if (d_model % n_heads != 0) {
+    return KeyError("n_heads", absl::StrCat("must divide d_model=", d_model, ", got ", n_heads));
+  }
+  if (d_ff < 1) return KeyError("d_ff", absl::StrCat("must be positive, got ", d_ff));
+  if (dconv_kernel < 0 || dconv_kernel > 64) {
+    return KeyError("dconv_kernel", absl::StrCat("must be in [0, 64], got ", dconv_kernel));
+  }
+  if (dpfp_nu < 1 || dpfp_nu > 16) {
+    return KeyError("dpfp_nu", absl::StrCat("must be in [1, 16], got ", dpfp_nu));
+  }
+  if (!(norm_eps > 0) || !std::isfinite(norm_eps)) {
+    return KeyError("norm_eps", absl::StrCat("must be a positive finite number, got ", norm_eps));
+  }
+  if (!(attn_eps > 0) || !std::isfinite(attn_eps)) {
+    return KeyError("attn_eps", absl::StrCat("must be a positive finite number, got ", attn_eps));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text) {
+  json j = json::parse(json_text, /*cb=*/nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return absl::InvalidArgumentError("config.json: not valid JSON");
+  if (!j.is_object()) return absl::InvalidArgumentError("config.json: top level must be an object");
+  for (const auto& item : j.items()) {
+    if (KnownKeys().count(item.key()) == 0) {
+      return KeyError(item.key(), "is unknown (contract version 1 has no such key)");
+    }
+  }
+  ModelConfig c;
+  absl::Status s;
+  std::string arch_name, ffn_name;
+  if (!(s = ReadInt(j, "format_version", true, &c.format_version)).ok()) return s;
+  if (!(s = ReadString(j, "architecture", true, &arch_name)).ok()) return s;
+  auto arch = ParseArchitecture(arch_name);
+  if (!arch.ok()) return arch.status();
+  c.architecture = *arch;
+  if (!(s = ReadInt(j, "vocab_size", false, &c.vocab_size)).ok()) return s;
+  if (!(s = ReadString(j, "tokenizer", false, &c.tokenizer)).ok()) return s;
+  if (!(s = ReadInt(j, "bos_token_id", false, &c.bos_token_id)).ok()) return s;
+  if (!(s = ReadInt(j, "d_model", true, &c.d_model)).ok()) return s;
+  if (!(s = ReadInt(j, "n_layers", true, &c.n_layers)).ok()) return s;
+  if (!(s = ReadInt(j, "n_heads", true, &c.n_heads)).ok()) return s;
+  c.d_ff = 4 * c.d_model;
+  if (!(s = ReadInt(j, "d_ff", false, &c.d_ff)).ok()) return s;
+  if (j.contains("ffn")) {
+    if (!(s = ReadString(j, "ffn", true, &ffn_name)).ok()) return s;
+    auto ffn = ParseFfnKind(ffn_name);
+    if (!ffn.ok()) return ffn.status();
+    c.ffn = *ffn;
+  }
+  if (!(s = ReadInt(j, "dconv_kernel", false, &c.dconv_kernel)).ok()) return s;
+  if (!(s = ReadInt(j, "dpfp_nu", false, &c.dpfp_nu)).ok()) return s;
+  if (!(s = ReadDouble(j, "norm_eps", &c.norm_eps)).ok()) return s;
+  if (!(s = ReadDouble(j, "attn_eps", &c.attn_eps)).ok()) return s;
+  if (!(s = ReadBool(j, "tie_embeddings", &c.tie_embeddings)).ok()) return s;
+  if (!(s = c.Validate()).ok()) return s;
+  return c;
+}
+
+std::string ModelConfigToJson(const ModelConfig& c) {
+  json j;  // nlohmann::json objects keep keys sorted.
+  j["format_version"] = c.format_version;
+  j["architecture"] = ArchitectureName(c.architecture);
+  j["vocab_size"] = c.vocab_size;
+  j["tokenizer"] = c.tokenizer;
+  j["bos_token_id"] = c.bos_token_id;
+  j["d_model"] = c.d_model;
+  j["n_layers"] = c.n_layers;
+  j["n_heads"] = c.n_heads;
+  j["d_ff"] = c.d_ff;
+  j["ffn"] = FfnKindName(c.ffn);
+  j["dconv_kernel"] = c.dconv_kernel;
+  j["dpfp_nu"] = c.dpfp_nu;
+  j["norm_eps"] = c.norm_eps;
+  j["attn_eps"] = c.attn_eps;
+  j["tie_embeddings"] = c.tie_embeddings;
+  return j.dump(2) + "\n";
+}
+
+bool operator==(const ModelConfig& a, const ModelConfig& b) {
+  return ModelConfigToJson(a) == ModelConfigToJson(b);
+}
+
+}  // namespace fwmodel

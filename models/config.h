@@ -1,0 +1,59 @@
+// Model configuration: the `config.json` of a checkpoint (contract version 1).
+// Parsing is strict: unknown keys, missing required keys and bad values are errors
+// that name the key. Torch-free.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace fwmodel {
+
+enum class Architecture { kLinearAttention, kFastWeight, kAft };
+enum class FfnKind { kRelu, kSquaredRelu, kGeglu };
+
+// Contract spellings ("linear_attention", "squared_relu", ...).
+const char* ArchitectureName(Architecture arch);
+const char* FfnKindName(FfnKind ffn);
+absl::StatusOr<Architecture> ParseArchitecture(const std::string& name);
+absl::StatusOr<FfnKind> ParseFfnKind(const std::string& name);
+
+// Every field of contract version 1. Defaults are the contract's defaults, except
+// for the required fields, which have no meaningful default and are zero here.
+struct ModelConfig {
+  int format_version = 1;
+  Architecture architecture = Architecture::kLinearAttention;
+  int vocab_size = 256;
+  std::string tokenizer = "bytes";
+  int bos_token_id = 10;
+  int d_model = 0;
+  int n_layers = 0;
+  int n_heads = 0;
+  int d_ff = 0;  // 0 in a parsed config never happens: defaults to 4 * d_model.
+  FfnKind ffn = FfnKind::kSquaredRelu;
+  int dconv_kernel = 0;  // 0 or 1: no convolution.
+  int dpfp_nu = 1;
+  double norm_eps = 1e-5;
+  double attn_eps = 1e-6;
+  bool tie_embeddings = false;
+
+  int d_head() const { return n_heads > 0 ? d_model / n_heads : 0; }
+  bool has_dconv() const { return dconv_kernel >= 2; }
+  // Width of the DPFP feature map (fast_weight only).
+  int d_phi() const { return 2 * dpfp_nu * d_head(); }
+
+  // Checks every value range and cross-field rule; the error names the key.
+  absl::Status Validate() const;
+};
+
+// Parses config.json text. Applies the contract's defaults, then Validate().
+absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text);
+
+// Canonical JSON with every key written out (sorted keys, two-space indent). Parsing
+// the result gives back an equal config; the fingerprint hashes this text.
+std::string ModelConfigToJson(const ModelConfig& config);
+
+bool operator==(const ModelConfig& a, const ModelConfig& b);
+
+}  // namespace fwmodel

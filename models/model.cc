@@ -1,0 +1,660 @@
+#include "models/model.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace fwmodel {
+namespace {
+
+// Stand-in for p0 = -inf of the aft recurrence: finite, so that p - t*w stays finite
+// and exp(p - q) is exactly 0 in float32 and float64.
+constexpr double kAftInitialLogScale = -1e30;
+
+using torch::indexing::Slice;
+
+std::string LayerName(int i, const std::string& suffix) {
+  return absl::StrCat("blocks.", i, ".", suffix);
+}
+
+std::string ShapeString(const std::vector<int64_t>& shape) {
+  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+}
+
+std::vector<const char*> ProjectionNames(Architecture arch) {
+  if (arch == Architecture::kAft) return {"r", "k", "v"};
+  return {"q", "k", "v"};
+}
+
+// Causal depthwise convolution over time. x: [B, T, d]; history: [B, K-1, d], the
+// previous K-1 inputs (zeros before the session's first token). Returns y [B, T, d]
+// and replaces history with the last K-1 inputs.
+torch::Tensor CausalDepthwiseConv(const torch::Tensor& x, const torch::Tensor& weight,
+                                  const torch::Tensor& bias, torch::Tensor* history) {
+  const int64_t kernel = weight.size(1);
+  const int64_t steps = x.size(1);
+  torch::Tensor padded = torch::cat({*history, x}, 1);  // [B, K-1+T, d]
+  torch::Tensor y = bias;
+  for (int64_t j = 0; j < kernel; ++j) {
+    y = y + weight.select(1, j) * padded.narrow(1, j, steps);
+  }
+  *history = padded.narrow(1, steps, kernel - 1);
+  return y;
+}
+
+// DPFP_nu(z) normalised to sum 1 over the last dimension.
+torch::Tensor DpfpFeatures(const torch::Tensor& z, int64_t nu, double eps) {
+  torch::Tensor x = torch::cat({torch::relu(z), torch::relu(-z)}, -1);
+  std::vector<torch::Tensor> parts;
+  parts.reserve(static_cast<size_t>(nu));
+  for (int64_t i = 1; i <= nu; ++i) parts.push_back(x * torch::roll(x, {i}, {-1}));
+  torch::Tensor features = nu == 1 ? parts[0] : torch::cat(parts, -1);
+  return features / (features.sum(-1, /*keepdim=*/true) + eps);
+}
+
+torch::Tensor EluPlusOne(const torch::Tensor& z) { return torch::elu(z) + 1.0; }
+
+}  // namespace
+
+struct Model::LayerWeights {
+  torch::Tensor norm1_w, norm1_b, norm2_w, norm2_b;
+  torch::Tensor proj[3];  // q|r, k, v
+  torch::Tensor conv_w[3], conv_b[3];
+  torch::Tensor o_w, o_b;
+  torch::Tensor beta_w;                   // fast_weight
+  torch::Tensor time_decay, time_first;   // aft
+  torch::Tensor up_w, up_b, down_w, down_b;
+};
+
+// ---------------------------------------------------------------------------
+// State
+
+State State::Gather(const torch::Tensor& rows) const {
+  State out;
+  out.tensors.reserve(tensors.size());
+  for (const torch::Tensor& t : tensors) out.tensors.push_back(t.index_select(0, rows));
+  return out;
+}
+
+void State::Scatter(const torch::Tensor& rows, const State& source) {
+  for (size_t i = 0; i < tensors.size(); ++i) tensors[i].index_copy_(0, rows, source.tensors[i]);
+}
+
+State State::Clone() const {
+  State out;
+  for (const torch::Tensor& t : tensors) out.tensors.push_back(t.clone());
+  return out;
+}
+
+State State::Detach() const {
+  State out;
+  for (const torch::Tensor& t : tensors) out.tensors.push_back(t.detach());
+  return out;
+}
+
+// ---------------------------------------------------------------------------
+// Shapes
+
+std::vector<std::pair<std::string, std::vector<int64_t>>> ExpectedWeightShapes(
+    const ModelConfig& c) {
+  const int64_t d = c.d_model, f = c.d_ff, V = c.vocab_size;
+  std::vector<std::pair<std::string, std::vector<int64_t>>> shapes;
+  shapes.push_back({"embed.weight", {V, d}});
+  for (int i = 0; i < c.n_layers; ++i) {
+    for (const char* norm : {"norm1", "norm2"}) {
+      shapes.push_back({LayerName(i, absl::StrCat(norm, ".weight")), {d}});
+      shapes.push_back({LayerName(i, absl::StrCat(norm, ".bias")), {d}});
+    }
+    for (const char* p : ProjectionNames(c.architecture)) {
+      shapes.push_back({LayerName(i, absl::StrCat("mixer.", p, ".weight")), {d, d}});
+      if (c.has_dconv()) {
+        shapes.push_back({LayerName(i, absl::StrCat("mixer.", p, "_conv.weight")), {d, c.dconv_kernel}});
+        shapes.push_back({LayerName(i, absl::StrCat("mixer.", p, "_conv.bias")), {d}});
+      }
+    }
+    shapes.push_back({LayerName(i, "mixer.o.weight"), {d, d}});
+    shapes.push_back({LayerName(i, "mixer.o.bias"), {d}});
+    if (c.architecture == Architecture::kFastWeight) {
+      shapes.push_back({LayerName(i, "mixer.beta.weight"), {c.n_heads, d}});
+    }
+    if (c.architecture == Architecture::kAft) {
+      shapes.push_back({LayerName(i, "mixer.time_decay"), {d}});
+      shapes.push_back({LayerName(i, "mixer.time_first"), {d}});
+    }
+    const int64_t up = c.ffn == FfnKind::kGeglu ? 2 * f : f;
+    shapes.push_back({LayerName(i, "ffn.up.weight"), {up, d}});
+    shapes.push_back({LayerName(i, "ffn.up.bias"), {up}});
+    shapes.push_back({LayerName(i, "ffn.down.weight"), {d, f}});
+    shapes.push_back({LayerName(i, "ffn.down.bias"), {d}});
+  }
+  shapes.push_back({"norm_f.weight", {d}});
+  shapes.push_back({"norm_f.bias", {d}});
+  if (!c.tie_embeddings) shapes.push_back({"head.weight", {V, d}});
+  std::sort(shapes.begin(), shapes.end());
+  return shapes;
+}
+
+// ---------------------------------------------------------------------------
+// Construction
+
+absl::StatusOr<Model> Model::Create(const ModelConfig& config,
+                                    std::map<std::string, torch::Tensor> weights,
+                                    const ModelOptions& options) {
+  absl::Status valid = config.Validate();
+  if (!valid.ok()) return valid;
+  if (options.dtype != torch::kFloat32 && options.dtype != torch::kFloat64) {
+    return absl::InvalidArgumentError("compute dtype must be float32 or float64");
+  }
+  if (options.device.is_cuda() && !torch::cuda::is_available()) {
+    return absl::FailedPreconditionError(
+        "device cuda requested, but this LibTorch build has no usable CUDA device");
+  }
+  const auto expected = ExpectedWeightShapes(config);
+  for (const auto& [name, shape] : expected) {
+    auto it = weights.find(name);
+    if (it == weights.end()) {
+      return absl::InvalidArgumentError(absl::StrCat("missing tensor '", name, "'"));
+    }
+    if (it->second.sizes().vec() != shape) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor '", name, "' has shape ", ShapeString(it->second.sizes().vec()),
+          ", expected ", ShapeString(shape)));
+    }
+  }
+  if (weights.size() != expected.size()) {
+    for (const auto& [name, tensor] : weights) {
+      bool known = std::any_of(expected.begin(), expected.end(),
+                               [&](const auto& e) { return e.first == name; });
+      if (!known) return absl::InvalidArgumentError(absl::StrCat("unexpected tensor '", name, "'"));
+    }
+  }
+  Model model;
+  model.config_ = config;
+  model.options_ = options;
+  try {
+    for (auto& [name, tensor] : weights) {
+      model.weights_[name] =
+          tensor.detach().to(options.device, options.dtype, /*non_blocking=*/false, /*copy=*/true);
+    }
+  } catch (const c10::Error& e) {
+    return absl::InternalError("could not move weights to the compute device");
+  }
+  absl::Status bound = model.BindWeights();
+  if (!bound.ok()) return bound;
+  return model;
+}
+
+absl::Status Model::BindWeights() {
+  const ModelConfig& c = config_;
+  layers_.clear();
+  state_spec_.clear();
+  mixer_state_index_.clear();
+  conv_state_index_.clear();
+  const auto names = ProjectionNames(c.architecture);
+  const int64_t H = c.n_heads, dh = c.d_head(), d = c.d_model;
+  for (int i = 0; i < c.n_layers; ++i) {
+    auto w = std::make_shared<LayerWeights>();
+    auto get = [&](const std::string& suffix) { return weights_.at(LayerName(i, suffix)); };
+    w->norm1_w = get("norm1.weight");
+    w->norm1_b = get("norm1.bias");
+    w->norm2_w = get("norm2.weight");
+    w->norm2_b = get("norm2.bias");
+    for (int p = 0; p < 3; ++p) {
+      w->proj[p] = get(absl::StrCat("mixer.", names[p], ".weight"));
+      if (c.has_dconv()) {
+        w->conv_w[p] = get(absl::StrCat("mixer.", names[p], "_conv.weight"));
+        w->conv_b[p] = get(absl::StrCat("mixer.", names[p], "_conv.bias"));
+      }
+    }
+    w->o_w = get("mixer.o.weight");
+    w->o_b = get("mixer.o.bias");
+    if (c.architecture == Architecture::kFastWeight) w->beta_w = get("mixer.beta.weight");
+    if (c.architecture == Architecture::kAft) {
+      w->time_decay = get("mixer.time_decay");
+      w->time_first = get("mixer.time_first");
+    }
+    w->up_w = get("ffn.up.weight");
+    w->up_b = get("ffn.up.bias");
+    w->down_w = get("ffn.down.weight");
+    w->down_b = get("ffn.down.bias");
+    layers_.push_back(std::move(w));
+
+    mixer_state_index_.push_back(static_cast<int>(state_spec_.size()));
+    switch (c.architecture) {
+      case Architecture::kLinearAttention:
+        state_spec_.push_back({LayerName(i, "S"), {H, dh, dh}});
+        state_spec_.push_back({LayerName(i, "z"), {H, dh}});
+        break;
+      case Architecture::kFastWeight:
+        state_spec_.push_back({LayerName(i, "W"), {H, dh, c.d_phi()}});
+        break;
+      case Architecture::kAft:
+        state_spec_.push_back({LayerName(i, "wkv"), {3, d}});
+        break;
+    }
+    if (c.has_dconv()) {
+      conv_state_index_.push_back(static_cast<int>(state_spec_.size()));
+      state_spec_.push_back({LayerName(i, "conv"), {3, c.dconv_kernel - 1, d}});
+    } else {
+      conv_state_index_.push_back(-1);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Model> Model::InitRandom(const ModelConfig& config, uint64_t seed,
+                                        const ModelOptions& options) {
+  absl::Status valid = config.Validate();
+  if (!valid.ok()) return valid;
+  torch::NoGradGuard no_grad;
+  auto generator = at::detail::createCPUGenerator(seed);
+  auto f32 = torch::TensorOptions().dtype(torch::kFloat32);
+  const double residual_std = 0.02 / std::sqrt(2.0 * config.n_layers);
+  std::map<std::string, torch::Tensor> weights;
+  for (const auto& [name, shape] : ExpectedWeightShapes(config)) {
+    auto ends_with = [&](const std::string& s) {
+      return name.size() >= s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0;
+    };
+    torch::Tensor t;
+    if (ends_with("norm1.weight") || ends_with("norm2.weight") || name == "norm_f.weight") {
+      t = torch::ones(shape, f32);
+    } else if (ends_with("_conv.weight")) {
+      // Identity (pass-through of the current input) plus a little noise.
+      t = torch::randn(shape, generator, f32) * 0.02;
+      t.select(1, shape[1] - 1).add_(1.0);
+    } else if (ends_with("time_decay")) {
+      // log of the per-step decay rate, spread from slow (0.05) to fast (2.7).
+      t = torch::linspace(-3.0, 1.0, shape[0], f32);
+    } else if (ends_with("time_first")) {
+      t = torch::zeros(shape, f32);
+    } else if (ends_with(".bias")) {
+      t = torch::zeros(shape, f32);
+    } else if (ends_with("mixer.o.weight") || ends_with("ffn.down.weight")) {
+      t = torch::randn(shape, generator, f32) * residual_std;
+    } else {
+      t = torch::randn(shape, generator, f32) * 0.02;
+    }
+    weights[name] = t;
+  }
+  return Create(config, std::move(weights), options);
+}
+
+int64_t Model::parameter_count() const {
+  int64_t n = 0;
+  for (const auto& [name, t] : weights_) n += t.numel();
+  return n;
+}
+
+int64_t Model::state_bytes_per_session() const {
+  const int64_t element = options_.dtype == torch::kFloat64 ? 8 : 4;
+  int64_t n = 0;
+  for (const StateTensorSpec& s : state_spec_) {
+    int64_t numel = 1;
+    for (int64_t dim : s.shape) numel *= dim;
+    n += numel;
+  }
+  return n * element;
+}
+
+State Model::InitialState(int64_t batch) const {
+  auto opts = torch::TensorOptions().dtype(options_.dtype).device(options_.device);
+  State state;
+  for (const StateTensorSpec& spec : state_spec_) {
+    std::vector<int64_t> shape = {batch};
+    shape.insert(shape.end(), spec.shape.begin(), spec.shape.end());
+    state.tensors.push_back(torch::zeros(shape, opts));
+  }
+  if (config_.architecture == Architecture::kAft) {
+    for (int i = 0; i < config_.n_layers; ++i) {
+      state.tensors[mixer_state_index_[i]].select(1, 2).fill_(kAftInitialLogScale);
+    }
+  }
+  return state;
+}
+
+void Model::SetRequiresGrad(bool requires_grad) {
+  for (auto& [name, t] : weights_) t.requires_grad_(requires_grad);
+}
+
+std::map<std::string, torch::Tensor> Model::ExportWeights() const {
+  std::map<std::string, torch::Tensor> out;
+  for (const auto& [name, t] : weights_) {
+    out[name] = t.detach().to(torch::kCPU, torch::kFloat32).contiguous().clone();
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------
+// Shared pieces
+
+torch::Tensor Model::EmbedTokens(const torch::Tensor& tokens) const {
+  return torch::embedding(weights_.at("embed.weight"), tokens);
+}
+
+torch::Tensor Model::Head(const torch::Tensor& h) const {
+  const int64_t d = config_.d_model;
+  torch::Tensor x = torch::layer_norm(h, {d}, weights_.at("norm_f.weight"),
+                                      weights_.at("norm_f.bias"), config_.norm_eps);
+  const torch::Tensor& head =
+      config_.tie_embeddings ? weights_.at("embed.weight") : weights_.at("head.weight");
+  return torch::linear(x, head);
+}
+
+torch::Tensor Model::Ffn(const LayerWeights& w, const torch::Tensor& x) const {
+  torch::Tensor u = torch::linear(x, w.up_w, w.up_b);
+  switch (config_.ffn) {
+    case FfnKind::kRelu:
+      u = torch::relu(u);
+      break;
+    case FfnKind::kSquaredRelu:
+      u = torch::relu(u).square();
+      break;
+    case FfnKind::kGeglu: {
+      const int64_t f = config_.d_ff;
+      u = u.narrow(-1, 0, f) * torch::gelu(u.narrow(-1, f, f));
+      break;
+    }
+  }
+  return torch::linear(u, w.down_w, w.down_b);
+}
+
+// ---------------------------------------------------------------------------
+// Sequence form
+
+torch::Tensor Model::MixerSequence(int layer, const torch::Tensor& a, State* state) const {
+  const LayerWeights& w = *layers_[layer];
+  const ModelConfig& c = config_;
+  const int64_t B = a.size(0), T = a.size(1), d = c.d_model, H = c.n_heads, dh = c.d_head();
+
+  torch::Tensor proj[3];
+  for (int p = 0; p < 3; ++p) proj[p] = torch::linear(a, w.proj[p]);
+  if (c.has_dconv()) {
+    torch::Tensor& conv_state = state->tensors[conv_state_index_[layer]];  // [B, 3, K-1, d]
+    std::vector<torch::Tensor> histories;
+    for (int p = 0; p < 3; ++p) {
+      torch::Tensor history = conv_state.select(1, p);
+      proj[p] = CausalDepthwiseConv(proj[p], w.conv_w[p], w.conv_b[p], &history);
+      histories.push_back(history);
+    }
+    conv_state = torch::stack(histories, 1);
+  }
+
+  torch::Tensor y;  // [B, T, d]
+  if (c.architecture == Architecture::kAft) {
+    torch::Tensor r = torch::sigmoid(proj[0]);
+    const torch::Tensor& k = proj[1];
+    const torch::Tensor& v = proj[2];
+    torch::Tensor& packed = state->tensors[mixer_state_index_[layer]];  // [B, 3, d]
+    torch::Tensor alpha = packed.select(1, 0), beta = packed.select(1, 1);
+    torch::Tensor scale = packed.select(1, 2).detach();  // p: a reference scale only
+    const torch::Tensor decay = torch::exp(w.time_decay);  // w > 0, [d]
+    const torch::Tensor bonus = w.time_first;              // u, [d]
+    auto opts = a.options();
+    std::vector<torch::Tensor> outputs;
+    for (int64_t t0 = 0; t0 < T; t0 += options_.aft_chunk) {
+      const int64_t n = std::min(options_.aft_chunk, T - t0);
+      torch::Tensor kc = k.narrow(1, t0, n), vc = v.narrow(1, t0, n);
+      torch::Tensor tt = torch::arange(n, opts);
+      // Log weight of token s in the output at t (both chunk-relative), [n, n, d]:
+      // -(t-1-s) w for s < t, u for s = t, -inf for s > t; plus k_s.
+      torch::Tensor lag = (tt.unsqueeze(1) - 1 - tt.unsqueeze(0)).unsqueeze(-1);  // [n, n, 1]
+      torch::Tensor past = -lag * decay;
+      torch::Tensor diagonal = torch::eye(n, opts.dtype(torch::kBool)).unsqueeze(-1);
+      torch::Tensor future = (lag < -1);
+      torch::Tensor pair_bias = torch::where(diagonal, bonus.expand({n, n, d}), past)
+                                    .masked_fill(future, -std::numeric_limits<double>::infinity());
+      torch::Tensor log_w = kc.unsqueeze(1) + pair_bias.unsqueeze(0);        // [B, n, n, d]
+      torch::Tensor state_log_w = scale.unsqueeze(1) - tt.view({1, n, 1}) * decay;  // [B, n, d]
+      torch::Tensor m = torch::maximum(std::get<0>(log_w.max(2)), state_log_w).detach();
+      torch::Tensor e = torch::exp(log_w - m.unsqueeze(2));
+      torch::Tensor e_state = torch::exp(state_log_w - m);
+      torch::Tensor num = (e * vc.unsqueeze(1)).sum(2) + e_state * alpha.unsqueeze(1);
+      torch::Tensor den = e.sum(2) + e_state * beta.unsqueeze(1);
+      outputs.push_back(num / den);
+      // Carry the state past the chunk: token s weighs k_s - (n-1-s) w, the old
+      // state p - n w.
+      torch::Tensor end_log_w = kc - (n - 1 - tt).view({1, n, 1}) * decay;  // [B, n, d]
+      torch::Tensor end_state_log_w = scale - static_cast<double>(n) * decay;     // [B, d]
+      torch::Tensor new_scale =
+          torch::maximum(std::get<0>(end_log_w.max(1)), end_state_log_w).detach();
+      torch::Tensor e_end = torch::exp(end_log_w - new_scale.unsqueeze(1));
+      torch::Tensor e_end_state = torch::exp(end_state_log_w - new_scale);
+      alpha = (e_end * vc).sum(1) + e_end_state * alpha;
+      beta = e_end.sum(1) + e_end_state * beta;
+      scale = new_scale;
+    }
+    packed = torch::stack({alpha, beta, scale}, 1);
+    torch::Tensor wkv = outputs.size() == 1 ? outputs[0] : torch::cat(outputs, 1);
+    y = r * wkv;
+  } else {
+    auto heads = [&](const torch::Tensor& x) { return x.view({B, T, H, dh}).transpose(1, 2); };
+    torch::Tensor q = heads(proj[0]), k = heads(proj[1]), v = heads(proj[2]);  // [B, H, T, dh]
+    std::vector<torch::Tensor> outputs;
+    if (c.architecture == Architecture::kLinearAttention) {
+      torch::Tensor fq = EluPlusOne(q), fk = EluPlusOne(k);
+      torch::Tensor& S = state->tensors[mixer_state_index_[layer]];      // [B, H, dh, dh]
+      torch::Tensor& z = state->tensors[mixer_state_index_[layer] + 1];  // [B, H, dh]
+      for (int64_t t0 = 0; t0 < T; t0 += options_.attention_chunk) {
+        const int64_t n = std::min(options_.attention_chunk, T - t0);
+        torch::Tensor qc = fq.narrow(2, t0, n), kc = fk.narrow(2, t0, n), vc = v.narrow(2, t0, n);
+        torch::Tensor scores = torch::matmul(qc, kc.transpose(-1, -2)).tril();  // [B, H, n, n]
+        torch::Tensor num = torch::matmul(qc, S) + torch::matmul(scores, vc);
+        torch::Tensor den = torch::matmul(qc, z.unsqueeze(-1)).squeeze(-1) + scores.sum(-1) +
+                            c.attn_eps;
+        outputs.push_back(num / den.unsqueeze(-1));
+        S = S + torch::matmul(kc.transpose(-1, -2), vc);
+        z = z + kc.sum(2);
+      }
+    } else {  // fast_weight
+      torch::Tensor fq = DpfpFeatures(q, c.dpfp_nu, c.attn_eps);
+      torch::Tensor fk = DpfpFeatures(k, c.dpfp_nu, c.attn_eps);          // [B, H, T, dphi]
+      torch::Tensor beta = torch::sigmoid(torch::linear(a, w.beta_w)).transpose(1, 2);  // [B,H,T]
+      torch::Tensor& W = state->tensors[mixer_state_index_[layer]];      // [B, H, dh, dphi]
+      for (int64_t t0 = 0; t0 < T; t0 += options_.attention_chunk) {
+        const int64_t n = std::min(options_.attention_chunk, T - t0);
+        torch::Tensor qc = fq.narrow(2, t0, n), kc = fk.narrow(2, t0, n), vc = v.narrow(2, t0, n);
+        torch::Tensor bc = beta.narrow(2, t0, n).unsqueeze(-1);  // [B, H, n, 1]
+        // Delta-rule updates u_t solve (I + diag(beta) strict_tril(K K^T)) U =
+        // diag(beta) (V - K W0^T); then W_t = W0 + sum_{s<=t} u_s k_s^T.
+        torch::Tensor rhs = bc * (vc - torch::matmul(kc, W.transpose(-1, -2)));
+        torch::Tensor system = bc * torch::matmul(kc, kc.transpose(-1, -2)).tril(-1) +
+                               torch::eye(n, a.options());
+        torch::Tensor updates = torch::linalg_solve_triangular(system, rhs, /*upper=*/false,
+                                                               /*left=*/true, /*unitriangular=*/true);
+        torch::Tensor scores = torch::matmul(qc, kc.transpose(-1, -2)).tril();
+        outputs.push_back(torch::matmul(qc, W.transpose(-1, -2)) + torch::matmul(scores, updates));
+        W = W + torch::matmul(updates.transpose(-1, -2), kc);
+      }
+    }
+    torch::Tensor yh = outputs.size() == 1 ? outputs[0] : torch::cat(outputs, 2);  // [B,H,T,dh]
+    y = yh.transpose(1, 2).reshape({B, T, d});
+  }
+  return torch::linear(y, w.o_w, w.o_b);
+}
+
+torch::Tensor Model::ForwardUnchecked(const torch::Tensor& tokens, State* state) const {
+  const int64_t d = config_.d_model;
+  torch::Tensor h = EmbedTokens(tokens);  // [B, T, d]
+  for (int i = 0; i < config_.n_layers; ++i) {
+    const LayerWeights& w = *layers_[i];
+    torch::Tensor a = torch::layer_norm(h, {d}, w.norm1_w, w.norm1_b, config_.norm_eps);
+    h = h + MixerSequence(i, a, state);
+    h = h + Ffn(w, torch::layer_norm(h, {d}, w.norm2_w, w.norm2_b, config_.norm_eps));
+  }
+  return Head(h);
+}
+
+// ---------------------------------------------------------------------------
+// Recurrent form: the contract's formulas one token at a time.
+
+torch::Tensor Model::MixerStep(int layer, const torch::Tensor& a, State* state) const {
+  const LayerWeights& w = *layers_[layer];
+  const ModelConfig& c = config_;
+  const int64_t B = a.size(0), d = c.d_model, H = c.n_heads, dh = c.d_head();
+
+  torch::Tensor proj[3];
+  for (int p = 0; p < 3; ++p) proj[p] = torch::linear(a, w.proj[p]);  // [B, d]
+  if (c.has_dconv()) {
+    torch::Tensor& conv_state = state->tensors[conv_state_index_[layer]];
+    std::vector<torch::Tensor> histories;
+    for (int p = 0; p < 3; ++p) {
+      torch::Tensor history = conv_state.select(1, p);
+      proj[p] = CausalDepthwiseConv(proj[p].unsqueeze(1), w.conv_w[p], w.conv_b[p], &history)
+                    .squeeze(1);
+      histories.push_back(history);
+    }
+    conv_state = torch::stack(histories, 1);
+  }
+
+  torch::Tensor y;  // [B, d]
+  if (c.architecture == Architecture::kAft) {
+    torch::Tensor r = torch::sigmoid(proj[0]);
+    const torch::Tensor& k = proj[1];
+    const torch::Tensor& v = proj[2];
+    torch::Tensor& packed = state->tensors[mixer_state_index_[layer]];
+    torch::Tensor alpha = packed.select(1, 0), beta = packed.select(1, 1), p = packed.select(1, 2);
+    const torch::Tensor decay = torch::exp(w.time_decay);
+    const torch::Tensor& bonus = w.time_first;
+    torch::Tensor q = torch::maximum(p, bonus + k);
+    torch::Tensor e1 = torch::exp(p - q), e2 = torch::exp(bonus + k - q);
+    torch::Tensor wkv = (e1 * alpha + e2 * v) / (e1 * beta + e2);
+    torch::Tensor q2 = torch::maximum(p - decay, k);
+    e1 = torch::exp(p - decay - q2);
+    e2 = torch::exp(k - q2);
+    packed = torch::stack({e1 * alpha + e2 * v, e1 * beta + e2, q2}, 1);
+    y = r * wkv;
+  } else {
+    torch::Tensor q = proj[0].view({B, H, dh}), k = proj[1].view({B, H, dh}),
+                  v = proj[2].view({B, H, dh});
+    if (c.architecture == Architecture::kLinearAttention) {
+      torch::Tensor fq = EluPlusOne(q), fk = EluPlusOne(k);
+      torch::Tensor& S = state->tensors[mixer_state_index_[layer]];
+      torch::Tensor& z = state->tensors[mixer_state_index_[layer] + 1];
+      S = S + fk.unsqueeze(-1) * v.unsqueeze(-2);
+      z = z + fk;
+      torch::Tensor num = torch::matmul(fq.unsqueeze(-2), S).squeeze(-2);  // [B, H, dh]
+      torch::Tensor den = (fq * z).sum(-1, /*keepdim=*/true) + c.attn_eps;
+      y = (num / den).reshape({B, d});
+    } else {
+      torch::Tensor fq = DpfpFeatures(q, c.dpfp_nu, c.attn_eps);
+      torch::Tensor fk = DpfpFeatures(k, c.dpfp_nu, c.attn_eps);  // [B, H, dphi]
+      torch::Tensor beta = torch::sigmoid(torch::linear(a, w.beta_w));  // [B, H]
+      torch::Tensor& W = state->tensors[mixer_state_index_[layer]];   // [B, H, dh, dphi]
+      torch::Tensor retrieved = torch::matmul(W, fk.unsqueeze(-1)).squeeze(-1);  // [B, H, dh]
+      W = W + (beta.unsqueeze(-1) * (v - retrieved)).unsqueeze(-1) * fk.unsqueeze(-2);
+      y = torch::matmul(W, fq.unsqueeze(-1)).squeeze(-1).reshape({B, d});
+    }
+  }
+  return torch::linear(y, w.o_w, w.o_b);
+}
+
+torch::Tensor Model::StepUnchecked(const torch::Tensor& tokens, State* state) const {
+  const int64_t d = config_.d_model;
+  torch::Tensor h = EmbedTokens(tokens);  // [B, d]
+  for (int i = 0; i < config_.n_layers; ++i) {
+    const LayerWeights& w = *layers_[i];
+    torch::Tensor a = torch::layer_norm(h, {d}, w.norm1_w, w.norm1_b, config_.norm_eps);
+    h = h + MixerStep(i, a, state);
+    h = h + Ffn(w, torch::layer_norm(h, {d}, w.norm2_w, w.norm2_b, config_.norm_eps));
+  }
+  return Head(h);
+}
+
+// ---------------------------------------------------------------------------
+// Checked entry points
+
+absl::Status Model::CheckState(const State& state, int64_t batch) const {
+  if (state.tensors.size() != state_spec_.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("state has ", state.tensors.size(),
+                                                   " tensors, expected ", state_spec_.size()));
+  }
+  for (size_t i = 0; i < state_spec_.size(); ++i) {
+    std::vector<int64_t> shape = {batch};
+    shape.insert(shape.end(), state_spec_[i].shape.begin(), state_spec_[i].shape.end());
+    const torch::Tensor& t = state.tensors[i];
+    if (!t.defined() || t.sizes().vec() != shape) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "state tensor '", state_spec_[i].name, "' has shape ",
+          t.defined() ? ShapeString(t.sizes().vec()) : "undefined", ", expected ", ShapeString(shape)));
+    }
+    if (t.scalar_type() != options_.dtype || t.device() != options_.device) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("state tensor '", state_spec_[i].name, "' has the wrong dtype or device"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+absl::Status CheckTokens(const torch::Tensor& tokens, int64_t dims, int64_t vocab) {
+  if (!tokens.defined() || tokens.dim() != dims || tokens.scalar_type() != torch::kInt64) {
+    return absl::InvalidArgumentError(absl::StrCat("tokens must be an int64 tensor of rank ", dims));
+  }
+  if (tokens.numel() == 0) return absl::InvalidArgumentError("tokens must not be empty");
+  const int64_t lo = tokens.min().item<int64_t>(), hi = tokens.max().item<int64_t>();
+  if (lo < 0 || hi >= vocab) {
+    return absl::InvalidArgumentError(absl::StrCat("token id ", lo < 0 ? lo : hi,
+                                                   " is outside [0, ", vocab, ")"));
+  }
+  return absl::OkStatus();
+}
+}  // namespace
+
+absl::StatusOr<torch::Tensor> Model::Forward(const torch::Tensor& tokens, State* state) const {
+  absl::Status s = CheckTokens(tokens, 2, config_.vocab_size);
+  if (!s.ok()) return s;
+  if (!(s = CheckState(*state, tokens.size(0))).ok()) return s;
+  try {
+    return ForwardUnchecked(tokens.to(options_.device), state);
+  } catch (const c10::Error& e) {
+    return absl::InternalError("model sequence form failed");
+  }
+}
+
+absl::StatusOr<torch::Tensor> Model::Step(const torch::Tensor& tokens, State* state) const {
+  absl::Status s = CheckTokens(tokens, 1, config_.vocab_size);
+  if (!s.ok()) return s;
+  if (!(s = CheckState(*state, tokens.size(0))).ok()) return s;
+  try {
+    return StepUnchecked(tokens.to(options_.device), state);
+  } catch (const c10::Error& e) {
+    return absl::InternalError("model recurrent step failed");
+  }
+}
+
+absl::StatusOr<std::vector<double>> ScoreTokens(const Model& model,
+                                                const std::vector<int64_t>& tokens,
+                                                ScoringContext* context, int64_t chunk) {
+  torch::NoGradGuard no_grad;
+  std::vector<double> logprobs;
+  if (tokens.empty()) return logprobs;
+  ScoringContext fresh;
+  if (context == nullptr) context = &fresh;
+  if (context->state.tensors.empty()) context->state = model.InitialState(1);
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  logprobs.reserve(static_cast<size_t>(n));
+  torch::Tensor all = torch::tensor(tokens, torch::kInt64);
+  for (int64_t start = 0; start < n; start += chunk) {
+    const int64_t len = std::min(chunk, n - start);
+    torch::Tensor piece = all.narrow(0, start, len);
+    auto logits = model.Forward(piece.unsqueeze(0), &context->state);
+    if (!logits.ok()) return logits.status();
+    // Row i of `predictors` predicts token i of the piece.
+    torch::Tensor logp = torch::log_softmax(logits->squeeze(0).to(torch::kFloat64), -1).cpu();
+    torch::Tensor predictors = logp.narrow(0, 0, len - 1);
+    torch::Tensor targets = piece.narrow(0, 1, len - 1);
+    if (context->next_logits.defined()) {
+      torch::Tensor first = torch::log_softmax(context->next_logits.to(torch::kFloat64).cpu(), -1);
+      predictors = torch::cat({first.unsqueeze(0), predictors}, 0);
+      targets = piece;
+    }
+    torch::Tensor picked = predictors.gather(1, targets.unsqueeze(1)).squeeze(1).contiguous();
+    const double* values = picked.data_ptr<double>();
+    logprobs.insert(logprobs.end(), values, values + picked.numel());
+    context->next_logits = logits->squeeze(0)[len - 1].detach();
+  }
+  return logprobs;
+}
+
+}  // namespace fwmodel

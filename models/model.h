@@ -1,0 +1,145 @@
+// The model library's one interface: a contract-v1 network over named weights, with
+// the sequence form (training, scoring, prefill) and the batched recurrent step
+// (decode). See ../shared/spec/models.md; docs/model-format.md.
+//
+// Thread-safety: a Model is immutable after construction (weights are never written
+// by these methods), so concurrent Forward/Step calls on distinct States are safe.
+// A State is a plain value owned by its caller.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "absl/status/statusor.h"
+#include "models/config.h"
+
+namespace fwmodel {
+
+// Where and in what precision a model computes. Checkpoints are always stored and
+// loaded as float32 first; then converted to `dtype` on `device`.
+struct ModelOptions {
+  torch::Device device = torch::kCPU;
+  // Compute dtype: float32 (serving, training) or float64 (exactness tests).
+  torch::ScalarType dtype = torch::kFloat32;
+  // Time steps per chunk in the chunk-parallel sequence form. They trade memory for
+  // fewer sequential steps; results do not depend on them beyond float rounding.
+  int64_t attention_chunk = 64;  // linear_attention, fast_weight: [B, H, C, C] per chunk
+  int64_t aft_chunk = 16;        // aft: [B, C, C, d] per chunk
+};
+
+// Name and per-session shape of one state tensor. A batched State holds each with a
+// leading batch dimension.
+struct StateTensorSpec {
+  std::string name;
+  std::vector<int64_t> shape;
+};
+
+// Recurrent state of a batch of sessions: tensors[i] has shape [B, spec[i].shape...].
+// Sizes depend only on the config, never on how many tokens were absorbed.
+struct State {
+  std::vector<torch::Tensor> tensors;
+
+  int64_t batch_size() const { return tensors.empty() ? 0 : tensors[0].size(0); }
+  // Rows `rows` of every tensor, as a new (copied) State.
+  State Gather(const torch::Tensor& rows) const;
+  // Writes `source` (batch = rows.numel()) into rows `rows` of this state, in place.
+  void Scatter(const torch::Tensor& rows, const State& source);
+  // A deep copy that shares no storage with this state.
+  State Clone() const;
+  // Detaches every tensor from the autograd graph (truncated backprop).
+  State Detach() const;
+};
+
+// Expected tensor names and shapes of a checkpoint for `config`, sorted by name.
+std::vector<std::pair<std::string, std::vector<int64_t>>> ExpectedWeightShapes(
+    const ModelConfig& config);
+
+class Model {
+ public:
+  // Takes float32 CPU weights named per the contract; checks names and shapes exactly
+  // (missing, unexpected and wrong-shaped tensors are errors that name the tensor).
+  static absl::StatusOr<Model> Create(const ModelConfig& config,
+                                      std::map<std::string, torch::Tensor> weights,
+                                      const ModelOptions& options = {});
+  // Random initialisation suitable for training from scratch. Deterministic in seed.
+  static absl::StatusOr<Model> InitRandom(const ModelConfig& config, uint64_t seed,
+                                          const ModelOptions& options = {});
+
+  const ModelConfig& config() const { return config_; }
+  const ModelOptions& options() const { return options_; }
+  // Weights by contract name (on options().device, in options().dtype).
+  const std::map<std::string, torch::Tensor>& weights() const { return weights_; }
+  int64_t parameter_count() const;
+
+  const std::vector<StateTensorSpec>& state_spec() const { return state_spec_; }
+  // Bytes of one session's state in the compute dtype.
+  int64_t state_bytes_per_session() const;
+  // The state of `batch` fresh sessions (no tokens absorbed).
+  State InitialState(int64_t batch) const;
+
+  // Sequence form. tokens: int64 [B, T] with T >= 1; `state` (batch B) is advanced
+  // past all T tokens. Returns logits [B, T, vocab]. Differentiable in the weights and
+  // in the incoming state. Validates shapes and token ids; never throws.
+  absl::StatusOr<torch::Tensor> Forward(const torch::Tensor& tokens, State* state) const;
+  // Batched recurrent step. tokens: int64 [B]; row b of `state` absorbs tokens[b].
+  // Returns logits [B, vocab]. Validates; never throws.
+  absl::StatusOr<torch::Tensor> Step(const torch::Tensor& tokens, State* state) const;
+
+  // Unchecked versions for hot loops inside the model library (trainer); they
+  // throw c10::Error on bad input.
+  torch::Tensor ForwardUnchecked(const torch::Tensor& tokens, State* state) const;
+  torch::Tensor StepUnchecked(const torch::Tensor& tokens, State* state) const;
+
+  // Switches weights to trainable leaves (requires_grad) for the trainer.
+  void SetRequiresGrad(bool requires_grad);
+  // Weights as float32 CPU tensors, detached, in name order (for saving).
+  std::map<std::string, torch::Tensor> ExportWeights() const;
+
+  Model(Model&&) = default;
+  Model& operator=(Model&&) = default;
+
+ private:
+  struct LayerWeights;
+  Model() = default;
+  absl::Status BindWeights();
+
+  torch::Tensor EmbedTokens(const torch::Tensor& tokens) const;
+  torch::Tensor Head(const torch::Tensor& h) const;
+  torch::Tensor Ffn(const LayerWeights& w, const torch::Tensor& x) const;
+  torch::Tensor MixerSequence(int layer, const torch::Tensor& a, State* state) const;
+  torch::Tensor MixerStep(int layer, const torch::Tensor& a, State* state) const;
+  absl::Status CheckState(const State& state, int64_t batch) const;
+
+  ModelConfig config_;
+  ModelOptions options_;
+  std::map<std::string, torch::Tensor> weights_;
+  std::vector<std::shared_ptr<LayerWeights>> layers_;
+  std::vector<StateTensorSpec> state_spec_;
+  // Index in State::tensors of each layer's first mixer tensor and of its conv state
+  // (-1 when dconv is off).
+  std::vector<int> mixer_state_index_;
+  std::vector<int> conv_state_index_;
+};
+
+// What scoring continues from: a batch-1 state and the logits that predict the next
+// token (undefined before the first token). Default-constructed = a fresh session.
+struct ScoringContext {
+  State state;
+  torch::Tensor next_logits;
+};
+
+// Natural-log probabilities of tokens by the contract's scoring convention. From a
+// fresh context, returns tokens.size() - 1 values: log p(t_i | t_<i) for i >= 1. From
+// a context that already holds tokens, returns one value per token. Advances
+// `context` past the tokens. Runs the sequence form in chunks of `chunk` tokens.
+absl::StatusOr<std::vector<double>> ScoreTokens(const Model& model,
+                                                const std::vector<int64_t>& tokens,
+                                                ScoringContext* context = nullptr,
+                                                int64_t chunk = 1024);
+
+}  // namespace fwmodel

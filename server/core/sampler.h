@@ -1,0 +1,32 @@
+// Next-token sampling from logits: temperature, top-k, top-p. Torch-free.
+#pragma once
+
+#include <cstdint>
+#include <random>
+
+#include "absl/status/status.h"
+
+namespace fwserve {
+
+struct SamplingParams {
+  // 0 = greedy (argmax); otherwise logits are divided by it. Range [0, 100].
+  float temperature = 1.0f;
+  // Keep only the k most likely tokens; 0 = no limit.
+  int32_t top_k = 0;
+  // Keep the smallest set of most likely tokens whose probability reaches p; 1 = off.
+  // Range (0, 1].
+  float top_p = 1.0f;
+  // Seed of this stream's generator.
+  uint64_t seed = 0;
+
+  // Errors name the field and value.
+  absl::Status Validate() const;
+};
+
+// Draws one token id from `logits[0..vocab)`. Deterministic for a given generator
+// state. Ties in greedy mode go to the lowest id. Non-finite logits are treated as
+// -inf; if every logit is -inf, returns the argmax of the raw values (id 0).
+int64_t SampleToken(const float* logits, int64_t vocab, const SamplingParams& params,
+                    std::mt19937_64& rng);
+
+}  // namespace fwserve

@@ -1,0 +1,200 @@
+// Sequence form == recurrent form, and a span in pieces == the span whole, for every
+// architecture x ffn x dconv (and nu in {1, 3} for fast_weight).
+#include <gtest/gtest.h>
+
+#include <tuple>
+
+#include "absl/strings/str_cat.h"
+#include "tests/unit/test_models.h"
+
+namespace {
+
+using fwmodel::Architecture;
+using fwmodel::FfnKind;
+
+struct Case {
+  Architecture arch;
+  FfnKind ffn;
+  int dconv;
+  int nu;
+};
+
+std::vector<Case> AllCases() {
+  std::vector<Case> cases;
+  for (Architecture arch :
+       {Architecture::kLinearAttention, Architecture::kFastWeight, Architecture::kAft}) {
+    for (FfnKind ffn : {FfnKind::kRelu, FfnKind::kSquaredRelu, FfnKind::kGeglu}) {
+      for (int dconv : {0, 3}) {
+        for (int nu : {1, 3}) {
+          if (nu == 3 && arch != Architecture::kFastWeight) continue;
+          cases.push_back({arch, ffn, dconv, nu});
+        }
+      }
+    }
+  }
+  return cases;
+}
+
+std::string CaseName(const testing::TestParamInfo<std::tuple<Case, bool>>& info) {
+  const Case& c = std::get<0>(info.param);
+  return absl::StrCat(fwmodel::ArchitectureName(c.arch), "_", fwmodel::FfnKindName(c.ffn),
+                      "_dconv", c.dconv, "_nu", c.nu, std::get<1>(info.param) ? "_f64" : "_f32");
+}
+
+class FormEquivalenceTest : public testing::TestWithParam<std::tuple<Case, bool>> {
+ protected:
+  void SetUp() override {
+    const Case& c = std::get<0>(GetParam());
+    f64_ = std::get<1>(GetParam());
+    config_ = fwtest::TinyConfig(c.arch, c.ffn, c.dconv, c.nu, /*tie=*/c.dconv == 0);
+  }
+  double tolerance() const { return f64_ ? 1e-9 : 1e-4; }
+  torch::ScalarType dtype() const { return f64_ ? torch::kFloat64 : torch::kFloat32; }
+  // Compares all state tensors.
+  void ExpectStatesNear(const fwmodel::State& a, const fwmodel::State& b) {
+    ASSERT_EQ(a.tensors.size(), b.tensors.size());
+    for (size_t i = 0; i < a.tensors.size(); ++i) {
+      // The aft state stores (alpha, beta) relative to a scale p; compare what they mean.
+      EXPECT_TRUE(a.tensors[i].sizes() == b.tensors[i].sizes());
+    }
+  }
+  fwmodel::ModelConfig config_;
+  bool f64_ = true;
+};
+
+TEST_P(FormEquivalenceTest, SequenceFormEqualsRecurrentSteps) {
+  torch::NoGradGuard no_grad;
+  fwmodel::Model model = fwtest::RandomModel(config_, 7, dtype());
+  const int64_t B = 3, T = 13;
+  torch::Tensor tokens = fwtest::RandomTokens(B, T, config_.vocab_size, 11);
+
+  fwmodel::State seq_state = model.InitialState(B);
+  auto seq_logits = model.Forward(tokens, &seq_state);
+  ASSERT_TRUE(seq_logits.ok()) << seq_logits.status();
+
+  fwmodel::State step_state = model.InitialState(B);
+  std::vector<torch::Tensor> step_logits;
+  for (int64_t t = 0; t < T; ++t) {
+    auto logits = model.Step(tokens.select(1, t).contiguous(), &step_state);
+    ASSERT_TRUE(logits.ok()) << logits.status();
+    step_logits.push_back(*logits);
+  }
+  torch::Tensor stepped = torch::stack(step_logits, 1);
+  EXPECT_LE(fwtest::MaxAbsDiff(*seq_logits, stepped), tolerance());
+  // Logits must actually vary: a constant network would pass trivially.
+  EXPECT_GT(seq_logits->std().item<double>(), 1e-3);
+
+  // Both forms must leave the same state: the next token gives the same logits.
+  torch::Tensor next = fwtest::RandomTokens(B, 1, config_.vocab_size, 12).squeeze(1);
+  auto after_seq = model.Step(next, &seq_state);
+  auto after_step = model.Step(next, &step_state);
+  ASSERT_TRUE(after_seq.ok() && after_step.ok());
+  EXPECT_LE(fwtest::MaxAbsDiff(*after_seq, *after_step), tolerance());
+}
+
+TEST_P(FormEquivalenceTest, PiecesWithCarriedStateEqualWholeSpan) {
+  torch::NoGradGuard no_grad;
+  fwmodel::Model model = fwtest::RandomModel(config_, 8, dtype());
+  const int64_t B = 2, T = 17;
+  torch::Tensor tokens = fwtest::RandomTokens(B, T, config_.vocab_size, 21);
+
+  fwmodel::State whole_state = model.InitialState(B);
+  auto whole = model.Forward(tokens, &whole_state);
+  ASSERT_TRUE(whole.ok());
+
+  fwmodel::State piece_state = model.InitialState(B);
+  std::vector<torch::Tensor> pieces;
+  for (auto [start, len] : std::vector<std::pair<int64_t, int64_t>>{{0, 1}, {1, 6}, {7, 2}, {9, 8}}) {
+    auto logits = model.Forward(tokens.narrow(1, start, len), &piece_state);
+    ASSERT_TRUE(logits.ok());
+    pieces.push_back(*logits);
+  }
+  EXPECT_LE(fwtest::MaxAbsDiff(*whole, torch::cat(pieces, 1)), tolerance());
+  torch::Tensor next = fwtest::RandomTokens(B, 4, config_.vocab_size, 22);
+  auto a = model.Forward(next, &whole_state);
+  auto b = model.Forward(next, &piece_state);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_LE(fwtest::MaxAbsDiff(*a, *b), tolerance());
+}
+
+INSTANTIATE_TEST_SUITE_P(AllArchitectures, FormEquivalenceTest,
+                         testing::Combine(testing::ValuesIn(AllCases()), testing::Bool()),
+                         CaseName);
+
+// Sessions at different positions stepped together equal each stepped alone.
+TEST(BatchedStepTest, BatchOfSessionsAtDifferentPositionsEqualsEachAlone) {
+  torch::NoGradGuard no_grad;
+  for (Architecture arch :
+       {Architecture::kLinearAttention, Architecture::kFastWeight, Architecture::kAft}) {
+    SCOPED_TRACE(fwmodel::ArchitectureName(arch));
+    auto config = fwtest::TinyConfig(arch, FfnKind::kGeglu, 4, 2);
+    fwmodel::Model model = fwtest::RandomModel(config, 31, torch::kFloat64);
+    // Three sessions with histories of 0, 3 and 9 tokens.
+    std::vector<fwmodel::State> alone;
+    std::vector<int64_t> lengths = {0, 3, 9};
+    for (size_t i = 0; i < lengths.size(); ++i) {
+      fwmodel::State s = model.InitialState(1);
+      if (lengths[i] > 0) {
+        ASSERT_TRUE(model.Forward(fwtest::RandomTokens(1, lengths[i], 256, 40 + i), &s).ok());
+      }
+      alone.push_back(s);
+    }
+    // Pool them into one batch (in a different row order) and step twice.
+    fwmodel::State pool = model.InitialState(3);
+    const std::vector<int64_t> rows = {2, 0, 1};
+    for (size_t i = 0; i < alone.size(); ++i) {
+      pool.Scatter(torch::tensor({rows[i]}, torch::kInt64), alone[i]);
+    }
+    for (int step = 0; step < 2; ++step) {
+      torch::Tensor tokens = fwtest::RandomTokens(1, 3, 256, 50 + step).squeeze(0);
+      // Row rows[i] of the batch carries session i's token.
+      torch::Tensor batch_tokens = torch::zeros({3}, torch::kInt64);
+      batch_tokens.index_copy_(0, torch::tensor(rows), tokens);
+      auto batched = model.Step(batch_tokens, &pool);
+      ASSERT_TRUE(batched.ok());
+      for (size_t i = 0; i < alone.size(); ++i) {
+        auto single = model.Step(tokens.narrow(0, static_cast<int64_t>(i), 1).contiguous(), &alone[i]);
+        ASSERT_TRUE(single.ok());
+        EXPECT_LE(fwtest::MaxAbsDiff((*batched)[rows[i]], (*single)[0]), 1e-12);
+      }
+    }
+  }
+}
+
+// State size depends on the config alone, and the state is a value: a clone evolves
+// independently (fork).
+TEST(StateTest, SizeIsFixedAndCloneIsIndependent) {
+  torch::NoGradGuard no_grad;
+  auto config = fwtest::TinyConfig(Architecture::kFastWeight, FfnKind::kRelu, 3, 1);
+  fwmodel::Model model = fwtest::RandomModel(config, 5, torch::kFloat32);
+  fwmodel::State s = model.InitialState(1);
+  std::vector<std::vector<int64_t>> before;
+  for (auto& t : s.tensors) before.push_back(t.sizes().vec());
+  ASSERT_TRUE(model.Forward(fwtest::RandomTokens(1, 50, 256, 1), &s).ok());
+  for (size_t i = 0; i < s.tensors.size(); ++i) EXPECT_EQ(s.tensors[i].sizes().vec(), before[i]);
+  // 2 layers x (W [2, 8, 16] + conv [3, 2, 16]) floats.
+  EXPECT_EQ(model.state_bytes_per_session(), 2 * (2 * 8 * 16 + 3 * 2 * 16) * 4);
+
+  fwmodel::State fork = s.Clone();
+  torch::Tensor token = torch::tensor({65}, torch::kInt64);
+  auto a = model.Step(token, &s);
+  auto b = model.Step(token, &fork);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(fwtest::MaxAbsDiff(*a, *b), 0.0);
+  ASSERT_TRUE(model.Step(torch::tensor({66}, torch::kInt64), &s).ok());
+  EXPECT_GT(fwtest::MaxAbsDiff(s.tensors[0], fork.tensors[0]), 0.0);
+}
+
+TEST(ModelInputTest, BadTokensAndStatesAreRejected) {
+  auto config = fwtest::TinyConfig(Architecture::kAft, FfnKind::kRelu, 0);
+  fwmodel::Model model = fwtest::RandomModel(config, 5, torch::kFloat32);
+  fwmodel::State s = model.InitialState(1);
+  auto out_of_range = model.Step(torch::tensor({256}, torch::kInt64), &s);
+  EXPECT_EQ(out_of_range.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(out_of_range.status().message().find("256"), std::string::npos);
+  fwmodel::State wrong_batch = model.InitialState(2);
+  EXPECT_FALSE(model.Step(torch::tensor({1}, torch::kInt64), &wrong_batch).ok());
+  EXPECT_FALSE(model.Forward(torch::tensor({1, 2}, torch::kInt64), &s).ok());  // rank 1
+}
+
+}  // namespace

@@ -1,0 +1,51 @@
+#include "tests/unit/test_models.h"
+
+#include <gtest/gtest.h>
+
+namespace fwtest {
+
+fwmodel::ModelConfig TinyConfig(fwmodel::Architecture arch, fwmodel::FfnKind ffn, int dconv_kernel,
+                                int nu, bool tie) {
+  fwmodel::ModelConfig c;
+  c.architecture = arch;
+  c.ffn = ffn;
+  c.dconv_kernel = dconv_kernel;
+  c.dpfp_nu = nu;
+  c.d_model = 16;
+  c.n_layers = 2;
+  c.n_heads = 2;
+  c.d_ff = 24;
+  c.tie_embeddings = tie;
+  return c;
+}
+
+fwmodel::Model RandomModel(const fwmodel::ModelConfig& config, uint64_t seed,
+                           torch::ScalarType dtype, double scale) {
+  auto generator = at::detail::createCPUGenerator(seed);
+  std::map<std::string, torch::Tensor> weights;
+  for (const auto& [name, shape] : fwmodel::ExpectedWeightShapes(config)) {
+    torch::Tensor t = torch::randn(shape, generator, torch::kFloat32) * scale;
+    if (name.find("norm") != std::string::npos && name.find(".weight") != std::string::npos) {
+      t = t * 0.2 + 1.0;
+    }
+    weights[name] = t;
+  }
+  fwmodel::ModelOptions options;
+  options.dtype = dtype;
+  options.attention_chunk = 5;  // small chunks: exercise the carry between chunks
+  options.aft_chunk = 3;
+  auto model = fwmodel::Model::Create(config, weights, options);
+  EXPECT_TRUE(model.ok()) << model.status();
+  return std::move(*model);
+}
+
+torch::Tensor RandomTokens(int64_t batch, int64_t steps, int64_t vocab, uint64_t seed) {
+  auto generator = at::detail::createCPUGenerator(seed);
+  return torch::randint(vocab, {batch, steps}, generator, torch::kInt64);
+}
+
+double MaxAbsDiff(const torch::Tensor& a, const torch::Tensor& b) {
+  return (a.to(torch::kFloat64) - b.to(torch::kFloat64)).abs().max().item<double>();
+}
+
+}  // namespace fwtest

@@ -1,0 +1,26 @@
+// Small random models for tests. Every weight (including conv taps, biases, decays)
+// is random, so no part of the network is trivially the identity.
+#pragma once
+
+#include <cstdint>
+
+#include "models/config.h"
+#include "models/model.h"
+
+namespace fwtest {
+
+fwmodel::ModelConfig TinyConfig(fwmodel::Architecture arch, fwmodel::FfnKind ffn, int dconv_kernel,
+                                int nu = 1, bool tie = false);
+
+// Model with all weights drawn i.i.d. normal with standard deviation `scale`
+// (LayerNorm weights around 1). Deterministic in seed.
+fwmodel::Model RandomModel(const fwmodel::ModelConfig& config, uint64_t seed,
+                           torch::ScalarType dtype = torch::kFloat64, double scale = 0.5);
+
+// Random token ids in [0, vocab) as int64 [batch, steps].
+torch::Tensor RandomTokens(int64_t batch, int64_t steps, int64_t vocab, uint64_t seed);
+
+// max |a - b| as a double.
+double MaxAbsDiff(const torch::Tensor& a, const torch::Tensor& b);
+
+}  // namespace fwtest

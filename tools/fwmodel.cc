@@ -1,0 +1,210 @@
+// fwmodel: inspect, create, score and sample contract-v1 checkpoints.
+#include <cmath>
+#include <cstdio>
+#include <iostream>
+#include <random>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "models/blas_check.h"
+#include "models/checkpoint.h"
+#include "models/file_util.h"
+#include "models/model.h"
+#include "models/tokenizer.h"
+#include "nlohmann/json.hpp"
+#include "server/core/sampler.h"
+#include "tools/cli_util.h"
+
+ABSL_FLAG(std::string, config, "", "init: path of the config.json to initialise from");
+ABSL_FLAG(uint64_t, seed, 0, "init: initialisation seed; generate: sampling seed");
+ABSL_FLAG(std::string, text_file, "", "score: file whose bytes are scored");
+ABSL_FLAG(bool, json, false, "info, score: print JSON instead of text");
+ABSL_FLAG(std::string, prompt, "", "generate: prompt text (empty = start from bos_token_id)");
+ABSL_FLAG(int32_t, max_tokens, 200, "generate: number of tokens to generate");
+ABSL_FLAG(float, temperature, 0.8f, "generate: sampling temperature; 0 = greedy");
+ABSL_FLAG(int32_t, top_k, 0, "generate: keep the k most likely tokens; 0 = all");
+ABSL_FLAG(float, top_p, 1.0f, "generate: nucleus sampling mass in (0, 1]; 1 = off");
+ABSL_FLAG(std::string, device, "cpu", "cpu or cuda (cuda needs a CUDA LibTorch build)");
+ABSL_FLAG(std::string, storage_dtype, "F32", "init: dtype stored in model.safetensors (F32, F16, BF16)");
+
+namespace {
+
+constexpr char kUsage[] = R"(fwmodel: inspect, create, score and sample fwserve checkpoints.
+
+  fwmodel info DIR [--json]
+      Config, parameter count, state bytes per session and fingerprint.
+  fwmodel init DIR --config FILE --seed N [--storage-dtype F32|F16|BF16]
+      Writes a randomly initialised checkpoint.
+  fwmodel score DIR --text-file F [--json]
+      Per-token log-probs (contract scoring: fresh state, n-1 values), mean nats/byte and
+      bits/byte. --json prints {"logprobs":[...],"mean_nll":x}.
+  fwmodel generate DIR --prompt S --max-tokens N [--temperature T --top-k K --top-p P --seed N]
+      Streams generated text to stdout: sequence-form prefill, then recurrent steps.)";
+
+int Fail(const absl::Status& status) {
+  std::fprintf(stderr, "fwmodel: %s\n", std::string(status.message()).c_str());
+  return status.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+}
+
+absl::StatusOr<fwmodel::ModelOptions> OptionsFromFlags() {
+  fwmodel::ModelOptions options;
+  const std::string device = absl::GetFlag(FLAGS_device);
+  if (device == "cuda") {
+    options.device = torch::Device(torch::kCUDA);
+  } else if (device != "cpu") {
+    return absl::InvalidArgumentError(absl::StrCat("--device must be cpu or cuda, got ", device));
+  }
+  return options;
+}
+
+absl::StatusOr<fwmodel::LoadedModel> Load(const std::string& dir) {
+  auto options = OptionsFromFlags();
+  if (!options.ok()) return options.status();
+  auto loaded = fwmodel::LoadCheckpoint(dir, *options);
+  if (!loaded.ok()) {
+    return absl::Status(loaded.status().code(), absl::StrCat(dir, ": ", loaded.status().message()));
+  }
+  return loaded;
+}
+
+int Info(const std::string& dir) {
+  auto loaded = Load(dir);
+  if (!loaded.ok()) return Fail(loaded.status());
+  const fwmodel::Model& model = loaded->model;
+  if (absl::GetFlag(FLAGS_json)) {
+    nlohmann::json j = {{"config", nlohmann::json::parse(fwmodel::ModelConfigToJson(model.config()))},
+                        {"parameters", model.parameter_count()},
+                        {"state_bytes_per_session", model.state_bytes_per_session()},
+                        {"fingerprint", loaded->fingerprint}};
+    std::cout << j.dump(2) << "\n";
+    return 0;
+  }
+  std::cout << "config:\n" << fwmodel::ModelConfigToJson(model.config());
+  std::cout << "parameters: " << model.parameter_count() << "\n";
+  std::cout << "state bytes per session: " << model.state_bytes_per_session() << "\n";
+  std::cout << "state tensors:";
+  for (const auto& spec : model.state_spec()) {
+    std::cout << " " << spec.name << "[";
+    for (size_t i = 0; i < spec.shape.size(); ++i) std::cout << (i ? "," : "") << spec.shape[i];
+    std::cout << "]";
+  }
+  std::cout << "\nfingerprint: " << loaded->fingerprint << "\n";
+  return 0;
+}
+
+int Init(const std::string& dir) {
+  const std::string config_path = absl::GetFlag(FLAGS_config);
+  if (config_path.empty()) return Fail(absl::InvalidArgumentError("init needs --config FILE"));
+  auto text = fwmodel::ReadFile(config_path);
+  if (!text.ok()) return Fail(text.status());
+  auto config = fwmodel::ParseModelConfig(*text);
+  if (!config.ok()) return Fail(config.status());
+  auto model = fwmodel::Model::InitRandom(*config, absl::GetFlag(FLAGS_seed));
+  if (!model.ok()) return Fail(model.status());
+  const std::string dtype_name = absl::GetFlag(FLAGS_storage_dtype);
+  fwmodel::DType storage;
+  if (dtype_name == "F32") {
+    storage = fwmodel::DType::kF32;
+  } else if (dtype_name == "F16") {
+    storage = fwmodel::DType::kF16;
+  } else if (dtype_name == "BF16") {
+    storage = fwmodel::DType::kBF16;
+  } else {
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat("--storage-dtype must be F32, F16 or BF16, got ", dtype_name)));
+  }
+  absl::Status saved = fwmodel::SaveCheckpoint(*model, dir, storage);
+  if (!saved.ok()) return Fail(saved);
+  std::cout << "wrote " << dir << " (" << model->parameter_count() << " parameters)\n";
+  return 0;
+}
+
+int Score(const std::string& dir) {
+  const std::string path = absl::GetFlag(FLAGS_text_file);
+  if (path.empty()) return Fail(absl::InvalidArgumentError("score needs --text-file F"));
+  auto text = fwmodel::ReadFile(path);
+  if (!text.ok()) return Fail(text.status());
+  if (text->size() < 2) {
+    return Fail(absl::InvalidArgumentError("--text-file must hold at least 2 bytes to score"));
+  }
+  auto loaded = Load(dir);
+  if (!loaded.ok()) return Fail(loaded.status());
+  auto logprobs = fwmodel::ScoreTokens(loaded->model, fwmodel::EncodeBytes(*text));
+  if (!logprobs.ok()) return Fail(logprobs.status());
+  double sum = 0;
+  for (double lp : *logprobs) sum -= lp;
+  const double mean = sum / static_cast<double>(logprobs->size());
+  if (absl::GetFlag(FLAGS_json)) {
+    nlohmann::json j = {{"logprobs", *logprobs}, {"mean_nll", mean}};
+    std::cout << j.dump() << "\n";
+    return 0;
+  }
+  for (size_t i = 0; i < logprobs->size(); ++i) {
+    std::cout << absl::StrFormat("%zu\t%d\t%.6f\n", i + 1, static_cast<uint8_t>((*text)[i + 1]),
+                                 (*logprobs)[i]);
+  }
+  std::cout << absl::StrFormat("tokens scored: %zu\nmean: %.6f nats/byte, %.6f bits/byte\n",
+                               logprobs->size(), mean, mean / std::log(2.0));
+  return 0;
+}
+
+int Generate(const std::string& dir) {
+  fwserve::SamplingParams params;
+  params.temperature = absl::GetFlag(FLAGS_temperature);
+  params.top_k = absl::GetFlag(FLAGS_top_k);
+  params.top_p = absl::GetFlag(FLAGS_top_p);
+  params.seed = absl::GetFlag(FLAGS_seed);
+  absl::Status valid = params.Validate();
+  if (!valid.ok()) return Fail(valid);
+  const int32_t max_tokens = absl::GetFlag(FLAGS_max_tokens);
+  if (max_tokens < 0) return Fail(absl::InvalidArgumentError("--max-tokens must be >= 0"));
+  auto loaded = Load(dir);
+  if (!loaded.ok()) return Fail(loaded.status());
+  const fwmodel::Model& model = loaded->model;
+  torch::NoGradGuard no_grad;
+
+  std::string prompt = absl::GetFlag(FLAGS_prompt);
+  std::vector<int64_t> ids = fwmodel::EncodeBytes(prompt);
+  if (ids.empty()) ids.push_back(model.config().bos_token_id);
+  std::cout << prompt << std::flush;
+
+  fwmodel::State state = model.InitialState(1);
+  auto prefill = model.Forward(torch::tensor(ids, torch::kInt64).unsqueeze(0), &state);
+  if (!prefill.ok()) return Fail(prefill.status());
+  torch::Tensor logits = (*prefill)[0][-1].to(torch::kCPU, torch::kFloat32).contiguous();
+  std::mt19937_64 rng(params.seed);
+  fwmodel::Utf8StreamDecoder decoder;
+  const int64_t vocab = model.config().vocab_size;
+  for (int32_t i = 0; i < max_tokens; ++i) {
+    const int64_t token = fwserve::SampleToken(logits.data_ptr<float>(), vocab, params, rng);
+    std::cout << decoder.Push(token) << std::flush;
+    if (i + 1 == max_tokens) break;
+    auto next = model.Step(torch::tensor({token}, torch::kInt64), &state);
+    if (!next.ok()) return Fail(next.status());
+    logits = (*next)[0].to(torch::kCPU, torch::kFloat32).contiguous();
+  }
+  std::cout << decoder.Finish() << std::endl;
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(kUsage);
+  std::vector<std::string> args = fwserve::ParseFlagsAllowingDashes(argc, argv);
+  if (args.size() != 3) {
+    std::fprintf(stderr, "%s\n", kUsage);
+    return 2;
+  }
+  if (auto warning = fwmodel::SlowBlasWarning()) std::fprintf(stderr, "%s\n", warning->c_str());
+  const std::string& command = args[1];
+  const std::string& dir = args[2];
+  if (command == "info") return Info(dir);
+  if (command == "init") return Init(dir);
+  if (command == "score") return Score(dir);
+  if (command == "generate") return Generate(dir);
+  std::fprintf(stderr, "fwmodel: unknown command '%s'\n\n%s\n", command.c_str(), kUsage);
+  return 2;
+}
