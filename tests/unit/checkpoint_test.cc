@@ -1,1 +1,204 @@
+#include "models/checkpoint.h"
+
 #include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "models/file_util.h"
+#include "tests/unit/test_models.h"
+
+namespace {
+
+using fwmodel::Architecture;
+using fwmodel::FfnKind;
+
+class CheckpointTest : public testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = (std::filesystem::temp_directory_path() /
+            absl::StrCat("fwserve_ckpt_", getpid(), "_",
+                         testing::UnitTest::GetInstance()->current_test_info()->name()))
+               .string();
+    std::filesystem::remove_all(dir_);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  std::string dir_;
+};
+
+TEST_F(CheckpointTest, F32RoundTripIsBitExactAndFingerprintStable) {
+  auto config = fwtest::TinyConfig(Architecture::kFastWeight, FfnKind::kGeglu, 3, 2);
+  fwmodel::Model model = fwtest::RandomModel(config, 3, torch::kFloat32);
+  ASSERT_TRUE(fwmodel::SaveCheckpoint(model, dir_).ok());
+  auto loaded = fwmodel::LoadCheckpoint(dir_);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_TRUE(loaded->model.config() == config);
+  auto original = model.ExportWeights();
+  auto reloaded = loaded->model.ExportWeights();
+  ASSERT_EQ(original.size(), reloaded.size());
+  for (const auto& [name, t] : original) EXPECT_TRUE(torch::equal(t, reloaded.at(name))) << name;
+  EXPECT_EQ(loaded->fingerprint, fwmodel::Fingerprint(config, original));
+  EXPECT_EQ(loaded->fingerprint.size(), 64u);
+  // Saving again writes identical bytes.
+  auto first = fwmodel::ReadFile(dir_ + "/model.safetensors");
+  ASSERT_TRUE(fwmodel::SaveCheckpoint(loaded->model, dir_).ok());
+  EXPECT_EQ(*first, *fwmodel::ReadFile(dir_ + "/model.safetensors"));
+}
+
+TEST_F(CheckpointTest, FingerprintChangesWithAnyWeightOrConfigChange) {
+  auto config = fwtest::TinyConfig(Architecture::kAft, FfnKind::kRelu, 0);
+  fwmodel::Model model = fwtest::RandomModel(config, 3, torch::kFloat32);
+  auto weights = model.ExportWeights();
+  const std::string base = fwmodel::Fingerprint(config, weights);
+  auto changed = weights;
+  changed["norm_f.bias"] = changed["norm_f.bias"].clone();
+  changed["norm_f.bias"][0] += 1e-6f;
+  EXPECT_NE(fwmodel::Fingerprint(config, changed), base);
+  auto config2 = config;
+  config2.norm_eps = 2e-5;
+  EXPECT_NE(fwmodel::Fingerprint(config2, weights), base);
+  EXPECT_EQ(fwmodel::Fingerprint(config, weights), base);
+}
+
+TEST_F(CheckpointTest, HalfPrecisionStorageLoadsAsFloat32) {
+  auto config = fwtest::TinyConfig(Architecture::kLinearAttention, FfnKind::kSquaredRelu, 0);
+  fwmodel::Model model = fwtest::RandomModel(config, 4, torch::kFloat32);
+  for (auto [dtype, tolerance] : {std::pair{fwmodel::DType::kF16, 1e-3}, std::pair{fwmodel::DType::kBF16, 1e-2}}) {
+    ASSERT_TRUE(fwmodel::SaveCheckpoint(model, dir_, dtype).ok());
+    auto loaded = fwmodel::LoadCheckpoint(dir_);
+    ASSERT_TRUE(loaded.ok()) << loaded.status();
+    auto w = loaded->model.weights().at("embed.weight");
+    EXPECT_EQ(w.scalar_type(), torch::kFloat32);
+    EXPECT_LE(fwtest::MaxAbsDiff(w, model.weights().at("embed.weight")), tolerance);
+    EXPECT_GT(fwtest::MaxAbsDiff(w, model.weights().at("embed.weight")), 0.0);
+  }
+}
+
+// Model-level rejections through the loader: each names the tensor and never the
+// directory.
+class LoaderRejectionTest : public CheckpointTest {
+ protected:
+  void WriteWith(const std::function<void(std::vector<fwmodel::TensorBlob>&)>& edit) {
+    auto config = fwtest::TinyConfig(Architecture::kFastWeight, FfnKind::kRelu, 0);
+    fwmodel::Model model = fwtest::RandomModel(config, 3, torch::kFloat32);
+    std::vector<fwmodel::TensorBlob> blobs;
+    for (const auto& [name, t] : model.ExportWeights()) {
+      blobs.push_back({name, fwmodel::DType::kF32, t.sizes().vec(),
+                       std::string(reinterpret_cast<const char*>(t.data_ptr<float>()),
+                                   static_cast<size_t>(t.numel()) * 4)});
+    }
+    edit(blobs);
+    ASSERT_TRUE(fwmodel::MakeDirectories(dir_).ok());
+    ASSERT_TRUE(fwmodel::WriteFileAtomic(dir_ + "/config.json", fwmodel::ModelConfigToJson(config)).ok());
+    ASSERT_TRUE(fwmodel::WriteFileAtomic(dir_ + "/model.safetensors",
+                                         *fwmodel::SerializeSafetensors(blobs, {}))
+                    .ok());
+  }
+  void ExpectError(const std::string& fragment) {
+    auto loaded = fwmodel::LoadCheckpoint(dir_);
+    ASSERT_FALSE(loaded.ok());
+    EXPECT_NE(loaded.status().message().find(fragment), std::string::npos) << loaded.status().message();
+    EXPECT_EQ(loaded.status().message().find(dir_), std::string::npos) << "leaks the path";
+  }
+};
+
+TEST_F(LoaderRejectionTest, MissingTensor) {
+  WriteWith([](auto& blobs) {
+    blobs.erase(std::remove_if(blobs.begin(), blobs.end(),
+                               [](const auto& b) { return b.name == "blocks.1.mixer.beta.weight"; }),
+                blobs.end());
+  });
+  ExpectError("missing tensor 'blocks.1.mixer.beta.weight'");
+}
+
+TEST_F(LoaderRejectionTest, UnexpectedTensor) {
+  WriteWith([](auto& blobs) { blobs.push_back({"blocks.0.mixer.time_decay", fwmodel::DType::kF32, {1}, std::string(4, '\0')}); });
+  ExpectError("unexpected tensor 'blocks.0.mixer.time_decay'");
+}
+
+TEST_F(LoaderRejectionTest, WrongShape) {
+  WriteWith([](auto& blobs) {
+    for (auto& b : blobs) {
+      if (b.name == "blocks.0.mixer.o.weight") {
+        b.shape = {8, 32};
+      }
+    }
+  });
+  ExpectError("tensor 'blocks.0.mixer.o.weight' has shape [8, 32], expected [16, 16]");
+}
+
+TEST_F(LoaderRejectionTest, NonFiniteWeights) {
+  WriteWith([](auto& blobs) {
+    float nan = std::nanf("");
+    std::memcpy(blobs[0].bytes.data(), &nan, 4);
+  });
+  ExpectError("contains NaN or Inf");
+}
+
+TEST_F(LoaderRejectionTest, TruncatedFile) {
+  WriteWith([](auto&) {});
+  auto bytes = *fwmodel::ReadFile(dir_ + "/model.safetensors");
+  ASSERT_TRUE(fwmodel::WriteFileAtomic(dir_ + "/model.safetensors", bytes.substr(0, bytes.size() - 10)).ok());
+  ExpectError("outside the data section");
+}
+
+TEST_F(LoaderRejectionTest, MissingFilesAndBadConfig) {
+  ExpectError("cannot read config.json");
+  WriteWith([](auto&) {});
+  ASSERT_TRUE(fwmodel::WriteFileAtomic(dir_ + "/config.json", R"({"format_version": 1})").ok());
+  ExpectError("'architecture' is required");
+}
+
+// Gradients reach every parameter through the sequence form.
+TEST(GradientTest, EveryParameterGetsAFiniteNonzeroGradient) {
+  for (Architecture arch : {Architecture::kLinearAttention, Architecture::kFastWeight, Architecture::kAft}) {
+    for (bool tie : {false, true}) {
+      SCOPED_TRACE(absl::StrCat(fwmodel::ArchitectureName(arch), tie ? " tied" : " untied"));
+      auto config = fwtest::TinyConfig(arch, FfnKind::kGeglu, 3, 2, tie);
+      fwmodel::Model model = fwtest::RandomModel(config, 9, torch::kFloat32, 0.3);
+      model.SetRequiresGrad(true);
+      fwmodel::State state = model.InitialState(2);
+      torch::Tensor tokens = fwtest::RandomTokens(2, 9, 256, 3);
+      torch::Tensor logits = model.ForwardUnchecked(tokens, &state);
+      torch::Tensor loss = torch::nn::functional::cross_entropy(logits.reshape({-1, 256}),
+                                                                 fwtest::RandomTokens(2, 9, 256, 4).reshape({-1}));
+      loss.backward();
+      for (const auto& [name, t] : model.weights()) {
+        ASSERT_TRUE(t.grad().defined()) << name;
+        EXPECT_TRUE(torch::isfinite(t.grad()).all().item<bool>()) << name;
+        EXPECT_GT(t.grad().abs().max().item<double>(), 0.0) << name;
+      }
+    }
+  }
+}
+
+TEST(ScoreTest, FreshScoringGivesNMinusOneValuesAndContinuationMatchesWhole) {
+  auto config = fwtest::TinyConfig(Architecture::kAft, FfnKind::kRelu, 3);
+  fwmodel::Model model = fwtest::RandomModel(config, 2, torch::kFloat64);
+  std::vector<int64_t> tokens;
+  for (int i = 0; i < 40; ++i) tokens.push_back((i * 37) % 256);
+  auto whole = fwmodel::ScoreTokens(model, tokens, nullptr, /*chunk=*/7);
+  ASSERT_TRUE(whole.ok());
+  ASSERT_EQ(whole->size(), 39u);
+  for (double lp : *whole) EXPECT_LT(lp, 0.0);
+  // The same text scored in two calls within one session.
+  fwmodel::ScoringContext context;
+  auto first = fwmodel::ScoreTokens(model, {tokens.begin(), tokens.begin() + 15}, &context);
+  auto rest = fwmodel::ScoreTokens(model, {tokens.begin() + 15, tokens.end()}, &context, 4);
+  ASSERT_TRUE(first.ok() && rest.ok());
+  EXPECT_EQ(first->size(), 14u);
+  EXPECT_EQ(rest->size(), 25u);  // a session with context scores every token
+  first->insert(first->end(), rest->begin(), rest->end());
+  for (size_t i = 0; i < whole->size(); ++i) EXPECT_NEAR((*first)[i], (*whole)[i], 1e-9);
+  // Log-probabilities of a real distribution: over all 256 next tokens they sum to 1.
+  fwmodel::ScoringContext probe;
+  ASSERT_TRUE(fwmodel::ScoreTokens(model, {tokens[0]}, &probe).ok());
+  double total = 0;
+  for (int64_t v = 0; v < 256; ++v) {
+    fwmodel::ScoringContext c{probe.state.Clone(), probe.next_logits};
+    total += std::exp((*fwmodel::ScoreTokens(model, {v}, &c))[0]);
+  }
+  EXPECT_NEAR(total, 1.0, 1e-9);
+}
+
+}  // namespace

@@ -1,1 +1,353 @@
+// Golden values worked out independently of the library: a 1-layer, d=4 model with
+// hand-chosen (formula-generated) weights, checked against a plain-C++ reference that
+// evaluates the contract's *direct* formulas (explicit sums over the past, no chunking,
+// no recurrence tricks, no LibTorch ops). A consistent-but-wrong implementation (say,
+// a decay of (t-s) instead of (t-1-s), a missing epsilon, a transposed weight, a
+// causal convolution looking one step too far) disagrees with it.
 #include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "models/model.h"
+
+namespace {
+
+using fwmodel::Architecture;
+using fwmodel::FfnKind;
+using Vec = std::vector<double>;
+using Mat = std::vector<Vec>;  // [out][in], PyTorch layout
+
+constexpr int kD = 4, kHeads = 2, kDh = 2, kFf = 3, kVocab = 256, kK = 2;
+
+// Hand-chosen weights: deterministic, sign-varied, no two rows alike.
+Mat MakeMatrix(int rows, int cols, double phase, double scale) {
+  Mat m(rows, Vec(cols));
+  for (int i = 0; i < rows; ++i)
+    for (int j = 0; j < cols; ++j) m[i][j] = scale * std::sin(phase + 1.3 * i + 0.7 * j * (i + 1));
+  return m;
+}
+Vec MakeVector(int n, double phase, double scale, double offset = 0) {
+  Vec v(n);
+  for (int i = 0; i < n; ++i) v[i] = offset + scale * std::cos(phase + 0.9 * i);
+  return v;
+}
+
+Vec MatVec(const Mat& w, const Vec& x) {
+  Vec y(w.size(), 0.0);
+  for (size_t i = 0; i < w.size(); ++i)
+    for (size_t j = 0; j < x.size(); ++j) y[i] += w[i][j] * x[j];
+  return y;
+}
+Vec Add(Vec a, const Vec& b) {
+  for (size_t i = 0; i < a.size(); ++i) a[i] += b[i];
+  return a;
+}
+double Dot(const Vec& a, const Vec& b) {
+  double s = 0;
+  for (size_t i = 0; i < a.size(); ++i) s += a[i] * b[i];
+  return s;
+}
+Vec LayerNorm(const Vec& x, const Vec& w, const Vec& b, double eps) {
+  double mean = 0, var = 0;
+  for (double v : x) mean += v;
+  mean /= x.size();
+  for (double v : x) var += (v - mean) * (v - mean);
+  var /= x.size();
+  Vec y(x.size());
+  for (size_t i = 0; i < x.size(); ++i) y[i] = (x[i] - mean) / std::sqrt(var + eps) * w[i] + b[i];
+  return y;
+}
+Vec Head(const Vec& x, int h) { return Vec(x.begin() + h * kDh, x.begin() + (h + 1) * kDh); }
+
+struct Weights {
+  Mat embed, head, proj[3], o, beta, up, down, conv_w[3];
+  Vec n1w, n1b, n2w, n2b, nfw, nfb, ob, up_b, down_b, conv_b[3], time_decay, time_first;
+};
+
+Weights MakeWeights() {
+  Weights w;
+  w.embed = MakeMatrix(kVocab, kD, 0.1, 1.0);
+  w.head = MakeMatrix(kVocab, kD, 0.5, 0.8);
+  for (int p = 0; p < 3; ++p) {
+    w.proj[p] = MakeMatrix(kD, kD, 1.0 + p, 0.7);
+    w.conv_w[p] = MakeMatrix(kD, kK, 2.0 + p, 0.6);
+    w.conv_b[p] = MakeVector(kD, 3.0 + p, 0.1);
+  }
+  w.o = MakeMatrix(kD, kD, 4.0, 0.5);
+  w.beta = MakeMatrix(kHeads, kD, 5.0, 1.0);
+  w.up = MakeMatrix(kFf, kD, 6.0, 0.8);
+  w.down = MakeMatrix(kD, kFf, 7.0, 0.5);
+  w.n1w = MakeVector(kD, 0.3, 0.2, 1.0);
+  w.n1b = MakeVector(kD, 0.4, 0.1);
+  w.n2w = MakeVector(kD, 0.5, 0.2, 1.0);
+  w.n2b = MakeVector(kD, 0.6, 0.1);
+  w.nfw = MakeVector(kD, 0.7, 0.2, 1.0);
+  w.nfb = MakeVector(kD, 0.8, 0.1);
+  w.ob = MakeVector(kD, 0.9, 0.1);
+  w.up_b = MakeVector(kFf, 1.1, 0.1);
+  w.down_b = MakeVector(kD, 1.2, 0.1);
+  w.time_decay = MakeVector(kD, 1.3, 1.0, -0.5);
+  w.time_first = MakeVector(kD, 1.4, 0.5);
+  return w;
+}
+
+torch::Tensor ToTensor(const Mat& m) {
+  torch::Tensor t = torch::empty({static_cast<int64_t>(m.size()), static_cast<int64_t>(m[0].size())},
+                                 torch::kFloat32);
+  for (size_t i = 0; i < m.size(); ++i)
+    for (size_t j = 0; j < m[0].size(); ++j) t[i][j] = static_cast<float>(m[i][j]);
+  return t;
+}
+torch::Tensor ToTensor(const Vec& v) {
+  torch::Tensor t = torch::empty({static_cast<int64_t>(v.size())}, torch::kFloat32);
+  for (size_t i = 0; i < v.size(); ++i) t[i] = static_cast<float>(v[i]);
+  return t;
+}
+
+// Rounds the reference weights to float32 so both sides start from identical values.
+void RoundToFloat(Mat& m) {
+  for (auto& row : m)
+    for (double& x : row) x = static_cast<float>(x);
+}
+void RoundToFloat(Vec& v) {
+  for (double& x : v) x = static_cast<float>(x);
+}
+void RoundAll(Weights& w) {
+  for (Mat* m : {&w.embed, &w.head, &w.proj[0], &w.proj[1], &w.proj[2], &w.o, &w.beta, &w.up,
+                 &w.down, &w.conv_w[0], &w.conv_w[1], &w.conv_w[2]})
+    RoundToFloat(*m);
+  for (Vec* v : {&w.n1w, &w.n1b, &w.n2w, &w.n2b, &w.nfw, &w.nfb, &w.ob, &w.up_b, &w.down_b,
+                 &w.conv_b[0], &w.conv_b[1], &w.conv_b[2], &w.time_decay, &w.time_first})
+    RoundToFloat(*v);
+}
+
+fwmodel::ModelConfig GoldenConfig(Architecture arch, int nu) {
+  fwmodel::ModelConfig c;
+  c.architecture = arch;
+  c.d_model = kD;
+  c.n_layers = 1;
+  c.n_heads = kHeads;
+  c.d_ff = kFf;
+  c.ffn = FfnKind::kSquaredRelu;
+  c.dconv_kernel = kK;
+  c.dpfp_nu = nu;
+  return c;
+}
+
+fwmodel::Model BuildModel(const Weights& w, const fwmodel::ModelConfig& c) {
+  const bool aft = c.architecture == Architecture::kAft;
+  const char* names[3] = {aft ? "r" : "q", "k", "v"};
+  std::map<std::string, torch::Tensor> t;
+  t["embed.weight"] = ToTensor(w.embed);
+  t["head.weight"] = ToTensor(w.head);
+  t["norm_f.weight"] = ToTensor(w.nfw);
+  t["norm_f.bias"] = ToTensor(w.nfb);
+  t["blocks.0.norm1.weight"] = ToTensor(w.n1w);
+  t["blocks.0.norm1.bias"] = ToTensor(w.n1b);
+  t["blocks.0.norm2.weight"] = ToTensor(w.n2w);
+  t["blocks.0.norm2.bias"] = ToTensor(w.n2b);
+  for (int p = 0; p < 3; ++p) {
+    t[absl::StrCat("blocks.0.mixer.", names[p], ".weight")] = ToTensor(w.proj[p]);
+    t[absl::StrCat("blocks.0.mixer.", names[p], "_conv.weight")] = ToTensor(w.conv_w[p]);
+    t[absl::StrCat("blocks.0.mixer.", names[p], "_conv.bias")] = ToTensor(w.conv_b[p]);
+  }
+  t["blocks.0.mixer.o.weight"] = ToTensor(w.o);
+  t["blocks.0.mixer.o.bias"] = ToTensor(w.ob);
+  if (c.architecture == Architecture::kFastWeight) t["blocks.0.mixer.beta.weight"] = ToTensor(w.beta);
+  if (aft) {
+    t["blocks.0.mixer.time_decay"] = ToTensor(w.time_decay);
+    t["blocks.0.mixer.time_first"] = ToTensor(w.time_first);
+  }
+  t["blocks.0.ffn.up.weight"] = ToTensor(w.up);
+  t["blocks.0.ffn.up.bias"] = ToTensor(w.up_b);
+  t["blocks.0.ffn.down.weight"] = ToTensor(w.down);
+  t["blocks.0.ffn.down.bias"] = ToTensor(w.down_b);
+  fwmodel::ModelOptions options;
+  options.dtype = torch::kFloat64;
+  auto model = fwmodel::Model::Create(c, t, options);
+  EXPECT_TRUE(model.ok()) << model.status();
+  return std::move(*model);
+}
+
+// DPFP_nu written from its definition with explicit indices.
+Vec Dpfp(const Vec& z, int nu, double eps) {
+  const int n = static_cast<int>(z.size());
+  Vec x(2 * n);
+  for (int j = 0; j < n; ++j) {
+    x[j] = std::max(0.0, z[j]);
+    x[n + j] = std::max(0.0, -z[j]);
+  }
+  Vec out;
+  for (int i = 1; i <= nu; ++i)
+    for (int j = 0; j < 2 * n; ++j) out.push_back(x[j] * x[((j - i) % (2 * n) + 2 * n) % (2 * n)]);
+  double sum = 0;
+  for (double v : out) sum += v;
+  for (double& v : out) v /= sum + eps;
+  return out;
+}
+
+// Reference logits for every position of `tokens`, from the direct formulas.
+std::vector<Vec> ReferenceLogits(const Weights& w, const fwmodel::ModelConfig& c,
+                                 const std::vector<int64_t>& tokens) {
+  const int T = static_cast<int>(tokens.size());
+  std::vector<Vec> h(T), a(T), proj[3];
+  for (int t = 0; t < T; ++t) {
+    h[t] = w.embed[tokens[t]];
+    a[t] = LayerNorm(h[t], w.n1w, w.n1b, c.norm_eps);
+  }
+  for (int p = 0; p < 3; ++p) {
+    std::vector<Vec> raw(T);
+    for (int t = 0; t < T; ++t) raw[t] = MatVec(w.proj[p], a[t]);
+    proj[p].assign(T, Vec(kD));
+    for (int t = 0; t < T; ++t)
+      for (int ch = 0; ch < kD; ++ch) {
+        double y = w.conv_b[p][ch];
+        for (int j = 0; j < kK; ++j) {
+          const int tau = t - (kK - 1) + j;
+          if (tau >= 0) y += w.conv_w[p][ch][j] * raw[tau][ch];
+        }
+        proj[p][t][ch] = y;
+      }
+  }
+  std::vector<Vec> mixed(T, Vec(kD));
+  if (c.architecture == Architecture::kAft) {
+    for (int t = 0; t < T; ++t)
+      for (int ch = 0; ch < kD; ++ch) {
+        const double decay = std::exp(w.time_decay[ch]), bonus = w.time_first[ch];
+        double num = 0, den = 0;
+        for (int s = 0; s < t; ++s) {
+          const double weight = std::exp(-(t - 1 - s) * decay + proj[1][s][ch]);
+          num += weight * proj[2][s][ch];
+          den += weight;
+        }
+        const double own = std::exp(bonus + proj[1][t][ch]);
+        num += own * proj[2][t][ch];
+        den += own;
+        const double r = 1.0 / (1.0 + std::exp(-proj[0][t][ch]));
+        mixed[t][ch] = r * num / den;
+      }
+  } else if (c.architecture == Architecture::kLinearAttention) {
+    auto phi = [](Vec z) {
+      for (double& v : z) v = v > 0 ? v + 1 : std::exp(v);
+      return z;
+    };
+    for (int t = 0; t < T; ++t)
+      for (int hd = 0; hd < kHeads; ++hd) {
+        const Vec fq = phi(Head(proj[0][t], hd));
+        Vec num(kDh, 0.0);
+        double den = c.attn_eps;
+        for (int s = 0; s <= t; ++s) {
+          const double sim = Dot(fq, phi(Head(proj[1][s], hd)));
+          const Vec v = Head(proj[2][s], hd);
+          for (int i = 0; i < kDh; ++i) num[i] += sim * v[i];
+          den += sim;
+        }
+        for (int i = 0; i < kDh; ++i) mixed[t][hd * kDh + i] = num[i] / den;
+      }
+  } else {
+    const int dphi = 2 * c.dpfp_nu * kDh;
+    for (int hd = 0; hd < kHeads; ++hd) {
+      Mat W(kDh, Vec(dphi, 0.0));
+      for (int t = 0; t < T; ++t) {
+        const Vec fk = Dpfp(Head(proj[1][t], hd), c.dpfp_nu, c.attn_eps);
+        const Vec fq = Dpfp(Head(proj[0][t], hd), c.dpfp_nu, c.attn_eps);
+        const Vec v = Head(proj[2][t], hd);
+        const double beta = 1.0 / (1.0 + std::exp(-Dot(w.beta[hd], a[t])));
+        const Vec retrieved = MatVec(W, fk);
+        for (int i = 0; i < kDh; ++i)
+          for (int j = 0; j < dphi; ++j) W[i][j] += beta * (v[i] - retrieved[i]) * fk[j];
+        const Vec y = MatVec(W, fq);
+        for (int i = 0; i < kDh; ++i) mixed[t][hd * kDh + i] = y[i];
+      }
+    }
+  }
+  std::vector<Vec> logits(T);
+  for (int t = 0; t < T; ++t) {
+    Vec x = Add(h[t], Add(MatVec(w.o, mixed[t]), w.ob));
+    Vec u = Add(MatVec(w.up, LayerNorm(x, w.n2w, w.n2b, c.norm_eps)), w.up_b);
+    for (double& v : u) v = v > 0 ? v * v : 0.0;
+    x = Add(x, Add(MatVec(w.down, u), w.down_b));
+    logits[t] = MatVec(w.head, LayerNorm(x, w.nfw, w.nfb, c.norm_eps));
+  }
+  return logits;
+}
+
+class GoldenTest : public testing::TestWithParam<std::pair<Architecture, int>> {};
+
+TEST_P(GoldenTest, LogitsMatchDirectFormulas) {
+  torch::NoGradGuard no_grad;
+  const auto config = GoldenConfig(GetParam().first, GetParam().second);
+  Weights w = MakeWeights();
+  RoundAll(w);
+  fwmodel::Model model = BuildModel(w, config);
+  const std::vector<int64_t> tokens = {72, 101, 108, 108, 111, 33, 10};  // "Hello!\n"
+  const std::vector<Vec> expected = ReferenceLogits(w, config, tokens);
+
+  fwmodel::State seq_state = model.InitialState(1);
+  auto seq = model.Forward(torch::tensor(tokens).unsqueeze(0), &seq_state);
+  ASSERT_TRUE(seq.ok()) << seq.status();
+  fwmodel::State step_state = model.InitialState(1);
+  double max_diff = 0, spread = 0;
+  for (size_t t = 0; t < tokens.size(); ++t) {
+    auto step = model.Step(torch::tensor({tokens[t]}), &step_state);
+    ASSERT_TRUE(step.ok());
+    for (int v = 0; v < kVocab; ++v) {
+      max_diff = std::max(max_diff, std::abs((*seq)[0][t][v].item<double>() - expected[t][v]));
+      max_diff = std::max(max_diff, std::abs((*step)[0][v].item<double>() - expected[t][v]));
+      spread = std::max(spread, std::abs(expected[t][v] - expected[0][v]));
+    }
+  }
+  EXPECT_LE(max_diff, 1e-9);
+  EXPECT_GT(spread, 0.1);  // context matters: the mixer is not a no-op
+}
+
+INSTANTIATE_TEST_SUITE_P(PerMixer, GoldenTest,
+                         testing::Values(std::make_pair(Architecture::kLinearAttention, 1),
+                                         std::make_pair(Architecture::kFastWeight, 1),
+                                         std::make_pair(Architecture::kFastWeight, 2),
+                                         std::make_pair(Architecture::kAft, 1)),
+                         [](const auto& info) {
+                           return absl::StrCat(fwmodel::ArchitectureName(info.param.first), "_nu",
+                                               info.param.second);
+                         });
+
+// Hand-derived: the first token of a fresh aft session, where wkv_0 = v_0 exactly
+// (only the e^{u+k_0} term exists), so the logits follow by hand.
+TEST(GoldenHandDerivedTest, FirstTokenAftOutputIsGatedValue) {
+  torch::NoGradGuard no_grad;
+  fwmodel::ModelConfig c = GoldenConfig(Architecture::kAft, 1);
+  c.dconv_kernel = 0;
+  c.n_heads = 1;
+  // Zero every weight except what the first-token formula needs; LayerNorms act as
+  // plain normalisation. With embed row [1, -1, 1, -1], LN(x) = x (mean 0, var 1) up
+  // to eps, r-projection = 0 so r = sigmoid(0) = 1/2, v-projection = identity, o =
+  // identity: the block adds 1/2 * LN(x) = x/2 to x. FFN zero. Final LN again maps
+  // 1.5 * x to x, and a head row equal to e_0 reads logit = 1/sqrt(1 + eps/1).
+  std::map<std::string, torch::Tensor> t;
+  for (const auto& [name, shape] : fwmodel::ExpectedWeightShapes(c)) t[name] = torch::zeros(shape);
+  for (const char* n : {"blocks.0.norm1.weight", "blocks.0.norm2.weight", "norm_f.weight"})
+    t[n] = torch::ones({kD});
+  t["embed.weight"][65] = torch::tensor({1.0f, -1.0f, 1.0f, -1.0f});
+  t["blocks.0.mixer.v.weight"] = torch::eye(kD);
+  t["blocks.0.mixer.o.weight"] = torch::eye(kD);
+  t["head.weight"][0][0] = 1.0f;
+  t["head.weight"][1][1] = 2.0f;
+  fwmodel::ModelOptions options;
+  options.dtype = torch::kFloat64;
+  auto model = fwmodel::Model::Create(c, t, options);
+  ASSERT_TRUE(model.ok()) << model.status();
+  fwmodel::State s = model->InitialState(1);
+  auto logits = model->Step(torch::tensor({int64_t{65}}), &s);
+  ASSERT_TRUE(logits.ok());
+  // LN of [1,-1,1,-1]: var = 1, so y = x / sqrt(1 + 1e-5). h = x + y/2 = x (1 + 0.5/sqrt(1+eps)).
+  // Final LN: h / sqrt(var_h + eps) with var_h = (1 + 0.5/sqrt(1+eps))^2.
+  const double eps = 1e-5, g = 1 + 0.5 / std::sqrt(1 + eps);
+  const double normalised = g / std::sqrt(g * g + eps);
+  EXPECT_NEAR((*logits)[0][0].item<double>(), normalised, 1e-12);
+  EXPECT_NEAR((*logits)[0][1].item<double>(), -2 * normalised, 1e-12);
+  EXPECT_NEAR((*logits)[0][2].item<double>(), 0.0, 1e-12);
+}
+
+}  // namespace

@@ -1,1 +1,85 @@
+#include "server/core/sampler.h"
+
 #include <gtest/gtest.h>
+
+#include <map>
+#include <vector>
+
+namespace {
+
+using fwserve::SampleToken;
+using fwserve::SamplingParams;
+
+TEST(SamplerTest, ZeroTemperatureIsArgmaxWithLowestIdOnTies) {
+  std::vector<float> logits = {0.1f, 2.0f, -1.0f, 2.0f};
+  SamplingParams p;
+  p.temperature = 0;
+  std::mt19937_64 rng(1);
+  EXPECT_EQ(SampleToken(logits.data(), 4, p, rng), 1);
+}
+
+TEST(SamplerTest, TopKOneIsGreedy) {
+  std::vector<float> logits = {0.1f, 0.2f, 3.0f, 0.0f};
+  SamplingParams p;
+  p.top_k = 1;
+  std::mt19937_64 rng(1);
+  for (int i = 0; i < 50; ++i) EXPECT_EQ(SampleToken(logits.data(), 4, p, rng), 2);
+}
+
+TEST(SamplerTest, FrequenciesFollowSoftmax) {
+  std::vector<float> logits = {std::log(0.5f), std::log(0.3f), std::log(0.2f)};
+  SamplingParams p;
+  std::mt19937_64 rng(7);
+  std::map<int64_t, int> counts;
+  const int n = 20000;
+  for (int i = 0; i < n; ++i) ++counts[SampleToken(logits.data(), 3, p, rng)];
+  EXPECT_NEAR(counts[0] / double(n), 0.5, 0.02);
+  EXPECT_NEAR(counts[1] / double(n), 0.3, 0.02);
+  EXPECT_NEAR(counts[2] / double(n), 0.2, 0.02);
+}
+
+TEST(SamplerTest, TopPKeepsTheSmallestNucleus) {
+  std::vector<float> logits = {std::log(0.5f), std::log(0.3f), std::log(0.2f)};
+  SamplingParams p;
+  p.top_p = 0.75f;  // 0.5 + 0.3 reaches it: token 2 is never drawn
+  std::mt19937_64 rng(3);
+  std::map<int64_t, int> counts;
+  for (int i = 0; i < 5000; ++i) ++counts[SampleToken(logits.data(), 3, p, rng)];
+  EXPECT_EQ(counts[2], 0);
+  EXPECT_NEAR(counts[0] / 5000.0, 0.5 / 0.8, 0.03);
+}
+
+TEST(SamplerTest, SameSeedSameTokens) {
+  std::vector<float> logits(256);
+  for (int i = 0; i < 256; ++i) logits[i] = std::sin(i * 0.37f);
+  SamplingParams p;
+  std::mt19937_64 a(42), b(42);
+  for (int i = 0; i < 100; ++i) {
+    EXPECT_EQ(SampleToken(logits.data(), 256, p, a), SampleToken(logits.data(), 256, p, b));
+  }
+}
+
+TEST(SamplerTest, NonFiniteLogitsAreNeverDrawn) {
+  std::vector<float> logits = {NAN, 0.0f, INFINITY, 0.0f};
+  SamplingParams p;
+  std::mt19937_64 rng(5);
+  for (int i = 0; i < 200; ++i) {
+    int64_t t = SampleToken(logits.data(), 4, p, rng);
+    EXPECT_TRUE(t == 1 || t == 3) << t;
+  }
+}
+
+TEST(SamplerTest, ValidateNamesTheField) {
+  SamplingParams p;
+  p.temperature = -1;
+  EXPECT_NE(p.Validate().message().find("temperature"), std::string::npos);
+  p = SamplingParams();
+  p.top_p = 0;
+  EXPECT_NE(p.Validate().message().find("top_p"), std::string::npos);
+  p = SamplingParams();
+  p.top_k = -2;
+  EXPECT_NE(p.Validate().message().find("top_k"), std::string::npos);
+  EXPECT_TRUE(SamplingParams().Validate().ok());
+}
+
+}  // namespace
