@@ -27,6 +27,7 @@ using Clock = std::chrono::steady_clock;
 
 constexpr char kStateFile[] = "train_state.json";
 constexpr char kOptimizerFile[] = "optimizer.pt";
+constexpr char kStreamStateFile[] = "stream_state.pt";
 
 uint64_t SplitMix64(uint64_t x) {
   x += 0x9e3779b97f4a7c15ull;
@@ -48,7 +49,8 @@ json RunIdentity(const TrainOptions& o) {
               {"adam_beta1", o.adam_beta1},
               {"adam_beta2", o.adam_beta2},
               {"grad_clip", o.grad_clip},
-              {"train_fraction", o.train_fraction}};
+              {"train_fraction", o.train_fraction},
+              {"stateful", o.stateful}};
 }
 
 double LearningRate(const TrainOptions& o, int64_t step) {
@@ -223,6 +225,17 @@ absl::StatusOr<TrainReport> Train(const TrainOptions& options, int64_t stop_afte
     }
   }
 
+  // Stateful training: the per-row state carried between steps (detached).
+  State carried;
+  const std::string stream_state_path = options.out_dir + "/" + kStreamStateFile;
+  if (report.resumed && options.stateful) {
+    try {
+      torch::load(carried.tensors, stream_state_path);
+    } catch (const c10::Error& e) {
+      return absl::DataLossError(absl::StrCat("cannot read stream state ", stream_state_path));
+    }
+  }
+
   ProgressLine progress(options.progress);
   if (report.resumed) {
     progress.Message(absl::StrCat("resuming ", options.out_dir, " at step ", report.step, "/",
@@ -243,6 +256,15 @@ absl::StatusOr<TrainReport> Train(const TrainOptions& options, int64_t stop_afte
       return absl::DataLossError(absl::StrCat("cannot write optimizer state to ", tmp));
     }
     std::filesystem::rename(tmp, optimizer_path);
+    if (options.stateful) {
+      const std::string stream_tmp = stream_state_path + ".tmp";
+      try {
+        torch::save(carried.tensors, stream_tmp);
+      } catch (const c10::Error& e) {
+        return absl::DataLossError(absl::StrCat("cannot write stream state to ", stream_tmp));
+      }
+      std::filesystem::rename(stream_tmp, stream_state_path);
+    }
     json state = {{"identity", RunIdentity(options)},
                   {"step", step},
                   {"wall_seconds", report.wall_seconds},
@@ -260,6 +282,15 @@ absl::StatusOr<TrainReport> Train(const TrainOptions& options, int64_t stop_afte
   for (const auto& [name, t] : model->weights()) parameters.push_back(t);
   const int64_t B = options.batch_size, T = options.seq_len;
   const int64_t max_start = train_bytes - T - 1;
+  // Stateful layout: B contiguous segments, epoch_steps windows of T per segment pass
+  // (room is left for a shift < T).
+  const int64_t segment = train_bytes / B;
+  const int64_t epoch_steps = (segment - 1) / T - 1;
+  if (options.stateful && epoch_steps < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "training split of ", train_bytes, " bytes is too small for --batch_size=", B,
+        " streams of --seq_len=", T, " (need 2 windows per stream); use --stateful=false"));
+  }
   const torch::Tensor window = torch::arange(T + 1, torch::kInt64);
   const auto session_start = Clock::now();
   const int64_t first_step = report.step;
@@ -271,10 +302,22 @@ absl::StatusOr<TrainReport> Train(const TrainOptions& options, int64_t stop_afte
     const int64_t step = report.step;
     // Data order depends only on (seed, step, row): resumed runs see the same batches.
     std::vector<int64_t> starts(static_cast<size_t>(B));
-    for (int64_t b = 0; b < B; ++b) {
-      const uint64_t h = SplitMix64(options.seed * 0x100000001b3ull ^
-                                    SplitMix64(static_cast<uint64_t>(step) * 65537u + b));
-      starts[static_cast<size_t>(b)] = static_cast<int64_t>(h % static_cast<uint64_t>(max_start + 1));
+    if (options.stateful) {
+      // Row b reads segment b front to back; each epoch starts at a new random shift
+      // with fresh states.
+      const int64_t epoch = step / epoch_steps, position = step % epoch_steps;
+      const int64_t shift = static_cast<int64_t>(
+          SplitMix64(options.seed ^ SplitMix64(static_cast<uint64_t>(epoch) + 1)) %
+          static_cast<uint64_t>(T));
+      for (int64_t b = 0; b < B; ++b) starts[static_cast<size_t>(b)] = b * segment + shift + position * T;
+      if (position == 0 || carried.tensors.empty()) carried = model->InitialState(B);
+    } else {
+      for (int64_t b = 0; b < B; ++b) {
+        const uint64_t h = SplitMix64(options.seed * 0x100000001b3ull ^
+                                      SplitMix64(static_cast<uint64_t>(step) * 65537u + b));
+        starts[static_cast<size_t>(b)] =
+            static_cast<int64_t>(h % static_cast<uint64_t>(max_start + 1));
+      }
     }
     torch::Tensor index = torch::tensor(starts, torch::kInt64).unsqueeze(1) + window;
     torch::Tensor batch = data.index({index});  // [B, T+1]
@@ -286,8 +329,9 @@ absl::StatusOr<TrainReport> Train(const TrainOptions& options, int64_t stop_afte
     }
     double loss_value = 0, grad_norm = 0;
     try {
-      State state = model->InitialState(B);
+      State state = options.stateful ? carried : model->InitialState(B);
       torch::Tensor logits = model->ForwardUnchecked(inputs, &state);
+      if (options.stateful) carried = state.Detach();
       torch::Tensor loss = torch::nn::functional::cross_entropy(
           logits.reshape({B * T, -1}), targets.reshape({B * T}));
       optimizer.zero_grad();

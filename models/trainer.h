@@ -21,7 +21,12 @@ struct TrainOptions {
 
   int64_t steps = 2000;       // optimizer steps in the whole run
   int64_t batch_size = 32;    // sequences per step
-  int64_t seq_len = 256;      // tokens per sequence (each starts from a fresh state)
+  int64_t seq_len = 256;      // tokens per window (truncated-backprop length)
+  // true: each batch row reads its own contiguous segment of the text and carries its
+  // recurrent state from window to window (truncated backprop through time), so the
+  // model learns the long contexts it is scored on. false: independent random windows
+  // that each start from a fresh state.
+  bool stateful = true;
   double lr = 2e-3;           // peak learning rate
   double min_lr_ratio = 0.1;  // cosine decays to lr * min_lr_ratio at the last step
   int64_t warmup_steps = 100;  // linear warm-up from 0 to lr

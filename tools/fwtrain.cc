@@ -26,6 +26,9 @@ ABSL_FLAG(uint64_t, seed, kDefaults.seed, "seed of initialisation and data order
 ABSL_FLAG(int64_t, steps, kDefaults.steps, "optimizer steps in the whole run");
 ABSL_FLAG(int64_t, batch_size, kDefaults.batch_size, "sequences per step");
 ABSL_FLAG(int64_t, seq_len, kDefaults.seq_len, "tokens per training sequence");
+ABSL_FLAG(bool, stateful, kDefaults.stateful,
+          "carry each row's recurrent state across windows (truncated BPTT over contiguous "
+          "segments); false = independent random windows from fresh states");
 ABSL_FLAG(double, lr, kDefaults.lr, "peak learning rate (AdamW)");
 ABSL_FLAG(double, min_lr_ratio, kDefaults.min_lr_ratio, "final lr as a fraction of --lr (cosine)");
 ABSL_FLAG(int64_t, warmup_steps, kDefaults.warmup_steps, "linear warm-up steps");
@@ -130,6 +133,7 @@ int main(int argc, char** argv) {
   options.steps = absl::GetFlag(FLAGS_steps);
   options.batch_size = absl::GetFlag(FLAGS_batch_size);
   options.seq_len = absl::GetFlag(FLAGS_seq_len);
+  options.stateful = absl::GetFlag(FLAGS_stateful);
   options.lr = absl::GetFlag(FLAGS_lr);
   options.min_lr_ratio = absl::GetFlag(FLAGS_min_lr_ratio);
   options.warmup_steps = absl::GetFlag(FLAGS_warmup_steps);

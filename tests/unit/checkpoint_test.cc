@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "models/file_util.h"
+#include "models/state_codec.h"
 #include "tests/unit/test_models.h"
 
 namespace {
@@ -199,6 +200,56 @@ TEST(ScoreTest, FreshScoringGivesNMinusOneValuesAndContinuationMatchesWhole) {
     total += std::exp((*fwmodel::ScoreTokens(model, {v}, &c))[0]);
   }
   EXPECT_NEAR(total, 1.0, 1e-9);
+}
+
+}  // namespace
+
+namespace {
+
+TEST(StateCodecTest, RowRoundTripsAndContinuesIdentically) {
+  torch::NoGradGuard no_grad;
+  auto config = fwtest::TinyConfig(Architecture::kAft, FfnKind::kGeglu, 3);
+  fwmodel::Model model = fwtest::RandomModel(config, 12, torch::kFloat32);
+  const std::string fingerprint = fwmodel::Fingerprint(config, model.ExportWeights());
+  fwmodel::State batch = model.InitialState(3);
+  ASSERT_TRUE(model.Forward(fwtest::RandomTokens(3, 20, 256, 1), &batch).ok());
+
+  auto bytes = fwmodel::EncodeStateRow(model, fingerprint, batch, 1, 20);
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  auto decoded = fwmodel::DecodeStateRow(model, fingerprint, *bytes);
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  EXPECT_EQ(decoded->tokens, 20);
+  fwmodel::State row = batch.Gather(torch::tensor({int64_t{1}}));
+  for (size_t i = 0; i < row.tensors.size(); ++i) {
+    EXPECT_TRUE(torch::equal(row.tensors[i], decoded->state.tensors[i]));
+  }
+  torch::Tensor next = torch::tensor({int64_t{42}});
+  auto a = model.Step(next, &row);
+  auto b = model.Step(next, &decoded->state);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_TRUE(torch::equal(*a, *b));
+}
+
+TEST(StateCodecTest, RejectsOtherModelsCorruptionAndGarbage) {
+  torch::NoGradGuard no_grad;
+  auto config = fwtest::TinyConfig(Architecture::kFastWeight, FfnKind::kRelu, 0);
+  fwmodel::Model model = fwtest::RandomModel(config, 12, torch::kFloat32);
+  fwmodel::State s = model.InitialState(1);
+  ASSERT_TRUE(model.Forward(fwtest::RandomTokens(1, 5, 256, 1), &s).ok());
+  auto bytes = fwmodel::EncodeStateRow(model, "aaaa", s, 0, 5);
+  ASSERT_TRUE(bytes.ok());
+  EXPECT_EQ(fwmodel::DecodeStateRow(model, "bbbb", *bytes).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  std::string corrupted = *bytes;
+  corrupted[corrupted.size() - 3] ^= 0x40;
+  auto bad = fwmodel::DecodeStateRow(model, "aaaa", corrupted);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("checksum"), std::string::npos) << bad.status();
+  EXPECT_FALSE(fwmodel::DecodeStateRow(model, "aaaa", "garbage").ok());
+  // A state of a different architecture with the same fingerprint string is refused.
+  auto other_config = fwtest::TinyConfig(Architecture::kAft, FfnKind::kRelu, 0);
+  fwmodel::Model other = fwtest::RandomModel(other_config, 1, torch::kFloat32);
+  EXPECT_FALSE(fwmodel::DecodeStateRow(other, "aaaa", *bytes).ok());
 }
 
 }  // namespace
