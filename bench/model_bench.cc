@@ -1,0 +1,103 @@
+// Model-library microbenchmarks (Google Benchmark). Results: docs/benchmarks.md.
+//
+// Models have the shipped size (d=128, 4 layers, dconv 4) with random weights; speed
+// does not depend on the values. Each family has its baseline in the same run:
+//   BM_Step            batched recurrent step over B sessions (one token each)
+//   BM_StepOneByOne    baseline: the same B sessions stepped one at a time
+//   BM_Prefill         sequence form over a T-token prompt (one session)
+//   BM_PrefillByStep   baseline: the same prompt fed token by token
+#include <benchmark/benchmark.h>
+
+#include "models/model.h"
+
+namespace {
+
+using fwmodel::Architecture;
+
+fwmodel::Model MakeModel(int64_t arch_index) {
+  static const Architecture kArch[] = {Architecture::kLinearAttention, Architecture::kFastWeight,
+                                       Architecture::kAft};
+  fwmodel::ModelConfig c;
+  c.architecture = kArch[arch_index];
+  c.d_model = 128;
+  c.n_layers = 4;
+  c.n_heads = 4;
+  c.d_ff = 512;
+  c.dconv_kernel = 4;
+  return std::move(*fwmodel::Model::InitRandom(c, 1));
+}
+
+void SetLabel(benchmark::State& state) {
+  static const char* kNames[] = {"linear_attention", "fast_weight", "aft"};
+  state.SetLabel(kNames[state.range(0)]);
+}
+
+void BM_Step(benchmark::State& state) {
+  torch::NoGradGuard no_grad;
+  fwmodel::Model model = MakeModel(state.range(0));
+  const int64_t batch = state.range(1);
+  fwmodel::State s = model.InitialState(batch);
+  torch::Tensor tokens = torch::full({batch}, 65, torch::kInt64);
+  for (auto _ : state) {
+    torch::Tensor logits = model.StepUnchecked(tokens, &s);
+    benchmark::DoNotOptimize(logits.data_ptr<float>());
+  }
+  state.SetItemsProcessed(state.iterations() * batch);
+  SetLabel(state);
+}
+
+void BM_StepOneByOne(benchmark::State& state) {
+  torch::NoGradGuard no_grad;
+  fwmodel::Model model = MakeModel(state.range(0));
+  const int64_t batch = state.range(1);
+  std::vector<fwmodel::State> sessions;
+  for (int64_t i = 0; i < batch; ++i) sessions.push_back(model.InitialState(1));
+  torch::Tensor token = torch::full({1}, 65, torch::kInt64);
+  for (auto _ : state) {
+    for (auto& s : sessions) {
+      torch::Tensor logits = model.StepUnchecked(token, &s);
+      benchmark::DoNotOptimize(logits.data_ptr<float>());
+    }
+  }
+  state.SetItemsProcessed(state.iterations() * batch);
+  SetLabel(state);
+}
+
+void BM_Prefill(benchmark::State& state) {
+  torch::NoGradGuard no_grad;
+  fwmodel::Model model = MakeModel(state.range(0));
+  const int64_t steps = state.range(1);
+  torch::Tensor tokens = torch::randint(256, {1, steps}, torch::kInt64);
+  for (auto _ : state) {
+    fwmodel::State s = model.InitialState(1);
+    torch::Tensor logits = model.ForwardUnchecked(tokens, &s);
+    benchmark::DoNotOptimize(logits.data_ptr<float>());
+  }
+  state.SetItemsProcessed(state.iterations() * steps);
+  SetLabel(state);
+}
+
+void BM_PrefillByStep(benchmark::State& state) {
+  torch::NoGradGuard no_grad;
+  fwmodel::Model model = MakeModel(state.range(0));
+  const int64_t steps = state.range(1);
+  torch::Tensor tokens = torch::randint(256, {steps}, torch::kInt64);
+  for (auto _ : state) {
+    fwmodel::State s = model.InitialState(1);
+    for (int64_t t = 0; t < steps; ++t) {
+      torch::Tensor logits = model.StepUnchecked(tokens.narrow(0, t, 1), &s);
+      benchmark::DoNotOptimize(logits.data_ptr<float>());
+    }
+  }
+  state.SetItemsProcessed(state.iterations() * steps);
+  SetLabel(state);
+}
+
+BENCHMARK(BM_Step)->ArgsProduct({{0, 1, 2}, {1, 8, 32, 128}})->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_StepOneByOne)->ArgsProduct({{0, 1, 2}, {8, 32}})->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_Prefill)->ArgsProduct({{0, 1, 2}, {64, 512}})->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_PrefillByStep)->ArgsProduct({{0, 1, 2}, {64}})->Unit(benchmark::kMicrosecond);
+
+}  // namespace
+
+BENCHMARK_MAIN();

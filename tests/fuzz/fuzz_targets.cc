@@ -1,0 +1,45 @@
+// libFuzzer targets for the parsers that read untrusted bytes. Built with clang
+// -fsanitize=fuzzer they fuzz; built normally (tests/fuzz/regression_main.cc) they
+// replay the seed corpora under tests/fuzz/corpus as ctest regression tests.
+//
+// Selected with FWSERVE_FUZZ_TARGET at compile time: safetensors, config, utf8.
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "models/config.h"
+#include "models/safetensors.h"
+#include "models/tokenizer.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  const std::string input(reinterpret_cast<const char*>(data), size);
+#if defined(FWSERVE_FUZZ_SAFETENSORS)
+  auto file = fwmodel::SafetensorsFile::Parse(input);
+  if (file.ok()) {
+    // Every accepted tensor must lie inside the buffer: touch all of its bytes.
+    for (const auto& [name, view] : file->tensors()) {
+      volatile float sink = 0;
+      for (float f : view.ToFloat32()) sink = sink + f;
+    }
+  }
+#elif defined(FWSERVE_FUZZ_CONFIG)
+  auto config = fwmodel::ParseModelConfig(input);
+  if (config.ok()) {
+    // Accepted configs are valid and round-trip through the canonical form.
+    if (!config->Validate().ok()) __builtin_trap();
+    auto again = fwmodel::ParseModelConfig(fwmodel::ModelConfigToJson(*config));
+    if (!again.ok() || !(*again == *config)) __builtin_trap();
+  }
+#elif defined(FWSERVE_FUZZ_UTF8)
+  // Streamed output is always valid UTF-8 and equals the whole-input decode.
+  fwmodel::Utf8StreamDecoder decoder;
+  std::string streamed;
+  for (char c : input) streamed += decoder.Push(static_cast<uint8_t>(c));
+  streamed += decoder.Finish();
+  if (streamed != fwmodel::DecodeBytesLossy(input)) __builtin_trap();
+  if (fwmodel::DecodeBytesLossy(streamed) != streamed) __builtin_trap();
+#else
+#error "define one FWSERVE_FUZZ_* target"
+#endif
+  return 0;
+}
