@@ -68,7 +68,8 @@ absl::StatusOr<LoadedModel> LoadCheckpointFromBytes(const std::string& config_js
   for (const auto& [name, view] : file->tensors()) {
     std::vector<float> values = view.ToFloat32();
     torch::Tensor t = torch::empty(view.shape, torch::kFloat32);
-    if (!values.empty()) std::memcpy(t.data_ptr<float>(), values.data(), values.size() * sizeof(float));
+    if (!values.empty())
+      std::memcpy(t.data_ptr<float>(), values.data(), values.size() * sizeof(float));
     weights[name] = t;
   }
   for (const auto& [name, tensor] : weights) {
@@ -79,7 +80,8 @@ absl::StatusOr<LoadedModel> LoadCheckpointFromBytes(const std::string& config_js
   }
   auto model = Model::Create(*config, weights, options);
   if (!model.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("model.safetensors: ", model.status().message()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("model.safetensors: ", model.status().message()));
   }
   std::string fingerprint = Fingerprint(*config, weights);
   return LoadedModel{std::move(*model), std::move(fingerprint)};

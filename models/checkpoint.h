@@ -23,7 +23,8 @@ struct LoadedModel {
 // Loads and strictly validates a checkpoint directory. Error messages name the file
 // ("config.json", "model.safetensors") and the bad key or tensor, never `dir`, so they
 // are safe to show to remote clients.
-absl::StatusOr<LoadedModel> LoadCheckpoint(const std::string& dir, const ModelOptions& options = {});
+absl::StatusOr<LoadedModel> LoadCheckpoint(const std::string& dir,
+                                           const ModelOptions& options = {});
 
 // Parses the two files from memory (used by LoadCheckpoint and fuzz tests).
 absl::StatusOr<LoadedModel> LoadCheckpointFromBytes(const std::string& config_json,

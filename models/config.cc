@@ -55,7 +55,8 @@ absl::Status ReadString(const json& j, const std::string& key, bool required, st
 absl::Status ReadBool(const json& j, const std::string& key, bool* out) {
   auto it = j.find(key);
   if (it == j.end()) return absl::OkStatus();
-  if (!it->is_boolean()) return KeyError(key, absl::StrCat("must be true or false, got ", it->dump()));
+  if (!it->is_boolean())
+    return KeyError(key, absl::StrCat("must be true or false, got ", it->dump()));
   *out = it->get<bool>();
   return absl::OkStatus();
 }
@@ -72,18 +73,24 @@ const std::set<std::string>& KnownKeys() {
 
 const char* ArchitectureName(Architecture arch) {
   switch (arch) {
-    case Architecture::kLinearAttention: return "linear_attention";
-    case Architecture::kFastWeight: return "fast_weight";
-    case Architecture::kAft: return "aft";
+    case Architecture::kLinearAttention:
+      return "linear_attention";
+    case Architecture::kFastWeight:
+      return "fast_weight";
+    case Architecture::kAft:
+      return "aft";
   }
   return "?";
 }
 
 const char* FfnKindName(FfnKind ffn) {
   switch (ffn) {
-    case FfnKind::kRelu: return "relu";
-    case FfnKind::kSquaredRelu: return "squared_relu";
-    case FfnKind::kGeglu: return "geglu";
+    case FfnKind::kRelu:
+      return "relu";
+    case FfnKind::kSquaredRelu:
+      return "squared_relu";
+    case FfnKind::kGeglu:
+      return "geglu";
   }
   return "?";
 }
@@ -92,8 +99,9 @@ absl::StatusOr<Architecture> ParseArchitecture(const std::string& name) {
   if (name == "linear_attention") return Architecture::kLinearAttention;
   if (name == "fast_weight") return Architecture::kFastWeight;
   if (name == "aft") return Architecture::kAft;
-  return KeyError("architecture", absl::StrCat("has unknown value \"", name,
-                                               "\" (expected linear_attention, fast_weight or aft)"));
+  return KeyError("architecture",
+                  absl::StrCat("has unknown value \"", name,
+                               "\" (expected linear_attention, fast_weight or aft)"));
 }
 
 absl::StatusOr<FfnKind> ParseFfnKind(const std::string& name) {
@@ -112,8 +120,8 @@ absl::Status ModelConfig::Validate() const {
     return KeyError("vocab_size", absl::StrCat("must be in [1, 16777216], got ", vocab_size));
   }
   if (tokenizer != "bytes") {
-    return KeyError("tokenizer", absl::StrCat("has unknown value \"", tokenizer,
-                                              "\" (expected bytes)"));
+    return KeyError("tokenizer",
+                    absl::StrCat("has unknown value \"", tokenizer, "\" (expected bytes)"));
   }
   if (vocab_size < 256) {
     return KeyError("vocab_size",

@@ -13,7 +13,8 @@ namespace fwmodel {
 
 absl::StatusOr<std::string> ReadFile(const std::string& path) {
   std::error_code ec;
-  if (!std::filesystem::exists(path, ec)) return absl::NotFoundError(absl::StrCat(path, ": no such file"));
+  if (!std::filesystem::exists(path, ec))
+    return absl::NotFoundError(absl::StrCat(path, ": no such file"));
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::PermissionDeniedError(absl::StrCat(path, ": cannot open for reading"));
   std::ostringstream buffer;
@@ -25,7 +26,8 @@ absl::StatusOr<std::string> ReadFile(const std::string& path) {
 absl::Status WriteFileAtomic(const std::string& path, const std::string& contents) {
   const std::string tmp = absl::StrCat(path, ".tmp.", getpid());
   FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (f == nullptr) return absl::PermissionDeniedError(absl::StrCat(path, ": cannot open for writing"));
+  if (f == nullptr)
+    return absl::PermissionDeniedError(absl::StrCat(path, ": cannot open for writing"));
   const bool written = std::fwrite(contents.data(), 1, contents.size(), f) == contents.size();
   const bool flushed = std::fflush(f) == 0 && fsync(fileno(f)) == 0;
   const bool closed = std::fclose(f) == 0;

@@ -62,8 +62,8 @@ struct Model::LayerWeights {
   torch::Tensor proj[3];  // q|r, k, v
   torch::Tensor conv_w[3], conv_b[3];
   torch::Tensor o_w, o_b;
-  torch::Tensor beta_w;                   // fast_weight
-  torch::Tensor time_decay, time_first;   // aft
+  torch::Tensor beta_w;                  // fast_weight
+  torch::Tensor time_decay, time_first;  // aft
   torch::Tensor up_w, up_b, down_w, down_b;
 };
 
@@ -109,7 +109,8 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> ExpectedWeightShapes(
     for (const char* p : ProjectionNames(c.architecture)) {
       shapes.push_back({LayerName(i, absl::StrCat("mixer.", p, ".weight")), {d, d}});
       if (c.has_dconv()) {
-        shapes.push_back({LayerName(i, absl::StrCat("mixer.", p, "_conv.weight")), {d, c.dconv_kernel}});
+        shapes.push_back(
+            {LayerName(i, absl::StrCat("mixer.", p, "_conv.weight")), {d, c.dconv_kernel}});
         shapes.push_back({LayerName(i, absl::StrCat("mixer.", p, "_conv.bias")), {d}});
       }
     }
@@ -157,9 +158,9 @@ absl::StatusOr<Model> Model::Create(const ModelConfig& config,
       return absl::InvalidArgumentError(absl::StrCat("missing tensor '", name, "'"));
     }
     if (it->second.sizes().vec() != shape) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "tensor '", name, "' has shape ", ShapeString(it->second.sizes().vec()),
-          ", expected ", ShapeString(shape)));
+      return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "' has shape ",
+                                                     ShapeString(it->second.sizes().vec()),
+                                                     ", expected ", ShapeString(shape)));
     }
   }
   if (weights.size() != expected.size()) {
@@ -387,7 +388,7 @@ torch::Tensor Model::MixerSequence(int layer, const torch::Tensor& a, State* sta
     const torch::Tensor& v = proj[2];
     torch::Tensor& packed = state->tensors[mixer_state_index_[layer]];  // [B, 3, d]
     torch::Tensor alpha = packed.select(1, 0), beta = packed.select(1, 1);
-    torch::Tensor scale = packed.select(1, 2).detach();  // p: a reference scale only
+    torch::Tensor scale = packed.select(1, 2).detach();    // p: a reference scale only
     const torch::Tensor decay = torch::exp(w.time_decay);  // w > 0, [d]
     const torch::Tensor bonus = w.time_first;              // u, [d]
     auto opts = a.options();
@@ -404,7 +405,7 @@ torch::Tensor Model::MixerSequence(int layer, const torch::Tensor& a, State* sta
       torch::Tensor future = (lag < -1);
       torch::Tensor pair_bias = torch::where(diagonal, bonus.expand({n, n, d}), past)
                                     .masked_fill(future, -std::numeric_limits<double>::infinity());
-      torch::Tensor log_w = kc.unsqueeze(1) + pair_bias.unsqueeze(0);        // [B, n, n, d]
+      torch::Tensor log_w = kc.unsqueeze(1) + pair_bias.unsqueeze(0);               // [B, n, n, d]
       torch::Tensor state_log_w = scale.unsqueeze(1) - tt.view({1, n, 1}) * decay;  // [B, n, d]
       torch::Tensor m = torch::maximum(std::get<0>(log_w.max(2)), state_log_w).detach();
       torch::Tensor e = torch::exp(log_w - m.unsqueeze(2));
@@ -414,8 +415,8 @@ torch::Tensor Model::MixerSequence(int layer, const torch::Tensor& a, State* sta
       outputs.push_back(num / den);
       // Carry the state past the chunk: token s weighs k_s - (n-1-s) w, the old
       // state p - n w.
-      torch::Tensor end_log_w = kc - (n - 1 - tt).view({1, n, 1}) * decay;  // [B, n, d]
-      torch::Tensor end_state_log_w = scale - static_cast<double>(n) * decay;     // [B, d]
+      torch::Tensor end_log_w = kc - (n - 1 - tt).view({1, n, 1}) * decay;     // [B, n, d]
+      torch::Tensor end_state_log_w = scale - static_cast<double>(n) * decay;  // [B, d]
       torch::Tensor new_scale =
           torch::maximum(std::get<0>(end_log_w.max(1)), end_state_log_w).detach();
       torch::Tensor e_end = torch::exp(end_log_w - new_scale.unsqueeze(1));
@@ -440,17 +441,17 @@ torch::Tensor Model::MixerSequence(int layer, const torch::Tensor& a, State* sta
         torch::Tensor qc = fq.narrow(2, t0, n), kc = fk.narrow(2, t0, n), vc = v.narrow(2, t0, n);
         torch::Tensor scores = torch::matmul(qc, kc.transpose(-1, -2)).tril();  // [B, H, n, n]
         torch::Tensor num = torch::matmul(qc, S) + torch::matmul(scores, vc);
-        torch::Tensor den = torch::matmul(qc, z.unsqueeze(-1)).squeeze(-1) + scores.sum(-1) +
-                            c.attn_eps;
+        torch::Tensor den =
+            torch::matmul(qc, z.unsqueeze(-1)).squeeze(-1) + scores.sum(-1) + c.attn_eps;
         outputs.push_back(num / den.unsqueeze(-1));
         S = S + torch::matmul(kc.transpose(-1, -2), vc);
         z = z + kc.sum(2);
       }
     } else {  // fast_weight
       torch::Tensor fq = DpfpFeatures(q, c.dpfp_nu, c.attn_eps);
-      torch::Tensor fk = DpfpFeatures(k, c.dpfp_nu, c.attn_eps);          // [B, H, T, dphi]
+      torch::Tensor fk = DpfpFeatures(k, c.dpfp_nu, c.attn_eps);  // [B, H, T, dphi]
       torch::Tensor beta = torch::sigmoid(torch::linear(a, w.beta_w)).transpose(1, 2);  // [B,H,T]
-      torch::Tensor& W = state->tensors[mixer_state_index_[layer]];      // [B, H, dh, dphi]
+      torch::Tensor& W = state->tensors[mixer_state_index_[layer]];  // [B, H, dh, dphi]
       for (int64_t t0 = 0; t0 < T; t0 += options_.attention_chunk) {
         const int64_t n = std::min(options_.attention_chunk, T - t0);
         torch::Tensor qc = fq.narrow(2, t0, n), kc = fk.narrow(2, t0, n), vc = v.narrow(2, t0, n);
@@ -458,10 +459,11 @@ torch::Tensor Model::MixerSequence(int layer, const torch::Tensor& a, State* sta
         // Delta-rule updates u_t solve (I + diag(beta) strict_tril(K K^T)) U =
         // diag(beta) (V - K W0^T); then W_t = W0 + sum_{s<=t} u_s k_s^T.
         torch::Tensor rhs = bc * (vc - torch::matmul(kc, W.transpose(-1, -2)));
-        torch::Tensor system = bc * torch::matmul(kc, kc.transpose(-1, -2)).tril(-1) +
-                               torch::eye(n, a.options());
-        torch::Tensor updates = torch::linalg_solve_triangular(system, rhs, /*upper=*/false,
-                                                               /*left=*/true, /*unitriangular=*/true);
+        torch::Tensor system =
+            bc * torch::matmul(kc, kc.transpose(-1, -2)).tril(-1) + torch::eye(n, a.options());
+        torch::Tensor updates =
+            torch::linalg_solve_triangular(system, rhs, /*upper=*/false,
+                                           /*left=*/true, /*unitriangular=*/true);
         torch::Tensor scores = torch::matmul(qc, kc.transpose(-1, -2)).tril();
         outputs.push_back(torch::matmul(qc, W.transpose(-1, -2)) + torch::matmul(scores, updates));
         W = W + torch::matmul(updates.transpose(-1, -2), kc);
@@ -500,8 +502,8 @@ torch::Tensor Model::MixerStep(int layer, const torch::Tensor& a, State* state) 
     std::vector<torch::Tensor> histories;
     for (int p = 0; p < 3; ++p) {
       torch::Tensor history = conv_state.select(1, p);
-      proj[p] = CausalDepthwiseConv(proj[p].unsqueeze(1), w.conv_w[p], w.conv_b[p], &history)
-                    .squeeze(1);
+      proj[p] =
+          CausalDepthwiseConv(proj[p].unsqueeze(1), w.conv_w[p], w.conv_b[p], &history).squeeze(1);
       histories.push_back(history);
     }
     conv_state = torch::stack(histories, 1);
@@ -538,9 +540,9 @@ torch::Tensor Model::MixerStep(int layer, const torch::Tensor& a, State* state) 
       y = (num / den).reshape({B, d});
     } else {
       torch::Tensor fq = DpfpFeatures(q, c.dpfp_nu, c.attn_eps);
-      torch::Tensor fk = DpfpFeatures(k, c.dpfp_nu, c.attn_eps);  // [B, H, dphi]
-      torch::Tensor beta = torch::sigmoid(torch::linear(a, w.beta_w));  // [B, H]
-      torch::Tensor& W = state->tensors[mixer_state_index_[layer]];   // [B, H, dh, dphi]
+      torch::Tensor fk = DpfpFeatures(k, c.dpfp_nu, c.attn_eps);                 // [B, H, dphi]
+      torch::Tensor beta = torch::sigmoid(torch::linear(a, w.beta_w));           // [B, H]
+      torch::Tensor& W = state->tensors[mixer_state_index_[layer]];              // [B, H, dh, dphi]
       torch::Tensor retrieved = torch::matmul(W, fk.unsqueeze(-1)).squeeze(-1);  // [B, H, dh]
       W = W + (beta.unsqueeze(-1) * (v - retrieved)).unsqueeze(-1) * fk.unsqueeze(-2);
       y = torch::matmul(W, fq.unsqueeze(-1)).squeeze(-1).reshape({B, d});
@@ -574,9 +576,10 @@ absl::Status Model::CheckState(const State& state, int64_t batch) const {
     shape.insert(shape.end(), state_spec_[i].shape.begin(), state_spec_[i].shape.end());
     const torch::Tensor& t = state.tensors[i];
     if (!t.defined() || t.sizes().vec() != shape) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "state tensor '", state_spec_[i].name, "' has shape ",
-          t.defined() ? ShapeString(t.sizes().vec()) : "undefined", ", expected ", ShapeString(shape)));
+      return absl::InvalidArgumentError(
+          absl::StrCat("state tensor '", state_spec_[i].name, "' has shape ",
+                       t.defined() ? ShapeString(t.sizes().vec()) : "undefined", ", expected ",
+                       ShapeString(shape)));
     }
     if (t.scalar_type() != options_.dtype || t.device() != options_.device) {
       return absl::InvalidArgumentError(
@@ -589,13 +592,14 @@ absl::Status Model::CheckState(const State& state, int64_t batch) const {
 namespace {
 absl::Status CheckTokens(const torch::Tensor& tokens, int64_t dims, int64_t vocab) {
   if (!tokens.defined() || tokens.dim() != dims || tokens.scalar_type() != torch::kInt64) {
-    return absl::InvalidArgumentError(absl::StrCat("tokens must be an int64 tensor of rank ", dims));
+    return absl::InvalidArgumentError(
+        absl::StrCat("tokens must be an int64 tensor of rank ", dims));
   }
   if (tokens.numel() == 0) return absl::InvalidArgumentError("tokens must not be empty");
   const int64_t lo = tokens.min().item<int64_t>(), hi = tokens.max().item<int64_t>();
   if (lo < 0 || hi >= vocab) {
-    return absl::InvalidArgumentError(absl::StrCat("token id ", lo < 0 ? lo : hi,
-                                                   " is outside [0, ", vocab, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("token id ", lo < 0 ? lo : hi, " is outside [0, ", vocab, ")"));
   }
   return absl::OkStatus();
 }

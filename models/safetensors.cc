@@ -28,9 +28,18 @@ std::string ShapeString(const std::vector<int64_t>& shape) {
 }
 
 bool ParseDType(const std::string& s, DType* out) {
-  if (s == "F32") { *out = DType::kF32; return true; }
-  if (s == "F16") { *out = DType::kF16; return true; }
-  if (s == "BF16") { *out = DType::kBF16; return true; }
+  if (s == "F32") {
+    *out = DType::kF32;
+    return true;
+  }
+  if (s == "F16") {
+    *out = DType::kF16;
+    return true;
+  }
+  if (s == "BF16") {
+    *out = DType::kBF16;
+    return true;
+  }
   return false;
 }
 
@@ -50,9 +59,12 @@ float BitsFloat(uint32_t u) {
 
 const char* DTypeName(DType dtype) {
   switch (dtype) {
-    case DType::kF32: return "F32";
-    case DType::kF16: return "F16";
-    case DType::kBF16: return "BF16";
+    case DType::kF32:
+      return "F32";
+    case DType::kF16:
+      return "F16";
+    case DType::kBF16:
+      return "BF16";
   }
   return "?";
 }
@@ -91,13 +103,13 @@ uint16_t FloatToHalf(float f) {
   const uint32_t u = FloatBits(f);
   const uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
   const uint32_t abs = u & 0x7fffffffu;
-  if (abs > 0x7f800000u) return sign | 0x7e00u;          // NaN
-  if (abs >= 0x477ff000u) return sign | 0x7c00u;         // overflow (>= 65520) -> inf
-  if (abs < 0x38800000u) {                               // subnormal or zero in half
-    if (abs < 0x33000000u) return sign;                  // < 2^-25 rounds to zero
+  if (abs > 0x7f800000u) return sign | 0x7e00u;   // NaN
+  if (abs >= 0x477ff000u) return sign | 0x7c00u;  // overflow (>= 65520) -> inf
+  if (abs < 0x38800000u) {                        // subnormal or zero in half
+    if (abs < 0x33000000u) return sign;           // < 2^-25 rounds to zero
     const uint32_t exp = abs >> 23;
     const uint32_t mant = (abs & 0x7fffffu) | 0x800000u;
-    const uint32_t shift = 126 - exp;                    // 14 + (113 - exp) - 1
+    const uint32_t shift = 126 - exp;  // 14 + (113 - exp) - 1
     uint32_t half_mant = mant >> shift;
     const uint32_t rem = mant & ((1u << shift) - 1);
     const uint32_t halfway = 1u << (shift - 1);
@@ -105,7 +117,7 @@ uint16_t FloatToHalf(float f) {
     return sign | static_cast<uint16_t>(half_mant);
   }
   uint32_t v = abs - (112u << 23);  // rebias exponent 127 -> 15
-  v += 0xfffu + ((v >> 13) & 1);   // round to nearest even
+  v += 0xfffu + ((v >> 13) & 1);    // round to nearest even
   return sign | static_cast<uint16_t>(v >> 13);
 }
 
@@ -135,16 +147,18 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::Parse(std::string bytes) {
   file.bytes_ = std::make_unique<std::string>(std::move(bytes));
   const std::string& buf = *file.bytes_;
   if (buf.size() < 8) {
-    return Bad(absl::StrCat("file is ", buf.size(), " bytes, shorter than the 8-byte header length"));
+    return Bad(
+        absl::StrCat("file is ", buf.size(), " bytes, shorter than the 8-byte header length"));
   }
   uint64_t header_len = 0;
   for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | static_cast<uint8_t>(buf[i]);
   if (header_len > kMaxHeaderBytes) {
-    return Bad(absl::StrCat("header length ", header_len, " exceeds the limit of ", kMaxHeaderBytes));
+    return Bad(
+        absl::StrCat("header length ", header_len, " exceeds the limit of ", kMaxHeaderBytes));
   }
   if (header_len > buf.size() - 8) {
-    return Bad(absl::StrCat("file is shorter than it says: header length ", header_len, " but only ",
-                            buf.size() - 8, " bytes follow"));
+    return Bad(absl::StrCat("file is shorter than it says: header length ", header_len,
+                            " but only ", buf.size() - 8, " bytes follow"));
   }
   const std::string header = buf.substr(8, header_len);
 
@@ -196,8 +210,8 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::Parse(std::string bytes) {
     TensorView view;
     const std::string dtype_name = entry["dtype"].get<std::string>();
     if (!ParseDType(dtype_name, &view.dtype)) {
-      return BadTensor(name, absl::StrCat("unsupported dtype ", dtype_name,
-                                          " (supported: F32, F16, BF16)"));
+      return BadTensor(
+          name, absl::StrCat("unsupported dtype ", dtype_name, " (supported: F32, F16, BF16)"));
     }
     if (!entry.contains("shape") || !entry["shape"].is_array()) {
       return BadTensor(name, "missing or non-array 'shape'");
@@ -205,7 +219,8 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::Parse(std::string bytes) {
     uint64_t numel = 1;
     for (const json& dim : entry["shape"]) {
       if (!dim.is_number_unsigned()) {
-        return BadTensor(name, absl::StrCat("shape entry ", dim.dump(), " is not a non-negative integer"));
+        return BadTensor(
+            name, absl::StrCat("shape entry ", dim.dump(), " is not a non-negative integer"));
       }
       const uint64_t d = dim.get<uint64_t>();
       if (d > (1ull << 40) || (d != 0 && numel > (1ull << 40) / d)) {
@@ -231,9 +246,9 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::Parse(std::string bytes) {
     }
     const uint64_t expected = numel * DTypeSize(view.dtype);
     if (end - begin != expected) {
-      return BadTensor(name, absl::StrCat("data_offsets span ", end - begin, " bytes but shape ",
-                                          ShapeString(view.shape), " of ", dtype_name, " needs ",
-                                          expected));
+      return BadTensor(
+          name, absl::StrCat("data_offsets span ", end - begin, " bytes but shape ",
+                             ShapeString(view.shape), " of ", dtype_name, " needs ", expected));
     }
     view.data = data_base + begin;
     view.nbytes = end - begin;
@@ -249,12 +264,12 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::Parse(std::string bytes) {
   for (const Span& span : spans) {
     if (span.begin == span.end) continue;  // empty tensors occupy no bytes
     if (span.begin < covered) {
-      return BadTensor(span.name, absl::StrCat("data_offsets overlap those of tensor '",
-                                               previous->name, "'"));
+      return BadTensor(span.name,
+                       absl::StrCat("data_offsets overlap those of tensor '", previous->name, "'"));
     }
     if (span.begin > covered) {
-      return Bad(absl::StrCat("data section bytes [", covered, ", ", span.begin,
-                              ") belong to no tensor"));
+      return Bad(
+          absl::StrCat("data section bytes [", covered, ", ", span.begin, ") belong to no tensor"));
     }
     covered = span.end;
     previous = &span;
@@ -275,14 +290,15 @@ absl::StatusOr<std::string> SerializeSafetensors(
   uint64_t offset = 0;
   for (const TensorBlob& t : tensors) {
     if (t.name == "__metadata__" || header.contains(t.name)) {
-      return absl::InvalidArgumentError(absl::StrCat("duplicate or reserved tensor name '", t.name, "'"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("duplicate or reserved tensor name '", t.name, "'"));
     }
     int64_t numel = 1;
     for (int64_t d : t.shape) numel *= d;
     if (static_cast<uint64_t>(numel) * DTypeSize(t.dtype) != t.bytes.size()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("tensor '", t.name, "': ", t.bytes.size(), " bytes do not match shape ",
-                       ShapeString(t.shape)));
+      return absl::InvalidArgumentError(absl::StrCat("tensor '", t.name, "': ", t.bytes.size(),
+                                                     " bytes do not match shape ",
+                                                     ShapeString(t.shape)));
     }
     header[t.name] = {{"dtype", DTypeName(t.dtype)},
                       {"shape", t.shape},

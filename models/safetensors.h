@@ -68,8 +68,8 @@ struct TensorBlob {
 
 // Serialises tensors (written in name order, contiguous, header padded with spaces
 // to a multiple of 8 bytes as the reference implementation does).
-absl::StatusOr<std::string> SerializeSafetensors(std::vector<TensorBlob> tensors,
-                                                 const std::map<std::string, std::string>& metadata);
+absl::StatusOr<std::string> SerializeSafetensors(
+    std::vector<TensorBlob> tensors, const std::map<std::string, std::string>& metadata);
 
 // Float conversions used by the reader and writer.
 float HalfToFloat(uint16_t h);

@@ -61,9 +61,9 @@ absl::StatusOr<DecodedState> DecodeStateRow(const Model& model, const std::strin
         absl::StrCat("state: unsupported version '", field("version"), "' (expected 1)"));
   }
   if (field("fingerprint") != fingerprint) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "state: belongs to model ", field("fingerprint").substr(0, 16), "..., not this model ",
-        fingerprint.substr(0, 16), "..."));
+    return absl::FailedPreconditionError(
+        absl::StrCat("state: belongs to model ", field("fingerprint").substr(0, 16),
+                     "..., not this model ", fingerprint.substr(0, 16), "..."));
   }
   DecodedState decoded;
   if (!absl::SimpleAtoi(field("tokens"), &decoded.tokens) || decoded.tokens < 0) {

@@ -18,11 +18,16 @@ int LeadLength(uint8_t b) {
 bool ValidContinuation(uint8_t lead, size_t position, uint8_t b) {
   if (position == 1) {
     switch (lead) {
-      case 0xE0: return b >= 0xA0 && b <= 0xBF;
-      case 0xED: return b >= 0x80 && b <= 0x9F;
-      case 0xF0: return b >= 0x90 && b <= 0xBF;
-      case 0xF4: return b >= 0x80 && b <= 0x8F;
-      default: break;
+      case 0xE0:
+        return b >= 0xA0 && b <= 0xBF;
+      case 0xED:
+        return b >= 0x80 && b <= 0x9F;
+      case 0xF0:
+        return b >= 0x90 && b <= 0xBF;
+      case 0xF4:
+        return b >= 0x80 && b <= 0x8F;
+      default:
+        break;
     }
   }
   return b >= 0x80 && b <= 0xBF;

@@ -50,7 +50,8 @@ json RunIdentity(const TrainOptions& o) {
               {"adam_beta2", o.adam_beta2},
               {"grad_clip", o.grad_clip},
               {"train_fraction", o.train_fraction},
-              {"stateful", o.stateful}};
+              {"stateful", o.stateful},
+              {"carry_state_across_epochs", o.carry_state_across_epochs}};
 }
 
 double LearningRate(const TrainOptions& o, int64_t step) {
@@ -81,10 +82,12 @@ absl::StatusOr<double> MeanNll(const Model& model, const std::string& text) {
 absl::Status Validate(const TrainOptions& o) {
   auto bad = [](const std::string& what) { return absl::InvalidArgumentError(what); };
   if (o.steps < 1) return bad(absl::StrCat("--steps must be positive, got ", o.steps));
-  if (o.batch_size < 1) return bad(absl::StrCat("--batch_size must be positive, got ", o.batch_size));
+  if (o.batch_size < 1)
+    return bad(absl::StrCat("--batch_size must be positive, got ", o.batch_size));
   if (o.seq_len < 1) return bad(absl::StrCat("--seq_len must be positive, got ", o.seq_len));
   if (!(o.lr > 0)) return bad(absl::StrCat("--lr must be positive, got ", o.lr));
-  if (o.warmup_steps < 1) return bad(absl::StrCat("--warmup_steps must be >= 1, got ", o.warmup_steps));
+  if (o.warmup_steps < 1)
+    return bad(absl::StrCat("--warmup_steps must be >= 1, got ", o.warmup_steps));
   if (!(o.train_fraction > 0 && o.train_fraction < 1)) {
     return bad(absl::StrCat("--train_fraction must be in (0, 1), got ", o.train_fraction));
   }
@@ -153,15 +156,15 @@ absl::StatusOr<TrainReport> Train(const TrainOptions& options, int64_t stop_afte
       static_cast<int64_t>(std::floor(corpus->size() * options.train_fraction));
   const std::string validation = corpus->substr(static_cast<size_t>(train_bytes));
   if (train_bytes < options.seq_len + 2) {
-    return absl::InvalidArgumentError(absl::StrCat("training split has ", train_bytes,
-                                                   " bytes, fewer than --seq_len + 2"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("training split has ", train_bytes, " bytes, fewer than --seq_len + 2"));
   }
   std::string eval_text = validation;
   if (options.eval_bytes > 0 && static_cast<size_t>(options.eval_bytes) < validation.size()) {
     eval_text = validation.substr(0, static_cast<size_t>(options.eval_bytes));
   }
-  torch::Tensor data = torch::tensor(EncodeBytes(std::string_view(*corpus).substr(0, train_bytes)),
-                                     torch::kInt64);
+  torch::Tensor data =
+      torch::tensor(EncodeBytes(std::string_view(*corpus).substr(0, train_bytes)), torch::kInt64);
 
   // Start or resume.
   const std::string state_path = options.out_dir + "/" + kStateFile;
@@ -178,12 +181,15 @@ absl::StatusOr<TrainReport> Train(const TrainOptions& options, int64_t stop_afte
       return absl::DataLossError(absl::StrCat(state_path, " is corrupt"));
     }
     const json identity = RunIdentity(options);
+    const json defaults = RunIdentity(TrainOptions());
     for (const auto& item : identity.items()) {
-      if (saved_state["identity"].value(item.key(), json()) != item.value()) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "cannot resume ", options.out_dir, ": --", item.key(), "=", item.value().dump(),
-            " differs from the run's ", saved_state["identity"].value(item.key(), json()).dump(),
-            " (use a new --out directory, or the original options)"));
+      // A key missing from an older run's record means that run used the default.
+      const json saved = saved_state["identity"].value(item.key(), defaults[item.key()]);
+      if (saved != item.value()) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("cannot resume ", options.out_dir, ": --", item.key(), "=",
+                         item.value().dump(), " differs from the run's ", saved.dump(),
+                         " (use a new --out directory, or the original options)"));
       }
     }
     auto loaded = LoadCheckpoint(options.out_dir);
@@ -238,8 +244,8 @@ absl::StatusOr<TrainReport> Train(const TrainOptions& options, int64_t stop_afte
 
   ProgressLine progress(options.progress);
   if (report.resumed) {
-    progress.Message(absl::StrCat("resuming ", options.out_dir, " at step ", report.step, "/",
-                                  options.steps));
+    progress.Message(
+        absl::StrCat("resuming ", options.out_dir, " at step ", report.step, "/", options.steps));
   } else {
     progress.Message(absl::StrFormat("training %s: %d parameters, %d state bytes/session",
                                      ArchitectureName(options.config.architecture),
@@ -265,12 +271,9 @@ absl::StatusOr<TrainReport> Train(const TrainOptions& options, int64_t stop_afte
       }
       std::filesystem::rename(stream_tmp, stream_state_path);
     }
-    json state = {{"identity", RunIdentity(options)},
-                  {"step", step},
-                  {"wall_seconds", report.wall_seconds},
-                  {"train_loss", report.train_loss},
-                  {"tokens_seen", report.tokens_seen},
-                  {"command_line", options.command_line}};
+    json state = {{"identity", RunIdentity(options)},    {"step", step},
+                  {"wall_seconds", report.wall_seconds}, {"train_loss", report.train_loss},
+                  {"tokens_seen", report.tokens_seen},   {"command_line", options.command_line}};
     if (!std::isnan(report.val_loss)) state["val_loss"] = report.val_loss;
     return WriteFileAtomic(state_path, state.dump(2) + "\n");
   };
@@ -309,8 +312,11 @@ absl::StatusOr<TrainReport> Train(const TrainOptions& options, int64_t stop_afte
       const int64_t shift = static_cast<int64_t>(
           SplitMix64(options.seed ^ SplitMix64(static_cast<uint64_t>(epoch) + 1)) %
           static_cast<uint64_t>(T));
-      for (int64_t b = 0; b < B; ++b) starts[static_cast<size_t>(b)] = b * segment + shift + position * T;
-      if (position == 0 || carried.tensors.empty()) carried = model->InitialState(B);
+      for (int64_t b = 0; b < B; ++b)
+        starts[static_cast<size_t>(b)] = b * segment + shift + position * T;
+      if ((position == 0 && !options.carry_state_across_epochs) || carried.tensors.empty()) {
+        carried = model->InitialState(B);
+      }
     } else {
       for (int64_t b = 0; b < B; ++b) {
         const uint64_t h = SplitMix64(options.seed * 0x100000001b3ull ^
@@ -332,8 +338,8 @@ absl::StatusOr<TrainReport> Train(const TrainOptions& options, int64_t stop_afte
       State state = options.stateful ? carried : model->InitialState(B);
       torch::Tensor logits = model->ForwardUnchecked(inputs, &state);
       if (options.stateful) carried = state.Detach();
-      torch::Tensor loss = torch::nn::functional::cross_entropy(
-          logits.reshape({B * T, -1}), targets.reshape({B * T}));
+      torch::Tensor loss = torch::nn::functional::cross_entropy(logits.reshape({B * T, -1}),
+                                                                targets.reshape({B * T}));
       optimizer.zero_grad();
       loss.backward();
       loss_value = loss.item<double>();
@@ -351,7 +357,8 @@ absl::StatusOr<TrainReport> Train(const TrainOptions& options, int64_t stop_afte
       }
       optimizer.step();
     } catch (const c10::Error& e) {
-      return absl::InternalError(absl::StrCat("training step ", step, " failed: ", e.what_without_backtrace()));
+      return absl::InternalError(
+          absl::StrCat("training step ", step, " failed: ", e.what_without_backtrace()));
     }
 
     ++report.step;
@@ -373,16 +380,16 @@ absl::StatusOr<TrainReport> Train(const TrainOptions& options, int64_t stop_afte
       report.val_loss = *val;
       interval_loss_sum = 0;
       interval_loss_count = 0;
-      progress.Message(absl::StrFormat("step %d: train %.4f, validation %.4f nats/byte (%.4f bits/byte)%s",
-                                       report.step, report.train_loss, report.val_loss,
-                                       report.val_loss / std::log(2.0),
-                                       last || eval_text.size() == validation.size()
-                                           ? ""
-                                           : absl::StrCat(" on the first ", eval_text.size(), " bytes")));
+      progress.Message(absl::StrFormat(
+          "step %d: train %.4f, validation %.4f nats/byte (%.4f bits/byte)%s", report.step,
+          report.train_loss, report.val_loss, report.val_loss / std::log(2.0),
+          last || eval_text.size() == validation.size()
+              ? ""
+              : absl::StrCat(" on the first ", eval_text.size(), " bytes")));
     }
     const double per_step = session_seconds / static_cast<double>(report.step - first_step);
-    progress.Update(report, options.steps, per_step * static_cast<double>(options.steps - report.step),
-                    last);
+    progress.Update(report, options.steps,
+                    per_step * static_cast<double>(options.steps - report.step), last);
     if (on_step) on_step(report);
     const bool stopping = stop_after_steps > 0 && report.step - first_step >= stop_after_steps;
     if (report.step % options.checkpoint_interval == 0 || last || stopping) {

@@ -19,25 +19,30 @@ struct TrainOptions {
   ModelConfig config;     // used only when starting a new run
   uint64_t seed = 1;      // initialisation and data order
 
-  int64_t steps = 2000;       // optimizer steps in the whole run
-  int64_t batch_size = 32;    // sequences per step
-  int64_t seq_len = 256;      // tokens per window (truncated-backprop length)
+  int64_t steps = 2000;     // optimizer steps in the whole run
+  int64_t batch_size = 32;  // sequences per step
+  int64_t seq_len = 256;    // tokens per window (truncated-backprop length)
   // true: each batch row reads its own contiguous segment of the text and carries its
   // recurrent state from window to window (truncated backprop through time), so the
   // model learns the long contexts it is scored on. false: independent random windows
   // that each start from a fresh state.
   bool stateful = true;
-  double lr = 2e-3;           // peak learning rate
-  double min_lr_ratio = 0.1;  // cosine decays to lr * min_lr_ratio at the last step
+  // Stateful only. false: every pass over the segments (an epoch) starts from fresh
+  // states, so contexts reach one segment (text / batch_size bytes). true: states
+  // carry on across epochs, so the model also learns contexts far longer than a
+  // segment (needed by fast_weight, whose state keeps evolving over 100k+ tokens).
+  bool carry_state_across_epochs = false;
+  double lr = 2e-3;            // peak learning rate
+  double min_lr_ratio = 0.1;   // cosine decays to lr * min_lr_ratio at the last step
   int64_t warmup_steps = 100;  // linear warm-up from 0 to lr
   double weight_decay = 0.1;   // AdamW decay for matrices (not embeddings, norms, biases)
   double adam_beta1 = 0.9;
   double adam_beta2 = 0.99;
   double grad_clip = 1.0;  // max global gradient L2 norm; 0 disables
 
-  double train_fraction = 0.9;  // contract split: first 90% train, rest validation
-  int64_t eval_interval = 250;  // steps between validations (and at the end)
-  int64_t eval_bytes = 0;       // validation bytes scored at intervals; 0 = all
+  double train_fraction = 0.9;        // contract split: first 90% train, rest validation
+  int64_t eval_interval = 250;        // steps between validations (and at the end)
+  int64_t eval_bytes = 0;             // validation bytes scored at intervals; 0 = all
   int64_t checkpoint_interval = 250;  // steps between checkpoints (and at the end)
   int threads = 0;                    // LibTorch intra-op threads; 0 = all cores
   bool progress = true;               // live progress line on stderr
@@ -45,13 +50,13 @@ struct TrainOptions {
 };
 
 struct TrainReport {
-  int64_t step = 0;            // optimizer steps completed
-  int64_t tokens_seen = 0;     // training tokens consumed (batch * seq_len * steps)
-  double train_loss = 0;       // mean loss over the last eval interval, nats/token
-  double val_loss = 0;         // last validation, nats/byte (NaN if none yet)
-  double wall_seconds = 0;     // training wall time summed over resumed sessions
+  int64_t step = 0;              // optimizer steps completed
+  int64_t tokens_seen = 0;       // training tokens consumed (batch * seq_len * steps)
+  double train_loss = 0;         // mean loss over the last eval interval, nats/token
+  double val_loss = 0;           // last validation, nats/byte (NaN if none yet)
+  double wall_seconds = 0;       // training wall time summed over resumed sessions
   double tokens_per_second = 0;  // this session's training throughput
-  bool resumed = false;        // this session continued an earlier one
+  bool resumed = false;          // this session continued an earlier one
 };
 
 // Called after every optimizer step (on the training thread).

@@ -19,7 +19,8 @@ std::vector<std::string> ParseFlagsAllowingDashes(int argc, char** argv) {
   }
   std::vector<char*> pointers;
   for (std::string& s : storage) pointers.push_back(s.data());
-  std::vector<char*> positional = absl::ParseCommandLine(static_cast<int>(pointers.size()), pointers.data());
+  std::vector<char*> positional =
+      absl::ParseCommandLine(static_cast<int>(pointers.size()), pointers.data());
   return std::vector<std::string>(positional.begin(), positional.end());
 }
 

@@ -20,6 +20,9 @@
 ABSL_FLAG(std::string, config, "", "init: path of the config.json to initialise from");
 ABSL_FLAG(uint64_t, seed, 0, "init: initialisation seed; generate: sampling seed");
 ABSL_FLAG(std::string, text_file, "", "score: file whose bytes are scored");
+ABSL_FLAG(int64_t, window, 0,
+          "score: also print the mean loss of every WINDOW consecutive tokens (how loss "
+          "changes with context length); 0 = off");
 ABSL_FLAG(bool, json, false, "info, score: print JSON instead of text");
 ABSL_FLAG(std::string, prompt, "", "generate: prompt text (empty = start from bos_token_id)");
 ABSL_FLAG(int32_t, max_tokens, 200, "generate: number of tokens to generate");
@@ -27,7 +30,8 @@ ABSL_FLAG(float, temperature, 0.8f, "generate: sampling temperature; 0 = greedy"
 ABSL_FLAG(int32_t, top_k, 0, "generate: keep the k most likely tokens; 0 = all");
 ABSL_FLAG(float, top_p, 1.0f, "generate: nucleus sampling mass in (0, 1]; 1 = off");
 ABSL_FLAG(std::string, device, "cpu", "cpu or cuda (cuda needs a CUDA LibTorch build)");
-ABSL_FLAG(std::string, storage_dtype, "F32", "init: dtype stored in model.safetensors (F32, F16, BF16)");
+ABSL_FLAG(std::string, storage_dtype, "F32",
+          "init: dtype stored in model.safetensors (F32, F16, BF16)");
 
 namespace {
 
@@ -37,8 +41,8 @@ constexpr char kUsage[] = R"(fwmodel: inspect, create, score and sample fwserve 
       Config, parameter count, state bytes per session and fingerprint.
   fwmodel init DIR --config FILE --seed N [--storage-dtype F32|F16|BF16]
       Writes a randomly initialised checkpoint.
-  fwmodel score DIR --text-file F [--json]
-      Per-token log-probs (contract scoring: fresh state, n-1 values), mean nats/byte and
+  fwmodel score DIR --text-file F [--json | --window N]
+      Per-token log-probs (or the mean loss per N-token window with --window) (contract scoring: fresh state, n-1 values), mean nats/byte and
       bits/byte. --json prints {"logprobs":[...],"mean_nll":x}.
   fwmodel generate DIR --prompt S --max-tokens N [--temperature T --top-k K --top-p P --seed N]
       Streams generated text to stdout: sequence-form prefill, then recurrent steps.)";
@@ -74,10 +78,11 @@ int Info(const std::string& dir) {
   if (!loaded.ok()) return Fail(loaded.status());
   const fwmodel::Model& model = loaded->model;
   if (absl::GetFlag(FLAGS_json)) {
-    nlohmann::json j = {{"config", nlohmann::json::parse(fwmodel::ModelConfigToJson(model.config()))},
-                        {"parameters", model.parameter_count()},
-                        {"state_bytes_per_session", model.state_bytes_per_session()},
-                        {"fingerprint", loaded->fingerprint}};
+    nlohmann::json j = {
+        {"config", nlohmann::json::parse(fwmodel::ModelConfigToJson(model.config()))},
+        {"parameters", model.parameter_count()},
+        {"state_bytes_per_session", model.state_bytes_per_session()},
+        {"fingerprint", loaded->fingerprint}};
     std::cout << j.dump(2) << "\n";
     return 0;
   }
@@ -141,9 +146,22 @@ int Score(const std::string& dir) {
     std::cout << j.dump() << "\n";
     return 0;
   }
-  for (size_t i = 0; i < logprobs->size(); ++i) {
-    std::cout << absl::StrFormat("%zu\t%d\t%.6f\n", i + 1, static_cast<uint8_t>((*text)[i + 1]),
-                                 (*logprobs)[i]);
+  const int64_t window = absl::GetFlag(FLAGS_window);
+  if (window > 0) {
+    std::cout << "window_start\twindow_tokens\tmean_nats_per_byte\n";
+    for (size_t start = 0; start < logprobs->size(); start += static_cast<size_t>(window)) {
+      const size_t end = std::min(logprobs->size(), start + static_cast<size_t>(window));
+      double window_sum = 0;
+      for (size_t i = start; i < end; ++i) window_sum -= (*logprobs)[i];
+      std::cout << absl::StrFormat("%zu\t%zu\t%.4f\n", start + 1, end - start,
+                                   window_sum / static_cast<double>(end - start));
+    }
+  } else {
+    std::cout << "position\tbyte\tlogprob\n";
+    for (size_t i = 0; i < logprobs->size(); ++i) {
+      std::cout << absl::StrFormat("%zu\t%d\t%.6f\n", i + 1, static_cast<uint8_t>((*text)[i + 1]),
+                                   (*logprobs)[i]);
+    }
   }
   std::cout << absl::StrFormat("tokens scored: %zu\nmean: %.6f nats/byte, %.6f bits/byte\n",
                                logprobs->size(), mean, mean / std::log(2.0));

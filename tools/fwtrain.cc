@@ -20,7 +20,8 @@ const fwmodel::TrainOptions kDefaults;
 }
 
 ABSL_FLAG(std::string, text, "", "training text file (required); bytes are tokens");
-ABSL_FLAG(std::string, out, "", "output checkpoint directory (required); resumed if it holds a run");
+ABSL_FLAG(std::string, out, "",
+          "output checkpoint directory (required); resumed if it holds a run");
 ABSL_FLAG(std::string, config, "", "config.json for a new run (required unless resuming)");
 ABSL_FLAG(uint64_t, seed, kDefaults.seed, "seed of initialisation and data order");
 ABSL_FLAG(int64_t, steps, kDefaults.steps, "optimizer steps in the whole run");
@@ -29,12 +30,16 @@ ABSL_FLAG(int64_t, seq_len, kDefaults.seq_len, "tokens per training sequence");
 ABSL_FLAG(bool, stateful, kDefaults.stateful,
           "carry each row's recurrent state across windows (truncated BPTT over contiguous "
           "segments); false = independent random windows from fresh states");
+ABSL_FLAG(bool, carry_state_across_epochs, kDefaults.carry_state_across_epochs,
+          "with --stateful: keep each row's state across epochs instead of resetting it, so "
+          "training contexts grow to steps * seq_len tokens");
 ABSL_FLAG(double, lr, kDefaults.lr, "peak learning rate (AdamW)");
 ABSL_FLAG(double, min_lr_ratio, kDefaults.min_lr_ratio, "final lr as a fraction of --lr (cosine)");
 ABSL_FLAG(int64_t, warmup_steps, kDefaults.warmup_steps, "linear warm-up steps");
 ABSL_FLAG(double, weight_decay, kDefaults.weight_decay, "AdamW weight decay on matrices");
 ABSL_FLAG(double, grad_clip, kDefaults.grad_clip, "max gradient L2 norm; 0 = no clipping");
-ABSL_FLAG(double, train_fraction, kDefaults.train_fraction, "leading fraction of bytes used for training");
+ABSL_FLAG(double, train_fraction, kDefaults.train_fraction,
+          "leading fraction of bytes used for training");
 ABSL_FLAG(int64_t, eval_interval, kDefaults.eval_interval, "steps between validations");
 ABSL_FLAG(int64_t, eval_bytes, kDefaults.eval_bytes,
           "validation bytes scored at intervals (0 = all); the final one scores all");
@@ -56,7 +61,8 @@ std::string MachineDescription() {
       break;
     }
   }
-  return absl::StrCat(model, ", ", std::thread::hardware_concurrency(), " cores, Debian 12, CPU only");
+  return absl::StrCat(model, ", ", std::thread::hardware_concurrency(),
+                      " cores, Debian 12, CPU only");
 }
 
 absl::Status WriteCard(const fwmodel::TrainOptions& options, const fwmodel::TrainReport& report,
@@ -65,8 +71,8 @@ absl::Status WriteCard(const fwmodel::TrainOptions& options, const fwmodel::Trai
   if (!loaded.ok()) return loaded.status();
   const std::string validation = fwmodel::ValidationSplit(corpus, options.train_fraction);
   const int64_t slice_bytes = absl::GetFlag(FLAGS_card_slice_bytes);
-  auto slice_loss = fwmodel::EvaluateCheckpoint(options.out_dir,
-                                                validation.substr(0, static_cast<size_t>(slice_bytes)));
+  auto slice_loss = fwmodel::EvaluateCheckpoint(
+      options.out_dir, validation.substr(0, static_cast<size_t>(slice_bytes)));
   if (!slice_loss.ok()) return slice_loss.status();
   const fwmodel::Model& m = loaded->model;
   std::string card = absl::StrFormat(
@@ -134,6 +140,7 @@ int main(int argc, char** argv) {
   options.batch_size = absl::GetFlag(FLAGS_batch_size);
   options.seq_len = absl::GetFlag(FLAGS_seq_len);
   options.stateful = absl::GetFlag(FLAGS_stateful);
+  options.carry_state_across_epochs = absl::GetFlag(FLAGS_carry_state_across_epochs);
   options.lr = absl::GetFlag(FLAGS_lr);
   options.min_lr_ratio = absl::GetFlag(FLAGS_min_lr_ratio);
   options.warmup_steps = absl::GetFlag(FLAGS_warmup_steps);
@@ -149,9 +156,11 @@ int main(int argc, char** argv) {
 
   auto report = fwmodel::Train(options);
   if (!report.ok()) return Fail(report.status());
-  std::fprintf(stderr, "done: %lld steps, %lld tokens, validation %.4f nats/byte (%.4f bits/byte), %.1f min\n",
-               static_cast<long long>(report->step), static_cast<long long>(report->tokens_seen),
-               report->val_loss, report->val_loss / std::log(2.0), report->wall_seconds / 60);
+  std::fprintf(
+      stderr,
+      "done: %lld steps, %lld tokens, validation %.4f nats/byte (%.4f bits/byte), %.1f min\n",
+      static_cast<long long>(report->step), static_cast<long long>(report->tokens_seen),
+      report->val_loss, report->val_loss / std::log(2.0), report->wall_seconds / 60);
   if (absl::GetFlag(FLAGS_write_card)) {
     auto corpus = fwmodel::ReadFile(options.text_path);
     if (!corpus.ok()) return Fail(corpus.status());

@@ -64,7 +64,8 @@ TEST_F(CheckpointTest, FingerprintChangesWithAnyWeightOrConfigChange) {
 TEST_F(CheckpointTest, HalfPrecisionStorageLoadsAsFloat32) {
   auto config = fwtest::TinyConfig(Architecture::kLinearAttention, FfnKind::kSquaredRelu, 0);
   fwmodel::Model model = fwtest::RandomModel(config, 4, torch::kFloat32);
-  for (auto [dtype, tolerance] : {std::pair{fwmodel::DType::kF16, 1e-3}, std::pair{fwmodel::DType::kBF16, 1e-2}}) {
+  for (auto [dtype, tolerance] :
+       {std::pair{fwmodel::DType::kF16, 1e-3}, std::pair{fwmodel::DType::kBF16, 1e-2}}) {
     ASSERT_TRUE(fwmodel::SaveCheckpoint(model, dir_, dtype).ok());
     auto loaded = fwmodel::LoadCheckpoint(dir_);
     ASSERT_TRUE(loaded.ok()) << loaded.status();
@@ -90,7 +91,8 @@ class LoaderRejectionTest : public CheckpointTest {
     }
     edit(blobs);
     ASSERT_TRUE(fwmodel::MakeDirectories(dir_).ok());
-    ASSERT_TRUE(fwmodel::WriteFileAtomic(dir_ + "/config.json", fwmodel::ModelConfigToJson(config)).ok());
+    ASSERT_TRUE(
+        fwmodel::WriteFileAtomic(dir_ + "/config.json", fwmodel::ModelConfigToJson(config)).ok());
     ASSERT_TRUE(fwmodel::WriteFileAtomic(dir_ + "/model.safetensors",
                                          *fwmodel::SerializeSafetensors(blobs, {}))
                     .ok());
@@ -98,22 +100,26 @@ class LoaderRejectionTest : public CheckpointTest {
   void ExpectError(const std::string& fragment) {
     auto loaded = fwmodel::LoadCheckpoint(dir_);
     ASSERT_FALSE(loaded.ok());
-    EXPECT_NE(loaded.status().message().find(fragment), std::string::npos) << loaded.status().message();
+    EXPECT_NE(loaded.status().message().find(fragment), std::string::npos)
+        << loaded.status().message();
     EXPECT_EQ(loaded.status().message().find(dir_), std::string::npos) << "leaks the path";
   }
 };
 
 TEST_F(LoaderRejectionTest, MissingTensor) {
   WriteWith([](auto& blobs) {
-    blobs.erase(std::remove_if(blobs.begin(), blobs.end(),
-                               [](const auto& b) { return b.name == "blocks.1.mixer.beta.weight"; }),
-                blobs.end());
+    blobs.erase(
+        std::remove_if(blobs.begin(), blobs.end(),
+                       [](const auto& b) { return b.name == "blocks.1.mixer.beta.weight"; }),
+        blobs.end());
   });
   ExpectError("missing tensor 'blocks.1.mixer.beta.weight'");
 }
 
 TEST_F(LoaderRejectionTest, UnexpectedTensor) {
-  WriteWith([](auto& blobs) { blobs.push_back({"blocks.0.mixer.time_decay", fwmodel::DType::kF32, {1}, std::string(4, '\0')}); });
+  WriteWith([](auto& blobs) {
+    blobs.push_back({"blocks.0.mixer.time_decay", fwmodel::DType::kF32, {1}, std::string(4, '\0')});
+  });
   ExpectError("unexpected tensor 'blocks.0.mixer.time_decay'");
 }
 
@@ -139,7 +145,9 @@ TEST_F(LoaderRejectionTest, NonFiniteWeights) {
 TEST_F(LoaderRejectionTest, TruncatedFile) {
   WriteWith([](auto&) {});
   auto bytes = *fwmodel::ReadFile(dir_ + "/model.safetensors");
-  ASSERT_TRUE(fwmodel::WriteFileAtomic(dir_ + "/model.safetensors", bytes.substr(0, bytes.size() - 10)).ok());
+  ASSERT_TRUE(
+      fwmodel::WriteFileAtomic(dir_ + "/model.safetensors", bytes.substr(0, bytes.size() - 10))
+          .ok());
   ExpectError("outside the data section");
 }
 
@@ -152,7 +160,8 @@ TEST_F(LoaderRejectionTest, MissingFilesAndBadConfig) {
 
 // Gradients reach every parameter through the sequence form.
 TEST(GradientTest, EveryParameterGetsAFiniteNonzeroGradient) {
-  for (Architecture arch : {Architecture::kLinearAttention, Architecture::kFastWeight, Architecture::kAft}) {
+  for (Architecture arch :
+       {Architecture::kLinearAttention, Architecture::kFastWeight, Architecture::kAft}) {
     for (bool tie : {false, true}) {
       SCOPED_TRACE(absl::StrCat(fwmodel::ArchitectureName(arch), tie ? " tied" : " untied"));
       auto config = fwtest::TinyConfig(arch, FfnKind::kGeglu, 3, 2, tie);
@@ -161,8 +170,8 @@ TEST(GradientTest, EveryParameterGetsAFiniteNonzeroGradient) {
       fwmodel::State state = model.InitialState(2);
       torch::Tensor tokens = fwtest::RandomTokens(2, 9, 256, 3);
       torch::Tensor logits = model.ForwardUnchecked(tokens, &state);
-      torch::Tensor loss = torch::nn::functional::cross_entropy(logits.reshape({-1, 256}),
-                                                                 fwtest::RandomTokens(2, 9, 256, 4).reshape({-1}));
+      torch::Tensor loss = torch::nn::functional::cross_entropy(
+          logits.reshape({-1, 256}), fwtest::RandomTokens(2, 9, 256, 4).reshape({-1}));
       loss.backward();
       for (const auto& [name, t] : model.weights()) {
         ASSERT_TRUE(t.grad().defined()) << name;

@@ -57,45 +57,60 @@ TEST_P(ConfigRejectionTest, ErrorNamesTheKey) {
 INSTANTIATE_TEST_SUITE_P(
     Rejections, ConfigRejectionTest,
     testing::Values(
-        BadCase{"not json", "not valid JSON"},
-        BadCase{"[1, 2]", "must be an object"},
-        BadCase{R"({"format_version": 1, "architecture": "aft", "d_model": 8, "n_layers": 1, "n_heads": 2, "d_modle": 3})",
-                "'d_modle' is unknown"},
+        BadCase{"not json", "not valid JSON"}, BadCase{"[1, 2]", "must be an object"},
+        BadCase{
+            R"({"format_version": 1, "architecture": "aft", "d_model": 8, "n_layers": 1, "n_heads": 2, "d_modle": 3})",
+            "'d_modle' is unknown"},
         BadCase{R"({"architecture": "aft", "d_model": 8, "n_layers": 1, "n_heads": 2})",
                 "'format_version' is required"},
-        BadCase{R"({"format_version": 2, "architecture": "aft", "d_model": 8, "n_layers": 1, "n_heads": 2})",
-                "'format_version' must be 1"},
+        BadCase{
+            R"({"format_version": 2, "architecture": "aft", "d_model": 8, "n_layers": 1, "n_heads": 2})",
+            "'format_version' must be 1"},
         BadCase{R"({"format_version": 1, "d_model": 8, "n_layers": 1, "n_heads": 2})",
                 "'architecture' is required"},
-        BadCase{R"({"format_version": 1, "architecture": "rnn", "d_model": 8, "n_layers": 1, "n_heads": 2})",
-                "'architecture' has unknown value \"rnn\""},
+        BadCase{
+            R"({"format_version": 1, "architecture": "rnn", "d_model": 8, "n_layers": 1, "n_heads": 2})",
+            "'architecture' has unknown value \"rnn\""},
         BadCase{R"({"format_version": 1, "architecture": "aft", "n_layers": 1, "n_heads": 2})",
                 "'d_model' is required"},
-        BadCase{R"({"format_version": 1, "architecture": "aft", "d_model": 8.0, "n_layers": 1, "n_heads": 2})",
-                "'d_model' must be an integer"},
-        BadCase{R"({"format_version": 1, "architecture": "aft", "d_model": 8, "n_layers": 0, "n_heads": 2})",
-                "'n_layers' must be positive"},
-        BadCase{R"({"format_version": 1, "architecture": "aft", "d_model": 8, "n_layers": 1, "n_heads": 3})",
-                "'n_heads' must divide d_model=8"},
-        BadCase{R"({"format_version": 1, "architecture": "aft", "d_model": 8, "n_layers": 1, "n_heads": 2, "ffn": "swish"})",
-                "'ffn' has unknown value"},
-        BadCase{R"({"format_version": 1, "architecture": "aft", "d_model": 8, "n_layers": 1, "n_heads": 2, "tokenizer": "bpe"})",
-                "'tokenizer' has unknown value"},
-        BadCase{R"({"format_version": 1, "architecture": "aft", "d_model": 8, "n_layers": 1, "n_heads": 2, "vocab_size": 100})",
-                "'vocab_size' must be at least 256"},
-        BadCase{R"({"format_version": 1, "architecture": "aft", "d_model": 8, "n_layers": 1, "n_heads": 2, "bos_token_id": 256})",
-                "'bos_token_id' must be in [0, vocab_size)"},
-        BadCase{R"({"format_version": 1, "architecture": "aft", "d_model": 8, "n_layers": 1, "n_heads": 2, "dconv_kernel": -1})",
-                "'dconv_kernel' must be in"},
-        BadCase{R"({"format_version": 1, "architecture": "aft", "d_model": 8, "n_layers": 1, "n_heads": 2, "dpfp_nu": 0})",
-                "'dpfp_nu' must be in"},
-        BadCase{R"({"format_version": 1, "architecture": "aft", "d_model": 8, "n_layers": 1, "n_heads": 2, "norm_eps": 0})",
-                "'norm_eps' must be a positive"},
-        BadCase{R"({"format_version": 1, "architecture": "aft", "d_model": 8, "n_layers": 1, "n_heads": 2, "attn_eps": "small"})",
-                "'attn_eps' must be a number"},
-        BadCase{R"({"format_version": 1, "architecture": "aft", "d_model": 8, "n_layers": 1, "n_heads": 2, "tie_embeddings": 1})",
-                "'tie_embeddings' must be true or false"},
-        BadCase{R"({"format_version": 1, "architecture": "aft", "d_model": 8, "n_layers": 1, "n_heads": 2, "d_ff": 0})",
-                "'d_ff' must be positive"}));
+        BadCase{
+            R"({"format_version": 1, "architecture": "aft", "d_model": 8.0, "n_layers": 1, "n_heads": 2})",
+            "'d_model' must be an integer"},
+        BadCase{
+            R"({"format_version": 1, "architecture": "aft", "d_model": 8, "n_layers": 0, "n_heads": 2})",
+            "'n_layers' must be positive"},
+        BadCase{
+            R"({"format_version": 1, "architecture": "aft", "d_model": 8, "n_layers": 1, "n_heads": 3})",
+            "'n_heads' must divide d_model=8"},
+        BadCase{
+            R"({"format_version": 1, "architecture": "aft", "d_model": 8, "n_layers": 1, "n_heads": 2, "ffn": "swish"})",
+            "'ffn' has unknown value"},
+        BadCase{
+            R"({"format_version": 1, "architecture": "aft", "d_model": 8, "n_layers": 1, "n_heads": 2, "tokenizer": "bpe"})",
+            "'tokenizer' has unknown value"},
+        BadCase{
+            R"({"format_version": 1, "architecture": "aft", "d_model": 8, "n_layers": 1, "n_heads": 2, "vocab_size": 100})",
+            "'vocab_size' must be at least 256"},
+        BadCase{
+            R"({"format_version": 1, "architecture": "aft", "d_model": 8, "n_layers": 1, "n_heads": 2, "bos_token_id": 256})",
+            "'bos_token_id' must be in [0, vocab_size)"},
+        BadCase{
+            R"({"format_version": 1, "architecture": "aft", "d_model": 8, "n_layers": 1, "n_heads": 2, "dconv_kernel": -1})",
+            "'dconv_kernel' must be in"},
+        BadCase{
+            R"({"format_version": 1, "architecture": "aft", "d_model": 8, "n_layers": 1, "n_heads": 2, "dpfp_nu": 0})",
+            "'dpfp_nu' must be in"},
+        BadCase{
+            R"({"format_version": 1, "architecture": "aft", "d_model": 8, "n_layers": 1, "n_heads": 2, "norm_eps": 0})",
+            "'norm_eps' must be a positive"},
+        BadCase{
+            R"({"format_version": 1, "architecture": "aft", "d_model": 8, "n_layers": 1, "n_heads": 2, "attn_eps": "small"})",
+            "'attn_eps' must be a number"},
+        BadCase{
+            R"({"format_version": 1, "architecture": "aft", "d_model": 8, "n_layers": 1, "n_heads": 2, "tie_embeddings": 1})",
+            "'tie_embeddings' must be true or false"},
+        BadCase{
+            R"({"format_version": 1, "architecture": "aft", "d_model": 8, "n_layers": 1, "n_heads": 2, "d_ff": 0})",
+            "'d_ff' must be positive"}));
 
 }  // namespace

@@ -37,8 +37,8 @@ std::vector<Case> AllCases() {
 
 std::string CaseName(const testing::TestParamInfo<std::tuple<Case, bool>>& info) {
   const Case& c = std::get<0>(info.param);
-  return absl::StrCat(fwmodel::ArchitectureName(c.arch), "_", fwmodel::FfnKindName(c.ffn),
-                      "_dconv", c.dconv, "_nu", c.nu, std::get<1>(info.param) ? "_f64" : "_f32");
+  return absl::StrCat(fwmodel::ArchitectureName(c.arch), "_", fwmodel::FfnKindName(c.ffn), "_dconv",
+                      c.dconv, "_nu", c.nu, std::get<1>(info.param) ? "_f64" : "_f32");
 }
 
 class FormEquivalenceTest : public testing::TestWithParam<std::tuple<Case, bool>> {
@@ -104,7 +104,8 @@ TEST_P(FormEquivalenceTest, PiecesWithCarriedStateEqualWholeSpan) {
 
   fwmodel::State piece_state = model.InitialState(B);
   std::vector<torch::Tensor> pieces;
-  for (auto [start, len] : std::vector<std::pair<int64_t, int64_t>>{{0, 1}, {1, 6}, {7, 2}, {9, 8}}) {
+  for (auto [start, len] :
+       std::vector<std::pair<int64_t, int64_t>>{{0, 1}, {1, 6}, {7, 2}, {9, 8}}) {
     auto logits = model.Forward(tokens.narrow(1, start, len), &piece_state);
     ASSERT_TRUE(logits.ok());
     pieces.push_back(*logits);
@@ -153,7 +154,8 @@ TEST(BatchedStepTest, BatchOfSessionsAtDifferentPositionsEqualsEachAlone) {
       auto batched = model.Step(batch_tokens, &pool);
       ASSERT_TRUE(batched.ok());
       for (size_t i = 0; i < alone.size(); ++i) {
-        auto single = model.Step(tokens.narrow(0, static_cast<int64_t>(i), 1).contiguous(), &alone[i]);
+        auto single =
+            model.Step(tokens.narrow(0, static_cast<int64_t>(i), 1).contiguous(), &alone[i]);
         ASSERT_TRUE(single.ok());
         EXPECT_LE(fwtest::MaxAbsDiff((*batched)[rows[i]], (*single)[0]), 1e-12);
       }

@@ -94,8 +94,8 @@ Weights MakeWeights() {
 }
 
 torch::Tensor ToTensor(const Mat& m) {
-  torch::Tensor t = torch::empty({static_cast<int64_t>(m.size()), static_cast<int64_t>(m[0].size())},
-                                 torch::kFloat32);
+  torch::Tensor t = torch::empty(
+      {static_cast<int64_t>(m.size()), static_cast<int64_t>(m[0].size())}, torch::kFloat32);
   for (size_t i = 0; i < m.size(); ++i)
     for (size_t j = 0; j < m[0].size(); ++j) t[i][j] = static_cast<float>(m[i][j]);
   return t;
@@ -155,7 +155,8 @@ fwmodel::Model BuildModel(const Weights& w, const fwmodel::ModelConfig& c) {
   }
   t["blocks.0.mixer.o.weight"] = ToTensor(w.o);
   t["blocks.0.mixer.o.bias"] = ToTensor(w.ob);
-  if (c.architecture == Architecture::kFastWeight) t["blocks.0.mixer.beta.weight"] = ToTensor(w.beta);
+  if (c.architecture == Architecture::kFastWeight)
+    t["blocks.0.mixer.beta.weight"] = ToTensor(w.beta);
   if (aft) {
     t["blocks.0.mixer.time_decay"] = ToTensor(w.time_decay);
     t["blocks.0.mixer.time_first"] = ToTensor(w.time_first);

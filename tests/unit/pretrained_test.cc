@@ -52,12 +52,13 @@ TEST(PretrainedTest, EachCheckpointReproducesItsCardOnTheValidationSlice) {
     SCOPED_TRACE(dir);
     auto card = fwmodel::ReadFile(dir + "/MODEL_CARD.md");
     ASSERT_TRUE(card.ok());
-    const double slice_loss =
-        CardNumber(*card, R"(validation slice loss \| ([0-9.]+) nats/byte)");
-    const double slice_bytes = CardNumber(*card, R"(nats/byte \(first ([0-9]+) validation bytes\))");
+    const double slice_loss = CardNumber(*card, R"(validation slice loss \| ([0-9.]+) nats/byte)");
+    const double slice_bytes =
+        CardNumber(*card, R"(nats/byte \(first ([0-9]+) validation bytes\))");
     const double full_loss = CardNumber(*card, R"(\| validation loss \| ([0-9.]+) nats/byte)");
     ASSERT_GT(slice_bytes, 1000);
-    auto measured = fwmodel::EvaluateCheckpoint(dir, validation.substr(0, static_cast<size_t>(slice_bytes)));
+    auto measured =
+        fwmodel::EvaluateCheckpoint(dir, validation.substr(0, static_cast<size_t>(slice_bytes)));
     ASSERT_TRUE(measured.ok()) << measured.status();
     EXPECT_NEAR(*measured, slice_loss, 1e-3);
     // The issue's bar for shipped models.

@@ -25,7 +25,8 @@ void ExpectRejected(const std::string& file, const std::string& fragment) {
   auto parsed = SafetensorsFile::Parse(file);
   ASSERT_FALSE(parsed.ok()) << "accepted a file that should fail with: " << fragment;
   EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(parsed.status().message().find(fragment), std::string::npos) << parsed.status().message();
+  EXPECT_NE(parsed.status().message().find(fragment), std::string::npos)
+      << parsed.status().message();
 }
 
 TEST(SafetensorsTest, WrittenFileParsesBackBitExactly) {
@@ -34,7 +35,14 @@ TEST(SafetensorsTest, WrittenFileParsesBackBitExactly) {
   blobs.push_back({"a", DType::kF32, {1, 3}, Floats({3.0f, 1e-30f, -7.25f})});
   auto bytes = fwmodel::SerializeSafetensors(blobs, {{"format", "pt"}});
   ASSERT_TRUE(bytes.ok());
-  EXPECT_EQ((8 + [&] { uint64_t n = 0; std::memcpy(&n, bytes->data(), 8); return n; }()) % 8, 0u);
+  EXPECT_EQ((8 +
+             [&] {
+               uint64_t n = 0;
+               std::memcpy(&n, bytes->data(), 8);
+               return n;
+             }()) %
+                8,
+            0u);
   auto file = SafetensorsFile::Parse(*bytes);
   ASSERT_TRUE(file.ok()) << file.status();
   ASSERT_EQ(file->tensors().size(), 2u);
@@ -54,7 +62,8 @@ TEST(SafetensorsTest, HalfAndBfloat16AreWidenedExactly) {
       f16 + bf16);
   auto parsed = SafetensorsFile::Parse(file);
   ASSERT_TRUE(parsed.ok()) << parsed.status();
-  EXPECT_EQ(parsed->tensors().at("h").ToFloat32(), (std::vector<float>{1.0f, -2.0f, std::ldexp(1.0f, -24)}));
+  EXPECT_EQ(parsed->tensors().at("h").ToFloat32(),
+            (std::vector<float>{1.0f, -2.0f, std::ldexp(1.0f, -24)}));
   EXPECT_EQ(parsed->tensors().at("b").ToFloat32(), (std::vector<float>{1.0f, 3.140625f}));
 }
 
@@ -69,7 +78,8 @@ TEST(SafetensorsTest, FloatToHalfRoundsToNearestEven) {
 }
 
 TEST(SafetensorsTest, EmptyTensorsAreAllowed) {
-  auto parsed = SafetensorsFile::Parse(MakeFile(R"({"e":{"dtype":"F32","shape":[0,4],"data_offsets":[0,0]}})", ""));
+  auto parsed = SafetensorsFile::Parse(
+      MakeFile(R"({"e":{"dtype":"F32","shape":[0,4],"data_offsets":[0,0]}})", ""));
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   EXPECT_EQ(parsed->tensors().at("e").numel(), 0);
 }
@@ -87,47 +97,60 @@ TEST(SafetensorsRejectionTest, HeaderThatIsNotJson) {
 }
 
 TEST(SafetensorsRejectionTest, UnsupportedDtypeNamesTheTensor) {
-  ExpectRejected(MakeFile(R"({"w":{"dtype":"F64","shape":[1],"data_offsets":[0,8]}})", std::string(8, '\0')),
-                 "tensor 'w': unsupported dtype F64");
-  ExpectRejected(MakeFile(R"({"w":{"dtype":"I8","shape":[1],"data_offsets":[0,1]}})", std::string(1, '\0')),
-                 "tensor 'w': unsupported dtype I8");
+  ExpectRejected(
+      MakeFile(R"({"w":{"dtype":"F64","shape":[1],"data_offsets":[0,8]}})", std::string(8, '\0')),
+      "tensor 'w': unsupported dtype F64");
+  ExpectRejected(
+      MakeFile(R"({"w":{"dtype":"I8","shape":[1],"data_offsets":[0,1]}})", std::string(1, '\0')),
+      "tensor 'w': unsupported dtype I8");
 }
 
 TEST(SafetensorsRejectionTest, OffsetsOutsideTheFile) {
-  ExpectRejected(MakeFile(R"({"w":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})", Floats({1, 2})),
-                 "tensor 'w': data_offsets [0, 16] lie outside the data section of 8 bytes");
-  ExpectRejected(MakeFile(R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[8,4]}})", Floats({1, 2})),
-                 "tensor 'w': data_offsets [8, 4] has begin > end");
+  ExpectRejected(
+      MakeFile(R"({"w":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})", Floats({1, 2})),
+      "tensor 'w': data_offsets [0, 16] lie outside the data section of 8 bytes");
+  ExpectRejected(
+      MakeFile(R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[8,4]}})", Floats({1, 2})),
+      "tensor 'w': data_offsets [8, 4] has begin > end");
 }
 
 TEST(SafetensorsRejectionTest, SpanThatDoesNotMatchShape) {
-  ExpectRejected(MakeFile(R"({"w":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", Floats({1, 2})),
-                 "tensor 'w': data_offsets span 8 bytes but shape [3] of F32 needs 12");
+  ExpectRejected(
+      MakeFile(R"({"w":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", Floats({1, 2})),
+      "tensor 'w': data_offsets span 8 bytes but shape [3] of F32 needs 12");
 }
 
 TEST(SafetensorsRejectionTest, OverlappingTensors) {
-  ExpectRejected(MakeFile(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
-                          Floats({1, 2, 3})),
-                 "tensor 'b': data_offsets overlap those of tensor 'a'");
+  ExpectRejected(
+      MakeFile(
+          R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
+          Floats({1, 2, 3})),
+      "tensor 'b': data_offsets overlap those of tensor 'a'");
 }
 
 TEST(SafetensorsRejectionTest, BytesThatBelongToNoTensor) {
-  ExpectRejected(MakeFile(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", Floats({1, 2})),
-                 "data section bytes [0, 4) belong to no tensor");
-  ExpectRejected(MakeFile(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", Floats({1, 2})),
-                 "4 trailing bytes");
+  ExpectRejected(
+      MakeFile(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", Floats({1, 2})),
+      "data section bytes [0, 4) belong to no tensor");
+  ExpectRejected(
+      MakeFile(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", Floats({1, 2})),
+      "4 trailing bytes");
 }
 
 TEST(SafetensorsRejectionTest, MalformedEntries) {
-  ExpectRejected(MakeFile(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})",
-                          Floats({1})),
-                 "tensor 'a': appears twice");
-  ExpectRejected(MakeFile(R"({"a":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}})", Floats({1})),
-                 "tensor 'a': shape entry -1");
+  ExpectRejected(
+      MakeFile(
+          R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})",
+          Floats({1})),
+      "tensor 'a': appears twice");
+  ExpectRejected(
+      MakeFile(R"({"a":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}})", Floats({1})),
+      "tensor 'a': shape entry -1");
   ExpectRejected(MakeFile(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0]}})", Floats({1})),
                  "tensor 'a': 'data_offsets' must be [begin, end]");
-  ExpectRejected(MakeFile(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4],"extra":1}})", Floats({1})),
-                 "tensor 'a': unknown header field 'extra'");
+  ExpectRejected(
+      MakeFile(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4],"extra":1}})", Floats({1})),
+      "tensor 'a': unknown header field 'extra'");
   ExpectRejected(MakeFile(R"({"a":{"shape":[1],"data_offsets":[0,4]}})", Floats({1})),
                  "tensor 'a': missing or non-string 'dtype'");
   ExpectRejected(MakeFile(R"({"__metadata__":{"k":1}})", ""), "__metadata__ value for 'k'");

@@ -14,7 +14,8 @@ namespace {
 namespace fs = std::filesystem;
 
 std::string Corpus() {
-  auto text = fwmodel::ReadFile(std::string(FWSERVE_SOURCE_DIR) + "/models/data/tinyshakespeare.txt");
+  auto text =
+      fwmodel::ReadFile(std::string(FWSERVE_SOURCE_DIR) + "/models/data/tinyshakespeare.txt");
   EXPECT_TRUE(text.ok());
   return text.ok() ? *text : "";
 }
@@ -37,7 +38,8 @@ class TrainerTest : public testing::Test {
     fwmodel::TrainOptions o;
     o.text_path = text_path_;
     o.out_dir = (root_ / name).string();
-    o.config = fwtest::TinyConfig(fwmodel::Architecture::kFastWeight, fwmodel::FfnKind::kSquaredRelu, 3);
+    o.config =
+        fwtest::TinyConfig(fwmodel::Architecture::kFastWeight, fwmodel::FfnKind::kSquaredRelu, 3);
     o.steps = 40;
     o.batch_size = 8;
     o.seq_len = 32;
