@@ -51,7 +51,7 @@ json RunIdentity(const TrainOptions& o) {
               {"grad_clip", o.grad_clip},
               {"train_fraction", o.train_fraction},
               {"stateful", o.stateful},
-              {"carry_state_across_epochs", o.carry_state_across_epochs}};
+              {"state_reset_steps", o.state_reset_steps}};
 }
 
 double LearningRate(const TrainOptions& o, int64_t step) {
@@ -90,6 +90,9 @@ absl::Status Validate(const TrainOptions& o) {
     return bad(absl::StrCat("--warmup_steps must be >= 1, got ", o.warmup_steps));
   if (!(o.train_fraction > 0 && o.train_fraction < 1)) {
     return bad(absl::StrCat("--train_fraction must be in (0, 1), got ", o.train_fraction));
+  }
+  if (o.state_reset_steps < 0) {
+    return bad(absl::StrCat("--state_reset_steps must be >= 0, got ", o.state_reset_steps));
   }
   if (o.eval_interval < 1 || o.checkpoint_interval < 1) {
     return bad("--eval_interval and --checkpoint_interval must be positive");
@@ -289,7 +292,7 @@ absl::StatusOr<TrainReport> Train(const TrainOptions& options, int64_t stop_afte
   // (room is left for a shift < T).
   const int64_t segment = train_bytes / B;
   const int64_t epoch_steps = (segment - 1) / T - 1;
-  if (options.stateful && epoch_steps < 1) {
+  if (options.stateful && options.state_reset_steps == 0 && epoch_steps < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         "training split of ", train_bytes, " bytes is too small for --batch_size=", B,
         " streams of --seq_len=", T, " (need 2 windows per stream); use --stateful=false"));
@@ -305,7 +308,22 @@ absl::StatusOr<TrainReport> Train(const TrainOptions& options, int64_t stop_afte
     const int64_t step = report.step;
     // Data order depends only on (seed, step, row): resumed runs see the same batches.
     std::vector<int64_t> starts(static_cast<size_t>(B));
-    if (options.stateful) {
+    if (options.stateful && options.state_reset_steps > 0) {
+      // Row b reads the split circularly from offset b * train_bytes / B; its state is
+      // reset every state_reset_steps steps, staggered across rows so that at every
+      // step the rows' context ages cover [0, state_reset_steps * T) evenly.
+      const int64_t R = options.state_reset_steps;
+      if (carried.tensors.empty()) carried = model->InitialState(B);
+      std::vector<int64_t> reset_rows;
+      for (int64_t b = 0; b < B; ++b) {
+        starts[static_cast<size_t>(b)] = (b * (train_bytes / B) + step * T) % (max_start + 1);
+        if ((step + b * R / B) % R == 0) reset_rows.push_back(b);
+      }
+      if (!reset_rows.empty()) {
+        carried.Scatter(torch::tensor(reset_rows, torch::kInt64),
+                        model->InitialState(static_cast<int64_t>(reset_rows.size())));
+      }
+    } else if (options.stateful) {
       // Row b reads segment b front to back; each epoch starts at a new random shift
       // with fresh states.
       const int64_t epoch = step / epoch_steps, position = step % epoch_steps;
@@ -314,9 +332,7 @@ absl::StatusOr<TrainReport> Train(const TrainOptions& options, int64_t stop_afte
           static_cast<uint64_t>(T));
       for (int64_t b = 0; b < B; ++b)
         starts[static_cast<size_t>(b)] = b * segment + shift + position * T;
-      if ((position == 0 && !options.carry_state_across_epochs) || carried.tensors.empty()) {
-        carried = model->InitialState(B);
-      }
+      if (position == 0 || carried.tensors.empty()) carried = model->InitialState(B);
     } else {
       for (int64_t b = 0; b < B; ++b) {
         const uint64_t h = SplitMix64(options.seed * 0x100000001b3ull ^

@@ -27,11 +27,14 @@ struct TrainOptions {
   // model learns the long contexts it is scored on. false: independent random windows
   // that each start from a fresh state.
   bool stateful = true;
-  // Stateful only. false: every pass over the segments (an epoch) starts from fresh
-  // states, so contexts reach one segment (text / batch_size bytes). true: states
-  // carry on across epochs, so the model also learns contexts far longer than a
-  // segment (needed by fast_weight, whose state keeps evolving over 100k+ tokens).
-  bool carry_state_across_epochs = false;
+  // Stateful only. 0: row b reads its own segment (text / batch_size bytes) front to
+  // back, and every pass over the segments starts from fresh states, so contexts reach
+  // one segment. R > 0: row b reads the whole split circularly from its own offset and
+  // its state is reset every R steps, staggered across rows, so training sees context
+  // ages spread evenly over [0, R * seq_len) tokens. Use R * seq_len >= the length the
+  // model is scored on (validation: 111,540 bytes) when the state keeps evolving over
+  // that horizon (fast_weight).
+  int64_t state_reset_steps = 0;
   double lr = 2e-3;            // peak learning rate
   double min_lr_ratio = 0.1;   // cosine decays to lr * min_lr_ratio at the last step
   int64_t warmup_steps = 100;  // linear warm-up from 0 to lr

@@ -30,9 +30,10 @@ ABSL_FLAG(int64_t, seq_len, kDefaults.seq_len, "tokens per training sequence");
 ABSL_FLAG(bool, stateful, kDefaults.stateful,
           "carry each row's recurrent state across windows (truncated BPTT over contiguous "
           "segments); false = independent random windows from fresh states");
-ABSL_FLAG(bool, carry_state_across_epochs, kDefaults.carry_state_across_epochs,
-          "with --stateful: keep each row's state across epochs instead of resetting it, so "
-          "training contexts grow to steps * seq_len tokens");
+ABSL_FLAG(int64_t, state_reset_steps, kDefaults.state_reset_steps,
+          "with --stateful: 0 = each row reads its own segment and all states reset every "
+          "pass; R > 0 = rows read the whole text circularly and each row's state resets "
+          "every R steps, staggered, so context ages cover [0, R * seq_len) evenly");
 ABSL_FLAG(double, lr, kDefaults.lr, "peak learning rate (AdamW)");
 ABSL_FLAG(double, min_lr_ratio, kDefaults.min_lr_ratio, "final lr as a fraction of --lr (cosine)");
 ABSL_FLAG(int64_t, warmup_steps, kDefaults.warmup_steps, "linear warm-up steps");
@@ -140,7 +141,7 @@ int main(int argc, char** argv) {
   options.batch_size = absl::GetFlag(FLAGS_batch_size);
   options.seq_len = absl::GetFlag(FLAGS_seq_len);
   options.stateful = absl::GetFlag(FLAGS_stateful);
-  options.carry_state_across_epochs = absl::GetFlag(FLAGS_carry_state_across_epochs);
+  options.state_reset_steps = absl::GetFlag(FLAGS_state_reset_steps);
   options.lr = absl::GetFlag(FLAGS_lr);
   options.min_lr_ratio = absl::GetFlag(FLAGS_min_lr_ratio);
   options.warmup_steps = absl::GetFlag(FLAGS_warmup_steps);

@@ -79,13 +79,17 @@ TEST_F(TrainerTest, TinyRunLowersValidationLoss) {
   EXPECT_LT(*after, 3.2) << "before " << *before << " after " << *after;
 }
 
-TEST_F(TrainerTest, ResumedRunMatchesUninterruptedRun) {
+class ResumeTest : public TrainerTest, public testing::WithParamInterface<int64_t> {};
+
+TEST_P(ResumeTest, ResumedRunMatchesUninterruptedRun) {
   fwmodel::TrainOptions straight = TinyRun("straight");
   straight.steps = 24;
+  straight.state_reset_steps = GetParam();
   ASSERT_TRUE(fwmodel::Train(straight).ok());
 
   fwmodel::TrainOptions interrupted = TinyRun("interrupted");
   interrupted.steps = 24;
+  interrupted.state_reset_steps = GetParam();
   auto first = fwmodel::Train(interrupted, /*stop_after_steps=*/13);
   ASSERT_TRUE(first.ok()) << first.status();
   EXPECT_EQ(first->step, 13);
@@ -106,6 +110,10 @@ TEST_F(TrainerTest, ResumedRunMatchesUninterruptedRun) {
   // Identical data order and optimizer state make the runs bit-identical.
   EXPECT_EQ(a->fingerprint, b->fingerprint);
 }
+
+// 0: per-segment streams reset every pass; 5: circular streams with staggered resets
+// (a reset lands inside both halves of the interrupted run).
+INSTANTIATE_TEST_SUITE_P(DataLayouts, ResumeTest, testing::Values(0, 5));
 
 TEST_F(TrainerTest, ResumeWithDifferentOptionsIsRefused) {
   fwmodel::TrainOptions o = TinyRun("run");
