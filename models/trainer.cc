@@ -351,14 +351,19 @@ absl::StatusOr<TrainReport> Train(const TrainOptions& options, int64_t stop_afte
     }
     double loss_value = 0, grad_norm = 0;
     try {
+      auto t0 = Clock::now();
       State state = options.stateful ? carried : model->InitialState(B);
       torch::Tensor logits = model->ForwardUnchecked(inputs, &state);
       if (options.stateful) carried = state.Detach();
       torch::Tensor loss = torch::nn::functional::cross_entropy(logits.reshape({B * T, -1}),
                                                                 targets.reshape({B * T}));
+      auto t1 = Clock::now();
       optimizer.zero_grad();
       loss.backward();
       loss_value = loss.item<double>();
+      auto t2 = Clock::now();
+      report.forward_seconds += std::chrono::duration<double>(t1 - t0).count();
+      report.backward_seconds += std::chrono::duration<double>(t2 - t1).count();
       if (std::isfinite(loss_value)) {
         grad_norm = torch::nn::utils::clip_grad_norm_(
             parameters,
@@ -371,7 +376,9 @@ absl::StatusOr<TrainReport> Train(const TrainOptions& options, int64_t stop_afte
             "checkpoint in %s is intact; lower --lr or raise --warmup_steps and start a new run",
             step, loss_value, grad_norm, lr, options.out_dir));
       }
+      auto t3 = Clock::now();
       optimizer.step();
+      report.optimizer_seconds += std::chrono::duration<double>(Clock::now() - t3).count();
     } catch (const c10::Error& e) {
       return absl::InternalError(
           absl::StrCat("training step ", step, " failed: ", e.what_without_backtrace()));
@@ -391,7 +398,9 @@ absl::StatusOr<TrainReport> Train(const TrainOptions& options, int64_t stop_afte
     const bool last = report.step == options.steps;
     if (report.step % options.eval_interval == 0 || last) {
       torch::NoGradGuard no_grad;
+      auto eval_start = Clock::now();
       auto val = MeanNll(*model, last ? validation : eval_text);
+      report.eval_seconds += std::chrono::duration<double>(Clock::now() - eval_start).count();
       if (!val.ok()) return val.status();
       report.val_loss = *val;
       interval_loss_sum = 0;

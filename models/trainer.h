@@ -59,6 +59,9 @@ struct TrainReport {
   double val_loss = 0;           // last validation, nats/byte (NaN if none yet)
   double wall_seconds = 0;       // training wall time summed over resumed sessions
   double tokens_per_second = 0;  // this session's training throughput
+  // Where this session's time went, in seconds (forward includes the loss; backward
+  // includes gradient clipping; eval is validation scoring).
+  double forward_seconds = 0, backward_seconds = 0, optimizer_seconds = 0, eval_seconds = 0;
   bool resumed = false;          // this session continued an earlier one
 };
 
