@@ -80,6 +80,7 @@ absl::StatusOr<LoadedModel> LoadCheckpointFromBytes(const std::string& config_js
   }
   auto model = Model::Create(*config, weights, options);
   if (!model.ok()) {
+    if (model.status().code() != absl::StatusCode::kInvalidArgument) return model.status();
     return absl::InvalidArgumentError(
         absl::StrCat("model.safetensors: ", model.status().message()));
   }

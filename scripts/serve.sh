@@ -7,6 +7,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 scripts/build.sh
-DEFAULT_MODEL=models/pretrained/fast_weight-shakespeare
+DEFAULT_MODEL=models/pretrained/aft-shakespeare
 ./build/tools/fwmodel info "$DEFAULT_MODEL" | tail -n 3 >&2
 exec ./build/tools/fwmodel generate "$DEFAULT_MODEL" --prompt "ROMEO:" --max-tokens 600 "$@"

