@@ -62,7 +62,7 @@ struct TrainReport {
   // Where this session's time went, in seconds (forward includes the loss; backward
   // includes gradient clipping; eval is validation scoring).
   double forward_seconds = 0, backward_seconds = 0, optimizer_seconds = 0, eval_seconds = 0;
-  bool resumed = false;          // this session continued an earlier one
+  bool resumed = false;  // this session continued an earlier one
 };
 
 // Called after every optimizer step (on the training thread).

@@ -162,7 +162,8 @@ int main(int argc, char** argv) {
       "done: %lld steps, %lld tokens, validation %.4f nats/byte (%.4f bits/byte), %.1f min\n",
       static_cast<long long>(report->step), static_cast<long long>(report->tokens_seen),
       report->val_loss, report->val_loss / std::log(2.0), report->wall_seconds / 60);
-  std::fprintf(stderr, "time: forward %.0f s, backward %.0f s, optimizer %.0f s, validation %.0f s\n",
+  std::fprintf(stderr,
+               "time: forward %.0f s, backward %.0f s, optimizer %.0f s, validation %.0f s\n",
                report->forward_seconds, report->backward_seconds, report->optimizer_seconds,
                report->eval_seconds);
   if (absl::GetFlag(FLAGS_write_card)) {
