@@ -363,23 +363,28 @@ torch::Tensor Model::Ffn(const LayerWeights& w, const torch::Tensor& x) const {
 // ---------------------------------------------------------------------------
 // Sequence form
 
+void Model::ProjectInputs(int layer, const torch::Tensor& a, State* state,
+                          torch::Tensor proj[3]) const {
+  const LayerWeights& w = *layers_[layer];
+  for (int p = 0; p < 3; ++p) proj[p] = torch::linear(a, w.proj[p]);
+  if (!config_.has_dconv()) return;
+  torch::Tensor& conv_state = state->tensors[conv_state_index_[layer]];  // [B, 3, K-1, d]
+  std::vector<torch::Tensor> histories;
+  for (int p = 0; p < 3; ++p) {
+    torch::Tensor history = conv_state.select(1, p);
+    proj[p] = CausalDepthwiseConv(proj[p], w.conv_w[p], w.conv_b[p], &history);
+    histories.push_back(history);
+  }
+  conv_state = torch::stack(histories, 1);
+}
+
 torch::Tensor Model::MixerSequence(int layer, const torch::Tensor& a, State* state) const {
   const LayerWeights& w = *layers_[layer];
   const ModelConfig& c = config_;
   const int64_t B = a.size(0), T = a.size(1), d = c.d_model, H = c.n_heads, dh = c.d_head();
 
   torch::Tensor proj[3];
-  for (int p = 0; p < 3; ++p) proj[p] = torch::linear(a, w.proj[p]);
-  if (c.has_dconv()) {
-    torch::Tensor& conv_state = state->tensors[conv_state_index_[layer]];  // [B, 3, K-1, d]
-    std::vector<torch::Tensor> histories;
-    for (int p = 0; p < 3; ++p) {
-      torch::Tensor history = conv_state.select(1, p);
-      proj[p] = CausalDepthwiseConv(proj[p], w.conv_w[p], w.conv_b[p], &history);
-      histories.push_back(history);
-    }
-    conv_state = torch::stack(histories, 1);
-  }
+  ProjectInputs(layer, a, state, proj);
 
   torch::Tensor y;  // [B, T, d]
   if (c.architecture == Architecture::kAft) {
@@ -496,18 +501,8 @@ torch::Tensor Model::MixerStep(int layer, const torch::Tensor& a, State* state) 
   const int64_t B = a.size(0), d = c.d_model, H = c.n_heads, dh = c.d_head();
 
   torch::Tensor proj[3];
-  for (int p = 0; p < 3; ++p) proj[p] = torch::linear(a, w.proj[p]);  // [B, d]
-  if (c.has_dconv()) {
-    torch::Tensor& conv_state = state->tensors[conv_state_index_[layer]];
-    std::vector<torch::Tensor> histories;
-    for (int p = 0; p < 3; ++p) {
-      torch::Tensor history = conv_state.select(1, p);
-      proj[p] =
-          CausalDepthwiseConv(proj[p].unsqueeze(1), w.conv_w[p], w.conv_b[p], &history).squeeze(1);
-      histories.push_back(history);
-    }
-    conv_state = torch::stack(histories, 1);
-  }
+  ProjectInputs(layer, a.unsqueeze(1), state, proj);
+  for (torch::Tensor& x : proj) x = x.squeeze(1);  // [B, d]
 
   torch::Tensor y;  // [B, d]
   if (c.architecture == Architecture::kAft) {

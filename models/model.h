@@ -111,6 +111,9 @@ class Model {
   torch::Tensor EmbedTokens(const torch::Tensor& tokens) const;
   torch::Tensor Head(const torch::Tensor& h) const;
   torch::Tensor Ffn(const LayerWeights& w, const torch::Tensor& x) const;
+  // The mixer's input projections (q|r, k, v) of a [B, T, d], each through the causal
+  // depthwise conv when configured (advancing the conv state).
+  void ProjectInputs(int layer, const torch::Tensor& a, State* state, torch::Tensor proj[3]) const;
   torch::Tensor MixerSequence(int layer, const torch::Tensor& a, State* state) const;
   torch::Tensor MixerStep(int layer, const torch::Tensor& a, State* state) const;
   absl::Status CheckState(const State& state, int64_t batch) const;
