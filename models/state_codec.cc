@@ -24,7 +24,6 @@ absl::StatusOr<std::string> EncodeStateRow(const Model& model, const std::string
     return absl::InvalidArgumentError(absl::StrCat("state row ", row, " is out of range"));
   }
   std::vector<TensorBlob> blobs;
-  std::string data;
   for (size_t i = 0; i < state.tensors.size(); ++i) {
     torch::Tensor t = state.tensors[i][row].detach().to(torch::kCPU, torch::kFloat32).contiguous();
     TensorBlob blob{model.state_spec()[i].name, DType::kF32, t.sizes().vec(),
@@ -32,11 +31,11 @@ absl::StatusOr<std::string> EncodeStateRow(const Model& model, const std::string
                                 static_cast<size_t>(t.numel()) * 4)};
     blobs.push_back(std::move(blob));
   }
-  // The checksum covers the data in the order the writer lays it out (name order).
-  std::vector<const TensorBlob*> ordered;
-  for (const TensorBlob& b : blobs) ordered.push_back(&b);
-  std::sort(ordered.begin(), ordered.end(), [](auto* a, auto* b) { return a->name < b->name; });
-  for (const TensorBlob* b : ordered) data += b->bytes;
+  // The checksum covers the data section, which the writer lays out in name order.
+  std::sort(blobs.begin(), blobs.end(),
+            [](const TensorBlob& a, const TensorBlob& b) { return a.name < b.name; });
+  std::string data;
+  for (const TensorBlob& b : blobs) data += b.bytes;
   return SerializeSafetensors(std::move(blobs), {{"format", kFormat},
                                                  {"version", kVersion},
                                                  {"fingerprint", fingerprint},

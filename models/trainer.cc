@@ -70,13 +70,20 @@ std::string FormatDuration(double seconds) {
   return absl::StrFormat("%ds", s);
 }
 
-absl::StatusOr<double> MeanNll(const Model& model, const std::string& text) {
-  if (text.size() < 2) return absl::InvalidArgumentError("validation text needs at least 2 bytes");
-  auto logprobs = ScoreTokens(model, EncodeBytes(text));
-  if (!logprobs.ok()) return logprobs.status();
-  double sum = 0;
-  for (double lp : *logprobs) sum -= lp;
-  return sum / static_cast<double>(logprobs->size());
+// torch::save to a temporary file, then rename over `path`: readers never see a
+// partial file.
+template <typename T>
+absl::Status SaveTorchAtomic(const T& value, const std::string& path) {
+  const std::string tmp = path + ".tmp";
+  try {
+    torch::save(value, tmp);
+  } catch (const c10::Error& e) {
+    return absl::DataLossError(absl::StrCat("cannot write ", tmp));
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    return absl::DataLossError(absl::StrCat("cannot rename ", tmp, " to ", path));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Validate(const TrainOptions& o) {
@@ -136,6 +143,15 @@ class ProgressLine {
 
 }  // namespace
 
+absl::StatusOr<double> ValidationLoss(const Model& model, const std::string& text) {
+  if (text.size() < 2) return absl::InvalidArgumentError("validation text needs at least 2 bytes");
+  auto logprobs = ScoreTokens(model, EncodeBytes(text));
+  if (!logprobs.ok()) return logprobs.status();
+  double sum = 0;
+  for (double lp : *logprobs) sum -= lp;
+  return sum / static_cast<double>(logprobs->size());
+}
+
 std::string ValidationSplit(const std::string& corpus, double train_fraction) {
   const size_t train_bytes = static_cast<size_t>(std::floor(corpus.size() * train_fraction));
   return corpus.substr(train_bytes);
@@ -144,7 +160,7 @@ std::string ValidationSplit(const std::string& corpus, double train_fraction) {
 absl::StatusOr<double> EvaluateCheckpoint(const std::string& dir, const std::string& text) {
   auto loaded = LoadCheckpoint(dir);
   if (!loaded.ok()) return loaded.status();
-  return MeanNll(loaded->model, text);
+  return ValidationLoss(loaded->model, text);
 }
 
 absl::StatusOr<TrainReport> Train(const TrainOptions& options, int64_t stop_after_steps,
@@ -258,21 +274,9 @@ absl::StatusOr<TrainReport> Train(const TrainOptions& options, int64_t stop_afte
   auto save = [&](int64_t step) -> absl::Status {
     absl::Status st = SaveCheckpoint(*model, options.out_dir);
     if (!st.ok()) return st;
-    const std::string tmp = optimizer_path + ".tmp";
-    try {
-      torch::save(optimizer, tmp);
-    } catch (const c10::Error& e) {
-      return absl::DataLossError(absl::StrCat("cannot write optimizer state to ", tmp));
-    }
-    std::filesystem::rename(tmp, optimizer_path);
-    if (options.stateful) {
-      const std::string stream_tmp = stream_state_path + ".tmp";
-      try {
-        torch::save(carried.tensors, stream_tmp);
-      } catch (const c10::Error& e) {
-        return absl::DataLossError(absl::StrCat("cannot write stream state to ", stream_tmp));
-      }
-      std::filesystem::rename(stream_tmp, stream_state_path);
+    if (!(st = SaveTorchAtomic(optimizer, optimizer_path)).ok()) return st;
+    if (options.stateful && !(st = SaveTorchAtomic(carried.tensors, stream_state_path)).ok()) {
+      return st;
     }
     json state = {{"identity", RunIdentity(options)},    {"step", step},
                   {"wall_seconds", report.wall_seconds}, {"train_loss", report.train_loss},
@@ -288,8 +292,8 @@ absl::StatusOr<TrainReport> Train(const TrainOptions& options, int64_t stop_afte
   for (const auto& [name, t] : model->weights()) parameters.push_back(t);
   const int64_t B = options.batch_size, T = options.seq_len;
   const int64_t max_start = train_bytes - T - 1;
-  // Stateful layout: B contiguous segments, epoch_steps windows of T per segment pass
-  // (room is left for a shift < T).
+  // Stateful layouts: row b starts at segment b. With state_reset_steps == 0 a pass
+  // reads epoch_steps windows of T per segment (room is left for a shift < T).
   const int64_t segment = train_bytes / B;
   const int64_t epoch_steps = (segment - 1) / T - 1;
   if (options.stateful && options.state_reset_steps == 0 && epoch_steps < 1) {
@@ -316,7 +320,7 @@ absl::StatusOr<TrainReport> Train(const TrainOptions& options, int64_t stop_afte
       if (carried.tensors.empty()) carried = model->InitialState(B);
       std::vector<int64_t> reset_rows;
       for (int64_t b = 0; b < B; ++b) {
-        starts[static_cast<size_t>(b)] = (b * (train_bytes / B) + step * T) % (max_start + 1);
+        starts[static_cast<size_t>(b)] = (b * segment + step * T) % (max_start + 1);
         if ((step + b * R / B) % R == 0) reset_rows.push_back(b);
       }
       if (!reset_rows.empty()) {
@@ -399,7 +403,7 @@ absl::StatusOr<TrainReport> Train(const TrainOptions& options, int64_t stop_afte
     if (report.step % options.eval_interval == 0 || last) {
       torch::NoGradGuard no_grad;
       auto eval_start = Clock::now();
-      auto val = MeanNll(*model, last ? validation : eval_text);
+      auto val = ValidationLoss(*model, last ? validation : eval_text);
       report.eval_seconds += std::chrono::duration<double>(Clock::now() - eval_start).count();
       if (!val.ok()) return val.status();
       report.val_loss = *val;

@@ -10,6 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "models/config.h"
+#include "models/model.h"
 
 namespace fwmodel {
 
@@ -59,8 +60,9 @@ struct TrainReport {
   double val_loss = 0;           // last validation, nats/byte (NaN if none yet)
   double wall_seconds = 0;       // training wall time summed over resumed sessions
   double tokens_per_second = 0;  // this session's training throughput
-  // Where this session's time went, in seconds (forward includes the loss; backward
-  // includes gradient clipping; eval is validation scoring).
+  // Where this session's time went, in seconds: forward includes the loss, backward
+  // is loss.backward() alone (gradient clipping is in none of them), eval is
+  // validation scoring.
   double forward_seconds = 0, backward_seconds = 0, optimizer_seconds = 0, eval_seconds = 0;
   bool resumed = false;  // this session continued an earlier one
 };
@@ -76,7 +78,10 @@ absl::StatusOr<TrainReport> Train(const TrainOptions& options, int64_t stop_afte
                                   const TrainProgressFn& on_step = nullptr);
 
 // Mean negative log-likelihood (nats/byte) of `text` from a fresh state, by the
-// contract's scoring convention, for the checkpoint in `dir`.
+// contract's scoring convention.
+absl::StatusOr<double> ValidationLoss(const Model& model, const std::string& text);
+
+// ValidationLoss of the checkpoint in `dir`.
 absl::StatusOr<double> EvaluateCheckpoint(const std::string& dir, const std::string& text);
 
 // Contract validation split of a corpus: bytes [floor(size * train_fraction), size).

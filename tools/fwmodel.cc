@@ -42,7 +42,8 @@ constexpr char kUsage[] = R"(fwmodel: inspect, create, score and sample fwserve 
   fwmodel init DIR --config FILE --seed N [--storage-dtype F32|F16|BF16]
       Writes a randomly initialised checkpoint.
   fwmodel score DIR --text-file F [--json | --window N]
-      Per-token log-probs (or the mean loss per N-token window with --window) (contract scoring: fresh state, n-1 values), mean nats/byte and
+      Per-token log-probs (contract scoring: fresh state, n-1 values; or with --window the
+      mean loss of each N-token window), mean nats/byte and
       bits/byte. --json prints {"logprobs":[...],"mean_nll":x}.
   fwmodel generate DIR --prompt S --max-tokens N [--temperature T --top-k K --top-p P --seed N]
       Streams generated text to stdout: sequence-form prefill, then recurrent steps.)";

@@ -72,8 +72,8 @@ absl::Status WriteCard(const fwmodel::TrainOptions& options, const fwmodel::Trai
   if (!loaded.ok()) return loaded.status();
   const std::string validation = fwmodel::ValidationSplit(corpus, options.train_fraction);
   const int64_t slice_bytes = absl::GetFlag(FLAGS_card_slice_bytes);
-  auto slice_loss = fwmodel::EvaluateCheckpoint(
-      options.out_dir, validation.substr(0, static_cast<size_t>(slice_bytes)));
+  auto slice_loss = fwmodel::ValidationLoss(loaded->model,
+                                            validation.substr(0, static_cast<size_t>(slice_bytes)));
   if (!slice_loss.ok()) return slice_loss.status();
   const fwmodel::Model& m = loaded->model;
   std::string card = absl::StrFormat(

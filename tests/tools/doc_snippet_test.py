@@ -3,6 +3,7 @@
 checkpoint for several configs with a stdlib safetensors writer and checks that
 `fwmodel info` accepts it. Usage: doc_snippet_test.py FWMODEL_BINARY REPO_ROOT"""
 import json
+import math
 import os
 import random
 import re
@@ -51,8 +52,7 @@ for cfg in configs:
         if result.returncode != 0:
             sys.exit(f"fwmodel rejected the documented layout for {cfg}: {result.stderr}")
         info = json.loads(result.stdout)
-        expected = sum(
-            __import__("math").prod(s) for s in contract_shapes(cfg).values())
+        expected = sum(math.prod(s) for s in contract_shapes(cfg).values())
         if info["parameters"] != expected:
             sys.exit(f"parameter count {info['parameters']} != {expected} for {cfg}")
         print(f"ok: {cfg['architecture']} ({expected} parameters)")
