@@ -3,10 +3,14 @@
 //
 // The bytes are a safetensors file: one float32 tensor per state tensor (per-session
 // shape, no batch dimension) and __metadata__ {format: "fwserve-state", version: "1",
-// fingerprint, tokens, sha256 (of the data section)}. Readable by any safetensors tool.
+// fingerprint, tokens, sha256 (of the data section)} plus caller labels (keys starting
+// "x-", e.g. the session id). When tokens > 0 it also holds "next_logits" [vocab]: the
+// output of the step that absorbed the last token, which the next token is drawn from.
+// Readable by any safetensors tool.
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -17,11 +21,23 @@ namespace fwmodel {
 struct DecodedState {
   State state;         // batch 1, in the model's compute dtype and device
   int64_t tokens = 0;  // tokens the state has absorbed
+  // float32 CPU [vocab]; defined iff tokens > 0.
+  torch::Tensor next_logits;
+  // The caller's "x-..." labels, as encoded.
+  std::map<std::string, std::string> labels;
 };
 
-// Encodes row `row` of `state`. `tokens` is recorded as-is.
+// Encodes row `row` of `state`. `tokens` is recorded as-is; `next_logits` ([vocab], any
+// dtype/device) is required when tokens > 0 and ignored otherwise. Label keys must start
+// with "x-".
 absl::StatusOr<std::string> EncodeStateRow(const Model& model, const std::string& fingerprint,
-                                           const State& state, int64_t row, int64_t tokens);
+                                           const State& state, int64_t row, int64_t tokens,
+                                           const torch::Tensor& next_logits = {},
+                                           const std::map<std::string, std::string>& labels = {});
+
+// The metadata of an encoded state without decoding or verifying the tensors (for
+// indexing spill files at start-up). InvalidArgument if it is not an fwserve state.
+absl::StatusOr<std::map<std::string, std::string>> PeekStateMetadata(std::string bytes);
 
 // Decodes and verifies: format and version, the model fingerprint, the checksum, and
 // every tensor's name and shape against model.state_spec(). Errors are

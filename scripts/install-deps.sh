@@ -10,6 +10,7 @@ PACKAGES=(
   libabsl-dev prometheus-cpp-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   nlohmann-json3-dev libssl-dev
+  prometheus python3-grpcio python3-protobuf curl
 )
 
 SUDO=""

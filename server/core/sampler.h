@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <random>
+#include <vector>
 
 #include "absl/status/status.h"
 
@@ -16,6 +17,12 @@ struct SamplingParams {
   // Keep the smallest set of most likely tokens whose probability reaches p; 1 = off.
   // Range (0, 1].
   float top_p = 1.0f;
+  // Drop tokens whose probability is below min_p times the top token's; 0 = off.
+  // Range [0, 1].
+  float min_p = 0.0f;
+  // Tokens in the recent window get positive logits divided by it and negative ones
+  // multiplied by it (CTRL-style). 1 = off. Range (0, 10].
+  float repetition_penalty = 1.0f;
   // Seed of this stream's generator.
   uint64_t seed = 0;
 
@@ -26,7 +33,12 @@ struct SamplingParams {
 // Draws one token id from `logits[0..vocab)`. Deterministic for a given generator
 // state. Ties in greedy mode go to the lowest id. Non-finite logits are treated as
 // -inf; if every logit is -inf, returns the argmax of the raw values (id 0).
+// `recent` (may be empty) are the tokens the repetition penalty applies to.
 int64_t SampleToken(const float* logits, int64_t vocab, const SamplingParams& params,
-                    std::mt19937_64& rng);
+                    std::mt19937_64& rng, const std::vector<int64_t>& recent = {});
+
+// log softmax(logits)[token] at temperature 1, before any sampling filter: the model's
+// own log-probability of `token`.
+double TokenLogProb(const float* logits, int64_t vocab, int64_t token);
 
 }  // namespace fwserve

@@ -221,13 +221,26 @@ TEST(StateCodecTest, RowRoundTripsAndContinuesIdentically) {
   fwmodel::Model model = fwtest::RandomModel(config, 12, torch::kFloat32);
   const std::string fingerprint = fwmodel::Fingerprint(config, model.ExportWeights());
   fwmodel::State batch = model.InitialState(3);
-  ASSERT_TRUE(model.Forward(fwtest::RandomTokens(3, 20, 256, 1), &batch).ok());
+  auto logits = model.Forward(fwtest::RandomTokens(3, 20, 256, 1), &batch);
+  ASSERT_TRUE(logits.ok());
+  torch::Tensor next_logits = (*logits)[1][19];
 
-  auto bytes = fwmodel::EncodeStateRow(model, fingerprint, batch, 1, 20);
+  // tokens > 0 requires the next-token logits.
+  EXPECT_FALSE(fwmodel::EncodeStateRow(model, fingerprint, batch, 1, 20).ok());
+  EXPECT_FALSE(
+      fwmodel::EncodeStateRow(model, fingerprint, batch, 1, 20, next_logits, {{"id", "x"}}).ok());
+  auto bytes = fwmodel::EncodeStateRow(model, fingerprint, batch, 1, 20, next_logits,
+                                       {{"x-session", "abc"}});
   ASSERT_TRUE(bytes.ok()) << bytes.status();
   auto decoded = fwmodel::DecodeStateRow(model, fingerprint, *bytes);
   ASSERT_TRUE(decoded.ok()) << decoded.status();
   EXPECT_EQ(decoded->tokens, 20);
+  EXPECT_EQ(decoded->labels, (std::map<std::string, std::string>{{"x-session", "abc"}}));
+  EXPECT_TRUE(torch::equal(decoded->next_logits, next_logits));
+  auto peeked = fwmodel::PeekStateMetadata(*bytes);
+  ASSERT_TRUE(peeked.ok());
+  EXPECT_EQ(peeked->at("x-session"), "abc");
+  EXPECT_EQ(peeked->at("tokens"), "20");
   fwmodel::State row = batch.Gather(torch::tensor({int64_t{1}}));
   for (size_t i = 0; i < row.tensors.size(); ++i) {
     EXPECT_TRUE(torch::equal(row.tensors[i], decoded->state.tensors[i]));
@@ -244,8 +257,9 @@ TEST(StateCodecTest, RejectsOtherModelsCorruptionAndGarbage) {
   auto config = fwtest::TinyConfig(Architecture::kFastWeight, FfnKind::kRelu, 0);
   fwmodel::Model model = fwtest::RandomModel(config, 12, torch::kFloat32);
   fwmodel::State s = model.InitialState(1);
-  ASSERT_TRUE(model.Forward(fwtest::RandomTokens(1, 5, 256, 1), &s).ok());
-  auto bytes = fwmodel::EncodeStateRow(model, "aaaa", s, 0, 5);
+  auto logits = model.Forward(fwtest::RandomTokens(1, 5, 256, 1), &s);
+  ASSERT_TRUE(logits.ok());
+  auto bytes = fwmodel::EncodeStateRow(model, "aaaa", s, 0, 5, (*logits)[0][4]);
   ASSERT_TRUE(bytes.ok());
   EXPECT_EQ(fwmodel::DecodeStateRow(model, "bbbb", *bytes).status().code(),
             absl::StatusCode::kFailedPrecondition);

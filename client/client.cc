@@ -1,0 +1,225 @@
+#include "client/client.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+
+namespace fwserve {
+namespace {
+
+absl::Status FromGrpc(const grpc::Status& status) {
+  if (status.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
+}
+
+class GrpcGenerateStream : public GenerateStream {
+ public:
+  GrpcGenerateStream(std::unique_ptr<grpc::ClientContext> context, v1::Fwserve::Stub* stub,
+                     const v1::GenerateRequest& request)
+      : context_(std::move(context)), reader_(stub->Generate(context_.get(), request)) {}
+
+  bool Next(v1::GenerateResponse* message) override { return reader_->Read(message); }
+
+  absl::Status Finish() override {
+    if (!finished_) {
+      finished_ = true;
+      status_ = FromGrpc(reader_->Finish());
+    }
+    return status_;
+  }
+
+  void Cancel() override { context_->TryCancel(); }
+
+ private:
+  std::unique_ptr<grpc::ClientContext> context_;
+  std::unique_ptr<grpc::ClientReader<v1::GenerateResponse>> reader_;
+  bool finished_ = false;
+  absl::Status status_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
+  if (options.target.empty()) return absl::InvalidArgumentError("target must not be empty");
+  std::shared_ptr<grpc::ChannelCredentials> credentials;
+  if (options.use_tls) {
+    grpc::SslCredentialsOptions ssl;
+    ssl.pem_root_certs = options.tls_root_certs_pem;
+    ssl.pem_cert_chain = options.tls_client_cert_pem;
+    ssl.pem_private_key = options.tls_client_key_pem;
+    credentials = grpc::SslCredentials(ssl);
+  } else {
+    credentials = grpc::InsecureChannelCredentials();
+  }
+  grpc::ChannelArguments arguments;
+  arguments.SetMaxReceiveMessageSize(64 << 20);
+  auto channel = grpc::CreateCustomChannel(options.target, credentials, arguments);
+  if (channel == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot create a channel to '", options.target, "'"));
+  }
+  return std::unique_ptr<Client>(new Client(options, std::move(channel)));
+}
+
+Client::Client(ClientOptions options, std::shared_ptr<grpc::Channel> channel)
+    : options_(std::move(options)),
+      channel_(std::move(channel)),
+      stub_(v1::Fwserve::NewStub(channel_)) {}
+
+Client::~Client() = default;
+
+std::unique_ptr<grpc::ClientContext> Client::NewContext(absl::Duration deadline) const {
+  auto context = std::make_unique<grpc::ClientContext>();
+  if (deadline != absl::InfiniteDuration()) {
+    context->set_deadline(absl::ToChronoTime(absl::Now() + deadline));
+  }
+  if (!options_.auth_token.empty()) {
+    context->AddMetadata("authorization", "Bearer " + options_.auth_token);
+  }
+  return context;
+}
+
+absl::Status Client::Call(bool idempotent,
+                          const std::function<absl::Status(grpc::ClientContext*)>& call) const {
+  absl::Duration backoff = options_.initial_backoff;
+  for (int attempt = 0;; ++attempt) {
+    auto context = NewContext(options_.deadline);
+    absl::Status status = call(context.get());
+    if (!idempotent || status.code() != absl::StatusCode::kUnavailable ||
+        attempt >= options_.max_retries) {
+      return status;
+    }
+    std::this_thread::sleep_for(absl::ToChronoNanoseconds(backoff));
+    backoff = std::min(backoff * 2, options_.max_backoff);
+  }
+}
+
+std::unique_ptr<GenerateStream> Client::StartGenerate(const v1::GenerateRequest& request) {
+  return std::make_unique<GrpcGenerateStream>(NewContext(options_.generate_deadline), stub_.get(),
+                                              request);
+}
+
+absl::StatusOr<GenerateResult> Client::Generate(
+    const v1::GenerateRequest& request,
+    const std::function<bool(const v1::GenerateResponse&)>& on_message) {
+  std::unique_ptr<GenerateStream> stream = StartGenerate(request);
+  GenerateResult result;
+  v1::GenerateResponse message;
+  while (stream->Next(&message)) {
+    result.text += message.text();
+    result.token_ids.insert(result.token_ids.end(), message.token_ids().begin(),
+                            message.token_ids().end());
+    result.logprobs.insert(result.logprobs.end(), message.logprobs().begin(),
+                           message.logprobs().end());
+    if (message.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) {
+      result.finish_reason = message.finish_reason();
+      result.usage = message.usage();
+    }
+    if (on_message && !on_message(message)) {
+      stream->Cancel();
+      while (stream->Next(&message)) {
+      }
+      break;
+    }
+  }
+  absl::Status status = stream->Finish();
+  if (!status.ok()) return status;
+  return result;
+}
+
+#define FWSERVE_UNARY(idempotent, method, request, response_type)            \
+  response_type response;                                                    \
+  absl::Status status = Call(idempotent, [&](grpc::ClientContext* context) { \
+    return FromGrpc(stub_->method(context, request, &response));             \
+  });                                                                        \
+  if (!status.ok()) return status;
+
+absl::StatusOr<v1::ScoreResponse> Client::Score(const v1::ScoreRequest& request) {
+  FWSERVE_UNARY(true, Score, request, v1::ScoreResponse);
+  return response;
+}
+
+absl::StatusOr<v1::SessionInfo> Client::CreateSession(const std::string& model,
+                                                      const std::string& prefix) {
+  v1::CreateSessionRequest request;
+  request.set_model(model);
+  request.set_prefix(prefix);
+  FWSERVE_UNARY(false, CreateSession, request, v1::SessionInfo);
+  return response;
+}
+
+absl::StatusOr<v1::SessionInfo> Client::GetSession(const std::string& session_id) {
+  v1::GetSessionRequest request;
+  request.set_session_id(session_id);
+  FWSERVE_UNARY(true, GetSession, request, v1::SessionInfo);
+  return response;
+}
+
+absl::StatusOr<std::vector<v1::SessionInfo>> Client::ListSessions(const std::string& model) {
+  v1::ListSessionsRequest request;
+  request.set_model(model);
+  FWSERVE_UNARY(true, ListSessions, request, v1::ListSessionsResponse);
+  return std::vector<v1::SessionInfo>(response.sessions().begin(), response.sessions().end());
+}
+
+absl::Status Client::DeleteSession(const std::string& session_id) {
+  v1::DeleteSessionRequest request;
+  request.set_session_id(session_id);
+  FWSERVE_UNARY(false, DeleteSession, request, v1::DeleteSessionResponse);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::SessionInfo> Client::ForkSession(const std::string& session_id) {
+  v1::ForkSessionRequest request;
+  request.set_session_id(session_id);
+  FWSERVE_UNARY(false, ForkSession, request, v1::SessionInfo);
+  return response;
+}
+
+absl::StatusOr<v1::ExportSessionResponse> Client::ExportSession(const std::string& session_id) {
+  v1::ExportSessionRequest request;
+  request.set_session_id(session_id);
+  FWSERVE_UNARY(true, ExportSession, request, v1::ExportSessionResponse);
+  return response;
+}
+
+absl::StatusOr<v1::SessionInfo> Client::ImportSession(const std::string& blob,
+                                                      const std::string& model) {
+  v1::ImportSessionRequest request;
+  request.set_model(model);
+  request.set_blob(blob);
+  FWSERVE_UNARY(false, ImportSession, request, v1::SessionInfo);
+  return response;
+}
+
+absl::StatusOr<std::vector<v1::ModelInfo>> Client::ListModels() {
+  v1::ListModelsRequest request;
+  FWSERVE_UNARY(true, ListModels, request, v1::ListModelsResponse);
+  return std::vector<v1::ModelInfo>(response.models().begin(), response.models().end());
+}
+
+absl::StatusOr<v1::ModelInfo> Client::DescribeModel(const std::string& model) {
+  v1::DescribeModelRequest request;
+  request.set_model(model);
+  FWSERVE_UNARY(true, DescribeModel, request, v1::ModelInfo);
+  return response;
+}
+
+#undef FWSERVE_UNARY
+
+absl::StatusOr<bool> Client::Health(const std::string& service) {
+  auto stub = grpc::health::v1::Health::NewStub(channel_);
+  grpc::health::v1::HealthCheckRequest request;
+  request.set_service(service);
+  grpc::health::v1::HealthCheckResponse response;
+  absl::Status status = Call(true, [&](grpc::ClientContext* context) {
+    return FromGrpc(stub->Check(context, request, &response));
+  });
+  if (!status.ok()) return status;
+  return response.status() == grpc::health::v1::HealthCheckResponse::SERVING;
+}
+
+}  // namespace fwserve

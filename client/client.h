@@ -1,0 +1,122 @@
+// fwserve::Client: a thin C++ client over the generated fwserve.v1 stubs.
+//
+// Errors come back as absl::Status with the gRPC code preserved (UNAVAILABLE stays
+// UNAVAILABLE, and so on). Idempotent calls (GetSession, ListSessions, Score,
+// ExportSession, ListModels, DescribeModel, Health) are retried on UNAVAILABLE with
+// exponential backoff; calls that change state are never retried.
+//
+// Thread-safety: a Client may be used from many threads at once. A GenerateStream is
+// used from one thread, except Cancel(), which may be called from any thread.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "fwserve/v1/fwserve.grpc.pb.h"
+#include "fwserve/v1/fwserve.pb.h"
+
+namespace grpc {
+class Channel;
+class ClientContext;
+}  // namespace grpc
+
+namespace fwserve {
+
+struct ClientOptions {
+  // HOST:PORT of the server.
+  std::string target = "127.0.0.1:50051";
+  // TLS: off by default. With use_tls and empty root_certs_pem, the system roots are used.
+  bool use_tls = false;
+  std::string tls_root_certs_pem;
+  std::string tls_client_cert_pem;  // mutual TLS, optional
+  std::string tls_client_key_pem;
+  // Sent on every call as "authorization: Bearer <token>" when not empty.
+  std::string auth_token;
+  // Deadline of unary calls.
+  absl::Duration deadline = absl::Seconds(60);
+  // Deadline of a Generate stream (infinite = none).
+  absl::Duration generate_deadline = absl::InfiniteDuration();
+  // Retries of idempotent calls on UNAVAILABLE: attempts after the first, and the
+  // backoff before the first retry (doubling, capped at max_backoff).
+  int max_retries = 3;
+  absl::Duration initial_backoff = absl::Milliseconds(100);
+  absl::Duration max_backoff = absl::Seconds(2);
+};
+
+// What a whole Generate produced.
+struct GenerateResult {
+  std::string text;  // every message's text, concatenated
+  std::vector<int64_t> token_ids;
+  std::vector<float> logprobs;
+  v1::FinishReason finish_reason = v1::FINISH_REASON_UNSPECIFIED;
+  v1::Usage usage;
+};
+
+// Iterator-style Generate: Next() until it returns false, then Finish().
+class GenerateStream {
+ public:
+  virtual ~GenerateStream() = default;
+  // The next message; false at the end of the stream (then call Finish).
+  virtual bool Next(v1::GenerateResponse* message) = 0;
+  // The call's status. OK after a complete stream (the last message carried the
+  // finish reason and usage); CANCELLED after Cancel().
+  virtual absl::Status Finish() = 0;
+  // Cancels the call; thread-safe. The server keeps exactly the tokens it streamed.
+  virtual void Cancel() = 0;
+};
+
+class Client {
+ public:
+  // Creates the channel (connection is lazy: errors show on the first call).
+  static absl::StatusOr<std::unique_ptr<Client>> Connect(const ClientOptions& options);
+  ~Client();
+
+  // Streams a generation. `on_message` sees every message (the last carries the finish
+  // reason and usage); returning false cancels the call, and the result is then
+  // CANCELLED. Returns the whole result.
+  absl::StatusOr<GenerateResult> Generate(
+      const v1::GenerateRequest& request,
+      const std::function<bool(const v1::GenerateResponse&)>& on_message = nullptr);
+  std::unique_ptr<GenerateStream> StartGenerate(const v1::GenerateRequest& request);
+
+  absl::StatusOr<v1::ScoreResponse> Score(const v1::ScoreRequest& request);
+
+  absl::StatusOr<v1::SessionInfo> CreateSession(const std::string& model = "",
+                                                const std::string& prefix = "");
+  absl::StatusOr<v1::SessionInfo> GetSession(const std::string& session_id);
+  absl::StatusOr<std::vector<v1::SessionInfo>> ListSessions(const std::string& model = "");
+  absl::Status DeleteSession(const std::string& session_id);
+  absl::StatusOr<v1::SessionInfo> ForkSession(const std::string& session_id);
+  absl::StatusOr<v1::ExportSessionResponse> ExportSession(const std::string& session_id);
+  absl::StatusOr<v1::SessionInfo> ImportSession(const std::string& blob,
+                                                const std::string& model = "");
+
+  absl::StatusOr<std::vector<v1::ModelInfo>> ListModels();
+  absl::StatusOr<v1::ModelInfo> DescribeModel(const std::string& model = "");
+
+  // The standard gRPC health check of `service` ("" = the whole server): true if
+  // SERVING, false if NOT_SERVING.
+  absl::StatusOr<bool> Health(const std::string& service = "");
+
+  const ClientOptions& options() const { return options_; }
+
+ private:
+  Client(ClientOptions options, std::shared_ptr<grpc::Channel> channel);
+  // A context with the deadline and auth metadata.
+  std::unique_ptr<grpc::ClientContext> NewContext(absl::Duration deadline) const;
+  // Runs `call` (one attempt with a fresh context), retrying on UNAVAILABLE if
+  // `idempotent`.
+  absl::Status Call(bool idempotent,
+                    const std::function<absl::Status(grpc::ClientContext*)>& call) const;
+
+  ClientOptions options_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::Fwserve::Stub> stub_;
+};
+
+}  // namespace fwserve

@@ -1,0 +1,198 @@
+// The serving core: the models, one engine per model, the session store. This is the
+// only interface the transport layer uses. Torch-free.
+//
+// Calls never block on model work: each hands a work item to the model's engine and
+// returns; results come back through callbacks on the engine thread, which must not
+// block either (the transport only starts gRPC writes/finishes in them).
+//
+// Thread-safety: every method is thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "server/core/sampler.h"
+#include "server/core/session_store.h"
+
+namespace fwserve {
+
+class Metrics;
+
+struct CoreOptions {
+  // Checkpoint directories; the first is the default model. A model's name is its
+  // directory's base name.
+  std::vector<std::string> model_dirs;
+  // Where idle sessions spill and where all sessions persist across restarts. Empty:
+  // no disk; over the memory budget, idle sessions are evicted instead.
+  std::string session_dir;
+  // "cpu" or "cuda" / "cuda:N".
+  std::string device = "cpu";
+  // Longest prompt, prefix or scored text, in bytes.
+  int64_t max_prompt_bytes = 1 << 20;
+  // Largest max_tokens of one Generate.
+  int32_t max_tokens = 4096;
+  // Sessions held (resident plus spilled).
+  int64_t max_sessions = 100000;
+  // Bytes of recurrent state resident in memory, over all models (sessions in use and
+  // idle; spilled ones do not count).
+  int64_t max_state_memory_bytes = int64_t{1} << 30;
+  // Work items waiting for each model's engine; beyond it RESOURCE_EXHAUSTED.
+  int32_t max_queued_requests = 1024;
+  // Generate/Score requests each engine serves at once; more wait in the queue.
+  int32_t max_active_streams = 256;
+  // Tokens of one prompt absorbed per engine iteration (sequence form); bounds how
+  // long a long prompt can stall other streams.
+  int32_t prefill_chunk_tokens = 256;
+  // Idle sessions are deleted after this long.
+  absl::Duration session_ttl = absl::Hours(24);
+  // How long a decode step may wait for more streams to become ready, to batch them.
+  absl::Duration batch_wait = absl::Microseconds(300);
+  // LibTorch intra-op threads; 0 = leave LibTorch's default.
+  int32_t intra_op_threads = 0;
+  // Not owned; may be null (no metrics).
+  Metrics* metrics = nullptr;
+};
+
+// Errors name the flag (--max-tokens ...) and the bad value.
+absl::Status ValidateCoreOptions(const CoreOptions& options);
+
+struct ModelDescription {
+  std::string name;
+  bool is_default = false;
+  std::string architecture;
+  std::string config_json;
+  int64_t parameters = 0;
+  int64_t state_bytes_per_session = 0;
+  int64_t vocab_size = 0;
+  std::string fingerprint;
+};
+
+struct GenerateParams {
+  std::string model;       // empty = default
+  std::string session_id;  // empty = throwaway
+  std::string prompt;
+  SamplingParams sampling;
+  // Tokens the repetition penalty looks back over (prompt and generated tokens of
+  // this request).
+  int32_t repetition_window = 64;
+  bool random_seed = false;  // true: ignore sampling.seed and draw one
+  int32_t max_tokens = 0;
+  std::vector<std::string> stop;
+  bool logprobs = false;
+};
+
+enum class FinishReason { kLength, kStop, kCancelled, kShutdown };
+
+struct GenerateChunk {
+  std::string text;  // valid UTF-8, possibly empty
+  std::vector<int64_t> token_ids;
+  std::vector<float> logprobs;  // empty unless requested
+};
+
+struct GenerateSummary {
+  FinishReason reason = FinishReason::kLength;
+  std::string trailing_text;  // an incomplete final character, as U+FFFD
+  int64_t prompt_tokens = 0;
+  int64_t generated_tokens = 0;
+  int64_t session_tokens = 0;
+};
+
+// Implemented by the transport, called on the engine thread; must not block. The
+// engine sends one chunk at a time: after OnChunk it waits for
+// GenerateControl::WriteDone. OnFinish is the last call; the engine never touches the
+// observer after it. The observer must outlive that call.
+class GenerateControl;
+class GenerateObserver {
+ public:
+  virtual ~GenerateObserver() = default;
+  // Called once, on the calling thread, inside StartGenerate before any other call:
+  // the handle for WriteDone/Cancel.
+  virtual void OnStart(std::shared_ptr<GenerateControl> stream) = 0;
+  virtual void OnChunk(GenerateChunk chunk) = 0;
+  // `status` not OK: the request failed after it was accepted (nothing was committed).
+  virtual void OnFinish(absl::Status status, GenerateSummary summary) = 0;
+};
+
+// The transport's handle on an accepted Generate. Thread-safe; cheap.
+class GenerateControl {
+ public:
+  virtual ~GenerateControl() = default;
+  // The last OnChunk's message was written (ok) or could not be (stream broken). A
+  // token is committed to the session only after its write succeeded.
+  virtual void WriteDone(bool ok) = 0;
+  // The client cancelled or the deadline passed: stop before the next step.
+  virtual void Cancel() = 0;
+};
+
+struct ScoreParams {
+  std::string model;
+  std::string session_id;  // empty = fresh state; else conditioned, session unchanged
+  std::string text;
+};
+
+struct ScoreResult {
+  std::vector<int64_t> token_ids;
+  std::vector<double> logprobs;
+};
+
+struct SessionInfo {
+  SessionRecord record;
+};
+
+struct ExportResult {
+  std::string blob;
+  std::string model;
+  int64_t tokens = 0;
+};
+
+template <typename T>
+using Callback = std::function<void(absl::StatusOr<T>)>;
+
+class Core {
+ public:
+  // Loads every model and starts the engines; indexes the session directory (sessions
+  // persisted by an earlier run become available, spilled).
+  static absl::StatusOr<std::unique_ptr<Core>> Create(const CoreOptions& options);
+  virtual ~Core() = default;
+
+  virtual std::vector<ModelDescription> ListModels() const = 0;
+  virtual absl::StatusOr<ModelDescription> DescribeModel(const std::string& model) const = 0;
+
+  // OK: accepted; the observer gets OnStart, then chunks, then OnFinish exactly once.
+  // An error is returned at once (and OnChunk/OnFinish never come) for invalid input,
+  // an unknown model or session, a busy session, a full queue, or shutdown.
+  virtual absl::Status StartGenerate(GenerateParams params, GenerateObserver* observer) = 0;
+
+  // Each calls `done` exactly once, on the engine thread or (for immediate errors) on
+  // the calling thread.
+  virtual void Score(ScoreParams params, Callback<ScoreResult> done) = 0;
+  virtual void CreateSession(const std::string& model, std::string prefix,
+                             Callback<SessionRecord> done) = 0;
+  virtual void ForkSession(const std::string& session_id, Callback<SessionRecord> done) = 0;
+  virtual void ExportSession(const std::string& session_id, Callback<ExportResult> done) = 0;
+  virtual void ImportSession(const std::string& model, std::string blob,
+                             Callback<SessionRecord> done) = 0;
+  virtual void DeleteSession(const std::string& session_id, Callback<bool> done) = 0;
+  virtual absl::StatusOr<SessionRecord> GetSession(const std::string& session_id) const = 0;
+  virtual std::vector<SessionRecord> ListSessions(const std::string& model) const = 0;
+
+  // Graceful shutdown, in this order (the transport interleaves its own steps):
+  // 1. BeginShutdown: new work is refused with UNAVAILABLE; accepted work goes on.
+  virtual void BeginShutdown() = 0;
+  // 2. Waits until no work is queued or running, or until `deadline`. True if idle.
+  virtual bool WaitIdle(absl::Time deadline) = 0;
+  // 3. Ends what still runs: streams finish (reason SHUTDOWN) once their current write
+  //    completes; queued work fails with UNAVAILABLE. Returns at once.
+  virtual void EndAllWork() = 0;
+  // 4. After the transport stopped (no callbacks in flight): persists every session to
+  //    the session directory, if configured, and stops the engines. Idempotent.
+  virtual void Stop() = 0;
+};
+
+}  // namespace fwserve

@@ -1,0 +1,922 @@
+#include "server/core/engine.h"
+
+#include <algorithm>
+#include <filesystem>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "models/file_util.h"
+#include "models/state_codec.h"
+#include "server/core/log.h"
+
+namespace fwserve {
+
+bool StateMemoryBudget::TryReserve(int64_t bytes) {
+  int64_t used = used_.load();
+  do {
+    if (used + bytes > limit_) return false;
+  } while (!used_.compare_exchange_weak(used, used + bytes));
+  return true;
+}
+
+void StateMemoryBudget::Release(int64_t bytes) { used_.fetch_sub(bytes); }
+
+// A Generate, Score or CreateSession being served. Engine thread only.
+struct Engine::Task {
+  enum class Phase { kPrefill, kReadyToSample, kAwaitingWrite, kReadyToAbsorb };
+
+  std::unique_ptr<WorkItem> item;
+  Phase phase = Phase::kPrefill;
+  std::string session_id;  // empty for a throwaway (Generate/Score without a session)
+  int slot = -1;           // pool row being advanced; -1 for Score (private context)
+  size_t prefilled = 0;    // prompt tokens absorbed so far
+  int64_t tokens_before = 0;
+  int64_t tokens = 0;  // tokens the slot's state has absorbed
+  // Generate on an existing session: the slot as it was, to undo a request that
+  // streamed nothing.
+  bool has_snapshot = false;
+  fwmodel::State snapshot;
+  torch::Tensor snapshot_logits;
+  // Score.
+  fwmodel::ScoringContext score_context;
+  std::vector<double> score_logprobs;
+  // Decode.
+  std::mt19937_64 rng;
+  int64_t pending_token = -1;
+  std::vector<int64_t> recent;  // prompt + generated, for the repetition penalty
+  std::string generated_bytes;
+  fwmodel::Utf8StreamDecoder decoder;
+  int64_t generated = 0;  // tokens streamed and absorbed
+  bool stop_hit = false;
+  bool cancelled = false;
+  bool shutdown = false;
+  absl::Time first_token_at = absl::InfinitePast();
+  absl::Time last_emit_at;
+};
+
+namespace {
+
+constexpr absl::Duration kHousekeepingInterval = absl::Seconds(1);
+constexpr char kSpillSuffix[] = ".fwstate";
+
+double Seconds(absl::Time from, absl::Time to) { return absl::ToDoubleSeconds(to - from); }
+
+}  // namespace
+
+Engine::Engine(std::string name, fwmodel::LoadedModel loaded, const CoreOptions& options,
+               SessionStore* store, StateMemoryBudget* budget, ModelMetrics* metrics)
+    : name_(std::move(name)),
+      model_(std::move(loaded.model)),
+      fingerprint_(std::move(loaded.fingerprint)),
+      options_(options),
+      store_(store),
+      budget_(budget),
+      metrics_(metrics),
+      state_bytes_(model_.state_bytes_per_session()),
+      vocab_(model_.config().vocab_size),
+      max_slots_(std::max<int64_t>(1, options.max_state_memory_bytes /
+                                          std::max<int64_t>(1, model_.state_bytes_per_session()))) {
+  torch::NoGradGuard no_grad;
+  fresh_row_ = model_.InitialState(1);
+  pool_ = model_.InitialState(0);
+  next_logits_ = torch::zeros({0, vocab_}, torch::kFloat32);
+}
+
+Engine::~Engine() { StopAndPersist(); }
+
+void Engine::Start() {
+  thread_ = std::thread([this] { Loop(); });
+}
+
+absl::Status Engine::Submit(std::unique_ptr<WorkItem>& item) {
+  absl::MutexLock lock(&mu_);
+  if (draining_) return absl::UnavailableError("the server is shutting down");
+  if (static_cast<int64_t>(queue_.size()) >= options_.max_queued_requests) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the queue of model '", name_,
+        "' is full (--max-queued-requests=", options_.max_queued_requests, "); retry later"));
+  }
+  queue_.push_back(std::move(item));
+  wake_.Signal();
+  return absl::OkStatus();
+}
+
+void Engine::PostWriteDone(uint64_t stream_id, bool ok) {
+  absl::MutexLock lock(&mu_);
+  events_.push_back({stream_id, ok ? Event::kWriteOk : Event::kWriteFailed});
+  wake_.Signal();
+}
+
+void Engine::PostCancel(uint64_t stream_id) {
+  absl::MutexLock lock(&mu_);
+  events_.push_back({stream_id, Event::kCancel});
+  wake_.Signal();
+}
+
+void Engine::BeginDrain() {
+  absl::MutexLock lock(&mu_);
+  draining_ = true;
+}
+
+bool Engine::WaitIdle(absl::Time deadline) {
+  absl::MutexLock lock(&mu_);
+  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return queue_.empty() && active_tasks_ == 0;
+  };
+  while (!idle()) {
+    if (idle_changed_.WaitWithDeadline(&mu_, deadline) && absl::Now() >= deadline) return idle();
+  }
+  return true;
+}
+
+void Engine::EndAllWork() {
+  absl::MutexLock lock(&mu_);
+  draining_ = true;
+  end_all_ = true;
+  wake_.Signal();
+}
+
+void Engine::StopAndPersist() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (stop_ && !thread_.joinable()) return;
+    draining_ = true;
+    end_all_ = true;
+    stop_ = true;
+    wake_.Signal();
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+// ---------------------------------------------------------------------------------
+// The loop.
+
+bool Engine::HasImmediateWorkLocked() {
+  if (!events_.empty() || stop_ || end_all_) return true;
+  if (immediate_work_) return true;
+  for (const auto& item : queue_) {
+    const bool stream = item->kind == WorkItem::Kind::kGenerate ||
+                        item->kind == WorkItem::Kind::kScore ||
+                        item->kind == WorkItem::Kind::kCreate;
+    if (!stream || active_tasks_ < options_.max_active_streams) return true;
+  }
+  return false;
+}
+
+void Engine::Loop() {
+  torch::NoGradGuard no_grad;
+  while (true) {
+    std::vector<Event> events;
+    std::vector<std::unique_ptr<WorkItem>> admitted;
+    bool end_all = false;
+    bool stop = false;
+    const absl::Time wait_until = std::min(batch_deadline_, next_housekeeping_);
+    {
+      absl::MutexLock lock(&mu_);
+      while (!HasImmediateWorkLocked() && absl::Now() < wait_until) {
+        wake_.WaitWithDeadline(&mu_, wait_until);
+      }
+      events.swap(events_);
+      int64_t active = static_cast<int64_t>(tasks_.size());
+      for (auto it = queue_.begin(); it != queue_.end();) {
+        const bool stream = (*it)->kind == WorkItem::Kind::kGenerate ||
+                            (*it)->kind == WorkItem::Kind::kScore ||
+                            (*it)->kind == WorkItem::Kind::kCreate;
+        if (end_all_ || !stream || active < options_.max_active_streams) {
+          if (stream) ++active;
+          admitted.push_back(std::move(*it));
+          it = queue_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+      end_all = end_all_;
+      stop = stop_;
+    }
+
+    for (const Event& event : events) ApplyEvent(event);
+    for (auto& item : admitted) {
+      if (end_all) {
+        // Accepted before the shutdown began but never started: refuse cleanly.
+        Task refused;
+        refused.item = std::move(item);
+        refused.session_id = refused.item->session_id;
+        FailTask(refused, absl::UnavailableError("the server is shutting down"));
+        continue;
+      }
+      Admit(std::move(item));
+    }
+    if (end_all) {
+      for (auto& task : tasks_) {
+        if (!task->cancelled) {
+          task->cancelled = true;
+          task->shutdown = true;
+        }
+      }
+      // Streams not waiting on a write end now; the others when their write returns.
+      // An unfinished CreateSession or Score fails (its result would be partial).
+      std::vector<Task*> ending;
+      for (auto& task : tasks_) {
+        if (task->phase != Task::Phase::kAwaitingWrite &&
+            task->phase != Task::Phase::kReadyToAbsorb) {
+          ending.push_back(task.get());
+        }
+      }
+      for (Task* task : ending) {
+        if (task->item->kind == WorkItem::Kind::kGenerate) {
+          FinishTask(*task, FinishReason::kShutdown);
+        } else {
+          FailTask(*task, absl::UnavailableError("the server is shutting down"));
+        }
+      }
+    }
+
+    RunPrefillChunk();
+    RunDecodeStep();
+    SampleAndEmit();
+
+    const absl::Time now = absl::Now();
+    if (now >= next_housekeeping_) {
+      Housekeeping();
+      next_housekeeping_ = now + kHousekeepingInterval;
+    }
+
+    bool awaiting = false;
+    bool ready_to_absorb = false;
+    bool immediate = false;
+    for (const auto& task : tasks_) {
+      switch (task->phase) {
+        case Task::Phase::kAwaitingWrite:
+          awaiting = true;
+          break;
+        case Task::Phase::kReadyToAbsorb:
+          ready_to_absorb = true;
+          break;
+        default:
+          immediate = true;
+      }
+    }
+    // Absorb at once if nothing else can join the batch; else wait (at most until
+    // batch_deadline_) for the streams still writing.
+    if (ready_to_absorb && !awaiting) immediate = true;
+    if (!ready_to_absorb) batch_deadline_ = absl::InfiniteFuture();
+    {
+      absl::MutexLock lock(&mu_);
+      active_tasks_ = static_cast<int64_t>(tasks_.size());
+      immediate_work_ = immediate;
+      idle_changed_.SignalAll();
+      if (stop && tasks_.empty() && queue_.empty()) break;
+    }
+  }
+
+  // Persist every resident session; nothing else runs now.
+  if (!options_.session_dir.empty()) {
+    std::vector<std::string> ids;
+    for (const auto& [id, resident] : resident_) ids.push_back(id);
+    int64_t persisted = 0;
+    for (const std::string& id : ids) {
+      if (Spill(id).ok()) ++persisted;
+    }
+    Log(LogLevel::kInfo, absl::StrCat("model ", name_, ": persisted ", persisted,
+                                      " resident sessions to the session directory"));
+  }
+}
+
+void Engine::ApplyEvent(const Event& event) {
+  auto it = tasks_by_stream_.find(event.stream_id);
+  if (it == tasks_by_stream_.end()) return;  // already finished
+  Task& task = *it->second;
+  switch (event.kind) {
+    case Event::kWriteOk:
+      if (task.phase == Task::Phase::kAwaitingWrite) task.phase = Task::Phase::kReadyToAbsorb;
+      break;
+    case Event::kWriteFailed:
+      // The client never got the pending token: it is not absorbed.
+      task.cancelled = true;
+      if (task.phase == Task::Phase::kAwaitingWrite) {
+        task.pending_token = -1;
+        FinishTask(task, task.shutdown ? FinishReason::kShutdown : FinishReason::kCancelled);
+      }
+      break;
+    case Event::kCancel:
+      task.cancelled = true;
+      if (task.phase == Task::Phase::kPrefill || task.phase == Task::Phase::kReadyToSample) {
+        FinishTask(task, FinishReason::kCancelled);
+      }
+      // Awaiting a write: ends when the write returns. Ready to absorb: the token was
+      // delivered, so it is absorbed first (RunDecodeStep), then the task ends.
+      break;
+  }
+}
+
+// ---------------------------------------------------------------------------------
+// Admission and session operations.
+
+void Engine::Admit(std::unique_ptr<WorkItem> item) {
+  switch (item->kind) {
+    case WorkItem::Kind::kGenerate:
+    case WorkItem::Kind::kScore:
+    case WorkItem::Kind::kCreate:
+      AdmitStream(std::move(item));
+      return;
+    default:
+      RunSessionOperation(*item);
+  }
+}
+
+void Engine::AdmitStream(std::unique_ptr<WorkItem> item) {
+  auto task = std::make_unique<Task>();
+  Task& t = *task;
+  t.item = std::move(item);
+  WorkItem& w = *t.item;
+  t.session_id = w.session_id;
+  const absl::Time now = absl::Now();
+
+  if (w.kind == WorkItem::Kind::kCreate) {
+    t.session_id = SessionStore::NewSessionId();
+    auto slot = AllocateSlot();
+    if (!slot.ok()) return FailTask(t, slot.status());
+    t.slot = *slot;
+    ResetSlot(t.slot);
+    SessionRecord record{t.session_id, name_, 0, state_bytes_, now, now, /*busy=*/true, true};
+    if (absl::Status inserted = store_->Insert(record); !inserted.ok()) {
+      FreeSlot(t.slot);
+      t.slot = -1;
+      t.session_id.clear();
+      return FailTask(t, inserted);
+    }
+    resident_[t.session_id] = ResidentSession{t.slot, 0, now, now, /*in_use=*/true};
+    if (metrics_ != nullptr) metrics_->CountSessionOperation("created");
+  } else if (!t.session_id.empty()) {
+    auto slot = EnsureResident(t.session_id);
+    if (!slot.ok()) return FailTask(t, slot.status());
+    ResidentSession& r = resident_[t.session_id];
+    r.in_use = true;
+    t.slot = *slot;
+    t.tokens_before = t.tokens = r.tokens;
+  } else if (w.kind == WorkItem::Kind::kGenerate) {
+    auto slot = AllocateSlot();
+    if (!slot.ok()) return FailTask(t, slot.status());
+    t.slot = *slot;
+    ResetSlot(t.slot);
+  }
+
+  if (w.kind == WorkItem::Kind::kScore) {
+    // A private copy: the session (if any) is not changed.
+    if (t.slot >= 0) {
+      torch::Tensor rows =
+          torch::tensor({int64_t{t.slot}}, torch::kInt64).to(model_.options().device);
+      t.score_context.state = pool_.Gather(rows);
+      if (t.tokens > 0) t.score_context.next_logits = next_logits_[t.slot].clone();
+      resident_[t.session_id].in_use = false;
+      t.slot = -1;
+    } else {
+      t.score_context.state = fresh_row_.Clone();
+    }
+  }
+
+  if (w.kind == WorkItem::Kind::kGenerate) {
+    if (w.tokens.empty() && t.tokens == 0) {
+      return FailTask(t, absl::InvalidArgumentError(
+                             "prompt: must not be empty when the session holds no tokens"));
+    }
+    if (!t.session_id.empty()) {
+      torch::Tensor rows =
+          torch::tensor({int64_t{t.slot}}, torch::kInt64).to(model_.options().device);
+      t.snapshot = pool_.Gather(rows);
+      t.snapshot_logits = next_logits_[t.slot].clone();
+      t.has_snapshot = true;
+    }
+    const GenerateParams& g = w.generate;
+    t.rng.seed(g.sampling.seed);
+    t.recent.assign(w.tokens.end() - std::min<size_t>(w.tokens.size(), g.repetition_window),
+                    w.tokens.end());
+    if (metrics_ != nullptr) metrics_->AddPromptTokensSaved(t.tokens_before);
+  }
+  t.phase = w.tokens.empty() ? Task::Phase::kReadyToSample : Task::Phase::kPrefill;
+  if (w.kind == WorkItem::Kind::kGenerate) tasks_by_stream_[w.stream_id] = &t;
+  tasks_.push_back(std::move(task));
+  if (t.phase == Task::Phase::kReadyToSample && w.generate.max_tokens == 0) {
+    FinishTask(t, FinishReason::kLength);
+  }
+}
+
+void Engine::RunSessionOperation(WorkItem& w) {
+  const absl::Time now = absl::Now();
+  const std::string& id = w.session_id;
+  switch (w.kind) {
+    case WorkItem::Kind::kFork: {
+      auto source = EnsureResident(id);
+      if (!source.ok()) {
+        store_->ReleaseUnchanged(id);
+        return w.on_session(source.status());
+      }
+      if (absl::Status room = store_->CheckCapacity(); !room.ok()) {
+        store_->ReleaseUnchanged(id);
+        return w.on_session(room);
+      }
+      resident_[id].in_use = true;  // keep the source out of eviction
+      auto slot = AllocateSlot();
+      resident_[id].in_use = false;
+      if (!slot.ok()) {
+        store_->ReleaseUnchanged(id);
+        return w.on_session(slot.status());
+      }
+      const ResidentSession& src = resident_[id];
+      torch::Tensor from =
+          torch::tensor({int64_t{src.slot}}, torch::kInt64).to(model_.options().device);
+      torch::Tensor to = torch::tensor({int64_t{*slot}}, torch::kInt64).to(model_.options().device);
+      pool_.Scatter(to, pool_.Gather(from));
+      next_logits_[*slot].copy_(next_logits_[src.slot]);
+      SessionRecord record{
+          SessionStore::NewSessionId(), name_, src.tokens, state_bytes_, now, now, false, true};
+      if (absl::Status inserted = store_->Insert(record); !inserted.ok()) {
+        FreeSlot(*slot);
+        store_->ReleaseUnchanged(id);
+        return w.on_session(inserted);
+      }
+      resident_[record.id] = ResidentSession{*slot, src.tokens, now, now, false};
+      store_->ReleaseUnchanged(id);
+      if (metrics_ != nullptr) metrics_->CountSessionOperation("forked");
+      return w.on_session(record);
+    }
+    case WorkItem::Kind::kExport: {
+      auto slot = EnsureResident(id);
+      if (!slot.ok()) {
+        store_->ReleaseUnchanged(id);
+        return w.on_export(slot.status());
+      }
+      const int64_t tokens = resident_[id].tokens;
+      auto blob = EncodeSlot(*slot, tokens, {{"x-model", name_}});
+      store_->ReleaseUnchanged(id);
+      if (!blob.ok()) return w.on_export(blob.status());
+      if (metrics_ != nullptr) metrics_->CountSessionOperation("exported");
+      return w.on_export(ExportResult{std::move(*blob), name_, tokens});
+    }
+    case WorkItem::Kind::kImport: {
+      auto decoded = fwmodel::DecodeStateRow(model_, fingerprint_, std::move(w.blob));
+      if (!decoded.ok()) {
+        // A blob for another model is a bad argument to this call, like a corrupt one.
+        return w.on_session(
+            absl::InvalidArgumentError(absl::StrCat("blob: ", decoded.status().message())));
+      }
+      if (absl::Status room = store_->CheckCapacity(); !room.ok()) return w.on_session(room);
+      auto slot = AllocateSlot();
+      if (!slot.ok()) return w.on_session(slot.status());
+      torch::Tensor to = torch::tensor({int64_t{*slot}}, torch::kInt64).to(model_.options().device);
+      pool_.Scatter(to, decoded->state);
+      if (decoded->tokens > 0) next_logits_[*slot].copy_(decoded->next_logits);
+      SessionRecord record{SessionStore::NewSessionId(),
+                           name_,
+                           decoded->tokens,
+                           state_bytes_,
+                           now,
+                           now,
+                           false,
+                           true};
+      if (absl::Status inserted = store_->Insert(record); !inserted.ok()) {
+        FreeSlot(*slot);
+        return w.on_session(inserted);
+      }
+      resident_[record.id] = ResidentSession{*slot, decoded->tokens, now, now, false};
+      if (metrics_ != nullptr) metrics_->CountSessionOperation("imported");
+      return w.on_session(record);
+    }
+    case WorkItem::Kind::kDelete: {
+      RemoveSession(id);
+      store_->Erase(id);
+      if (metrics_ != nullptr) metrics_->CountSessionOperation("deleted");
+      return w.on_delete(true);
+    }
+    default:
+      return;
+  }
+}
+
+// ---------------------------------------------------------------------------------
+// Prefill, decode, sampling.
+
+void Engine::RunPrefillChunk() {
+  std::vector<Task*> prefilling;
+  for (auto& task : tasks_) {
+    if (task->phase == Task::Phase::kPrefill) prefilling.push_back(task.get());
+  }
+  if (prefilling.empty()) return;
+  Task& t = *prefilling[prefill_turn_++ % prefilling.size()];
+  const std::vector<int64_t>& prompt = t.item->tokens;
+  const size_t length = std::min<size_t>(static_cast<size_t>(options_.prefill_chunk_tokens),
+                                         prompt.size() - t.prefilled);
+  std::vector<int64_t> piece(prompt.begin() + t.prefilled, prompt.begin() + t.prefilled + length);
+  const absl::Time start = absl::Now();
+
+  if (t.item->kind == WorkItem::Kind::kScore) {
+    auto logprobs =
+        fwmodel::ScoreTokens(model_, piece, &t.score_context, options_.prefill_chunk_tokens);
+    if (!logprobs.ok()) return FailTask(t, absl::InternalError("scoring failed"));
+    t.score_logprobs.insert(t.score_logprobs.end(), logprobs->begin(), logprobs->end());
+  } else {
+    torch::Tensor rows =
+        torch::tensor({int64_t{t.slot}}, torch::kInt64).to(model_.options().device);
+    fwmodel::State row = pool_.Gather(rows);
+    torch::Tensor tokens =
+        torch::tensor(piece, torch::kInt64).to(model_.options().device).unsqueeze(0);
+    auto logits = model_.Forward(tokens, &row);
+    if (!logits.ok()) {
+      Log(LogLevel::kError,
+          absl::StrCat("model ", name_, ": prefill failed: ", logits.status().message()));
+      return FailTask(t, absl::InternalError("prefill failed"));
+    }
+    pool_.Scatter(rows, row);
+    next_logits_[t.slot].copy_(
+        (*logits)[0][static_cast<int64_t>(length) - 1].to(torch::kCPU, torch::kFloat32));
+    t.tokens += static_cast<int64_t>(length);
+  }
+  t.prefilled += length;
+  if (metrics_ != nullptr) {
+    metrics_->ObservePrefillChunk(static_cast<int64_t>(length), Seconds(start, absl::Now()));
+    if (t.item->kind == WorkItem::Kind::kScore) {
+      metrics_->AddScoredTokens(static_cast<int64_t>(length));
+    } else {
+      metrics_->AddPromptTokens(static_cast<int64_t>(length));
+    }
+  }
+  if (t.prefilled < prompt.size()) return;
+  if (t.item->kind == WorkItem::Kind::kGenerate && t.item->generate.max_tokens > 0) {
+    t.phase = Task::Phase::kReadyToSample;
+  } else {
+    FinishTask(t, FinishReason::kLength);
+  }
+}
+
+void Engine::RunDecodeStep() {
+  std::vector<Task*> batch;
+  for (auto& task : tasks_) {
+    if (task->phase == Task::Phase::kReadyToAbsorb) batch.push_back(task.get());
+  }
+  if (batch.empty()) return;
+  // Give streams whose write is still in flight `batch_wait` to join this step.
+  bool awaiting = false;
+  for (auto& task : tasks_) awaiting |= task->phase == Task::Phase::kAwaitingWrite;
+  if (awaiting) {
+    const absl::Time now = absl::Now();
+    if (batch_deadline_ == absl::InfiniteFuture()) {
+      batch_deadline_ = now + options_.batch_wait;
+      return;
+    }
+    if (now < batch_deadline_) return;
+  }
+  batch_deadline_ = absl::InfiniteFuture();
+  const absl::Time start = absl::Now();
+  std::vector<int64_t> rows_vec, tokens_vec;
+  for (Task* t : batch) {
+    rows_vec.push_back(t->slot);
+    tokens_vec.push_back(t->pending_token);
+  }
+  const torch::Device device = model_.options().device;
+  torch::Tensor rows = torch::tensor(rows_vec, torch::kInt64).to(device);
+  fwmodel::State state = pool_.Gather(rows);
+  auto logits = model_.Step(torch::tensor(tokens_vec, torch::kInt64).to(device), &state);
+  if (!logits.ok()) {
+    Log(LogLevel::kError,
+        absl::StrCat("model ", name_, ": decode step failed: ", logits.status().message()));
+    for (Task* t : batch) FailTask(*t, absl::InternalError("decode step failed"));
+    return;
+  }
+  pool_.Scatter(rows, state);
+  next_logits_.index_copy_(0, rows.cpu(), logits->to(torch::kCPU, torch::kFloat32));
+  if (metrics_ != nullptr) {
+    metrics_->ObserveDecodeStep(static_cast<int64_t>(batch.size()), Seconds(start, absl::Now()));
+  }
+  for (Task* t : batch) {
+    ++t->tokens;
+    ++t->generated;
+    t->recent.push_back(t->pending_token);
+    const size_t window = static_cast<size_t>(t->item->generate.repetition_window);
+    if (t->recent.size() > window) t->recent.erase(t->recent.begin());
+    t->pending_token = -1;
+    if (t->stop_hit) {
+      FinishTask(*t, FinishReason::kStop);
+    } else if (t->generated >= t->item->generate.max_tokens) {
+      FinishTask(*t, FinishReason::kLength);
+    } else if (t->cancelled) {
+      FinishTask(*t, t->shutdown ? FinishReason::kShutdown : FinishReason::kCancelled);
+    } else {
+      t->phase = Task::Phase::kReadyToSample;
+    }
+  }
+}
+
+void Engine::SampleAndEmit() {
+  std::vector<Task*> ready;
+  for (auto& task : tasks_) {
+    if (task->phase == Task::Phase::kReadyToSample) ready.push_back(task.get());
+  }
+  for (Task* t : ready) {
+    const GenerateParams& g = t->item->generate;
+    const float* logits = next_logits_[t->slot].data_ptr<float>();
+    const int64_t token = SampleToken(logits, vocab_, g.sampling, t->rng, t->recent);
+    GenerateChunk chunk;
+    chunk.token_ids.push_back(token);
+    if (g.logprobs)
+      chunk.logprobs.push_back(static_cast<float>(TokenLogProb(logits, vocab_, token)));
+    chunk.text = t->decoder.Push(token);
+    if (token < 256) t->generated_bytes.push_back(static_cast<char>(token));
+    for (const std::string& stop : g.stop) {
+      if (t->generated_bytes.size() >= stop.size() &&
+          t->generated_bytes.compare(t->generated_bytes.size() - stop.size(), stop.size(), stop) ==
+              0) {
+        t->stop_hit = true;
+      }
+    }
+    t->pending_token = token;
+    t->phase = Task::Phase::kAwaitingWrite;
+    const absl::Time now = absl::Now();
+    if (metrics_ != nullptr) {
+      if (t->first_token_at == absl::InfinitePast()) {
+        metrics_->ObserveTimeToFirstToken(Seconds(t->item->arrival, now));
+      } else {
+        metrics_->ObserveInterTokenLatency(Seconds(t->last_emit_at, now));
+      }
+    }
+    if (t->first_token_at == absl::InfinitePast()) t->first_token_at = now;
+    t->last_emit_at = now;
+    t->item->observer->OnChunk(std::move(chunk));
+  }
+}
+
+void Engine::FinishTask(Task& t, FinishReason reason) {
+  WorkItem& w = *t.item;
+  const absl::Time now = absl::Now();
+  const bool rollback = t.has_snapshot && t.generated == 0 &&
+                        (reason == FinishReason::kCancelled || reason == FinishReason::kShutdown);
+  if (rollback) {
+    torch::Tensor rows =
+        torch::tensor({int64_t{t.slot}}, torch::kInt64).to(model_.options().device);
+    pool_.Scatter(rows, t.snapshot);
+    next_logits_[t.slot].copy_(t.snapshot_logits);
+    t.tokens = t.tokens_before;
+  }
+  if (!t.session_id.empty()) {
+    auto it = resident_.find(t.session_id);
+    if (it != resident_.end()) {
+      it->second.in_use = false;
+      it->second.tokens = t.tokens;
+      if (!rollback) it->second.last_used = now;
+    }
+    if (rollback) {
+      store_->ReleaseUnchanged(t.session_id);
+    } else {
+      store_->Release(t.session_id, t.tokens, now);
+    }
+  } else if (t.slot >= 0) {
+    FreeSlot(t.slot);
+  }
+
+  switch (w.kind) {
+    case WorkItem::Kind::kGenerate: {
+      GenerateSummary summary;
+      summary.reason = reason;
+      summary.trailing_text = t.decoder.Finish();
+      summary.prompt_tokens = rollback ? 0 : static_cast<int64_t>(t.prefilled);
+      summary.generated_tokens = t.generated;
+      summary.session_tokens = t.tokens;
+      if (metrics_ != nullptr) {
+        metrics_->AddGeneratedTokens(t.generated);
+        metrics_->ObserveGenerationDuration(Seconds(w.arrival, now));
+      }
+      tasks_by_stream_.erase(w.stream_id);
+      w.observer->OnFinish(absl::OkStatus(), std::move(summary));
+      break;
+    }
+    case WorkItem::Kind::kScore:
+      if (reason == FinishReason::kShutdown) {
+        w.on_score(absl::UnavailableError("the server is shutting down"));
+      } else {
+        w.on_score(ScoreResult{std::move(w.tokens), std::move(t.score_logprobs)});
+      }
+      break;
+    case WorkItem::Kind::kCreate: {
+      auto record = store_->Get(t.session_id);
+      w.on_session(record);
+      break;
+    }
+    default:
+      break;
+  }
+  tasks_.remove_if([&t](const std::unique_ptr<Task>& p) { return p.get() == &t; });
+}
+
+void Engine::FailTask(Task& t, absl::Status status) {
+  WorkItem& w = *t.item;
+  const bool owned_session = !t.session_id.empty() && w.kind != WorkItem::Kind::kCreate;
+  if (t.has_snapshot) {
+    torch::Tensor rows =
+        torch::tensor({int64_t{t.slot}}, torch::kInt64).to(model_.options().device);
+    pool_.Scatter(rows, t.snapshot);
+    next_logits_[t.slot].copy_(t.snapshot_logits);
+  }
+  if (owned_session) {
+    auto it = resident_.find(t.session_id);
+    if (it != resident_.end()) it->second.in_use = false;
+    store_->ReleaseUnchanged(t.session_id);
+  } else if (w.kind == WorkItem::Kind::kCreate && !t.session_id.empty()) {
+    RemoveSession(t.session_id);
+    store_->Erase(t.session_id);
+  } else if (t.slot >= 0) {
+    FreeSlot(t.slot);
+  }
+  switch (w.kind) {
+    case WorkItem::Kind::kGenerate:
+      tasks_by_stream_.erase(w.stream_id);
+      w.observer->OnFinish(status, GenerateSummary{});
+      break;
+    case WorkItem::Kind::kScore:
+      w.on_score(status);
+      break;
+    case WorkItem::Kind::kCreate:
+    case WorkItem::Kind::kFork:
+    case WorkItem::Kind::kImport:
+      w.on_session(status);
+      break;
+    case WorkItem::Kind::kExport:
+      w.on_export(status);
+      break;
+    case WorkItem::Kind::kDelete:
+      w.on_delete(status);
+      break;
+  }
+  tasks_.remove_if([&t](const std::unique_ptr<Task>& p) { return p.get() == &t; });
+}
+
+// ---------------------------------------------------------------------------------
+// Slots, spill and restore.
+
+void Engine::ResetSlot(int slot) {
+  torch::Tensor rows = torch::tensor({int64_t{slot}}, torch::kInt64).to(model_.options().device);
+  pool_.Scatter(rows, fresh_row_);
+  next_logits_[slot].zero_();
+}
+
+bool Engine::Grow() {
+  if (capacity_ >= max_slots_) return false;
+  const int64_t grown = std::min<int64_t>(max_slots_, std::max<int64_t>(16, capacity_ * 2));
+  fwmodel::State extra = model_.InitialState(grown - capacity_);
+  for (size_t i = 0; i < pool_.tensors.size(); ++i) {
+    pool_.tensors[i] = torch::cat({pool_.tensors[i], extra.tensors[i]}, 0);
+  }
+  next_logits_ = torch::cat({next_logits_, torch::zeros({grown - capacity_, vocab_})}, 0);
+  for (int64_t s = grown - 1; s >= capacity_; --s) free_slots_.push_back(static_cast<int>(s));
+  capacity_ = grown;
+  return true;
+}
+
+absl::StatusOr<int> Engine::AllocateSlot() {
+  const auto exhausted = [this] {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "no room for another session state of model '", name_, "' within --max-state-memory-bytes=",
+        options_.max_state_memory_bytes, " (every resident session is in use)"));
+  };
+  while (free_slots_.empty() && !Grow()) {
+    if (!SpillOrEvictOne()) return exhausted();
+  }
+  while (!budget_->TryReserve(state_bytes_)) {
+    if (!SpillOrEvictOne()) return exhausted();
+  }
+  const int slot = free_slots_.back();
+  free_slots_.pop_back();
+  ++slots_in_use_;
+  return slot;
+}
+
+void Engine::FreeSlot(int slot) {
+  free_slots_.push_back(slot);
+  --slots_in_use_;
+  budget_->Release(state_bytes_);
+}
+
+bool Engine::SpillOrEvictOne() {
+  // The least recently used resident session that no request holds.
+  std::string victim;
+  absl::Time oldest = absl::InfiniteFuture();
+  for (const auto& [id, r] : resident_) {
+    if (r.in_use || r.last_used >= oldest) continue;
+    auto record = store_->Get(id);
+    if (!record.ok() || record->busy) continue;
+    victim = id;
+    oldest = r.last_used;
+  }
+  if (victim.empty()) return false;
+  if (!options_.session_dir.empty()) {
+    if (absl::Status spilled = Spill(victim); spilled.ok()) return true;
+    Log(LogLevel::kWarning, absl::StrCat("model ", name_, ": could not spill a session; evicting"));
+  }
+  RemoveSession(victim);
+  store_->Erase(victim);
+  if (metrics_ != nullptr) metrics_->CountSessionRemoval("evicted");
+  Log(LogLevel::kInfo, absl::StrCat("model ", name_, ": evicted session ", victim,
+                                    " (state memory budget; no --session-dir)"));
+  return true;
+}
+
+std::string Engine::SpillPath(const std::string& id) const {
+  return (std::filesystem::path(options_.session_dir) / (id + kSpillSuffix)).string();
+}
+
+absl::StatusOr<std::string> Engine::EncodeSlot(int slot, int64_t tokens,
+                                               const std::map<std::string, std::string>& labels) {
+  return fwmodel::EncodeStateRow(model_, fingerprint_, pool_, slot, tokens,
+                                 tokens > 0 ? next_logits_[slot] : torch::Tensor(), labels);
+}
+
+absl::Status Engine::Spill(const std::string& id) {
+  auto it = resident_.find(id);
+  if (it == resident_.end()) return absl::OkStatus();
+  const ResidentSession& r = it->second;
+  auto blob = EncodeSlot(r.slot, r.tokens,
+                         {{"x-session-id", id},
+                          {"x-model", name_},
+                          {"x-created-ms", absl::StrCat(absl::ToUnixMillis(r.created))},
+                          {"x-last-used-ms", absl::StrCat(absl::ToUnixMillis(r.last_used))}});
+  if (!blob.ok()) return blob.status();
+  if (absl::Status written = fwmodel::WriteFileAtomic(SpillPath(id), *blob); !written.ok()) {
+    Log(LogLevel::kError, absl::StrCat("spill of session ", id, " failed: ", written.message()));
+    return written;
+  }
+  FreeSlot(r.slot);
+  resident_.erase(it);
+  store_->SetResident(id, false);
+  if (metrics_ != nullptr) metrics_->CountSessionOperation("spilled");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int> Engine::EnsureResident(const std::string& id) {
+  if (auto it = resident_.find(id); it != resident_.end()) return it->second.slot;
+  auto record = store_->Get(id);
+  if (!record.ok()) return record.status();
+  if (options_.session_dir.empty()) {
+    return absl::InternalError(absl::StrCat("session_id '", id, "' has no resident state"));
+  }
+  auto bytes = fwmodel::ReadFile(SpillPath(id));
+  absl::StatusOr<fwmodel::DecodedState> decoded =
+      bytes.ok() ? fwmodel::DecodeStateRow(model_, fingerprint_, std::move(*bytes))
+                 : absl::StatusOr<fwmodel::DecodedState>(bytes.status());
+  if (!decoded.ok()) {
+    Log(LogLevel::kError,
+        absl::StrCat("session ", id, ": spilled state unreadable: ", decoded.status().message()));
+    return absl::DataLossError(
+        absl::StrCat("session_id '", id, "': its saved state could not be restored"));
+  }
+  auto slot = AllocateSlot();
+  if (!slot.ok()) return slot.status();
+  torch::Tensor rows = torch::tensor({int64_t{*slot}}, torch::kInt64).to(model_.options().device);
+  pool_.Scatter(rows, decoded->state);
+  if (decoded->tokens > 0) {
+    next_logits_[*slot].copy_(decoded->next_logits);
+  } else {
+    next_logits_[*slot].zero_();
+  }
+  resident_[id] =
+      ResidentSession{*slot, decoded->tokens, record->created, record->last_used, false};
+  std::error_code ignored;
+  std::filesystem::remove(SpillPath(id), ignored);
+  store_->SetResident(id, true);
+  if (metrics_ != nullptr) metrics_->CountSessionOperation("restored");
+  return *slot;
+}
+
+void Engine::RemoveSession(const std::string& id) {
+  if (auto it = resident_.find(id); it != resident_.end()) {
+    FreeSlot(it->second.slot);
+    resident_.erase(it);
+    return;
+  }
+  if (!options_.session_dir.empty()) {
+    std::error_code ignored;
+    std::filesystem::remove(SpillPath(id), ignored);
+  }
+}
+
+void Engine::Housekeeping() {
+  for (const std::string& id : store_->TakeExpired(name_, absl::Now() - options_.session_ttl)) {
+    RemoveSession(id);
+    if (metrics_ != nullptr) metrics_->CountSessionRemoval("expired");
+  }
+  PublishGauges();
+}
+
+void Engine::PublishGauges() {
+  if (metrics_ == nullptr) return;
+  int64_t queued;
+  {
+    absl::MutexLock lock(&mu_);
+    queued = static_cast<int64_t>(queue_.size());
+  }
+  metrics_->SetQueuedRequests(queued);
+  metrics_->SetActiveStreams(static_cast<int64_t>(tasks_.size()));
+  int64_t spilled = 0;
+  for (const SessionRecord& r : store_->List(name_)) spilled += r.resident ? 0 : 1;
+  metrics_->SetSessions(static_cast<int64_t>(resident_.size()), spilled,
+                        slots_in_use_ * state_bytes_);
+}
+
+}  // namespace fwserve

@@ -1,0 +1,181 @@
+// fwserve: serves recurrent-state language models over gRPC. `fwserve --help` lists
+// every flag; README.md and docs/serving.md describe them.
+#include <prometheus/exposer.h>
+#include <prometheus/registry.h>
+#include <pthread.h>
+#include <signal.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/time.h"
+#include "models/blas_check.h"
+#include "server/core/core.h"
+#include "server/core/log.h"
+#include "server/core/metrics.h"
+#include "server/transport/grpc_server.h"
+#include "tools/cli_util.h"
+
+ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
+          "HOST:PORT for the gRPC API (port 0 picks a free port and logs it)");
+ABSL_FLAG(std::vector<std::string>, model, {},
+          "checkpoint directory to serve; repeat the flag (or give a comma-separated list) "
+          "for several models. The first is the default model; a model is named after its "
+          "directory. Default: the shipped models/pretrained/aft-shakespeare");
+ABSL_FLAG(std::string, session_dir, "",
+          "directory where idle sessions spill when over --max-state-memory-bytes and where "
+          "every session is saved on shutdown and restored on start. Empty: sessions live in "
+          "memory only and are evicted (least recently used) when over the budget");
+ABSL_FLAG(std::string, device, "cpu", "cpu, cuda or cuda:N (cuda needs a CUDA LibTorch)");
+ABSL_FLAG(int64_t, max_prompt_bytes, 1 << 20,
+          "longest prompt, session prefix or scored text, in bytes");
+ABSL_FLAG(int32_t, max_tokens, 4096, "largest max_tokens a Generate request may ask for");
+ABSL_FLAG(int64_t, max_sessions, 100000, "most sessions held at once (resident plus spilled)");
+ABSL_FLAG(int64_t, max_state_memory_bytes, int64_t{1} << 30,
+          "budget for recurrent state resident in memory, in bytes, over all models");
+ABSL_FLAG(int32_t, max_queued_requests, 1024,
+          "requests waiting per model; beyond it the server answers RESOURCE_EXHAUSTED");
+ABSL_FLAG(int32_t, max_active_streams, 256,
+          "Generate/Score/CreateSession requests each model serves at once (more wait in "
+          "its queue)");
+ABSL_FLAG(int32_t, prefill_chunk_tokens, 256,
+          "prompt tokens absorbed per engine iteration; bounds how long a long prompt "
+          "delays other streams' next token");
+ABSL_FLAG(absl::Duration, session_ttl, absl::Hours(24),
+          "idle sessions are deleted after this long (e.g. 30m, 24h)");
+ABSL_FLAG(absl::Duration, batch_wait, absl::Microseconds(300),
+          "how long a decode step may wait for more streams to join its batch");
+ABSL_FLAG(int32_t, threads, 0, "LibTorch intra-op threads; 0 = LibTorch's default");
+ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(30),
+          "on SIGTERM/SIGINT, how long in-flight requests may run before they are ended");
+ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9464",
+          "HOST:PORT for the Prometheus /metrics endpoint; empty turns it off");
+ABSL_FLAG(std::string, log_level, "info", "debug, info, warning or error");
+
+namespace {
+
+// absl flags keep the last value of a repeated flag; --model accumulates instead.
+std::vector<std::string> CollectRepeatedModelFlag(int argc, char** argv,
+                                                  std::vector<std::string>* rest) {
+  std::vector<std::string> models;
+  rest->push_back(argv[0]);
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    if ((arg == "--model" || arg == "-model") && i + 1 < argc) {
+      models.push_back(argv[++i]);
+    } else if (arg.rfind("--model=", 0) == 0 || arg.rfind("-model=", 0) == 0) {
+      models.push_back(arg.substr(arg.find('=') + 1));
+    } else {
+      rest->push_back(std::move(arg));
+    }
+  }
+  return models;
+}
+
+std::string DefaultModelDir() {
+  const std::string relative = "models/pretrained/aft-shakespeare";
+  if (std::filesystem::exists(relative)) return relative;
+  return std::string(FWSERVE_SOURCE_DIR) + "/" + relative;
+}
+
+int Fail(const std::string& message) {
+  std::fprintf(stderr, "fwserve: %s\n", message.c_str());
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "serves recurrent-state language models over gRPC (fwserve.v1.Fwserve).\n"
+      "Usage: fwserve [--listen HOST:PORT] [--model DIR]... [--session-dir DIR] [flags]\n"
+      "With no flags, serves the shipped default model on 127.0.0.1:50051.");
+  std::vector<std::string> rest;
+  std::vector<std::string> models = CollectRepeatedModelFlag(argc, argv, &rest);
+  if (!models.empty()) rest.push_back("--model=" + absl::StrJoin(models, ","));
+  std::vector<char*> rest_pointers;
+  for (std::string& s : rest) rest_pointers.push_back(s.data());
+  std::vector<std::string> positional = fwserve::ParseFlagsAllowingDashes(
+      static_cast<int>(rest_pointers.size()), rest_pointers.data());
+  if (positional.size() > 1) return Fail("unexpected argument '" + positional[1] + "'");
+
+  fwserve::LogLevel level;
+  if (!fwserve::ParseLogLevel(absl::GetFlag(FLAGS_log_level), &level)) {
+    return Fail("--log-level must be debug, info, warning or error");
+  }
+  fwserve::SetLogLevel(level);
+
+  // SIGTERM/SIGINT are taken by sigwait below; block them before any thread starts.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  if (auto warning = fwmodel::SlowBlasWarning())
+    fwserve::Log(fwserve::LogLevel::kWarning, *warning);
+
+  std::shared_ptr<fwserve::Metrics> metrics = fwserve::Metrics::Create();
+  std::unique_ptr<prometheus::Exposer> exposer;
+  const std::string metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  if (!metrics_listen.empty()) {
+    try {
+      exposer = std::make_unique<prometheus::Exposer>(metrics_listen);
+    } catch (const std::exception& e) {
+      return Fail("--metrics-listen: cannot listen on '" + metrics_listen + "': " + e.what());
+    }
+    exposer->RegisterCollectable(metrics->registry());
+  }
+
+  fwserve::CoreOptions core_options;
+  core_options.model_dirs = absl::GetFlag(FLAGS_model);
+  if (core_options.model_dirs.empty()) core_options.model_dirs.push_back(DefaultModelDir());
+  core_options.session_dir = absl::GetFlag(FLAGS_session_dir);
+  core_options.device = absl::GetFlag(FLAGS_device);
+  core_options.max_prompt_bytes = absl::GetFlag(FLAGS_max_prompt_bytes);
+  core_options.max_tokens = absl::GetFlag(FLAGS_max_tokens);
+  core_options.max_sessions = absl::GetFlag(FLAGS_max_sessions);
+  core_options.max_state_memory_bytes = absl::GetFlag(FLAGS_max_state_memory_bytes);
+  core_options.max_queued_requests = absl::GetFlag(FLAGS_max_queued_requests);
+  core_options.max_active_streams = absl::GetFlag(FLAGS_max_active_streams);
+  core_options.prefill_chunk_tokens = absl::GetFlag(FLAGS_prefill_chunk_tokens);
+  core_options.session_ttl = absl::GetFlag(FLAGS_session_ttl);
+  core_options.batch_wait = absl::GetFlag(FLAGS_batch_wait);
+  core_options.intra_op_threads = absl::GetFlag(FLAGS_threads);
+  core_options.metrics = metrics.get();
+  if (absl::Status valid = fwserve::ValidateCoreOptions(core_options); !valid.ok()) {
+    return Fail(std::string(valid.message()));
+  }
+  auto core = fwserve::Core::Create(core_options);
+  if (!core.ok()) return Fail(std::string(core.status().message()));
+
+  fwserve::GrpcServerOptions server_options;
+  server_options.listen = absl::GetFlag(FLAGS_listen);
+  server_options.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
+  server_options.metrics = metrics.get();
+  auto server = fwserve::GrpcServer::Start(server_options, core->get());
+  if (!server.ok()) return Fail(std::string(server.status().message()));
+  fwserve::Log(fwserve::LogLevel::kInfo,
+               absl::StrCat("fwserve listening on ", server_options.listen, " (port ",
+                            (*server)->port(), ")",
+                            metrics_listen.empty() ? ""
+                                                   : absl::StrCat("; metrics on http://",
+                                                                  metrics_listen, "/metrics")));
+
+  int signal_number = 0;
+  sigwait(&signals, &signal_number);
+  fwserve::Log(
+      fwserve::LogLevel::kInfo,
+      absl::StrCat("received ", signal_number == SIGTERM ? "SIGTERM" : "SIGINT",
+                   "; draining (up to ", absl::FormatDuration(server_options.drain_timeout), ")"));
+  (*server)->Shutdown();
+  fwserve::Log(fwserve::LogLevel::kInfo, "fwserve stopped");
+  return 0;
+}

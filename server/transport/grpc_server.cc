@@ -1,0 +1,515 @@
+#include "server/transport/grpc_server.h"
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+
+#include <mutex>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "fwserve/v1/fwserve.grpc.pb.h"
+#include "server/core/log.h"
+#include "server/transport/status_mapping.h"
+
+namespace fwserve {
+namespace {
+
+namespace v1 = ::fwserve::v1;
+
+constexpr char kServiceName[] = "fwserve.v1.Fwserve";
+
+void ToProto(const SessionRecord& record, v1::SessionInfo* info) {
+  info->set_session_id(record.id);
+  info->set_model(record.model);
+  info->set_tokens(record.tokens);
+  info->set_state_bytes(record.state_bytes);
+  info->set_created_unix_ms(absl::ToUnixMillis(record.created));
+  info->set_last_used_unix_ms(absl::ToUnixMillis(record.last_used));
+  info->set_resident(record.resident);
+}
+
+void ToProto(const ModelDescription& d, v1::ModelInfo* info) {
+  info->set_name(d.name);
+  info->set_is_default(d.is_default);
+  info->set_architecture(d.architecture);
+  info->set_config_json(d.config_json);
+  info->set_parameters(d.parameters);
+  info->set_state_bytes_per_session(d.state_bytes_per_session);
+  info->set_vocab_size(d.vocab_size);
+  info->set_fingerprint(d.fingerprint);
+}
+
+v1::FinishReason ToProto(FinishReason reason) {
+  switch (reason) {
+    case FinishReason::kLength:
+      return v1::FINISH_REASON_LENGTH;
+    case FinishReason::kStop:
+      return v1::FINISH_REASON_STOP;
+    case FinishReason::kCancelled:
+      return v1::FINISH_REASON_CANCELLED;
+    case FinishReason::kShutdown:
+      return v1::FINISH_REASON_SHUTDOWN;
+  }
+  return v1::FINISH_REASON_UNSPECIFIED;
+}
+
+GenerateParams FromProto(const v1::GenerateRequest& request) {
+  GenerateParams params;
+  params.model = request.model();
+  params.session_id = request.session_id();
+  params.prompt = request.prompt();
+  const v1::SamplingParams& s = request.sampling();
+  params.sampling.temperature = s.has_temperature() ? s.temperature() : 1.0f;
+  params.sampling.top_k = s.top_k();
+  params.sampling.top_p = s.top_p() == 0 ? 1.0f : s.top_p();
+  params.sampling.min_p = s.min_p();
+  params.sampling.repetition_penalty = s.repetition_penalty() == 0 ? 1.0f : s.repetition_penalty();
+  params.repetition_window = s.repetition_window() == 0 ? 64 : s.repetition_window();
+  params.random_seed = !s.has_seed();
+  params.sampling.seed = s.seed();
+  params.max_tokens = request.max_tokens();
+  params.stop.assign(request.stop().begin(), request.stop().end());
+  params.logprobs = request.logprobs();
+  return params;
+}
+
+std::multimap<std::string, std::string> MetadataOf(const grpc::CallbackServerContext* context) {
+  std::multimap<std::string, std::string> out;
+  for (const auto& [key, value] : context->client_metadata()) {
+    out.emplace(std::string(key.data(), key.size()), std::string(value.data(), value.size()));
+  }
+  return out;
+}
+
+}  // namespace
+
+class GrpcServer::Service : public v1::Fwserve::CallbackService {
+ public:
+  Service(Core* core, const GrpcServerOptions& options) : core_(core), options_(options) {}
+
+  void BeginShutdown() { shutting_down_.store(true); }
+
+  // Accounting of one call: the request metric and the structured log line.
+  class CallRecord {
+   public:
+    CallRecord(Service* service, const char* rpc, std::string model, std::string session)
+        : service_(service),
+          rpc_(rpc),
+          model_(std::move(model)),
+          session_(std::move(session)),
+          id_(service->next_request_id_.fetch_add(1)),
+          start_(absl::Now()) {}
+    void set_model(std::string model) { model_ = std::move(model); }
+    void set_session(std::string session) { session_ = std::move(session); }
+    void set_tokens(int64_t prompt, int64_t generated) {
+      prompt_tokens_ = prompt;
+      generated_tokens_ = generated;
+    }
+    void Done(const grpc::Status& status) {
+      const double seconds = absl::ToDoubleSeconds(absl::Now() - start_);
+      if (service_->options_.metrics != nullptr) {
+        service_->options_.metrics->ObserveRequest(rpc_, model_, status.error_code(), seconds);
+      }
+      const LogLevel level = status.ok() ? LogLevel::kInfo : LogLevel::kWarning;
+      if (LogEnabled(level)) {
+        Log(level,
+            absl::StrCat(
+                "request id=", id_, " method=", rpc_, " model=", model_.empty() ? "-" : model_,
+                " session=", session_.empty() ? "-" : session_, " prompt_tokens=", prompt_tokens_,
+                " generated_tokens=", generated_tokens_, " latency_ms=",
+                static_cast<int64_t>(seconds * 1000), " status=", StatusName(status.error_code()),
+                status.ok() ? "" : absl::StrCat(" error=\"", status.error_message(), "\"")));
+      }
+    }
+
+   private:
+    static const char* StatusName(grpc::StatusCode code) {
+      static const char* const kNames[] = {"OK",
+                                           "CANCELLED",
+                                           "UNKNOWN",
+                                           "INVALID_ARGUMENT",
+                                           "DEADLINE_EXCEEDED",
+                                           "NOT_FOUND",
+                                           "ALREADY_EXISTS",
+                                           "PERMISSION_DENIED",
+                                           "RESOURCE_EXHAUSTED",
+                                           "FAILED_PRECONDITION",
+                                           "ABORTED",
+                                           "OUT_OF_RANGE",
+                                           "UNIMPLEMENTED",
+                                           "INTERNAL",
+                                           "UNAVAILABLE",
+                                           "DATA_LOSS",
+                                           "UNAUTHENTICATED"};
+      const int i = static_cast<int>(code);
+      return i >= 0 && i <= 16 ? kNames[i] : "UNKNOWN";
+    }
+    Service* service_;
+    const char* rpc_;
+    std::string model_;
+    std::string session_;
+    uint64_t id_;
+    absl::Time start_;
+    int64_t prompt_tokens_ = 0;
+    int64_t generated_tokens_ = 0;
+  };
+
+  // Fails the call before it reaches the core when draining or unauthenticated.
+  absl::Status Admit(grpc::CallbackServerContext* context) {
+    if (shutting_down_.load()) return absl::UnavailableError("the server is shutting down");
+    if (options_.authenticator != nullptr) {
+      return options_.authenticator->Authenticate(MetadataOf(context));
+    }
+    return absl::OkStatus();
+  }
+
+  // A unary call finished by a core callback: `fill` writes the response.
+  template <typename Result, typename Fill>
+  Callback<Result> UnaryDone(grpc::ServerUnaryReactor* reactor, std::shared_ptr<CallRecord> record,
+                             Fill fill) {
+    return [reactor, record, fill](absl::StatusOr<Result> result) {
+      grpc::Status status = ToGrpcStatus(result.status());
+      if (result.ok()) fill(*result);
+      record->Done(status);
+      reactor->Finish(status);
+    };
+  }
+
+  grpc::ServerUnaryReactor* FinishNow(grpc::CallbackServerContext* context,
+                                      std::shared_ptr<CallRecord> record,
+                                      const absl::Status& status) {
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    const grpc::Status grpc_status = ToGrpcStatus(status);
+    record->Done(grpc_status);
+    reactor->Finish(grpc_status);
+    return reactor;
+  }
+
+  grpc::ServerWriteReactor<v1::GenerateResponse>* Generate(
+      grpc::CallbackServerContext* context, const v1::GenerateRequest* request) override;
+
+  grpc::ServerUnaryReactor* Score(grpc::CallbackServerContext* context,
+                                  const v1::ScoreRequest* request,
+                                  v1::ScoreResponse* response) override {
+    auto record =
+        std::make_shared<CallRecord>(this, "Score", request->model(), request->session_id());
+    if (absl::Status admitted = Admit(context); !admitted.ok()) {
+      return FinishNow(context, record, admitted);
+    }
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    core_->Score(
+        ScoreParams{request->model(), request->session_id(), request->text()},
+        UnaryDone<ScoreResult>(reactor, record, [response, record](ScoreResult& result) {
+          double total = 0;
+          for (double v : result.logprobs) total += v;
+          response->mutable_token_ids()->Add(result.token_ids.begin(), result.token_ids.end());
+          response->mutable_logprobs()->Add(result.logprobs.begin(), result.logprobs.end());
+          response->set_total_logprob(total);
+          response->set_perplexity(
+              result.logprobs.empty()
+                  ? 0
+                  : std::exp(-total / static_cast<double>(result.logprobs.size())));
+          record->set_tokens(static_cast<int64_t>(result.token_ids.size()), 0);
+        }));
+    return reactor;
+  }
+
+  grpc::ServerUnaryReactor* CreateSession(grpc::CallbackServerContext* context,
+                                          const v1::CreateSessionRequest* request,
+                                          v1::SessionInfo* response) override {
+    auto record = std::make_shared<CallRecord>(this, "CreateSession", request->model(), "");
+    if (absl::Status admitted = Admit(context); !admitted.ok()) {
+      return FinishNow(context, record, admitted);
+    }
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    core_->CreateSession(
+        request->model(), request->prefix(),
+        UnaryDone<SessionRecord>(reactor, record, [response, record](SessionRecord& r) {
+          record->set_model(r.model);
+          record->set_session(r.id);
+          record->set_tokens(r.tokens, 0);
+          ToProto(r, response);
+        }));
+    return reactor;
+  }
+
+  grpc::ServerUnaryReactor* GetSession(grpc::CallbackServerContext* context,
+                                       const v1::GetSessionRequest* request,
+                                       v1::SessionInfo* response) override {
+    auto record = std::make_shared<CallRecord>(this, "GetSession", "", request->session_id());
+    if (absl::Status admitted = Admit(context); !admitted.ok()) {
+      return FinishNow(context, record, admitted);
+    }
+    auto session = core_->GetSession(request->session_id());
+    if (session.ok()) {
+      record->set_model(session->model);
+      ToProto(*session, response);
+    }
+    return FinishNow(context, record, session.status());
+  }
+
+  grpc::ServerUnaryReactor* ListSessions(grpc::CallbackServerContext* context,
+                                         const v1::ListSessionsRequest* request,
+                                         v1::ListSessionsResponse* response) override {
+    auto record = std::make_shared<CallRecord>(this, "ListSessions", request->model(), "");
+    if (absl::Status admitted = Admit(context); !admitted.ok()) {
+      return FinishNow(context, record, admitted);
+    }
+    if (!request->model().empty()) {
+      if (auto model = core_->DescribeModel(request->model()); !model.ok()) {
+        return FinishNow(context, record, model.status());
+      }
+    }
+    for (const SessionRecord& r : core_->ListSessions(request->model())) {
+      ToProto(r, response->add_sessions());
+    }
+    return FinishNow(context, record, absl::OkStatus());
+  }
+
+  grpc::ServerUnaryReactor* DeleteSession(grpc::CallbackServerContext* context,
+                                          const v1::DeleteSessionRequest* request,
+                                          v1::DeleteSessionResponse*) override {
+    auto record = std::make_shared<CallRecord>(this, "DeleteSession", "", request->session_id());
+    if (absl::Status admitted = Admit(context); !admitted.ok()) {
+      return FinishNow(context, record, admitted);
+    }
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    core_->DeleteSession(request->session_id(), UnaryDone<bool>(reactor, record, [](bool) {}));
+    return reactor;
+  }
+
+  grpc::ServerUnaryReactor* ForkSession(grpc::CallbackServerContext* context,
+                                        const v1::ForkSessionRequest* request,
+                                        v1::SessionInfo* response) override {
+    auto record = std::make_shared<CallRecord>(this, "ForkSession", "", request->session_id());
+    if (absl::Status admitted = Admit(context); !admitted.ok()) {
+      return FinishNow(context, record, admitted);
+    }
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    core_->ForkSession(
+        request->session_id(),
+        UnaryDone<SessionRecord>(reactor, record, [response, record](SessionRecord& r) {
+          record->set_model(r.model);
+          ToProto(r, response);
+        }));
+    return reactor;
+  }
+
+  grpc::ServerUnaryReactor* ExportSession(grpc::CallbackServerContext* context,
+                                          const v1::ExportSessionRequest* request,
+                                          v1::ExportSessionResponse* response) override {
+    auto record = std::make_shared<CallRecord>(this, "ExportSession", "", request->session_id());
+    if (absl::Status admitted = Admit(context); !admitted.ok()) {
+      return FinishNow(context, record, admitted);
+    }
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    core_->ExportSession(
+        request->session_id(),
+        UnaryDone<ExportResult>(reactor, record, [response, record](ExportResult& r) {
+          record->set_model(r.model);
+          response->set_blob(std::move(r.blob));
+          response->set_model(r.model);
+          response->set_tokens(r.tokens);
+        }));
+    return reactor;
+  }
+
+  grpc::ServerUnaryReactor* ImportSession(grpc::CallbackServerContext* context,
+                                          const v1::ImportSessionRequest* request,
+                                          v1::SessionInfo* response) override {
+    auto record = std::make_shared<CallRecord>(this, "ImportSession", request->model(), "");
+    if (absl::Status admitted = Admit(context); !admitted.ok()) {
+      return FinishNow(context, record, admitted);
+    }
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    core_->ImportSession(
+        request->model(), request->blob(),
+        UnaryDone<SessionRecord>(reactor, record, [response, record](SessionRecord& r) {
+          record->set_model(r.model);
+          record->set_session(r.id);
+          ToProto(r, response);
+        }));
+    return reactor;
+  }
+
+  grpc::ServerUnaryReactor* ListModels(grpc::CallbackServerContext* context,
+                                       const v1::ListModelsRequest*,
+                                       v1::ListModelsResponse* response) override {
+    auto record = std::make_shared<CallRecord>(this, "ListModels", "", "");
+    if (absl::Status admitted = Admit(context); !admitted.ok()) {
+      return FinishNow(context, record, admitted);
+    }
+    for (const ModelDescription& d : core_->ListModels()) ToProto(d, response->add_models());
+    return FinishNow(context, record, absl::OkStatus());
+  }
+
+  grpc::ServerUnaryReactor* DescribeModel(grpc::CallbackServerContext* context,
+                                          const v1::DescribeModelRequest* request,
+                                          v1::ModelInfo* response) override {
+    auto record = std::make_shared<CallRecord>(this, "DescribeModel", request->model(), "");
+    if (absl::Status admitted = Admit(context); !admitted.ok()) {
+      return FinishNow(context, record, admitted);
+    }
+    auto model = core_->DescribeModel(request->model());
+    if (model.ok()) ToProto(*model, response);
+    return FinishNow(context, record, model.status());
+  }
+
+  Core* const core_;
+  const GrpcServerOptions options_;
+  std::atomic<bool> shutting_down_{false};
+  std::atomic<uint64_t> next_request_id_{1};
+};
+
+namespace {
+
+// One Generate call. Lives from the handler until OnDone. The engine calls OnStart,
+// OnChunk and OnFinish (one write in flight at a time); gRPC calls OnWriteDone,
+// OnCancel and OnDone.
+class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse>,
+                        public GenerateObserver {
+ public:
+  using CallRecord = GrpcServer::Service::CallRecord;
+
+  GenerateReactor(std::shared_ptr<CallRecord> record) : record_(std::move(record)) {}
+
+  void FailNow(const absl::Status& status) {
+    finishing_ = true;
+    const grpc::Status grpc_status = ToGrpcStatus(status);
+    record_->Done(grpc_status);
+    Finish(grpc_status);
+  }
+
+  void OnStart(std::shared_ptr<GenerateControl> stream) override {
+    absl::MutexLock lock(&mu_);
+    stream_ = std::move(stream);
+  }
+
+  void OnChunk(GenerateChunk chunk) override {
+    chunk_message_.Clear();
+    chunk_message_.set_text(std::move(chunk.text));
+    chunk_message_.mutable_token_ids()->Add(chunk.token_ids.begin(), chunk.token_ids.end());
+    chunk_message_.mutable_logprobs()->Add(chunk.logprobs.begin(), chunk.logprobs.end());
+    StartWrite(&chunk_message_);
+  }
+
+  void OnFinish(absl::Status status, GenerateSummary summary) override {
+    finishing_ = true;
+    record_->set_tokens(summary.prompt_tokens, summary.generated_tokens);
+    if (!status.ok()) {
+      const grpc::Status grpc_status = ToGrpcStatus(status);
+      record_->Done(grpc_status);
+      Finish(grpc_status);
+      return;
+    }
+    if (summary.reason == FinishReason::kCancelled) {
+      const grpc::Status cancelled(grpc::StatusCode::CANCELLED, "cancelled");
+      record_->Done(cancelled);
+      Finish(cancelled);
+      return;
+    }
+    final_message_.set_text(std::move(summary.trailing_text));
+    final_message_.set_finish_reason(ToProto(summary.reason));
+    v1::Usage* usage = final_message_.mutable_usage();
+    usage->set_prompt_tokens(summary.prompt_tokens);
+    usage->set_generated_tokens(summary.generated_tokens);
+    usage->set_session_tokens(summary.session_tokens);
+    record_->Done(grpc::Status::OK);
+    StartWriteAndFinish(&final_message_, grpc::WriteOptions(), grpc::Status::OK);
+  }
+
+  void OnWriteDone(bool ok) override {
+    if (finishing_) return;
+    std::shared_ptr<GenerateControl> stream = Stream();
+    if (stream != nullptr) stream->WriteDone(ok);
+  }
+
+  void OnCancel() override {
+    std::shared_ptr<GenerateControl> stream = Stream();
+    if (stream != nullptr) stream->Cancel();
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  std::shared_ptr<GenerateControl> Stream() {
+    absl::MutexLock lock(&mu_);
+    return stream_;
+  }
+
+  std::shared_ptr<CallRecord> record_;
+  absl::Mutex mu_;
+  std::shared_ptr<GenerateControl> stream_ ABSL_GUARDED_BY(mu_);
+  std::atomic<bool> finishing_{false};
+  v1::GenerateResponse chunk_message_;  // the one write in flight
+  v1::GenerateResponse final_message_;
+};
+
+}  // namespace
+
+grpc::ServerWriteReactor<v1::GenerateResponse>* GrpcServer::Service::Generate(
+    grpc::CallbackServerContext* context, const v1::GenerateRequest* request) {
+  auto record =
+      std::make_shared<CallRecord>(this, "Generate", request->model(), request->session_id());
+  auto* reactor = new GenerateReactor(record);
+  if (absl::Status admitted = Admit(context); !admitted.ok()) {
+    reactor->FailNow(admitted);
+    return reactor;
+  }
+  GenerateParams params = FromProto(*request);
+  if (params.model.empty()) {
+    if (auto model = core_->DescribeModel(""); model.ok()) record->set_model(model->name);
+  }
+  if (absl::Status started = core_->StartGenerate(std::move(params), reactor); !started.ok()) {
+    reactor->FailNow(started);
+  }
+  return reactor;
+}
+
+absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const GrpcServerOptions& options,
+                                                              Core* core) {
+  std::unique_ptr<GrpcServer> server(new GrpcServer());
+  server->options_ = options;
+  server->core_ = core;
+  server->service_ = std::make_unique<Service>(core, options);
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &server->port_);
+  builder.SetMaxReceiveMessageSize(options.max_receive_message_bytes);
+  builder.RegisterService(server->service_.get());
+  server->server_ = builder.BuildAndStart();
+  if (server->server_ == nullptr || server->port_ == 0) {
+    return absl::UnavailableError(
+        absl::StrCat("--listen: cannot listen on '", options.listen, "'"));
+  }
+  grpc::HealthCheckServiceInterface* health = server->server_->GetHealthCheckService();
+  health->SetServingStatus("", true);
+  health->SetServingStatus(kServiceName, true);
+  return server;
+}
+
+GrpcServer::~GrpcServer() { Shutdown(); }
+
+void GrpcServer::Shutdown() {
+  if (server_ == nullptr || shut_down_.exchange(true)) return;
+  grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService();
+  health->SetServingStatus("", false);
+  health->SetServingStatus(kServiceName, false);
+  service_->BeginShutdown();
+  core_->BeginShutdown();
+  const absl::Time deadline = absl::Now() + options_.drain_timeout;
+  if (!core_->WaitIdle(deadline)) {
+    Log(LogLevel::kWarning, "drain timeout passed; ending the remaining streams");
+  }
+  core_->EndAllWork();
+  // Streams end as soon as their in-flight write returns; a client that stopped reading
+  // is cancelled by the gRPC deadline below.
+  server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  server_->Wait();
+  core_->Stop();
+}
+
+}  // namespace fwserve

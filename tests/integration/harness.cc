@@ -1,0 +1,114 @@
+#include "tests/integration/harness.h"
+
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <prometheus/registry.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <filesystem>
+
+#include "models/checkpoint.h"
+#include "models/model.h"
+#include "models/tokenizer.h"
+#include "tests/unit/test_models.h"
+
+namespace fwtest {
+
+void WriteTinyCheckpoint(const std::string& dir, const std::string& architecture, uint64_t seed) {
+  auto arch = fwmodel::ParseArchitecture(architecture);
+  ASSERT_TRUE(arch.ok()) << arch.status();
+  fwmodel::ModelConfig config = TinyConfig(*arch, fwmodel::FfnKind::kSquaredRelu, 3);
+  config.vocab_size = 256;
+  fwmodel::Model model = RandomModel(config, seed, torch::kFloat32, 0.3);
+  absl::Status saved = fwmodel::SaveCheckpoint(model, dir, fwmodel::DType::kF32);
+  ASSERT_TRUE(saved.ok()) << saved;
+}
+
+std::vector<double> ReferenceScore(const std::string& checkpoint_dir, const std::string& text) {
+  auto loaded = fwmodel::LoadCheckpoint(checkpoint_dir, {});
+  EXPECT_TRUE(loaded.ok()) << loaded.status();
+  if (!loaded.ok()) return {};
+  auto scores = fwmodel::ScoreTokens(loaded->model, fwmodel::EncodeBytes(text));
+  EXPECT_TRUE(scores.ok()) << scores.status();
+  return scores.ok() ? *scores : std::vector<double>{};
+}
+
+std::string MakeTempDir(const std::string& tag) {
+  static std::atomic<int> counter{0};
+  const char* base = std::getenv("TEST_TMPDIR");
+  std::filesystem::path dir = std::filesystem::path(base != nullptr ? base : "/tmp") /
+                              ("fwserve-" + tag + "-" + std::to_string(getpid()) + "-" +
+                               std::to_string(counter.fetch_add(1)));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir.string();
+}
+
+int FreeLoopbackPort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  address.sin_port = 0;
+  socklen_t length = sizeof(address);
+  int port = 0;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0) {
+    port = ntohs(address.sin_port);
+  }
+  close(fd);
+  return port;
+}
+
+std::unique_ptr<Harness> Harness::Start(fwserve::CoreOptions core_options,
+                                        fwserve::GrpcServerOptions server_options,
+                                        bool expose_metrics) {
+  auto harness = std::make_unique<Harness>();
+  harness->metrics_ = fwserve::Metrics::Create();
+  if (expose_metrics) harness->StartExposer();
+  core_options.metrics = harness->metrics_.get();
+  auto core = fwserve::Core::Create(core_options);
+  EXPECT_TRUE(core.ok()) << core.status();
+  if (!core.ok()) return nullptr;
+  harness->core_ = std::move(*core);
+  server_options.listen = "127.0.0.1:0";
+  server_options.metrics = harness->metrics_.get();
+  auto server = fwserve::GrpcServer::Start(server_options, harness->core_.get());
+  EXPECT_TRUE(server.ok()) << server.status();
+  if (!server.ok()) return nullptr;
+  harness->server_ = std::move(*server);
+  fwserve::ClientOptions client_options;
+  client_options.target = harness->target();
+  client_options.deadline = absl::Seconds(30);
+  auto client = fwserve::Client::Connect(client_options);
+  EXPECT_TRUE(client.ok()) << client.status();
+  harness->client_ = std::move(*client);
+  return harness;
+}
+
+void Harness::StartExposer() {
+  // civetweb cannot bind port 0: take a free port from the kernel (a small race with
+  // other processes, retried).
+  for (int attempt = 0; attempt < 5 && exposer_ == nullptr; ++attempt) {
+    const int port = FreeLoopbackPort();
+    try {
+      exposer_ = std::make_unique<prometheus::Exposer>("127.0.0.1:" + std::to_string(port));
+      metrics_port_ = port;
+    } catch (const std::exception&) {
+    }
+  }
+  EXPECT_NE(exposer_, nullptr);
+  if (exposer_ == nullptr) return;
+  exposer_->RegisterCollectable(metrics_->registry());
+}
+
+Harness::~Harness() { Shutdown(); }
+
+void Harness::Shutdown() {
+  if (server_ != nullptr) server_->Shutdown();
+}
+
+}  // namespace fwtest

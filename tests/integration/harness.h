@@ -1,0 +1,64 @@
+// An in-process fwserve (Core + GrpcServer on port 0) and a real Client connected to
+// it, for integration tests. The harness owns a temporary directory for checkpoints
+// and session files.
+#pragma once
+
+#include <prometheus/exposer.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "client/client.h"
+#include "server/core/core.h"
+#include "server/core/metrics.h"
+#include "server/transport/grpc_server.h"
+
+namespace fwtest {
+
+// Writes a small random checkpoint (2 layers, d=32, bytes vocabulary) into `dir`.
+// architecture: "linear_attention", "fast_weight" or "aft". Deterministic in seed.
+void WriteTinyCheckpoint(const std::string& dir, const std::string& architecture, uint64_t seed);
+
+// The contract's log-probs of `text` from a fresh state, computed with the model
+// library directly (not through the server).
+std::vector<double> ReferenceScore(const std::string& checkpoint_dir, const std::string& text);
+
+// A fresh temporary directory (removed by the process's test teardown is not needed:
+// it lives under the test's TEST_TMPDIR or /tmp).
+std::string MakeTempDir(const std::string& tag);
+
+// A loopback TCP port that was free a moment ago.
+int FreeLoopbackPort();
+
+class Harness {
+ public:
+  // Starts a server over `core_options` (model_dirs must be set) with metrics, and a
+  // /metrics exposer on a free loopback port if `expose_metrics` (its shutdown takes
+  // about 2 s: civetweb's poll interval).
+  static std::unique_ptr<Harness> Start(fwserve::CoreOptions core_options,
+                                        fwserve::GrpcServerOptions server_options = {},
+                                        bool expose_metrics = false);
+  ~Harness();
+
+  fwserve::Client& client() { return *client_; }
+  int port() const { return server_->port(); }
+  std::string target() const { return "127.0.0.1:" + std::to_string(port()); }
+  int metrics_port() const { return metrics_port_; }
+  fwserve::Metrics& metrics() { return *metrics_; }
+  // Graceful shutdown (drain, persist). Idempotent.
+  void Shutdown();
+  fwserve::GrpcServer& server() { return *server_; }
+
+ private:
+  void StartExposer();
+
+  std::shared_ptr<fwserve::Metrics> metrics_;
+  std::unique_ptr<prometheus::Exposer> exposer_;
+  int metrics_port_ = 0;
+  std::unique_ptr<fwserve::Core> core_;
+  std::unique_ptr<fwserve::GrpcServer> server_;
+  std::unique_ptr<fwserve::Client> client_;
+};
+
+}  // namespace fwtest

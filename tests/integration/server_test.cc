@@ -1,0 +1,688 @@
+// End-to-end behaviour of fwserve: a real server in-process on port 0, driven through
+// the real client library over a real gRPC channel. Models are small random
+// checkpoints written by the test, except where the shipped model is named.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <filesystem>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "client/client.h"
+#include "server/core/validation.h"
+#include "tests/integration/harness.h"
+
+namespace fwtest {
+namespace {
+
+namespace v1 = fwserve::v1;
+using absl::StatusCode;
+
+class ServerTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    models_dir_ = new std::string(MakeTempDir("models"));
+    for (const char* arch : {"aft", "fast_weight", "linear_attention"}) {
+      WriteTinyCheckpoint(*models_dir_ + "/" + arch, arch, 7);
+    }
+  }
+  static std::string ModelDir(const std::string& arch) { return *models_dir_ + "/" + arch; }
+
+  fwserve::CoreOptions Options(const std::string& arch = "aft") {
+    fwserve::CoreOptions options;
+    options.model_dirs = {ModelDir(arch)};
+    options.max_tokens = 2000;
+    return options;
+  }
+
+  static v1::GenerateRequest Greedy(const std::string& prompt, int max_tokens,
+                                    const std::string& session_id = "") {
+    v1::GenerateRequest request;
+    request.set_prompt(prompt);
+    request.set_max_tokens(max_tokens);
+    request.set_session_id(session_id);
+    request.mutable_sampling()->set_temperature(0);
+    return request;
+  }
+
+  static std::string* models_dir_;
+};
+
+std::string* ServerTest::models_dir_ = nullptr;
+
+// ----------------------------------------------------------------------------------
+// Streaming.
+
+TEST_F(ServerTest, StreamsValidUtf8TokenByTokenWithUsage) {
+  auto server = Harness::Start(Options());
+  ASSERT_NE(server, nullptr);
+  v1::GenerateRequest request = Greedy("Hello, world", 40);
+  request.set_logprobs(true);
+  int messages = 0;
+  auto result = server->client().Generate(request, [&](const v1::GenerateResponse& m) {
+    ++messages;
+    EXPECT_EQ(fwserve::FirstInvalidUtf8Offset(m.text()), -1);
+    EXPECT_EQ(m.logprobs_size(), m.token_ids_size());
+    return true;
+  });
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->token_ids.size(), 40u);
+  EXPECT_EQ(messages, 41);  // one per token, then the final message
+  EXPECT_EQ(result->finish_reason, v1::FINISH_REASON_LENGTH);
+  EXPECT_EQ(result->usage.prompt_tokens(), 12);
+  EXPECT_EQ(result->usage.generated_tokens(), 40);
+  EXPECT_EQ(result->usage.session_tokens(), 52);
+  EXPECT_EQ(fwserve::FirstInvalidUtf8Offset(result->text), -1);
+  for (float logprob : result->logprobs) EXPECT_LE(logprob, 0.0f);
+}
+
+TEST_F(ServerTest, SameSeedSameOutputAndSeedsDiffer) {
+  auto server = Harness::Start(Options());
+  ASSERT_NE(server, nullptr);
+  auto sample = [&](uint64_t seed) {
+    v1::GenerateRequest request = Greedy("abc", 50);
+    request.mutable_sampling()->set_temperature(1.0f);
+    request.mutable_sampling()->set_seed(seed);
+    request.mutable_sampling()->set_top_k(50);
+    auto result = server->client().Generate(request);
+    EXPECT_TRUE(result.ok()) << result.status();
+    return result.ok() ? result->token_ids : std::vector<int64_t>{};
+  };
+  EXPECT_EQ(sample(7), sample(7));
+  EXPECT_NE(sample(7), sample(8));
+}
+
+TEST_F(ServerTest, StopStringEndsGenerationAndIsIncluded) {
+  auto server = Harness::Start(Options());
+  ASSERT_NE(server, nullptr);
+  auto free_run = server->client().Generate(Greedy("To be", 60));
+  ASSERT_TRUE(free_run.ok());
+  // The first ASCII byte generated after position 3 becomes the stop string.
+  size_t stop_at = 0;
+  for (size_t i = 3; i < free_run->token_ids.size(); ++i) {
+    if (free_run->token_ids[i] > 0 && free_run->token_ids[i] < 128) {
+      stop_at = i;
+      break;
+    }
+  }
+  ASSERT_GT(stop_at, 0u) << "the random model generated no ASCII byte";
+  const std::string stop(1, static_cast<char>(free_run->token_ids[stop_at]));
+  size_t first = 0;
+  while (free_run->token_ids[first] != free_run->token_ids[stop_at]) ++first;
+
+  v1::GenerateRequest request = Greedy("To be", 60);
+  request.add_stop(stop);
+  auto stopped = server->client().Generate(request);
+  ASSERT_TRUE(stopped.ok());
+  EXPECT_EQ(stopped->finish_reason, v1::FINISH_REASON_STOP);
+  EXPECT_EQ(stopped->token_ids, std::vector<int64_t>(free_run->token_ids.begin(),
+                                                     free_run->token_ids.begin() + first + 1));
+}
+
+// ----------------------------------------------------------------------------------
+// Sessions.
+
+TEST_F(ServerTest, OneRequestEqualsSeveralOnTheSameSession) {
+  for (const char* arch : {"aft", "fast_weight", "linear_attention"}) {
+    SCOPED_TRACE(arch);
+    auto server = Harness::Start(Options(arch));
+    ASSERT_NE(server, nullptr);
+    auto whole = server->client().CreateSession("", "Once upon");
+    auto split = server->client().CreateSession("", "Once upon");
+    ASSERT_TRUE(whole.ok() && split.ok());
+    auto all = server->client().Generate(Greedy(" a time", 30, whole->session_id()));
+    ASSERT_TRUE(all.ok()) << all.status();
+    std::vector<int64_t> pieces;
+    for (int i = 0; i < 3; ++i) {
+      auto part =
+          server->client().Generate(Greedy(i == 0 ? " a time" : "", 10, split->session_id()));
+      ASSERT_TRUE(part.ok()) << part.status();
+      pieces.insert(pieces.end(), part->token_ids.begin(), part->token_ids.end());
+    }
+    EXPECT_EQ(all->token_ids, pieces);
+    // The session holds exactly its history: prefix + prompt + generated.
+    auto info = server->client().GetSession(split->session_id());
+    ASSERT_TRUE(info.ok());
+    EXPECT_EQ(info->tokens(), 9 + 7 + 30);
+    // And a throwaway request over the same text continues identically.
+    auto throwaway = server->client().Generate(Greedy("Once upon a time", 30));
+    ASSERT_TRUE(throwaway.ok());
+    EXPECT_EQ(throwaway->token_ids, all->token_ids);
+  }
+}
+
+TEST_F(ServerTest, SessionInfoListAndDelete) {
+  auto server = Harness::Start(Options());
+  ASSERT_NE(server, nullptr);
+  const int64_t before_ms = absl::ToUnixMillis(absl::Now());
+  auto a = server->client().CreateSession("", "prefix");
+  auto b = server->client().CreateSession("aft", "");
+  ASSERT_TRUE(a.ok() && b.ok()) << a.status() << b.status();
+  EXPECT_EQ(a->session_id().size(), 32u);
+  EXPECT_NE(a->session_id(), b->session_id());
+  EXPECT_EQ(a->model(), "aft");
+  EXPECT_EQ(a->tokens(), 6);
+  EXPECT_GT(a->state_bytes(), 0);
+  EXPECT_GE(a->created_unix_ms(), before_ms);
+  auto listed = server->client().ListSessions();
+  ASSERT_TRUE(listed.ok());
+  EXPECT_EQ(listed->size(), 2u);
+  ASSERT_TRUE(server->client().DeleteSession(a->session_id()).ok());
+  EXPECT_EQ(server->client().GetSession(a->session_id()).status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(server->client().DeleteSession(a->session_id()).code(), StatusCode::kNotFound);
+  EXPECT_EQ(server->client().ListSessions()->size(), 1u);
+}
+
+TEST_F(ServerTest, ForkIsIndependent) {
+  auto server = Harness::Start(Options("fast_weight"));
+  ASSERT_NE(server, nullptr);
+  auto source = server->client().CreateSession("", "The king");
+  ASSERT_TRUE(source.ok());
+  auto fork = server->client().ForkSession(source->session_id());
+  ASSERT_TRUE(fork.ok()) << fork.status();
+  EXPECT_NE(fork->session_id(), source->session_id());
+  EXPECT_EQ(fork->tokens(), source->tokens());
+  // Advancing the fork leaves the source as it was, and vice versa.
+  auto on_fork = server->client().Generate(Greedy(" said", 25, fork->session_id()));
+  ASSERT_TRUE(on_fork.ok());
+  EXPECT_EQ(server->client().GetSession(source->session_id())->tokens(), 8);
+  auto on_source = server->client().Generate(Greedy(" said", 25, source->session_id()));
+  ASSERT_TRUE(on_source.ok());
+  EXPECT_EQ(on_source->token_ids, on_fork->token_ids);
+  EXPECT_EQ(server->client().GetSession(fork->session_id())->tokens(), 8 + 5 + 25);
+}
+
+TEST_F(ServerTest, ExportImportRoundTripAndIntoARestartedServer) {
+  std::string blob;
+  std::vector<int64_t> expected;
+  {
+    auto server = Harness::Start(Options());
+    ASSERT_NE(server, nullptr);
+    auto session = server->client().CreateSession("", "Exported state");
+    ASSERT_TRUE(session.ok());
+    auto exported = server->client().ExportSession(session->session_id());
+    ASSERT_TRUE(exported.ok()) << exported.status();
+    EXPECT_EQ(exported->tokens(), 14);
+    EXPECT_EQ(exported->model(), "aft");
+    blob = exported->blob();
+    auto imported = server->client().ImportSession(blob);
+    ASSERT_TRUE(imported.ok()) << imported.status();
+    EXPECT_EQ(imported->tokens(), 14);
+    auto a = server->client().Generate(Greedy("!", 20, session->session_id()));
+    auto b = server->client().Generate(Greedy("!", 20, imported->session_id()));
+    ASSERT_TRUE(a.ok() && b.ok());
+    EXPECT_EQ(a->token_ids, b->token_ids);
+    expected = a->token_ids;
+  }
+  // A new server process-equivalent (fresh core, same checkpoint) accepts the blob.
+  auto restarted = Harness::Start(Options());
+  ASSERT_NE(restarted, nullptr);
+  auto imported = restarted->client().ImportSession(blob, "aft");
+  ASSERT_TRUE(imported.ok()) << imported.status();
+  auto c = restarted->client().Generate(Greedy("!", 20, imported->session_id()));
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->token_ids, expected);
+}
+
+TEST_F(ServerTest, ImportRejectsOtherModelsTruncatedAndAlteredBlobsAndChangesNothing) {
+  fwserve::CoreOptions options = Options();
+  options.model_dirs.push_back(ModelDir("fast_weight"));
+  auto server = Harness::Start(options);
+  ASSERT_NE(server, nullptr);
+  auto session = server->client().CreateSession("aft", "some text");
+  ASSERT_TRUE(session.ok());
+  auto exported = server->client().ExportSession(session->session_id());
+  ASSERT_TRUE(exported.ok());
+  const std::string blob = exported->blob();
+  std::string altered = blob;
+  altered[altered.size() - 10] ^= 0x01;
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"fast_weight", blob},                     // another model
+      {"aft", blob.substr(0, blob.size() / 2)},  // truncated
+      {"aft", altered},                          // altered data
+      {"aft", "not a blob at all"},              // garbage
+  };
+  for (const auto& [model, bytes] : bad) {
+    auto imported = server->client().ImportSession(bytes, model);
+    EXPECT_EQ(imported.status().code(), StatusCode::kInvalidArgument)
+        << model << " " << imported.status();
+  }
+  EXPECT_EQ(server->client().ListSessions()->size(), 1u);
+}
+
+TEST_F(ServerTest, CancellationMidStreamLeavesExactlyTheStreamedTokens) {
+  auto server = Harness::Start(Options());
+  ASSERT_NE(server, nullptr);
+  auto session = server->client().CreateSession("", "");
+  ASSERT_TRUE(session.ok());
+  std::unique_ptr<fwserve::GenerateStream> stream =
+      server->client().StartGenerate(Greedy("Cancel me", 1500, session->session_id()));
+  v1::GenerateResponse message;
+  int received = 0;
+  while (received < 20 && stream->Next(&message)) received += message.token_ids_size();
+  stream->Cancel();
+  while (stream->Next(&message)) received += message.token_ids_size();
+  EXPECT_EQ(stream->Finish().code(), StatusCode::kCancelled);
+
+  // The server must have let go of the session; its state holds the prompt and the
+  // first g greedy tokens, for some g >= what this client read.
+  absl::StatusOr<v1::SessionInfo> info;
+  for (int i = 0; i < 100; ++i) {
+    auto next = server->client().Generate(Greedy("", 0, session->session_id()));
+    if (next.status().code() != StatusCode::kAborted) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  info = server->client().GetSession(session->session_id());
+  ASSERT_TRUE(info.ok());
+  const int64_t g = info->tokens() - 9;
+  EXPECT_GE(g, received);
+  EXPECT_LT(g, 1500);
+  // Continuing from the cancelled session equals an uninterrupted run of g + 15 tokens.
+  auto continued = server->client().Generate(Greedy("", 15, session->session_id()));
+  ASSERT_TRUE(continued.ok()) << continued.status();
+  auto reference = server->client().Generate(Greedy("Cancel me", static_cast<int>(g) + 15));
+  ASSERT_TRUE(reference.ok());
+  EXPECT_EQ(continued->token_ids,
+            std::vector<int64_t>(reference->token_ids.end() - 15, reference->token_ids.end()));
+}
+
+TEST_F(ServerTest, CancelBeforeTheFirstTokenChangesNothing) {
+  fwserve::CoreOptions options = Options();
+  options.prefill_chunk_tokens = 4;  // a long prefill, so the cancel lands inside it
+  auto server = Harness::Start(options);
+  ASSERT_NE(server, nullptr);
+  auto session = server->client().CreateSession("", "kept");
+  ASSERT_TRUE(session.ok());
+  v1::GenerateRequest request = Greedy(std::string(20000, 'x'), 5, session->session_id());
+  std::unique_ptr<fwserve::GenerateStream> stream = server->client().StartGenerate(request);
+  stream->Cancel();
+  v1::GenerateResponse message;
+  while (stream->Next(&message)) {
+  }
+  const absl::Status status = stream->Finish();
+  absl::StatusOr<v1::SessionInfo> info;
+  for (int i = 0; i < 200; ++i) {
+    info = server->client().GetSession(session->session_id());
+    ASSERT_TRUE(info.ok());
+    if (server->client().ForkSession(session->session_id()).status().code() != StatusCode::kAborted)
+      break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  if (status.code() == StatusCode::kCancelled) {
+    EXPECT_EQ(info->tokens(), 4);
+  }
+}
+
+TEST_F(ServerTest, ASecondRequestOnABusySessionIsAbortedAndStateIsIntact) {
+  auto server = Harness::Start(Options());
+  ASSERT_NE(server, nullptr);
+  auto session = server->client().CreateSession("", "busy");
+  ASSERT_TRUE(session.ok());
+  std::unique_ptr<fwserve::GenerateStream> stream =
+      server->client().StartGenerate(Greedy("", 1500, session->session_id()));
+  v1::GenerateResponse message;
+  ASSERT_TRUE(stream->Next(&message));
+  EXPECT_EQ(server->client().Generate(Greedy("x", 5, session->session_id())).status().code(),
+            StatusCode::kAborted);
+  EXPECT_EQ(server->client().ForkSession(session->session_id()).status().code(),
+            StatusCode::kAborted);
+  EXPECT_EQ(server->client().ExportSession(session->session_id()).status().code(),
+            StatusCode::kAborted);
+  EXPECT_EQ(server->client().DeleteSession(session->session_id()).code(), StatusCode::kAborted);
+  v1::ScoreRequest score;
+  score.set_session_id(session->session_id());
+  score.set_text("abc");
+  EXPECT_EQ(server->client().Score(score).status().code(), StatusCode::kAborted);
+  int received = message.token_ids_size();
+  while (stream->Next(&message)) received += message.token_ids_size();
+  ASSERT_TRUE(stream->Finish().ok());
+  EXPECT_EQ(received, 1500);
+  EXPECT_EQ(server->client().GetSession(session->session_id())->tokens(), 4 + 1500);
+}
+
+TEST_F(ServerTest, ManyConcurrentStreamsAllComplete) {
+  auto server = Harness::Start(Options());
+  ASSERT_NE(server, nullptr);
+  auto reference = server->client().Generate(Greedy("same prompt", 30));
+  ASSERT_TRUE(reference.ok());
+  std::vector<std::thread> threads;
+  std::atomic<int> matching{0};
+  for (int i = 0; i < 16; ++i) {
+    threads.emplace_back([&] {
+      auto result = server->client().Generate(Greedy("same prompt", 30));
+      if (result.ok() && result->token_ids == reference->token_ids) ++matching;
+    });
+  }
+  for (auto& t : threads) t.join();
+  // Batched decoding gives every stream the same tokens as decoding it alone.
+  EXPECT_EQ(matching.load(), 16);
+}
+
+// ----------------------------------------------------------------------------------
+// Scoring.
+
+TEST_F(ServerTest, ScoreMatchesTheModelLibraryAndLeavesSessionsUnchanged) {
+  auto server = Harness::Start(Options("linear_attention"));
+  ASSERT_NE(server, nullptr);
+  v1::ScoreRequest request;
+  request.set_text("To be, or not to be");
+  auto fresh = server->client().Score(request);
+  ASSERT_TRUE(fresh.ok()) << fresh.status();
+  std::vector<double> reference = ReferenceScore(ModelDir("linear_attention"), request.text());
+  ASSERT_EQ(fresh->logprobs_size(), 18);
+  ASSERT_EQ(reference.size(), 18u);
+  for (int i = 0; i < 18; ++i) EXPECT_NEAR(fresh->logprobs(i), reference[i], 1e-4);
+  EXPECT_GT(fresh->perplexity(), 1.0);
+
+  // Conditioned on a session holding "To be, " the rest scores like the tail of the
+  // whole text, one value per token, and the session does not move.
+  auto session = server->client().CreateSession("", "To be, ");
+  ASSERT_TRUE(session.ok());
+  request.set_session_id(session->session_id());
+  request.set_text("or not to be");
+  auto conditioned = server->client().Score(request);
+  ASSERT_TRUE(conditioned.ok()) << conditioned.status();
+  ASSERT_EQ(conditioned->logprobs_size(), 12);
+  for (int i = 0; i < 12; ++i) EXPECT_NEAR(conditioned->logprobs(i), reference[6 + i], 1e-4);
+  EXPECT_EQ(server->client().GetSession(session->session_id())->tokens(), 7);
+}
+
+// ----------------------------------------------------------------------------------
+// Limits and lifetime.
+
+TEST_F(ServerTest, FullQueueAnswersResourceExhaustedAtOnce) {
+  fwserve::CoreOptions options = Options();
+  options.max_active_streams = 1;
+  options.max_queued_requests = 1;
+  auto server = Harness::Start(options);
+  ASSERT_NE(server, nullptr);
+  auto active = server->client().StartGenerate(Greedy("a", 2000));
+  v1::GenerateResponse message;
+  ASSERT_TRUE(active->Next(&message));
+  auto queued = server->client().StartGenerate(Greedy("b", 5));
+  // The queue now holds one request; the next is refused immediately.
+  absl::Status refused;
+  for (int i = 0; i < 50; ++i) {
+    refused = server->client().Generate(Greedy("c", 5)).status();
+    if (refused.code() == StatusCode::kResourceExhausted) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(refused.code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(refused.message().find("--max-queued-requests"), std::string::npos) << refused;
+  active->Cancel();
+  while (active->Next(&message)) {
+  }
+  while (queued->Next(&message)) {
+  }
+  EXPECT_TRUE(queued->Finish().ok());
+}
+
+TEST_F(ServerTest, SessionLimitAndInputLimitsNameTheLimit) {
+  fwserve::CoreOptions options = Options();
+  options.max_sessions = 2;
+  options.max_prompt_bytes = 100;
+  auto server = Harness::Start(options);
+  ASSERT_NE(server, nullptr);
+  ASSERT_TRUE(server->client().CreateSession().ok());
+  ASSERT_TRUE(server->client().CreateSession().ok());
+  auto third = server->client().CreateSession();
+  EXPECT_EQ(third.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(third.status().message().find("--max-sessions"), std::string::npos);
+  auto too_long = server->client().Generate(Greedy(std::string(101, 'a'), 1));
+  EXPECT_EQ(too_long.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(too_long.status().message().find("--max-prompt-bytes"), std::string::npos);
+  auto too_many = server->client().Generate(Greedy("a", 2001));
+  EXPECT_EQ(too_many.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(too_many.status().message().find("--max-tokens"), std::string::npos);
+}
+
+TEST_F(ServerTest, InvalidInputsGetExactCodes) {
+  auto server = Harness::Start(Options());
+  ASSERT_NE(server, nullptr);
+  fwserve::Client& client = server->client();
+  auto code = [&](v1::GenerateRequest request) { return client.Generate(request).status().code(); };
+  EXPECT_EQ(code(Greedy("", 5)), StatusCode::kInvalidArgument);          // empty prompt
+  EXPECT_EQ(code(Greedy("\xff\xfe", 5)), StatusCode::kInvalidArgument);  // invalid UTF-8
+  EXPECT_EQ(code(Greedy("\xc3", 5)), StatusCode::kInvalidArgument);      // truncated UTF-8
+  EXPECT_EQ(code(Greedy("ok", -1)), StatusCode::kInvalidArgument);
+  v1::GenerateRequest bad = Greedy("ok", 5);
+  bad.mutable_sampling()->set_temperature(-1);
+  EXPECT_EQ(code(bad), StatusCode::kInvalidArgument);
+  bad = Greedy("ok", 5);
+  bad.mutable_sampling()->set_top_p(1.5f);
+  EXPECT_EQ(code(bad), StatusCode::kInvalidArgument);
+  bad = Greedy("ok", 5);
+  bad.mutable_sampling()->set_min_p(-0.1f);
+  EXPECT_EQ(code(bad), StatusCode::kInvalidArgument);
+  bad = Greedy("ok", 5);
+  bad.mutable_sampling()->set_top_k(-3);
+  EXPECT_EQ(code(bad), StatusCode::kInvalidArgument);
+  bad = Greedy("ok", 5);
+  bad.mutable_sampling()->set_repetition_penalty(-2);
+  EXPECT_EQ(code(bad), StatusCode::kInvalidArgument);
+  bad = Greedy("ok", 5);
+  bad.add_stop("");
+  EXPECT_EQ(code(bad), StatusCode::kInvalidArgument);
+  bad = Greedy("ok", 5);
+  bad.set_model("no-such-model");
+  EXPECT_EQ(code(bad), StatusCode::kNotFound);
+  EXPECT_EQ(code(Greedy("ok", 5, std::string(32, 'a'))), StatusCode::kNotFound);
+  EXPECT_EQ(code(Greedy("ok", 5, "../../etc/passwd")), StatusCode::kInvalidArgument);
+  // A session with no tokens cannot generate from an empty prompt.
+  auto empty = client.CreateSession();
+  ASSERT_TRUE(empty.ok());
+  EXPECT_EQ(code(Greedy("", 5, empty->session_id())), StatusCode::kInvalidArgument);
+  EXPECT_EQ(client.DescribeModel("nope").status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(client.CreateSession("nope").status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(client.CreateSession("", "\xed\xa0\x80").status().code(),  // a surrogate
+            StatusCode::kInvalidArgument);
+  v1::ScoreRequest score;
+  score.set_text("\x80");
+  EXPECT_EQ(client.Score(score).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(client.ImportSession("").status().code(), StatusCode::kInvalidArgument);
+  // Nothing above created a session, apart from `empty`.
+  EXPECT_EQ(client.ListSessions()->size(), 1u);
+}
+
+TEST_F(ServerTest, IdleSessionsExpire) {
+  fwserve::CoreOptions options = Options();
+  options.session_ttl = absl::Milliseconds(1500);
+  auto server = Harness::Start(options);
+  ASSERT_NE(server, nullptr);
+  auto session = server->client().CreateSession("", "short-lived");
+  ASSERT_TRUE(session.ok());
+  EXPECT_TRUE(server->client().GetSession(session->session_id()).ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(3200));
+  EXPECT_EQ(server->client().GetSession(session->session_id()).status().code(),
+            StatusCode::kNotFound);
+}
+
+TEST_F(ServerTest, OverTheMemoryBudgetIdleSessionsAreEvictedWithoutASessionDir) {
+  fwserve::CoreOptions options = Options();
+  auto probe = Harness::Start(options);
+  ASSERT_NE(probe, nullptr);
+  const int64_t state_bytes = probe->client().DescribeModel()->state_bytes_per_session();
+  probe.reset();
+  options.max_state_memory_bytes = 2 * state_bytes;
+  auto server = Harness::Start(options);
+  ASSERT_NE(server, nullptr);
+  auto first = server->client().CreateSession("", "one");
+  auto second = server->client().CreateSession("", "two");
+  ASSERT_TRUE(first.ok() && second.ok());
+  auto third = server->client().CreateSession("", "three");
+  ASSERT_TRUE(third.ok()) << third.status();
+  // The least recently used one made room.
+  EXPECT_EQ(server->client().GetSession(first->session_id()).status().code(),
+            StatusCode::kNotFound);
+  EXPECT_TRUE(server->client().GetSession(second->session_id()).ok());
+  // With every slot in use by a stream, there is no room at all.
+  auto a = server->client().StartGenerate(Greedy("", 2000, second->session_id()));
+  auto b = server->client().StartGenerate(Greedy("", 2000, third->session_id()));
+  v1::GenerateResponse message;
+  ASSERT_TRUE(a->Next(&message) && b->Next(&message));
+  auto refused = server->client().Generate(Greedy("x", 2));
+  EXPECT_EQ(refused.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(refused.status().message().find("--max-state-memory-bytes"), std::string::npos);
+  a->Cancel();
+  b->Cancel();
+}
+
+TEST_F(ServerTest, IdleSessionsSpillToDiskAndComeBack) {
+  fwserve::CoreOptions options = Options("fast_weight");
+  options.session_dir = MakeTempDir("spill");
+  auto probe = Harness::Start(Options("fast_weight"));
+  ASSERT_NE(probe, nullptr);
+  const int64_t state_bytes = probe->client().DescribeModel()->state_bytes_per_session();
+  auto expected = probe->client().Generate(Greedy("first session!", 20));
+  ASSERT_TRUE(expected.ok());
+  probe.reset();
+  options.max_state_memory_bytes = 2 * state_bytes;
+  auto server = Harness::Start(options);
+  ASSERT_NE(server, nullptr);
+  auto first = server->client().CreateSession("", "first");
+  ASSERT_TRUE(first.ok());
+  for (const char* prefix : {"second", "third", "fourth"}) {
+    ASSERT_TRUE(server->client().CreateSession("", prefix).ok());
+  }
+  auto spilled = server->client().GetSession(first->session_id());
+  ASSERT_TRUE(spilled.ok());
+  EXPECT_FALSE(spilled->resident());
+  EXPECT_TRUE(
+      std::filesystem::exists(options.session_dir + "/" + first->session_id() + ".fwstate"));
+  // Using it brings it back, unchanged.
+  auto resumed = server->client().Generate(Greedy(" session!", 20, first->session_id()));
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  EXPECT_EQ(resumed->token_ids, expected->token_ids);
+  EXPECT_TRUE(server->client().GetSession(first->session_id())->resident());
+  EXPECT_EQ(server->client().ListSessions()->size(), 4u);
+}
+
+TEST_F(ServerTest, SessionsPersistAcrossARestart) {
+  fwserve::CoreOptions options = Options();
+  options.session_dir = MakeTempDir("persist");
+  std::string id;
+  std::vector<int64_t> expected;
+  {
+    auto server = Harness::Start(options);
+    ASSERT_NE(server, nullptr);
+    auto session = server->client().CreateSession("", "Remember me");
+    ASSERT_TRUE(session.ok());
+    id = session->session_id();
+    auto reference = server->client().Generate(Greedy("Remember me, please", 25));
+    ASSERT_TRUE(reference.ok());
+    expected = reference->token_ids;
+    server->Shutdown();
+  }
+  auto restarted = Harness::Start(options);
+  ASSERT_NE(restarted, nullptr);
+  auto info = restarted->client().GetSession(id);
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->tokens(), 11);
+  auto resumed = restarted->client().Generate(Greedy(", please", 25, id));
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  EXPECT_EQ(resumed->token_ids, expected);
+}
+
+// ----------------------------------------------------------------------------------
+// Models, health, shutdown.
+
+TEST_F(ServerTest, ModelsAreListedAndDescribed) {
+  fwserve::CoreOptions options = Options();
+  options.model_dirs.push_back(ModelDir("fast_weight"));
+  auto server = Harness::Start(options);
+  ASSERT_NE(server, nullptr);
+  auto models = server->client().ListModels();
+  ASSERT_TRUE(models.ok());
+  ASSERT_EQ(models->size(), 2u);
+  EXPECT_EQ((*models)[0].name(), "aft");
+  EXPECT_TRUE((*models)[0].is_default());
+  EXPECT_EQ((*models)[1].architecture(), "fast_weight");
+  EXPECT_GT((*models)[1].parameters(), 0);
+  EXPECT_EQ((*models)[1].fingerprint().size(), 64u);
+  EXPECT_NE((*models)[1].config_json().find("\"architecture\""), std::string::npos);
+  auto described = server->client().DescribeModel("fast_weight");
+  ASSERT_TRUE(described.ok());
+  EXPECT_EQ(described->state_bytes_per_session(), (*models)[1].state_bytes_per_session());
+}
+
+TEST_F(ServerTest, HealthAndGracefulShutdown) {
+  fwserve::CoreOptions options = Options();
+  fwserve::GrpcServerOptions server_options;
+  server_options.drain_timeout = absl::Seconds(20);
+  auto server = Harness::Start(options, server_options);
+  ASSERT_NE(server, nullptr);
+  EXPECT_TRUE(*server->client().Health());
+  EXPECT_TRUE(*server->client().Health("fwserve.v1.Fwserve"));
+  // An in-flight stream finishes during the drain while new work is refused.
+  auto stream = server->client().StartGenerate(Greedy("drain", 300));
+  v1::GenerateResponse message;
+  ASSERT_TRUE(stream->Next(&message));
+  std::thread stopper([&] { server->Shutdown(); });
+  absl::StatusOr<bool> health;
+  for (int i = 0; i < 100; ++i) {
+    health = server->client().Health();
+    if (health.ok() && !*health) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_TRUE(health.ok()) << health.status();
+  EXPECT_FALSE(*health);
+  EXPECT_EQ(server->client().Generate(Greedy("late", 1)).status().code(), StatusCode::kUnavailable);
+  int received = message.token_ids_size();
+  v1::FinishReason reason = v1::FINISH_REASON_UNSPECIFIED;
+  while (stream->Next(&message)) {
+    received += message.token_ids_size();
+    if (message.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) reason = message.finish_reason();
+  }
+  EXPECT_TRUE(stream->Finish().ok());
+  EXPECT_EQ(received, 300);
+  EXPECT_EQ(reason, v1::FINISH_REASON_LENGTH);
+  stopper.join();
+}
+
+TEST_F(ServerTest, DrainTimeoutEndsLongStreamsWithReasonShutdown) {
+  fwserve::GrpcServerOptions server_options;
+  server_options.drain_timeout = absl::Milliseconds(200);
+  fwserve::CoreOptions options = Options();
+  options.session_dir = MakeTempDir("drain");
+  auto server = Harness::Start(options, server_options);
+  ASSERT_NE(server, nullptr);
+  auto session = server->client().CreateSession("", "long");
+  ASSERT_TRUE(session.ok());
+  auto stream = server->client().StartGenerate(Greedy("", 2000, session->session_id()));
+  v1::GenerateResponse message;
+  ASSERT_TRUE(stream->Next(&message));
+  std::thread stopper([&] { server->Shutdown(); });
+  int received = message.token_ids_size();
+  v1::GenerateResponse last;
+  while (stream->Next(&message)) {
+    received += message.token_ids_size();
+    last = message;
+  }
+  EXPECT_TRUE(stream->Finish().ok());
+  stopper.join();
+  EXPECT_EQ(last.finish_reason(), v1::FINISH_REASON_SHUTDOWN);
+  EXPECT_LT(received, 2000);
+  EXPECT_EQ(last.usage().session_tokens(), 4 + received);
+  // The session was persisted with exactly what was streamed.
+  auto restarted = Harness::Start(options);
+  ASSERT_NE(restarted, nullptr);
+  EXPECT_EQ(restarted->client().GetSession(session->session_id())->tokens(), 4 + received);
+}
+
+TEST_F(ServerTest, ShippedModelScoresShakespeareWell) {
+  fwserve::CoreOptions options;
+  options.model_dirs = {std::string(FWSERVE_SOURCE_DIR) + "/models/pretrained/aft-shakespeare"};
+  auto server = Harness::Start(options);
+  ASSERT_NE(server, nullptr);
+  v1::ScoreRequest request;
+  request.set_text("ROMEO:\nBut, soft! what light through yonder window breaks?\n");
+  auto scored = server->client().Score(request);
+  ASSERT_TRUE(scored.ok()) << scored.status();
+  double total = 0;
+  for (double v : scored->logprobs()) total += v;
+  // Bytes of English verse under a trained model: well below the 5.5 nats of uniform.
+  EXPECT_LT(-total / scored->logprobs_size(), 2.0);
+}
+
+}  // namespace
+}  // namespace fwtest
