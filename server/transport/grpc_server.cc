@@ -27,6 +27,7 @@ void ToProto(const SessionRecord& record, v1::SessionInfo* info) {
   info->set_created_unix_ms(absl::ToUnixMillis(record.created));
   info->set_last_used_unix_ms(absl::ToUnixMillis(record.last_used));
   info->set_resident(record.resident);
+  info->set_busy(record.busy);
 }
 
 void ToProto(const ModelDescription& d, v1::ModelInfo* info) {

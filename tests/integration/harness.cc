@@ -75,6 +75,10 @@ std::unique_ptr<Harness> Harness::Start(fwserve::CoreOptions core_options,
   if (!core.ok()) return nullptr;
   harness->core_ = std::move(*core);
   server_options.listen = "127.0.0.1:0";
+  // A failing test may leave streams open; do not wait the production 30 s for them.
+  if (server_options.drain_timeout == fwserve::GrpcServerOptions().drain_timeout) {
+    server_options.drain_timeout = absl::Seconds(3);
+  }
   server_options.metrics = harness->metrics_.get();
   auto server = fwserve::GrpcServer::Start(server_options, harness->core_.get());
   EXPECT_TRUE(server.ok()) << server.status();

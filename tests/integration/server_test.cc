@@ -394,27 +394,31 @@ TEST_F(ServerTest, FullQueueAnswersResourceExhaustedAtOnce) {
   fwserve::CoreOptions options = Options();
   options.max_active_streams = 1;
   options.max_queued_requests = 1;
+  options.max_tokens = 1000000;
   auto server = Harness::Start(options);
   ASSERT_NE(server, nullptr);
-  auto active = server->client().StartGenerate(Greedy("a", 2000));
+  auto session = server->client().CreateSession("", "b");
+  ASSERT_TRUE(session.ok());
+  auto active = server->client().StartGenerate(Greedy("a", 1000000));
   v1::GenerateResponse message;
   ASSERT_TRUE(active->Next(&message));
-  auto queued = server->client().StartGenerate(Greedy("b", 5));
-  // The queue now holds one request; the next is refused immediately.
-  absl::Status refused;
-  for (int i = 0; i < 50; ++i) {
-    refused = server->client().Generate(Greedy("c", 5)).status();
-    if (refused.code() == StatusCode::kResourceExhausted) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  // The second request waits in the queue; it holds its session's lease from the moment
+  // it is accepted, which is how the test knows it has arrived.
+  auto queued = server->client().StartGenerate(Greedy("", 5, session->session_id()));
+  for (int i = 0; i < 1000 && !server->client().GetSession(session->session_id())->busy(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
+  // The queue is full: the next request is refused at once, naming the limit.
+  absl::Status refused = server->client().Generate(Greedy("c", 5)).status();
   EXPECT_EQ(refused.code(), StatusCode::kResourceExhausted);
   EXPECT_NE(refused.message().find("--max-queued-requests"), std::string::npos) << refused;
   active->Cancel();
   while (active->Next(&message)) {
   }
-  while (queued->Next(&message)) {
-  }
+  int received = 0;
+  while (queued->Next(&message)) received += message.token_ids_size();
   EXPECT_TRUE(queued->Finish().ok());
+  EXPECT_EQ(received, 5);
 }
 
 TEST_F(ServerTest, SessionLimitAndInputLimitsNameTheLimit) {
