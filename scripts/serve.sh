@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# The README's serve command: installs the Debian packages, builds, and runs the
-# shipped default model. Until the gRPC server lands this streams a generation from
-# the default checkpoint with `fwmodel generate`; extra arguments are passed through
-# (e.g. --prompt "JULIET:" --max-tokens 800 --temperature 0.7).
+# The README's serve command: installs the Debian packages, builds, and starts the
+# fwserve gRPC server with the shipped default model (models/pretrained/aft-shakespeare)
+# on 127.0.0.1:50051, metrics on http://127.0.0.1:9464/metrics. Extra arguments go to
+# fwserve (see `build/server/fwserve --help`), e.g. --model DIR --session-dir DIR.
+# Stop it with Ctrl-C (SIGINT) or SIGTERM: in-flight streams drain, sessions persist
+# when --session-dir is set.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 scripts/build.sh
-DEFAULT_MODEL=models/pretrained/aft-shakespeare
-./build/tools/fwmodel info "$DEFAULT_MODEL" | tail -n 3 >&2
-exec ./build/tools/fwmodel generate "$DEFAULT_MODEL" --prompt "ROMEO:" --max-tokens 600 "$@"
+exec ./build/server/fwserve "$@"
