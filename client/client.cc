@@ -2,7 +2,10 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "grpc/health/v1/health.grpc.pb.h"
@@ -20,6 +23,18 @@ class GrpcGenerateStream : public GenerateStream {
   GrpcGenerateStream(std::unique_ptr<grpc::ClientContext> context, v1::Fwserve::Stub* stub,
                      const v1::GenerateRequest& request)
       : context_(std::move(context)), reader_(stub->Generate(context_.get(), request)) {}
+
+  // A stream dropped before Finish() is cancelled and finished here, so that the call
+  // ends (and the server lets go of its session) as soon as the caller is done with it.
+  ~GrpcGenerateStream() override {
+    if (!finished_) {
+      Cancel();
+      v1::GenerateResponse ignored;
+      while (reader_->Read(&ignored)) {
+      }
+      Finish();
+    }
+  }
 
   bool Next(v1::GenerateResponse* message) override { return reader_->Read(message); }
 
@@ -56,6 +71,17 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   }
   grpc::ChannelArguments arguments;
   arguments.SetMaxReceiveMessageSize(64 << 20);
+  // gRPC waits between reconnection attempts on its own (1 s, growing to 120 s, by
+  // default), and while it waits every call fails at once with UNAVAILABLE. Align that
+  // wait with the client's retry backoff, so that a retry can reach a server that came
+  // (back) up in the meantime.
+  const auto clamp_ms = [](absl::Duration d) {
+    return static_cast<int>(std::clamp<int64_t>(absl::ToInt64Milliseconds(d), 1, 120000));
+  };
+  arguments.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, clamp_ms(options.initial_backoff));
+  arguments.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, clamp_ms(options.initial_backoff));
+  arguments.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS,
+                   clamp_ms(std::max(options.max_backoff, options.initial_backoff)));
   auto channel = grpc::CreateCustomChannel(options.target, credentials, arguments);
   if (channel == nullptr) {
     return absl::InvalidArgumentError(

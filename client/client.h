@@ -13,6 +13,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -42,7 +43,9 @@ struct ClientOptions {
   // Deadline of a Generate stream (infinite = none).
   absl::Duration generate_deadline = absl::InfiniteDuration();
   // Retries of idempotent calls on UNAVAILABLE: attempts after the first, and the
-  // backoff before the first retry (doubling, capped at max_backoff).
+  // backoff before the first retry (doubling, capped at max_backoff). The channel's own
+  // reconnection backoff follows the same bounds, so a retry reaches a server that came
+  // up during the wait.
   int max_retries = 3;
   absl::Duration initial_backoff = absl::Milliseconds(100);
   absl::Duration max_backoff = absl::Seconds(2);
@@ -67,6 +70,7 @@ class GenerateStream {
   // finish reason and usage); CANCELLED after Cancel().
   virtual absl::Status Finish() = 0;
   // Cancels the call; thread-safe. The server keeps exactly the tokens it streamed.
+  // Destroying a stream before Finish() cancels it too.
   virtual void Cancel() = 0;
 };
 

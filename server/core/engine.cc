@@ -194,46 +194,54 @@ void Engine::Loop() {
       stop = stop_;
     }
 
-    for (const Event& event : events) ApplyEvent(event);
-    for (auto& item : admitted) {
+    // Tensor code outside Model::Forward/Step (gather, scatter, copies) can still throw
+    // c10::Error (e.g. out of memory); it must not take the process down. The requests in
+    // flight fail with INTERNAL; sessions keep their last committed state.
+    try {
+      for (const Event& event : events) ApplyEvent(event);
+      for (auto& item : admitted) {
+        if (end_all) {
+          // Accepted before the shutdown began but never started: refuse cleanly.
+          Task refused;
+          refused.item = std::move(item);
+          refused.session_id = refused.item->session_id;
+          FailTask(refused, absl::UnavailableError("the server is shutting down"));
+          continue;
+        }
+        Admit(std::move(item));
+      }
       if (end_all) {
-        // Accepted before the shutdown began but never started: refuse cleanly.
-        Task refused;
-        refused.item = std::move(item);
-        refused.session_id = refused.item->session_id;
-        FailTask(refused, absl::UnavailableError("the server is shutting down"));
-        continue;
-      }
-      Admit(std::move(item));
-    }
-    if (end_all) {
-      for (auto& task : tasks_) {
-        if (!task->cancelled) {
-          task->cancelled = true;
-          task->shutdown = true;
+        for (auto& task : tasks_) {
+          if (!task->cancelled) {
+            task->cancelled = true;
+            task->shutdown = true;
+          }
+        }
+        // Streams not waiting on a write end now; the others when their write returns.
+        // An unfinished CreateSession or Score fails (its result would be partial).
+        std::vector<Task*> ending;
+        for (auto& task : tasks_) {
+          if (task->phase != Task::Phase::kAwaitingWrite &&
+              task->phase != Task::Phase::kReadyToAbsorb) {
+            ending.push_back(task.get());
+          }
+        }
+        for (Task* task : ending) {
+          if (task->item->kind == WorkItem::Kind::kGenerate) {
+            FinishTask(*task, FinishReason::kShutdown);
+          } else {
+            FailTask(*task, absl::UnavailableError("the server is shutting down"));
+          }
         }
       }
-      // Streams not waiting on a write end now; the others when their write returns.
-      // An unfinished CreateSession or Score fails (its result would be partial).
-      std::vector<Task*> ending;
-      for (auto& task : tasks_) {
-        if (task->phase != Task::Phase::kAwaitingWrite &&
-            task->phase != Task::Phase::kReadyToAbsorb) {
-          ending.push_back(task.get());
-        }
-      }
-      for (Task* task : ending) {
-        if (task->item->kind == WorkItem::Kind::kGenerate) {
-          FinishTask(*task, FinishReason::kShutdown);
-        } else {
-          FailTask(*task, absl::UnavailableError("the server is shutting down"));
-        }
-      }
-    }
 
-    RunPrefillChunk();
-    RunDecodeStep();
-    SampleAndEmit();
+      RunPrefillChunk();
+      RunDecodeStep();
+      SampleAndEmit();
+    } catch (const std::exception& e) {
+      Log(LogLevel::kError, absl::StrCat("model ", name_, ": engine iteration failed: ", e.what()));
+      while (!tasks_.empty()) FailTask(*tasks_.front(), absl::InternalError("the engine failed"));
+    }
 
     const absl::Time now = absl::Now();
     if (now >= next_housekeeping_) {
