@@ -1,0 +1,929 @@
+// fwbench: the load generator for fwserve. For each concurrency level C it runs C client
+// threads, each issuing Generate requests back to back, and reports aggregate output
+// tokens/s, requests/s, time to first token (TTFT) and inter-token latency (ITL)
+// percentiles, and errors by status code. docs/benchmarks.md ("Serving (fwbench)") shows
+// how it is run; scripts/bench-serving.sh runs the standard sweep.
+//
+// Measurement. A level runs --warmup, then a measured window of --duration (or, with
+// --requests-per-stream N, until the first stream has completed N requests started inside
+// the window). Samples are kept by the time they are observed: a token counts if it arrives
+// inside the window, an ITL sample if its second token does, a TTFT sample if its request
+// started inside the window and its first token arrived before the window ended. At the
+// end of the window the requests still running are cancelled (not counted as errors), so
+// every level starts from an idle server.
+//
+// Clients. All threads share one fwserve::Client (thread-safe by contract). Separate
+// Clients would not give separate connections anyway: gRPC channels with the same target
+// and arguments share one subchannel (its global subchannel pool), and client.h does not
+// expose channel arguments. So every level runs over one HTTP/2 connection, as a server
+// behind one proxy would see it.
+//
+// Long context (--context-tokens N > 0): before a level starts, each stream creates a
+// session prefilled with N tokens of text (CreateSession prefix; the bytes tokenizer makes
+// one byte one token). Each request then forks that session (an O(state) copy), generates
+// on the fork and deletes it, so every request starts at the same context length instead
+// of the session growing by --max-tokens per request. Fork and delete are outside TTFT.
+//
+// Server-side numbers (optional): --metrics-target scrapes the server's Prometheus
+// endpoint at both ends of the window (decode steps, mean batch size, share of the
+// window spent in the batched model step and in prefill); --server-pid reads the server's
+// CPU time per thread name from /proc (same machine only).
+#include <netdb.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/usage.h"
+#include "absl/status/status.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "client/client.h"
+#include "nlohmann/json.hpp"
+#include "tools/cli_util.h"
+
+ABSL_FLAG(std::string, target, "127.0.0.1:50051", "HOST:PORT of the fwserve gRPC API");
+ABSL_FLAG(std::string, model, "", "model name; empty = the server's default model");
+ABSL_FLAG(std::vector<std::string>, concurrency, std::vector<std::string>({"1", "8", "32", "128"}),
+          "comma-separated concurrency levels (client streams issuing requests back to back)");
+ABSL_FLAG(std::vector<std::string>, context_tokens, std::vector<std::string>({"0"}),
+          "comma-separated context lengths; N > 0: each stream generates on a copy of a "
+          "session prefilled with N tokens. Levels are every (concurrency, context) pair");
+ABSL_FLAG(absl::Duration, duration, absl::Seconds(10), "measured time per level (e.g. 10s)");
+ABSL_FLAG(int32_t, requests_per_stream, 0,
+          "if > 0, replaces --duration: the window ends when the first stream has completed "
+          "this many requests started inside it");
+ABSL_FLAG(absl::Duration, warmup, absl::Seconds(2),
+          "load applied before each level's window, not measured");
+ABSL_FLAG(int32_t, repeat, 1, "run the whole sweep this many times (to see the noise)");
+ABSL_FLAG(int32_t, max_tokens, 128, "tokens generated per request");
+ABSL_FLAG(std::string, prompt, "", "prompt text; empty = --prompt-bytes bytes of --text-file");
+ABSL_FLAG(int32_t, prompt_bytes, 64, "prompt length when --prompt is empty");
+ABSL_FLAG(std::string, text_file, "",
+          "text for prompts and session prefixes; empty = a built-in Shakespeare passage");
+ABSL_FLAG(double, temperature, 0.8, "sampling temperature");
+ABSL_FLAG(int64_t, seed, 1,
+          "base sampling seed (request i of stream s uses seed + 1000003*s + i); negative = "
+          "let the server pick");
+ABSL_FLAG(std::string, json, "", "write every number as JSON to this file");
+ABSL_FLAG(std::string, label, "", "free text recorded in the output (e.g. commit, notes)");
+ABSL_FLAG(std::string, metrics_target, "",
+          "HOST:PORT of the server's /metrics endpoint; adds engine statistics per level");
+ABSL_FLAG(int32_t, server_pid, 0, "the server's pid (same machine): adds its CPU time per level");
+ABSL_FLAG(absl::Duration, connect_timeout, absl::Seconds(30),
+          "how long to wait for the server's health check to pass");
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr char kBuiltinText[] =
+    "First Citizen:\n"
+    "Before we proceed any further, hear me speak.\n\n"
+    "All:\nSpeak, speak.\n\n"
+    "First Citizen:\nYou are all resolved rather to die than to famish?\n\n"
+    "All:\nResolved. resolved.\n\n"
+    "First Citizen:\nFirst, you know Caius Marcius is chief enemy to the people.\n\n"
+    "All:\nWe know't, we know't.\n\n"
+    "First Citizen:\nLet us kill him, and we'll have corn at our own price.\nIs't a verdict?\n\n"
+    "All:\nNo more talking on't; let it be done: away, away!\n\n"
+    "Second Citizen:\nOne word, good citizens.\n\n"
+    "First Citizen:\nWe are accounted poor citizens, the patricians good.\n"
+    "What authority surfeits on would relieve us: if they\n"
+    "would yield us but the superfluity, while it were\n"
+    "wholesome, we might guess they relieved us humanely;\n"
+    "but they think we are too dear: the leanness that\n"
+    "afflicts us, the object of our misery, is as an\n"
+    "inventory to particularise their abundance; our\n"
+    "sufferance is a gain to them Let us revenge this with\n"
+    "our pikes, ere we become rakes: for the gods know I\n"
+    "speak this in hunger for bread, not in thirst for revenge.\n\n"
+    "ROMEO:\nBut, soft! what light through yonder window breaks?\n"
+    "It is the east, and Juliet is the sun.\n"
+    "Arise, fair sun, and kill the envious moon,\n"
+    "Who is already sick and pale with grief,\n"
+    "That thou her maid art far more fair than she.\n\n"
+    "JULIET:\nO Romeo, Romeo! wherefore art thou Romeo?\n"
+    "Deny thy father and refuse thy name;\n"
+    "Or, if thou wilt not, be but sworn my love,\n"
+    "And I'll no longer be a Capulet.\n\n";
+
+int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
+      .count();
+}
+
+// `bytes` bytes of `source` from `offset` on (wrapping around), never starting or ending
+// inside a UTF-8 character.
+std::string TextOfLength(const std::string& source, size_t offset, size_t bytes) {
+  std::string out;
+  if (source.empty()) return out;
+  auto continuation = [](char c) { return (static_cast<unsigned char>(c) & 0xC0) == 0x80; };
+  size_t pos = offset % source.size();
+  while (pos > 0 && continuation(source[pos])) --pos;
+  out.reserve(bytes);
+  while (out.size() < bytes) {
+    const size_t take = std::min(bytes - out.size(), source.size() - pos);
+    out.append(source, pos, take);
+    pos = (pos + take) % source.size();
+  }
+  // Drop a trailing incomplete character.
+  size_t start = out.size();
+  while (start > 0 && out.size() - start < 4 && continuation(out[start - 1])) --start;
+  if (start > 0) {
+    const unsigned char lead = static_cast<unsigned char>(out[start - 1]);
+    const size_t need = lead < 0xC0 ? 1 : lead >= 0xF0 ? 4 : lead >= 0xE0 ? 3 : 2;
+    if (out.size() - (start - 1) < need) out.resize(start - 1);
+  }
+  return out;
+}
+
+// Nearest-rank percentile of sorted values.
+double Percentile(const std::vector<double>& sorted, double p) {
+  if (sorted.empty()) return std::nan("");
+  size_t rank = static_cast<size_t>(std::ceil(p / 100.0 * static_cast<double>(sorted.size())));
+  rank = std::clamp<size_t>(rank, 1, sorted.size());
+  return sorted[rank - 1];
+}
+
+nlohmann::ordered_json Summary(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  nlohmann::ordered_json out;
+  out["count"] = values.size();
+  if (values.empty()) return out;
+  double sum = 0;
+  for (double v : values) sum += v;
+  out["mean"] = sum / static_cast<double>(values.size());
+  out["p50"] = Percentile(values, 50);
+  out["p90"] = Percentile(values, 90);
+  out["p99"] = Percentile(values, 99);
+  out["min"] = values.front();
+  out["max"] = values.back();
+  return out;
+}
+
+double CpuSecondsSelf() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<double>(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) +
+         static_cast<double>(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) * 1e-6;
+}
+
+// CPU seconds of a process's threads, summed by thread name ("comm"). Empty when the
+// process cannot be read.
+std::map<std::string, double> ThreadCpuSeconds(int pid) {
+  std::map<std::string, double> by_name;
+  const double tick = static_cast<double>(sysconf(_SC_CLK_TCK));
+  std::error_code error;
+  const std::filesystem::path tasks = absl::StrCat("/proc/", pid, "/task");
+  for (const auto& entry : std::filesystem::directory_iterator(tasks, error)) {
+    std::ifstream in(entry.path() / "stat");
+    std::string line;
+    if (!std::getline(in, line)) continue;
+    const size_t open = line.find('(');
+    const size_t close = line.rfind(')');
+    if (open == std::string::npos || close == std::string::npos || close < open) continue;
+    const std::string name = line.substr(open + 1, close - open - 1);
+    std::vector<std::string> fields =
+        absl::StrSplit(line.substr(close + 2), ' ', absl::SkipEmpty());
+    // Fields after the name start at field 3 (state); utime and stime are fields 14, 15.
+    if (fields.size() < 13) continue;
+    double utime = 0, stime = 0;
+    if (!absl::SimpleAtod(fields[11], &utime) || !absl::SimpleAtod(fields[12], &stime)) continue;
+    by_name[name] += (utime + stime) / tick;
+  }
+  return by_name;
+}
+
+std::optional<std::vector<double>> LoadAverage() {
+  std::ifstream in("/proc/loadavg");
+  double a = 0, b = 0, c = 0;
+  if (!(in >> a >> b >> c)) return std::nullopt;
+  return std::vector<double>{a, b, c};
+}
+
+// GET http://target/metrics (HTTP/1.0, so the server closes the connection after the
+// body). Returns the body.
+absl::StatusOr<std::string> HttpGetMetrics(const std::string& target) {
+  const size_t colon = target.rfind(':');
+  if (colon == std::string::npos) return absl::InvalidArgumentError("--metrics-target: HOST:PORT");
+  const std::string host = target.substr(0, colon);
+  const std::string port = target.substr(colon + 1);
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* addresses = nullptr;
+  if (getaddrinfo(host.c_str(), port.c_str(), &hints, &addresses) != 0 || addresses == nullptr) {
+    return absl::UnavailableError("cannot resolve " + target);
+  }
+  int fd = -1;
+  for (addrinfo* a = addresses; a != nullptr; a = a->ai_next) {
+    fd = socket(a->ai_family, a->ai_socktype, a->ai_protocol);
+    if (fd < 0) continue;
+    if (connect(fd, a->ai_addr, a->ai_addrlen) == 0) break;
+    close(fd);
+    fd = -1;
+  }
+  freeaddrinfo(addresses);
+  if (fd < 0) return absl::UnavailableError("cannot connect to " + target);
+  const std::string request = absl::StrCat("GET /metrics HTTP/1.0\r\nHost: ", target, "\r\n\r\n");
+  size_t sent = 0;
+  while (sent < request.size()) {
+    const ssize_t n = send(fd, request.data() + sent, request.size() - sent, 0);
+    if (n <= 0) {
+      close(fd);
+      return absl::UnavailableError("send to " + target + " failed");
+    }
+    sent += static_cast<size_t>(n);
+  }
+  std::string response;
+  char buffer[16384];
+  while (true) {
+    const ssize_t n = recv(fd, buffer, sizeof(buffer), 0);
+    if (n <= 0) break;
+    response.append(buffer, static_cast<size_t>(n));
+  }
+  close(fd);
+  const size_t body = response.find("\r\n\r\n");
+  if (response.rfind("HTTP/1.", 0) != 0 || body == std::string::npos ||
+      response.find(" 200 ") > response.find("\r\n")) {
+    return absl::UnavailableError("bad /metrics response from " + target);
+  }
+  return response.substr(body + 4);
+}
+
+// Prometheus text format: every sample's value, summed over label sets, by metric name.
+std::map<std::string, double> ParseMetrics(const std::string& text) {
+  std::map<std::string, double> sums;
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    if (line.empty() || line[0] == '#') continue;
+    size_t name_end = line.find_first_of("{ ");
+    if (name_end == absl::string_view::npos) continue;
+    const std::string name(line.substr(0, name_end));
+    size_t value_start = name_end;
+    if (line[name_end] == '{') {
+      const size_t close = line.rfind('}');
+      if (close == absl::string_view::npos) continue;
+      value_start = close + 1;
+    }
+    std::vector<absl::string_view> rest =
+        absl::StrSplit(line.substr(value_start), ' ', absl::SkipEmpty());
+    double value = 0;
+    if (rest.empty() || !absl::SimpleAtod(rest[0], &value)) continue;
+    sums[name] += value;
+  }
+  return sums;
+}
+
+struct Config {
+  std::string model;
+  int max_tokens = 128;
+  std::string prompt;
+  std::string text;  // source of session prefixes
+  double temperature = 0.8;
+  int64_t seed = 1;
+  absl::Duration duration;
+  absl::Duration warmup;
+  int requests_per_stream = 0;
+};
+
+// What one stream observed in one level.
+struct StreamResult {
+  std::vector<double> ttft_ms;
+  std::vector<double> itl_ms;
+  std::vector<double> session_create_ms;
+  int64_t tokens = 0;              // token messages' tokens inside the window
+  int64_t requests_completed = 0;  // OK inside the window
+  int64_t requests_started = 0;    // started inside the window
+  int64_t measured_done = 0;       // completed requests that started inside the window
+  int64_t context_tokens_seen = -1;
+  std::map<std::string, int64_t> errors;         // inside the window
+  std::map<std::string, int64_t> warmup_errors;  // before it
+  std::string setup_error;
+};
+
+// One level: `concurrency` streams against one server, shared by the worker threads.
+class Level {
+ public:
+  Level(fwserve::Client* client, const Config& config, int concurrency, int context_tokens,
+        int repeat)
+      : client_(client),
+        config_(config),
+        concurrency_(concurrency),
+        context_tokens_(context_tokens),
+        repeat_(repeat),
+        results_(concurrency),
+        slots_(concurrency) {}
+
+  nlohmann::ordered_json Run(const std::string& metrics_target, int server_pid);
+
+ private:
+  struct Slot {
+    std::mutex mu;
+    fwserve::GenerateStream* stream = nullptr;  // the request in flight
+  };
+
+  void Worker(int index);
+  void Work(int index);
+  // Counts an error into the window's or the warm-up's tally by when it happened.
+  void Record(StreamResult& r, int64_t t, const std::string& key) {
+    ++(t >= begin_ns_ ? r.errors : r.warmup_errors)[key];
+  }
+  bool Stopped() const { return stop_.load(); }
+  void EndWindowAt(int64_t t) {
+    int64_t expected = end_ns_.load();
+    while (t < expected && !end_ns_.compare_exchange_weak(expected, t)) {
+    }
+  }
+  void CancelAll();
+
+  fwserve::Client* const client_;
+  const Config& config_;
+  const int concurrency_;
+  const int context_tokens_;
+  const int repeat_;
+  std::vector<StreamResult> results_;
+  std::vector<Slot> slots_;
+
+  int64_t start_ns_ = 0;  // load starts
+  int64_t begin_ns_ = 0;  // window starts
+  std::atomic<int64_t> end_ns_{INT64_MAX};
+  std::atomic<bool> stop_{false};
+  std::atomic<int> live_workers_{0};
+
+  // Setup barrier: every stream has its session before the clock starts.
+  std::mutex setup_mu_;
+  std::condition_variable setup_cv_;
+  int setup_pending_ = 0;
+  bool go_ = false;
+};
+
+void Level::CancelAll() {
+  for (Slot& slot : slots_) {
+    std::lock_guard<std::mutex> lock(slot.mu);
+    if (slot.stream != nullptr) slot.stream->Cancel();
+  }
+}
+
+void Level::Worker(int index) {
+  Work(index);
+  live_workers_.fetch_sub(1);
+}
+
+void Level::Work(int index) {
+  StreamResult& r = results_[index];
+  Slot& slot = slots_[index];
+  std::string base_session;
+  if (context_tokens_ > 0) {
+    const std::string prefix =
+        TextOfLength(config_.text, static_cast<size_t>(index) * 977, context_tokens_);
+    const int64_t t0 = NowNs();
+    auto session = client_->CreateSession(config_.model, prefix);
+    if (session.ok()) {
+      r.session_create_ms.push_back(static_cast<double>(NowNs() - t0) * 1e-6);
+      r.context_tokens_seen = session->tokens();
+      base_session = session->session_id();
+    } else {
+      r.setup_error = session.status().ToString();
+    }
+  }
+  {
+    std::unique_lock<std::mutex> lock(setup_mu_);
+    if (--setup_pending_ == 0) setup_cv_.notify_all();
+    setup_cv_.wait(lock, [this] { return go_; });
+  }
+  if (!r.setup_error.empty()) return;
+
+  fwserve::v1::GenerateRequest request;
+  request.set_model(config_.model);
+  request.set_prompt(config_.prompt);
+  request.set_max_tokens(config_.max_tokens);
+  request.mutable_sampling()->set_temperature(static_cast<float>(config_.temperature));
+  fwserve::v1::GenerateResponse message;
+  for (int64_t i = 0; !Stopped(); ++i) {
+    if (config_.seed >= 0) {
+      request.mutable_sampling()->set_seed(static_cast<uint64_t>(config_.seed) +
+                                           1000003ULL * static_cast<uint64_t>(index) +
+                                           static_cast<uint64_t>(i));
+    }
+    std::string fork;
+    if (!base_session.empty()) {
+      auto copy = client_->ForkSession(base_session);
+      if (!copy.ok()) {
+        Record(r, NowNs(),
+               absl::StrCat("ForkSession ", absl::StatusCodeToString(copy.status().code())));
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        continue;
+      }
+      fork = copy->session_id();
+      request.set_session_id(fork);
+    }
+    const int64_t sent = NowNs();
+    const bool in_window = sent >= begin_ns_ && sent < end_ns_.load();
+    std::unique_ptr<fwserve::GenerateStream> stream;
+    {
+      std::lock_guard<std::mutex> lock(slot.mu);
+      if (Stopped()) {
+        if (!fork.empty()) (void)client_->DeleteSession(fork);
+        break;
+      }
+      stream = client_->StartGenerate(request);
+      slot.stream = stream.get();
+    }
+    if (in_window) ++r.requests_started;
+    int64_t last = -1;
+    bool cancelled_by_us = false;
+    while (stream->Next(&message)) {
+      const int64_t now = NowNs();
+      if (now >= end_ns_.load()) {
+        if (!cancelled_by_us) stream->Cancel();
+        cancelled_by_us = true;
+        continue;
+      }
+      if (message.token_ids_size() == 0) continue;
+      if (now >= begin_ns_) {
+        r.tokens += message.token_ids_size();
+        if (last < 0) {
+          if (in_window) r.ttft_ms.push_back(static_cast<double>(now - sent) * 1e-6);
+        } else {
+          r.itl_ms.push_back(static_cast<double>(now - last) * 1e-6);
+        }
+      }
+      last = now;
+    }
+    const absl::Status status = stream->Finish();
+    const int64_t done = NowNs();
+    {
+      std::lock_guard<std::mutex> lock(slot.mu);
+      slot.stream = nullptr;
+    }
+    // Cancelled by the end of the window (by this thread or CancelAll): not an error.
+    const bool ended_by_window = done >= end_ns_.load() || Stopped();
+    if (status.ok()) {
+      if (done >= begin_ns_ && done < end_ns_.load()) {
+        ++r.requests_completed;
+        if (in_window) {
+          ++r.measured_done;
+          if (config_.requests_per_stream > 0 && r.measured_done >= config_.requests_per_stream) {
+            EndWindowAt(done);
+          }
+        }
+      }
+    } else if (!(ended_by_window && status.code() == absl::StatusCode::kCancelled)) {
+      Record(r, done, absl::StatusCodeToString(status.code()));
+    }
+    if (!fork.empty()) {
+      if (absl::Status deleted = client_->DeleteSession(fork); !deleted.ok()) {
+        Record(r, NowNs(),
+               absl::StrCat("DeleteSession ", absl::StatusCodeToString(deleted.code())));
+      }
+    }
+    if (!status.ok() && !ended_by_window) {
+      // Do not spin on a server that refuses work.
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+  if (!base_session.empty()) (void)client_->DeleteSession(base_session);
+}
+
+struct ServerSnapshot {
+  std::map<std::string, double> metrics;
+  std::map<std::string, double> thread_cpu;
+  double self_cpu = 0;
+  int64_t at_ns = 0;
+};
+
+ServerSnapshot Snapshot(const std::string& metrics_target, int server_pid) {
+  ServerSnapshot s;
+  s.at_ns = NowNs();
+  s.self_cpu = CpuSecondsSelf();
+  if (server_pid > 0) s.thread_cpu = ThreadCpuSeconds(server_pid);
+  if (!metrics_target.empty()) {
+    auto body = HttpGetMetrics(metrics_target);
+    if (body.ok()) {
+      s.metrics = ParseMetrics(*body);
+    } else {
+      std::fprintf(stderr, "fwbench: %s\n", std::string(body.status().message()).c_str());
+    }
+  }
+  return s;
+}
+
+nlohmann::ordered_json Level::Run(const std::string& metrics_target, int server_pid) {
+  setup_pending_ = concurrency_;
+  live_workers_ = concurrency_;
+  std::vector<std::thread> threads;
+  threads.reserve(concurrency_);
+  for (int i = 0; i < concurrency_; ++i) threads.emplace_back([this, i] { Worker(i); });
+  {
+    std::unique_lock<std::mutex> lock(setup_mu_);
+    setup_cv_.wait(lock, [this] { return setup_pending_ == 0; });
+    start_ns_ = NowNs();
+    begin_ns_ = start_ns_ + absl::ToInt64Nanoseconds(config_.warmup);
+    if (config_.requests_per_stream <= 0) {
+      end_ns_ = begin_ns_ + absl::ToInt64Nanoseconds(config_.duration);
+    }
+    go_ = true;
+    setup_cv_.notify_all();
+  }
+  const std::optional<std::vector<double>> load_before = LoadAverage();
+  std::this_thread::sleep_for(std::chrono::nanoseconds(std::max<int64_t>(0, begin_ns_ - NowNs())));
+  const ServerSnapshot first = Snapshot(metrics_target, server_pid);
+  while (NowNs() < end_ns_.load()) {
+    if (live_workers_.load() == 0) EndWindowAt(NowNs());  // every stream failed its setup
+    const int64_t left = end_ns_.load() - NowNs();
+    std::this_thread::sleep_for(std::chrono::nanoseconds(std::clamp<int64_t>(left, 0, 5000000)));
+  }
+  const ServerSnapshot last = Snapshot(metrics_target, server_pid);
+  stop_ = true;
+  CancelAll();
+  for (std::thread& t : threads) t.join();
+  const std::optional<std::vector<double>> load_after = LoadAverage();
+
+  // Merge.
+  StreamResult all;
+  std::vector<std::string> setup_errors;
+  int64_t context_seen = -1;
+  for (StreamResult& r : results_) {
+    all.ttft_ms.insert(all.ttft_ms.end(), r.ttft_ms.begin(), r.ttft_ms.end());
+    all.itl_ms.insert(all.itl_ms.end(), r.itl_ms.begin(), r.itl_ms.end());
+    all.session_create_ms.insert(all.session_create_ms.end(), r.session_create_ms.begin(),
+                                 r.session_create_ms.end());
+    all.tokens += r.tokens;
+    all.requests_completed += r.requests_completed;
+    all.requests_started += r.requests_started;
+    for (const auto& [k, v] : r.errors) all.errors[k] += v;
+    for (const auto& [k, v] : r.warmup_errors) all.warmup_errors[k] += v;
+    if (!r.setup_error.empty()) setup_errors.push_back(r.setup_error);
+    if (r.context_tokens_seen >= 0) context_seen = r.context_tokens_seen;
+  }
+  const double window_s = static_cast<double>(end_ns_.load() - begin_ns_) * 1e-9;
+
+  nlohmann::ordered_json out;
+  out["repeat"] = repeat_;
+  out["concurrency"] = concurrency_;
+  out["context_tokens"] = context_tokens_;
+  if (context_tokens_ > 0) {
+    out["session_tokens_after_prefill"] = context_seen;
+    out["session_create_ms"] = Summary(all.session_create_ms);
+  }
+  out["window_s"] = window_s;
+  out["output_tokens"] = all.tokens;
+  out["output_tokens_per_s"] = static_cast<double>(all.tokens) / window_s;
+  out["output_tokens_per_s_per_stream"] = static_cast<double>(all.tokens) / window_s / concurrency_;
+  out["requests_started"] = all.requests_started;
+  out["requests_completed"] = all.requests_completed;
+  out["requests_per_s"] = static_cast<double>(all.requests_completed) / window_s;
+  out["ttft_ms"] = Summary(all.ttft_ms);
+  out["itl_ms"] = Summary(all.itl_ms);
+  out["errors"] = all.errors;
+  out["warmup_errors"] = all.warmup_errors;
+  if (!setup_errors.empty()) out["setup_errors"] = setup_errors;
+  const double measured_s = static_cast<double>(last.at_ns - first.at_ns) * 1e-9;
+  out["bench_cpu_fraction"] = (last.self_cpu - first.self_cpu) / measured_s;
+  if (load_before) out["loadavg_before"] = *load_before;
+  if (load_after) out["loadavg_after"] = *load_after;
+  if (server_pid > 0 && !first.thread_cpu.empty()) {
+    nlohmann::ordered_json threads_json;
+    double total = 0;
+    for (const auto& [name, seconds] : last.thread_cpu) {
+      auto before = first.thread_cpu.find(name);
+      const double delta = seconds - (before == first.thread_cpu.end() ? 0 : before->second);
+      total += delta;
+      if (delta > 0) threads_json[name] = delta / measured_s;
+    }
+    out["server_cpu_fraction"] = total / measured_s;
+    out["server_cpu_fraction_by_thread_name"] = threads_json;
+  }
+  if (!first.metrics.empty() && !last.metrics.empty()) {
+    auto delta = [&](const std::string& name) {
+      auto a = first.metrics.find(name);
+      auto b = last.metrics.find(name);
+      if (a == first.metrics.end() || b == last.metrics.end()) return 0.0;
+      return b->second - a->second;
+    };
+    const double steps = delta("fwserve_engine_step_duration_seconds_count");
+    const double step_s = delta("fwserve_engine_step_duration_seconds_sum");
+    const double batch_sum = delta("fwserve_engine_batch_size_sum");
+    const double prefill_s = delta("fwserve_engine_prefill_chunk_duration_seconds_sum");
+    nlohmann::ordered_json engine;
+    engine["decode_steps"] = steps;
+    engine["decode_steps_per_s"] = steps / measured_s;
+    engine["mean_batch_size"] = steps > 0 ? batch_sum / steps : 0.0;
+    engine["mean_step_ms"] = steps > 0 ? step_s / steps * 1e3 : 0.0;
+    engine["step_fraction_of_window"] = step_s / measured_s;
+    engine["prefill_fraction_of_window"] = prefill_s / measured_s;
+    engine["generated_tokens"] = delta("fwserve_generated_tokens_total");
+    out["server_engine"] = engine;
+  }
+  return out;
+}
+
+std::string Ms(const nlohmann::ordered_json& summary, const char* key) {
+  if (!summary.contains(key)) return "-";
+  return absl::StrFormat("%.2f", summary[key].get<double>());
+}
+
+std::string HumanCount(double v) {
+  if (v >= 1e4) return absl::StrFormat("%.1fk", v / 1e3);
+  if (v >= 100) return absl::StrFormat("%.0f", v);
+  return absl::StrFormat("%.1f", v);
+}
+
+void PrintTable(const std::vector<nlohmann::ordered_json>& levels) {
+  std::printf("%3s %5s %7s %7s %8s %7s | %7s %7s %7s | %6s %6s %6s %6s | %5s %5s %5s %5s | %s\n",
+              "rep", "C", "context", "req/s", "tok/s", "tok/s/C", "TTFTp50", "p90", "p99", "ITLp50",
+              "p90", "p99", "mean", "batch", "step%", "srv%", "cli%", "errors");
+  for (const auto& l : levels) {
+    std::string errors;
+    for (const auto& [code, n] : l["errors"].items()) {
+      absl::StrAppend(&errors, errors.empty() ? "" : ",", code, "=", n.get<int64_t>());
+    }
+    if (errors.empty()) errors = "0";
+    std::string batch = "-", step = "-", server = "-";
+    if (l.contains("server_engine")) {
+      const auto& e = l["server_engine"];
+      batch = absl::StrFormat("%.1f", e["mean_batch_size"].get<double>());
+      step = absl::StrFormat("%.0f", 100 * e["step_fraction_of_window"].get<double>());
+    }
+    if (l.contains("server_cpu_fraction")) {
+      server = absl::StrFormat("%.0f", 100 * l["server_cpu_fraction"].get<double>());
+    }
+    std::printf(
+        "%3d %5d %7d %7s %8s %7s | %7s %7s %7s | %6s %6s %6s %6s | %5s %5s %5s %5.0f | %s\n",
+        l["repeat"].get<int>(), l["concurrency"].get<int>(), l["context_tokens"].get<int>(),
+        HumanCount(l["requests_per_s"].get<double>()).c_str(),
+        HumanCount(l["output_tokens_per_s"].get<double>()).c_str(),
+        HumanCount(l["output_tokens_per_s_per_stream"].get<double>()).c_str(),
+        Ms(l["ttft_ms"], "p50").c_str(), Ms(l["ttft_ms"], "p90").c_str(),
+        Ms(l["ttft_ms"], "p99").c_str(), Ms(l["itl_ms"], "p50").c_str(),
+        Ms(l["itl_ms"], "p90").c_str(), Ms(l["itl_ms"], "p99").c_str(),
+        Ms(l["itl_ms"], "mean").c_str(), batch.c_str(), step.c_str(), server.c_str(),
+        100 * l["bench_cpu_fraction"].get<double>(), errors.c_str());
+  }
+  std::fflush(stdout);
+}
+
+// Throughput against the lowest concurrency of the same (repeat, context), and ITL
+// against the shortest context of the same (repeat, concurrency).
+nlohmann::ordered_json Ratios(const std::vector<nlohmann::ordered_json>& levels) {
+  nlohmann::ordered_json out = nlohmann::ordered_json::array();
+  for (const auto& l : levels) {
+    const nlohmann::ordered_json* by_c = nullptr;
+    const nlohmann::ordered_json* by_context = nullptr;
+    for (const auto& b : levels) {
+      if (b["repeat"] != l["repeat"]) continue;
+      if (b["context_tokens"] == l["context_tokens"] &&
+          (by_c == nullptr || b["concurrency"] < (*by_c)["concurrency"])) {
+        by_c = &b;
+      }
+      if (b["concurrency"] == l["concurrency"] &&
+          (by_context == nullptr || b["context_tokens"] < (*by_context)["context_tokens"])) {
+        by_context = &b;
+      }
+    }
+    nlohmann::ordered_json r;
+    r["repeat"] = l["repeat"];
+    r["concurrency"] = l["concurrency"];
+    r["context_tokens"] = l["context_tokens"];
+    if (by_c != &l) {
+      r["baseline_concurrency"] = (*by_c)["concurrency"];
+      r["output_tokens_per_s_ratio"] =
+          l["output_tokens_per_s"].get<double>() / (*by_c)["output_tokens_per_s"].get<double>();
+    }
+    if (by_context != &l && l["itl_ms"].contains("p50") &&
+        (*by_context)["itl_ms"].contains("p50")) {
+      r["baseline_context_tokens"] = (*by_context)["context_tokens"];
+      r["itl_p50_ratio"] =
+          l["itl_ms"]["p50"].get<double>() / (*by_context)["itl_ms"]["p50"].get<double>();
+      r["itl_mean_ratio"] =
+          l["itl_ms"]["mean"].get<double>() / (*by_context)["itl_ms"]["mean"].get<double>();
+    }
+    if (r.size() > 3) out.push_back(r);
+  }
+  return out;
+}
+
+std::string CpuModel() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("model name", 0) == 0) {
+      const size_t colon = line.find(':');
+      if (colon != std::string::npos) return line.substr(colon + 2);
+    }
+  }
+  return "";
+}
+
+std::string UtcNow() {
+  return absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", absl::Now(), absl::UTCTimeZone());
+}
+
+int Fail(const std::string& message) {
+  std::fprintf(stderr, "fwbench: %s\n", message.c_str());
+  return 2;
+}
+
+absl::StatusOr<std::vector<int>> ParseList(const std::vector<std::string>& items, int min,
+                                           const char* flag) {
+  std::vector<int> out;
+  for (const std::string& item : items) {
+    int v = 0;
+    if (!absl::SimpleAtoi(item, &v) || v < min) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", flag, ": '", item, "' is not an integer >= ", min));
+    }
+    out.push_back(v);
+  }
+  if (out.empty()) return absl::InvalidArgumentError(absl::StrCat("--", flag, " is empty"));
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "load generator for fwserve: Generate throughput, TTFT and inter-token latency per "
+      "concurrency level.\n"
+      "Usage: fwbench [--target HOST:PORT] [--concurrency 1,8,32,128] [--duration 10s] "
+      "[--context-tokens N,...] [--json FILE] [flags]");
+  const std::string command_line = fwserve::QuotedCommandLine(argc, argv);
+  std::vector<std::string> positional = fwserve::ParseFlagsAllowingDashes(argc, argv);
+  if (positional.size() > 1) return Fail("unexpected argument '" + positional[1] + "'");
+
+  auto concurrency = ParseList(absl::GetFlag(FLAGS_concurrency), 1, "concurrency");
+  if (!concurrency.ok()) return Fail(std::string(concurrency.status().message()));
+  auto contexts = ParseList(absl::GetFlag(FLAGS_context_tokens), 0, "context-tokens");
+  if (!contexts.ok()) return Fail(std::string(contexts.status().message()));
+
+  Config config;
+  config.model = absl::GetFlag(FLAGS_model);
+  config.max_tokens = absl::GetFlag(FLAGS_max_tokens);
+  config.temperature = absl::GetFlag(FLAGS_temperature);
+  config.seed = absl::GetFlag(FLAGS_seed);
+  config.duration = absl::GetFlag(FLAGS_duration);
+  config.warmup = absl::GetFlag(FLAGS_warmup);
+  config.requests_per_stream = absl::GetFlag(FLAGS_requests_per_stream);
+  if (config.max_tokens < 1) return Fail("--max-tokens must be >= 1");
+  if (config.duration <= absl::ZeroDuration() && config.requests_per_stream <= 0) {
+    return Fail("--duration must be positive (or give --requests-per-stream)");
+  }
+  if (config.warmup < absl::ZeroDuration()) return Fail("--warmup must not be negative");
+  const int repeats = absl::GetFlag(FLAGS_repeat);
+  if (repeats < 1) return Fail("--repeat must be >= 1");
+
+  config.text = kBuiltinText;
+  const std::string text_file = absl::GetFlag(FLAGS_text_file);
+  if (!text_file.empty()) {
+    std::ifstream in(text_file, std::ios::binary);
+    if (!in) return Fail("cannot read --text-file " + text_file);
+    std::ostringstream contents;
+    contents << in.rdbuf();
+    config.text = contents.str();
+    if (config.text.empty()) return Fail("--text-file " + text_file + " is empty");
+  }
+  config.prompt = absl::GetFlag(FLAGS_prompt);
+  if (config.prompt.empty()) {
+    const int bytes = absl::GetFlag(FLAGS_prompt_bytes);
+    if (bytes < 1) return Fail("--prompt-bytes must be >= 1");
+    config.prompt = TextOfLength(config.text, 0, static_cast<size_t>(bytes));
+  }
+
+  fwserve::ClientOptions options;
+  options.target = absl::GetFlag(FLAGS_target);
+  auto client = fwserve::Client::Connect(options);
+  if (!client.ok()) return Fail(std::string(client.status().message()));
+  const absl::Time give_up = absl::Now() + absl::GetFlag(FLAGS_connect_timeout);
+  while (true) {
+    auto healthy = (*client)->Health();
+    if (healthy.ok() && *healthy) break;
+    if (absl::Now() >= give_up) {
+      return Fail(absl::StrCat("server at ", options.target, " is not healthy: ",
+                               healthy.ok() ? "NOT_SERVING" : healthy.status().ToString()));
+    }
+    absl::SleepFor(absl::Milliseconds(200));
+  }
+  auto model = (*client)->DescribeModel(config.model);
+  if (!model.ok()) return Fail("DescribeModel: " + model.status().ToString());
+
+  const std::string metrics_target = absl::GetFlag(FLAGS_metrics_target);
+  const int server_pid = absl::GetFlag(FLAGS_server_pid);
+
+  nlohmann::ordered_json report;
+  report["tool"] = "fwbench";
+  report["label"] = absl::GetFlag(FLAGS_label);
+  report["started_at"] = UtcNow();
+  report["command"] = command_line;
+  nlohmann::ordered_json machine;
+  machine["nproc"] = std::thread::hardware_concurrency();
+  machine["cpu_model"] = CpuModel();
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  machine["hostname"] = host;
+  if (auto load = LoadAverage()) machine["loadavg_at_start"] = *load;
+  report["machine"] = machine;
+  nlohmann::ordered_json flags;
+  flags["target"] = options.target;
+  flags["model"] = config.model;
+  flags["concurrency"] = *concurrency;
+  flags["context_tokens"] = *contexts;
+  flags["duration_s"] = absl::ToDoubleSeconds(config.duration);
+  flags["requests_per_stream"] = config.requests_per_stream;
+  flags["warmup_s"] = absl::ToDoubleSeconds(config.warmup);
+  flags["repeat"] = repeats;
+  flags["max_tokens"] = config.max_tokens;
+  flags["prompt_bytes"] = config.prompt.size();
+  flags["text_file"] = text_file;
+  flags["temperature"] = config.temperature;
+  flags["seed"] = config.seed;
+  flags["metrics_target"] = metrics_target;
+  flags["server_pid"] = server_pid;
+  report["flags"] = flags;
+  nlohmann::ordered_json model_json;
+  model_json["name"] = model->name();
+  model_json["architecture"] = model->architecture();
+  model_json["parameters"] = model->parameters();
+  model_json["state_bytes_per_session"] = model->state_bytes_per_session();
+  model_json["fingerprint"] = model->fingerprint();
+  report["model"] = model_json;
+
+  std::printf(
+      "fwbench: %s, model %s (%s, %lld parameters), %d cores; max_tokens %d, prompt %zu bytes, "
+      "temperature %.2f; %s per level after %s warmup\n",
+      options.target.c_str(), model->name().c_str(), model->architecture().c_str(),
+      static_cast<long long>(model->parameters()), std::thread::hardware_concurrency(),
+      config.max_tokens, config.prompt.size(), config.temperature,
+      config.requests_per_stream > 0
+          ? absl::StrCat(config.requests_per_stream, " requests per stream").c_str()
+          : absl::FormatDuration(config.duration).c_str(),
+      absl::FormatDuration(config.warmup).c_str());
+  std::fflush(stdout);
+
+  std::vector<nlohmann::ordered_json> levels;
+  for (int rep = 0; rep < repeats; ++rep) {
+    for (int c : *concurrency) {
+      for (int context : *contexts) {
+        Level level(client->get(), config, c, context, rep);
+        levels.push_back(level.Run(metrics_target, server_pid));
+        std::fprintf(stderr, "fwbench: done C=%d context=%d (%s tokens/s)\n", c, context,
+                     HumanCount(levels.back()["output_tokens_per_s"].get<double>()).c_str());
+      }
+    }
+  }
+  PrintTable(levels);
+  const nlohmann::ordered_json ratios = Ratios(levels);
+  for (const auto& r : ratios) {
+    std::string line = absl::StrFormat("rep %d C=%d context=%d:", r["repeat"].get<int>(),
+                                       r["concurrency"].get<int>(), r["context_tokens"].get<int>());
+    if (r.contains("output_tokens_per_s_ratio")) {
+      absl::StrAppend(&line, absl::StrFormat(" tok/s %.2fx of C=%d;",
+                                             r["output_tokens_per_s_ratio"].get<double>(),
+                                             r["baseline_concurrency"].get<int>()));
+    }
+    if (r.contains("itl_p50_ratio")) {
+      absl::StrAppend(&line, absl::StrFormat(" ITL p50 %.3fx, mean %.3fx of context %d;",
+                                             r["itl_p50_ratio"].get<double>(),
+                                             r["itl_mean_ratio"].get<double>(),
+                                             r["baseline_context_tokens"].get<int>()));
+    }
+    std::printf("%s\n", line.c_str());
+  }
+
+  report["levels"] = levels;
+  report["ratios"] = ratios;
+  report["finished_at"] = UtcNow();
+  const std::string json_path = absl::GetFlag(FLAGS_json);
+  if (!json_path.empty()) {
+    std::ofstream out(json_path);
+    out << report.dump(2) << "\n";
+    if (!out) return Fail("cannot write --json " + json_path);
+    std::fprintf(stderr, "fwbench: wrote %s\n", json_path.c_str());
+  }
+  return 0;
+}
