@@ -22,15 +22,21 @@ def main():
     if plugin is None or shutil.which("protoc") is None:
         raise SystemExit("FAIL: protoc / grpc_python_plugin missing (protobuf-compiler-grpc)")
     here = os.path.dirname(os.path.abspath(__file__))
+    # Python modules follow the .proto file's path; "grpc/..." would shadow the grpc
+    # package itself, so the files are copied under fwtest_protos/ first.
+    protos = os.path.join(work, "fwtest_protos")
+    os.makedirs(protos)
+    shutil.copy(f"{here}/protos/grpc/reflection/v1alpha/reflection.proto", protos)
+    shutil.copy(f"{source}/proto/grpc/health/v1/health.proto", protos)
     subprocess.check_call([
-        "protoc", f"--proto_path={here}/protos", f"--proto_path={source}/proto",
-        f"--python_out={work}", f"--grpc_out={work}", f"--plugin=protoc-gen-grpc={plugin}",
-        "grpc/reflection/v1alpha/reflection.proto", "grpc/health/v1/health.proto"])
+        "protoc", f"--proto_path={work}", f"--python_out={work}", f"--grpc_out={work}",
+        f"--plugin=protoc-gen-grpc={plugin}",
+        "fwtest_protos/reflection.proto", "fwtest_protos/health.proto"])
     sys.path.insert(0, work)
     import grpc
     from google.protobuf import descriptor_pb2
-    from grpc.reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
-    from grpc.health.v1 import health_pb2, health_pb2_grpc
+    from fwtest_protos import reflection_pb2, reflection_pb2_grpc
+    from fwtest_protos import health_pb2, health_pb2_grpc
 
     server = subprocess.Popen([fwserve, "--listen", "127.0.0.1:0", "--model", model_dir,
                                "--metrics-listen", "", "--log-level", "info"],
