@@ -95,6 +95,9 @@ ABSL_FLAG(std::string, label, "", "free text recorded in the output (e.g. commit
 ABSL_FLAG(std::string, metrics_target, "",
           "HOST:PORT of the server's /metrics endpoint; adds engine statistics per level");
 ABSL_FLAG(int32_t, server_pid, 0, "the server's pid (same machine): adds its CPU time per level");
+ABSL_FLAG(std::string, trace, "",
+          "append one JSON line per measured request to this file (stream, start, status, "
+          "TTFT and every inter-token gap, ms), for looking at where latency goes");
 ABSL_FLAG(absl::Duration, connect_timeout, absl::Seconds(30),
           "how long to wait for the server's health check to pass");
 
@@ -194,8 +197,9 @@ double CpuSecondsSelf() {
          static_cast<double>(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) * 1e-6;
 }
 
-// CPU seconds of a process's threads, summed by thread name ("comm"). Empty when the
-// process cannot be read.
+// CPU seconds of each thread of a process, keyed "name/tid" (gRPC and LibTorch threads
+// mostly carry the executable's name, so the tid tells them apart). Empty when the process
+// cannot be read.
 std::map<std::string, double> ThreadCpuSeconds(int pid) {
   std::map<std::string, double> by_name;
   const double tick = static_cast<double>(sysconf(_SC_CLK_TCK));
@@ -215,7 +219,7 @@ std::map<std::string, double> ThreadCpuSeconds(int pid) {
     if (fields.size() < 13) continue;
     double utime = 0, stime = 0;
     if (!absl::SimpleAtod(fields[11], &utime) || !absl::SimpleAtod(fields[12], &stime)) continue;
-    by_name[name] += (utime + stime) / tick;
+    by_name[absl::StrCat(name, "/", entry.path().filename().string())] += (utime + stime) / tick;
   }
   return by_name;
 }
@@ -310,6 +314,7 @@ struct Config {
   absl::Duration duration;
   absl::Duration warmup;
   int requests_per_stream = 0;
+  bool trace = false;
 };
 
 // What one stream observed in one level.
@@ -325,6 +330,7 @@ struct StreamResult {
   std::map<std::string, int64_t> errors;         // inside the window
   std::map<std::string, int64_t> warmup_errors;  // before it
   std::string setup_error;
+  std::vector<std::string> trace;  // with --trace: one JSON line per request
 };
 
 // One level: `concurrency` streams against one server, shared by the worker threads.
@@ -341,6 +347,8 @@ class Level {
         slots_(concurrency) {}
 
   nlohmann::ordered_json Run(const std::string& metrics_target, int server_pid);
+  // With --trace, after Run: one JSON line per measured request.
+  const std::vector<std::string>& trace() const { return trace_; }
 
  private:
   struct Slot {
@@ -350,8 +358,10 @@ class Level {
 
   void Worker(int index);
   void Work(int index);
-  // Counts an error into the window's or the warm-up's tally by when it happened.
+  // Counts an error into the window's or the warm-up's tally by when it happened; after
+  // the window, errors are the bench's own cancellations and are not counted.
   void Record(StreamResult& r, int64_t t, const std::string& key) {
+    if (t >= end_ns_.load()) return;
     ++(t >= begin_ns_ ? r.errors : r.warmup_errors)[key];
   }
   bool Stopped() const { return stop_.load(); }
@@ -361,6 +371,17 @@ class Level {
     }
   }
   void CancelAll();
+  // DeleteSession, retried while the session is still busy (ABORTED): a cancelled
+  // Generate holds its session until the server has finished ending it.
+  absl::Status DeleteSoon(const std::string& session_id) {
+    absl::Status status;
+    for (int attempt = 0; attempt < 500; ++attempt) {
+      status = client_->DeleteSession(session_id);
+      if (status.code() != absl::StatusCode::kAborted) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    return status;
+  }
 
   fwserve::Client* const client_;
   const Config& config_;
@@ -369,6 +390,7 @@ class Level {
   const int repeat_;
   std::vector<StreamResult> results_;
   std::vector<Slot> slots_;
+  std::vector<std::string> trace_;
 
   int64_t start_ns_ = 0;  // load starts
   int64_t begin_ns_ = 0;  // window starts
@@ -449,7 +471,7 @@ void Level::Work(int index) {
     {
       std::lock_guard<std::mutex> lock(slot.mu);
       if (Stopped()) {
-        if (!fork.empty()) (void)client_->DeleteSession(fork);
+        if (!fork.empty()) (void)DeleteSoon(fork);
         break;
       }
       stream = client_->StartGenerate(request);
@@ -458,6 +480,8 @@ void Level::Work(int index) {
     if (in_window) ++r.requests_started;
     int64_t last = -1;
     bool cancelled_by_us = false;
+    double ttft_ms = -1;
+    std::vector<double> gaps_ms;
     while (stream->Next(&message)) {
       const int64_t now = NowNs();
       if (now >= end_ns_.load()) {
@@ -469,9 +493,11 @@ void Level::Work(int index) {
       if (now >= begin_ns_) {
         r.tokens += message.token_ids_size();
         if (last < 0) {
-          if (in_window) r.ttft_ms.push_back(static_cast<double>(now - sent) * 1e-6);
+          ttft_ms = static_cast<double>(now - sent) * 1e-6;
+          if (in_window) r.ttft_ms.push_back(ttft_ms);
         } else {
-          r.itl_ms.push_back(static_cast<double>(now - last) * 1e-6);
+          gaps_ms.push_back(static_cast<double>(now - last) * 1e-6);
+          r.itl_ms.push_back(gaps_ms.back());
         }
       }
       last = now;
@@ -497,8 +523,20 @@ void Level::Work(int index) {
     } else if (!(ended_by_window && status.code() == absl::StatusCode::kCancelled)) {
       Record(r, done, absl::StatusCodeToString(status.code()));
     }
+    if (config_.trace && in_window) {
+      nlohmann::ordered_json line;
+      line["concurrency"] = concurrency_;
+      line["context_tokens"] = context_tokens_;
+      line["repeat"] = repeat_;
+      line["stream"] = index;
+      line["start_ms"] = static_cast<double>(sent - begin_ns_) * 1e-6;
+      line["status"] = absl::StatusCodeToString(status.code());
+      line["ttft_ms"] = ttft_ms;
+      line["itl_ms"] = gaps_ms;
+      r.trace.push_back(line.dump());
+    }
     if (!fork.empty()) {
-      if (absl::Status deleted = client_->DeleteSession(fork); !deleted.ok()) {
+      if (absl::Status deleted = DeleteSoon(fork); !deleted.ok()) {
         Record(r, NowNs(),
                absl::StrCat("DeleteSession ", absl::StatusCodeToString(deleted.code())));
       }
@@ -508,7 +546,7 @@ void Level::Work(int index) {
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
   }
-  if (!base_session.empty()) (void)client_->DeleteSession(base_session);
+  if (!base_session.empty()) (void)DeleteSoon(base_session);
 }
 
 struct ServerSnapshot {
@@ -581,6 +619,7 @@ nlohmann::ordered_json Level::Run(const std::string& metrics_target, int server_
     for (const auto& [k, v] : r.warmup_errors) all.warmup_errors[k] += v;
     if (!r.setup_error.empty()) setup_errors.push_back(r.setup_error);
     if (r.context_tokens_seen >= 0) context_seen = r.context_tokens_seen;
+    trace_.insert(trace_.end(), r.trace.begin(), r.trace.end());
   }
   const double window_s = static_cast<double>(end_ns_.load() - begin_ns_) * 1e-9;
 
@@ -609,16 +648,21 @@ nlohmann::ordered_json Level::Run(const std::string& metrics_target, int server_
   if (load_before) out["loadavg_before"] = *load_before;
   if (load_after) out["loadavg_after"] = *load_after;
   if (server_pid > 0 && !first.thread_cpu.empty()) {
-    nlohmann::ordered_json threads_json;
+    std::vector<std::pair<double, std::string>> busy;
     double total = 0;
     for (const auto& [name, seconds] : last.thread_cpu) {
       auto before = first.thread_cpu.find(name);
       const double delta = seconds - (before == first.thread_cpu.end() ? 0 : before->second);
       total += delta;
-      if (delta > 0) threads_json[name] = delta / measured_s;
+      if (delta > 0) busy.emplace_back(delta / measured_s, name);
     }
+    std::sort(busy.rbegin(), busy.rend());
+    nlohmann::ordered_json threads_json = nlohmann::ordered_json::array();
+    for (const auto& [fraction, name] : busy) threads_json.push_back({{name, fraction}});
     out["server_cpu_fraction"] = total / measured_s;
-    out["server_cpu_fraction_by_thread_name"] = threads_json;
+    // Busiest first; under load the busiest is the engine thread (model steps, sampling).
+    out["server_cpu_fraction_by_thread"] = threads_json;
+    out["server_busiest_thread_cpu_fraction"] = busy.empty() ? 0.0 : busy.front().first;
   }
   if (!first.metrics.empty() && !last.metrics.empty()) {
     auto delta = [&](const std::string& name) {
@@ -656,16 +700,17 @@ std::string HumanCount(double v) {
 }
 
 void PrintTable(const std::vector<nlohmann::ordered_json>& levels) {
-  std::printf("%3s %5s %7s %7s %8s %7s | %7s %7s %7s | %6s %6s %6s %6s | %5s %5s %5s %5s | %s\n",
-              "rep", "C", "context", "req/s", "tok/s", "tok/s/C", "TTFTp50", "p90", "p99", "ITLp50",
-              "p90", "p99", "mean", "batch", "step%", "srv%", "cli%", "errors");
+  std::printf(
+      "%3s %5s %7s %7s %8s %7s | %7s %7s %7s | %6s %6s %6s %6s | %5s %5s %5s %5s %5s | %s\n", "rep",
+      "C", "context", "req/s", "tok/s", "tok/s/C", "TTFTp50", "p90", "p99", "ITLp50", "p90", "p99",
+      "mean", "batch", "step%", "srv%", "top%", "cli%", "errors");
   for (const auto& l : levels) {
     std::string errors;
     for (const auto& [code, n] : l["errors"].items()) {
       absl::StrAppend(&errors, errors.empty() ? "" : ",", code, "=", n.get<int64_t>());
     }
     if (errors.empty()) errors = "0";
-    std::string batch = "-", step = "-", server = "-";
+    std::string batch = "-", step = "-", server = "-", top = "-";
     if (l.contains("server_engine")) {
       const auto& e = l["server_engine"];
       batch = absl::StrFormat("%.1f", e["mean_batch_size"].get<double>());
@@ -673,9 +718,10 @@ void PrintTable(const std::vector<nlohmann::ordered_json>& levels) {
     }
     if (l.contains("server_cpu_fraction")) {
       server = absl::StrFormat("%.0f", 100 * l["server_cpu_fraction"].get<double>());
+      top = absl::StrFormat("%.0f", 100 * l["server_busiest_thread_cpu_fraction"].get<double>());
     }
     std::printf(
-        "%3d %5d %7d %7s %8s %7s | %7s %7s %7s | %6s %6s %6s %6s | %5s %5s %5s %5.0f | %s\n",
+        "%3d %5d %7d %7s %8s %7s | %7s %7s %7s | %6s %6s %6s %6s | %5s %5s %5s %5s %5.0f | %s\n",
         l["repeat"].get<int>(), l["concurrency"].get<int>(), l["context_tokens"].get<int>(),
         HumanCount(l["requests_per_s"].get<double>()).c_str(),
         HumanCount(l["output_tokens_per_s"].get<double>()).c_str(),
@@ -683,7 +729,7 @@ void PrintTable(const std::vector<nlohmann::ordered_json>& levels) {
         Ms(l["ttft_ms"], "p50").c_str(), Ms(l["ttft_ms"], "p90").c_str(),
         Ms(l["ttft_ms"], "p99").c_str(), Ms(l["itl_ms"], "p50").c_str(),
         Ms(l["itl_ms"], "p90").c_str(), Ms(l["itl_ms"], "p99").c_str(),
-        Ms(l["itl_ms"], "mean").c_str(), batch.c_str(), step.c_str(), server.c_str(),
+        Ms(l["itl_ms"], "mean").c_str(), batch.c_str(), step.c_str(), server.c_str(), top.c_str(),
         100 * l["bench_cpu_fraction"].get<double>(), errors.c_str());
   }
   std::fflush(stdout);
@@ -790,6 +836,13 @@ int main(int argc, char** argv) {
   config.duration = absl::GetFlag(FLAGS_duration);
   config.warmup = absl::GetFlag(FLAGS_warmup);
   config.requests_per_stream = absl::GetFlag(FLAGS_requests_per_stream);
+  const std::string trace_path = absl::GetFlag(FLAGS_trace);
+  config.trace = !trace_path.empty();
+  std::ofstream trace_out;
+  if (config.trace) {
+    trace_out.open(trace_path, std::ios::app);
+    if (!trace_out) return Fail("cannot open --trace " + trace_path);
+  }
   if (config.max_tokens < 1) return Fail("--max-tokens must be >= 1");
   if (config.duration <= absl::ZeroDuration() && config.requests_per_stream <= 0) {
     return Fail("--duration must be positive (or give --requests-per-stream)");
@@ -864,6 +917,7 @@ int main(int argc, char** argv) {
   flags["seed"] = config.seed;
   flags["metrics_target"] = metrics_target;
   flags["server_pid"] = server_pid;
+  flags["trace"] = trace_path;
   report["flags"] = flags;
   nlohmann::ordered_json model_json;
   model_json["name"] = model->name();
@@ -891,6 +945,7 @@ int main(int argc, char** argv) {
       for (int context : *contexts) {
         Level level(client->get(), config, c, context, rep);
         levels.push_back(level.Run(metrics_target, server_pid));
+        for (const std::string& line : level.trace()) trace_out << line << "\n";
         std::fprintf(stderr, "fwbench: done C=%d context=%d (%s tokens/s)\n", c, context,
                      HumanCount(levels.back()["output_tokens_per_s"].get<double>()).c_str());
       }

@@ -32,7 +32,7 @@ class GrpcGenerateStream : public GenerateStream {
       v1::GenerateResponse ignored;
       while (reader_->Read(&ignored)) {
       }
-      Finish();
+      (void)Finish();
     }
   }
 

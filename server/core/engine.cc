@@ -510,49 +510,79 @@ void Engine::RunPrefillChunk() {
     if (task->phase == Task::Phase::kPrefill) prefilling.push_back(task.get());
   }
   if (prefilling.empty()) return;
-  Task& t = *prefilling[prefill_turn_++ % prefilling.size()];
-  const std::vector<int64_t>& prompt = t.item->tokens;
-  const size_t length = std::min<size_t>(static_cast<size_t>(options_.prefill_chunk_tokens),
-                                         prompt.size() - t.prefilled);
-  std::vector<int64_t> piece(prompt.begin() + t.prefilled, prompt.begin() + t.prefilled + length);
+  const size_t chunk = static_cast<size_t>(options_.prefill_chunk_tokens);
+  auto next_length = [chunk](const Task* t) {
+    return std::min(chunk, t->item->tokens.size() - t->prefilled);
+  };
+  // The lead task goes round robin. Other pool-backed prefills whose next chunk has the
+  // same length join it in one batched Forward (no padding: equal lengths only), up to
+  // `chunk` tokens in all, so the iteration's prefill work stays bounded.
+  Task* lead = prefilling[prefill_turn_++ % prefilling.size()];
+  const size_t length = next_length(lead);
+  std::vector<Task*> batch = {lead};
+  if (lead->item->kind != WorkItem::Kind::kScore) {
+    for (Task* other : prefilling) {
+      if ((batch.size() + 1) * length > chunk) break;
+      if (other != lead && other->item->kind != WorkItem::Kind::kScore &&
+          next_length(other) == length) {
+        batch.push_back(other);
+      }
+    }
+  }
   const absl::Time start = absl::Now();
 
-  if (t.item->kind == WorkItem::Kind::kScore) {
+  if (lead->item->kind == WorkItem::Kind::kScore) {
+    Task& t = *lead;
+    std::vector<int64_t> piece(t.item->tokens.begin() + t.prefilled,
+                               t.item->tokens.begin() + t.prefilled + length);
     auto logprobs =
         fwmodel::ScoreTokens(model_, piece, &t.score_context, options_.prefill_chunk_tokens);
     if (!logprobs.ok()) return FailTask(t, absl::InternalError("scoring failed"));
     t.score_logprobs.insert(t.score_logprobs.end(), logprobs->begin(), logprobs->end());
   } else {
-    torch::Tensor rows =
-        torch::tensor({int64_t{t.slot}}, torch::kInt64).to(model_.options().device);
-    fwmodel::State row = pool_.Gather(rows);
+    std::vector<int64_t> rows_vec, pieces;
+    for (Task* t : batch) {
+      rows_vec.push_back(t->slot);
+      pieces.insert(pieces.end(), t->item->tokens.begin() + t->prefilled,
+                    t->item->tokens.begin() + t->prefilled + length);
+    }
+    const torch::Device device = model_.options().device;
+    torch::Tensor rows = torch::tensor(rows_vec, torch::kInt64).to(device);
+    fwmodel::State state = pool_.Gather(rows);
     torch::Tensor tokens =
-        torch::tensor(piece, torch::kInt64).to(model_.options().device).unsqueeze(0);
-    auto logits = model_.Forward(tokens, &row);
+        torch::tensor(pieces, torch::kInt64)
+            .view({static_cast<int64_t>(batch.size()), static_cast<int64_t>(length)})
+            .to(device);
+    auto logits = model_.Forward(tokens, &state);
     if (!logits.ok()) {
       Log(LogLevel::kError,
           absl::StrCat("model ", name_, ": prefill failed: ", logits.status().message()));
-      return FailTask(t, absl::InternalError("prefill failed"));
+      for (Task* t : batch) FailTask(*t, absl::InternalError("prefill failed"));
+      return;
     }
-    pool_.Scatter(rows, row);
-    next_logits_[t.slot].copy_(
-        (*logits)[0][static_cast<int64_t>(length) - 1].to(torch::kCPU, torch::kFloat32));
-    t.tokens += static_cast<int64_t>(length);
+    pool_.Scatter(rows, state);
+    next_logits_.index_copy_(
+        0, rows.cpu(),
+        logits->select(1, static_cast<int64_t>(length) - 1).to(torch::kCPU, torch::kFloat32));
+    for (Task* t : batch) t->tokens += static_cast<int64_t>(length);
   }
-  t.prefilled += length;
   if (metrics_ != nullptr) {
-    metrics_->ObservePrefillChunk(static_cast<int64_t>(length), Seconds(start, absl::Now()));
-    if (t.item->kind == WorkItem::Kind::kScore) {
-      metrics_->AddScoredTokens(static_cast<int64_t>(length));
+    const int64_t tokens = static_cast<int64_t>(batch.size() * length);
+    metrics_->ObservePrefillChunk(tokens, Seconds(start, absl::Now()));
+    if (lead->item->kind == WorkItem::Kind::kScore) {
+      metrics_->AddScoredTokens(tokens);
     } else {
-      metrics_->AddPromptTokens(static_cast<int64_t>(length));
+      metrics_->AddPromptTokens(tokens);
     }
   }
-  if (t.prefilled < prompt.size()) return;
-  if (t.item->kind == WorkItem::Kind::kGenerate && t.item->generate.max_tokens > 0) {
-    t.phase = Task::Phase::kReadyToSample;
-  } else {
-    FinishTask(t, FinishReason::kLength);
+  for (Task* t : batch) {
+    t->prefilled += length;
+    if (t->prefilled < t->item->tokens.size()) continue;
+    if (t->item->kind == WorkItem::Kind::kGenerate && t->item->generate.max_tokens > 0) {
+      t->phase = Task::Phase::kReadyToSample;
+    } else {
+      FinishTask(*t, FinishReason::kLength);
+    }
   }
 }
 

@@ -1,0 +1,131 @@
+#!/usr/bin/env bash
+# Serving benchmark (docs/benchmarks.md, "Serving (fwbench)"): builds fwserve and fwbench
+# if needed, starts the server on a free local port (metrics off, log level warning),
+# waits until it listens, runs
+#   (a) a concurrency sweep: 1, 8, 32 and 128 streams, no session context;
+#   (b) the context comparison: 1 and 8 streams generating at 100 vs 4000 tokens of
+#       session context (same run, levels interleaved);
+# writes the JSON results, the printed tables and a machine note into OUT_DIR, and stops
+# the server with SIGTERM.
+#
+# Usage: scripts/bench-serving.sh [OUT_DIR] [extra fwbench flags...]
+#   OUT_DIR defaults to /tmp/fwbench-results.
+# Environment:
+#   MODEL=DIR          checkpoint to serve (default: the server's default model)
+#   DURATION=10s       measured time per level;  WARMUP=2s  unmeasured time before it
+#   CONCURRENCY=1,8,32,128   levels of run (a)
+#   CONTEXT_CONCURRENCY=1,8  levels of run (b);  CONTEXTS=100,4000  its context lengths
+#   SERVER_FLAGS="..." extra fwserve flags (e.g. "--threads 1 --batch-wait 1ms")
+#   METRICS=1          turn the server's /metrics on (free port) so that fwbench reports
+#                      engine statistics (mean batch size, share of time in the model step)
+#   LABEL="..."        recorded in the JSON (default: commit and server binary)
+#   BUILD_DIR=build    JOBS=2 (parallel build jobs)
+#   FWSERVE=PATH       benchmark this fwserve binary instead of building BUILD_DIR's (e.g.
+#                      one built from a clean checkout while the tree is being edited)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+OUT_DIR=${1:-/tmp/fwbench-results}
+if [[ $# -gt 0 ]]; then shift; fi
+BUILD_DIR=${BUILD_DIR:-build}
+JOBS=${JOBS:-2}
+DURATION=${DURATION:-10s}
+WARMUP=${WARMUP:-2s}
+CONCURRENCY=${CONCURRENCY:-1,8,32,128}
+CONTEXT_CONCURRENCY=${CONTEXT_CONCURRENCY:-1,8}
+CONTEXTS=${CONTEXTS:-100,4000}
+mkdir -p "$OUT_DIR"
+
+# Build (a no-op when up to date).
+if [[ ! -f "$BUILD_DIR/build.ninja" && ! -f "$BUILD_DIR/Makefile" ]]; then
+  cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+fi
+if [[ -n "${FWSERVE:-}" ]]; then
+  cmake --build "$BUILD_DIR" --target fwbench --parallel "$JOBS" >&2
+else
+  cmake --build "$BUILD_DIR" --target fwserve fwbench --parallel "$JOBS" >&2
+  FWSERVE="$BUILD_DIR/server/fwserve"
+fi
+FWBENCH="$BUILD_DIR/bench/fwbench"
+
+port_is_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+free_port() {
+  local port
+  for _ in $(seq 1 200); do
+    port=$((20000 + RANDOM % 40000))
+    if port_is_free "$port"; then
+      echo "$port"
+      return 0
+    fi
+  done
+  echo "no free port found" >&2
+  return 1
+}
+
+PORT=$(free_port)
+server_args=(--listen "127.0.0.1:$PORT" --log-level warning)
+bench_extra=()
+if [[ "${METRICS:-0}" == 1 ]]; then
+  METRICS_PORT=$(free_port)
+  while [[ "$METRICS_PORT" == "$PORT" ]]; do METRICS_PORT=$(free_port); done
+  server_args+=(--metrics-listen "127.0.0.1:$METRICS_PORT")
+  bench_extra+=(--metrics-target "127.0.0.1:$METRICS_PORT")
+else
+  server_args+=(--metrics-listen "")
+fi
+if [[ -n "${MODEL:-}" ]]; then server_args+=(--model "$MODEL"); fi
+# shellcheck disable=SC2206  # SERVER_FLAGS is split on purpose
+if [[ -n "${SERVER_FLAGS:-}" ]]; then server_args+=($SERVER_FLAGS); fi
+
+SERVER_LOG="$OUT_DIR/fwserve.log"
+"$FWSERVE" "${server_args[@]}" >"$SERVER_LOG" 2>&1 &
+SERVER_PID=$!
+stop_server() {
+  if kill -0 "$SERVER_PID" 2>/dev/null; then
+    kill -TERM "$SERVER_PID"
+    wait "$SERVER_PID" || true
+  fi
+}
+trap stop_server EXIT
+
+# Wait until the server listens (it loads the model first); fwbench then waits for the
+# health check to report SERVING.
+for i in $(seq 1 600); do
+  if ! kill -0 "$SERVER_PID" 2>/dev/null; then
+    echo "fwserve exited during startup; its log:" >&2
+    cat "$SERVER_LOG" >&2
+    exit 1
+  fi
+  if ! port_is_free "$PORT"; then break; fi
+  if [[ $i == 600 ]]; then
+    echo "fwserve did not listen on port $PORT within 60 s" >&2
+    exit 1
+  fi
+  sleep 0.1
+done
+
+LABEL=${LABEL:-"tree $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD 2>/dev/null || echo "+local changes"); server $FWSERVE"}
+{
+  echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  echo "label: $LABEL"
+  echo "nproc: $(nproc)"
+  echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //')"
+  echo "uptime before: $(uptime)"
+  echo "server: $FWSERVE ${server_args[*]}"
+} >"$OUT_DIR/machine.txt"
+
+common=(--target "127.0.0.1:$PORT" --duration "$DURATION" --warmup "$WARMUP"
+        --server-pid "$SERVER_PID" --label "$LABEL" "${bench_extra[@]}")
+
+echo "== (a) concurrency sweep: $CONCURRENCY" >&2
+"$FWBENCH" "${common[@]}" --concurrency "$CONCURRENCY" --json "$OUT_DIR/concurrency.json" "$@" |
+  tee "$OUT_DIR/concurrency.txt"
+
+echo "== (b) context comparison: contexts $CONTEXTS at concurrency $CONTEXT_CONCURRENCY" >&2
+"$FWBENCH" "${common[@]}" --concurrency "$CONTEXT_CONCURRENCY" --context-tokens "$CONTEXTS" \
+  --json "$OUT_DIR/context.json" "$@" | tee "$OUT_DIR/context.txt"
+
+echo "uptime after: $(uptime)" >>"$OUT_DIR/machine.txt"
+stop_server
+trap - EXIT
+echo "results in $OUT_DIR (server log: $SERVER_LOG)" >&2

@@ -1,0 +1,483 @@
+#!/usr/bin/env python3
+"""fwctl end to end: the real fwserve binary (shipped model, port 0) driven by the real
+fwctl binary, checking outputs and exit codes, including Ctrl-C (SIGINT) mid-stream.
+
+Usage: fwctl_test.py --fwctl PATH --fwserve PATH --model DIR [unittest args]
+"""
+import argparse
+import json
+import os
+import re
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import unittest
+
+ARGS = None
+SERVER = None  # (process, target, log path)
+
+
+def start_server(fwserve, model, log_path, extra=()):
+    log = open(log_path, "wb")
+    process = subprocess.Popen(
+        [fwserve, "--listen", "127.0.0.1:0", "--metrics-listen", "", "--model", model,
+         "--max-tokens", "100000", *extra],
+        stdout=subprocess.DEVNULL, stderr=log)
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        with open(log_path, "rb") as f:
+            match = re.search(rb"fwserve listening on \S+ \(port (\d+)\)", f.read())
+        if match:
+            return process, "127.0.0.1:%d" % int(match.group(1))
+        if process.poll() is not None:
+            break
+        time.sleep(0.05)
+    process.kill()
+    with open(log_path, "rb") as f:
+        raise RuntimeError("fwserve did not start:\n" + f.read().decode(errors="replace"))
+
+
+def stop_server(process):
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+def fwctl(*args, stdin=None, target=True, timeout=60, env=None):
+    """Runs fwctl; returns (exit code, stdout bytes, stderr text)."""
+    command = [ARGS.fwctl] + (["--target", SERVER[1]] if target else []) + list(args)
+    result = subprocess.run(command, input=stdin, capture_output=True, timeout=timeout,
+                            env=env)
+    return result.returncode, result.stdout, result.stderr.decode(errors="replace")
+
+
+class Pump:
+    """Collects a pipe's bytes on a thread, so a test can wait for output to appear."""
+
+    def __init__(self, pipe):
+        self.data = b""
+        self.lock = threading.Lock()
+        self.thread = threading.Thread(target=self._run, args=(pipe,), daemon=True)
+        self.thread.start()
+
+    def _run(self, pipe):
+        while True:
+            chunk = os.read(pipe.fileno(), 65536)
+            if not chunk:
+                return
+            with self.lock:
+                self.data += chunk
+
+    def get(self):
+        with self.lock:
+            return self.data
+
+    def wait_for(self, predicate, timeout=60, what="output"):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if predicate(self.get()):
+                return self.get()
+            time.sleep(0.01)
+        raise AssertionError("timed out waiting for %s; got %r" % (what, self.get()[-500:]))
+
+
+class FwctlTest(unittest.TestCase):
+    maxDiff = None
+
+    def ok(self, *args, **kwargs):
+        code, out, err = fwctl(*args, **kwargs)
+        self.assertEqual(code, 0, "fwctl %s -> %d\nstderr: %s" % (" ".join(args), code, err))
+        return out, err
+
+    def session_info(self, session_id):
+        out, _ = self.ok("session", "get", "--json", session_id)
+        info = json.loads(out)
+        info["tokens"] = int(info["tokens"])
+        return info
+
+    def wait_idle(self, session_id, timeout=10):
+        deadline = time.time() + timeout
+        while True:
+            info = self.session_info(session_id)
+            if not info["busy"] or time.time() > deadline:
+                return info
+            time.sleep(0.02)
+
+    # ------------------------------------------------------------------------------
+    # Usage, help and exit codes.
+
+    def test_help_documents_every_command_and_flag(self):
+        out, _ = self.ok("--help", target=False)
+        text = out.decode()
+        for command in ["generate", "chat", "score", "session create", "session get",
+                        "session list", "session rm", "session fork", "session export",
+                        "session import", "models", "health"]:
+            self.assertIn(command, text)
+        for flag in ["--target", "--token", "--timeout", "--retries", "--tls-ca", "130"]:
+            self.assertIn(flag, text)
+        out, _ = self.ok("generate", "--help", target=False)
+        for flag in ["--model", "--session", "--max-tokens", "--temperature", "--top-k",
+                     "--top-p", "--min-p", "--repetition-penalty", "--seed", "--stop",
+                     "--logprobs", "--json"]:
+            self.assertIn(flag, out.decode())
+        self.assertEqual(self.ok("help", "score", target=False)[0],
+                         self.ok("score", "--help", target=False)[0])
+        for command in [["chat"], ["score"], ["session", "create"], ["session", "get"],
+                        ["session", "list"], ["session", "rm"], ["session", "fork"],
+                        ["session", "export"], ["session", "import"], ["models"], ["health"]]:
+            out, _ = self.ok(*command, "-h", target=False)
+            self.assertIn("Usage: fwctl " + " ".join(command), out.decode())
+
+    def test_usage_errors_exit_2(self):
+        for args, message in [
+            ([], "Usage"),
+            (["frobnicate"], "unknown command 'frobnicate'"),
+            (["session"], "incomplete command 'session'"),
+            (["generate", "--frob", "x"], "unknown option '--frob'"),
+            (["generate", "--max-tokens", "many", "x"], "--max-tokens"),
+            (["generate", "--temperature"], "needs a value"),
+            (["generate"], "PROMPT is required"),
+            (["session", "get"], "missing argument"),
+            (["session", "get", "a", "b"], "unexpected argument 'b'"),
+            (["--timeout", "soon", "health"], "--timeout"),
+            (["--tls-cert", "c.pem", "health"], "--tls-cert and --tls-key"),
+        ]:
+            code, out, err = fwctl(*args, target=False)
+            self.assertEqual(code, 2, (args, err))
+            self.assertIn(message, out.decode() + err, args)
+
+    def test_server_errors_exit_1_with_the_grpc_code(self):
+        code, _, err = fwctl("session", "get", "0" * 32)
+        self.assertEqual(code, 1)
+        self.assertIn("NOT_FOUND", err)
+        code, _, err = fwctl("generate", "--max-tokens", "200000", "x")
+        self.assertEqual(code, 1)
+        self.assertIn("INVALID_ARGUMENT", err)
+        code, _, err = fwctl("models", "no-such-model")
+        self.assertEqual(code, 1)
+        self.assertIn("NOT_FOUND", err)
+
+    def test_unreachable_server_is_unavailable(self):
+        code, _, err = fwctl("--target", "127.0.0.1:1", "--retries", "0", "health",
+                             target=False)
+        self.assertEqual(code, 1)
+        self.assertIn("UNAVAILABLE", err)
+
+    def test_target_from_the_environment(self):
+        env = dict(os.environ, FWSERVE_TARGET=SERVER[1])
+        code, out, _ = fwctl("health", target=False, env=env)
+        self.assertEqual((code, out), (0, b"SERVING\n"))
+
+    # ------------------------------------------------------------------------------
+    # Models and health.
+
+    def test_health_and_models(self):
+        out, _ = self.ok("health")
+        self.assertEqual(out, b"SERVING\n")
+        out, _ = self.ok("health", "--service", "fwserve.v1.Fwserve")
+        self.assertEqual(out, b"SERVING\n")
+        out, _ = self.ok("models")
+        self.assertRegex(out.decode(), r"aft-shakespeare\s+yes\s+aft\s+\d+")
+        out, _ = self.ok("models", "--json")
+        models = json.loads(out)["models"]
+        self.assertEqual([m["name"] for m in models], ["aft-shakespeare"])
+        self.assertTrue(models[0]["is_default"])
+        out, _ = self.ok("models", "aft-shakespeare")
+        self.assertIn("fingerprint: " + models[0]["fingerprint"], out.decode())
+        self.assertIn('"architecture"', out.decode())
+
+    # ------------------------------------------------------------------------------
+    # generate.
+
+    def test_generate_streams_text_and_reports_usage(self):
+        out1, err = self.ok("generate", "--seed", "7", "--max-tokens", "40", "ROMEO:")
+        out2, _ = self.ok("generate", "--seed", "7", "--max-tokens", "40", "ROMEO:")
+        self.assertEqual(out1, out2)
+        self.assertGreater(len(out1), 0)
+        self.assertIn("[finish: length; prompt 6, generated 40, session 46 tokens]", err)
+        # The same prompt from stdin.
+        out3, _ = self.ok("generate", "--seed", "7", "--max-tokens", "40", "-", stdin=b"ROMEO:")
+        self.assertEqual(out3, out1)
+        # Words are joined with spaces.
+        out4, _ = self.ok("generate", "--seed", "7", "--max-tokens", "40", "--temperature=0",
+                          "To", "be")
+        out5, _ = self.ok("generate", "--seed", "8", "--max-tokens", "40", "--temperature=0",
+                          "To be")
+        self.assertEqual(out4, out5)
+        _, err = self.ok("--verbose", "generate", "--max-tokens", "5", "x")
+        self.assertIn("tokens/s", err)
+        _, err = self.ok("generate", "--quiet", "--max-tokens", "5", "x")
+        self.assertEqual(err, "")
+
+    def test_generate_stop_json_and_logprobs(self):
+        out, err = self.ok("generate", "--temperature", "0", "--max-tokens", "2000", "--stop",
+                           "\\n", "ROMEO:\nWhat")
+        self.assertTrue(out.endswith(b"\n"), out)
+        self.assertEqual(out.count(b"\n"), 1)
+        self.assertIn("[finish: stop;", err)
+
+        out, _ = self.ok("generate", "--json", "--max-tokens", "12", "--seed", "3",
+                         "--logprobs", "x")
+        messages = [json.loads(line) for line in out.decode().splitlines()]
+        self.assertEqual(sum(len(m["token_ids"]) for m in messages), 12)
+        self.assertEqual(sum(len(m["logprobs"]) for m in messages), 12)
+        self.assertEqual(messages[-1]["finish_reason"], "FINISH_REASON_LENGTH")
+        self.assertEqual(messages[-1]["usage"]["generated_tokens"], "12")
+
+        out, err = self.ok("generate", "--max-tokens", "12", "--seed", "3", "--logprobs", "x")
+        self.assertEqual(out.decode(), "".join(m["text"] for m in messages))
+        rows = [line.split(None, 3) for line in err.splitlines()
+                if re.match(r"\s+\d+\s+\d+\s+-?\d+\.\d+  \"", line)]
+        self.assertEqual(len(rows), 12)
+        for row, token, logprob in zip(rows, [t for m in messages for t in m["token_ids"]],
+                                       [p for m in messages for p in m["logprobs"]]):
+            self.assertEqual(int(row[1]), int(token))
+            self.assertAlmostEqual(float(row[2]), logprob, places=3)
+
+    def test_sampling_flags_reach_the_server(self):
+        # Greedy ignores the seed; top-k 1 is greedy too.
+        greedy, _ = self.ok("generate", "--temperature", "0", "--max-tokens", "30", "Hark")
+        top1, _ = self.ok("generate", "--top-k", "1", "--seed", "9", "--max-tokens", "30", "Hark")
+        self.assertEqual(greedy, top1)
+        out, _ = self.ok("generate", "--top-p", "0.9", "--min-p", "0.05",
+                         "--repetition-penalty", "1.3", "--repetition-window", "16", "--seed",
+                         "1", "--max-tokens", "30", "Hark")
+        self.assertGreater(len(out), 0)
+        code, _, err = fwctl("generate", "--top-p", "1.5", "--max-tokens", "3", "x")
+        self.assertEqual(code, 1)
+        self.assertIn("INVALID_ARGUMENT", err)
+
+    def test_sigint_mid_stream_cancels_cleanly_and_keeps_the_session_consistent(self):
+        session_id = self.ok("session", "create", "--prefix", "Hi")[0].decode().strip()
+        process = subprocess.Popen(
+            [ARGS.fwctl, "--target", SERVER[1], "generate", "--session", session_id,
+             "--max-tokens", "100000", "x"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        out = Pump(process.stdout)
+        err = Pump(process.stderr)
+        out.wait_for(lambda data: len(data) >= 300, what="300 bytes of text")
+        process.send_signal(signal.SIGINT)
+        self.assertEqual(process.wait(timeout=30), 130)
+        out.thread.join(5)
+        err.thread.join(5)
+        stderr = err.get().decode()
+        match = re.search(r"interrupted after (\d+) generated tokens", stderr)
+        self.assertIsNotNone(match, stderr)
+        printed = int(match.group(1))
+        self.assertGreaterEqual(printed, 300 if all(b < 0x80 for b in out.get()) else 1)
+        match = re.search(r"session %s holds (\d+) tokens" % session_id, stderr)
+        self.assertIsNotNone(match, stderr)
+
+        info = self.wait_idle(session_id)
+        self.assertFalse(info["busy"])
+        self.assertEqual(info["tokens"], int(match.group(1)))
+        generated = info["tokens"] - 3  # "Hi" + "x"
+        self.assertGreaterEqual(generated, printed)
+        self.assertLess(generated, 100000)
+
+        # The session goes on from there.
+        _, err_text = self.ok("generate", "--session", session_id, "--max-tokens", "5")
+        self.assertIn("session %d tokens" % (info["tokens"] + 5), err_text)
+
+    def test_sigint_without_a_session(self):
+        process = subprocess.Popen(
+            [ARGS.fwctl, "--target", SERVER[1], "generate", "--max-tokens", "100000", "x"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        out = Pump(process.stdout)
+        out.wait_for(lambda data: len(data) >= 50)
+        process.send_signal(signal.SIGINT)
+        self.assertEqual(process.wait(timeout=30), 130)
+        self.assertIn(b"interrupted after", process.stderr.read())
+
+    # ------------------------------------------------------------------------------
+    # chat.
+
+    def test_chat_keeps_one_session_and_exits_0_at_eof(self):
+        code, out, err = fwctl("chat", "--max-tokens", "8", "--seed", "1",
+                               stdin=b"ROMEO:\nJULIET:\n")
+        self.assertEqual(code, 0, err)
+        match = re.search(r"session ([0-9a-f]{32})", err)
+        self.assertIsNotNone(match, err)
+        self.assertIn("resume with: fwctl chat --session " + match.group(1), err)
+        self.assertTrue(out.endswith(b"\n"), out)  # each reply ends its line
+        info = self.session_info(match.group(1))
+        self.assertEqual(info["tokens"], 7 + 8 + 8 + 8)
+        # Resuming adds to the same session.
+        code, _, err = fwctl("chat", "--session", match.group(1), "--max-tokens", "3",
+                             stdin=b"more")
+        self.assertEqual(code, 0, err)
+        self.assertEqual(self.session_info(match.group(1))["tokens"], 31 + 5 + 3)
+
+    def test_chat_sigint_stops_only_the_reply(self):
+        process = subprocess.Popen(
+            [ARGS.fwctl, "--target", SERVER[1], "chat", "--max-tokens", "100000"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        out = Pump(process.stdout)
+        err = Pump(process.stderr)
+        session_id = re.search(
+            rb"session ([0-9a-f]{32})",
+            err.wait_for(lambda d: re.search(rb"session [0-9a-f]{32}", d),
+                         what="session id")).group(1).decode()
+        interrupted = []
+        for turn, line in enumerate([b"go\n", b"again\n"]):
+            before = len(out.get())
+            process.stdin.write(line)
+            process.stdin.flush()
+            out.wait_for(lambda d: len(d) >= before + 100, what="a reply")
+            process.send_signal(signal.SIGINT)
+            text = err.wait_for(
+                lambda d: len(re.findall(rb"reply interrupted after \d+", d)) > turn,
+                what="the interrupted reply").decode()
+            interrupted = [int(n) for n in re.findall(r"reply interrupted after (\d+)", text)]
+        process.stdin.close()
+        self.assertEqual(process.wait(timeout=30), 0, err.get())
+        info = self.wait_idle(session_id)
+        self.assertFalse(info["busy"])
+        self.assertGreaterEqual(info["tokens"], 3 + interrupted[0] + 6 + interrupted[1])
+
+    # ------------------------------------------------------------------------------
+    # score.
+
+    def test_score_table_and_json(self):
+        text = "To be, or not to be"
+        out, _ = self.ok("score", "--json", text)
+        scored = json.loads(out)
+        self.assertEqual(len(scored["token_ids"]), len(text))
+        self.assertEqual(len(scored["logprobs"]), len(text) - 1)
+        self.assertAlmostEqual(scored["total_logprob"], sum(scored["logprobs"]), places=6)
+
+        out, _ = self.ok("score", text)
+        lines = out.decode().splitlines()
+        # Columns: index, token id, log-prob, the token's byte C-quoted (may hold spaces).
+        rows = [line.split(None, 3) for line in lines[1:1 + len(text)]]
+        self.assertEqual(rows[0], ["0", str(ord("T")), "-", '"T"'])
+        self.assertEqual(rows[2][3], '" "')
+        self.assertEqual(rows[5][3], '","')
+        for row, logprob in zip(rows[1:], scored["logprobs"]):
+            self.assertAlmostEqual(float(row[2]), logprob, places=3)
+        self.assertIn("total_logprob %.4f over %d scored tokens" %
+                      (scored["total_logprob"], len(text) - 1), out.decode())
+        perplexity = float(re.search(r"perplexity (\S+)", out.decode()).group(1))
+        self.assertAlmostEqual(perplexity, scored["perplexity"], places=3)
+
+        # Conditioned on a session: one log-prob per token, and the session is unchanged.
+        session_id = self.ok("session", "create", "--prefix", "HAMLET:\n")[0].decode().strip()
+        out, _ = self.ok("score", "--json", "--session", session_id, text)
+        self.assertEqual(len(json.loads(out)["logprobs"]), len(text))
+        self.assertEqual(self.session_info(session_id)["tokens"], 8)
+        out_stdin, _ = self.ok("score", "--json", "-", stdin=text.encode())
+        self.assertEqual(json.loads(out_stdin), scored)
+
+    # ------------------------------------------------------------------------------
+    # sessions.
+
+    def test_session_lifecycle(self):
+        out, _ = self.ok("session", "create", "--prefix", "ROMEO:\n")
+        session_id = out.decode().strip()
+        self.assertRegex(session_id, r"^[0-9a-f]{32}$")
+        out, _ = self.ok("session", "get", session_id)
+        self.assertIn("tokens: 7\n", out.decode())
+        self.assertIn("model: aft-shakespeare\n", out.decode())
+        self.assertIn("busy: false\n", out.decode())
+        out, _ = self.ok("--verbose", "session", "create")
+        self.assertIn("tokens: 0", out.decode())
+        self.ok("generate", "--session", session_id, "--max-tokens", "10", "--seed", "2")
+        self.assertEqual(self.session_info(session_id)["tokens"], 17)
+
+        out, _ = self.ok("session", "list")
+        self.assertIn(session_id, out.decode())
+        out, _ = self.ok("session", "list", "--json", "--model", "aft-shakespeare")
+        listed = {s["session_id"]: s for s in json.loads(out)["sessions"]}
+        self.assertEqual(int(listed[session_id]["tokens"]), 17)
+
+        fork = self.ok("session", "fork", session_id)[0].decode().strip()
+        self.assertNotEqual(fork, session_id)
+        self.assertEqual(self.session_info(fork)["tokens"], 17)
+
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "session.blob")
+            _, err = self.ok("session", "export", session_id, path)
+            self.assertIn("17 tokens", err)
+            self.assertGreater(os.path.getsize(path), 0)
+            imported = self.ok("session", "import", path, "--model",
+                               "aft-shakespeare")[0].decode().strip()
+            self.assertEqual(self.session_info(imported)["tokens"], 17)
+            # Through stdout and stdin.
+            blob, _ = self.ok("session", "export", session_id, "-")
+            with open(path, "rb") as f:
+                self.assertEqual(blob, f.read())
+            piped = self.ok("session", "import", "-", stdin=blob)[0].decode().strip()
+            self.assertEqual(self.session_info(piped)["tokens"], 17)
+            # Continuing the copies gives the same text as continuing the original.
+            outs = [self.ok("generate", "--session", s, "--max-tokens", "20", "--seed", "4")[0]
+                    for s in (session_id, fork, imported, piped)]
+            self.assertEqual(len(set(outs)), 1, outs)
+            code, _, err = fwctl("session", "import", os.path.join(tmp, "missing"))
+            self.assertEqual(code, 1)
+            self.assertIn("cannot read", err)
+            with open(path, "wb") as f:
+                f.write(b"garbage")
+            code, _, err = fwctl("session", "import", path)
+            self.assertEqual(code, 1)
+            self.assertIn("INVALID_ARGUMENT", err)
+
+        self.ok("session", "rm", session_id, fork, imported, piped)
+        code, _, err = fwctl("session", "get", session_id)
+        self.assertEqual(code, 1)
+        self.assertIn("NOT_FOUND", err)
+        code, _, err = fwctl("session", "rm", session_id)
+        self.assertEqual(code, 1)
+        self.assertIn("NOT_FOUND", err)
+
+    def test_busy_session_is_aborted(self):
+        session_id = self.ok("session", "create", "--prefix", "x")[0].decode().strip()
+        process = subprocess.Popen(
+            [ARGS.fwctl, "--target", SERVER[1], "generate", "--session", session_id,
+             "--max-tokens", "100000"],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        out = Pump(process.stdout)
+        out.wait_for(lambda d: len(d) >= 20)
+        code, _, err = fwctl("generate", "--session", session_id, "--max-tokens", "1", "y")
+        self.assertEqual(code, 1)
+        self.assertIn("ABORTED", err)
+        self.assertTrue(self.session_info(session_id)["busy"])
+        process.send_signal(signal.SIGINT)
+        self.assertEqual(process.wait(timeout=30), 130)
+        self.assertFalse(self.wait_idle(session_id)["busy"])
+
+
+def main():
+    global ARGS, SERVER
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--fwctl", required=True)
+    parser.add_argument("--fwserve", required=True)
+    parser.add_argument("--model", required=True)
+    ARGS, rest = parser.parse_known_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        log_path = os.path.join(tmp, "fwserve.log")
+        process, target = start_server(ARGS.fwserve, ARGS.model, log_path)
+        SERVER = (process, target, log_path)
+        try:
+            program = unittest.main(argv=[sys.argv[0]] + rest, exit=False, verbosity=2)
+        finally:
+            stop_server(process)
+        result = program.result
+        print("%d passed, %d failed" % (result.testsRun - len(result.failures) -
+                                       len(result.errors) - len(result.skipped),
+                                       len(result.failures) + len(result.errors)))
+        if not result.wasSuccessful():
+            with open(log_path, "rb") as f:
+                sys.stderr.write("--- fwserve log (tail)\n")
+                sys.stderr.write(f.read().decode(errors="replace")[-4000:])
+        sys.exit(0 if result.wasSuccessful() else 1)
+
+
+if __name__ == "__main__":
+    main()
