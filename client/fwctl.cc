@@ -102,19 +102,23 @@ class Interrupts {
   }
 
   // While alive, each SIGINT runs `handler` on the watcher thread instead of ending the
-  // process.
+  // process. Handlers nest: the previous one is restored when this one goes.
   class Handler {
    public:
     explicit Handler(std::function<void()> handler) {
       std::lock_guard<std::mutex> lock(mutex_);
+      previous_ = std::move(handler_);
       handler_ = std::move(handler);
     }
     ~Handler() {
       std::lock_guard<std::mutex> lock(mutex_);
-      handler_ = nullptr;
+      handler_ = std::move(previous_);
     }
     Handler(const Handler&) = delete;
     Handler& operator=(const Handler&) = delete;
+
+   private:
+    std::function<void()> previous_;  // restored when this one goes
   };
 
  private:
@@ -654,6 +658,9 @@ int RunChat(Args& args) {
                "Ctrl-C stops a reply, Ctrl-D ends.\n",
                session_id.c_str(), info.model().c_str(), static_cast<long long>(info.tokens()));
   const std::string suffix = UnescapeC(args.Get("suffix", "\\n"));
+  // At the prompt SIGINT only wakes ReadLine (through the wake pipe), which ends the
+  // chat; during a reply StreamGenerate's own handler cancels the reply.
+  Interrupts::Handler at_prompt([] {});
   const auto goodbye = [&](int code) {
     std::fprintf(stderr, "fwctl chat: resume with: fwctl chat --session %s\n", session_id.c_str());
     return code;
@@ -771,8 +778,8 @@ int RequirePositional(const Args& args, size_t count) {
 
 int RunSessionCreate(Args& args) {
   if (int code = RequirePositional(args, 0); code != kExitOk) return code;
-  return PrintNewSession(args,
-                         GetClient(args).CreateSession(args.Get("model"), args.Get("prefix")));
+  return PrintNewSession(
+      args, GetClient(args).CreateSession(args.Get("model"), UnescapeC(args.Get("prefix"))));
 }
 
 int RunSessionGet(Args& args) {
@@ -945,8 +952,11 @@ const std::vector<CommandSpec>& Commands() {
          "",
          "create a session; prints its id",
          "Creates a session, optionally prefilled with --prefix, and prints its id (all of "
-         "its info with --verbose or --json).",
-         {model, {"prefix", "TEXT", "text prefilled into the session"}, json},
+         "its info with --verbose or --json). In --prefix, \\n, \\t and \\\\ stand for a "
+         "newline, a tab and a backslash.",
+         {model,
+          {"prefix", "TEXT", "text prefilled into the session (C escapes understood)"},
+          json},
          RunSessionCreate},
         {"session get",
          "ID",

@@ -170,14 +170,15 @@ class CoreImpl : public Core {
     auto item = std::make_unique<WorkItem>();
     item->kind = WorkItem::Kind::kScore;
     item->session_id = params.session_id;
+    item->is_cancelled = std::move(params.is_cancelled);
     item->tokens = fwmodel::EncodeBytes(params.text);
     item->on_score = done;
     item->arrival = absl::Now();
     if (absl::Status queued = SubmitOrRelease(*engine, item); !queued.ok()) done(queued);
   }
 
-  void CreateSession(const std::string& model, std::string prefix,
-                     Callback<SessionRecord> done) override {
+  void CreateSession(const std::string& model, std::string prefix, Callback<SessionRecord> done,
+                     std::function<bool()> is_cancelled) override {
     if (absl::Status valid = ValidateText("prefix", prefix); !valid.ok()) return done(valid);
     auto engine = FindEngine(model);
     if (!engine.ok()) return done(engine.status());
@@ -185,6 +186,7 @@ class CoreImpl : public Core {
     auto item = std::make_unique<WorkItem>();
     item->kind = WorkItem::Kind::kCreate;
     item->tokens = fwmodel::EncodeBytes(prefix);
+    item->is_cancelled = std::move(is_cancelled);
     item->on_session = done;
     item->arrival = absl::Now();
     if (absl::Status queued = SubmitOrRelease(*engine, item); !queued.ok()) done(queued);

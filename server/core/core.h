@@ -134,6 +134,9 @@ struct ScoreParams {
   std::string model;
   std::string session_id;  // empty = fresh state; else conditioned, session unchanged
   std::string text;
+  // Polled by the engine between chunks (may be null); true = the caller is gone
+  // (cancelled, deadline passed) and the work is dropped with CANCELLED.
+  std::function<bool()> is_cancelled;
 };
 
 struct ScoreResult {
@@ -172,8 +175,10 @@ class Core {
   // Each calls `done` exactly once, on the engine thread or (for immediate errors) on
   // the calling thread.
   virtual void Score(ScoreParams params, Callback<ScoreResult> done) = 0;
+  // `is_cancelled` as in ScoreParams: a cancelled create leaves no session behind.
   virtual void CreateSession(const std::string& model, std::string prefix,
-                             Callback<SessionRecord> done) = 0;
+                             Callback<SessionRecord> done,
+                             std::function<bool()> is_cancelled = nullptr) = 0;
   virtual void ForkSession(const std::string& session_id, Callback<SessionRecord> done) = 0;
   virtual void ExportSession(const std::string& session_id, Callback<ExportResult> done) = 0;
   virtual void ImportSession(const std::string& model, std::string blob,

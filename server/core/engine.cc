@@ -505,10 +505,13 @@ void Engine::RunSessionOperation(WorkItem& w) {
 // Prefill, decode, sampling.
 
 void Engine::RunPrefillChunk() {
-  std::vector<Task*> prefilling;
+  std::vector<Task*> prefilling, abandoned;
   for (auto& task : tasks_) {
-    if (task->phase == Task::Phase::kPrefill) prefilling.push_back(task.get());
+    if (task->phase != Task::Phase::kPrefill) continue;
+    const auto& is_cancelled = task->item->is_cancelled;
+    (is_cancelled && is_cancelled() ? abandoned : prefilling).push_back(task.get());
   }
+  for (Task* t : abandoned) FailTask(*t, absl::CancelledError("cancelled by the client"));
   if (prefilling.empty()) return;
   const size_t chunk = static_cast<size_t>(options_.prefill_chunk_tokens);
   auto next_length = [chunk](const Task* t) {

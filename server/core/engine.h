@@ -60,6 +60,8 @@ struct WorkItem {
   Callback<SessionRecord> on_session;
   Callback<ExportResult> on_export;
   Callback<bool> on_delete;
+  // kScore, kCreate: polled between prefill chunks; may be null.
+  std::function<bool()> is_cancelled;
   absl::Time arrival;
 };
 

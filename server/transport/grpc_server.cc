@@ -200,7 +200,8 @@ class GrpcServer::Service : public v1::Fwserve::CallbackService {
     }
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
     core_->Score(
-        ScoreParams{request->model(), request->session_id(), request->text()},
+        ScoreParams{request->model(), request->session_id(), request->text(),
+                    [context] { return context->IsCancelled(); }},
         UnaryDone<ScoreResult>(reactor, record, [response, record](ScoreResult& result) {
           double total = 0;
           for (double v : result.logprobs) total += v;
@@ -224,14 +225,15 @@ class GrpcServer::Service : public v1::Fwserve::CallbackService {
       return FinishNow(context, record, admitted);
     }
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-    core_->CreateSession(
-        request->model(), request->prefix(),
-        UnaryDone<SessionRecord>(reactor, record, [response, record](SessionRecord& r) {
-          record->set_model(r.model);
-          record->set_session(r.id);
-          record->set_tokens(r.tokens, 0);
-          ToProto(r, response);
-        }));
+    core_->CreateSession(request->model(), request->prefix(),
+                         UnaryDone<SessionRecord>(reactor, record,
+                                                  [response, record](SessionRecord& r) {
+                                                    record->set_model(r.model);
+                                                    record->set_session(r.id);
+                                                    record->set_tokens(r.tokens, 0);
+                                                    ToProto(r, response);
+                                                  }),
+                         [context] { return context->IsCancelled(); });
     return reactor;
   }
 

@@ -2,13 +2,13 @@
 """fwctl end to end: the real fwserve binary (shipped model, port 0) driven by the real
 fwctl binary, checking outputs and exit codes, including Ctrl-C (SIGINT) mid-stream.
 
-Usage: fwctl_test.py --fwctl PATH --fwserve PATH --model DIR [unittest args]
+Usage: fwctl_test.py --fwctl PATH --fwserve PATH --model DIR [--example PATH]
+                     [unittest args]
 """
 import argparse
 import json
 import os
 import re
-import select
 import signal
 import subprocess
 import sys
@@ -167,6 +167,15 @@ class FwctlTest(unittest.TestCase):
     def test_unreachable_server_is_unavailable(self):
         code, _, err = fwctl("--target", "127.0.0.1:1", "--retries", "0", "health",
                              target=False)
+        self.assertEqual(code, 1)
+        self.assertIn("UNAVAILABLE", err)
+
+    def test_tls_options(self):
+        code, _, err = fwctl("--tls-ca", "/nonexistent/ca.pem", "health")
+        self.assertEqual(code, 1)
+        self.assertIn("cannot read '/nonexistent/ca.pem'", err)
+        # fwserve listens in plaintext: a TLS handshake cannot succeed.
+        code, _, err = fwctl("--tls", "--retries", "0", "--timeout", "5s", "health")
         self.assertEqual(code, 1)
         self.assertIn("UNAVAILABLE", err)
 
@@ -342,6 +351,20 @@ class FwctlTest(unittest.TestCase):
         self.assertFalse(info["busy"])
         self.assertGreaterEqual(info["tokens"], 3 + interrupted[0] + 6 + interrupted[1])
 
+    def test_chat_sigint_at_the_prompt_exits_130(self):
+        process = subprocess.Popen(
+            [ARGS.fwctl, "--target", SERVER[1], "chat"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        err = Pump(process.stderr)
+        err.wait_for(lambda d: re.search(rb"session [0-9a-f]{32}", d), what="session id")
+        time.sleep(0.2)  # at the prompt, waiting for input
+        process.send_signal(signal.SIGINT)
+        self.assertEqual(process.wait(timeout=30), 130)
+        err.thread.join(5)
+        self.assertIn(b"resume with: fwctl chat --session", err.get())
+        process.stdin.close()
+        process.stdout.close()
+
     # ------------------------------------------------------------------------------
     # score.
 
@@ -388,6 +411,9 @@ class FwctlTest(unittest.TestCase):
         self.assertIn("busy: false\n", out.decode())
         out, _ = self.ok("--verbose", "session", "create")
         self.assertIn("tokens: 0", out.decode())
+        escaped = self.ok("session", "create", "--prefix", "a\\nb")[0].decode().strip()
+        self.assertEqual(self.session_info(escaped)["tokens"], 3)  # "a", newline, "b"
+        self.ok("session", "rm", escaped)
         self.ok("generate", "--session", session_id, "--max-tokens", "10", "--seed", "2")
         self.assertEqual(self.session_info(session_id)["tokens"], 17)
 
@@ -453,10 +479,24 @@ class FwctlTest(unittest.TestCase):
         self.assertFalse(self.wait_idle(session_id)["busy"])
 
 
+class ExampleTest(unittest.TestCase):
+    """client/examples/chat_example.cc, the program docs/client.md points users to."""
+
+    def test_chat_example_runs(self):
+        if not ARGS.example:
+            self.skipTest("no --example given")
+        result = subprocess.run([ARGS.example, SERVER[1]], capture_output=True, timeout=60)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        out = result.stdout.decode(errors="replace")
+        self.assertIn("--- first turn", out)
+        self.assertRegex(out, r"session now holds \d+ tokens\n$")
+
+
 def main():
     global ARGS, SERVER
     parser = argparse.ArgumentParser()
     parser.add_argument("--fwctl", required=True)
+    parser.add_argument("--example", default=None)
     parser.add_argument("--fwserve", required=True)
     parser.add_argument("--model", required=True)
     ARGS, rest = parser.parse_known_args()

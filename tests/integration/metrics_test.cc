@@ -12,6 +12,9 @@
 #include <sstream>
 #include <thread>
 
+#include <prometheus/registry.h>
+#include <prometheus/text_serializer.h>
+
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "tests/integration/harness.h"
@@ -40,7 +43,8 @@ std::string Scrape(int port) {
   std::string response;
   char buffer[8192];
   ssize_t n;
-  while ((n = read(fd, buffer, sizeof(buffer))) > 0) response.append(buffer, static_cast<size_t>(n));
+  while ((n = read(fd, buffer, sizeof(buffer))) > 0)
+    response.append(buffer, static_cast<size_t>(n));
   close(fd);
   const size_t body = response.find("\r\n\r\n");
   return body == std::string::npos ? "" : response.substr(body + 4);
@@ -155,19 +159,22 @@ TEST(MetricsTest, ScrapedSeriesAgreeWithTheLoadAndPassPromtool) {
   EXPECT_EQ(Value(samples, "fwserve_requests_total",
                   {{"rpc", "Generate"}, {"model", "aft"}, {"code", "OK"}}),
             ok_generates);
-  EXPECT_EQ(Value(samples, "fwserve_requests_total", {{"rpc", "Generate"}, {"code", "INVALID_ARGUMENT"}}),
+  EXPECT_EQ(
+      Value(samples, "fwserve_requests_total", {{"rpc", "Generate"}, {"code", "INVALID_ARGUMENT"}}),
+      1);
+  EXPECT_EQ(Value(samples, "fwserve_requests_total", {{"rpc", "CreateSession"}, {"code", "OK"}}),
             1);
-  EXPECT_EQ(Value(samples, "fwserve_requests_total", {{"rpc", "CreateSession"}, {"code", "OK"}}), 1);
   // Every generation streamed at least one token: one TTFT each, and one inter-token
   // gap per further token.
   EXPECT_EQ(Value(samples, "fwserve_time_to_first_token_seconds_count", aft), ok_generates);
-  EXPECT_EQ(Value(samples, "fwserve_inter_token_latency_seconds_count", aft), streamed - ok_generates);
+  EXPECT_EQ(Value(samples, "fwserve_inter_token_latency_seconds_count", aft),
+            streamed - ok_generates);
   EXPECT_EQ(Value(samples, "fwserve_generation_duration_seconds_count", aft), ok_generates);
   // Each streamed token was absorbed by exactly one batched step row.
   EXPECT_EQ(Value(samples, "fwserve_engine_batch_size_sum", aft), streamed);
   EXPECT_EQ(Value(samples, "fwserve_sessions", {{"model", "aft"}, {"state", "resident"}}), 1);
-  EXPECT_EQ(Value(samples, "fwserve_session_operations_total", {{"model", "aft"}, {"op", "created"}}),
-            1);
+  EXPECT_EQ(
+      Value(samples, "fwserve_session_operations_total", {{"model", "aft"}, {"op", "created"}}), 1);
   EXPECT_EQ(Value(samples, "fwserve_model_info", {{"model", "aft"}, {"architecture", "aft"}}), 1);
   EXPECT_GT(Value(samples, "process_resident_memory_bytes"), 0);
 
@@ -182,6 +189,38 @@ TEST(MetricsTest, ScrapedSeriesAgreeWithTheLoadAndPassPromtool) {
   while (fgets(buffer, sizeof(buffer), pipe) != nullptr) output += buffer;
   EXPECT_EQ(pclose(pipe), 0) << output;
 #endif
+}
+
+// A Score whose caller has gone is dropped between chunks instead of occupying the
+// engine for the whole text.
+TEST(MetricsTest, AbandonedScoreIsDroppedAsCancelled) {
+  const std::string dir = MakeTempDir("abandoned-score");
+  WriteTinyCheckpoint(dir + "/aft", "aft", 3);
+  fwserve::CoreOptions options;
+  options.model_dirs = {dir + "/aft"};
+  options.prefill_chunk_tokens = 64;
+  auto server = Harness::Start(options);
+  ASSERT_NE(server, nullptr);
+  fwserve::ClientOptions client_options;
+  client_options.target = server->target();
+  client_options.deadline = absl::Milliseconds(100);
+  client_options.max_retries = 0;
+  auto impatient = fwserve::Client::Connect(client_options);
+  ASSERT_TRUE(impatient.ok());
+  v1::ScoreRequest request;
+  request.set_text(std::string(1 << 20, 'a'));
+  EXPECT_EQ((*impatient)->Score(request).status().code(), absl::StatusCode::kDeadlineExceeded);
+  std::vector<Sample> samples;
+  for (int i = 0; i < 100; ++i) {
+    prometheus::TextSerializer serializer;
+    samples = Parse(serializer.Serialize(server->metrics().registry()->Collect()));
+    if (Value(samples, "fwserve_requests_total", {{"rpc", "Score"}, {"code", "CANCELLED"}}) == 1) {
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_EQ(Value(samples, "fwserve_requests_total", {{"rpc", "Score"}, {"code", "CANCELLED"}}), 1);
+  EXPECT_LT(Value(samples, "fwserve_scored_tokens_total", {{"model", "aft"}}), 1 << 20);
 }
 
 }  // namespace
