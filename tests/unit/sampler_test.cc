@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <limits>
 #include <map>
 #include <vector>
 
@@ -80,6 +82,55 @@ TEST(SamplerTest, ValidateNamesTheField) {
   p.top_k = -2;
   EXPECT_NE(p.Validate().message().find("top_k"), std::string::npos);
   EXPECT_TRUE(SamplingParams().Validate().ok());
+}
+
+// Draws n tokens and returns their frequencies.
+std::map<int64_t, double> Frequencies(const std::vector<float>& logits, const SamplingParams& p,
+                                      const std::vector<int64_t>& recent = {}, int n = 20000) {
+  std::mt19937_64 rng(11);
+  std::map<int64_t, double> out;
+  for (int i = 0; i < n; ++i) {
+    out[SampleToken(logits.data(), static_cast<int64_t>(logits.size()), p, rng, recent)] += 1.0 / n;
+  }
+  return out;
+}
+
+TEST(SamplerTest, MinPDropsTokensBelowTheFractionOfTheTop) {
+  std::vector<float> logits = {std::log(0.6f), std::log(0.3f), std::log(0.1f)};
+  SamplingParams p;
+  p.min_p = 0.25f;  // 0.1 / 0.6 < 0.25 <= 0.3 / 0.6
+  auto f = Frequencies(logits, p);
+  EXPECT_EQ(f.count(2), 0u);
+  EXPECT_NEAR(f[0], 2.0 / 3.0, 0.02);
+  EXPECT_NEAR(f[1], 1.0 / 3.0, 0.02);
+}
+
+TEST(SamplerTest, TopKKeepsTheLowestIdsAmongTies) {
+  std::vector<float> logits = {1.0f, 1.0f, 1.0f, 0.0f};
+  SamplingParams p;
+  p.top_k = 2;
+  auto f = Frequencies(logits, p);
+  EXPECT_EQ(f.size(), 2u);
+  EXPECT_NEAR(f[0], 0.5, 0.02);
+  EXPECT_NEAR(f[1], 0.5, 0.02);
+}
+
+TEST(SamplerTest, RepetitionPenaltyDividesPositiveLogitsOfRecentTokens) {
+  std::vector<float> logits = {2.0f, 2.0f, -1.0f};
+  SamplingParams p;
+  p.repetition_penalty = 2.0f;
+  // Token 0 -> logit 1; token 2 (negative) -> -2; token 1 unchanged.
+  auto f = Frequencies(logits, p, {0, 2, 0});
+  const double z = std::exp(1.0) + std::exp(2.0) + std::exp(-2.0);
+  EXPECT_NEAR(f[0], std::exp(1.0) / z, 0.02);
+  EXPECT_NEAR(f[1], std::exp(2.0) / z, 0.02);
+  EXPECT_NEAR(f[2], std::exp(-2.0) / z, 0.01);
+}
+
+TEST(SamplerTest, TokenLogProbIsLogSoftmax) {
+  std::vector<float> logits = {std::log(0.5f), std::log(0.3f), std::log(0.2f)};
+  EXPECT_NEAR(fwserve::TokenLogProb(logits.data(), 3, 1), std::log(0.3), 1e-6);
+  EXPECT_EQ(fwserve::TokenLogProb(logits.data(), 3, 7), -std::numeric_limits<double>::infinity());
 }
 
 }  // namespace
