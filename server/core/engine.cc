@@ -50,6 +50,8 @@ struct Engine::Task {
   bool stop_hit = false;
   bool cancelled = false;
   bool shutdown = false;
+  // Its rows are on the prefill thread: it must not finish until the job returns.
+  bool in_prefill_job = false;
   absl::Time first_token_at = absl::InfinitePast();
   absl::Time last_emit_at;
 };
@@ -84,8 +86,70 @@ Engine::Engine(std::string name, fwmodel::LoadedModel loaded, const CoreOptions&
 
 Engine::~Engine() { StopAndPersist(); }
 
+// A prefill chunk computed off the engine thread. The engine thread fills the inputs
+// (copies of the rows), the prefill thread the outputs; neither touches the other's
+// fields while the job is in flight.
+struct Engine::PrefillJob {
+  std::vector<Task*> tasks;
+  size_t length = 0;
+  // Generate / CreateSession: rows of the pool (copied) and their tokens [B, length].
+  torch::Tensor rows;
+  fwmodel::State state;
+  torch::Tensor tokens;
+  // Score: the task's private context and the piece of text.
+  fwmodel::ScoringContext* score_context = nullptr;
+  std::vector<int64_t> piece;
+  // Outputs.
+  absl::Status status;
+  torch::Tensor last_logits;  // float32 CPU [B, vocab]
+  std::vector<double> logprobs;
+  absl::Duration elapsed;
+};
+
 void Engine::Start() {
+  prefill_thread_ = std::thread([this] { PrefillThreadLoop(); });
   thread_ = std::thread([this] { Loop(); });
+}
+
+void Engine::PrefillThreadLoop() {
+  torch::NoGradGuard no_grad;
+  while (true) {
+    PrefillJob* job = nullptr;
+    {
+      absl::MutexLock lock(&prefill_mu_);
+      while (prefill_pending_ == nullptr && !prefill_stop_) prefill_cv_.Wait(&prefill_mu_);
+      if (prefill_pending_ == nullptr) return;
+      job = prefill_pending_;
+      prefill_pending_ = nullptr;
+    }
+    const absl::Time start = absl::Now();
+    try {
+      if (job->score_context != nullptr) {
+        auto logprobs = fwmodel::ScoreTokens(model_, job->piece, job->score_context,
+                                             options_.prefill_chunk_tokens);
+        if (logprobs.ok()) {
+          job->logprobs = std::move(*logprobs);
+        } else {
+          job->status = logprobs.status();
+        }
+      } else {
+        auto logits = model_.Forward(job->tokens, &job->state);
+        if (logits.ok()) {
+          job->last_logits = logits->select(1, static_cast<int64_t>(job->length) - 1)
+                                 .to(torch::kCPU, torch::kFloat32)
+                                 .contiguous();
+        } else {
+          job->status = logits.status();
+        }
+      }
+    } catch (const std::exception& e) {
+      job->status = absl::InternalError(e.what());
+    }
+    job->elapsed = absl::Now() - start;
+    absl::MutexLock lock(&mu_);
+    prefill_done_ = true;
+    wake_.Signal();
+  }
 }
 
 absl::Status Engine::Submit(std::unique_ptr<WorkItem>& item) {
@@ -152,7 +216,7 @@ void Engine::StopAndPersist() {
 // The loop.
 
 bool Engine::HasImmediateWorkLocked() {
-  if (!events_.empty() || stop_ || end_all_) return true;
+  if (!events_.empty() || stop_ || end_all_ || prefill_done_) return true;
   if (immediate_work_) return true;
   for (const auto& item : queue_) {
     const bool stream = item->kind == WorkItem::Kind::kGenerate ||
@@ -170,6 +234,7 @@ void Engine::Loop() {
     std::vector<std::unique_ptr<WorkItem>> admitted;
     bool end_all = false;
     bool stop = false;
+    bool prefill_done = false;
     const absl::Time wait_until = std::min(batch_deadline_, next_housekeeping_);
     {
       absl::MutexLock lock(&mu_);
@@ -192,12 +257,15 @@ void Engine::Loop() {
       }
       end_all = end_all_;
       stop = stop_;
+      prefill_done = prefill_done_;
+      prefill_done_ = false;
     }
 
     // Tensor code outside Model::Forward/Step (gather, scatter, copies) can still throw
     // c10::Error (e.g. out of memory); it must not take the process down. The requests in
     // flight fail with INTERNAL; sessions keep their last committed state.
     try {
+      if (prefill_done) CompletePrefill();
       for (const Event& event : events) ApplyEvent(event);
       for (auto& item : admitted) {
         if (end_all) {
@@ -222,7 +290,7 @@ void Engine::Loop() {
         std::vector<Task*> ending;
         for (auto& task : tasks_) {
           if (task->phase != Task::Phase::kAwaitingWrite &&
-              task->phase != Task::Phase::kReadyToAbsorb) {
+              task->phase != Task::Phase::kReadyToAbsorb && !task->in_prefill_job) {
             ending.push_back(task.get());
           }
         }
@@ -235,11 +303,12 @@ void Engine::Loop() {
         }
       }
 
-      RunPrefillChunk();
+      StartPrefill();
       RunDecodeStep();
       SampleAndEmit();
     } catch (const std::exception& e) {
       Log(LogLevel::kError, absl::StrCat("model ", name_, ": engine iteration failed: ", e.what()));
+      AbandonPrefillJob();
       while (!tasks_.empty()) FailTask(*tasks_.front(), absl::InternalError("the engine failed"));
     }
 
@@ -260,6 +329,10 @@ void Engine::Loop() {
         case Task::Phase::kReadyToAbsorb:
           ready_to_absorb = true;
           break;
+        case Task::Phase::kPrefill:
+          // Waiting for the prefill thread is not work for this one.
+          if (prefill_job_ == nullptr) immediate = true;
+          break;
         default:
           immediate = true;
       }
@@ -276,6 +349,13 @@ void Engine::Loop() {
       if (stop && tasks_.empty() && queue_.empty()) break;
     }
   }
+
+  {
+    absl::MutexLock lock(&prefill_mu_);
+    prefill_stop_ = true;
+    prefill_cv_.Signal();
+  }
+  prefill_thread_.join();
 
   // Persist every resident session; nothing else runs now.
   if (!options_.session_dir.empty()) {
@@ -308,7 +388,8 @@ void Engine::ApplyEvent(const Event& event) {
       break;
     case Event::kCancel:
       task.cancelled = true;
-      if (task.phase == Task::Phase::kPrefill || task.phase == Task::Phase::kReadyToSample) {
+      if ((task.phase == Task::Phase::kPrefill && !task.in_prefill_job) ||
+          task.phase == Task::Phase::kReadyToSample) {
         FinishTask(task, FinishReason::kCancelled);
       }
       // Awaiting a write: ends when the write returns. Ready to absorb: the token was
@@ -504,7 +585,8 @@ void Engine::RunSessionOperation(WorkItem& w) {
 // ---------------------------------------------------------------------------------
 // Prefill, decode, sampling.
 
-void Engine::RunPrefillChunk() {
+void Engine::StartPrefill() {
+  if (prefill_job_ != nullptr) return;
   std::vector<Task*> prefilling, abandoned;
   for (auto& task : tasks_) {
     if (task->phase != Task::Phase::kPrefill) continue;
@@ -519,74 +601,102 @@ void Engine::RunPrefillChunk() {
   };
   // The lead task goes round robin. Other pool-backed prefills whose next chunk has the
   // same length join it in one batched Forward (no padding: equal lengths only), up to
-  // `chunk` tokens in all, so the iteration's prefill work stays bounded.
+  // `chunk` tokens in all, so one job's work stays bounded.
   Task* lead = prefilling[prefill_turn_++ % prefilling.size()];
-  const size_t length = next_length(lead);
-  std::vector<Task*> batch = {lead};
-  if (lead->item->kind != WorkItem::Kind::kScore) {
+  auto job = std::make_unique<PrefillJob>();
+  job->length = next_length(lead);
+  job->tasks = {lead};
+  if (lead->item->kind == WorkItem::Kind::kScore) {
+    job->score_context = &lead->score_context;
+    job->piece.assign(lead->item->tokens.begin() + lead->prefilled,
+                      lead->item->tokens.begin() + lead->prefilled + job->length);
+  } else {
     for (Task* other : prefilling) {
-      if ((batch.size() + 1) * length > chunk) break;
+      if ((job->tasks.size() + 1) * job->length > chunk) break;
       if (other != lead && other->item->kind != WorkItem::Kind::kScore &&
-          next_length(other) == length) {
-        batch.push_back(other);
+          next_length(other) == job->length) {
+        job->tasks.push_back(other);
       }
     }
-  }
-  const absl::Time start = absl::Now();
-
-  if (lead->item->kind == WorkItem::Kind::kScore) {
-    Task& t = *lead;
-    std::vector<int64_t> piece(t.item->tokens.begin() + t.prefilled,
-                               t.item->tokens.begin() + t.prefilled + length);
-    auto logprobs =
-        fwmodel::ScoreTokens(model_, piece, &t.score_context, options_.prefill_chunk_tokens);
-    if (!logprobs.ok()) return FailTask(t, absl::InternalError("scoring failed"));
-    t.score_logprobs.insert(t.score_logprobs.end(), logprobs->begin(), logprobs->end());
-  } else {
-    std::vector<int64_t> rows_vec, pieces;
-    for (Task* t : batch) {
-      rows_vec.push_back(t->slot);
+    std::vector<int64_t> rows, pieces;
+    for (Task* t : job->tasks) {
+      rows.push_back(t->slot);
       pieces.insert(pieces.end(), t->item->tokens.begin() + t->prefilled,
-                    t->item->tokens.begin() + t->prefilled + length);
+                    t->item->tokens.begin() + t->prefilled + job->length);
     }
     const torch::Device device = model_.options().device;
-    torch::Tensor rows = torch::tensor(rows_vec, torch::kInt64).to(device);
-    fwmodel::State state = pool_.Gather(rows);
-    torch::Tensor tokens =
+    job->rows = torch::tensor(rows, torch::kInt64).to(device);
+    job->state = pool_.Gather(job->rows);
+    job->tokens =
         torch::tensor(pieces, torch::kInt64)
-            .view({static_cast<int64_t>(batch.size()), static_cast<int64_t>(length)})
+            .view({static_cast<int64_t>(job->tasks.size()), static_cast<int64_t>(job->length)})
             .to(device);
-    auto logits = model_.Forward(tokens, &state);
-    if (!logits.ok()) {
-      Log(LogLevel::kError,
-          absl::StrCat("model ", name_, ": prefill failed: ", logits.status().message()));
-      for (Task* t : batch) FailTask(*t, absl::InternalError("prefill failed"));
-      return;
-    }
-    pool_.Scatter(rows, state);
-    next_logits_.index_copy_(
-        0, rows.cpu(),
-        logits->select(1, static_cast<int64_t>(length) - 1).to(torch::kCPU, torch::kFloat32));
-    for (Task* t : batch) t->tokens += static_cast<int64_t>(length);
+  }
+  for (Task* t : job->tasks) t->in_prefill_job = true;
+  prefill_job_ = std::move(job);
+  absl::MutexLock lock(&prefill_mu_);
+  prefill_pending_ = prefill_job_.get();
+  prefill_cv_.Signal();
+}
+
+void Engine::CompletePrefill() {
+  std::unique_ptr<PrefillJob> job = std::move(prefill_job_);
+  if (job == nullptr) return;
+  for (Task* t : job->tasks) t->in_prefill_job = false;
+  if (!job->status.ok()) {
+    Log(LogLevel::kError,
+        absl::StrCat("model ", name_, ": prefill failed: ", job->status.message()));
+    for (Task* t : job->tasks) FailTask(*t, absl::InternalError("prefill failed"));
+    return;
+  }
+  const int64_t tokens = static_cast<int64_t>(job->tasks.size() * job->length);
+  const bool score = job->score_context != nullptr;
+  if (score) {
+    Task& t = *job->tasks.front();
+    t.score_logprobs.insert(t.score_logprobs.end(), job->logprobs.begin(), job->logprobs.end());
+  } else {
+    pool_.Scatter(job->rows, job->state);
+    next_logits_.index_copy_(0, job->rows.cpu(), job->last_logits);
+    for (Task* t : job->tasks) t->tokens += static_cast<int64_t>(job->length);
   }
   if (metrics_ != nullptr) {
-    const int64_t tokens = static_cast<int64_t>(batch.size() * length);
-    metrics_->ObservePrefillChunk(tokens, Seconds(start, absl::Now()));
-    if (lead->item->kind == WorkItem::Kind::kScore) {
+    metrics_->ObservePrefillChunk(tokens, absl::ToDoubleSeconds(job->elapsed));
+    if (score) {
       metrics_->AddScoredTokens(tokens);
     } else {
       metrics_->AddPromptTokens(tokens);
     }
   }
-  for (Task* t : batch) {
-    t->prefilled += length;
-    if (t->prefilled < t->item->tokens.size()) continue;
-    if (t->item->kind == WorkItem::Kind::kGenerate && t->item->generate.max_tokens > 0) {
+  for (Task* t : job->tasks) {
+    t->prefilled += job->length;
+    const bool generate = t->item->kind == WorkItem::Kind::kGenerate;
+    if (t->cancelled) {
+      // Cancelled or shut down while the chunk ran: a Generate rolls back (nothing was
+      // streamed); a Score or CreateSession fails.
+      if (generate) {
+        FinishTask(*t, t->shutdown ? FinishReason::kShutdown : FinishReason::kCancelled);
+      } else {
+        FailTask(*t, absl::UnavailableError("the server is shutting down"));
+      }
+    } else if (t->prefilled < t->item->tokens.size()) {
+      continue;
+    } else if (generate && t->item->generate.max_tokens > 0) {
       t->phase = Task::Phase::kReadyToSample;
     } else {
       FinishTask(*t, FinishReason::kLength);
     }
   }
+}
+
+void Engine::AbandonPrefillJob() {
+  if (prefill_job_ == nullptr) return;
+  {
+    absl::MutexLock lock(&mu_);
+    while (!prefill_done_) wake_.Wait(&mu_);
+    prefill_done_ = false;
+  }
+  for (Task* t : prefill_job_->tasks) t->in_prefill_job = false;
+  prefill_job_.reset();
 }
 
 void Engine::RunDecodeStep() {

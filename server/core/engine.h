@@ -1,6 +1,9 @@
 // One model's engine: a single thread that owns the model's state pool and runs
 // continuous batching (admit -> prefill one chunk -> one batched step -> sample ->
-// emit). Internal to server/core (includes LibTorch); the transport sees core.h only.
+// emit). Prefill chunks run on a helper thread, on private copies of the rows, while
+// the engine thread decodes; the engine thread gathers and scatters them, so it alone
+// touches the pool. Internal to server/core (includes LibTorch); the transport sees
+// core.h only.
 //
 // Thread-safety: Submit, PostWriteDone, PostCancel, BeginDrain, EndAllWork, counts and
 // the accessors are thread-safe. Everything else runs on the engine thread, which alone
@@ -94,6 +97,7 @@ class Engine {
 
  private:
   struct Task;
+  struct PrefillJob;
   struct ResidentSession {
     int slot = -1;
     int64_t tokens = 0;
@@ -112,7 +116,14 @@ class Engine {
   void Admit(std::unique_ptr<WorkItem> item);
   void AdmitStream(std::unique_ptr<WorkItem> item);
   void RunSessionOperation(WorkItem& item);
-  void RunPrefillChunk();
+  // Hands the next prefill chunk (one task, or several with equal chunk lengths) to the
+  // prefill thread, unless one is in flight.
+  void StartPrefill();
+  // Applies a finished prefill job: scatters the rows back, advances its tasks.
+  void CompletePrefill();
+  // Blocks until the in-flight prefill job (if any) is done and drops its result.
+  void AbandonPrefillJob();
+  void PrefillThreadLoop();
   void RunDecodeStep();
   void SampleAndEmit();
   void FinishTask(Task& task, FinishReason reason);
@@ -146,6 +157,13 @@ class Engine {
 
   std::atomic<uint64_t> next_stream_id_{1};
   std::thread thread_;
+  std::thread prefill_thread_;
+
+  // Hand-off to the prefill thread: at most one job in flight.
+  absl::Mutex prefill_mu_;
+  absl::CondVar prefill_cv_;
+  PrefillJob* prefill_pending_ ABSL_GUARDED_BY(prefill_mu_) = nullptr;
+  bool prefill_stop_ ABSL_GUARDED_BY(prefill_mu_) = false;
 
   absl::Mutex mu_;
   absl::CondVar wake_;          // the engine thread waits on it
@@ -155,6 +173,8 @@ class Engine {
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
   bool end_all_ ABSL_GUARDED_BY(mu_) = false;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  // The prefill thread finished the in-flight job.
+  bool prefill_done_ ABSL_GUARDED_BY(mu_) = false;
   // Mirrors of engine-thread counts, for WaitIdle and the admission check.
   int64_t active_tasks_ ABSL_GUARDED_BY(mu_) = 0;
   bool immediate_work_ ABSL_GUARDED_BY(mu_) = false;
@@ -170,6 +190,7 @@ class Engine {
   std::list<std::unique_ptr<Task>> tasks_;
   absl::flat_hash_map<uint64_t, Task*> tasks_by_stream_;
   size_t prefill_turn_ = 0;
+  std::unique_ptr<PrefillJob> prefill_job_;  // in flight on the prefill thread, or null
   // When the pending decode step runs even if some streams are still writing.
   absl::Time batch_deadline_ = absl::InfiniteFuture();
   absl::Time next_housekeeping_ = absl::InfinitePast();
