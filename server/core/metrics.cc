@@ -79,12 +79,6 @@ constexpr std::array<const char*, 17> kGrpcCodeNames = {
     "ABORTED",   "OUT_OF_RANGE",   "UNIMPLEMENTED",     "INTERNAL",           "UNAVAILABLE",
     "DATA_LOSS", "UNAUTHENTICATED"};
 
-// Codes outside 0..16 are reported as UNKNOWN, as gRPC itself does.
-const char* GrpcCodeName(int code) {
-  if (code < 0 || code >= static_cast<int>(kGrpcCodeNames.size())) return "UNKNOWN";
-  return kGrpcCodeNames[static_cast<size_t>(code)];
-}
-
 // A fixed set of label values resolved to their series once, plus a fallback through the
 // family (internally locked) for values outside that set.
 class LabeledCounters {
@@ -544,6 +538,11 @@ class PrometheusMetrics final : public Metrics {
 }  // namespace
 
 std::shared_ptr<Metrics> Metrics::Create() { return std::make_shared<PrometheusMetrics>(); }
+
+const char* GrpcCodeName(int code) {
+  if (code < 0 || code >= static_cast<int>(kGrpcCodeNames.size())) return "UNKNOWN";
+  return kGrpcCodeNames[static_cast<size_t>(code)];
+}
 
 }  // namespace fwserve
 

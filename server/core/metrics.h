@@ -78,4 +78,8 @@ class Metrics {
   virtual std::shared_ptr<prometheus::Registry> registry() = 0;
 };
 
+// Canonical name of a numeric gRPC status code ("OK", "INVALID_ARGUMENT", ...); codes
+// outside 0..16 are "UNKNOWN", as gRPC itself reports them.
+const char* GrpcCodeName(int code);
+
 }  // namespace fwserve

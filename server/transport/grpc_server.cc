@@ -119,33 +119,12 @@ class GrpcServer::Service : public v1::Fwserve::CallbackService {
                 "request id=", id_, " method=", rpc_, " model=", model_.empty() ? "-" : model_,
                 " session=", session_.empty() ? "-" : session_, " prompt_tokens=", prompt_tokens_,
                 " generated_tokens=", generated_tokens_, " latency_ms=",
-                static_cast<int64_t>(seconds * 1000), " status=", StatusName(status.error_code()),
+                static_cast<int64_t>(seconds * 1000), " status=", GrpcCodeName(status.error_code()),
                 status.ok() ? "" : absl::StrCat(" error=\"", status.error_message(), "\"")));
       }
     }
 
    private:
-    static const char* StatusName(grpc::StatusCode code) {
-      static const char* const kNames[] = {"OK",
-                                           "CANCELLED",
-                                           "UNKNOWN",
-                                           "INVALID_ARGUMENT",
-                                           "DEADLINE_EXCEEDED",
-                                           "NOT_FOUND",
-                                           "ALREADY_EXISTS",
-                                           "PERMISSION_DENIED",
-                                           "RESOURCE_EXHAUSTED",
-                                           "FAILED_PRECONDITION",
-                                           "ABORTED",
-                                           "OUT_OF_RANGE",
-                                           "UNIMPLEMENTED",
-                                           "INTERNAL",
-                                           "UNAVAILABLE",
-                                           "DATA_LOSS",
-                                           "UNAUTHENTICATED"};
-      const int i = static_cast<int>(code);
-      return i >= 0 && i <= 16 ? kNames[i] : "UNKNOWN";
-    }
     Service* service_;
     const char* rpc_;
     std::string model_;
