@@ -155,6 +155,10 @@ class CoreImpl : public Core {
     if (!engine.ok()) return engine.status();
     item->session_id = params.session_id;
     item->tokens = fwmodel::EncodeBytes(params.prompt);
+    item->is_cancelled = std::move(params.is_cancelled);
+    params.is_cancelled = nullptr;
+    // The tokens are what the engine uses; do not keep the prompt twice while queued.
+    std::string().swap(params.prompt);
     item->generate = std::move(params);
     item->observer = observer;
     item->stream_id = (*engine)->NewStreamId();

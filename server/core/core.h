@@ -85,6 +85,9 @@ struct GenerateParams {
   int32_t max_tokens = 0;
   std::vector<std::string> stop;
   bool logprobs = false;
+  // Polled before the request starts and between prefill chunks (may be null): true =
+  // the caller is gone, and the request ends without effect.
+  std::function<bool()> is_cancelled;
 };
 
 enum class FinishReason { kLength, kStop, kCancelled, kShutdown };

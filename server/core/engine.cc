@@ -216,7 +216,9 @@ void Engine::StopAndPersist() {
 // The loop.
 
 bool Engine::HasImmediateWorkLocked() {
-  if (!events_.empty() || stop_ || end_all_ || prefill_done_) return true;
+  if (!events_.empty() || prefill_done_) return true;
+  if (end_all_ && !end_all_applied_) return true;
+  if (stop_ && active_tasks_ == 0) return true;
   if (immediate_work_) return true;
   for (const auto& item : queue_) {
     const bool stream = item->kind == WorkItem::Kind::kGenerate ||
@@ -255,7 +257,9 @@ void Engine::Loop() {
           ++it;
         }
       }
+      active_tasks_ = active;  // WaitIdle must not see admitted work as idle
       end_all = end_all_;
+      if (end_all_) end_all_applied_ = true;
       stop = stop_;
       prefill_done = prefill_done_;
       prefill_done_ = false;
@@ -402,21 +406,31 @@ void Engine::ApplyEvent(const Event& event) {
 // Admission and session operations.
 
 void Engine::Admit(std::unique_ptr<WorkItem> item) {
-  switch (item->kind) {
-    case WorkItem::Kind::kGenerate:
-    case WorkItem::Kind::kScore:
-    case WorkItem::Kind::kCreate:
-      AdmitStream(std::move(item));
-      return;
-    default:
-      RunSessionOperation(*item);
+  // A tensor exception (e.g. out of memory) while admitting fails this item alone, with
+  // its lease released and its caller answered; nothing is dropped silently.
+  auto task = std::make_unique<Task>();
+  Task* raw = task.get();
+  task->item = std::move(item);
+  task->session_id = task->item->session_id;
+  try {
+    switch (task->item->kind) {
+      case WorkItem::Kind::kGenerate:
+      case WorkItem::Kind::kScore:
+      case WorkItem::Kind::kCreate:
+        AdmitStream(std::move(task));
+        return;
+      default:
+        RunSessionOperation(*task->item);
+    }
+  } catch (const std::exception& e) {
+    Log(LogLevel::kError, absl::StrCat("model ", name_, ": admission failed: ", e.what()));
+    // `raw` is either still owned by `task` or already in tasks_ (FailTask removes it).
+    FailTask(*raw, absl::InternalError("the engine failed"));
   }
 }
 
-void Engine::AdmitStream(std::unique_ptr<WorkItem> item) {
-  auto task = std::make_unique<Task>();
+void Engine::AdmitStream(std::unique_ptr<Task> task) {
   Task& t = *task;
-  t.item = std::move(item);
   WorkItem& w = *t.item;
   t.session_id = w.session_id;
   const absl::Time now = absl::Now();
@@ -464,6 +478,9 @@ void Engine::AdmitStream(std::unique_ptr<WorkItem> item) {
     }
   }
 
+  if (w.is_cancelled && w.is_cancelled()) {
+    return FailTask(t, absl::CancelledError("cancelled by the client"));
+  }
   if (w.kind == WorkItem::Kind::kGenerate) {
     if (w.tokens.empty() && t.tokens == 0) {
       return FailTask(t, absl::InvalidArgumentError(
@@ -797,6 +814,10 @@ void Engine::SampleAndEmit() {
 
 void Engine::FinishTask(Task& t, FinishReason reason) {
   WorkItem& w = *t.item;
+  if (w.kind == WorkItem::Kind::kCreate && w.is_cancelled && w.is_cancelled()) {
+    // Nobody will learn the new id: remove the session rather than leave an orphan.
+    return FailTask(t, absl::CancelledError("cancelled by the client"));
+  }
   const absl::Time now = absl::Now();
   const bool rollback = t.has_snapshot && t.generated == 0 &&
                         (reason == FinishReason::kCancelled || reason == FinishReason::kShutdown);
@@ -961,8 +982,8 @@ bool Engine::SpillOrEvictOne() {
     if (absl::Status spilled = Spill(victim); spilled.ok()) return true;
     Log(LogLevel::kWarning, absl::StrCat("model ", name_, ": could not spill a session; evicting"));
   }
+  if (!store_->EraseIfIdle(victim)) return true;  // leased meanwhile: try again
   RemoveSession(victim);
-  store_->Erase(victim);
   if (metrics_ != nullptr) metrics_->CountSessionRemoval("evicted");
   Log(LogLevel::kInfo, absl::StrCat("model ", name_, ": evicted session ", victim,
                                     " (state memory budget; no --session-dir)"));

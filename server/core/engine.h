@@ -114,7 +114,7 @@ class Engine {
   bool HasImmediateWorkLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ApplyEvent(const Event& event);
   void Admit(std::unique_ptr<WorkItem> item);
-  void AdmitStream(std::unique_ptr<WorkItem> item);
+  void AdmitStream(std::unique_ptr<Task> task);
   void RunSessionOperation(WorkItem& item);
   // Hands the next prefill chunk (one task, or several with equal chunk lengths) to the
   // prefill thread, unless one is in flight.
@@ -173,6 +173,8 @@ class Engine {
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
   bool end_all_ ABSL_GUARDED_BY(mu_) = false;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  // end_all_ has been applied to every task (it is an edge, not a level, for waking).
+  bool end_all_applied_ ABSL_GUARDED_BY(mu_) = false;
   // The prefill thread finished the in-flight job.
   bool prefill_done_ ABSL_GUARDED_BY(mu_) = false;
   // Mirrors of engine-thread counts, for WaitIdle and the admission check.

@@ -76,7 +76,8 @@ int64_t SampleToken(const float* raw_logits, int64_t vocab, const SamplingParams
   std::vector<double> probs(static_cast<size_t>(vocab));
   for (int64_t i = 0; i < vocab; ++i) {
     const float v = value(i);
-    probs[static_cast<size_t>(i)] = std::isfinite(v) ? std::exp((v - top) / params.temperature) : 0.0;
+    probs[static_cast<size_t>(i)] =
+        std::isfinite(v) ? std::exp((v - top) / params.temperature) : 0.0;
   }
   if (params.top_k > 0 && params.top_k < vocab) {
     // Keep the k most likely; among equals at the boundary, the lowest ids.

@@ -111,6 +111,14 @@ void SessionStore::Erase(const std::string& id) {
   sessions_.erase(id);
 }
 
+bool SessionStore::EraseIfIdle(const std::string& id) {
+  absl::MutexLock lock(&mu_);
+  auto it = sessions_.find(id);
+  if (it == sessions_.end() || it->second.busy) return false;
+  sessions_.erase(it);
+  return true;
+}
+
 std::vector<std::string> SessionStore::TakeExpired(const std::string& model,
                                                    absl::Time idle_before) {
   std::vector<std::string> out;

@@ -57,6 +57,8 @@ class SessionStore {
   void ReleaseUnchanged(const std::string& id);
   void SetResident(const std::string& id, bool resident);
   void Erase(const std::string& id);
+  // Erases `id` unless a request holds it; false if it is held (or unknown).
+  bool EraseIfIdle(const std::string& id);
   // Removes and returns the ids of `model`'s sessions idle since before `idle_before`
   // that no request holds.
   std::vector<std::string> TakeExpired(const std::string& model, absl::Time idle_before);

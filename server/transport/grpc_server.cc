@@ -5,6 +5,7 @@
 #include <grpcpp/health_check_service_interface.h>
 
 #include <mutex>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
@@ -373,6 +374,10 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse>,
     chunk_message_.set_text(std::move(chunk.text));
     chunk_message_.mutable_token_ids()->Add(chunk.token_ids.begin(), chunk.token_ids.end());
     chunk_message_.mutable_logprobs()->Add(chunk.logprobs.begin(), chunk.logprobs.end());
+    {
+      absl::MutexLock lock(&mu_);
+      write_in_flight_ = true;
+    }
     StartWrite(&chunk_message_);
   }
 
@@ -382,13 +387,13 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse>,
     if (!status.ok()) {
       const grpc::Status grpc_status = ToGrpcStatus(status);
       record_->Done(grpc_status);
-      Finish(grpc_status);
+      FinishAfterWrite(grpc_status);
       return;
     }
     if (summary.reason == FinishReason::kCancelled) {
       const grpc::Status cancelled(grpc::StatusCode::CANCELLED, "cancelled");
       record_->Done(cancelled);
-      Finish(cancelled);
+      FinishAfterWrite(cancelled);
       return;
     }
     final_message_.set_text(std::move(summary.trailing_text));
@@ -402,6 +407,16 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse>,
   }
 
   void OnWriteDone(bool ok) override {
+    std::optional<grpc::Status> deferred;
+    {
+      absl::MutexLock lock(&mu_);
+      write_in_flight_ = false;
+      deferred.swap(deferred_finish_);
+    }
+    if (deferred.has_value()) {
+      Finish(*deferred);
+      return;
+    }
     if (finishing_) return;
     std::shared_ptr<GenerateControl> stream = Stream();
     if (stream != nullptr) stream->WriteDone(ok);
@@ -420,9 +435,24 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse>,
     return stream_;
   }
 
+  // Finish counts as a write: with a write in flight it waits for OnWriteDone (the
+  // engine can end a stream mid-write only when it fails).
+  void FinishAfterWrite(const grpc::Status& status) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (write_in_flight_) {
+        deferred_finish_ = status;
+        return;
+      }
+    }
+    Finish(status);
+  }
+
   std::shared_ptr<CallRecord> record_;
   absl::Mutex mu_;
   std::shared_ptr<GenerateControl> stream_ ABSL_GUARDED_BY(mu_);
+  bool write_in_flight_ ABSL_GUARDED_BY(mu_) = false;
+  std::optional<grpc::Status> deferred_finish_ ABSL_GUARDED_BY(mu_);
   std::atomic<bool> finishing_{false};
   v1::GenerateResponse chunk_message_;  // the one write in flight
   v1::GenerateResponse final_message_;
@@ -440,6 +470,7 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* GrpcServer::Service::Generate(
     return reactor;
   }
   GenerateParams params = FromProto(*request);
+  params.is_cancelled = [context] { return context->IsCancelled(); };
   if (params.model.empty()) {
     if (auto model = core_->DescribeModel(""); model.ok()) record->set_model(model->name);
   }

@@ -313,6 +313,61 @@ TEST_F(ServerTest, CancelBeforeTheFirstTokenChangesNothing) {
   }
 }
 
+TEST_F(ServerTest, AGenerateCancelledWhileQueuedNeverRuns) {
+  fwserve::CoreOptions options = Options();
+  options.max_active_streams = 1;
+  options.max_tokens = 1000000;
+  auto server = Harness::Start(options);
+  ASSERT_NE(server, nullptr);
+  auto session = server->client().CreateSession("", "queued");
+  ASSERT_TRUE(session.ok());
+  auto active = server->client().StartGenerate(Greedy("a", 1000000));
+  v1::GenerateResponse message;
+  ASSERT_TRUE(active->Next(&message));
+  auto queued =
+      server->client().StartGenerate(Greedy(std::string(100000, 'q'), 5, session->session_id()));
+  for (int i = 0; i < 1000 && !server->client().GetSession(session->session_id())->busy(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  queued->Cancel();
+  while (queued->Next(&message)) {
+  }
+  EXPECT_EQ(queued->Finish().code(), StatusCode::kCancelled);
+  active->Cancel();
+  while (active->Next(&message)) {
+  }
+  // The queued request is dropped when it is admitted: the session is released unchanged.
+  absl::StatusOr<v1::SessionInfo> info;
+  for (int i = 0; i < 400; ++i) {
+    info = server->client().GetSession(session->session_id());
+    if (info.ok() && !info->busy()) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_TRUE(info.ok());
+  EXPECT_FALSE(info->busy());
+  EXPECT_EQ(info->tokens(), 6);
+}
+
+TEST_F(ServerTest, ACreateSessionWhoseCallerIsGoneLeavesNoSession) {
+  auto server = Harness::Start(Options());
+  ASSERT_NE(server, nullptr);
+  fwserve::ClientOptions client_options;
+  client_options.target = server->target();
+  client_options.deadline = absl::Milliseconds(20);
+  auto impatient = fwserve::Client::Connect(client_options);
+  ASSERT_TRUE(impatient.ok());
+  auto created = (*impatient)->CreateSession("", std::string(500000, 'p'));
+  EXPECT_EQ(created.status().code(), StatusCode::kDeadlineExceeded);
+  // Whatever point the server had reached, no session is left behind.
+  std::vector<v1::SessionInfo> sessions;
+  for (int i = 0; i < 200; ++i) {
+    sessions = *server->client().ListSessions();
+    if (sessions.empty()) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_TRUE(sessions.empty());
+}
+
 TEST_F(ServerTest, ASecondRequestOnABusySessionIsAbortedAndStateIsIntact) {
   auto server = Harness::Start(Options());
   ASSERT_NE(server, nullptr);
