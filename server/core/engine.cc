@@ -881,7 +881,10 @@ void Engine::FinishTask(Task& t, FinishReason reason) {
 void Engine::FailTask(Task& t, absl::Status status) {
   WorkItem& w = *t.item;
   const bool owned_session = !t.session_id.empty() && w.kind != WorkItem::Kind::kCreate;
-  if (t.has_snapshot) {
+  // Tokens already streamed stay committed (the state holds exactly what the client
+  // got); a request that streamed nothing is undone.
+  const bool keep_streamed = t.generated > 0;
+  if (t.has_snapshot && !keep_streamed) {
     torch::Tensor rows =
         torch::tensor({int64_t{t.slot}}, torch::kInt64).to(model_.options().device);
     pool_.Scatter(rows, t.snapshot);
@@ -889,8 +892,15 @@ void Engine::FailTask(Task& t, absl::Status status) {
   }
   if (owned_session) {
     auto it = resident_.find(t.session_id);
-    if (it != resident_.end()) it->second.in_use = false;
-    store_->ReleaseUnchanged(t.session_id);
+    if (it != resident_.end()) {
+      it->second.in_use = false;
+      if (keep_streamed) it->second.tokens = t.tokens;
+    }
+    if (keep_streamed) {
+      store_->Release(t.session_id, t.tokens, absl::Now());
+    } else {
+      store_->ReleaseUnchanged(t.session_id);
+    }
   } else if (w.kind == WorkItem::Kind::kCreate && !t.session_id.empty()) {
     RemoveSession(t.session_id);
     store_->Erase(t.session_id);
