@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -17,6 +18,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
 #include "models/blas_check.h"
+#include "models/file_util.h"
 #include "server/core/core.h"
 #include "server/core/log.h"
 #include "server/core/metrics.h"
@@ -58,6 +60,12 @@ ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(30),
 ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9464",
           "HOST:PORT for the Prometheus /metrics endpoint; empty turns it off");
 ABSL_FLAG(std::string, log_level, "info", "debug, info, warning or error");
+ABSL_FLAG(std::string, tls_cert_file, "",
+          "PEM certificate chain of the server; with --tls-key-file turns TLS on (default: "
+          "plaintext)");
+ABSL_FLAG(std::string, tls_key_file, "", "PEM private key of --tls-cert-file");
+ABSL_FLAG(std::string, tls_client_ca_file, "",
+          "PEM CA bundle; clients must then present a certificate it signed (mutual TLS)");
 
 namespace {
 
@@ -134,6 +142,23 @@ int main(int argc, char** argv) {
     exposer->RegisterCollectable(metrics->registry());
   }
 
+  fwserve::GrpcServerOptions server_options;
+  server_options.listen = absl::GetFlag(FLAGS_listen);
+  server_options.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
+  server_options.metrics = metrics.get();
+  for (auto [flag, path, pem] :
+       {std::tuple{"--tls-cert-file", absl::GetFlag(FLAGS_tls_cert_file),
+                   &server_options.tls_cert_pem},
+        std::tuple{"--tls-key-file", absl::GetFlag(FLAGS_tls_key_file),
+                   &server_options.tls_key_pem},
+        std::tuple{"--tls-client-ca-file", absl::GetFlag(FLAGS_tls_client_ca_file),
+                   &server_options.tls_client_ca_pem}}) {
+    if (path.empty()) continue;
+    auto contents = fwmodel::ReadFile(path);
+    if (!contents.ok())
+      return Fail(std::string(flag) + ": " + std::string(contents.status().message()));
+    *pem = std::move(*contents);
+  }
   fwserve::CoreOptions core_options;
   core_options.model_dirs = absl::GetFlag(FLAGS_model);
   if (core_options.model_dirs.empty()) core_options.model_dirs.push_back(DefaultModelDir());
@@ -156,10 +181,6 @@ int main(int argc, char** argv) {
   auto core = fwserve::Core::Create(core_options);
   if (!core.ok()) return Fail(std::string(core.status().message()));
 
-  fwserve::GrpcServerOptions server_options;
-  server_options.listen = absl::GetFlag(FLAGS_listen);
-  server_options.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
-  server_options.metrics = metrics.get();
   auto server = fwserve::GrpcServer::Start(server_options, core->get());
   if (!server.ok()) return Fail(std::string(server.status().message()));
   fwserve::Log(fwserve::LogLevel::kInfo,

@@ -1,5 +1,7 @@
 #include "server/core/engine.h"
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <filesystem>
 
@@ -107,8 +109,15 @@ struct Engine::PrefillJob {
 };
 
 void Engine::Start() {
-  prefill_thread_ = std::thread([this] { PrefillThreadLoop(); });
-  thread_ = std::thread([this] { Loop(); });
+  // Named for profilers and top -H (Linux limits names to 15 characters).
+  prefill_thread_ = std::thread([this] {
+    pthread_setname_np(pthread_self(), "fwserve-prefill");
+    PrefillThreadLoop();
+  });
+  thread_ = std::thread([this] {
+    pthread_setname_np(pthread_self(), "fwserve-engine");
+    Loop();
+  });
 }
 
 void Engine::PrefillThreadLoop() {
@@ -541,8 +550,10 @@ void Engine::RunSessionOperation(WorkItem& w) {
         store_->ReleaseUnchanged(id);
         return w.on_session(inserted);
       }
-      resident_[record.id] = ResidentSession{*slot, src.tokens, now, now, false};
-      store_->ReleaseUnchanged(id);
+      const int64_t source_tokens = src.tokens;  // `src` dangles once resident_ grows
+      resident_[record.id] = ResidentSession{*slot, source_tokens, now, now, false};
+      resident_[id].last_used = now;  // a use: restarts the idle clock
+      store_->Release(id, source_tokens, now);
       if (metrics_ != nullptr) metrics_->CountSessionOperation("forked");
       return w.on_session(record);
     }
@@ -552,9 +563,11 @@ void Engine::RunSessionOperation(WorkItem& w) {
         store_->ReleaseUnchanged(id);
         return w.on_export(slot.status());
       }
-      const int64_t tokens = resident_[id].tokens;
+      ResidentSession& r = resident_[id];
+      const int64_t tokens = r.tokens;
       auto blob = EncodeSlot(*slot, tokens, {{"x-model", name_}});
-      store_->ReleaseUnchanged(id);
+      r.last_used = now;  // a use: restarts the idle clock
+      store_->Release(id, tokens, now);
       if (!blob.ok()) return w.on_export(blob.status());
       if (metrics_ != nullptr) metrics_->CountSessionOperation("exported");
       return w.on_export(ExportResult{std::move(*blob), name_, tokens});

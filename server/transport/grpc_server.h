@@ -35,6 +35,12 @@ class Authenticator {
 struct GrpcServerOptions {
   // HOST:PORT to listen on; port 0 picks a free port (see GrpcServer::port()).
   std::string listen = "127.0.0.1:50051";
+  // TLS: PEM certificate chain and private key of the server; both empty = plaintext.
+  std::string tls_cert_pem;
+  std::string tls_key_pem;
+  // PEM CA bundle. When set (with TLS), clients must present a certificate it signed
+  // (mutual TLS).
+  std::string tls_client_ca_pem;
   // Largest request message, bytes (ImportSession blobs are the big ones).
   int max_receive_message_bytes = 64 << 20;
   // How long Shutdown() lets in-flight work finish before ending it.

@@ -240,8 +240,7 @@ TEST_F(ClientTest, AuthTokenIsSentAsBearerMetadata) {
 }
 
 // ----------------------------------------------------------------------------------
-// TLS: a plain gRPC server with only the standard health service (fwserve itself
-// listens in plaintext), with self-signed certificates.
+// TLS: the real server with self-signed certificates.
 
 struct Pem {
   std::string key;
@@ -297,16 +296,15 @@ TEST_F(ClientTest, TlsWithServerRootsAndClientCertificates) {
   const Pem server_pem = MakeCertificate("server");
   const Pem client_pem = MakeCertificate("client");
   ASSERT_FALSE(server_pem.certificate.empty() || client_pem.certificate.empty());
-  grpc::SslServerCredentialsOptions ssl(GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
-  ssl.pem_root_certs = client_pem.certificate;
-  ssl.pem_key_cert_pairs.push_back({server_pem.key, server_pem.certificate});
-  grpc::EnableDefaultHealthCheckService(true);
-  grpc::ServerBuilder builder;
-  int port = 0;
-  builder.AddListeningPort("127.0.0.1:0", grpc::SslServerCredentials(ssl), &port);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  // The real server with TLS and mutual TLS (--tls-cert-file, --tls-key-file,
+  // --tls-client-ca-file).
+  fwserve::GrpcServerOptions server_options;
+  server_options.tls_cert_pem = server_pem.certificate;
+  server_options.tls_key_pem = server_pem.key;
+  server_options.tls_client_ca_pem = client_pem.certificate;
+  auto server = fwtest::Harness::Start(Options(), server_options);
   ASSERT_NE(server, nullptr);
-  server->GetHealthCheckService()->SetServingStatus("", true);
+  const int port = server->port();
 
   fwserve::ClientOptions options;
   options.target = "127.0.0.1:" + std::to_string(port);
@@ -334,7 +332,15 @@ TEST_F(ClientTest, TlsWithServerRootsAndClientCertificates) {
   absl::StatusOr<bool> serving = health(options);
   ASSERT_TRUE(serving.ok()) << serving.status();
   EXPECT_TRUE(*serving);
-  server->Shutdown();
+  // And the API itself over mutual TLS.
+  auto client = fwserve::Client::Connect(options);
+  ASSERT_TRUE(client.ok());
+  fwserve::v1::GenerateRequest request;
+  request.set_prompt("over TLS");
+  request.set_max_tokens(5);
+  auto generated = (*client)->Generate(request);
+  ASSERT_TRUE(generated.ok()) << generated.status();
+  EXPECT_EQ(generated->token_ids.size(), 5u);
 }
 
 // ----------------------------------------------------------------------------------
