@@ -10,6 +10,7 @@
 #include "models/config.h"
 #include "models/safetensors.h"
 #include "models/tokenizer.h"
+#include "server/core/validation.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string input(reinterpret_cast<const char*>(data), size);
@@ -38,6 +39,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   streamed += decoder.Finish();
   if (streamed != fwmodel::DecodeBytesLossy(input)) __builtin_trap();
   if (fwmodel::DecodeBytesLossy(streamed) != streamed) __builtin_trap();
+  // The server's request validator agrees with the decoder: input is valid UTF-8 exactly
+  // when decoding leaves it unchanged, and the decoder's output is always valid.
+  const bool valid = fwserve::FirstInvalidUtf8Offset(input) == -1;
+  if (valid != (fwmodel::DecodeBytesLossy(input) == input)) __builtin_trap();
+  if (fwserve::FirstInvalidUtf8Offset(streamed) != -1) __builtin_trap();
 #else
 #error "define one FWSERVE_FUZZ_* target"
 #endif
