@@ -23,6 +23,19 @@ bool StateMemoryBudget::TryReserve(int64_t bytes) {
 
 void StateMemoryBudget::Release(int64_t bytes) { used_.fetch_sub(bytes); }
 
+void StateMemoryBudget::RequestReclaim(int64_t bytes) {
+  int64_t wanted = reclaim_.load();
+  while (wanted < bytes && !reclaim_.compare_exchange_weak(wanted, bytes)) {
+  }
+}
+
+void StateMemoryBudget::Reclaimed(int64_t bytes) {
+  int64_t wanted = reclaim_.load();
+  while (wanted > 0 &&
+         !reclaim_.compare_exchange_weak(wanted, std::max<int64_t>(0, wanted - bytes))) {
+  }
+}
+
 // A Generate, Score or CreateSession being served. Engine thread only.
 struct Engine::Task {
   enum class Phase { kPrefill, kReadyToSample, kAwaitingWrite, kReadyToAbsorb };
@@ -975,7 +988,14 @@ absl::StatusOr<int> Engine::AllocateSlot() {
     if (!SpillOrEvictOne()) return exhausted();
   }
   while (!budget_->TryReserve(state_bytes_)) {
-    if (!SpillOrEvictOne()) return exhausted();
+    if (!SpillOrEvictOne()) {
+      // The budget is held by other models' sessions: ask them to give up idle ones.
+      budget_->RequestReclaim(state_bytes_);
+      return absl::ResourceExhaustedError(
+          absl::StrCat("no room for another session state of model '", name_,
+                       "' within --max-state-memory-bytes=", options_.max_state_memory_bytes,
+                       "; idle sessions of other models are being released, retry shortly"));
+    }
   }
   const int slot = free_slots_.back();
   free_slots_.pop_back();
@@ -1092,6 +1112,7 @@ void Engine::RemoveSession(const std::string& id) {
 }
 
 void Engine::Housekeeping() {
+  while (budget_->reclaim_wanted() > 0 && SpillOrEvictOne()) budget_->Reclaimed(state_bytes_);
   for (const std::string& id : store_->TakeExpired(name_, absl::Now() - options_.session_ttl)) {
     RemoveSession(id);
     if (metrics_ != nullptr) metrics_->CountSessionRemoval("expired");

@@ -42,10 +42,17 @@ class StateMemoryBudget {
   void Release(int64_t bytes);
   int64_t limit() const { return limit_; }
   int64_t used() const { return used_.load(); }
+  // An engine needs `bytes` and has no idle session of its own to give up: engines with
+  // idle sessions spill (or evict) some at their next housekeeping.
+  void RequestReclaim(int64_t bytes);
+  // Bytes still wanted by RequestReclaim (0 = none); Reclaimed subtracts what was freed.
+  int64_t reclaim_wanted() const { return reclaim_.load(); }
+  void Reclaimed(int64_t bytes);
 
  private:
   const int64_t limit_;
   std::atomic<int64_t> used_{0};
+  std::atomic<int64_t> reclaim_{0};
 };
 
 // A unit of work for the engine. Items that name an existing session hold its lease

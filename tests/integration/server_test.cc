@@ -586,6 +586,35 @@ TEST_F(ServerTest, OverTheMemoryBudgetIdleSessionsAreEvictedWithoutASessionDir) 
   b->Cancel();
 }
 
+TEST_F(ServerTest, OneModelsIdleSessionsMakeRoomForAnother) {
+  fwserve::CoreOptions options = Options();
+  options.model_dirs.push_back(ModelDir("fast_weight"));
+  auto probe = Harness::Start(options);
+  ASSERT_NE(probe, nullptr);
+  const int64_t aft_bytes = probe->client().DescribeModel("aft")->state_bytes_per_session();
+  const int64_t fw_bytes = probe->client().DescribeModel("fast_weight")->state_bytes_per_session();
+  probe.reset();
+  // Room for aft sessions only; a fast_weight session needs some of them to go.
+  const int64_t aft_sessions = (fw_bytes + aft_bytes - 1) / aft_bytes + 1;
+  options.max_state_memory_bytes = aft_sessions * aft_bytes;
+  auto server = Harness::Start(options);
+  ASSERT_NE(server, nullptr);
+  for (int64_t i = 0; i < aft_sessions; ++i) {
+    ASSERT_TRUE(server->client().CreateSession("aft", "idle").ok());
+  }
+  auto first = server->client().CreateSession("fast_weight", "x");
+  ASSERT_EQ(first.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(first.status().message().find("retry"), std::string::npos);
+  // The aft engine releases idle sessions at its next housekeeping (once a second).
+  absl::StatusOr<v1::SessionInfo> created = first;
+  for (int i = 0; i < 60 && !created.ok(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    created = server->client().CreateSession("fast_weight", "x");
+  }
+  ASSERT_TRUE(created.ok()) << created.status();
+  EXPECT_LT(server->client().ListSessions("aft")->size(), static_cast<size_t>(aft_sessions));
+}
+
 TEST_F(ServerTest, IdleSessionsSpillToDiskAndComeBack) {
   fwserve::CoreOptions options = Options("fast_weight");
   options.session_dir = MakeTempDir("spill");
