@@ -175,9 +175,6 @@ int main(int argc, char** argv) {
   core_options.batch_wait = absl::GetFlag(FLAGS_batch_wait);
   core_options.intra_op_threads = absl::GetFlag(FLAGS_threads);
   core_options.metrics = metrics.get();
-  if (absl::Status valid = fwserve::ValidateCoreOptions(core_options); !valid.ok()) {
-    return Fail(std::string(valid.message()));
-  }
   auto core = fwserve::Core::Create(core_options);
   if (!core.ok()) return Fail(std::string(core.status().message()));
 

@@ -39,6 +39,31 @@ std::string ModelNameOf(const std::string& dir) {
   return path.filename().string();
 }
 
+// Errors name the flag (--max-tokens ...) and the bad value.
+absl::Status ValidateCoreOptions(const CoreOptions& o) {
+  auto positive = [](const char* flag, int64_t value) {
+    return value > 0 ? absl::OkStatus()
+                     : absl::InvalidArgumentError(absl::StrCat(flag, " must be > 0, got ", value));
+  };
+  for (absl::Status s :
+       {positive("--max-prompt-bytes", o.max_prompt_bytes), positive("--max-tokens", o.max_tokens),
+        positive("--max-sessions", o.max_sessions),
+        positive("--max-state-memory-bytes", o.max_state_memory_bytes),
+        positive("--max-queued-requests", o.max_queued_requests),
+        positive("--max-active-streams", o.max_active_streams),
+        positive("--prefill-chunk-tokens", o.prefill_chunk_tokens)}) {
+    if (!s.ok()) return s;
+  }
+  if (o.session_ttl <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("--session-ttl must be positive");
+  }
+  if (o.batch_wait < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("--batch-wait must not be negative");
+  }
+  if (o.intra_op_threads < 0) return absl::InvalidArgumentError("--threads must be >= 0");
+  return absl::OkStatus();
+}
+
 class CoreImpl : public Core {
  public:
   explicit CoreImpl(const CoreOptions& options)
@@ -386,30 +411,6 @@ class CoreImpl : public Core {
 };
 
 }  // namespace
-
-absl::Status ValidateCoreOptions(const CoreOptions& o) {
-  auto positive = [](const char* flag, int64_t value) {
-    return value > 0 ? absl::OkStatus()
-                     : absl::InvalidArgumentError(absl::StrCat(flag, " must be > 0, got ", value));
-  };
-  for (absl::Status s :
-       {positive("--max-prompt-bytes", o.max_prompt_bytes), positive("--max-tokens", o.max_tokens),
-        positive("--max-sessions", o.max_sessions),
-        positive("--max-state-memory-bytes", o.max_state_memory_bytes),
-        positive("--max-queued-requests", o.max_queued_requests),
-        positive("--max-active-streams", o.max_active_streams),
-        positive("--prefill-chunk-tokens", o.prefill_chunk_tokens)}) {
-    if (!s.ok()) return s;
-  }
-  if (o.session_ttl <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError("--session-ttl must be positive");
-  }
-  if (o.batch_wait < absl::ZeroDuration()) {
-    return absl::InvalidArgumentError("--batch-wait must not be negative");
-  }
-  if (o.intra_op_threads < 0) return absl::InvalidArgumentError("--threads must be >= 0");
-  return absl::OkStatus();
-}
 
 absl::StatusOr<std::unique_ptr<Core>> Core::Create(const CoreOptions& options) {
   if (absl::Status valid = ValidateCoreOptions(options); !valid.ok()) return valid;

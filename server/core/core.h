@@ -59,9 +59,6 @@ struct CoreOptions {
   Metrics* metrics = nullptr;
 };
 
-// Errors name the flag (--max-tokens ...) and the bad value.
-absl::Status ValidateCoreOptions(const CoreOptions& options);
-
 struct ModelDescription {
   std::string name;
   bool is_default = false;
@@ -162,7 +159,8 @@ using Callback = std::function<void(absl::StatusOr<T>)>;
 
 class Core {
  public:
-  // Loads every model and starts the engines; indexes the session directory (sessions
+  // Checks the options (errors name the flag, e.g. --max-tokens, and the bad value),
+  // loads every model and starts the engines; indexes the session directory (sessions
   // persisted by an earlier run become available, spilled).
   static absl::StatusOr<std::unique_ptr<Core>> Create(const CoreOptions& options);
   virtual ~Core() = default;

@@ -76,6 +76,13 @@ namespace {
 constexpr absl::Duration kHousekeepingInterval = absl::Seconds(1);
 constexpr char kSpillSuffix[] = ".fwstate";
 
+// Generate, Score and CreateSession become tasks that count against
+// --max-active-streams; the other session operations run at admission.
+bool IsStreamKind(WorkItem::Kind kind) {
+  return kind == WorkItem::Kind::kGenerate || kind == WorkItem::Kind::kScore ||
+         kind == WorkItem::Kind::kCreate;
+}
+
 double Seconds(absl::Time from, absl::Time to) { return absl::ToDoubleSeconds(to - from); }
 
 }  // namespace
@@ -243,10 +250,7 @@ bool Engine::HasImmediateWorkLocked() {
   if (stop_ && active_tasks_ == 0) return true;
   if (immediate_work_) return true;
   for (const auto& item : queue_) {
-    const bool stream = item->kind == WorkItem::Kind::kGenerate ||
-                        item->kind == WorkItem::Kind::kScore ||
-                        item->kind == WorkItem::Kind::kCreate;
-    if (!stream || active_tasks_ < options_.max_active_streams) return true;
+    if (!IsStreamKind(item->kind) || active_tasks_ < options_.max_active_streams) return true;
   }
   return false;
 }
@@ -268,9 +272,7 @@ void Engine::Loop() {
       events.swap(events_);
       int64_t active = static_cast<int64_t>(tasks_.size());
       for (auto it = queue_.begin(); it != queue_.end();) {
-        const bool stream = (*it)->kind == WorkItem::Kind::kGenerate ||
-                            (*it)->kind == WorkItem::Kind::kScore ||
-                            (*it)->kind == WorkItem::Kind::kCreate;
+        const bool stream = IsStreamKind((*it)->kind);
         if (end_all_ || !stream || active < options_.max_active_streams) {
           if (stream) ++active;
           admitted.push_back(std::move(*it));
@@ -489,8 +491,7 @@ void Engine::AdmitStream(std::unique_ptr<Task> task) {
   if (w.kind == WorkItem::Kind::kScore) {
     // A private copy: the session (if any) is not changed.
     if (t.slot >= 0) {
-      torch::Tensor rows =
-          torch::tensor({int64_t{t.slot}}, torch::kInt64).to(model_.options().device);
+      torch::Tensor rows = SlotIndex(t.slot);
       t.score_context.state = pool_.Gather(rows);
       if (t.tokens > 0) t.score_context.next_logits = next_logits_[t.slot].clone();
       resident_[t.session_id].in_use = false;
@@ -509,8 +510,7 @@ void Engine::AdmitStream(std::unique_ptr<Task> task) {
                              "prompt: must not be empty when the session holds no tokens"));
     }
     if (!t.session_id.empty()) {
-      torch::Tensor rows =
-          torch::tensor({int64_t{t.slot}}, torch::kInt64).to(model_.options().device);
+      torch::Tensor rows = SlotIndex(t.slot);
       t.snapshot = pool_.Gather(rows);
       t.snapshot_logits = next_logits_[t.slot].clone();
       t.has_snapshot = true;
@@ -551,9 +551,8 @@ void Engine::RunSessionOperation(WorkItem& w) {
         return w.on_session(slot.status());
       }
       const ResidentSession& src = resident_[id];
-      torch::Tensor from =
-          torch::tensor({int64_t{src.slot}}, torch::kInt64).to(model_.options().device);
-      torch::Tensor to = torch::tensor({int64_t{*slot}}, torch::kInt64).to(model_.options().device);
+      torch::Tensor from = SlotIndex(src.slot);
+      torch::Tensor to = SlotIndex(*slot);
       pool_.Scatter(to, pool_.Gather(from));
       next_logits_[*slot].copy_(next_logits_[src.slot]);
       SessionRecord record{
@@ -595,7 +594,7 @@ void Engine::RunSessionOperation(WorkItem& w) {
       if (absl::Status room = store_->CheckCapacity(); !room.ok()) return w.on_session(room);
       auto slot = AllocateSlot();
       if (!slot.ok()) return w.on_session(slot.status());
-      torch::Tensor to = torch::tensor({int64_t{*slot}}, torch::kInt64).to(model_.options().device);
+      torch::Tensor to = SlotIndex(*slot);
       pool_.Scatter(to, decoded->state);
       if (decoded->tokens > 0) next_logits_[*slot].copy_(decoded->next_logits);
       SessionRecord record{SessionStore::NewSessionId(),
@@ -847,13 +846,7 @@ void Engine::FinishTask(Task& t, FinishReason reason) {
   const absl::Time now = absl::Now();
   const bool rollback = t.has_snapshot && t.generated == 0 &&
                         (reason == FinishReason::kCancelled || reason == FinishReason::kShutdown);
-  if (rollback) {
-    torch::Tensor rows =
-        torch::tensor({int64_t{t.slot}}, torch::kInt64).to(model_.options().device);
-    pool_.Scatter(rows, t.snapshot);
-    next_logits_[t.slot].copy_(t.snapshot_logits);
-    t.tokens = t.tokens_before;
-  }
+  if (rollback) RestoreSnapshot(t);
   if (!t.session_id.empty()) {
     auto it = resident_.find(t.session_id);
     if (it != resident_.end()) {
@@ -910,12 +903,7 @@ void Engine::FailTask(Task& t, absl::Status status) {
   // Tokens already streamed stay committed (the state holds exactly what the client
   // got); a request that streamed nothing is undone.
   const bool keep_streamed = t.generated > 0;
-  if (t.has_snapshot && !keep_streamed) {
-    torch::Tensor rows =
-        torch::tensor({int64_t{t.slot}}, torch::kInt64).to(model_.options().device);
-    pool_.Scatter(rows, t.snapshot);
-    next_logits_[t.slot].copy_(t.snapshot_logits);
-  }
+  if (t.has_snapshot && !keep_streamed) RestoreSnapshot(t);
   if (owned_session) {
     auto it = resident_.find(t.session_id);
     if (it != resident_.end()) {
@@ -959,8 +947,18 @@ void Engine::FailTask(Task& t, absl::Status status) {
 // ---------------------------------------------------------------------------------
 // Slots, spill and restore.
 
+torch::Tensor Engine::SlotIndex(int64_t slot) const {
+  return torch::tensor({slot}, torch::kInt64).to(model_.options().device);
+}
+
+void Engine::RestoreSnapshot(Task& t) {
+  pool_.Scatter(SlotIndex(t.slot), t.snapshot);
+  next_logits_[t.slot].copy_(t.snapshot_logits);
+  t.tokens = t.tokens_before;
+}
+
 void Engine::ResetSlot(int slot) {
-  torch::Tensor rows = torch::tensor({int64_t{slot}}, torch::kInt64).to(model_.options().device);
+  torch::Tensor rows = SlotIndex(slot);
   pool_.Scatter(rows, fresh_row_);
   next_logits_[slot].zero_();
 }
@@ -1083,7 +1081,7 @@ absl::StatusOr<int> Engine::EnsureResident(const std::string& id) {
   }
   auto slot = AllocateSlot();
   if (!slot.ok()) return slot.status();
-  torch::Tensor rows = torch::tensor({int64_t{*slot}}, torch::kInt64).to(model_.options().device);
+  torch::Tensor rows = SlotIndex(*slot);
   pool_.Scatter(rows, decoded->state);
   if (decoded->tokens > 0) {
     next_logits_[*slot].copy_(decoded->next_logits);
@@ -1129,9 +1127,7 @@ void Engine::PublishGauges() {
   }
   metrics_->SetQueuedRequests(queued);
   metrics_->SetActiveStreams(static_cast<int64_t>(tasks_.size()));
-  int64_t spilled = 0;
-  for (const SessionRecord& r : store_->List(name_)) spilled += r.resident ? 0 : 1;
-  metrics_->SetSessions(static_cast<int64_t>(resident_.size()), spilled,
+  metrics_->SetSessions(static_cast<int64_t>(resident_.size()), store_->CountSpilled(name_),
                         slots_in_use_ * state_bytes_);
 }
 

@@ -142,6 +142,11 @@ class Engine {
   absl::StatusOr<int> AllocateSlot();
   void FreeSlot(int slot);
   void ResetSlot(int slot);
+  // The index tensor {slot} on the model's device, for Gather/Scatter of one row.
+  torch::Tensor SlotIndex(int64_t slot) const;
+  // Puts back the task's slot (state, next-token logits, token count) as it was before
+  // the request.
+  void RestoreSnapshot(Task& t);
   bool Grow();
   bool SpillOrEvictOne();
   absl::Status Spill(const std::string& id);

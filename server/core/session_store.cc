@@ -26,23 +26,21 @@ bool SessionStore::IsWellFormedId(const std::string& id) {
          });
 }
 
+absl::Status SessionStore::FullError() const {
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "the server holds the maximum number of sessions (--max-sessions=", max_sessions_,
+      "); delete some or wait for them to expire"));
+}
+
 absl::Status SessionStore::CheckCapacity() const {
   absl::MutexLock lock(&mu_);
-  if (static_cast<int64_t>(sessions_.size()) >= max_sessions_) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "the server holds the maximum number of sessions (--max-sessions=", max_sessions_,
-        "); delete some or wait for them to expire"));
-  }
+  if (static_cast<int64_t>(sessions_.size()) >= max_sessions_) return FullError();
   return absl::OkStatus();
 }
 
 absl::Status SessionStore::Insert(SessionRecord record) {
   absl::MutexLock lock(&mu_);
-  if (static_cast<int64_t>(sessions_.size()) >= max_sessions_) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "the server holds the maximum number of sessions (--max-sessions=", max_sessions_,
-        "); delete some or wait for them to expire"));
-  }
+  if (static_cast<int64_t>(sessions_.size()) >= max_sessions_) return FullError();
   std::string id = record.id;
   sessions_.emplace(std::move(id), std::move(record));
   return absl::OkStatus();
@@ -133,6 +131,15 @@ std::vector<std::string> SessionStore::TakeExpired(const std::string& model,
     }
   }
   return out;
+}
+
+int64_t SessionStore::CountSpilled(const std::string& model) const {
+  int64_t spilled = 0;
+  absl::MutexLock lock(&mu_);
+  for (const auto& [id, record] : sessions_) {
+    if (record.model == model && !record.resident) ++spilled;
+  }
+  return spilled;
 }
 
 int64_t SessionStore::size() const {

@@ -62,9 +62,13 @@ class SessionStore {
   // Removes and returns the ids of `model`'s sessions idle since before `idle_before`
   // that no request holds.
   std::vector<std::string> TakeExpired(const std::string& model, absl::Time idle_before);
+  // Sessions of `model` whose state is spilled to disk.
+  int64_t CountSpilled(const std::string& model) const;
   int64_t size() const;
 
  private:
+  absl::Status FullError() const;
+
   const int64_t max_sessions_;
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, SessionRecord> sessions_ ABSL_GUARDED_BY(mu_);
