@@ -17,37 +17,11 @@ import threading
 import time
 import unittest
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
+from fwserve_process import start_server, stop_server  # noqa: E402
+
 ARGS = None
 SERVER = None  # (process, target, log path)
-
-
-def start_server(fwserve, model, log_path, extra=()):
-    log = open(log_path, "wb")
-    process = subprocess.Popen(
-        [fwserve, "--listen", "127.0.0.1:0", "--metrics-listen", "", "--model", model,
-         "--max-tokens", "100000", *extra],
-        stdout=subprocess.DEVNULL, stderr=log)
-    deadline = time.time() + 60
-    while time.time() < deadline:
-        with open(log_path, "rb") as f:
-            match = re.search(rb"fwserve listening on \S+ \(port (\d+)\)", f.read())
-        if match:
-            return process, "127.0.0.1:%d" % int(match.group(1))
-        if process.poll() is not None:
-            break
-        time.sleep(0.05)
-    process.kill()
-    with open(log_path, "rb") as f:
-        raise RuntimeError("fwserve did not start:\n" + f.read().decode(errors="replace"))
-
-
-def stop_server(process):
-    process.send_signal(signal.SIGTERM)
-    try:
-        process.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
 
 
 def fwctl(*args, stdin=None, target=True, timeout=60, env=None):

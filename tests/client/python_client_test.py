@@ -14,9 +14,7 @@ import argparse
 import importlib
 import math
 import os
-import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -78,24 +76,8 @@ def generate_stubs(proto_dir, out_dir, protoc):
     sys.path.insert(0, out_dir)
 
 
-def start_server(fwserve, model, log_path):
-    log = open(log_path, "wb")
-    process = subprocess.Popen(
-        [fwserve, "--listen", "127.0.0.1:0", "--metrics-listen", "", "--model", model,
-         "--max-tokens", "100000"], stdout=subprocess.DEVNULL, stderr=log)
-    deadline = time.time() + 60
-    while time.time() < deadline:
-        with open(log_path, "rb") as f:
-            match = re.search(rb"fwserve listening on \S+ \(port (\d+)\)", f.read())
-        if match:
-            return process, "127.0.0.1:%d" % int(match.group(1))
-        if process.poll() is not None:
-            break
-        time.sleep(0.05)
-    process.kill()
-    with open(log_path, "rb") as f:
-        raise RuntimeError("fwserve did not start:\n" + f.read().decode(errors="replace"))
-
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
+from fwserve_process import start_server, stop_server  # noqa: E402
 
 TARGET = None
 
@@ -272,11 +254,7 @@ def main():
         try:
             program = unittest.main(argv=[sys.argv[0]] + rest, exit=False, verbosity=2)
         finally:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                process.kill()
+            stop_server(process)
         result = program.result
         failed = len(result.failures) + len(result.errors)
         print("%d passed, %d failed" % (result.testsRun - failed - len(result.skipped), failed))

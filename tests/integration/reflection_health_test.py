@@ -7,12 +7,13 @@ grpc_python_plugin.
 Usage: reflection_health_test.py FWSERVE_BINARY MODEL_DIR SOURCE_DIR
 """
 import os
-import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
+from fwserve_process import start_server, stop_server  # noqa: E402
 
 
 def main():
@@ -38,18 +39,9 @@ def main():
     from fwtest_protos import reflection_pb2, reflection_pb2_grpc
     from fwtest_protos import health_pb2, health_pb2_grpc
 
-    server = subprocess.Popen([fwserve, "--listen", "127.0.0.1:0", "--model", model_dir,
-                               "--metrics-listen", "", "--log-level", "info"],
-                              stderr=subprocess.PIPE, text=True)
+    process, target = start_server(fwserve, model_dir, os.path.join(work, "fwserve.log"))
     try:
-        port = None
-        for line in server.stderr:
-            match = re.search(r"listening on .* \(port (\d+)\)", line)
-            if match:
-                port = int(match.group(1))
-                break
-        assert port, "server did not report its port"
-        channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+        channel = grpc.insecure_channel(target)
         grpc.channel_ready_future(channel).result(timeout=30)
 
         stub = reflection_pb2_grpc.ServerReflectionStub(channel)
@@ -74,8 +66,7 @@ def main():
         print(f"PASS: reflection lists {sorted(services)}; Fwserve has {len(methods)} methods; "
               "health SERVING")
     finally:
-        server.send_signal(signal.SIGTERM)
-        server.wait(timeout=60)
+        stop_server(process)
         shutil.rmtree(work, ignore_errors=True)
 
 
