@@ -144,10 +144,6 @@ struct ScoreResult {
   std::vector<double> logprobs;
 };
 
-struct SessionInfo {
-  SessionRecord record;
-};
-
 struct ExportResult {
   std::string blob;
   std::string model;

@@ -40,8 +40,6 @@ class StateMemoryBudget {
   explicit StateMemoryBudget(int64_t limit_bytes) : limit_(limit_bytes) {}
   bool TryReserve(int64_t bytes);
   void Release(int64_t bytes);
-  int64_t limit() const { return limit_; }
-  int64_t used() const { return used_.load(); }
   // An engine needs `bytes` and has no idle session of its own to give up: engines with
   // idle sessions spill (or evict) some at their next housekeeping.
   void RequestReclaim(int64_t bytes);
