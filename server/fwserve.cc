@@ -31,10 +31,15 @@ ABSL_FLAG(std::vector<std::string>, model, {},
           "checkpoint directory to serve; repeat the flag (or give a comma-separated list) "
           "for several models. The first is the default model; a model is named after its "
           "directory. Default: the shipped models/pretrained/aft-shakespeare");
-ABSL_FLAG(std::string, session_dir, "",
-          "directory where idle sessions spill when over --max-state-memory-bytes and where "
-          "every session is saved on shutdown and restored on start. Empty: sessions live in "
-          "memory only and are evicted (least recently used) when over the budget");
+ABSL_FLAG(std::string, session_store, "memory",
+          "where sessions live durably: 'memory' (nothing is stored: a restart or crash loses "
+          "every session, and over --max-state-memory-bytes idle sessions are evicted) or "
+          "'dir:PATH' (one file per session in PATH, written through before each request that "
+          "changes a session is answered, so sessions survive a crash; PATH is locked against "
+          "a second server). See docs/sessions.md");
+ABSL_FLAG(std::string, session_dir, "", "alias of --session-store=dir:PATH");
+ABSL_FLAG(int32_t, session_store_threads, 2,
+          "threads that write and read the session store (shared by all models)");
 ABSL_FLAG(std::string, device, "cpu", "cpu, cuda or cuda:N (cuda needs a CUDA LibTorch)");
 ABSL_FLAG(int64_t, max_prompt_bytes, 1 << 20,
           "longest prompt, session prefix or scored text, in bytes");
@@ -103,7 +108,7 @@ int Fail(const std::string& message) {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "serves recurrent-state language models over gRPC (fwserve.v1.Fwserve).\n"
-      "Usage: fwserve [--listen HOST:PORT] [--model DIR]... [--session-dir DIR] [flags]\n"
+      "Usage: fwserve [--listen HOST:PORT] [--model DIR]... [--session-store dir:PATH] [flags]\n"
       "With no flags, serves the shipped default model on 127.0.0.1:50051.");
   std::vector<std::string> rest;
   std::vector<std::string> models = CollectRepeatedModelFlag(argc, argv, &rest);
@@ -126,6 +131,9 @@ int main(int argc, char** argv) {
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  // Over a file-size limit (RLIMIT_FSIZE) a write must fail with EFBIG, which the
+  // session store reports and retries, not kill the server with every session in it.
+  signal(SIGXFSZ, SIG_IGN);
 
   if (auto warning = fwmodel::SlowBlasWarning())
     fwserve::Log(fwserve::LogLevel::kWarning, *warning);
@@ -162,7 +170,14 @@ int main(int argc, char** argv) {
   fwserve::CoreOptions core_options;
   core_options.model_dirs = absl::GetFlag(FLAGS_model);
   if (core_options.model_dirs.empty()) core_options.model_dirs.push_back(DefaultModelDir());
-  core_options.session_dir = absl::GetFlag(FLAGS_session_dir);
+  core_options.session_store = absl::GetFlag(FLAGS_session_store);
+  if (const std::string dir = absl::GetFlag(FLAGS_session_dir); !dir.empty()) {
+    if (core_options.session_store != "memory") {
+      return Fail("--session-dir is an alias of --session-store=dir:PATH; give only one");
+    }
+    core_options.session_store = "dir:" + dir;
+  }
+  core_options.store_threads = absl::GetFlag(FLAGS_session_store_threads);
   core_options.device = absl::GetFlag(FLAGS_device);
   core_options.max_prompt_bytes = absl::GetFlag(FLAGS_max_prompt_bytes);
   core_options.max_tokens = absl::GetFlag(FLAGS_max_tokens);

@@ -2,17 +2,18 @@
 
 #include <filesystem>
 #include <set>
+#include <thread>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "models/checkpoint.h"
-#include "models/file_util.h"
 #include "models/state_codec.h"
 #include "models/tokenizer.h"
 #include "server/core/engine.h"
 #include "server/core/log.h"
 #include "server/core/metrics.h"
+#include "server/core/session_id.h"
 #include "server/core/validation.h"
 
 namespace fwserve {
@@ -61,13 +62,21 @@ absl::Status ValidateCoreOptions(const CoreOptions& o) {
     return absl::InvalidArgumentError("--batch-wait must not be negative");
   }
   if (o.intra_op_threads < 0) return absl::InvalidArgumentError("--threads must be >= 0");
+  if (o.store_threads <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--session-store-threads must be > 0, got ", o.store_threads));
+  }
   return absl::OkStatus();
 }
 
 class CoreImpl : public Core {
  public:
-  explicit CoreImpl(const CoreOptions& options)
-      : options_(options), store_(options.max_sessions), budget_(options.max_state_memory_bytes) {}
+  CoreImpl(const CoreOptions& options, std::unique_ptr<SessionStore> store)
+      : options_(options),
+        store_(std::move(store)),
+        executor_(store_ != nullptr ? options.store_threads : 1),
+        registry_(options.max_sessions),
+        budget_(options.max_state_memory_bytes) {}
 
   ~CoreImpl() override { Stop(); }
 
@@ -89,12 +98,6 @@ class CoreImpl : public Core {
     } else if (options_.device != "cpu") {
       return absl::InvalidArgumentError(
           absl::StrCat("--device must be cpu, cuda or cuda:N, got '", options_.device, "'"));
-    }
-    if (!options_.session_dir.empty()) {
-      if (absl::Status made = fwmodel::MakeDirectories(options_.session_dir); !made.ok()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("--session-dir: cannot create it: ", made.message()));
-      }
     }
     std::set<std::string> names;
     for (const std::string& dir : options_.model_dirs) {
@@ -125,15 +128,25 @@ class CoreImpl : public Core {
                             description.state_bytes_per_session});
       }
       descriptions_.push_back(description);
-      engines_.push_back(std::make_unique<Engine>(name, std::move(*loaded), options_, &store_,
-                                                  &budget_, model_metrics));
+      EngineContext context;
+      context.registry = &registry_;
+      context.store = store_.get();
+      context.executor = &executor_;
+      context.budget = &budget_;
+      context.clock = options_.clock;
+      context.metrics = model_metrics;
+      engines_.push_back(
+          std::make_unique<Engine>(name, std::move(*loaded), options_, context));
       Log(LogLevel::kInfo,
           absl::StrCat("loaded model ", name, " (", description.architecture, ", ",
                        description.parameters, " parameters, ", description.state_bytes_per_session,
                        " state bytes per session)"));
     }
-    IndexSessionDirectory();
     for (auto& engine : engines_) engine->Start();
+    if (store_ != nullptr) {
+      registry_.SetIndexing(true);
+      indexer_ = std::thread([this] { IndexStore(); });
+    }
     return absl::OkStatus();
   }
 
@@ -176,7 +189,7 @@ class CoreImpl : public Core {
 
     auto item = std::make_unique<WorkItem>();
     item->kind = WorkItem::Kind::kGenerate;
-    auto engine = ResolveModelAndLease(params.model, params.session_id);
+    auto engine = ResolveModelAndLease(params.model, params.session_id, &item->lease);
     if (!engine.ok()) return engine.status();
     item->session_id = params.session_id;
     item->tokens = fwmodel::EncodeBytes(params.prompt);
@@ -194,9 +207,9 @@ class CoreImpl : public Core {
 
   void Score(ScoreParams params, Callback<ScoreResult> done) override {
     if (absl::Status valid = ValidateText("text", params.text); !valid.ok()) return done(valid);
-    auto engine = ResolveModelAndLease(params.model, params.session_id);
-    if (!engine.ok()) return done(engine.status());
     auto item = std::make_unique<WorkItem>();
+    auto engine = ResolveModelAndLease(params.model, params.session_id, &item->lease);
+    if (!engine.ok()) return done(engine.status());
     item->kind = WorkItem::Kind::kScore;
     item->session_id = params.session_id;
     item->is_cancelled = std::move(params.is_cancelled);
@@ -211,7 +224,7 @@ class CoreImpl : public Core {
     if (absl::Status valid = ValidateText("prefix", prefix); !valid.ok()) return done(valid);
     auto engine = FindEngine(model);
     if (!engine.ok()) return done(engine.status());
-    if (absl::Status room = store_.CheckCapacity(); !room.ok()) return done(room);
+    if (absl::Status room = registry_.CheckCapacity(); !room.ok()) return done(room);
     auto item = std::make_unique<WorkItem>();
     item->kind = WorkItem::Kind::kCreate;
     item->tokens = fwmodel::EncodeBytes(prefix);
@@ -254,11 +267,11 @@ class CoreImpl : public Core {
 
   absl::StatusOr<SessionRecord> GetSession(const std::string& session_id) const override {
     if (absl::Status valid = ValidateSessionId(session_id); !valid.ok()) return valid;
-    return store_.Get(session_id);
+    return registry_.Get(session_id);
   }
 
   std::vector<SessionRecord> ListSessions(const std::string& model) const override {
-    return store_.List(model);
+    return registry_.List(model);
   }
 
   void BeginShutdown() override {
@@ -276,7 +289,9 @@ class CoreImpl : public Core {
   }
 
   void Stop() override {
-    for (auto& engine : engines_) engine->StopAndPersist();
+    stop_indexing_.store(true);
+    if (indexer_.joinable()) indexer_.join();
+    for (auto& engine : engines_) engine->Stop();
   }
 
  private:
@@ -303,7 +318,7 @@ class CoreImpl : public Core {
   }
 
   static absl::Status ValidateSessionId(const std::string& id) {
-    if (!SessionStore::IsWellFormedId(id)) {
+    if (!IsWellFormedSessionId(id)) {
       return absl::InvalidArgumentError(
           absl::StrCat("session_id '", id.substr(0, 64), "' is not a session id (32 hex digits)"));
     }
@@ -318,38 +333,42 @@ class CoreImpl : public Core {
     return UnknownModel(model);
   }
 
-  // The engine serving the request; with a session, also takes its lease (released by
-  // the engine, or by SubmitOrRelease on failure).
+  // The engine serving the request; with a session, also takes its lease into `lease`
+  // (released when the work item is answered or dropped).
   absl::StatusOr<Engine*> ResolveModelAndLease(const std::string& model,
-                                               const std::string& session_id) {
+                                               const std::string& session_id,
+                                               SessionLease* lease) {
     if (session_id.empty()) return FindEngine(model);
     if (absl::Status valid = ValidateSessionId(session_id); !valid.ok()) return valid;
     if (!model.empty()) {
       if (auto engine = FindEngine(model); !engine.ok()) return engine.status();
     }
-    auto record = store_.Acquire(session_id);
+    auto record = registry_.Get(session_id);
     if (!record.ok()) return record.status();
     if (!model.empty() && record->model != model) {
-      store_.ReleaseUnchanged(session_id);
       return absl::InvalidArgumentError(absl::StrCat("session_id '", session_id,
                                                      "' belongs to model '", record->model,
                                                      "', not '", model, "'"));
     }
+    auto acquired = registry_.Acquire(session_id);
+    if (!acquired.ok()) return acquired.status();
+    *lease = std::move(*acquired);
     return FindEngine(record->model);
   }
 
+  // On failure the item comes back through `item` and is dropped here, before the
+  // caller answers, so its lease is free by the time the client hears.
   absl::Status SubmitOrRelease(Engine* engine, std::unique_ptr<WorkItem>& item) {
-    const std::string session_id = item->session_id;
     absl::Status queued = engine->Submit(item);
-    if (!queued.ok() && !session_id.empty()) store_.ReleaseUnchanged(session_id);
+    if (!queued.ok()) item.reset();
     return queued;
   }
 
   template <typename Fill, typename Fail>
   void SessionOperation(WorkItem::Kind kind, const std::string& session_id, Fill fill, Fail fail) {
-    auto engine = ResolveModelAndLease("", session_id);
-    if (!engine.ok()) return fail(engine.status());
     auto item = std::make_unique<WorkItem>();
+    auto engine = ResolveModelAndLease("", session_id, &item->lease);
+    if (!engine.ok()) return fail(engine.status());
     item->kind = kind;
     item->session_id = session_id;
     item->arrival = absl::Now();
@@ -357,21 +376,27 @@ class CoreImpl : public Core {
     if (absl::Status queued = SubmitOrRelease(*engine, item); !queued.ok()) fail(queued);
   }
 
-  // Registers the sessions an earlier run persisted (spilled; restored on first use).
-  void IndexSessionDirectory() {
-    if (options_.session_dir.empty()) return;
+  // Registers the sessions an earlier run stored (not resident; loaded on first use).
+  // Runs on its own thread while the server serves; reads each blob once and trusts
+  // only checksummed metadata.
+  void IndexStore() {
+    const absl::Time start = absl::Now();
     int64_t indexed = 0, skipped = 0;
-    std::error_code error;
-    for (const auto& entry : std::filesystem::directory_iterator(options_.session_dir, error)) {
-      if (!entry.is_regular_file() || entry.path().extension() != ".fwstate") continue;
-      const std::string id = entry.path().stem().string();
-      auto bytes = fwmodel::ReadFile(entry.path().string());
-      auto metadata = bytes.ok()
-                          ? fwmodel::PeekStateMetadata(std::move(*bytes))
-                          : absl::StatusOr<std::map<std::string, std::string>>(bytes.status());
+    std::vector<std::string> ids;
+    absl::Status listed = store_->ForEachId([&](const std::string& id) {
+      ids.push_back(id);
+      return !stop_indexing_.load();
+    });
+    for (const std::string& id : ids) {
+      if (stop_indexing_.load()) break;
+      if (registry_.Get(id).ok()) continue;  // already known (created since the start)
+      auto blob = store_->Get(id);
+      auto metadata = blob.ok()
+                          ? fwmodel::PeekStateMetadata(std::move(*blob))
+                          : absl::StatusOr<std::map<std::string, std::string>>(blob.status());
       Engine* owner = nullptr;
       SessionRecord record;
-      if (metadata.ok() && SessionStore::IsWellFormedId(id) && (*metadata)["x-session-id"] == id) {
+      if (metadata.ok() && (*metadata)["x-session-id"] == id) {
         for (auto& engine : engines_) {
           if (engine->fingerprint() == (*metadata)["fingerprint"]) owner = engine.get();
         }
@@ -385,36 +410,56 @@ class CoreImpl : public Core {
           record.created = absl::FromUnixMillis(created_ms);
           record.last_used = absl::FromUnixMillis(used_ms);
           record.resident = false;
+          record.stored = true;
         } else {
           owner = nullptr;
         }
       }
-      if (owner == nullptr || !store_.Insert(record).ok()) {
+      absl::Status inserted = owner != nullptr ? registry_.Insert(record)
+                                               : absl::InvalidArgumentError("not indexed");
+      if (!inserted.ok()) {
+        const absl::Status why = !metadata.ok() ? metadata.status() : inserted;
+        Log(LogLevel::kWarning,
+            absl::StrCat("session store: skipped session ", id, ": ",
+                         owner == nullptr && metadata.ok()
+                             ? "no served model has its fingerprint, or its labels are malformed"
+                             : std::string(why.message())));
         ++skipped;
         continue;
       }
       ++indexed;
     }
-    Log(LogLevel::kInfo, absl::StrCat("session directory: restored ", indexed, " sessions",
-                                      skipped > 0 ? absl::StrCat(" (", skipped,
-                                                                 " files skipped: unreadable, "
-                                                                 "another model's, or over "
-                                                                 "--max-sessions)")
-                                                  : ""));
+    registry_.SetIndexing(false);
+    if (!listed.ok()) {
+      Log(LogLevel::kError, absl::StrCat("session store: listing failed: ", listed.message()));
+    }
+    Log(LogLevel::kInfo,
+        absl::StrCat("session store ", store_->Describe(), ": found ", indexed, " sessions",
+                     skipped > 0 ? absl::StrCat(" (", skipped, " skipped)") : "", " in ",
+                     absl::FormatDuration(absl::Trunc(absl::Now() - start, absl::Milliseconds(1)))));
   }
 
   const CoreOptions options_;
-  SessionStore store_;
+  // Destroyed in reverse order: the engines (which drain their store jobs) first, the
+  // executor (which joins its threads) next, the store last.
+  std::unique_ptr<SessionStore> store_;  // null: --session-store=memory
+  StoreExecutor executor_;
+  SessionRegistry registry_;
   StateMemoryBudget budget_;
   std::vector<std::unique_ptr<Engine>> engines_;
   std::vector<ModelDescription> descriptions_;
+  std::thread indexer_;
+  std::atomic<bool> stop_indexing_{false};
 };
 
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Core>> Core::Create(const CoreOptions& options) {
   if (absl::Status valid = ValidateCoreOptions(options); !valid.ok()) return valid;
-  auto core = std::make_unique<CoreImpl>(options);
+  auto store = OpenSessionStore(options.session_store);
+  if (!store.ok()) return store.status();
+  if (*store != nullptr) Log(LogLevel::kInfo, "session store: " + (*store)->Describe());
+  auto core = std::make_unique<CoreImpl>(options, std::move(*store));
   if (absl::Status status = core->Init(); !status.ok()) return status;
   return std::unique_ptr<Core>(std::move(core));
 }

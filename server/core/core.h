@@ -18,7 +18,8 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "server/core/sampler.h"
-#include "server/core/session_store.h"
+#include "server/core/clock.h"
+#include "server/core/session_registry.h"
 
 namespace fwserve {
 
@@ -28,9 +29,15 @@ struct CoreOptions {
   // Checkpoint directories; the first is the default model. A model's name is its
   // directory's base name.
   std::vector<std::string> model_dirs;
-  // Where idle sessions spill and where all sessions persist across restarts. Empty:
-  // no disk; over the memory budget, idle sessions are evicted instead.
-  std::string session_dir;
+  // Where sessions live durably (session_store.h): "memory" (nothing is stored; over
+  // the memory budget idle sessions are evicted) or "dir:PATH". With a store, every
+  // change is written through before the request is answered (docs/sessions.md).
+  std::string session_store = "memory";
+  // Threads doing session-store I/O (shared by all models).
+  int32_t store_threads = 2;
+  // Time source for session creation/use times and the TTL; null = the real clock.
+  // Not owned.
+  const Clock* clock = nullptr;
   // "cpu" or "cuda" / "cuda:N".
   std::string device = "cpu";
   // Longest prompt, prefix or scored text, in bytes.
@@ -156,8 +163,9 @@ using Callback = std::function<void(absl::StatusOr<T>)>;
 class Core {
  public:
   // Checks the options (errors name the flag, e.g. --max-tokens, and the bad value),
-  // loads every model and starts the engines; indexes the session directory (sessions
-  // persisted by an earlier run become available, spilled).
+  // opens the session store, loads every model and starts the engines. Sessions stored
+  // by an earlier run are indexed in the background: until that ends, a request naming
+  // one not indexed yet gets UNAVAILABLE.
   static absl::StatusOr<std::unique_ptr<Core>> Create(const CoreOptions& options);
   virtual ~Core() = default;
 
@@ -192,8 +200,8 @@ class Core {
   // 3. Ends what still runs: streams finish (reason SHUTDOWN) once their current write
   //    completes; queued work fails with UNAVAILABLE. Returns at once.
   virtual void EndAllWork() = 0;
-  // 4. After the transport stopped (no callbacks in flight): persists every session to
-  //    the session directory, if configured, and stops the engines. Idempotent.
+  // 4. After the transport stopped (no callbacks in flight): stops the engines (a last
+  //    attempt to store sessions whose writes failed). Idempotent.
   virtual void Stop() = 0;
 };
 

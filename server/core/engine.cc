@@ -3,38 +3,12 @@
 #include <pthread.h>
 
 #include <algorithm>
-#include <filesystem>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "models/file_util.h"
-#include "models/state_codec.h"
 #include "server/core/log.h"
+#include "server/core/session_id.h"
 
 namespace fwserve {
-
-bool StateMemoryBudget::TryReserve(int64_t bytes) {
-  int64_t used = used_.load();
-  do {
-    if (used + bytes > limit_) return false;
-  } while (!used_.compare_exchange_weak(used, used + bytes));
-  return true;
-}
-
-void StateMemoryBudget::Release(int64_t bytes) { used_.fetch_sub(bytes); }
-
-void StateMemoryBudget::RequestReclaim(int64_t bytes) {
-  int64_t wanted = reclaim_.load();
-  while (wanted < bytes && !reclaim_.compare_exchange_weak(wanted, bytes)) {
-  }
-}
-
-void StateMemoryBudget::Reclaimed(int64_t bytes) {
-  int64_t wanted = reclaim_.load();
-  while (wanted > 0 &&
-         !reclaim_.compare_exchange_weak(wanted, std::max<int64_t>(0, wanted - bytes))) {
-  }
-}
 
 // A Generate, Score or CreateSession being served. Engine thread only.
 struct Engine::Task {
@@ -74,7 +48,6 @@ struct Engine::Task {
 namespace {
 
 constexpr absl::Duration kHousekeepingInterval = absl::Seconds(1);
-constexpr char kSpillSuffix[] = ".fwstate";
 
 // Generate, Score and CreateSession become tasks that count against
 // --max-active-streams; the other session operations run at admission.
@@ -88,25 +61,23 @@ double Seconds(absl::Time from, absl::Time to) { return absl::ToDoubleSeconds(to
 }  // namespace
 
 Engine::Engine(std::string name, fwmodel::LoadedModel loaded, const CoreOptions& options,
-               SessionStore* store, StateMemoryBudget* budget, ModelMetrics* metrics)
+               EngineContext context)
     : name_(std::move(name)),
       model_(std::move(loaded.model)),
       fingerprint_(std::move(loaded.fingerprint)),
       options_(options),
-      store_(store),
-      budget_(budget),
-      metrics_(metrics),
+      registry_(context.registry),
+      store_(context.store),
+      executor_(context.executor),
+      budget_(context.budget),
+      clock_(context.clock != nullptr ? context.clock : Clock::Real()),
+      metrics_(context.metrics),
       state_bytes_(model_.state_bytes_per_session()),
       vocab_(model_.config().vocab_size),
-      max_slots_(std::max<int64_t>(1, options.max_state_memory_bytes /
-                                          std::max<int64_t>(1, model_.state_bytes_per_session()))) {
-  torch::NoGradGuard no_grad;
-  fresh_row_ = model_.InitialState(1);
-  pool_ = model_.InitialState(0);
-  next_logits_ = torch::zeros({0, vocab_}, torch::kFloat32);
-}
+      pool_(model_, options.max_state_memory_bytes / std::max<int64_t>(1, state_bytes_),
+            context.budget) {}
 
-Engine::~Engine() { StopAndPersist(); }
+Engine::~Engine() { Stop(); }
 
 // A prefill chunk computed off the engine thread. The engine thread fills the inputs
 // (copies of the rows), the prefill thread the outputs; neither touches the other's
@@ -211,13 +182,16 @@ void Engine::BeginDrain() {
   draining_ = true;
 }
 
+bool Engine::IdleLocked() const {
+  return queue_.empty() && active_tasks_ == 0 && store_jobs_ == 0 && continuations_.empty();
+}
+
 bool Engine::WaitIdle(absl::Time deadline) {
   absl::MutexLock lock(&mu_);
-  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return queue_.empty() && active_tasks_ == 0;
-  };
-  while (!idle()) {
-    if (idle_changed_.WaitWithDeadline(&mu_, deadline) && absl::Now() >= deadline) return idle();
+  while (!IdleLocked()) {
+    if (idle_changed_.WaitWithDeadline(&mu_, deadline) && absl::Now() >= deadline) {
+      return IdleLocked();
+    }
   }
   return true;
 }
@@ -229,7 +203,7 @@ void Engine::EndAllWork() {
   wake_.Signal();
 }
 
-void Engine::StopAndPersist() {
+void Engine::Stop() {
   {
     absl::MutexLock lock(&mu_);
     if (stop_ && !thread_.joinable()) return;
@@ -245,9 +219,9 @@ void Engine::StopAndPersist() {
 // The loop.
 
 bool Engine::HasImmediateWorkLocked() {
-  if (!events_.empty() || prefill_done_) return true;
+  if (!events_.empty() || !continuations_.empty() || prefill_done_) return true;
   if (end_all_ && !end_all_applied_) return true;
-  if (stop_ && active_tasks_ == 0) return true;
+  if (stop_ && active_tasks_ == 0 && store_jobs_ == 0) return true;
   if (immediate_work_) return true;
   for (const auto& item : queue_) {
     if (!IsStreamKind(item->kind) || active_tasks_ < options_.max_active_streams) return true;
@@ -259,6 +233,7 @@ void Engine::Loop() {
   torch::NoGradGuard no_grad;
   while (true) {
     std::vector<Event> events;
+    std::vector<std::function<void()>> continuations;
     std::vector<std::unique_ptr<WorkItem>> admitted;
     bool end_all = false;
     bool stop = false;
@@ -270,6 +245,7 @@ void Engine::Loop() {
         wake_.WaitWithDeadline(&mu_, wait_until);
       }
       events.swap(events_);
+      continuations.swap(continuations_);
       int64_t active = static_cast<int64_t>(tasks_.size());
       for (auto it = queue_.begin(); it != queue_.end();) {
         const bool stream = IsStreamKind((*it)->kind);
@@ -288,20 +264,19 @@ void Engine::Loop() {
       prefill_done = prefill_done_;
       prefill_done_ = false;
     }
+    ending_ = end_all;
 
     // Tensor code outside Model::Forward/Step (gather, scatter, copies) can still throw
     // c10::Error (e.g. out of memory); it must not take the process down. The requests in
     // flight fail with INTERNAL; sessions keep their last committed state.
     try {
+      for (auto& continuation : continuations) continuation();
       if (prefill_done) CompletePrefill();
       for (const Event& event : events) ApplyEvent(event);
       for (auto& item : admitted) {
         if (end_all) {
           // Accepted before the shutdown began but never started: refuse cleanly.
-          Task refused;
-          refused.item = std::move(item);
-          refused.session_id = refused.item->session_id;
-          FailTask(refused, absl::UnavailableError("the server is shutting down"));
+          FailItem(std::move(item), absl::UnavailableError("the server is shutting down"));
           continue;
         }
         Admit(std::move(item));
@@ -336,8 +311,12 @@ void Engine::Loop() {
       SampleAndEmit();
     } catch (const std::exception& e) {
       Log(LogLevel::kError, absl::StrCat("model ", name_, ": engine iteration failed: ", e.what()));
-      AbandonPrefillJob();
-      while (!tasks_.empty()) FailTask(*tasks_.front(), absl::InternalError("the engine failed"));
+      try {
+        AbandonPrefillJob();
+        while (!tasks_.empty()) FailTask(*tasks_.front(), absl::InternalError("the engine failed"));
+      } catch (const std::exception& again) {
+        Log(LogLevel::kError, absl::StrCat("model ", name_, ": recovery failed: ", again.what()));
+      }
     }
 
     const absl::Time now = absl::Now();
@@ -374,7 +353,10 @@ void Engine::Loop() {
       active_tasks_ = static_cast<int64_t>(tasks_.size());
       immediate_work_ = immediate;
       idle_changed_.SignalAll();
-      if (stop && tasks_.empty() && queue_.empty()) break;
+      if (stop && tasks_.empty() && queue_.empty() && store_jobs_ == 0 &&
+          continuations_.empty()) {
+        break;
+      }
     }
   }
 
@@ -384,18 +366,7 @@ void Engine::Loop() {
     prefill_cv_.Signal();
   }
   prefill_thread_.join();
-
-  // Persist every resident session; nothing else runs now.
-  if (!options_.session_dir.empty()) {
-    std::vector<std::string> ids;
-    for (const auto& [id, resident] : resident_) ids.push_back(id);
-    int64_t persisted = 0;
-    for (const std::string& id : ids) {
-      if (Spill(id).ok()) ++persisted;
-    }
-    Log(LogLevel::kInfo, absl::StrCat("model ", name_, ": persisted ", persisted,
-                                      " resident sessions to the session directory"));
-  }
+  StoreUnstoredAtExit();
 }
 
 void Engine::ApplyEvent(const Event& event) {
@@ -430,52 +401,68 @@ void Engine::ApplyEvent(const Event& event) {
 // Admission and session operations.
 
 void Engine::Admit(std::unique_ptr<WorkItem> item) {
+  if (ending_) {
+    return FailItem(std::move(item), absl::UnavailableError("the server is shutting down"));
+  }
   // A tensor exception (e.g. out of memory) while admitting fails this item alone, with
   // its lease released and its caller answered; nothing is dropped silently.
-  auto task = std::make_unique<Task>();
-  Task* raw = task.get();
-  task->item = std::move(item);
-  task->session_id = task->item->session_id;
+  Task* admitted = nullptr;
   try {
-    switch (task->item->kind) {
-      case WorkItem::Kind::kGenerate:
-      case WorkItem::Kind::kScore:
-      case WorkItem::Kind::kCreate:
-        AdmitStream(std::move(task));
-        return;
-      default:
-        RunSessionOperation(*task->item);
+    const WorkItem::Kind kind = item->kind;
+    const bool needs_state = !item->session_id.empty() && kind != WorkItem::Kind::kDelete &&
+                             kind != WorkItem::Kind::kCreate;
+    if ((needs_state && !resident_.contains(item->session_id) && !item->loaded) ||
+        (kind == WorkItem::Kind::kImport && !item->loaded)) {
+      return StartLoad(std::move(item));
+    }
+    if (IsStreamKind(kind)) {
+      auto task = std::make_unique<Task>();
+      admitted = task.get();
+      task->item = std::move(item);
+      tasks_.push_back(std::move(task));
+      AdmitStream(*admitted);
+    } else {
+      RunSessionOperation(item);
     }
   } catch (const std::exception& e) {
     Log(LogLevel::kError, absl::StrCat("model ", name_, ": admission failed: ", e.what()));
-    // `raw` is either still owned by `task` or already in tasks_ (FailTask removes it).
-    FailTask(*raw, absl::InternalError("the engine failed"));
+    const absl::Status failed = absl::InternalError("the engine failed");
+    if (item != nullptr) {
+      FailItem(std::move(item), failed);
+    } else if (admitted != nullptr) {
+      for (auto& task : tasks_) {
+        if (task.get() == admitted) {
+          FailTask(*admitted, failed);
+          break;
+        }
+      }
+    }
   }
 }
 
-void Engine::AdmitStream(std::unique_ptr<Task> task) {
-  Task& t = *task;
+void Engine::AdmitStream(Task& t) {
   WorkItem& w = *t.item;
   t.session_id = w.session_id;
-  const absl::Time now = absl::Now();
+  const absl::Time now = clock_->Now();
 
   if (w.kind == WorkItem::Kind::kCreate) {
-    t.session_id = SessionStore::NewSessionId();
     auto slot = AllocateSlot();
     if (!slot.ok()) return FailTask(t, slot.status());
     t.slot = *slot;
-    ResetSlot(t.slot);
-    SessionRecord record{t.session_id, name_, 0, state_bytes_, now, now, /*busy=*/true, true};
-    if (absl::Status inserted = store_->Insert(record); !inserted.ok()) {
-      FreeSlot(t.slot);
-      t.slot = -1;
-      t.session_id.clear();
-      return FailTask(t, inserted);
-    }
+    pool_.Reset(t.slot);
+    SessionRecord record;
+    record.id = NewSessionId();
+    record.model = name_;
+    record.state_bytes = state_bytes_;
+    record.created = record.last_used = now;
+    auto lease = registry_->InsertLeased(record);
+    if (!lease.ok()) return FailTask(t, lease.status());  // frees the slot
+    w.lease = std::move(*lease);
+    t.session_id = record.id;
     resident_[t.session_id] = ResidentSession{t.slot, 0, now, now, /*in_use=*/true};
     if (metrics_ != nullptr) metrics_->CountSessionOperation("created");
   } else if (!t.session_id.empty()) {
-    auto slot = EnsureResident(t.session_id);
+    auto slot = EnsureResident(w);
     if (!slot.ok()) return FailTask(t, slot.status());
     ResidentSession& r = resident_[t.session_id];
     r.in_use = true;
@@ -485,19 +472,18 @@ void Engine::AdmitStream(std::unique_ptr<Task> task) {
     auto slot = AllocateSlot();
     if (!slot.ok()) return FailTask(t, slot.status());
     t.slot = *slot;
-    ResetSlot(t.slot);
+    pool_.Reset(t.slot);
   }
 
   if (w.kind == WorkItem::Kind::kScore) {
     // A private copy: the session (if any) is not changed.
     if (t.slot >= 0) {
-      torch::Tensor rows = SlotIndex(t.slot);
-      t.score_context.state = pool_.Gather(rows);
-      if (t.tokens > 0) t.score_context.next_logits = next_logits_[t.slot].clone();
+      t.score_context.state = pool_.CopyRow(t.slot);
+      if (t.tokens > 0) t.score_context.next_logits = pool_.CopyLogits(t.slot);
       resident_[t.session_id].in_use = false;
       t.slot = -1;
     } else {
-      t.score_context.state = fresh_row_.Clone();
+      t.score_context.state = pool_.fresh_row().Clone();
     }
   }
 
@@ -510,9 +496,8 @@ void Engine::AdmitStream(std::unique_ptr<Task> task) {
                              "prompt: must not be empty when the session holds no tokens"));
     }
     if (!t.session_id.empty()) {
-      torch::Tensor rows = SlotIndex(t.slot);
-      t.snapshot = pool_.Gather(rows);
-      t.snapshot_logits = next_logits_[t.slot].clone();
+      t.snapshot = pool_.CopyRow(t.slot);
+      t.snapshot_logits = pool_.CopyLogits(t.slot);
       t.has_snapshot = true;
     }
     const GenerateParams& g = w.generate;
@@ -520,107 +505,11 @@ void Engine::AdmitStream(std::unique_ptr<Task> task) {
     t.recent.assign(w.tokens.end() - std::min<size_t>(w.tokens.size(), g.repetition_window),
                     w.tokens.end());
     if (metrics_ != nullptr) metrics_->AddPromptTokensSaved(t.tokens_before);
+    tasks_by_stream_[w.stream_id] = &t;
   }
   t.phase = w.tokens.empty() ? Task::Phase::kReadyToSample : Task::Phase::kPrefill;
-  if (w.kind == WorkItem::Kind::kGenerate) tasks_by_stream_[w.stream_id] = &t;
-  tasks_.push_back(std::move(task));
   if (t.phase == Task::Phase::kReadyToSample && w.generate.max_tokens == 0) {
     FinishTask(t, FinishReason::kLength);
-  }
-}
-
-void Engine::RunSessionOperation(WorkItem& w) {
-  const absl::Time now = absl::Now();
-  const std::string& id = w.session_id;
-  switch (w.kind) {
-    case WorkItem::Kind::kFork: {
-      auto source = EnsureResident(id);
-      if (!source.ok()) {
-        store_->ReleaseUnchanged(id);
-        return w.on_session(source.status());
-      }
-      if (absl::Status room = store_->CheckCapacity(); !room.ok()) {
-        store_->ReleaseUnchanged(id);
-        return w.on_session(room);
-      }
-      resident_[id].in_use = true;  // keep the source out of eviction
-      auto slot = AllocateSlot();
-      resident_[id].in_use = false;
-      if (!slot.ok()) {
-        store_->ReleaseUnchanged(id);
-        return w.on_session(slot.status());
-      }
-      const ResidentSession& src = resident_[id];
-      torch::Tensor from = SlotIndex(src.slot);
-      torch::Tensor to = SlotIndex(*slot);
-      pool_.Scatter(to, pool_.Gather(from));
-      next_logits_[*slot].copy_(next_logits_[src.slot]);
-      SessionRecord record{
-          SessionStore::NewSessionId(), name_, src.tokens, state_bytes_, now, now, false, true};
-      if (absl::Status inserted = store_->Insert(record); !inserted.ok()) {
-        FreeSlot(*slot);
-        store_->ReleaseUnchanged(id);
-        return w.on_session(inserted);
-      }
-      const int64_t source_tokens = src.tokens;  // `src` dangles once resident_ grows
-      resident_[record.id] = ResidentSession{*slot, source_tokens, now, now, false};
-      resident_[id].last_used = now;  // a use: restarts the idle clock
-      store_->Release(id, source_tokens, now);
-      if (metrics_ != nullptr) metrics_->CountSessionOperation("forked");
-      return w.on_session(record);
-    }
-    case WorkItem::Kind::kExport: {
-      auto slot = EnsureResident(id);
-      if (!slot.ok()) {
-        store_->ReleaseUnchanged(id);
-        return w.on_export(slot.status());
-      }
-      ResidentSession& r = resident_[id];
-      const int64_t tokens = r.tokens;
-      auto blob = EncodeSlot(*slot, tokens, {{"x-model", name_}});
-      r.last_used = now;  // a use: restarts the idle clock
-      store_->Release(id, tokens, now);
-      if (!blob.ok()) return w.on_export(blob.status());
-      if (metrics_ != nullptr) metrics_->CountSessionOperation("exported");
-      return w.on_export(ExportResult{std::move(*blob), name_, tokens});
-    }
-    case WorkItem::Kind::kImport: {
-      auto decoded = fwmodel::DecodeStateRow(model_, fingerprint_, std::move(w.blob));
-      if (!decoded.ok()) {
-        // A blob for another model is a bad argument to this call, like a corrupt one.
-        return w.on_session(
-            absl::InvalidArgumentError(absl::StrCat("blob: ", decoded.status().message())));
-      }
-      if (absl::Status room = store_->CheckCapacity(); !room.ok()) return w.on_session(room);
-      auto slot = AllocateSlot();
-      if (!slot.ok()) return w.on_session(slot.status());
-      torch::Tensor to = SlotIndex(*slot);
-      pool_.Scatter(to, decoded->state);
-      if (decoded->tokens > 0) next_logits_[*slot].copy_(decoded->next_logits);
-      SessionRecord record{SessionStore::NewSessionId(),
-                           name_,
-                           decoded->tokens,
-                           state_bytes_,
-                           now,
-                           now,
-                           false,
-                           true};
-      if (absl::Status inserted = store_->Insert(record); !inserted.ok()) {
-        FreeSlot(*slot);
-        return w.on_session(inserted);
-      }
-      resident_[record.id] = ResidentSession{*slot, decoded->tokens, now, now, false};
-      if (metrics_ != nullptr) metrics_->CountSessionOperation("imported");
-      return w.on_session(record);
-    }
-    case WorkItem::Kind::kDelete: {
-      RemoveSession(id);
-      store_->Erase(id);
-      if (metrics_ != nullptr) metrics_->CountSessionOperation("deleted");
-      return w.on_delete(true);
-    }
-    default:
-      return;
   }
 }
 
@@ -698,7 +587,7 @@ void Engine::CompletePrefill() {
     t.score_logprobs.insert(t.score_logprobs.end(), job->logprobs.begin(), job->logprobs.end());
   } else {
     pool_.Scatter(job->rows, job->state);
-    next_logits_.index_copy_(0, job->rows.cpu(), job->last_logits);
+    pool_.SetLogits(job->rows, job->last_logits);
     for (Task* t : job->tasks) t->tokens += static_cast<int64_t>(job->length);
   }
   if (metrics_ != nullptr) {
@@ -776,7 +665,7 @@ void Engine::RunDecodeStep() {
     return;
   }
   pool_.Scatter(rows, state);
-  next_logits_.index_copy_(0, rows.cpu(), logits->to(torch::kCPU, torch::kFloat32));
+  pool_.SetLogits(rows, *logits);
   if (metrics_ != nullptr) {
     metrics_->ObserveDecodeStep(static_cast<int64_t>(batch.size()), Seconds(start, absl::Now()));
   }
@@ -806,7 +695,8 @@ void Engine::SampleAndEmit() {
   }
   for (Task* t : ready) {
     const GenerateParams& g = t->item->generate;
-    const float* logits = next_logits_[t->slot].data_ptr<float>();
+    const torch::Tensor row_logits = pool_.logits(t->slot);
+    const float* logits = row_logits.data_ptr<float>();
     const int64_t token = SampleToken(logits, vocab_, g.sampling, t->rng, t->recent);
     GenerateChunk chunk;
     chunk.token_ids.push_back(token);
@@ -837,298 +727,142 @@ void Engine::SampleAndEmit() {
   }
 }
 
+std::unique_ptr<WorkItem> Engine::TakeTask(Task& t) {
+  std::unique_ptr<WorkItem> item = std::move(t.item);
+  if (item->kind == WorkItem::Kind::kGenerate) tasks_by_stream_.erase(item->stream_id);
+  tasks_.remove_if([&t](const std::unique_ptr<Task>& p) { return p.get() == &t; });
+  return item;
+}
+
 void Engine::FinishTask(Task& t, FinishReason reason) {
-  WorkItem& w = *t.item;
-  if (w.kind == WorkItem::Kind::kCreate && w.is_cancelled && w.is_cancelled()) {
+  if (t.item->kind == WorkItem::Kind::kCreate && t.item->is_cancelled &&
+      t.item->is_cancelled()) {
     // Nobody will learn the new id: remove the session rather than leave an orphan.
     return FailTask(t, absl::CancelledError("cancelled by the client"));
   }
-  const absl::Time now = absl::Now();
+  const absl::Time now = clock_->Now();
   const bool rollback = t.has_snapshot && t.generated == 0 &&
                         (reason == FinishReason::kCancelled || reason == FinishReason::kShutdown);
   if (rollback) RestoreSnapshot(t);
-  if (!t.session_id.empty()) {
-    auto it = resident_.find(t.session_id);
-    if (it != resident_.end()) {
-      it->second.in_use = false;
-      it->second.tokens = t.tokens;
-      if (!rollback) it->second.last_used = now;
-    }
-    if (rollback) {
-      store_->ReleaseUnchanged(t.session_id);
-    } else {
-      store_->Release(t.session_id, t.tokens, now);
-    }
-  } else if (t.slot >= 0) {
-    FreeSlot(t.slot);
-  }
+  const std::string id = t.session_id;
+  const int slot = t.slot;
+  const int64_t tokens = t.tokens;
+  GenerateSummary summary;
+  summary.reason = reason;
+  summary.trailing_text = t.decoder.Finish();
+  summary.prompt_tokens = rollback ? 0 : static_cast<int64_t>(t.prefilled);
+  summary.generated_tokens = t.generated;
+  summary.session_tokens = tokens;
+  std::vector<double> logprobs = std::move(t.score_logprobs);
+  std::shared_ptr<WorkItem> item(TakeTask(t));  // `t` is gone
 
-  switch (w.kind) {
-    case WorkItem::Kind::kGenerate: {
-      GenerateSummary summary;
-      summary.reason = reason;
-      summary.trailing_text = t.decoder.Finish();
-      summary.prompt_tokens = rollback ? 0 : static_cast<int64_t>(t.prefilled);
-      summary.generated_tokens = t.generated;
-      summary.session_tokens = t.tokens;
-      if (metrics_ != nullptr) {
-        metrics_->AddGeneratedTokens(t.generated);
-        metrics_->ObserveGenerationDuration(Seconds(w.arrival, now));
-      }
-      tasks_by_stream_.erase(w.stream_id);
-      w.observer->OnFinish(absl::OkStatus(), std::move(summary));
-      break;
+  const auto answer = [this, item, summary, logprobs](absl::Status status) {
+    WorkItem& w = *item;
+    const absl::Time end = absl::Now();
+    switch (w.kind) {
+      case WorkItem::Kind::kGenerate:
+        if (metrics_ != nullptr) {
+          metrics_->AddGeneratedTokens(summary.generated_tokens);
+          metrics_->ObserveGenerationDuration(Seconds(w.arrival, end));
+        }
+        w.observer->OnFinish(status, summary);
+        break;
+      case WorkItem::Kind::kScore:
+        if (!status.ok()) {
+          w.on_score(status);
+        } else if (summary.reason == FinishReason::kShutdown) {
+          w.on_score(absl::UnavailableError("the server is shutting down"));
+        } else {
+          w.on_score(ScoreResult{std::move(w.tokens), logprobs});
+        }
+        break;
+      case WorkItem::Kind::kCreate:
+        if (status.ok()) {
+          w.on_session(registry_->Get(w.session_id));
+        } else {
+          w.on_session(status);
+        }
+        break;
+      default:
+        break;
     }
-    case WorkItem::Kind::kScore:
-      if (reason == FinishReason::kShutdown) {
-        w.on_score(absl::UnavailableError("the server is shutting down"));
-      } else {
-        w.on_score(ScoreResult{std::move(w.tokens), std::move(t.score_logprobs)});
-      }
-      break;
-    case WorkItem::Kind::kCreate: {
-      auto record = store_->Get(t.session_id);
-      w.on_session(record);
-      break;
-    }
-    default:
-      break;
+  };
+
+  if (id.empty() || item->kind == WorkItem::Kind::kScore) {
+    // A throwaway stream or a Score: nothing of a session changes.
+    if (id.empty() && slot >= 0) FreeSlot(slot);
+    item->lease.Release();
+    return answer(absl::OkStatus());
   }
-  tasks_.remove_if([&t](const std::unique_ptr<Task>& p) { return p.get() == &t; });
+  ResidentSession& r = resident_[id];
+  r.in_use = false;
+  r.tokens = tokens;
+  if (rollback) {
+    item->lease.Release();
+    return answer(absl::OkStatus());
+  }
+  r.last_used = now;
+  item->session_id = id;
+  // Write-through: the caller hears of the change only once the store holds it.
+  WriteThrough(id, slot, tokens, r.created, now,
+               [this, item, id, tokens, now, answer](absl::Status written) mutable {
+                 if (written.ok()) {
+                   item->lease.Commit(tokens, now, store_ != nullptr);
+                   return answer(absl::OkStatus());
+                 }
+                 if (item->kind == WorkItem::Kind::kCreate) {
+                   RemoveSession(id);
+                   registry_->Erase(id);
+                   item->lease.Forget();
+                   return answer(StoreFailure(id, "the new session could not be saved"));
+                 }
+                 // The session keeps what was streamed, in memory; the write is retried.
+                 item->lease.Commit(tokens, now, /*stored=*/false);
+                 answer(StoreFailure(id, "the generated tokens are kept in memory but could not "
+                                         "be saved yet (the server retries)"));
+               });
 }
 
 void Engine::FailTask(Task& t, absl::Status status) {
-  WorkItem& w = *t.item;
-  const bool owned_session = !t.session_id.empty() && w.kind != WorkItem::Kind::kCreate;
   // Tokens already streamed stay committed (the state holds exactly what the client
   // got); a request that streamed nothing is undone.
   const bool keep_streamed = t.generated > 0;
   if (t.has_snapshot && !keep_streamed) RestoreSnapshot(t);
-  if (owned_session) {
-    auto it = resident_.find(t.session_id);
-    if (it != resident_.end()) {
-      it->second.in_use = false;
-      if (keep_streamed) it->second.tokens = t.tokens;
+  const std::string id = t.session_id;
+  const int slot = t.slot;
+  const int64_t tokens = t.tokens;
+  std::unique_ptr<WorkItem> item = TakeTask(t);  // `t` is gone
+  if (item->kind == WorkItem::Kind::kCreate) {
+    if (!id.empty()) {
+      RemoveSession(id);
+      registry_->Erase(id);
+      item->lease.Forget();
+    } else if (slot >= 0) {
+      FreeSlot(slot);
     }
-    if (keep_streamed) {
-      store_->Release(t.session_id, t.tokens, absl::Now());
-    } else {
-      store_->ReleaseUnchanged(t.session_id);
-    }
-  } else if (w.kind == WorkItem::Kind::kCreate && !t.session_id.empty()) {
-    RemoveSession(t.session_id);
-    store_->Erase(t.session_id);
-  } else if (t.slot >= 0) {
-    FreeSlot(t.slot);
+    return FailItem(std::move(item), status);
   }
-  switch (w.kind) {
-    case WorkItem::Kind::kGenerate:
-      tasks_by_stream_.erase(w.stream_id);
-      w.observer->OnFinish(status, GenerateSummary{});
-      break;
-    case WorkItem::Kind::kScore:
-      w.on_score(status);
-      break;
-    case WorkItem::Kind::kCreate:
-    case WorkItem::Kind::kFork:
-    case WorkItem::Kind::kImport:
-      w.on_session(status);
-      break;
-    case WorkItem::Kind::kExport:
-      w.on_export(status);
-      break;
-    case WorkItem::Kind::kDelete:
-      w.on_delete(status);
-      break;
+  if (id.empty()) {
+    if (slot >= 0) FreeSlot(slot);
+    return FailItem(std::move(item), status);
   }
-  tasks_.remove_if([&t](const std::unique_ptr<Task>& p) { return p.get() == &t; });
-}
-
-// ---------------------------------------------------------------------------------
-// Slots, spill and restore.
-
-torch::Tensor Engine::SlotIndex(int64_t slot) const {
-  return torch::tensor({slot}, torch::kInt64).to(model_.options().device);
+  auto it = resident_.find(id);
+  if (it != resident_.end()) it->second.in_use = false;
+  if (!keep_streamed || it == resident_.end()) return FailItem(std::move(item), status);
+  const absl::Time now = clock_->Now();
+  it->second.tokens = tokens;
+  it->second.last_used = now;
+  std::shared_ptr<WorkItem> shared(std::move(item));
+  WriteThrough(id, it->second.slot, tokens, it->second.created, now,
+               [this, shared, tokens, now, status](absl::Status written) {
+                 shared->lease.Commit(tokens, now, written.ok() && store_ != nullptr);
+                 AnswerFailure(*shared, status);
+               });
 }
 
 void Engine::RestoreSnapshot(Task& t) {
-  pool_.Scatter(SlotIndex(t.slot), t.snapshot);
-  next_logits_[t.slot].copy_(t.snapshot_logits);
+  pool_.SetRow(t.slot, t.snapshot, t.snapshot_logits);
   t.tokens = t.tokens_before;
-}
-
-void Engine::ResetSlot(int slot) {
-  torch::Tensor rows = SlotIndex(slot);
-  pool_.Scatter(rows, fresh_row_);
-  next_logits_[slot].zero_();
-}
-
-bool Engine::Grow() {
-  if (capacity_ >= max_slots_) return false;
-  const int64_t grown = std::min<int64_t>(max_slots_, std::max<int64_t>(16, capacity_ * 2));
-  fwmodel::State extra = model_.InitialState(grown - capacity_);
-  for (size_t i = 0; i < pool_.tensors.size(); ++i) {
-    pool_.tensors[i] = torch::cat({pool_.tensors[i], extra.tensors[i]}, 0);
-  }
-  next_logits_ = torch::cat({next_logits_, torch::zeros({grown - capacity_, vocab_})}, 0);
-  for (int64_t s = grown - 1; s >= capacity_; --s) free_slots_.push_back(static_cast<int>(s));
-  capacity_ = grown;
-  return true;
-}
-
-absl::StatusOr<int> Engine::AllocateSlot() {
-  const auto exhausted = [this] {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "no room for another session state of model '", name_, "' within --max-state-memory-bytes=",
-        options_.max_state_memory_bytes, " (every resident session is in use)"));
-  };
-  while (free_slots_.empty() && !Grow()) {
-    if (!SpillOrEvictOne()) return exhausted();
-  }
-  while (!budget_->TryReserve(state_bytes_)) {
-    if (!SpillOrEvictOne()) {
-      // The budget is held by other models' sessions: ask them to give up idle ones.
-      budget_->RequestReclaim(state_bytes_);
-      return absl::ResourceExhaustedError(
-          absl::StrCat("no room for another session state of model '", name_,
-                       "' within --max-state-memory-bytes=", options_.max_state_memory_bytes,
-                       "; idle sessions of other models are being released, retry shortly"));
-    }
-  }
-  const int slot = free_slots_.back();
-  free_slots_.pop_back();
-  ++slots_in_use_;
-  return slot;
-}
-
-void Engine::FreeSlot(int slot) {
-  free_slots_.push_back(slot);
-  --slots_in_use_;
-  budget_->Release(state_bytes_);
-}
-
-bool Engine::SpillOrEvictOne() {
-  // The least recently used resident session that no request holds.
-  std::string victim;
-  absl::Time oldest = absl::InfiniteFuture();
-  for (const auto& [id, r] : resident_) {
-    if (r.in_use || r.last_used >= oldest) continue;
-    auto record = store_->Get(id);
-    if (!record.ok() || record->busy) continue;
-    victim = id;
-    oldest = r.last_used;
-  }
-  if (victim.empty()) return false;
-  if (!options_.session_dir.empty()) {
-    if (absl::Status spilled = Spill(victim); spilled.ok()) return true;
-    Log(LogLevel::kWarning, absl::StrCat("model ", name_, ": could not spill a session; evicting"));
-  }
-  if (!store_->EraseIfIdle(victim)) return true;  // leased meanwhile: try again
-  RemoveSession(victim);
-  if (metrics_ != nullptr) metrics_->CountSessionRemoval("evicted");
-  Log(LogLevel::kInfo, absl::StrCat("model ", name_, ": evicted session ", victim,
-                                    " (state memory budget; no --session-dir)"));
-  return true;
-}
-
-std::string Engine::SpillPath(const std::string& id) const {
-  return (std::filesystem::path(options_.session_dir) / (id + kSpillSuffix)).string();
-}
-
-absl::StatusOr<std::string> Engine::EncodeSlot(int slot, int64_t tokens,
-                                               const std::map<std::string, std::string>& labels) {
-  return fwmodel::EncodeStateRow(model_, fingerprint_, pool_, slot, tokens,
-                                 tokens > 0 ? next_logits_[slot] : torch::Tensor(), labels);
-}
-
-absl::Status Engine::Spill(const std::string& id) {
-  auto it = resident_.find(id);
-  if (it == resident_.end()) return absl::OkStatus();
-  const ResidentSession& r = it->second;
-  auto blob = EncodeSlot(r.slot, r.tokens,
-                         {{"x-session-id", id},
-                          {"x-model", name_},
-                          {"x-created-ms", absl::StrCat(absl::ToUnixMillis(r.created))},
-                          {"x-last-used-ms", absl::StrCat(absl::ToUnixMillis(r.last_used))}});
-  if (!blob.ok()) return blob.status();
-  if (absl::Status written = fwmodel::WriteFileAtomic(SpillPath(id), *blob); !written.ok()) {
-    Log(LogLevel::kError, absl::StrCat("spill of session ", id, " failed: ", written.message()));
-    return written;
-  }
-  FreeSlot(r.slot);
-  resident_.erase(it);
-  store_->SetResident(id, false);
-  if (metrics_ != nullptr) metrics_->CountSessionOperation("spilled");
-  return absl::OkStatus();
-}
-
-absl::StatusOr<int> Engine::EnsureResident(const std::string& id) {
-  if (auto it = resident_.find(id); it != resident_.end()) return it->second.slot;
-  auto record = store_->Get(id);
-  if (!record.ok()) return record.status();
-  if (options_.session_dir.empty()) {
-    return absl::InternalError(absl::StrCat("session_id '", id, "' has no resident state"));
-  }
-  auto bytes = fwmodel::ReadFile(SpillPath(id));
-  absl::StatusOr<fwmodel::DecodedState> decoded =
-      bytes.ok() ? fwmodel::DecodeStateRow(model_, fingerprint_, std::move(*bytes))
-                 : absl::StatusOr<fwmodel::DecodedState>(bytes.status());
-  if (!decoded.ok()) {
-    Log(LogLevel::kError,
-        absl::StrCat("session ", id, ": spilled state unreadable: ", decoded.status().message()));
-    return absl::DataLossError(
-        absl::StrCat("session_id '", id, "': its saved state could not be restored"));
-  }
-  auto slot = AllocateSlot();
-  if (!slot.ok()) return slot.status();
-  torch::Tensor rows = SlotIndex(*slot);
-  pool_.Scatter(rows, decoded->state);
-  if (decoded->tokens > 0) {
-    next_logits_[*slot].copy_(decoded->next_logits);
-  } else {
-    next_logits_[*slot].zero_();
-  }
-  resident_[id] =
-      ResidentSession{*slot, decoded->tokens, record->created, record->last_used, false};
-  std::error_code ignored;
-  std::filesystem::remove(SpillPath(id), ignored);
-  store_->SetResident(id, true);
-  if (metrics_ != nullptr) metrics_->CountSessionOperation("restored");
-  return *slot;
-}
-
-void Engine::RemoveSession(const std::string& id) {
-  if (auto it = resident_.find(id); it != resident_.end()) {
-    FreeSlot(it->second.slot);
-    resident_.erase(it);
-    return;
-  }
-  if (!options_.session_dir.empty()) {
-    std::error_code ignored;
-    std::filesystem::remove(SpillPath(id), ignored);
-  }
-}
-
-void Engine::Housekeeping() {
-  while (budget_->reclaim_wanted() > 0 && SpillOrEvictOne()) budget_->Reclaimed(state_bytes_);
-  for (const std::string& id : store_->TakeExpired(name_, absl::Now() - options_.session_ttl)) {
-    RemoveSession(id);
-    if (metrics_ != nullptr) metrics_->CountSessionRemoval("expired");
-  }
-  PublishGauges();
-}
-
-void Engine::PublishGauges() {
-  if (metrics_ == nullptr) return;
-  int64_t queued;
-  {
-    absl::MutexLock lock(&mu_);
-    queued = static_cast<int64_t>(queue_.size());
-  }
-  metrics_->SetQueuedRequests(queued);
-  metrics_->SetActiveStreams(static_cast<int64_t>(tasks_.size()));
-  metrics_->SetSessions(static_cast<int64_t>(resident_.size()), store_->CountSpilled(name_),
-                        slots_in_use_ * state_bytes_);
 }
 
 }  // namespace fwserve

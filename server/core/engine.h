@@ -1,20 +1,29 @@
-// One model's engine: a single thread that owns the model's state pool and runs
-// continuous batching (admit -> prefill one chunk -> one batched step -> sample ->
-// emit). Prefill chunks run on a helper thread, on private copies of the rows, while
-// the engine thread decodes; the engine thread gathers and scatters them, so it alone
-// touches the pool. Internal to server/core (includes LibTorch); the transport sees
-// core.h only.
+// One model's engine: a thread that owns the model's StatePool and runs continuous
+// batching (admit -> prefill one chunk -> one batched step -> sample -> emit), a helper
+// thread for prefill chunks (private copies of the rows), and session-store work handed
+// to the shared StoreExecutor. Internal to server/core (includes LibTorch); the
+// transport sees core.h only.
 //
-// Thread-safety: Submit, PostWriteDone, PostCancel, BeginDrain, EndAllWork, counts and
-// the accessors are thread-safe. Everything else runs on the engine thread, which alone
-// touches state tensors.
+// Files: engine.cc holds the loop, admission, prefill, decode and sampling;
+// engine_sessions.cc the session operations (create/fork/export/import/delete),
+// residency (load, release, evict), write-through and housekeeping.
+//
+// Durability (docs/sessions.md): a request that changes a session answers its caller
+// only after the session store holds the new state; the session's lease is held until
+// then. Store I/O runs on store threads; its results come back to the engine thread as
+// continuations, so every session-state change happens on the engine thread.
+//
+// Thread-safety: Submit, PostWriteDone, PostCancel, BeginDrain, WaitIdle, EndAllWork,
+// Stop and the accessors are thread-safe. Everything else runs on the engine thread.
 #pragma once
 
 #include <atomic>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <list>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -27,43 +36,34 @@
 #include "absl/time/time.h"
 #include "models/checkpoint.h"
 #include "models/model.h"
+#include "models/state_codec.h"
 #include "models/tokenizer.h"
+#include "server/core/clock.h"
 #include "server/core/core.h"
 #include "server/core/metrics.h"
+#include "server/core/session_registry.h"
 #include "server/core/session_store.h"
+#include "server/core/state_pool.h"
+#include "server/core/store_executor.h"
 
 namespace fwserve {
 
-// Resident state bytes over all engines, against --max-state-memory-bytes.
-class StateMemoryBudget {
- public:
-  explicit StateMemoryBudget(int64_t limit_bytes) : limit_(limit_bytes) {}
-  bool TryReserve(int64_t bytes);
-  void Release(int64_t bytes);
-  // An engine needs `bytes` and has no idle session of its own to give up: engines with
-  // idle sessions spill (or evict) some at their next housekeeping.
-  void RequestReclaim(int64_t bytes);
-  // Bytes still wanted by RequestReclaim (0 = none); Reclaimed subtracts what was freed.
-  int64_t reclaim_wanted() const { return reclaim_.load(); }
-  void Reclaimed(int64_t bytes);
-
- private:
-  const int64_t limit_;
-  std::atomic<int64_t> used_{0};
-  std::atomic<int64_t> reclaim_{0};
-};
-
 // A unit of work for the engine. Items that name an existing session hold its lease
-// (SessionStore::Acquire) from submission; the engine returns it when done.
+// from submission until the engine answers them (and, for a change, until the store
+// holds it).
 struct WorkItem {
   enum class Kind { kGenerate, kScore, kCreate, kFork, kExport, kImport, kDelete };
   Kind kind = Kind::kGenerate;
   std::string session_id;
+  SessionLease lease;
   std::vector<int64_t> tokens;  // prompt, scored text or prefix
   GenerateParams generate;
   GenerateObserver* observer = nullptr;  // kGenerate; see core.h for its lifetime
   uint64_t stream_id = 0;                // kGenerate
   std::string blob;                      // kImport
+  // The session's state read from the store (or the decoded import blob), when the
+  // session was not resident at admission.
+  std::optional<fwmodel::DecodedState> loaded;
   Callback<ScoreResult> on_score;
   Callback<SessionRecord> on_session;
   Callback<ExportResult> on_export;
@@ -73,10 +73,21 @@ struct WorkItem {
   absl::Time arrival;
 };
 
+// What an engine shares with the rest of the core. Pointers are not owned and outlive
+// the engine; `store` is null for --session-store=memory.
+struct EngineContext {
+  SessionRegistry* registry = nullptr;
+  SessionStore* store = nullptr;
+  StoreExecutor* executor = nullptr;
+  StateMemoryBudget* budget = nullptr;
+  const Clock* clock = nullptr;
+  ModelMetrics* metrics = nullptr;  // may be null
+};
+
 class Engine {
  public:
   Engine(std::string name, fwmodel::LoadedModel loaded, const CoreOptions& options,
-         SessionStore* store, StateMemoryBudget* budget, ModelMetrics* metrics);
+         EngineContext context);
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -93,12 +104,13 @@ class Engine {
   void PostWriteDone(uint64_t stream_id, bool ok);
   void PostCancel(uint64_t stream_id);
 
-  // Shutdown steps (see Core): refuse new work; wait for idle; end the rest; persist
-  // and stop the thread.
+  // Shutdown steps (see Core): refuse new work; wait for idle (store writes included);
+  // end the rest; stop the threads (a last attempt to store sessions whose writes
+  // failed). Stop is idempotent.
   void BeginDrain();
   bool WaitIdle(absl::Time deadline);
   void EndAllWork();
-  void StopAndPersist();
+  void Stop();
 
  private:
   struct Task;
@@ -115,12 +127,13 @@ class Engine {
     enum Kind { kWriteOk, kWriteFailed, kCancel } kind;
   };
 
+  // engine.cc: the loop, admission, prefill, decode, sampling.
   void Loop();
   bool HasImmediateWorkLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool IdleLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ApplyEvent(const Event& event);
   void Admit(std::unique_ptr<WorkItem> item);
-  void AdmitStream(std::unique_ptr<Task> task);
-  void RunSessionOperation(WorkItem& item);
+  void AdmitStream(Task& task);
   // Hands the next prefill chunk (one task, or several with equal chunk lengths) to the
   // prefill thread, unless one is in flight.
   void StartPrefill();
@@ -131,39 +144,60 @@ class Engine {
   void PrefillThreadLoop();
   void RunDecodeStep();
   void SampleAndEmit();
+  // End a task: answer its caller (after the store holds a changed session).
   void FinishTask(Task& task, FinishReason reason);
   void FailTask(Task& task, absl::Status status);
-  void Housekeeping();
-  void PublishGauges();
-
-  // Slots. All on the engine thread.
-  absl::StatusOr<int> AllocateSlot();
-  void FreeSlot(int slot);
-  void ResetSlot(int slot);
-  // The index tensor {slot} on the model's device, for Gather/Scatter of one row.
-  torch::Tensor SlotIndex(int64_t slot) const;
+  // Removes `task` from tasks_ (destroying it) and returns its work item.
+  std::unique_ptr<WorkItem> TakeTask(Task& task);
   // Puts back the task's slot (state, next-token logits, token count) as it was before
   // the request.
   void RestoreSnapshot(Task& t);
-  bool Grow();
-  bool SpillOrEvictOne();
-  absl::Status Spill(const std::string& id);
-  absl::StatusOr<int> EnsureResident(const std::string& id);
+
+  // engine_sessions.cc: session operations, residency, the store.
+  void RunSessionOperation(std::unique_ptr<WorkItem>& item);
+  // Answers `item` with `status` (its lease released first).
+  void FailItem(std::unique_ptr<WorkItem> item, absl::Status status);
+  void AnswerFailure(WorkItem& item, absl::Status status);
+  // The session's slot; from item.loaded when it is not resident.
+  absl::StatusOr<int> EnsureResident(WorkItem& item);
+  // Reads the session's state from the store (or decodes an import blob) on a store
+  // thread, then admits the item again with item->loaded set.
+  void StartLoad(std::unique_ptr<WorkItem> item);
+  // Write-through: copies the slot now, encodes and stores it on a store thread, then
+  // runs `then(status)` on the engine thread. Without a store, `then(OK)` runs at once.
+  void WriteThrough(const std::string& id, int slot, int64_t tokens, absl::Time created,
+                    absl::Time last_used, std::function<void(absl::Status)> then);
+  // A new session made by fork or import, in `slot`: registered busy, stored, then
+  // answered.
+  void CommitNewSession(std::unique_ptr<WorkItem> item, int slot, int64_t tokens,
+                        const char* operation);
+  // Runs `job` on a store thread; the function it returns runs on the engine thread.
+  void RunStoreJob(std::function<std::function<void()>()> job);
+  absl::StatusOr<int> AllocateSlot();
+  void FreeSlot(int slot);
+  // Frees the least recently used idle resident session's slot (dropped from memory
+  // when the store holds it, else evicted with the memory backend). False if none.
+  bool ReleaseOneIdle();
   void RemoveSession(const std::string& id);
-  std::string SpillPath(const std::string& id) const;
-  absl::StatusOr<std::string> EncodeSlot(int slot, int64_t tokens,
-                                         const std::map<std::string, std::string>& labels);
+  void Housekeeping();
+  void RetryUnstored();
+  void StoreUnstoredAtExit();
+  void PublishGauges();
+  // The message a client gets when the store failed (details go to the log).
+  static absl::Status StoreFailure(const std::string& id, const char* what);
 
   const std::string name_;
   fwmodel::Model model_;
   const std::string fingerprint_;
   const CoreOptions options_;
-  SessionStore* const store_;
+  SessionRegistry* const registry_;
+  SessionStore* const store_;  // null: memory only
+  StoreExecutor* const executor_;
   StateMemoryBudget* const budget_;
+  const Clock* const clock_;
   ModelMetrics* const metrics_;  // may be null
   const int64_t state_bytes_;
   const int64_t vocab_;
-  const int64_t max_slots_;
 
   std::atomic<uint64_t> next_stream_id_{1};
   std::thread thread_;
@@ -180,6 +214,10 @@ class Engine {
   absl::CondVar idle_changed_;  // WaitIdle waits on it
   std::deque<std::unique_ptr<WorkItem>> queue_ ABSL_GUARDED_BY(mu_);
   std::vector<Event> events_ ABSL_GUARDED_BY(mu_);
+  // Results of store jobs, to run on the engine thread.
+  std::vector<std::function<void()>> continuations_ ABSL_GUARDED_BY(mu_);
+  // Store jobs started by this engine whose continuation is not queued yet.
+  int64_t store_jobs_ ABSL_GUARDED_BY(mu_) = 0;
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
   bool end_all_ ABSL_GUARDED_BY(mu_) = false;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
@@ -192,12 +230,8 @@ class Engine {
   bool immediate_work_ ABSL_GUARDED_BY(mu_) = false;
 
   // Engine-thread state.
-  fwmodel::State pool_;        // [capacity, ...] per state tensor
-  torch::Tensor next_logits_;  // float32 CPU [capacity, vocab]
-  fwmodel::State fresh_row_;   // InitialState(1)
-  int64_t capacity_ = 0;
-  std::vector<int> free_slots_;
-  int64_t slots_in_use_ = 0;
+  StatePool pool_;
+  bool ending_ = false;  // EndAllWork was applied: admit nothing more
   absl::flat_hash_map<std::string, ResidentSession> resident_;
   std::list<std::unique_ptr<Task>> tasks_;
   absl::flat_hash_map<uint64_t, Task*> tasks_by_stream_;

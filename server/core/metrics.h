@@ -42,13 +42,17 @@ class ModelMetrics {
   // Work items waiting in the engine queue / streams being served.
   virtual void SetQueuedRequests(int64_t count) = 0;
   virtual void SetActiveStreams(int64_t count) = 0;
-  // Sessions of this model with state in the pool / spilled to disk, and the bytes of
+  // Sessions of this model with state in the pool / only in the session store, and the bytes of
   // resident state (sessions in the pool, including throwaway ones in use).
   virtual void SetSessions(int64_t resident, int64_t spilled, int64_t resident_state_bytes) = 0;
   // op: "created", "deleted", "forked", "imported", "exported", "spilled", "restored".
   virtual void CountSessionOperation(std::string_view op) = 0;
-  // reason: "expired" (idle TTL), "evicted" (memory budget, no session dir).
+  // reason: "expired" (idle TTL), "evicted" (memory budget, --session-store=memory).
   virtual void CountSessionRemoval(std::string_view reason) = 0;
+  // op: "write", "read", "delete": a session-store operation that failed.
+  virtual void CountSessionStoreError(std::string_view op) = 0;
+  // One successful write-through of a session's state (encode + store), in seconds.
+  virtual void ObserveSessionStoreWrite(double seconds) = 0;
 };
 
 struct ModelInfoLabels {

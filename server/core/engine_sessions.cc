@@ -1,0 +1,480 @@
+// Engine: session operations (create is a stream task in engine.cc; fork, export,
+// import and delete here), residency in the StatePool, write-through to the session
+// store, and housekeeping (TTL, memory reclaim, retrying failed writes).
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "server/core/engine.h"
+#include "server/core/log.h"
+#include "server/core/session_id.h"
+
+namespace fwserve {
+namespace {
+
+double Seconds(absl::Time from, absl::Time to) { return absl::ToDoubleSeconds(to - from); }
+
+}  // namespace
+
+absl::Status Engine::StoreFailure(const std::string& id, const char* what) {
+  return absl::UnavailableError(
+      absl::StrCat("session_id '", id, "': the session store failed: ", what,
+                   "; see the server log"));
+}
+
+void Engine::AnswerFailure(WorkItem& w, absl::Status status) {
+  // The lease first: a caller that retries at once must not find the session busy.
+  w.lease.Release();
+  switch (w.kind) {
+    case WorkItem::Kind::kGenerate:
+      w.observer->OnFinish(status, GenerateSummary{});
+      break;
+    case WorkItem::Kind::kScore:
+      w.on_score(status);
+      break;
+    case WorkItem::Kind::kCreate:
+    case WorkItem::Kind::kFork:
+    case WorkItem::Kind::kImport:
+      w.on_session(status);
+      break;
+    case WorkItem::Kind::kExport:
+      w.on_export(status);
+      break;
+    case WorkItem::Kind::kDelete:
+      w.on_delete(status);
+      break;
+  }
+}
+
+void Engine::FailItem(std::unique_ptr<WorkItem> item, absl::Status status) {
+  AnswerFailure(*item, std::move(status));
+}
+
+// ---------------------------------------------------------------------------------
+// Store jobs.
+
+void Engine::RunStoreJob(std::function<std::function<void()>()> job) {
+  {
+    absl::MutexLock lock(&mu_);
+    ++store_jobs_;
+  }
+  executor_->Run([this, job = std::move(job)] {
+    torch::NoGradGuard no_grad;
+    std::function<void()> then = job();  // jobs catch their own exceptions
+    absl::MutexLock lock(&mu_);
+    if (then) continuations_.push_back(std::move(then));
+    --store_jobs_;
+    wake_.Signal();
+  });
+}
+
+void Engine::StartLoad(std::unique_ptr<WorkItem> item) {
+  if (item->kind != WorkItem::Kind::kImport && store_ == nullptr) {
+    // Without a store every session is resident; this is a bug, not a client error.
+    return FailItem(std::move(item), absl::InternalError(absl::StrCat(
+                                         "session_id '", item->session_id,
+                                         "' has no resident state")));
+  }
+  auto holder = std::make_shared<std::unique_ptr<WorkItem>>(std::move(item));
+  RunStoreJob([this, holder]() -> std::function<void()> {
+    WorkItem& w = **holder;
+    absl::StatusOr<fwmodel::DecodedState> decoded = absl::InternalError("not loaded");
+    absl::Status failure;
+    try {
+      if (w.kind == WorkItem::Kind::kImport) {
+        decoded = fwmodel::DecodeStateRow(model_, fingerprint_, std::move(w.blob));
+        if (!decoded.ok()) {
+          // A blob for another model is a bad argument to this call, like a corrupt one.
+          failure = absl::InvalidArgumentError(
+              absl::StrCat("blob: ", decoded.status().message()));
+        }
+      } else {
+        auto blob = store_->Get(w.session_id);
+        if (!blob.ok()) {
+          Log(LogLevel::kError, absl::StrCat("model ", name_, ": loading session ", w.session_id,
+                                             " failed: ", blob.status().message()));
+          if (metrics_ != nullptr) metrics_->CountSessionStoreError("read");
+          failure = absl::IsNotFound(blob.status())
+                        ? absl::DataLossError(absl::StrCat("session_id '", w.session_id,
+                                                           "': its saved state is missing"))
+                        : StoreFailure(w.session_id, "the session could not be read");
+        } else {
+          decoded = fwmodel::DecodeStateRow(model_, fingerprint_, std::move(*blob));
+          if (!decoded.ok()) {
+            Log(LogLevel::kError,
+                absl::StrCat("model ", name_, ": session ", w.session_id,
+                             ": stored state unreadable: ", decoded.status().message()));
+            failure = absl::DataLossError(absl::StrCat(
+                "session_id '", w.session_id, "': its saved state could not be restored"));
+          }
+        }
+      }
+    } catch (const std::exception& e) {
+      Log(LogLevel::kError, absl::StrCat("model ", name_, ": load failed: ", e.what()));
+      failure = absl::InternalError("loading the session failed");
+    }
+    if (failure.ok()) w.loaded = std::move(*decoded);
+    return [this, holder, failure] {
+      if (!failure.ok()) return FailItem(std::move(*holder), failure);
+      Admit(std::move(*holder));
+    };
+  });
+}
+
+void Engine::WriteThrough(const std::string& id, int slot, int64_t tokens, absl::Time created,
+                          absl::Time last_used, std::function<void(absl::Status)> then) {
+  if (store_ == nullptr) return then(absl::OkStatus());
+  // Copies taken now, on the engine thread: the slot may change once `then` has run.
+  auto row = std::make_shared<fwmodel::State>(pool_.CopyRow(slot));
+  torch::Tensor logits = tokens > 0 ? pool_.CopyLogits(slot) : torch::Tensor();
+  RunStoreJob([this, id, row, logits, tokens, created, last_used,
+               then = std::move(then)]() -> std::function<void()> {
+    const absl::Time start = absl::Now();
+    absl::Status status;
+    try {
+      auto blob = fwmodel::EncodeStateRow(
+          model_, fingerprint_, *row, 0, tokens, logits,
+          {{"x-session-id", id},
+           {"x-model", name_},
+           {"x-created-ms", absl::StrCat(absl::ToUnixMillis(created))},
+           {"x-last-used-ms", absl::StrCat(absl::ToUnixMillis(last_used))}});
+      status = blob.ok() ? store_->Put(id, *blob) : blob.status();
+    } catch (const std::exception& e) {
+      status = absl::InternalError(e.what());
+    }
+    if (metrics_ != nullptr) {
+      if (status.ok()) {
+        metrics_->ObserveSessionStoreWrite(Seconds(start, absl::Now()));
+      } else {
+        metrics_->CountSessionStoreError("write");
+      }
+    }
+    if (!status.ok()) {
+      Log(LogLevel::kError, absl::StrCat("model ", name_, ": storing session ", id,
+                                         " failed: ", status.message()));
+    }
+    return [then, status] { then(status); };
+  });
+}
+
+void Engine::CommitNewSession(std::unique_ptr<WorkItem> item, int slot, int64_t tokens,
+                              const char* operation) {
+  const absl::Time now = clock_->Now();
+  SessionRecord record;
+  record.id = NewSessionId();
+  record.model = name_;
+  record.tokens = tokens;
+  record.state_bytes = state_bytes_;
+  record.created = record.last_used = now;
+  auto lease = registry_->InsertLeased(record);
+  if (!lease.ok()) {
+    FreeSlot(slot);
+    return FailItem(std::move(item), lease.status());
+  }
+  resident_[record.id] = ResidentSession{slot, tokens, now, now, false};
+  auto new_lease = std::make_shared<SessionLease>(std::move(*lease));
+  std::shared_ptr<WorkItem> shared(std::move(item));
+  WriteThrough(record.id, slot, tokens, now, now,
+               [this, shared, new_lease, record, operation](absl::Status written) mutable {
+                 if (!written.ok()) {
+                   RemoveSession(record.id);
+                   registry_->Erase(record.id);
+                   new_lease->Forget();
+                   return shared->on_session(
+                       StoreFailure(record.id, "the new session could not be saved"));
+                 }
+                 new_lease->Commit(record.tokens, record.last_used, store_ != nullptr);
+                 if (metrics_ != nullptr) metrics_->CountSessionOperation(operation);
+                 record.stored = store_ != nullptr;
+                 shared->on_session(record);
+               });
+}
+
+// ---------------------------------------------------------------------------------
+// Session operations (they hold the session's lease from submission).
+
+void Engine::RunSessionOperation(std::unique_ptr<WorkItem>& item) {
+  const absl::Time now = clock_->Now();
+  const std::string id = item->session_id;
+  switch (item->kind) {
+    case WorkItem::Kind::kFork: {
+      auto source = EnsureResident(*item);
+      if (!source.ok()) return FailItem(std::move(item), source.status());
+      if (absl::Status room = registry_->CheckCapacity(); !room.ok()) {
+        return FailItem(std::move(item), room);
+      }
+      resident_[id].in_use = true;  // keep the source out of eviction
+      auto slot = AllocateSlot();
+      resident_[id].in_use = false;
+      if (!slot.ok()) return FailItem(std::move(item), slot.status());
+      ResidentSession& src = resident_[id];
+      pool_.CopySlot(src.slot, *slot);
+      src.last_used = now;  // a use: restarts the idle clock
+      const int64_t tokens = src.tokens;
+      item->lease.ReleaseUsed(now);
+      return CommitNewSession(std::move(item), *slot, tokens, "forked");
+    }
+    case WorkItem::Kind::kExport: {
+      auto slot = EnsureResident(*item);
+      if (!slot.ok()) return FailItem(std::move(item), slot.status());
+      ResidentSession& r = resident_[id];
+      r.last_used = now;  // a use: restarts the idle clock
+      const int64_t tokens = r.tokens;
+      auto row = std::make_shared<fwmodel::State>(pool_.CopyRow(*slot));
+      torch::Tensor logits = tokens > 0 ? pool_.CopyLogits(*slot) : torch::Tensor();
+      item->lease.ReleaseUsed(now);
+      std::shared_ptr<WorkItem> shared(std::move(item));
+      // Encoding (a checksum over the state) runs off the engine thread.
+      return RunStoreJob([this, shared, row, logits, tokens]() -> std::function<void()> {
+        absl::StatusOr<std::string> blob = absl::InternalError("export failed");
+        try {
+          blob = fwmodel::EncodeStateRow(model_, fingerprint_, *row, 0, tokens, logits,
+                                         {{"x-model", name_}});
+        } catch (const std::exception& e) {
+          Log(LogLevel::kError, absl::StrCat("model ", name_, ": export failed: ", e.what()));
+        }
+        return [this, shared, blob = std::move(blob), tokens]() mutable {
+          if (!blob.ok()) return shared->on_export(blob.status());
+          if (metrics_ != nullptr) metrics_->CountSessionOperation("exported");
+          shared->on_export(ExportResult{std::move(*blob), name_, tokens});
+        };
+      });
+    }
+    case WorkItem::Kind::kImport: {
+      if (absl::Status room = registry_->CheckCapacity(); !room.ok()) {
+        return FailItem(std::move(item), room);
+      }
+      auto slot = AllocateSlot();
+      if (!slot.ok()) return FailItem(std::move(item), slot.status());
+      const fwmodel::DecodedState& decoded = *item->loaded;
+      pool_.SetRow(*slot, decoded.state,
+                   decoded.tokens > 0 ? decoded.next_logits : torch::Tensor());
+      const int64_t tokens = decoded.tokens;
+      item->loaded.reset();
+      return CommitNewSession(std::move(item), *slot, tokens, "imported");
+    }
+    case WorkItem::Kind::kDelete: {
+      auto finish = [this, id](std::unique_ptr<WorkItem> w) {
+        RemoveSession(id);
+        registry_->Erase(id);
+        w->lease.Forget();
+        if (metrics_ != nullptr) metrics_->CountSessionOperation("deleted");
+        w->on_delete(true);
+      };
+      if (store_ == nullptr) return finish(std::move(item));
+      auto holder = std::make_shared<std::unique_ptr<WorkItem>>(std::move(item));
+      // Removed from the store first: a crash in between leaves the session, whole.
+      return RunStoreJob([this, holder, id, finish]() -> std::function<void()> {
+        absl::Status deleted;
+        try {
+          deleted = store_->Delete(id);
+        } catch (const std::exception& e) {
+          deleted = absl::InternalError(e.what());
+        }
+        if (!deleted.ok()) {
+          Log(LogLevel::kError, absl::StrCat("model ", name_, ": deleting session ", id,
+                                             " from the store failed: ", deleted.message()));
+          if (metrics_ != nullptr) metrics_->CountSessionStoreError("delete");
+        }
+        return [this, holder, id, deleted, finish]() mutable {
+          if (!deleted.ok()) {
+            return FailItem(std::move(*holder),
+                            StoreFailure(id, "the session could not be deleted; it is kept"));
+          }
+          finish(std::move(*holder));
+        };
+      });
+    }
+    default:
+      return;
+  }
+}
+
+// ---------------------------------------------------------------------------------
+// Residency.
+
+absl::StatusOr<int> Engine::EnsureResident(WorkItem& item) {
+  const std::string& id = item.session_id;
+  if (auto it = resident_.find(id); it != resident_.end()) return it->second.slot;
+  if (!item.loaded.has_value()) {
+    return absl::InternalError(absl::StrCat("session_id '", id, "' has no resident state"));
+  }
+  auto record = registry_->Get(id);
+  if (!record.ok()) return record.status();
+  auto slot = AllocateSlot();
+  if (!slot.ok()) return slot.status();
+  const fwmodel::DecodedState& decoded = *item.loaded;
+  pool_.SetRow(*slot, decoded.state, decoded.tokens > 0 ? decoded.next_logits : torch::Tensor());
+  resident_[id] =
+      ResidentSession{*slot, decoded.tokens, record->created, record->last_used, false};
+  item.loaded.reset();
+  registry_->SetResident(id, true);
+  if (metrics_ != nullptr) metrics_->CountSessionOperation("restored");
+  return *slot;
+}
+
+absl::StatusOr<int> Engine::AllocateSlot() {
+  while (true) {
+    StatePool::Shortage shortage;
+    if (std::optional<int> slot = pool_.TryAllocate(&shortage)) return *slot;
+    if (ReleaseOneIdle()) continue;
+    if (shortage == StatePool::Shortage::kBudget) {
+      // The budget is held by other models' sessions: ask them to give up idle ones.
+      budget_->RequestReclaim(state_bytes_);
+      return absl::ResourceExhaustedError(
+          absl::StrCat("no room for another session state of model '", name_,
+                       "' within --max-state-memory-bytes=", options_.max_state_memory_bytes,
+                       "; idle sessions of other models are being released, retry shortly"));
+    }
+    std::string unsaved;
+    if (store_ != nullptr) {
+      if (const size_t n = registry_->Unstored(name_).size(); n > 0) {
+        unsaved = absl::StrCat("; ", n,
+                               " idle sessions must stay in memory because the session store "
+                               "failed to save them (see the server log)");
+      }
+    }
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "no room for another session state of model '", name_,
+        "' within --max-state-memory-bytes=", options_.max_state_memory_bytes,
+        " (every resident session is in use", unsaved, ")"));
+  }
+}
+
+void Engine::FreeSlot(int slot) { pool_.Free(slot); }
+
+bool Engine::ReleaseOneIdle() {
+  // The least recently used resident session that no request holds and that the store
+  // holds (with a store, a session is only ever dropped from memory, never lost).
+  std::string victim;
+  absl::Time oldest = absl::InfiniteFuture();
+  for (const auto& [id, r] : resident_) {
+    if (r.in_use || r.last_used >= oldest) continue;
+    auto record = registry_->Get(id);
+    if (!record.ok() || record->busy) continue;
+    if (store_ != nullptr && !record->stored) continue;
+    victim = id;
+    oldest = r.last_used;
+  }
+  if (victim.empty()) return false;
+  if (store_ != nullptr) {
+    auto it = resident_.find(victim);
+    FreeSlot(it->second.slot);
+    resident_.erase(it);
+    registry_->SetResident(victim, false);
+    if (metrics_ != nullptr) metrics_->CountSessionOperation("spilled");
+    return true;
+  }
+  if (!registry_->EraseIfIdle(victim)) return true;  // leased meanwhile: try again
+  RemoveSession(victim);
+  if (metrics_ != nullptr) metrics_->CountSessionRemoval("evicted");
+  Log(LogLevel::kInfo, absl::StrCat("model ", name_, ": evicted session ", victim,
+                                    " (state memory budget; --session-store=memory)"));
+  return true;
+}
+
+void Engine::RemoveSession(const std::string& id) {
+  if (auto it = resident_.find(id); it != resident_.end()) {
+    FreeSlot(it->second.slot);
+    resident_.erase(it);
+  }
+}
+
+// ---------------------------------------------------------------------------------
+// Housekeeping.
+
+void Engine::Housekeeping() {
+  // Runs outside the iteration's try: nothing here may end the process.
+  try {
+    while (budget_->reclaim_wanted() > 0 && ReleaseOneIdle()) budget_->Reclaimed(state_bytes_);
+    for (const std::string& id :
+         registry_->TakeExpired(name_, clock_->Now() - options_.session_ttl)) {
+      RemoveSession(id);
+      if (metrics_ != nullptr) metrics_->CountSessionRemoval("expired");
+      if (store_ == nullptr) continue;
+      RunStoreJob([this, id]() -> std::function<void()> {
+        absl::Status deleted;
+        try {
+          deleted = store_->Delete(id);
+        } catch (const std::exception& e) {
+          deleted = absl::InternalError(e.what());
+        }
+        if (!deleted.ok()) {
+          // The file stays; the next start indexes it and expires it again.
+          Log(LogLevel::kError, absl::StrCat("model ", name_, ": deleting expired session ", id,
+                                             " failed: ", deleted.message()));
+          if (metrics_ != nullptr) metrics_->CountSessionStoreError("delete");
+        }
+        return nullptr;
+      });
+    }
+    if (store_ != nullptr) RetryUnstored();
+    PublishGauges();
+  } catch (const std::exception& e) {
+    Log(LogLevel::kError, absl::StrCat("model ", name_, ": housekeeping failed: ", e.what()));
+  }
+}
+
+void Engine::RetryUnstored() {
+  for (const std::string& id : registry_->Unstored(name_)) {
+    auto it = resident_.find(id);
+    if (it == resident_.end() || it->second.in_use) continue;
+    auto lease = registry_->Acquire(id);
+    if (!lease.ok()) continue;  // a request holds it; it writes through when it ends
+    auto held = std::make_shared<SessionLease>(std::move(*lease));
+    const ResidentSession& r = it->second;
+    const int64_t tokens = r.tokens;
+    const absl::Time last_used = r.last_used;
+    WriteThrough(id, r.slot, tokens, r.created, last_used,
+                 [this, held, tokens, last_used, id](absl::Status written) {
+                   if (written.ok()) {
+                     Log(LogLevel::kInfo, absl::StrCat("model ", name_, ": session ", id,
+                                                       " is saved to the session store again"));
+                   }
+                   held->Commit(tokens, last_used, written.ok());
+                 });
+  }
+}
+
+void Engine::StoreUnstoredAtExit() {
+  if (store_ == nullptr) return;
+  int64_t saved = 0, failed = 0;
+  for (const std::string& id : registry_->Unstored(name_)) {
+    auto it = resident_.find(id);
+    if (it == resident_.end()) continue;
+    const ResidentSession& r = it->second;
+    try {
+      auto blob = fwmodel::EncodeStateRow(
+          model_, fingerprint_, pool_.CopyRow(r.slot), 0, r.tokens,
+          r.tokens > 0 ? pool_.CopyLogits(r.slot) : torch::Tensor(),
+          {{"x-session-id", id},
+           {"x-model", name_},
+           {"x-created-ms", absl::StrCat(absl::ToUnixMillis(r.created))},
+           {"x-last-used-ms", absl::StrCat(absl::ToUnixMillis(r.last_used))}});
+      absl::Status status = blob.ok() ? store_->Put(id, *blob) : blob.status();
+      status.ok() ? ++saved : ++failed;
+    } catch (const std::exception&) {
+      ++failed;
+    }
+  }
+  if (saved + failed > 0) {
+    Log(failed > 0 ? LogLevel::kError : LogLevel::kInfo,
+        absl::StrCat("model ", name_, ": at exit, stored ", saved,
+                     " sessions whose earlier writes had failed; ", failed, " still failed"));
+  }
+}
+
+void Engine::PublishGauges() {
+  if (metrics_ == nullptr) return;
+  int64_t queued;
+  {
+    absl::MutexLock lock(&mu_);
+    queued = static_cast<int64_t>(queue_.size());
+  }
+  metrics_->SetQueuedRequests(queued);
+  metrics_->SetActiveStreams(static_cast<int64_t>(tasks_.size()));
+  metrics_->SetSessions(static_cast<int64_t>(resident_.size()),
+                        registry_->CountNotResident(name_),
+                        pool_.slots_in_use() * state_bytes_);
+}
+
+}  // namespace fwserve

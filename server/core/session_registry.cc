@@ -1,0 +1,206 @@
+#include "server/core/session_registry.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+
+namespace fwserve {
+
+SessionLease& SessionLease::operator=(SessionLease&& other) noexcept {
+  if (this != &other) {
+    Release();
+    registry_ = other.registry_;
+    id_ = std::move(other.id_);
+    other.registry_ = nullptr;
+    other.id_.clear();
+  }
+  return *this;
+}
+
+void SessionLease::Commit(int64_t tokens, absl::Time last_used, bool stored) {
+  if (registry_ == nullptr) return;
+  registry_->Commit(id_, tokens, last_used, stored);
+  registry_ = nullptr;
+}
+
+void SessionLease::Release() {
+  if (registry_ == nullptr) return;
+  registry_->ReleaseUnchanged(id_);
+  registry_ = nullptr;
+}
+
+void SessionLease::ReleaseUsed(absl::Time last_used) {
+  if (registry_ == nullptr) return;
+  registry_->ReleaseUsed(id_, last_used);
+  registry_ = nullptr;
+}
+
+void SessionLease::Forget() { registry_ = nullptr; }
+
+absl::Status SessionRegistry::FullError() const {
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "the server holds the maximum number of sessions (--max-sessions=", max_sessions_,
+      "); delete some or wait for them to expire"));
+}
+
+absl::Status SessionRegistry::Unknown(const std::string& id) const {
+  if (indexing_) {
+    return absl::UnavailableError(
+        absl::StrCat("session_id '", id,
+                     "' is not loaded yet: the server is still indexing its session store; "
+                     "retry shortly"));
+  }
+  return absl::NotFoundError(absl::StrCat("session_id '", id, "' not found"));
+}
+
+absl::Status SessionRegistry::CheckCapacity() const {
+  absl::MutexLock lock(&mu_);
+  if (static_cast<int64_t>(sessions_.size()) >= max_sessions_) return FullError();
+  return absl::OkStatus();
+}
+
+absl::Status SessionRegistry::Insert(SessionRecord record) {
+  absl::MutexLock lock(&mu_);
+  if (static_cast<int64_t>(sessions_.size()) >= max_sessions_) return FullError();
+  record.busy = false;
+  std::string id = record.id;
+  sessions_.insert_or_assign(std::move(id), std::move(record));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<SessionLease> SessionRegistry::InsertLeased(SessionRecord record) {
+  absl::MutexLock lock(&mu_);
+  if (static_cast<int64_t>(sessions_.size()) >= max_sessions_) return FullError();
+  record.busy = true;
+  std::string id = record.id;
+  sessions_.insert_or_assign(id, std::move(record));
+  return SessionLease(this, std::move(id));
+}
+
+absl::StatusOr<SessionRecord> SessionRegistry::Get(const std::string& id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = sessions_.find(id);
+  if (it == sessions_.end()) return Unknown(id);
+  return it->second;
+}
+
+std::vector<SessionRecord> SessionRegistry::List(const std::string& model) const {
+  std::vector<SessionRecord> out;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, record] : sessions_) {
+      if (model.empty() || record.model == model) out.push_back(record);
+    }
+  }
+  std::sort(out.begin(), out.end(), [](const SessionRecord& a, const SessionRecord& b) {
+    return a.created != b.created ? a.created < b.created : a.id < b.id;
+  });
+  return out;
+}
+
+absl::StatusOr<SessionLease> SessionRegistry::Acquire(const std::string& id) {
+  absl::MutexLock lock(&mu_);
+  auto it = sessions_.find(id);
+  if (it == sessions_.end()) return Unknown(id);
+  if (it->second.busy) {
+    return absl::AbortedError(
+        absl::StrCat("session_id '", id, "' is busy with another request; retry when it ends"));
+  }
+  it->second.busy = true;
+  return SessionLease(this, id);
+}
+
+void SessionRegistry::Commit(const std::string& id, int64_t tokens, absl::Time last_used,
+                             bool stored) {
+  absl::MutexLock lock(&mu_);
+  auto it = sessions_.find(id);
+  if (it == sessions_.end()) return;
+  it->second.busy = false;
+  it->second.tokens = tokens;
+  it->second.last_used = last_used;
+  it->second.stored = stored;
+}
+
+void SessionRegistry::ReleaseUnchanged(const std::string& id) {
+  absl::MutexLock lock(&mu_);
+  auto it = sessions_.find(id);
+  if (it != sessions_.end()) it->second.busy = false;
+}
+
+void SessionRegistry::ReleaseUsed(const std::string& id, absl::Time last_used) {
+  absl::MutexLock lock(&mu_);
+  auto it = sessions_.find(id);
+  if (it == sessions_.end()) return;
+  it->second.busy = false;
+  it->second.last_used = last_used;
+}
+
+void SessionRegistry::SetResident(const std::string& id, bool resident) {
+  absl::MutexLock lock(&mu_);
+  auto it = sessions_.find(id);
+  if (it != sessions_.end()) it->second.resident = resident;
+}
+
+void SessionRegistry::Erase(const std::string& id) {
+  absl::MutexLock lock(&mu_);
+  sessions_.erase(id);
+}
+
+bool SessionRegistry::EraseIfIdle(const std::string& id) {
+  absl::MutexLock lock(&mu_);
+  auto it = sessions_.find(id);
+  if (it == sessions_.end() || it->second.busy) return false;
+  sessions_.erase(it);
+  return true;
+}
+
+std::vector<std::string> SessionRegistry::TakeExpired(const std::string& model,
+                                                      absl::Time idle_before) {
+  std::vector<std::string> out;
+  absl::MutexLock lock(&mu_);
+  for (auto it = sessions_.begin(); it != sessions_.end();) {
+    const SessionRecord& r = it->second;
+    if (r.model == model && !r.busy && r.last_used < idle_before) {
+      out.push_back(it->first);
+      sessions_.erase(it++);
+    } else {
+      ++it;
+    }
+  }
+  return out;
+}
+
+std::vector<std::string> SessionRegistry::Unstored(const std::string& model) const {
+  std::vector<std::string> out;
+  absl::MutexLock lock(&mu_);
+  for (const auto& [id, r] : sessions_) {
+    if (r.model == model && r.resident && !r.stored && !r.busy) out.push_back(id);
+  }
+  return out;
+}
+
+int64_t SessionRegistry::CountNotResident(const std::string& model) const {
+  int64_t count = 0;
+  absl::MutexLock lock(&mu_);
+  for (const auto& [id, record] : sessions_) {
+    if (record.model == model && !record.resident) ++count;
+  }
+  return count;
+}
+
+int64_t SessionRegistry::size() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int64_t>(sessions_.size());
+}
+
+void SessionRegistry::SetIndexing(bool indexing) {
+  absl::MutexLock lock(&mu_);
+  indexing_ = indexing;
+}
+
+bool SessionRegistry::indexing() const {
+  absl::MutexLock lock(&mu_);
+  return indexing_;
+}
+
+}  // namespace fwserve

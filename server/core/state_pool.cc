@@ -1,0 +1,111 @@
+#include "server/core/state_pool.h"
+
+#include <algorithm>
+
+namespace fwserve {
+
+bool StateMemoryBudget::TryReserve(int64_t bytes) {
+  int64_t used = used_.load();
+  do {
+    if (used + bytes > limit_) return false;
+  } while (!used_.compare_exchange_weak(used, used + bytes));
+  return true;
+}
+
+void StateMemoryBudget::Release(int64_t bytes) { used_.fetch_sub(bytes); }
+
+void StateMemoryBudget::RequestReclaim(int64_t bytes) {
+  int64_t wanted = reclaim_.load();
+  while (wanted < bytes && !reclaim_.compare_exchange_weak(wanted, bytes)) {
+  }
+}
+
+void StateMemoryBudget::Reclaimed(int64_t bytes) {
+  int64_t wanted = reclaim_.load();
+  while (wanted > 0 &&
+         !reclaim_.compare_exchange_weak(wanted, std::max<int64_t>(0, wanted - bytes))) {
+  }
+}
+
+StatePool::StatePool(const fwmodel::Model& model, int64_t max_slots, StateMemoryBudget* budget)
+    : model_(model),
+      max_slots_(std::max<int64_t>(1, max_slots)),
+      state_bytes_(model.state_bytes_per_session()),
+      vocab_(model.config().vocab_size),
+      budget_(budget) {
+  torch::NoGradGuard no_grad;
+  fresh_row_ = model_.InitialState(1);
+  pool_ = model_.InitialState(0);
+  next_logits_ = torch::zeros({0, vocab_}, torch::kFloat32);
+}
+
+bool StatePool::Grow() {
+  if (capacity_ >= max_slots_) return false;
+  const int64_t grown = std::min<int64_t>(max_slots_, std::max<int64_t>(16, capacity_ * 2));
+  fwmodel::State extra = model_.InitialState(grown - capacity_);
+  for (size_t i = 0; i < pool_.tensors.size(); ++i) {
+    pool_.tensors[i] = torch::cat({pool_.tensors[i], extra.tensors[i]}, 0);
+  }
+  next_logits_ = torch::cat({next_logits_, torch::zeros({grown - capacity_, vocab_})}, 0);
+  for (int64_t s = grown - 1; s >= capacity_; --s) free_slots_.push_back(static_cast<int>(s));
+  capacity_ = grown;
+  return true;
+}
+
+std::optional<int> StatePool::TryAllocate(Shortage* shortage) {
+  *shortage = Shortage::kNone;
+  if (free_slots_.empty() && !Grow()) {
+    *shortage = Shortage::kSlots;
+    return std::nullopt;
+  }
+  if (!budget_->TryReserve(state_bytes_)) {
+    *shortage = Shortage::kBudget;
+    return std::nullopt;
+  }
+  const int slot = free_slots_.back();
+  free_slots_.pop_back();
+  ++slots_in_use_;
+  return slot;
+}
+
+void StatePool::Free(int slot) {
+  free_slots_.push_back(slot);
+  --slots_in_use_;
+  budget_->Release(state_bytes_);
+}
+
+torch::Tensor StatePool::Index(int64_t slot) const {
+  return torch::tensor({slot}, torch::kInt64).to(model_.options().device);
+}
+
+void StatePool::Reset(int slot) {
+  pool_.Scatter(Index(slot), fresh_row_);
+  next_logits_[slot].zero_();
+}
+
+fwmodel::State StatePool::CopyRow(int slot) const {
+  // index_select (Gather) allocates: the result shares nothing with the pool.
+  return pool_.Gather(Index(slot));
+}
+
+torch::Tensor StatePool::CopyLogits(int slot) const { return next_logits_[slot].clone(); }
+
+void StatePool::SetRow(int slot, const fwmodel::State& row, const torch::Tensor& logits) {
+  pool_.Scatter(Index(slot), row);
+  if (logits.defined()) {
+    next_logits_[slot].copy_(logits);
+  } else {
+    next_logits_[slot].zero_();
+  }
+}
+
+void StatePool::CopySlot(int from, int to) {
+  pool_.Scatter(Index(to), pool_.Gather(Index(from)));
+  next_logits_[to].copy_(next_logits_[from]);
+}
+
+void StatePool::SetLogits(const torch::Tensor& rows, const torch::Tensor& logits) {
+  next_logits_.index_copy_(0, rows.cpu(), logits.to(torch::kCPU, torch::kFloat32));
+}
+
+}  // namespace fwserve

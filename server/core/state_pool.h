@@ -1,0 +1,94 @@
+// One model's resident session states: a [capacity, ...] tensor per state tensor plus
+// the next-token logits of every row, grown on demand up to a slot limit, with every
+// slot in use reserved against the process-wide StateMemoryBudget. Internal to
+// server/core (LibTorch).
+//
+// Thread-safety: StatePool is not thread-safe; its engine thread alone uses it.
+// StateMemoryBudget is thread-safe.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "models/model.h"
+
+namespace fwserve {
+
+// Resident state bytes over all engines, against --max-state-memory-bytes.
+class StateMemoryBudget {
+ public:
+  explicit StateMemoryBudget(int64_t limit_bytes) : limit_(limit_bytes) {}
+  bool TryReserve(int64_t bytes);
+  void Release(int64_t bytes);
+  // An engine needs `bytes` and has no idle session of its own to give up: engines with
+  // idle sessions release some at their next housekeeping.
+  void RequestReclaim(int64_t bytes);
+  // Bytes still wanted by RequestReclaim (0 = none); Reclaimed subtracts what was freed.
+  int64_t reclaim_wanted() const { return reclaim_.load(); }
+  void Reclaimed(int64_t bytes);
+
+ private:
+  const int64_t limit_;
+  std::atomic<int64_t> used_{0};
+  std::atomic<int64_t> reclaim_{0};
+};
+
+class StatePool {
+ public:
+  // `budget` is not owned and must outlive the pool.
+  StatePool(const fwmodel::Model& model, int64_t max_slots, StateMemoryBudget* budget);
+
+  enum class Shortage { kNone, kSlots, kBudget };
+  // A free slot (its state undefined), its bytes reserved in the budget; nullopt when
+  // the pool is at max_slots with every slot taken (kSlots) or the budget is spent
+  // (kBudget), reported through `shortage`.
+  std::optional<int> TryAllocate(Shortage* shortage);
+  void Free(int slot);
+
+  // Row `slot` := the initial state, logits zero.
+  void Reset(int slot);
+  // The index tensor {slot} on the model's device.
+  torch::Tensor Index(int64_t slot) const;
+  // A private copy of row `slot` (batch 1) and of its logits.
+  fwmodel::State CopyRow(int slot) const;
+  torch::Tensor CopyLogits(int slot) const;
+  // Row `slot` := `row` (batch 1); logits := `logits`, or zero if undefined.
+  void SetRow(int slot, const fwmodel::State& row, const torch::Tensor& logits);
+  // Row `to` := row `from`, logits too.
+  void CopySlot(int from, int to);
+
+  // Batched access for prefill and decode: rows [B] on the model's device.
+  fwmodel::State Gather(const torch::Tensor& rows) const { return pool_.Gather(rows); }
+  void Scatter(const torch::Tensor& rows, const fwmodel::State& state) {
+    pool_.Scatter(rows, state);
+  }
+  // float32 CPU [vocab] view of a row's next-token logits.
+  torch::Tensor logits(int slot) const { return next_logits_[slot]; }
+  // next_logits[rows] := logits ([B, vocab], any device/dtype).
+  void SetLogits(const torch::Tensor& rows, const torch::Tensor& logits);
+
+  const fwmodel::State& fresh_row() const { return fresh_row_; }
+  int64_t capacity() const { return capacity_; }
+  int64_t slots_in_use() const { return slots_in_use_; }
+  int64_t state_bytes() const { return state_bytes_; }
+  int64_t max_slots() const { return max_slots_; }
+
+ private:
+  bool Grow();
+
+  const fwmodel::Model& model_;
+  const int64_t max_slots_;
+  const int64_t state_bytes_;
+  const int64_t vocab_;
+  StateMemoryBudget* const budget_;
+  fwmodel::State pool_;        // [capacity, ...] per state tensor
+  torch::Tensor next_logits_;  // float32 CPU [capacity, vocab]
+  fwmodel::State fresh_row_;   // InitialState(1)
+  int64_t capacity_ = 0;
+  std::vector<int> free_slots_;
+  int64_t slots_in_use_ = 0;
+};
+
+}  // namespace fwserve
