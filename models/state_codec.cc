@@ -11,7 +11,8 @@ namespace fwmodel {
 namespace {
 
 constexpr char kFormat[] = "fwserve-state";
-constexpr char kVersion[] = "1";
+constexpr char kVersion[] = "2";
+constexpr char kChecksumKey[] = "sha256";
 
 constexpr char kNextLogits[] = "next_logits";
 
@@ -22,6 +23,43 @@ TensorBlob Float32Blob(const std::string& name, const torch::Tensor& tensor) {
                                 static_cast<size_t>(t.numel()) * 4)};
 }
 
+// The checksum covers every metadata field but itself (tokens, fingerprint, labels:
+// everything a reader trusts) and then the data section, so no field can be changed
+// without detection. Keys are NUL-terminated; a key or value cannot hold a NUL.
+std::string Checksum(const std::map<std::string, std::string>& metadata, const std::string& data) {
+  std::string covered;
+  for (const auto& [key, value] : metadata) {
+    if (key == kChecksumKey) continue;
+    covered.append(key).push_back('\0');
+    covered.append(value).push_back('\0');
+  }
+  covered.push_back('\0');
+  covered += data;
+  return Sha256Hex(covered);
+}
+
+std::string DataSection(const SafetensorsFile& file) {
+  std::string data;
+  for (const auto& [name, view] : file.tensors()) {
+    data.append(reinterpret_cast<const char*>(view.data), view.nbytes);
+  }
+  return data;
+}
+
+absl::Status CheckFormat(const std::map<std::string, std::string>& meta) {
+  auto field = [&](const char* key) -> std::string {
+    auto it = meta.find(key);
+    return it == meta.end() ? "" : it->second;
+  };
+  if (field("format") != kFormat) return absl::InvalidArgumentError("state: not an fwserve state");
+  if (field("version") != kVersion) {
+    return absl::InvalidArgumentError(absl::StrCat("state: unsupported version '",
+                                                   field("version").substr(0, 16), "' (expected ",
+                                                   kVersion, ")"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<std::map<std::string, std::string>> PeekStateMetadata(std::string bytes) {
@@ -29,9 +67,11 @@ absl::StatusOr<std::map<std::string, std::string>> PeekStateMetadata(std::string
   if (!file.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("state: ", file.status().message()));
   }
-  if (auto it = file->metadata().find("format"); it == file->metadata().end() ||
-                                                 it->second != kFormat) {
-    return absl::InvalidArgumentError("state: not an fwserve state");
+  if (absl::Status format = CheckFormat(file->metadata()); !format.ok()) return format;
+  auto sum = file->metadata().find(kChecksumKey);
+  if (sum == file->metadata().end() ||
+      Checksum(file->metadata(), DataSection(*file)) != sum->second) {
+    return absl::InvalidArgumentError("state: checksum mismatch (corrupted or altered)");
   }
   return file->metadata();
 }
@@ -73,7 +113,7 @@ absl::StatusOr<std::string> EncodeStateRow(const Model& model, const std::string
   metadata["version"] = kVersion;
   metadata["fingerprint"] = fingerprint;
   metadata["tokens"] = absl::StrCat(tokens);
-  metadata["sha256"] = Sha256Hex(data);
+  metadata[kChecksumKey] = Checksum(metadata, data);
   return SerializeSafetensors(std::move(blobs), metadata);
 }
 
@@ -88,10 +128,9 @@ absl::StatusOr<DecodedState> DecodeStateRow(const Model& model, const std::strin
     auto it = meta.find(key);
     return it == meta.end() ? "" : it->second;
   };
-  if (field("format") != kFormat) return absl::InvalidArgumentError("state: not an fwserve state");
-  if (field("version") != kVersion) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("state: unsupported version '", field("version"), "' (expected 1)"));
+  if (absl::Status format = CheckFormat(meta); !format.ok()) return format;
+  if (Checksum(meta, DataSection(*file)) != field(kChecksumKey)) {
+    return absl::InvalidArgumentError("state: checksum mismatch (corrupted or altered)");
   }
   if (field("fingerprint") != fingerprint) {
     return absl::FailedPreconditionError(
@@ -107,13 +146,6 @@ absl::StatusOr<DecodedState> DecodeStateRow(const Model& model, const std::strin
   if (file->tensors().size() != expected_tensors) {
     return absl::InvalidArgumentError(absl::StrCat("state: has ", file->tensors().size(),
                                                    " tensors, expected ", expected_tensors));
-  }
-  std::string data;
-  for (const auto& [name, view] : file->tensors()) {
-    data.append(reinterpret_cast<const char*>(view.data), view.nbytes);
-  }
-  if (Sha256Hex(data) != field("sha256")) {
-    return absl::InvalidArgumentError("state: checksum mismatch (corrupted data)");
   }
   auto options = torch::TensorOptions().dtype(model.options().dtype).device(model.options().device);
   for (const StateTensorSpec& s : spec) {

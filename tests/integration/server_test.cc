@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <filesystem>
+#include <fstream>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -543,17 +544,42 @@ TEST_F(ServerTest, InvalidInputsGetExactCodes) {
   EXPECT_EQ(client.ListSessions()->size(), 1u);
 }
 
-TEST_F(ServerTest, IdleSessionsExpire) {
+// Polls `done` every 10 ms for up to `limit` (real time: the engine's housekeeping
+// runs once a second). True as soon as it holds.
+template <typename Predicate>
+bool Eventually(Predicate done, absl::Duration limit = absl::Seconds(10)) {
+  const absl::Time deadline = absl::Now() + limit;
+  while (!done()) {
+    if (absl::Now() > deadline) return false;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return true;
+}
+
+TEST_F(ServerTest, IdleSessionsExpireAndLeaveTheStore) {
+  fwserve::FakeClock clock;
   fwserve::CoreOptions options = Options();
-  options.session_ttl = absl::Milliseconds(1500);
+  options.clock = &clock;
+  options.session_ttl = absl::Hours(1);
+  const std::string dir = MakeTempDir("ttl");
+  options.session_store = "dir:" + dir;
   auto server = Harness::Start(options);
   ASSERT_NE(server, nullptr);
   auto session = server->client().CreateSession("", "short-lived");
-  ASSERT_TRUE(session.ok());
-  EXPECT_TRUE(server->client().GetSession(session->session_id()).ok());
-  std::this_thread::sleep_for(std::chrono::milliseconds(3200));
-  EXPECT_EQ(server->client().GetSession(session->session_id()).status().code(),
-            StatusCode::kNotFound);
+  auto kept = server->client().CreateSession("", "kept");
+  ASSERT_TRUE(session.ok() && kept.ok());
+  const std::string file = dir + "/" + session->session_id() + ".fwstate";
+  EXPECT_TRUE(std::filesystem::exists(file));
+  clock.Advance(absl::Minutes(59));
+  // `kept` is used just before the first one's TTL runs out: its idle clock restarts.
+  ASSERT_TRUE(server->client().Generate(Greedy(" still here", 2, kept->session_id())).ok());
+  clock.Advance(absl::Minutes(2));
+  EXPECT_TRUE(Eventually([&] {
+    return server->client().GetSession(session->session_id()).status().code() ==
+           StatusCode::kNotFound;
+  }));
+  EXPECT_TRUE(Eventually([&] { return !std::filesystem::exists(file); }));
+  EXPECT_TRUE(server->client().GetSession(kept->session_id()).ok());
 }
 
 TEST_F(ServerTest, OverTheMemoryBudgetIdleSessionsAreEvictedWithoutASessionDir) {
@@ -617,7 +643,8 @@ TEST_F(ServerTest, OneModelsIdleSessionsMakeRoomForAnother) {
 
 TEST_F(ServerTest, IdleSessionsSpillToDiskAndComeBack) {
   fwserve::CoreOptions options = Options("fast_weight");
-  options.session_dir = MakeTempDir("spill");
+  const std::string dir = MakeTempDir("spill");
+  options.session_store = "dir:" + dir;
   auto probe = Harness::Start(Options("fast_weight"));
   ASSERT_NE(probe, nullptr);
   const int64_t state_bytes = probe->client().DescribeModel()->state_bytes_per_session();
@@ -636,7 +663,7 @@ TEST_F(ServerTest, IdleSessionsSpillToDiskAndComeBack) {
   ASSERT_TRUE(spilled.ok());
   EXPECT_FALSE(spilled->resident());
   EXPECT_TRUE(
-      std::filesystem::exists(options.session_dir + "/" + first->session_id() + ".fwstate"));
+      std::filesystem::exists(dir + "/" + first->session_id() + ".fwstate"));
   // Using it brings it back, unchanged.
   auto resumed = server->client().Generate(Greedy(" session!", 20, first->session_id()));
   ASSERT_TRUE(resumed.ok()) << resumed.status();
@@ -647,7 +674,7 @@ TEST_F(ServerTest, IdleSessionsSpillToDiskAndComeBack) {
 
 TEST_F(ServerTest, SessionsPersistAcrossARestart) {
   fwserve::CoreOptions options = Options();
-  options.session_dir = MakeTempDir("persist");
+  options.session_store = "dir:" + MakeTempDir("persist");
   std::string id;
   std::vector<int64_t> expected;
   {
@@ -669,6 +696,74 @@ TEST_F(ServerTest, SessionsPersistAcrossARestart) {
   auto resumed = restarted->client().Generate(Greedy(", please", 25, id));
   ASSERT_TRUE(resumed.ok()) << resumed.status();
   EXPECT_EQ(resumed->token_ids, expected);
+}
+
+TEST_F(ServerTest, EveryAnsweredChangeIsAlreadyInTheStore) {
+  // Write-through: what a client was answered is on disk before any shutdown. The store
+  // is read here by a second, independent Core after the first one is gone without
+  // Stop() having any unsaved session to write (every session is stored on answer).
+  fwserve::CoreOptions options = Options();
+  const std::string dir = MakeTempDir("through");
+  options.session_store = "dir:" + dir;
+  auto server = Harness::Start(options);
+  ASSERT_NE(server, nullptr);
+  auto created = server->client().CreateSession("", "Once upon");
+  ASSERT_TRUE(created.ok());
+  const std::string file = dir + "/" + created->session_id() + ".fwstate";
+  ASSERT_TRUE(std::filesystem::exists(file));
+  auto read_file = [](const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  EXPECT_NE(read_file(file).find("\"tokens\":\"9\""), std::string::npos);
+  auto generated = server->client().Generate(Greedy(" a time", 12, created->session_id()));
+  ASSERT_TRUE(generated.ok());
+  // Before the final message arrived, the file held 9 + 7 + 12 tokens.
+  EXPECT_NE(read_file(file).find("\"tokens\":\"28\""), std::string::npos);
+  auto forked = server->client().ForkSession(created->session_id());
+  ASSERT_TRUE(forked.ok());
+  EXPECT_TRUE(std::filesystem::exists(dir + "/" + forked->session_id() + ".fwstate"));
+  auto exported = server->client().ExportSession(created->session_id());
+  ASSERT_TRUE(exported.ok());
+  auto imported = server->client().ImportSession(exported->blob());
+  ASSERT_TRUE(imported.ok()) << imported.status();
+  EXPECT_TRUE(std::filesystem::exists(dir + "/" + imported->session_id() + ".fwstate"));
+  ASSERT_TRUE(server->client().DeleteSession(forked->session_id()).ok());
+  EXPECT_FALSE(std::filesystem::exists(dir + "/" + forked->session_id() + ".fwstate"));
+  // Session files are private to the server.
+  EXPECT_EQ(std::filesystem::status(file).permissions() & std::filesystem::perms::all,
+            std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
+  EXPECT_EQ(std::filesystem::status(dir).permissions() & std::filesystem::perms::all,
+            std::filesystem::perms::owner_all);
+}
+
+TEST_F(ServerTest, ASecondServerOnTheSameStoreDirectoryFailsAtStart) {
+  fwserve::CoreOptions options = Options();
+  options.session_store = "dir:" + MakeTempDir("locked");
+  auto server = Harness::Start(options);
+  ASSERT_NE(server, nullptr);
+  auto second = fwserve::Core::Create(options);
+  ASSERT_FALSE(second.ok());
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(second.status().message().find("another fwserve process is using it"),
+            std::string::npos)
+      << second.status();
+  // Once the first one is gone the directory is free again, with its sessions.
+  auto session = server->client().CreateSession("", "mine");
+  ASSERT_TRUE(session.ok());
+  server.reset();
+  auto third = Harness::Start(options);
+  ASSERT_NE(third, nullptr);
+  EXPECT_TRUE(Eventually([&] { return third->client().GetSession(session->session_id()).ok(); }));
+}
+
+TEST_F(ServerTest, BadSessionStoreFlagsNameTheFlag) {
+  fwserve::CoreOptions options = Options();
+  options.session_store = "tape:/dev/st0";
+  auto core = fwserve::Core::Create(options);
+  ASSERT_FALSE(core.ok());
+  EXPECT_EQ(core.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(core.status().message().find("--session-store"), std::string::npos);
 }
 
 // ----------------------------------------------------------------------------------
@@ -731,7 +826,7 @@ TEST_F(ServerTest, DrainTimeoutEndsLongStreamsWithReasonShutdown) {
   fwserve::GrpcServerOptions server_options;
   server_options.drain_timeout = absl::Milliseconds(200);
   fwserve::CoreOptions options = Options();
-  options.session_dir = MakeTempDir("drain");
+  options.session_store = "dir:" + MakeTempDir("drain");
   auto server = Harness::Start(options, server_options);
   ASSERT_NE(server, nullptr);
   auto session = server->client().CreateSession("", "long");
@@ -752,6 +847,7 @@ TEST_F(ServerTest, DrainTimeoutEndsLongStreamsWithReasonShutdown) {
   EXPECT_LT(received, 2000);
   EXPECT_EQ(last.usage().session_tokens(), 4 + received);
   // The session was persisted with exactly what was streamed.
+  server.reset();  // releases the store directory
   auto restarted = Harness::Start(options);
   ASSERT_NE(restarted, nullptr);
   EXPECT_EQ(restarted->client().GetSession(session->session_id())->tokens(), 4 + received);

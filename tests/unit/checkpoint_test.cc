@@ -275,4 +275,32 @@ TEST(StateCodecTest, RejectsOtherModelsCorruptionAndGarbage) {
   EXPECT_FALSE(fwmodel::DecodeStateRow(other, "aaaa", *bytes).ok());
 }
 
+// Every field a reader trusts is covered by the checksum: the token count (one digit
+// changed in the header would otherwise import a 6-token session from a 5-token blob),
+// the labels (the stored session id and times) and the fingerprint.
+TEST(StateCodecTest, TheChecksumCoversTheMetadata) {
+  torch::NoGradGuard no_grad;
+  auto config = fwtest::TinyConfig(Architecture::kAft, FfnKind::kRelu, 0);
+  fwmodel::Model model = fwtest::RandomModel(config, 3, torch::kFloat32);
+  fwmodel::State s = model.InitialState(1);
+  auto logits = model.Forward(fwtest::RandomTokens(1, 5, 256, 2), &s);
+  ASSERT_TRUE(logits.ok());
+  auto bytes = fwmodel::EncodeStateRow(model, "aaaa", s, 0, 5, (*logits)[0][4],
+                                       {{"x-created-ms", "1000"}});
+  ASSERT_TRUE(bytes.ok());
+  ASSERT_TRUE(fwmodel::DecodeStateRow(model, "aaaa", *bytes).ok());
+  for (const auto& [from, to] : std::vector<std::pair<std::string, std::string>>{
+           {"\"tokens\":\"5\"", "\"tokens\":\"6\""},
+           {"\"x-created-ms\":\"1000\"", "\"x-created-ms\":\"9000\""}}) {
+    std::string altered = *bytes;
+    const size_t at = altered.find(from);
+    ASSERT_NE(at, std::string::npos) << from;
+    altered.replace(at, from.size(), to);
+    auto decoded = fwmodel::DecodeStateRow(model, "aaaa", altered);
+    ASSERT_FALSE(decoded.ok()) << to;
+    EXPECT_NE(decoded.status().message().find("checksum"), std::string::npos) << decoded.status();
+    EXPECT_FALSE(fwmodel::PeekStateMetadata(altered).ok()) << to;
+  }
+}
+
 }  // namespace
