@@ -65,7 +65,7 @@
 #include "absl/time/time.h"
 #include "client/client.h"
 #include "nlohmann/json.hpp"
-#include "tools/cli_util.h"
+#include "common/cli_util.h"
 
 ABSL_FLAG(std::string, target, "127.0.0.1:50051", "HOST:PORT of the fwserve gRPC API");
 ABSL_FLAG(std::string, model, "", "model name; empty = the server's default model");

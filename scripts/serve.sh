@@ -1,12 +1,23 @@
 #!/usr/bin/env bash
 # The README's serve command: installs the Debian packages, builds, and starts the
 # fwserve gRPC server with the shipped default model (models/pretrained/aft-shakespeare)
-# on 127.0.0.1:50051, metrics on http://127.0.0.1:9464/metrics. Extra arguments go to
-# fwserve (see `build/server/fwserve --help`), e.g. --model DIR --session-dir DIR.
-# Stop it with Ctrl-C (SIGINT) or SIGTERM: in-flight streams drain, sessions persist
-# when --session-dir is set.
+# on 127.0.0.1:50051, metrics on http://127.0.0.1:9464/metrics.
+#
+# Sessions are durable by default: they are written through to a dir: session store
+# under the state directory, $FWSERVE_STATE_DIR, else $XDG_STATE_HOME/fwserve, else
+# ./var (so ./var/sessions), and survive a restart or a crash. Pass
+# --session-store=memory to keep them in memory only, or --session-store=dir:PATH for
+# another place. Other arguments go to fwserve (see `build/server/fwserve --help`).
+# Stop it with Ctrl-C (SIGINT) or SIGTERM: in-flight streams drain.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 scripts/build.sh
-exec ./build/server/fwserve "$@"
+store_args=()
+if [[ " $* " != *" --session-store"* && " $* " != *" --session-dir"* ]]; then
+  state_dir="${FWSERVE_STATE_DIR:-${XDG_STATE_HOME:+$XDG_STATE_HOME/fwserve}}"
+  state_dir="${state_dir:-$PWD/var}"
+  store_args=(--session-store "dir:$state_dir/sessions")
+  echo "serve.sh: sessions are stored in $state_dir/sessions (--session-store=dir:...)" >&2
+fi
+exec ./build/server/fwserve "${store_args[@]}" "$@"

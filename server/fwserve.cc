@@ -23,7 +23,7 @@
 #include "server/core/log.h"
 #include "server/core/metrics.h"
 #include "server/transport/grpc_server.h"
-#include "tools/cli_util.h"
+#include "common/cli_util.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
           "HOST:PORT for the gRPC API (port 0 picks a free port and logs it)");

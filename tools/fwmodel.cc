@@ -14,8 +14,8 @@
 #include "models/model.h"
 #include "models/tokenizer.h"
 #include "nlohmann/json.hpp"
-#include "server/core/sampler.h"
-#include "tools/cli_util.h"
+#include "models/sampler.h"
+#include "common/cli_util.h"
 
 ABSL_FLAG(std::string, config, "", "init: path of the config.json to initialise from");
 ABSL_FLAG(uint64_t, seed, 0, "init: initialisation seed; generate: sampling seed");

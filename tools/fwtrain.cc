@@ -13,7 +13,7 @@
 #include "models/checkpoint.h"
 #include "models/file_util.h"
 #include "models/trainer.h"
-#include "tools/cli_util.h"
+#include "common/cli_util.h"
 
 namespace {
 const fwmodel::TrainOptions kDefaults;

@@ -17,7 +17,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "server/core/sampler.h"
+#include "models/sampler.h"
 #include "server/core/clock.h"
 #include "server/core/session_registry.h"
 

@@ -530,13 +530,14 @@ void GrpcServer::Shutdown() {
   service_->BeginShutdown();
   core_->BeginShutdown();
   const absl::Time deadline = absl::Now() + options_.drain_timeout;
-  if (!core_->WaitIdle(deadline)) {
-    Log(LogLevel::kWarning, "drain timeout passed; ending the remaining streams");
-  }
+  const bool idle = core_->WaitIdle(deadline);
+  if (!idle) Log(LogLevel::kWarning, "drain timeout passed; ending the remaining streams");
   core_->EndAllWork();
-  // Streams end as soon as their in-flight write returns; a client that stopped reading
-  // is cancelled by the gRPC deadline below.
-  server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  // Nothing in flight: stop at once (an idle connected client must not hold the exit).
+  // Else streams end as soon as their in-flight write returns, and a client that
+  // stopped reading is cancelled by the gRPC deadline below.
+  server_->Shutdown(std::chrono::system_clock::now() +
+                    (idle ? std::chrono::seconds(0) : std::chrono::seconds(5)));
   server_->Wait();
   core_->Stop();
 }

@@ -1,4 +1,4 @@
-#include "server/core/sampler.h"
+#include "models/sampler.h"
 
 #include <gtest/gtest.h>
 

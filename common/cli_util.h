@@ -1,4 +1,4 @@
-// Shared command-line plumbing for fwmodel and fwtrain.
+// Shared command-line plumbing of the binaries (fwserve, fwmodel, fwtrain, fwbench).
 #pragma once
 
 #include <string>

@@ -1,4 +1,4 @@
-#include "tools/cli_util.h"
+#include "common/cli_util.h"
 
 #include <cstring>
 
