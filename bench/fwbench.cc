@@ -24,6 +24,12 @@
 // on the fork and deletes it, so every request starts at the same context length instead
 // of the session growing by --max-tokens per request. Fork and delete are outside TTFT.
 //
+// Sessions (--sessions): each stream creates one session (prefilled with
+// --context-tokens tokens, if any) and generates every request on it, so the session
+// grows and every request ends with a write-through to the server's session store.
+// "END" is the time from a request's last token to its final message: with a durable
+// store, the write-through happens there.
+//
 // Server-side numbers (optional): --metrics-target scrapes the server's Prometheus
 // endpoint at both ends of the window (decode steps, mean batch size, share of the
 // window spent in the batched model step and in prefill); --server-pid reads the server's
@@ -82,6 +88,9 @@ ABSL_FLAG(absl::Duration, warmup, absl::Seconds(2),
           "load applied before each level's window, not measured");
 ABSL_FLAG(int32_t, repeat, 1, "run the whole sweep this many times (to see the noise)");
 ABSL_FLAG(int32_t, max_tokens, 128, "tokens generated per request");
+ABSL_FLAG(bool, sessions, false,
+          "each stream generates all its requests on one session of its own (which grows); "
+          "default: throwaway requests, or forks with --context-tokens");
 ABSL_FLAG(std::string, prompt, "", "prompt text; empty = --prompt-bytes bytes of --text-file");
 ABSL_FLAG(int32_t, prompt_bytes, 64, "prompt length when --prompt is empty");
 ABSL_FLAG(std::string, text_file, "",
@@ -315,12 +324,14 @@ struct Config {
   absl::Duration warmup;
   int requests_per_stream = 0;
   bool trace = false;
+  bool sessions = false;
 };
 
 // What one stream observed in one level.
 struct StreamResult {
   std::vector<double> ttft_ms;
   std::vector<double> itl_ms;
+  std::vector<double> finish_ms;  // last token -> final message, completed requests
   std::vector<double> session_create_ms;
   int64_t tokens = 0;              // token messages' tokens inside the window
   int64_t requests_completed = 0;  // OK inside the window
@@ -421,7 +432,7 @@ void Level::Work(int index) {
   StreamResult& r = results_[index];
   Slot& slot = slots_[index];
   std::string base_session;
-  if (context_tokens_ > 0) {
+  if (context_tokens_ > 0 || config_.sessions) {
     const std::string prefix =
         TextOfLength(config_.text, static_cast<size_t>(index) * 977, context_tokens_);
     const int64_t t0 = NowNs();
@@ -454,7 +465,9 @@ void Level::Work(int index) {
                                            static_cast<uint64_t>(i));
     }
     std::string fork;
-    if (!base_session.empty()) {
+    if (config_.sessions) {
+      request.set_session_id(base_session);
+    } else if (!base_session.empty()) {
       auto copy = client_->ForkSession(base_session);
       if (!copy.ok()) {
         Record(r, NowNs(),
@@ -513,6 +526,7 @@ void Level::Work(int index) {
     if (status.ok()) {
       if (done >= begin_ns_ && done < end_ns_.load()) {
         ++r.requests_completed;
+        if (last >= 0) r.finish_ms.push_back(static_cast<double>(done - last) * 1e-6);
         if (in_window) {
           ++r.measured_done;
           if (config_.requests_per_stream > 0 && r.measured_done >= config_.requests_per_stream) {
@@ -610,6 +624,7 @@ nlohmann::ordered_json Level::Run(const std::string& metrics_target, int server_
   for (StreamResult& r : results_) {
     all.ttft_ms.insert(all.ttft_ms.end(), r.ttft_ms.begin(), r.ttft_ms.end());
     all.itl_ms.insert(all.itl_ms.end(), r.itl_ms.begin(), r.itl_ms.end());
+    all.finish_ms.insert(all.finish_ms.end(), r.finish_ms.begin(), r.finish_ms.end());
     all.session_create_ms.insert(all.session_create_ms.end(), r.session_create_ms.begin(),
                                  r.session_create_ms.end());
     all.tokens += r.tokens;
@@ -640,6 +655,7 @@ nlohmann::ordered_json Level::Run(const std::string& metrics_target, int server_
   out["requests_per_s"] = static_cast<double>(all.requests_completed) / window_s;
   out["ttft_ms"] = Summary(all.ttft_ms);
   out["itl_ms"] = Summary(all.itl_ms);
+  out["finish_ms"] = Summary(all.finish_ms);
   out["errors"] = all.errors;
   out["warmup_errors"] = all.warmup_errors;
   if (!setup_errors.empty()) out["setup_errors"] = setup_errors;
@@ -701,9 +717,10 @@ std::string HumanCount(double v) {
 
 void PrintTable(const std::vector<nlohmann::ordered_json>& levels) {
   std::printf(
-      "%3s %5s %7s %7s %8s %7s | %7s %7s %7s | %6s %6s %6s %6s | %5s %5s %5s %5s %5s | %s\n", "rep",
-      "C", "context", "req/s", "tok/s", "tok/s/C", "TTFTp50", "p90", "p99", "ITLp50", "p90", "p99",
-      "mean", "batch", "step%", "srv%", "top%", "cli%", "errors");
+      "%3s %5s %7s %7s %8s %7s | %7s %7s %7s | %6s %6s %6s %6s | %6s %6s | %5s %5s %5s %5s %5s | "
+      "%s\n",
+      "rep", "C", "context", "req/s", "tok/s", "tok/s/C", "TTFTp50", "p90", "p99", "ITLp50", "p90",
+      "p99", "mean", "ENDp50", "p99", "batch", "step%", "srv%", "top%", "cli%", "errors");
   for (const auto& l : levels) {
     std::string errors;
     for (const auto& [code, n] : l["errors"].items()) {
@@ -721,7 +738,8 @@ void PrintTable(const std::vector<nlohmann::ordered_json>& levels) {
       top = absl::StrFormat("%.0f", 100 * l["server_busiest_thread_cpu_fraction"].get<double>());
     }
     std::printf(
-        "%3d %5d %7d %7s %8s %7s | %7s %7s %7s | %6s %6s %6s %6s | %5s %5s %5s %5s %5.0f | %s\n",
+        "%3d %5d %7d %7s %8s %7s | %7s %7s %7s | %6s %6s %6s %6s | %6s %6s | %5s %5s %5s %5s "
+        "%5.0f | %s\n",
         l["repeat"].get<int>(), l["concurrency"].get<int>(), l["context_tokens"].get<int>(),
         HumanCount(l["requests_per_s"].get<double>()).c_str(),
         HumanCount(l["output_tokens_per_s"].get<double>()).c_str(),
@@ -729,7 +747,8 @@ void PrintTable(const std::vector<nlohmann::ordered_json>& levels) {
         Ms(l["ttft_ms"], "p50").c_str(), Ms(l["ttft_ms"], "p90").c_str(),
         Ms(l["ttft_ms"], "p99").c_str(), Ms(l["itl_ms"], "p50").c_str(),
         Ms(l["itl_ms"], "p90").c_str(), Ms(l["itl_ms"], "p99").c_str(),
-        Ms(l["itl_ms"], "mean").c_str(), batch.c_str(), step.c_str(), server.c_str(), top.c_str(),
+        Ms(l["itl_ms"], "mean").c_str(), Ms(l["finish_ms"], "p50").c_str(),
+        Ms(l["finish_ms"], "p99").c_str(), batch.c_str(), step.c_str(), server.c_str(), top.c_str(),
         100 * l["bench_cpu_fraction"].get<double>(), errors.c_str());
   }
   std::fflush(stdout);
@@ -836,6 +855,7 @@ int main(int argc, char** argv) {
   config.duration = absl::GetFlag(FLAGS_duration);
   config.warmup = absl::GetFlag(FLAGS_warmup);
   config.requests_per_stream = absl::GetFlag(FLAGS_requests_per_stream);
+  config.sessions = absl::GetFlag(FLAGS_sessions);
   const std::string trace_path = absl::GetFlag(FLAGS_trace);
   config.trace = !trace_path.empty();
   std::ofstream trace_out;
