@@ -70,8 +70,8 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/client.h"
-#include "nlohmann/json.hpp"
 #include "common/cli_util.h"
+#include "nlohmann/json.hpp"
 
 ABSL_FLAG(std::string, target, "127.0.0.1:50051", "HOST:PORT of the fwserve gRPC API");
 ABSL_FLAG(std::string, model, "", "model name; empty = the server's default model");

@@ -2,11 +2,12 @@
 // by its fingerprint. Used for session export/import and for spilling idle sessions.
 //
 // The bytes are a safetensors file: one float32 tensor per state tensor (per-session
-// shape, no batch dimension) and __metadata__ {format: "fwserve-state", version: "1",
-// fingerprint, tokens, sha256 (of the data section)} plus caller labels (keys starting
-// "x-", e.g. the session id). When tokens > 0 it also holds "next_logits" [vocab]: the
-// output of the step that absorbed the last token, which the next token is drawn from.
-// Readable by any safetensors tool.
+// shape, no batch dimension) and __metadata__ {format: "fwserve-state", version: "2",
+// fingerprint, tokens, sha256} plus caller labels (keys starting "x-", e.g. the session
+// id). The sha256 covers every other metadata field (key and value, NUL-terminated, in
+// key order) and then the data section, so no trusted field can change unnoticed. When tokens > 0
+// it also holds "next_logits" [vocab]: the output of the step that absorbed the last token, which
+// the next token is drawn from. Readable by any safetensors tool.
 #pragma once
 
 #include <cstdint>
@@ -35,8 +36,9 @@ absl::StatusOr<std::string> EncodeStateRow(const Model& model, const std::string
                                            const torch::Tensor& next_logits = {},
                                            const std::map<std::string, std::string>& labels = {});
 
-// The metadata of an encoded state without decoding or verifying the tensors (for
-// indexing spill files at start-up). InvalidArgument if it is not an fwserve state.
+// The metadata of an encoded state, checksum verified, without decoding the tensors
+// (for indexing a session store at start-up). InvalidArgument if it is not an fwserve
+// state of this version or fails its checksum.
 absl::StatusOr<std::map<std::string, std::string>> PeekStateMetadata(std::string bytes);
 
 // Decodes and verifies: format and version, the model fingerprint, the checksum, and

@@ -17,13 +17,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
+#include "common/cli_util.h"
 #include "models/blas_check.h"
 #include "models/file_util.h"
 #include "server/core/core.h"
 #include "server/core/log.h"
 #include "server/core/metrics.h"
 #include "server/transport/grpc_server.h"
-#include "common/cli_util.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
           "HOST:PORT for the gRPC API (port 0 picks a free port and logs it)");

@@ -135,8 +135,7 @@ class CoreImpl : public Core {
       context.budget = &budget_;
       context.clock = options_.clock;
       context.metrics = model_metrics;
-      engines_.push_back(
-          std::make_unique<Engine>(name, std::move(*loaded), options_, context));
+      engines_.push_back(std::make_unique<Engine>(name, std::move(*loaded), options_, context));
       Log(LogLevel::kInfo,
           absl::StrCat("loaded model ", name, " (", description.architecture, ", ",
                        description.parameters, " parameters, ", description.state_bytes_per_session,
@@ -336,8 +335,7 @@ class CoreImpl : public Core {
   // The engine serving the request; with a session, also takes its lease into `lease`
   // (released when the work item is answered or dropped).
   absl::StatusOr<Engine*> ResolveModelAndLease(const std::string& model,
-                                               const std::string& session_id,
-                                               SessionLease* lease) {
+                                               const std::string& session_id, SessionLease* lease) {
     if (session_id.empty()) return FindEngine(model);
     if (absl::Status valid = ValidateSessionId(session_id); !valid.ok()) return valid;
     if (!model.empty()) {
@@ -391,9 +389,8 @@ class CoreImpl : public Core {
       if (stop_indexing_.load()) break;
       if (registry_.Get(id).ok()) continue;  // already known (created since the start)
       auto blob = store_->Get(id);
-      auto metadata = blob.ok()
-                          ? fwmodel::PeekStateMetadata(std::move(*blob))
-                          : absl::StatusOr<std::map<std::string, std::string>>(blob.status());
+      auto metadata = blob.ok() ? fwmodel::PeekStateMetadata(std::move(*blob))
+                                : absl::StatusOr<std::map<std::string, std::string>>(blob.status());
       Engine* owner = nullptr;
       SessionRecord record;
       if (metadata.ok() && (*metadata)["x-session-id"] == id) {
@@ -415,8 +412,8 @@ class CoreImpl : public Core {
           owner = nullptr;
         }
       }
-      absl::Status inserted = owner != nullptr ? registry_.Insert(record)
-                                               : absl::InvalidArgumentError("not indexed");
+      absl::Status inserted =
+          owner != nullptr ? registry_.Insert(record) : absl::InvalidArgumentError("not indexed");
       if (!inserted.ok()) {
         const absl::Status why = !metadata.ok() ? metadata.status() : inserted;
         Log(LogLevel::kWarning,
@@ -434,9 +431,10 @@ class CoreImpl : public Core {
       Log(LogLevel::kError, absl::StrCat("session store: listing failed: ", listed.message()));
     }
     Log(LogLevel::kInfo,
-        absl::StrCat("session store ", store_->Describe(), ": found ", indexed, " sessions",
-                     skipped > 0 ? absl::StrCat(" (", skipped, " skipped)") : "", " in ",
-                     absl::FormatDuration(absl::Trunc(absl::Now() - start, absl::Milliseconds(1)))));
+        absl::StrCat(
+            "session store ", store_->Describe(), ": found ", indexed, " sessions",
+            skipped > 0 ? absl::StrCat(" (", skipped, " skipped)") : "", " in ",
+            absl::FormatDuration(absl::Trunc(absl::Now() - start, absl::Milliseconds(1)))));
   }
 
   const CoreOptions options_;

@@ -88,8 +88,8 @@ absl::StatusOr<std::unique_ptr<DirectorySessionStore>> DirectorySessionStore::Op
         "--session-store dir:", path, ": ", why, " (lock ", lock_path,
         "); give each server its own directory, or use a shared store for several replicas"));
   }
-  auto store = std::unique_ptr<DirectorySessionStore>(
-      new DirectorySessionStore(path, dir_fd, lock_fd));
+  auto store =
+      std::unique_ptr<DirectorySessionStore>(new DirectorySessionStore(path, dir_fd, lock_fd));
   // Temporary files of a crashed writer: never renamed, so never a session's state.
   if (DIR* dir = ::opendir(path.c_str())) {
     while (dirent* entry = ::readdir(dir)) {

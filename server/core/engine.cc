@@ -353,8 +353,7 @@ void Engine::Loop() {
       active_tasks_ = static_cast<int64_t>(tasks_.size());
       immediate_work_ = immediate;
       idle_changed_.SignalAll();
-      if (stop && tasks_.empty() && queue_.empty() && store_jobs_ == 0 &&
-          continuations_.empty()) {
+      if (stop && tasks_.empty() && queue_.empty() && store_jobs_ == 0 && continuations_.empty()) {
         break;
       }
     }
@@ -735,8 +734,7 @@ std::unique_ptr<WorkItem> Engine::TakeTask(Task& t) {
 }
 
 void Engine::FinishTask(Task& t, FinishReason reason) {
-  if (t.item->kind == WorkItem::Kind::kCreate && t.item->is_cancelled &&
-      t.item->is_cancelled()) {
+  if (t.item->kind == WorkItem::Kind::kCreate && t.item->is_cancelled && t.item->is_cancelled()) {
     // Nobody will learn the new id: remove the session rather than leave an orphan.
     return FailTask(t, absl::CancelledError("cancelled by the client"));
   }
@@ -818,8 +816,9 @@ void Engine::FinishTask(Task& t, FinishReason reason) {
                  }
                  // The session keeps what was streamed, in memory; the write is retried.
                  item->lease.Commit(tokens, now, /*stored=*/false);
-                 answer(StoreFailure(id, "the generated tokens are kept in memory but could not "
-                                         "be saved yet (the server retries)"));
+                 answer(StoreFailure(id,
+                                     "the generated tokens are kept in memory but could not "
+                                     "be saved yet (the server retries)"));
                });
 }
 

@@ -171,6 +171,8 @@ class Engine {
   // answered.
   void CommitNewSession(std::unique_ptr<WorkItem> item, int slot, int64_t tokens,
                         const char* operation);
+  // Store thread: deletes `id` from the store, logging and counting a failure.
+  absl::Status DeleteFromStore(const std::string& id);
   // Runs `job` on a store thread; the function it returns runs on the engine thread.
   void RunStoreJob(std::function<std::function<void()>()> job);
   absl::StatusOr<int> AllocateSlot();

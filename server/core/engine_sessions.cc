@@ -13,12 +13,20 @@ namespace {
 
 double Seconds(absl::Time from, absl::Time to) { return absl::ToDoubleSeconds(to - from); }
 
+// The labels a stored session carries; the indexer reads them back (Core::IndexStore).
+std::map<std::string, std::string> StoredLabels(const std::string& id, const std::string& model,
+                                                absl::Time created, absl::Time last_used) {
+  return {{"x-session-id", id},
+          {"x-model", model},
+          {"x-created-ms", absl::StrCat(absl::ToUnixMillis(created))},
+          {"x-last-used-ms", absl::StrCat(absl::ToUnixMillis(last_used))}};
+}
+
 }  // namespace
 
 absl::Status Engine::StoreFailure(const std::string& id, const char* what) {
-  return absl::UnavailableError(
-      absl::StrCat("session_id '", id, "': the session store failed: ", what,
-                   "; see the server log"));
+  return absl::UnavailableError(absl::StrCat(
+      "session_id '", id, "': the session store failed: ", what, "; see the server log"));
 }
 
 void Engine::AnswerFailure(WorkItem& w, absl::Status status) {
@@ -70,9 +78,9 @@ void Engine::RunStoreJob(std::function<std::function<void()>()> job) {
 void Engine::StartLoad(std::unique_ptr<WorkItem> item) {
   if (item->kind != WorkItem::Kind::kImport && store_ == nullptr) {
     // Without a store every session is resident; this is a bug, not a client error.
-    return FailItem(std::move(item), absl::InternalError(absl::StrCat(
-                                         "session_id '", item->session_id,
-                                         "' has no resident state")));
+    return FailItem(std::move(item),
+                    absl::InternalError(
+                        absl::StrCat("session_id '", item->session_id, "' has no resident state")));
   }
   auto holder = std::make_shared<std::unique_ptr<WorkItem>>(std::move(item));
   RunStoreJob([this, holder]() -> std::function<void()> {
@@ -84,8 +92,7 @@ void Engine::StartLoad(std::unique_ptr<WorkItem> item) {
         decoded = fwmodel::DecodeStateRow(model_, fingerprint_, std::move(w.blob));
         if (!decoded.ok()) {
           // A blob for another model is a bad argument to this call, like a corrupt one.
-          failure = absl::InvalidArgumentError(
-              absl::StrCat("blob: ", decoded.status().message()));
+          failure = absl::InvalidArgumentError(absl::StrCat("blob: ", decoded.status().message()));
         }
       } else {
         auto blob = store_->Get(w.session_id);
@@ -103,8 +110,8 @@ void Engine::StartLoad(std::unique_ptr<WorkItem> item) {
             Log(LogLevel::kError,
                 absl::StrCat("model ", name_, ": session ", w.session_id,
                              ": stored state unreadable: ", decoded.status().message()));
-            failure = absl::DataLossError(absl::StrCat(
-                "session_id '", w.session_id, "': its saved state could not be restored"));
+            failure = absl::DataLossError(absl::StrCat("session_id '", w.session_id,
+                                                       "': its saved state could not be restored"));
           }
         }
       }
@@ -131,12 +138,8 @@ void Engine::WriteThrough(const std::string& id, int slot, int64_t tokens, absl:
     const absl::Time start = absl::Now();
     absl::Status status;
     try {
-      auto blob = fwmodel::EncodeStateRow(
-          model_, fingerprint_, *row, 0, tokens, logits,
-          {{"x-session-id", id},
-           {"x-model", name_},
-           {"x-created-ms", absl::StrCat(absl::ToUnixMillis(created))},
-           {"x-last-used-ms", absl::StrCat(absl::ToUnixMillis(last_used))}});
+      auto blob = fwmodel::EncodeStateRow(model_, fingerprint_, *row, 0, tokens, logits,
+                                          StoredLabels(id, name_, created, last_used));
       status = blob.ok() ? store_->Put(id, *blob) : blob.status();
     } catch (const std::exception& e) {
       status = absl::InternalError(e.what());
@@ -149,11 +152,26 @@ void Engine::WriteThrough(const std::string& id, int slot, int64_t tokens, absl:
       }
     }
     if (!status.ok()) {
-      Log(LogLevel::kError, absl::StrCat("model ", name_, ": storing session ", id,
-                                         " failed: ", status.message()));
+      Log(LogLevel::kError,
+          absl::StrCat("model ", name_, ": storing session ", id, " failed: ", status.message()));
     }
     return [then, status] { then(status); };
   });
+}
+
+absl::Status Engine::DeleteFromStore(const std::string& id) {
+  absl::Status deleted;
+  try {
+    deleted = store_->Delete(id);
+  } catch (const std::exception& e) {
+    deleted = absl::InternalError(e.what());
+  }
+  if (!deleted.ok()) {
+    Log(LogLevel::kError, absl::StrCat("model ", name_, ": deleting session ", id,
+                                       " from the store failed: ", deleted.message()));
+    if (metrics_ != nullptr) metrics_->CountSessionStoreError("delete");
+  }
+  return deleted;
 }
 
 void Engine::CommitNewSession(std::unique_ptr<WorkItem> item, int slot, int64_t tokens,
@@ -173,20 +191,20 @@ void Engine::CommitNewSession(std::unique_ptr<WorkItem> item, int slot, int64_t 
   resident_[record.id] = ResidentSession{slot, tokens, now, now, false};
   auto new_lease = std::make_shared<SessionLease>(std::move(*lease));
   std::shared_ptr<WorkItem> shared(std::move(item));
-  WriteThrough(record.id, slot, tokens, now, now,
-               [this, shared, new_lease, record, operation](absl::Status written) mutable {
-                 if (!written.ok()) {
-                   RemoveSession(record.id);
-                   registry_->Erase(record.id);
-                   new_lease->Forget();
-                   return shared->on_session(
-                       StoreFailure(record.id, "the new session could not be saved"));
-                 }
-                 new_lease->Commit(record.tokens, record.last_used, store_ != nullptr);
-                 if (metrics_ != nullptr) metrics_->CountSessionOperation(operation);
-                 record.stored = store_ != nullptr;
-                 shared->on_session(record);
-               });
+  WriteThrough(
+      record.id, slot, tokens, now, now,
+      [this, shared, new_lease, record, operation](absl::Status written) mutable {
+        if (!written.ok()) {
+          RemoveSession(record.id);
+          registry_->Erase(record.id);
+          new_lease->Forget();
+          return shared->on_session(StoreFailure(record.id, "the new session could not be saved"));
+        }
+        new_lease->Commit(record.tokens, record.last_used, store_ != nullptr);
+        if (metrics_ != nullptr) metrics_->CountSessionOperation(operation);
+        record.stored = store_ != nullptr;
+        shared->on_session(record);
+      });
 }
 
 // ---------------------------------------------------------------------------------
@@ -264,17 +282,7 @@ void Engine::RunSessionOperation(std::unique_ptr<WorkItem>& item) {
       auto holder = std::make_shared<std::unique_ptr<WorkItem>>(std::move(item));
       // Removed from the store first: a crash in between leaves the session, whole.
       return RunStoreJob([this, holder, id, finish]() -> std::function<void()> {
-        absl::Status deleted;
-        try {
-          deleted = store_->Delete(id);
-        } catch (const std::exception& e) {
-          deleted = absl::InternalError(e.what());
-        }
-        if (!deleted.ok()) {
-          Log(LogLevel::kError, absl::StrCat("model ", name_, ": deleting session ", id,
-                                             " from the store failed: ", deleted.message()));
-          if (metrics_ != nullptr) metrics_->CountSessionStoreError("delete");
-        }
+        const absl::Status deleted = DeleteFromStore(id);
         return [this, holder, id, deleted, finish]() mutable {
           if (!deleted.ok()) {
             return FailItem(std::move(*holder),
@@ -304,8 +312,7 @@ absl::StatusOr<int> Engine::EnsureResident(WorkItem& item) {
   if (!slot.ok()) return slot.status();
   const fwmodel::DecodedState& decoded = *item.loaded;
   pool_.SetRow(*slot, decoded.state, decoded.tokens > 0 ? decoded.next_logits : torch::Tensor());
-  resident_[id] =
-      ResidentSession{*slot, decoded.tokens, record->created, record->last_used, false};
+  resident_[id] = ResidentSession{*slot, decoded.tokens, record->created, record->last_used, false};
   item.loaded.reset();
   registry_->SetResident(id, true);
   if (metrics_ != nullptr) metrics_->CountSessionOperation("restored");
@@ -334,9 +341,8 @@ absl::StatusOr<int> Engine::AllocateSlot() {
       }
     }
     return absl::ResourceExhaustedError(absl::StrCat(
-        "no room for another session state of model '", name_,
-        "' within --max-state-memory-bytes=", options_.max_state_memory_bytes,
-        " (every resident session is in use", unsaved, ")"));
+        "no room for another session state of model '", name_, "' within --max-state-memory-bytes=",
+        options_.max_state_memory_bytes, " (every resident session is in use", unsaved, ")"));
   }
 }
 
@@ -391,19 +397,9 @@ void Engine::Housekeeping() {
       RemoveSession(id);
       if (metrics_ != nullptr) metrics_->CountSessionRemoval("expired");
       if (store_ == nullptr) continue;
+      // On failure the file stays; the next start indexes it and expires it again.
       RunStoreJob([this, id]() -> std::function<void()> {
-        absl::Status deleted;
-        try {
-          deleted = store_->Delete(id);
-        } catch (const std::exception& e) {
-          deleted = absl::InternalError(e.what());
-        }
-        if (!deleted.ok()) {
-          // The file stays; the next start indexes it and expires it again.
-          Log(LogLevel::kError, absl::StrCat("model ", name_, ": deleting expired session ", id,
-                                             " failed: ", deleted.message()));
-          if (metrics_ != nullptr) metrics_->CountSessionStoreError("delete");
-        }
+        (void)DeleteFromStore(id);
         return nullptr;
       });
     }
@@ -443,13 +439,9 @@ void Engine::StoreUnstoredAtExit() {
     if (it == resident_.end()) continue;
     const ResidentSession& r = it->second;
     try {
-      auto blob = fwmodel::EncodeStateRow(
-          model_, fingerprint_, pool_.CopyRow(r.slot), 0, r.tokens,
-          r.tokens > 0 ? pool_.CopyLogits(r.slot) : torch::Tensor(),
-          {{"x-session-id", id},
-           {"x-model", name_},
-           {"x-created-ms", absl::StrCat(absl::ToUnixMillis(r.created))},
-           {"x-last-used-ms", absl::StrCat(absl::ToUnixMillis(r.last_used))}});
+      auto blob = fwmodel::EncodeStateRow(model_, fingerprint_, pool_.CopyRow(r.slot), 0, r.tokens,
+                                          r.tokens > 0 ? pool_.CopyLogits(r.slot) : torch::Tensor(),
+                                          StoredLabels(id, name_, r.created, r.last_used));
       absl::Status status = blob.ok() ? store_->Put(id, *blob) : blob.status();
       status.ok() ? ++saved : ++failed;
     } catch (const std::exception&) {
@@ -472,8 +464,7 @@ void Engine::PublishGauges() {
   }
   metrics_->SetQueuedRequests(queued);
   metrics_->SetActiveStreams(static_cast<int64_t>(tasks_.size()));
-  metrics_->SetSessions(static_cast<int64_t>(resident_.size()),
-                        registry_->CountNotResident(name_),
+  metrics_->SetSessions(static_cast<int64_t>(resident_.size()), registry_->CountNotResident(name_),
                         pool_.slots_in_use() * state_bytes_);
 }
 

@@ -196,9 +196,7 @@ class PrometheusModelMetrics final : public ModelMetrics {
     session_removals_.Increment(reason);
   }
   void CountSessionStoreError(std::string_view op) override { store_errors_.Increment(op); }
-  void ObserveSessionStoreWrite(double seconds) override {
-    store_write_duration_.Observe(seconds);
-  }
+  void ObserveSessionStoreWrite(double seconds) override { store_write_duration_.Observe(seconds); }
 
  private:
   // Counters only go up: negative amounts (a caller bug) are dropped.
@@ -456,7 +454,8 @@ class PrometheusMetrics final : public Metrics {
                 .Register(*registry_),
             prometheus::BuildGauge()
                 .Name("fwserve_sessions")
-                .Help("Sessions by where their state is: resident (pool) or spilled (only in the session store).")
+                .Help("Sessions by where their state is: resident (pool) or spilled (only in the "
+                      "session store).")
                 .Register(*registry_),
             prometheus::BuildGauge()
                 .Name("fwserve_session_state_resident_bytes")

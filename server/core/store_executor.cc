@@ -42,9 +42,7 @@ void StoreExecutor::Work() {
     std::function<void()> job;
     {
       absl::MutexLock lock(&mu_);
-      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return !jobs_.empty() || stop_;
-      };
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !jobs_.empty() || stop_; };
       mu_.Await(absl::Condition(&ready));
       if (jobs_.empty()) return;  // stopping, and nothing left to run
       job = std::move(jobs_.front());

@@ -21,30 +21,8 @@ import tempfile
 import time
 import unittest
 
-SYSTEM_PYTHON = "/usr/bin/python3"
-
-
-def ensure_grpc():
-    """Imports grpc, re-running the test under the system Python if this interpreter
-    (say, a pyenv one) does not see Debian's python3-grpcio."""
-    try:
-        import grpc  # noqa: F401
-        import google.protobuf  # noqa: F401
-        return
-    except ImportError as error:
-        missing = error
-    if (os.path.realpath(sys.executable) != os.path.realpath(SYSTEM_PYTHON)
-            and os.path.exists(SYSTEM_PYTHON)
-            and not os.environ.get("FWSERVE_PYTHON_REEXEC")):
-        check = subprocess.run([SYSTEM_PYTHON, "-c", "import grpc, google.protobuf"],
-                               capture_output=True)
-        if check.returncode == 0:
-            os.environ["FWSERVE_PYTHON_REEXEC"] = "1"
-            os.execv(SYSTEM_PYTHON, [SYSTEM_PYTHON] + sys.argv)
-    sys.stderr.write("python_client_test: grpc for Python is missing (%s); install "
-                     "python3-grpcio and python3-protobuf (scripts/install-deps.sh)\n" % missing)
-    print("0 passed, 1 failed")
-    sys.exit(1)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
+from fwserve_stubs import ensure_grpc  # noqa: E402
 
 
 def generate_stubs(proto_dir, out_dir, protoc):

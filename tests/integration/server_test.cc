@@ -662,8 +662,7 @@ TEST_F(ServerTest, IdleSessionsSpillToDiskAndComeBack) {
   auto spilled = server->client().GetSession(first->session_id());
   ASSERT_TRUE(spilled.ok());
   EXPECT_FALSE(spilled->resident());
-  EXPECT_TRUE(
-      std::filesystem::exists(dir + "/" + first->session_id() + ".fwstate"));
+  EXPECT_TRUE(std::filesystem::exists(dir + "/" + first->session_id() + ".fwstate"));
   // Using it brings it back, unchanged.
   auto resumed = server->client().Generate(Greedy(" session!", 20, first->session_id()));
   ASSERT_TRUE(resumed.ok()) << resumed.status();

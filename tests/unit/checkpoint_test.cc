@@ -285,8 +285,8 @@ TEST(StateCodecTest, TheChecksumCoversTheMetadata) {
   fwmodel::State s = model.InitialState(1);
   auto logits = model.Forward(fwtest::RandomTokens(1, 5, 256, 2), &s);
   ASSERT_TRUE(logits.ok());
-  auto bytes = fwmodel::EncodeStateRow(model, "aaaa", s, 0, 5, (*logits)[0][4],
-                                       {{"x-created-ms", "1000"}});
+  auto bytes =
+      fwmodel::EncodeStateRow(model, "aaaa", s, 0, 5, (*logits)[0][4], {{"x-created-ms", "1000"}});
   ASSERT_TRUE(bytes.ok());
   ASSERT_TRUE(fwmodel::DecodeStateRow(model, "aaaa", *bytes).ok());
   for (const auto& [from, to] : std::vector<std::pair<std::string, std::string>>{

@@ -84,10 +84,11 @@ TEST(DirectorySessionStoreTest, PutGetDeleteList) {
   EXPECT_EQ(*(*store)->Get(a), "second");
   EXPECT_EQ((*store)->Get(b)->size(), 100000u);
   std::set<std::string> ids;
-  ASSERT_TRUE((*store)->ForEachId([&](const std::string& id) {
-                        ids.insert(id);
-                        return true;
-                      })
+  ASSERT_TRUE((*store)
+                  ->ForEachId([&](const std::string& id) {
+                    ids.insert(id);
+                    return true;
+                  })
                   .ok());
   EXPECT_EQ(ids, (std::set<std::string>{a, b}));
   ASSERT_TRUE((*store)->Delete(a).ok());
@@ -103,7 +104,8 @@ TEST(DirectorySessionStoreTest, PutGetDeleteList) {
 TEST(DirectorySessionStoreTest, RefusesIdsThatAreNotSessionIds) {
   auto store = DirectorySessionStore::Open(TempDir("ids"));
   ASSERT_TRUE(store.ok());
-  for (const std::string& bad : std::vector<std::string>{"../escape", "", "a/b", std::string(32, 'Z')}) {
+  for (const std::string& bad :
+       std::vector<std::string>{"../escape", "", "a/b", std::string(32, 'Z')}) {
     EXPECT_EQ((*store)->Put(bad, "x").code(), absl::StatusCode::kInvalidArgument) << bad;
     EXPECT_EQ((*store)->Get(bad).status().code(), absl::StatusCode::kInvalidArgument) << bad;
     EXPECT_EQ((*store)->Delete(bad).code(), absl::StatusCode::kInvalidArgument) << bad;
