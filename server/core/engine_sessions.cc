@@ -403,7 +403,8 @@ void Engine::Housekeeping() {
         return nullptr;
       });
     }
-    if (store_ != nullptr) RetryUnstored();
+    // Not while shutting down: the exit makes one last attempt (StoreUnstoredAtExit).
+    if (store_ != nullptr && !ending_) RetryUnstored();
     PublishGauges();
   } catch (const std::exception& e) {
     Log(LogLevel::kError, absl::StrCat("model ", name_, ": housekeeping failed: ", e.what()));
