@@ -171,6 +171,11 @@ class Engine {
   // answered.
   void CommitNewSession(std::unique_ptr<WorkItem> item, int slot, int64_t tokens,
                         const char* operation);
+  // Store thread (or the engine thread at exit): encodes a session's row and puts it
+  // in the store, timing a success and logging and counting a failure.
+  absl::Status StoreRow(const std::string& id, const fwmodel::State& row,
+                        const torch::Tensor& logits, int64_t tokens, absl::Time created,
+                        absl::Time last_used);
   // Store thread: deletes `id` from the store, logging and counting a failure.
   absl::Status DeleteFromStore(const std::string& id);
   // Runs `job` on a store thread; the function it returns runs on the engine thread.

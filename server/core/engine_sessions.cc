@@ -135,28 +135,35 @@ void Engine::WriteThrough(const std::string& id, int slot, int64_t tokens, absl:
   torch::Tensor logits = tokens > 0 ? pool_.CopyLogits(slot) : torch::Tensor();
   RunStoreJob([this, id, row, logits, tokens, created, last_used,
                then = std::move(then)]() -> std::function<void()> {
-    const absl::Time start = absl::Now();
-    absl::Status status;
-    try {
-      auto blob = fwmodel::EncodeStateRow(model_, fingerprint_, *row, 0, tokens, logits,
-                                          StoredLabels(id, name_, created, last_used));
-      status = blob.ok() ? store_->Put(id, *blob) : blob.status();
-    } catch (const std::exception& e) {
-      status = absl::InternalError(e.what());
-    }
-    if (metrics_ != nullptr) {
-      if (status.ok()) {
-        metrics_->ObserveSessionStoreWrite(Seconds(start, absl::Now()));
-      } else {
-        metrics_->CountSessionStoreError("write");
-      }
-    }
-    if (!status.ok()) {
-      Log(LogLevel::kError,
-          absl::StrCat("model ", name_, ": storing session ", id, " failed: ", status.message()));
-    }
+    const absl::Status status = StoreRow(id, *row, logits, tokens, created, last_used);
     return [then, status] { then(status); };
   });
+}
+
+absl::Status Engine::StoreRow(const std::string& id, const fwmodel::State& row,
+                              const torch::Tensor& logits, int64_t tokens, absl::Time created,
+                              absl::Time last_used) {
+  const absl::Time start = absl::Now();
+  absl::Status status;
+  try {
+    auto blob = fwmodel::EncodeStateRow(model_, fingerprint_, row, 0, tokens, logits,
+                                        StoredLabels(id, name_, created, last_used));
+    status = blob.ok() ? store_->Put(id, *blob) : blob.status();
+  } catch (const std::exception& e) {
+    status = absl::InternalError(e.what());
+  }
+  if (metrics_ != nullptr) {
+    if (status.ok()) {
+      metrics_->ObserveSessionStoreWrite(Seconds(start, absl::Now()));
+    } else {
+      metrics_->CountSessionStoreError("write");
+    }
+  }
+  if (!status.ok()) {
+    Log(LogLevel::kError,
+        absl::StrCat("model ", name_, ": storing session ", id, " failed: ", status.message()));
+  }
+  return status;
 }
 
 absl::Status Engine::DeleteFromStore(const std::string& id) {
@@ -440,12 +447,11 @@ void Engine::StoreUnstoredAtExit() {
     if (it == resident_.end()) continue;
     const ResidentSession& r = it->second;
     try {
-      auto blob = fwmodel::EncodeStateRow(model_, fingerprint_, pool_.CopyRow(r.slot), 0, r.tokens,
-                                          r.tokens > 0 ? pool_.CopyLogits(r.slot) : torch::Tensor(),
-                                          StoredLabels(id, name_, r.created, r.last_used));
-      absl::Status status = blob.ok() ? store_->Put(id, *blob) : blob.status();
+      const absl::Status status = StoreRow(
+          id, pool_.CopyRow(r.slot), r.tokens > 0 ? pool_.CopyLogits(r.slot) : torch::Tensor(),
+          r.tokens, r.created, r.last_used);
       status.ok() ? ++saved : ++failed;
-    } catch (const std::exception&) {
+    } catch (const std::exception&) {  // from the row copies
       ++failed;
     }
   }
