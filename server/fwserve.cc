@@ -36,10 +36,23 @@ ABSL_FLAG(std::string, session_store, "memory",
           "every session, and over --max-state-memory-bytes idle sessions are evicted) or "
           "'dir:PATH' (one file per session in PATH, written through before each request that "
           "changes a session is answered, so sessions survive a crash; PATH is locked against "
-          "a second server). See docs/sessions.md");
+          "a second server) or 'redis://HOST:PORT[/DB]' (a Redis shared by any number of "
+          "replicas: any replica serves any session, each request holds the session's lease "
+          "in Redis, and writes are fenced). See docs/sessions.md");
 ABSL_FLAG(std::string, session_dir, "", "alias of --session-store=dir:PATH");
 ABSL_FLAG(int32_t, session_store_threads, 2,
-          "threads that write and read the session store (shared by all models)");
+          "threads that write and read the session store (shared by all models; with "
+          "redis:// they also take and release sessions' leases)");
+ABSL_FLAG(std::string, session_store_password_file, "",
+          "redis:// only: a file whose first line is the Redis password (AUTH); the password "
+          "itself never goes on the command line");
+ABSL_FLAG(absl::Duration, session_store_timeout, absl::Seconds(1),
+          "redis:// only: bound on connecting and on each store command; a request that "
+          "needs the store gets UNAVAILABLE 'session store unavailable' past it");
+ABSL_FLAG(absl::Duration, session_lease_ttl, absl::Seconds(10),
+          "redis:// only: a request's lease on its session expires this long after it was "
+          "taken or last renewed (renewed every third of it while the request runs); a "
+          "replica stalled longer loses the lease and its late write is refused");
 ABSL_FLAG(std::string, device, "cpu", "cpu, cuda or cuda:N (cuda needs a CUDA LibTorch)");
 ABSL_FLAG(int64_t, max_prompt_bytes, 1 << 20,
           "longest prompt, session prefix or scored text, in bytes");
@@ -178,6 +191,9 @@ int main(int argc, char** argv) {
     core_options.session_store = "dir:" + dir;
   }
   core_options.store_threads = absl::GetFlag(FLAGS_session_store_threads);
+  core_options.session_store_password_file = absl::GetFlag(FLAGS_session_store_password_file);
+  core_options.session_store_timeout = absl::GetFlag(FLAGS_session_store_timeout);
+  core_options.session_lease_ttl = absl::GetFlag(FLAGS_session_lease_ttl);
   core_options.device = absl::GetFlag(FLAGS_device);
   core_options.max_prompt_bytes = absl::GetFlag(FLAGS_max_prompt_bytes);
   core_options.max_tokens = absl::GetFlag(FLAGS_max_tokens);

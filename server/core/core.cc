@@ -1,6 +1,8 @@
 #include "server/core/core.h"
 
+#include <algorithm>
 #include <filesystem>
+#include <limits>
 #include <set>
 #include <thread>
 
@@ -14,6 +16,7 @@
 #include "server/core/log.h"
 #include "server/core/metrics.h"
 #include "server/core/session_id.h"
+#include "server/core/shared_session_store.h"
 #include "server/core/validation.h"
 
 namespace fwserve {
@@ -33,6 +36,53 @@ class StreamHandle : public GenerateControl {
   Engine* const engine_;  // outlives every stream (Core::Stop runs after the transport)
   const uint64_t id_;
 };
+
+// A stream whose engine is known only once its session's lease was taken in a shared
+// store (the session names the model). WriteDone cannot come before Bind (no chunk is
+// sent before); a Cancel before Bind is applied by Bind.
+class LateStreamHandle : public GenerateControl {
+ public:
+  void Bind(Engine* engine, uint64_t id) {
+    bool cancel;
+    {
+      absl::MutexLock lock(&mu_);
+      engine_ = engine;
+      id_ = id;
+      cancel = cancelled_;
+    }
+    if (cancel) engine->PostCancel(id);
+  }
+  void WriteDone(bool ok) override {
+    if (auto [engine, id] = Bound(); engine != nullptr) engine->PostWriteDone(id, ok);
+  }
+  void Cancel() override {
+    {
+      absl::MutexLock lock(&mu_);
+      cancelled_ = true;
+    }
+    if (auto [engine, id] = Bound(); engine != nullptr) engine->PostCancel(id);
+  }
+
+ private:
+  std::pair<Engine*, uint64_t> Bound() {
+    absl::MutexLock lock(&mu_);
+    return {engine_, id_};
+  }
+
+  absl::Mutex mu_;
+  Engine* engine_ ABSL_GUARDED_BY(mu_) = nullptr;
+  uint64_t id_ ABSL_GUARDED_BY(mu_) = 0;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+// The outcome label of a store operation (Metrics::ObserveSessionStoreOperation).
+const char* StoreOutcome(const absl::Status& status) {
+  if (status.ok()) return "ok";
+  if (absl::IsNotFound(status)) return "not_found";
+  if (absl::IsAborted(status)) return "conflict";
+  if (absl::IsUnavailable(status) || absl::IsDeadlineExceeded(status)) return "unavailable";
+  return "error";
+}
 
 std::string ModelNameOf(const std::string& dir) {
   std::filesystem::path path(dir);
@@ -62,6 +112,13 @@ absl::Status ValidateCoreOptions(const CoreOptions& o) {
     return absl::InvalidArgumentError("--batch-wait must not be negative");
   }
   if (o.intra_op_threads < 0) return absl::InvalidArgumentError("--threads must be >= 0");
+  if (o.session_lease_ttl < absl::Milliseconds(100)) {
+    return absl::InvalidArgumentError(absl::StrCat("--session-lease-ttl must be at least 100ms, got ",
+                                                   absl::FormatDuration(o.session_lease_ttl)));
+  }
+  if (o.session_store_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("--session-store-timeout must be positive");
+  }
   if (o.store_threads <= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("--session-store-threads must be > 0, got ", o.store_threads));
@@ -74,6 +131,7 @@ class CoreImpl : public Core {
   CoreImpl(const CoreOptions& options, std::unique_ptr<SessionStore> store)
       : options_(options),
         store_(std::move(store)),
+        shared_(dynamic_cast<SharedSessionStore*>(store_.get())),
         executor_(store_ != nullptr ? options.store_threads : 1),
         registry_(options.max_sessions),
         budget_(options.max_state_memory_bytes) {}
@@ -131,6 +189,7 @@ class CoreImpl : public Core {
       EngineContext context;
       context.registry = &registry_;
       context.store = store_.get();
+      context.shared_store = shared_;
       context.executor = &executor_;
       context.budget = &budget_;
       context.clock = options_.clock;
@@ -142,7 +201,10 @@ class CoreImpl : public Core {
                        " state bytes per session)"));
     }
     for (auto& engine : engines_) engine->Start();
-    if (store_ != nullptr) {
+    if (shared_ != nullptr) {
+      // A shared store is its own index: sessions are looked up there on demand.
+      renewer_ = std::thread([this] { RenewLeases(); });
+    } else if (store_ != nullptr) {
       registry_.SetIndexing(true);
       indexer_ = std::thread([this] { IndexStore(); });
     }
@@ -188,6 +250,28 @@ class CoreImpl : public Core {
 
     auto item = std::make_unique<WorkItem>();
     item->kind = WorkItem::Kind::kGenerate;
+    if (shared_ != nullptr && !params.session_id.empty()) {
+      if (absl::Status valid = CheckSharedSessionRequest(params.model, params.session_id);
+          !valid.ok()) {
+        return valid;
+      }
+      const std::string model = params.model;
+      item->session_id = params.session_id;
+      item->tokens = fwmodel::EncodeBytes(params.prompt);
+      item->is_cancelled = std::move(params.is_cancelled);
+      params.is_cancelled = nullptr;
+      std::string().swap(params.prompt);
+      item->generate = std::move(params);
+      item->observer = observer;
+      item->arrival = absl::Now();
+      auto handle = std::make_shared<LateStreamHandle>();
+      observer->OnStart(handle);
+      AcquireAndSubmit(std::move(item), model, [handle](Engine* engine, WorkItem& w) {
+        w.stream_id = engine->NewStreamId();
+        handle->Bind(engine, w.stream_id);
+      });
+      return absl::OkStatus();
+    }
     auto engine = ResolveModelAndLease(params.model, params.session_id, &item->lease);
     if (!engine.ok()) return engine.status();
     item->session_id = params.session_id;
@@ -207,6 +291,19 @@ class CoreImpl : public Core {
   void Score(ScoreParams params, Callback<ScoreResult> done) override {
     if (absl::Status valid = ValidateText("text", params.text); !valid.ok()) return done(valid);
     auto item = std::make_unique<WorkItem>();
+    if (shared_ != nullptr && !params.session_id.empty()) {
+      if (absl::Status valid = CheckSharedSessionRequest(params.model, params.session_id);
+          !valid.ok()) {
+        return done(valid);
+      }
+      item->kind = WorkItem::Kind::kScore;
+      item->session_id = params.session_id;
+      item->is_cancelled = std::move(params.is_cancelled);
+      item->tokens = fwmodel::EncodeBytes(params.text);
+      item->on_score = done;
+      item->arrival = absl::Now();
+      return AcquireAndSubmit(std::move(item), params.model, nullptr);
+    }
     auto engine = ResolveModelAndLease(params.model, params.session_id, &item->lease);
     if (!engine.ok()) return done(engine.status());
     item->kind = WorkItem::Kind::kScore;
@@ -264,13 +361,38 @@ class CoreImpl : public Core {
     if (absl::Status queued = SubmitOrRelease(*engine, item); !queued.ok()) done(queued);
   }
 
-  absl::StatusOr<SessionRecord> GetSession(const std::string& session_id) const override {
-    if (absl::Status valid = ValidateSessionId(session_id); !valid.ok()) return valid;
-    return registry_.Get(session_id);
+  void GetSession(const std::string& session_id, Callback<SessionRecord> done) override {
+    if (absl::Status valid = ValidateSessionId(session_id); !valid.ok()) return done(valid);
+    if (shared_ == nullptr) return done(registry_.Get(session_id));
+    RunCoreJob([this, session_id, done] {
+      auto info = shared_->GetInfo(session_id);
+      if (!info.ok()) return done(ClientStoreError(session_id, info.status()));
+      done(RecordFromStore(*info));
+    });
   }
 
-  std::vector<SessionRecord> ListSessions(const std::string& model) const override {
-    return registry_.List(model);
+  void ListSessions(ListSessionsParams params, Callback<SessionList> done) override {
+    if (params.page_size < 0) {
+      return done(absl::InvalidArgumentError(
+          absl::StrCat("page_size must be >= 0, got ", params.page_size)));
+    }
+    const int page_size = params.page_size == 0 ? kDefaultPageSize
+                                                : std::min(params.page_size, kMaxPageSize);
+    if (shared_ == nullptr) return done(ListLocal(params.model, page_size, params.page_token));
+    RunCoreJob([this, params = std::move(params), page_size, done] {
+      auto page = shared_->List(params.model, page_size, params.page_token);
+      if (!page.ok()) {
+        return done(absl::IsInvalidArgument(page.status())
+                        ? page.status()
+                        : ClientStoreError("", page.status()));
+      }
+      SessionList list;
+      list.next_page_token = std::move(page->next_page_token);
+      for (const StoredSessionInfo& info : page->sessions) {
+        list.sessions.push_back(RecordFromStore(info));
+      }
+      done(std::move(list));
+    });
   }
 
   void BeginShutdown() override {
@@ -280,6 +402,11 @@ class CoreImpl : public Core {
   bool WaitIdle(absl::Time deadline) override {
     bool idle = true;
     for (auto& engine : engines_) idle &= engine->WaitIdle(deadline);
+    absl::MutexLock lock(&core_jobs_mu_);
+    const auto no_jobs = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_jobs_mu_) {
+      return core_jobs_ == 0;
+    };
+    idle &= core_jobs_mu_.AwaitWithDeadline(absl::Condition(&no_jobs), deadline);
     return idle;
   }
 
@@ -290,6 +417,17 @@ class CoreImpl : public Core {
   void Stop() override {
     stop_indexing_.store(true);
     if (indexer_.joinable()) indexer_.join();
+    {
+      // Lease-taking jobs submit to the engines: let them finish first (each store
+      // call is bounded by --session-store-timeout; draining engines refuse the work).
+      absl::MutexLock lock(&core_jobs_mu_);
+      stop_renewing_ = true;
+      const auto no_jobs = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_jobs_mu_) {
+        return core_jobs_ == 0;
+      };
+      core_jobs_mu_.Await(absl::Condition(&no_jobs));
+    }
+    if (renewer_.joinable()) renewer_.join();
     for (auto& engine : engines_) engine->Stop();
   }
 
@@ -364,6 +502,15 @@ class CoreImpl : public Core {
 
   template <typename Fill, typename Fail>
   void SessionOperation(WorkItem::Kind kind, const std::string& session_id, Fill fill, Fail fail) {
+    if (shared_ != nullptr) {
+      if (absl::Status valid = ValidateSessionId(session_id); !valid.ok()) return fail(valid);
+      auto item = std::make_unique<WorkItem>();
+      item->kind = kind;
+      item->session_id = session_id;
+      item->arrival = absl::Now();
+      fill(*item);
+      return AcquireAndSubmit(std::move(item), "", nullptr);
+    }
     auto item = std::make_unique<WorkItem>();
     auto engine = ResolveModelAndLease("", session_id, &item->lease);
     if (!engine.ok()) return fail(engine.status());
@@ -372,6 +519,271 @@ class CoreImpl : public Core {
     item->arrival = absl::Now();
     fill(*item);
     if (absl::Status queued = SubmitOrRelease(*engine, item); !queued.ok()) fail(queued);
+  }
+
+  // ---------------------------------------------------------------------------------
+  // Shared store (redis://): leases in the store, taken on store threads.
+
+  absl::Status CheckSharedSessionRequest(const std::string& model, const std::string& id) const {
+    if (absl::Status valid = ValidateSessionId(id); !valid.ok()) return valid;
+    if (!model.empty()) {
+      if (auto engine = FindEngine(model); !engine.ok()) return engine.status();
+    }
+    return absl::OkStatus();
+  }
+
+  // Runs `job` on a store thread, counted for WaitIdle/Stop.
+  void RunCoreJob(std::function<void()> job) {
+    {
+      absl::MutexLock lock(&core_jobs_mu_);
+      ++core_jobs_;
+    }
+    executor_.Run([this, job = std::move(job)] {
+      job();
+      absl::MutexLock lock(&core_jobs_mu_);
+      --core_jobs_;
+    });
+  }
+
+  // What a client hears of a store error (the details are in the store's log lines).
+  absl::Status ClientStoreError(const std::string& id, const absl::Status& status) const {
+    const std::string subject = id.empty() ? "" : absl::StrCat("session_id '", id, "': ");
+    switch (status.code()) {
+      case absl::StatusCode::kNotFound:
+        return absl::NotFoundError(absl::StrCat("session_id '", id, "' not found"));
+      case absl::StatusCode::kAborted:
+        return absl::AbortedError(
+            absl::StrCat("session_id '", id, "' is busy with another request"));
+      case absl::StatusCode::kUnavailable:
+      case absl::StatusCode::kDeadlineExceeded:
+        Log(LogLevel::kWarning, absl::StrCat("session store: ", status.message()));
+        return absl::UnavailableError(absl::StrCat(
+            subject, "session store unavailable (no answer within --session-store-timeout=",
+            absl::FormatDuration(options_.session_store_timeout), "); retry later"));
+      default:
+        Log(LogLevel::kError, absl::StrCat("session store: ", status.message()));
+        return absl::InternalError(absl::StrCat(subject, "session store error; see the server log"));
+    }
+  }
+
+  SessionRecord RecordFromStore(const StoredSessionInfo& info) const {
+    SessionRecord record;
+    record.id = info.id;
+    record.model = info.model;
+    record.tokens = info.tokens;
+    record.created = info.created;
+    record.last_used = info.last_used;
+    record.stored = true;
+    record.resident = false;
+    for (const ModelDescription& d : descriptions_) {
+      if (d.name == info.model) record.state_bytes = d.state_bytes_per_session;
+    }
+    if (auto local = registry_.Get(info.id); local.ok()) {
+      record.busy = local->busy;
+      record.resident = local->resident && local->version == info.version;
+    }
+    record.version = info.version;
+    return record;
+  }
+
+  // Takes the lease of `item`'s session in the store on a store thread, then submits
+  // it to the engine of the session's model; `bind` (may be null) runs just before.
+  // Every answer after the lease is taken first ends the lease (EndTicketThen).
+  void AcquireAndSubmit(std::unique_ptr<WorkItem> item, std::string model,
+                        std::function<void(Engine*, WorkItem&)> bind) {
+    auto holder = std::make_shared<std::unique_ptr<WorkItem>>(std::move(item));
+    RunCoreJob([this, holder, model = std::move(model), bind = std::move(bind)] {
+      try {
+        AcquireAndSubmitNow(*holder, model, bind);
+      } catch (const std::exception& e) {
+        Log(LogLevel::kError, absl::StrCat("taking a session's lease failed: ", e.what()));
+        if (*holder != nullptr) AnswerWorkItem(**holder, absl::InternalError("the server failed"));
+      }
+    });
+  }
+
+  void AcquireAndSubmitNow(std::unique_ptr<WorkItem>& item, const std::string& model,
+                           const std::function<void(Engine*, WorkItem&)>& bind) {
+    WorkItem& w = *item;
+    const std::string id = w.session_id;
+    int64_t cached_version = 0;
+    if (auto local = registry_.Get(id); local.ok() && local->resident) {
+      cached_version = local->version;
+    }
+    auto grant = shared_->AcquireLease(id, options_.session_lease_ttl, cached_version);
+    if (!grant.ok()) return AnswerWorkItem(w, ClientStoreError(id, grant.status()));
+    auto ticket = std::make_shared<StoreTicket>(id, grant->token, grant->info.version);
+    EndTicketBeforeAnswers(w, ticket);
+    w.ticket = ticket;
+    auto engine = FindEngine(grant->info.model);
+    if (!engine.ok()) {
+      return AnswerWorkItem(w, absl::FailedPreconditionError(absl::StrCat(
+                                   "session_id '", id, "' belongs to model '", grant->info.model,
+                                   "', which this server does not serve")));
+    }
+    if (!model.empty() && model != grant->info.model) {
+      return AnswerWorkItem(w, absl::InvalidArgumentError(absl::StrCat(
+                                   "session_id '", id, "' belongs to model '", grant->info.model,
+                                   "', not '", model, "'")));
+    }
+    if (absl::Status room = registry_.UpsertFromStore(RecordFromStore(grant->info)); !room.ok()) {
+      return AnswerWorkItem(w, room);
+    }
+    auto local_lease = registry_.Acquire(id);
+    if (!local_lease.ok()) return AnswerWorkItem(w, local_lease.status());
+    w.lease = std::move(*local_lease);
+    if (grant->blob.has_value() && w.kind != WorkItem::Kind::kDelete) {
+      torch::NoGradGuard no_grad;
+      auto decoded = fwmodel::DecodeStateRow((*engine)->model(), (*engine)->fingerprint(),
+                                             std::move(*grant->blob));
+      if (!decoded.ok()) {
+        Log(LogLevel::kError, absl::StrCat("session ", id, ": stored state unreadable: ",
+                                           decoded.status().message()));
+        return AnswerWorkItem(w, absl::DataLossError(absl::StrCat(
+                                     "session_id '", id, "': its saved state could not be restored")));
+      }
+      w.loaded = std::move(*decoded);
+    }
+    {
+      absl::MutexLock lock(&core_jobs_mu_);
+      renewing_.push_back(ticket);
+    }
+    if (bind) bind(*engine, w);
+    if (absl::Status queued = (*engine)->Submit(item); !queued.ok()) {
+      AnswerWorkItem(*item, queued);
+    }
+  }
+
+  // Wraps the item's answer callbacks so that each first ends `ticket` (a release in
+  // the store unless a commit or delete already ended it), then answers.
+  void EndTicketBeforeAnswers(WorkItem& w, const std::shared_ptr<StoreTicket>& ticket) {
+    switch (w.kind) {
+      case WorkItem::Kind::kGenerate:
+        w.observer = new TicketObserver(this, ticket, w.observer);
+        break;
+      case WorkItem::Kind::kScore:
+        w.on_score = EndTicketFirst(ticket, std::move(w.on_score));
+        break;
+      case WorkItem::Kind::kFork:
+        w.on_session = EndTicketFirst(ticket, std::move(w.on_session));
+        break;
+      case WorkItem::Kind::kExport:
+        w.on_export = EndTicketFirst(ticket, std::move(w.on_export));
+        break;
+      case WorkItem::Kind::kDelete:
+        w.on_delete = EndTicketFirst(ticket, std::move(w.on_delete));
+        break;
+      default:
+        break;
+    }
+  }
+
+  template <typename T>
+  Callback<T> EndTicketFirst(std::shared_ptr<StoreTicket> ticket, Callback<T> done) {
+    return [this, ticket, done = std::move(done)](absl::StatusOr<T> result) {
+      auto held = std::make_shared<absl::StatusOr<T>>(std::move(result));
+      EndTicketThen(ticket, [done, held] { done(std::move(*held)); });
+    };
+  }
+
+  // Releases `ticket`'s lease on a store thread unless it already ended, then runs
+  // `answer` (there, or here at once).
+  void EndTicketThen(const std::shared_ptr<StoreTicket>& ticket, std::function<void()> answer) {
+    if (ticket->ended.exchange(true)) return answer();
+    RunCoreJob([this, ticket, answer = std::move(answer)] {
+      if (absl::Status released = shared_->ReleaseLease(ticket->id, ticket->token);
+          !released.ok()) {
+        // It expires by itself after --session-lease-ttl.
+        Log(LogLevel::kWarning, absl::StrCat("session ", ticket->id,
+                                             ": releasing its lease failed: ", released.message()));
+      }
+      answer();
+    });
+  }
+
+  // The Generate observer of a request holding a lease in a shared store: ends the
+  // lease before the final message. Deletes itself after OnFinish.
+  class TicketObserver : public GenerateObserver {
+   public:
+    TicketObserver(CoreImpl* core, std::shared_ptr<StoreTicket> ticket, GenerateObserver* inner)
+        : core_(core), ticket_(std::move(ticket)), inner_(inner) {}
+    void OnStart(std::shared_ptr<GenerateControl> stream) override { inner_->OnStart(stream); }
+    void OnChunk(GenerateChunk chunk) override { inner_->OnChunk(std::move(chunk)); }
+    void OnFinish(absl::Status status, GenerateSummary summary) override {
+      GenerateObserver* inner = inner_;
+      core_->EndTicketThen(ticket_, [inner, status, summary] { inner->OnFinish(status, summary); });
+      delete this;
+    }
+
+   private:
+    CoreImpl* const core_;
+    const std::shared_ptr<StoreTicket> ticket_;
+    GenerateObserver* const inner_;
+  };
+
+  // Renews the leases of running requests every third of --session-lease-ttl.
+  void RenewLeases() {
+    const absl::Duration period = options_.session_lease_ttl / 3;
+    while (true) {
+      std::vector<std::shared_ptr<StoreTicket>> live;
+      {
+        absl::MutexLock lock(&core_jobs_mu_);
+        const auto stop = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_jobs_mu_) {
+          return stop_renewing_;
+        };
+        core_jobs_mu_.AwaitWithTimeout(absl::Condition(&stop), period);
+        if (stop_renewing_) return;
+        renewing_.erase(std::remove_if(renewing_.begin(), renewing_.end(),
+                                       [](const std::shared_ptr<StoreTicket>& t) {
+                                         return t->ended.load() || t->lost.load();
+                                       }),
+                        renewing_.end());
+        live = renewing_;
+      }
+      for (const auto& ticket : live) {
+        if (ticket->ended.load()) continue;
+        absl::Status renewed =
+            shared_->RenewLease(ticket->id, ticket->token, options_.session_lease_ttl);
+        if (absl::IsAborted(renewed) && !ticket->ended.load()) {
+          ticket->lost.store(true);
+          Log(LogLevel::kWarning,
+              absl::StrCat("session ", ticket->id,
+                           ": this request's lease expired and was lost; its write will be "
+                           "refused"));
+        }
+      }
+    }
+  }
+
+  absl::StatusOr<SessionList> ListLocal(const std::string& model, int page_size,
+                                        const std::string& token) const {
+    // A local page token is "<created unix micros>:<id>" of the last session returned.
+    int64_t after_micros = std::numeric_limits<int64_t>::min();
+    std::string after_id;
+    if (!token.empty()) {
+      const size_t colon = token.find(':');
+      if (colon == std::string::npos ||
+          !absl::SimpleAtoi(token.substr(0, colon), &after_micros) ||
+          !IsWellFormedSessionId(token.substr(colon + 1))) {
+        return absl::InvalidArgumentError("page_token is malformed");
+      }
+      after_id = token.substr(colon + 1);
+    }
+    SessionList list;
+    for (SessionRecord& record : registry_.List(model)) {
+      const int64_t micros = absl::ToUnixMicros(record.created);
+      if (!token.empty() &&
+          (micros < after_micros || (micros == after_micros && record.id <= after_id))) {
+        continue;
+      }
+      if (static_cast<int>(list.sessions.size()) == page_size) {
+        const SessionRecord& last = list.sessions.back();
+        list.next_page_token = absl::StrCat(absl::ToUnixMicros(last.created), ":", last.id);
+        break;
+      }
+      list.sessions.push_back(std::move(record));
+    }
+    return list;
   }
 
   // Registers the sessions an earlier run stored (not resident; loaded on first use).
@@ -441,6 +853,7 @@ class CoreImpl : public Core {
   // Destroyed in reverse order: the engines (which drain their store jobs) first, the
   // executor (which joins its threads) next, the store last.
   std::unique_ptr<SessionStore> store_;  // null: --session-store=memory
+  SharedSessionStore* const shared_;     // store_ when it is shared (redis://), else null
   StoreExecutor executor_;
   SessionRegistry registry_;
   StateMemoryBudget budget_;
@@ -448,13 +861,33 @@ class CoreImpl : public Core {
   std::vector<ModelDescription> descriptions_;
   std::thread indexer_;
   std::atomic<bool> stop_indexing_{false};
+
+  static constexpr int kDefaultPageSize = 100;
+  static constexpr int kMaxPageSize = 1000;
+  // Jobs of the core itself on the executor (taking and releasing leases, reads).
+  absl::Mutex core_jobs_mu_;
+  int64_t core_jobs_ ABSL_GUARDED_BY(core_jobs_mu_) = 0;
+  // Leases of running requests, renewed by renewer_.
+  std::vector<std::shared_ptr<StoreTicket>> renewing_ ABSL_GUARDED_BY(core_jobs_mu_);
+  bool stop_renewing_ ABSL_GUARDED_BY(core_jobs_mu_) = false;
+  std::thread renewer_;
 };
 
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Core>> Core::Create(const CoreOptions& options) {
   if (absl::Status valid = ValidateCoreOptions(options); !valid.ok()) return valid;
-  auto store = OpenSessionStore(options.session_store);
+  SessionStoreOptions store_options;
+  store_options.password_file = options.session_store_password_file;
+  store_options.timeout = options.session_store_timeout;
+  store_options.session_ttl = options.session_ttl;
+  if (Metrics* metrics = options.metrics; metrics != nullptr) {
+    store_options.observer = [metrics](const char* op, absl::Duration took,
+                                       const absl::Status& status) {
+      metrics->ObserveSessionStoreOperation(op, StoreOutcome(status), absl::ToDoubleSeconds(took));
+    };
+  }
+  auto store = OpenSessionStore(options.session_store, store_options);
   if (!store.ok()) return store.status();
   if (*store != nullptr) Log(LogLevel::kInfo, "session store: " + (*store)->Describe());
   auto core = std::make_unique<CoreImpl>(options, std::move(*store));

@@ -33,8 +33,19 @@ struct CoreOptions {
   // the memory budget idle sessions are evicted) or "dir:PATH". With a store, every
   // change is written through before the request is answered (docs/sessions.md).
   std::string session_store = "memory";
-  // Threads doing session-store I/O (shared by all models).
+  // Threads doing session-store I/O (shared by all models). With redis:// they also
+  // take and release sessions' leases, so they bound the session requests in flight
+  // to the store at once.
   int32_t store_threads = 2;
+  // redis:// only. A file whose first line is the store's password (empty = none).
+  std::string session_store_password_file;
+  // redis:// only. Bound on connecting and on each store command; a request that needs
+  // the store gets UNAVAILABLE "session store unavailable" past it.
+  absl::Duration session_store_timeout = absl::Seconds(1);
+  // redis:// only. A request's lease on its session expires this long after it was
+  // taken or last renewed (renewed every third of it while the request runs). A
+  // replica that stalls longer loses the lease, and its late write is refused.
+  absl::Duration session_lease_ttl = absl::Seconds(10);
   // Time source for session creation/use times and the TTL; null = the real clock.
   // Not owned.
   const Clock* clock = nullptr;
@@ -160,6 +171,19 @@ struct ExportResult {
 template <typename T>
 using Callback = std::function<void(absl::StatusOr<T>)>;
 
+struct ListSessionsParams {
+  std::string model;  // empty = every model
+  // Sessions per page: 0 = 100; values above 1000 are taken as 1000.
+  int32_t page_size = 0;
+  // Empty = the first page; else the next_page_token of the previous page.
+  std::string page_token;
+};
+
+struct SessionList {
+  std::vector<SessionRecord> sessions;  // oldest first
+  std::string next_page_token;          // empty: the last page
+};
+
 class Core {
  public:
   // Checks the options (errors name the flag, e.g. --max-tokens, and the bad value),
@@ -189,8 +213,11 @@ class Core {
   virtual void ImportSession(const std::string& model, std::string blob,
                              Callback<SessionRecord> done) = 0;
   virtual void DeleteSession(const std::string& session_id, Callback<bool> done) = 0;
-  virtual absl::StatusOr<SessionRecord> GetSession(const std::string& session_id) const = 0;
-  virtual std::vector<SessionRecord> ListSessions(const std::string& model) const = 0;
+  // With a shared store (redis://) these read the store, so they answer through
+  // `done` like the rest (on a store thread, or at once on the calling thread).
+  virtual void GetSession(const std::string& session_id, Callback<SessionRecord> done) = 0;
+  // INVALID_ARGUMENT for a negative page_size or a malformed page_token.
+  virtual void ListSessions(ListSessionsParams params, Callback<SessionList> done) = 0;
 
   // Graceful shutdown, in this order (the transport interleaves its own steps):
   // 1. BeginShutdown: new work is refused with UNAVAILABLE; accepted work goes on.

@@ -68,6 +68,7 @@ Engine::Engine(std::string name, fwmodel::LoadedModel loaded, const CoreOptions&
       options_(options),
       registry_(context.registry),
       store_(context.store),
+      shared_store_(context.shared_store),
       executor_(context.executor),
       budget_(context.budget),
       clock_(context.clock != nullptr ? context.clock : Clock::Real()),
@@ -410,6 +411,7 @@ void Engine::Admit(std::unique_ptr<WorkItem> item) {
     const WorkItem::Kind kind = item->kind;
     const bool needs_state = !item->session_id.empty() && kind != WorkItem::Kind::kDelete &&
                              kind != WorkItem::Kind::kCreate;
+    if (needs_state && item->ticket != nullptr) DropStaleCopy(*item);
     if ((needs_state && !resident_.contains(item->session_id) && !item->loaded) ||
         (kind == WorkItem::Kind::kImport && !item->loaded)) {
       return StartLoad(std::move(item));
@@ -802,7 +804,7 @@ void Engine::FinishTask(Task& t, FinishReason reason) {
   r.last_used = now;
   item->session_id = id;
   // Write-through: the caller hears of the change only once the store holds it.
-  WriteThrough(id, slot, tokens, r.created, now,
+  WriteThrough(id, slot, tokens, r.created, now, item->ticket,
                [this, item, id, tokens, now, answer](absl::Status written) mutable {
                  if (written.ok()) {
                    item->lease.Commit(tokens, now, store_ != nullptr);
@@ -812,11 +814,12 @@ void Engine::FinishTask(Task& t, FinishReason reason) {
                    RemoveSession(id);
                    registry_->Erase(id);
                    item->lease.Forget();
-                   return answer(StoreFailure(id, "the new session could not be saved"));
+                   return answer(WriteFailure(id, written, "the new session could not be saved"));
                  }
-                 // The session keeps what was streamed, in memory; the write is retried.
-                 item->lease.Commit(tokens, now, /*stored=*/false);
-                 answer(StoreFailure(id,
+                 // dir: the session keeps what was streamed, in memory, and the write is
+                 // retried. Shared store: the session keeps its last committed state.
+                 EndLeaseAfterWrite(item->lease, id, tokens, now, written);
+                 answer(WriteFailure(id, written,
                                      "the generated tokens are kept in memory but could not "
                                      "be saved yet (the server retries)"));
                });
@@ -852,10 +855,12 @@ void Engine::FailTask(Task& t, absl::Status status) {
   it->second.tokens = tokens;
   it->second.last_used = now;
   std::shared_ptr<WorkItem> shared(std::move(item));
-  WriteThrough(id, it->second.slot, tokens, it->second.created, now,
-               [this, shared, tokens, now, status](absl::Status written) {
-                 shared->lease.Commit(tokens, now, written.ok() && store_ != nullptr);
-                 AnswerFailure(*shared, status);
+  WriteThrough(id, it->second.slot, tokens, it->second.created, now, shared->ticket,
+               [this, shared, id, tokens, now, status](absl::Status written) {
+                 EndLeaseAfterWrite(shared->lease, id, tokens, now, written);
+                 AnswerFailure(*shared, written.ok() || shared_store_ == nullptr
+                                            ? status
+                                            : WriteFailure(id, written, ""));
                });
 }
 

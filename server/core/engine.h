@@ -43,10 +43,27 @@
 #include "server/core/metrics.h"
 #include "server/core/session_registry.h"
 #include "server/core/session_store.h"
+#include "server/core/shared_session_store.h"
 #include "server/core/state_pool.h"
 #include "server/core/store_executor.h"
 
 namespace fwserve {
+
+// A request's lease on its session in a shared store (redis://). Created by the core
+// when the lease is taken, renewed by the core's renewal thread, and ended exactly
+// once: by the fenced commit or delete (on a store thread), or by a release when the
+// request is answered without one. Thread-safe.
+struct StoreTicket {
+  StoreTicket(std::string id, std::string token, int64_t version)
+      : id(std::move(id)), token(std::move(token)), version(version) {}
+  const std::string id;
+  const std::string token;
+  const int64_t version;  // the session's version when the lease was taken (the fence)
+  // Set once the lease needs no release (committed, deleted, refused, or released).
+  std::atomic<bool> ended{false};
+  // Set by the renewal thread when the lease was found taken by someone else.
+  std::atomic<bool> lost{false};
+};
 
 // A unit of work for the engine. Items that name an existing session hold its lease
 // from submission until the engine answers them (and, for a change, until the store
@@ -56,6 +73,8 @@ struct WorkItem {
   Kind kind = Kind::kGenerate;
   std::string session_id;
   SessionLease lease;
+  // Shared store only: the lease in the store (null otherwise, and for new sessions).
+  std::shared_ptr<StoreTicket> ticket;
   std::vector<int64_t> tokens;  // prompt, scored text or prefix
   GenerateParams generate;
   GenerateObserver* observer = nullptr;  // kGenerate; see core.h for its lifetime
@@ -78,11 +97,18 @@ struct WorkItem {
 struct EngineContext {
   SessionRegistry* registry = nullptr;
   SessionStore* store = nullptr;
+  // The same object as `store` when it is shared by several replicas (redis://), else
+  // null.
+  SharedSessionStore* shared_store = nullptr;
   StoreExecutor* executor = nullptr;
   StateMemoryBudget* budget = nullptr;
   const Clock* clock = nullptr;
   ModelMetrics* metrics = nullptr;  // may be null
 };
+
+// Answers `item` with `status` through whichever callback its kind has (its lease
+// released first).
+void AnswerWorkItem(WorkItem& item, absl::Status status);
 
 class Engine {
  public:
@@ -121,6 +147,7 @@ class Engine {
     absl::Time created;
     absl::Time last_used;
     bool in_use = false;  // a task or session operation is using the slot
+    int64_t version = 0;  // shared store: the store's version this copy holds
   };
   struct Event {
     uint64_t stream_id;
@@ -157,7 +184,20 @@ class Engine {
   void RunSessionOperation(std::unique_ptr<WorkItem>& item);
   // Answers `item` with `status` (its lease released first).
   void FailItem(std::unique_ptr<WorkItem> item, absl::Status status);
-  void AnswerFailure(WorkItem& item, absl::Status status);
+  void AnswerFailure(WorkItem& item, absl::Status status) {
+    AnswerWorkItem(item, std::move(status));
+  }
+  // Shared store: drops the resident copy of the item's session unless its version is
+  // the one the item's lease was taken at (then the item is served from the cache).
+  void DropStaleCopy(WorkItem& item);
+  // Ends `lease` after the write-through of a changed session: committed when
+  // `written` is OK; otherwise kept in memory to retry (dir:), or forgotten (shared
+  // store: the local copy was dropped and the store keeps the last committed state).
+  void EndLeaseAfterWrite(SessionLease& lease, const std::string& id, int64_t tokens,
+                          absl::Time now, const absl::Status& written);
+  // The client's error for a failed write-through (details go to the log).
+  absl::Status WriteFailure(const std::string& id, const absl::Status& written,
+                            const char* what) const;
   // The session's slot; from item.loaded when it is not resident.
   absl::StatusOr<int> EnsureResident(WorkItem& item);
   // Reads the session's state from the store (or decodes an import blob) on a store
@@ -165,19 +205,26 @@ class Engine {
   void StartLoad(std::unique_ptr<WorkItem> item);
   // Write-through: copies the slot now, encodes and stores it on a store thread, then
   // runs `then(status)` on the engine thread. Without a store, `then(OK)` runs at once.
+  // With a shared store, `ticket` fences the write (null: a new session, created at
+  // version 1); on success the resident copy takes the new version, on failure it is
+  // dropped (the store keeps the last committed state).
   void WriteThrough(const std::string& id, int slot, int64_t tokens, absl::Time created,
-                    absl::Time last_used, std::function<void(absl::Status)> then);
+                    absl::Time last_used, std::shared_ptr<StoreTicket> ticket,
+                    std::function<void(absl::Status)> then);
   // A new session made by fork or import, in `slot`: registered busy, stored, then
   // answered.
   void CommitNewSession(std::unique_ptr<WorkItem> item, int slot, int64_t tokens,
                         const char* operation);
   // Store thread (or the engine thread at exit): encodes a session's row and puts it
   // in the store, timing a success and logging and counting a failure.
-  absl::Status StoreRow(const std::string& id, const fwmodel::State& row,
-                        const torch::Tensor& logits, int64_t tokens, absl::Time created,
-                        absl::Time last_used);
-  // Store thread: deletes `id` from the store, logging and counting a failure.
-  absl::Status DeleteFromStore(const std::string& id);
+  // Returns the stored version (shared store; 0 otherwise).
+  absl::StatusOr<int64_t> StoreRow(const std::string& id, const fwmodel::State& row,
+                                   const torch::Tensor& logits, int64_t tokens,
+                                   absl::Time created, absl::Time last_used,
+                                   StoreTicket* ticket);
+  // Store thread: deletes `id` from the store (fenced by `ticket` with a shared
+  // store), logging and counting a failure.
+  absl::Status DeleteFromStore(const std::string& id, StoreTicket* ticket);
   // Runs `job` on a store thread; the function it returns runs on the engine thread.
   void RunStoreJob(std::function<std::function<void()>()> job);
   absl::StatusOr<int> AllocateSlot();
@@ -199,6 +246,7 @@ class Engine {
   const CoreOptions options_;
   SessionRegistry* const registry_;
   SessionStore* const store_;  // null: memory only
+  SharedSessionStore* const shared_store_;  // null unless the store is shared
   StoreExecutor* const executor_;
   StateMemoryBudget* const budget_;
   const Clock* const clock_;

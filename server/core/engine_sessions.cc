@@ -29,7 +29,7 @@ absl::Status Engine::StoreFailure(const std::string& id, const char* what) {
       "session_id '", id, "': the session store failed: ", what, "; see the server log"));
 }
 
-void Engine::AnswerFailure(WorkItem& w, absl::Status status) {
+void AnswerWorkItem(WorkItem& w, absl::Status status) {
   // The lease first: a caller that retries at once must not find the session busy.
   w.lease.Release();
   switch (w.kind) {
@@ -51,6 +51,38 @@ void Engine::AnswerFailure(WorkItem& w, absl::Status status) {
       w.on_delete(status);
       break;
   }
+}
+
+absl::Status Engine::WriteFailure(const std::string& id, const absl::Status& written,
+                                  const char* what) const {
+  if (shared_store_ == nullptr) return StoreFailure(id, what);
+  if (absl::IsAborted(written)) {
+    return absl::AbortedError(absl::StrCat(
+        "session_id '", id,
+        "': this request lost its lease on the session (it ran past --session-lease-ttl "
+        "without renewing it, e.g. while its server was paused), so its result was not "
+        "saved; the session keeps what another request committed"));
+  }
+  return absl::UnavailableError(absl::StrCat(
+      "session_id '", id,
+      "': session store unavailable; this request's result was not saved and the session "
+      "keeps its state from before it; retry later"));
+}
+
+void Engine::EndLeaseAfterWrite(SessionLease& lease, const std::string& id, int64_t tokens,
+                                absl::Time now, const absl::Status& written) {
+  if (written.ok()) return lease.Commit(tokens, now, store_ != nullptr);
+  if (shared_store_ == nullptr) return lease.Commit(tokens, now, /*stored=*/false);
+  lease.Forget();  // WriteThrough dropped the local copy
+  registry_->Erase(id);
+}
+
+void Engine::DropStaleCopy(WorkItem& item) {
+  auto it = resident_.find(item.session_id);
+  if (it == resident_.end() || it->second.in_use) return;
+  if (!item.loaded.has_value() && it->second.version == item.ticket->version) return;
+  RemoveSession(item.session_id);
+  registry_->SetResident(item.session_id, false);
 }
 
 void Engine::FailItem(std::unique_ptr<WorkItem> item, absl::Status status) {
@@ -103,7 +135,12 @@ void Engine::StartLoad(std::unique_ptr<WorkItem> item) {
           failure = absl::IsNotFound(blob.status())
                         ? absl::DataLossError(absl::StrCat("session_id '", w.session_id,
                                                            "': its saved state is missing"))
-                        : StoreFailure(w.session_id, "the session could not be read");
+                        : shared_store_ != nullptr
+                            ? absl::UnavailableError(absl::StrCat(
+                                  "session_id '", w.session_id,
+                                  "': session store unavailable; the session is unchanged; "
+                                  "retry later"))
+                            : StoreFailure(w.session_id, "the session could not be read");
         } else {
           decoded = fwmodel::DecodeStateRow(model_, fingerprint_, std::move(*blob));
           if (!decoded.ok()) {
@@ -128,48 +165,88 @@ void Engine::StartLoad(std::unique_ptr<WorkItem> item) {
 }
 
 void Engine::WriteThrough(const std::string& id, int slot, int64_t tokens, absl::Time created,
-                          absl::Time last_used, std::function<void(absl::Status)> then) {
+                          absl::Time last_used, std::shared_ptr<StoreTicket> ticket,
+                          std::function<void(absl::Status)> then) {
   if (store_ == nullptr) return then(absl::OkStatus());
   // Copies taken now, on the engine thread: the slot may change once `then` has run.
   auto row = std::make_shared<fwmodel::State>(pool_.CopyRow(slot));
   torch::Tensor logits = tokens > 0 ? pool_.CopyLogits(slot) : torch::Tensor();
-  RunStoreJob([this, id, row, logits, tokens, created, last_used,
+  RunStoreJob([this, id, row, logits, tokens, created, last_used, ticket,
                then = std::move(then)]() -> std::function<void()> {
-    const absl::Status status = StoreRow(id, *row, logits, tokens, created, last_used);
-    return [then, status] { then(status); };
+    const absl::StatusOr<int64_t> version =
+        StoreRow(id, *row, logits, tokens, created, last_used, ticket.get());
+    return [this, id, then, version] {
+      if (shared_store_ != nullptr) {
+        auto it = resident_.find(id);
+        if (version.ok() && it != resident_.end()) {
+          it->second.version = *version;
+          registry_->SetResident(id, true, *version);
+        } else if (!version.ok()) {
+          // The store keeps the last committed state; this copy may be ahead of it.
+          RemoveSession(id);
+          registry_->SetResident(id, false);
+        }
+      }
+      then(version.status());
+    };
   });
 }
 
-absl::Status Engine::StoreRow(const std::string& id, const fwmodel::State& row,
-                              const torch::Tensor& logits, int64_t tokens, absl::Time created,
-                              absl::Time last_used) {
+absl::StatusOr<int64_t> Engine::StoreRow(const std::string& id, const fwmodel::State& row,
+                                         const torch::Tensor& logits, int64_t tokens,
+                                         absl::Time created, absl::Time last_used,
+                                         StoreTicket* ticket) {
   const absl::Time start = absl::Now();
-  absl::Status status;
+  absl::StatusOr<int64_t> version = int64_t{0};
   try {
     auto blob = fwmodel::EncodeStateRow(model_, fingerprint_, row, 0, tokens, logits,
                                         StoredLabels(id, name_, created, last_used));
-    status = blob.ok() ? store_->Put(id, *blob) : blob.status();
+    if (!blob.ok()) {
+      version = blob.status();
+    } else if (shared_store_ == nullptr) {
+      if (absl::Status put = store_->Put(id, *blob); !put.ok()) version = put;
+    } else if (ticket != nullptr) {
+      version = shared_store_->CommitLeased(id, ticket->token, ticket->version, *blob, tokens,
+                                            last_used);
+      // Committed (the lease ended with it) or refused (the lease is someone else's).
+      if (version.ok() || absl::IsAborted(version.status())) ticket->ended.store(true);
+    } else {
+      StoredSessionInfo info;
+      info.id = id;
+      info.model = name_;
+      info.tokens = tokens;
+      info.created = created;
+      info.last_used = last_used;
+      info.version = 1;
+      absl::Status created_status = shared_store_->CreateSession(info, *blob);
+      version = created_status.ok() ? absl::StatusOr<int64_t>(1) : created_status;
+    }
   } catch (const std::exception& e) {
-    status = absl::InternalError(e.what());
+    version = absl::InternalError(e.what());
   }
   if (metrics_ != nullptr) {
-    if (status.ok()) {
+    if (version.ok()) {
       metrics_->ObserveSessionStoreWrite(Seconds(start, absl::Now()));
     } else {
       metrics_->CountSessionStoreError("write");
     }
   }
-  if (!status.ok()) {
-    Log(LogLevel::kError,
-        absl::StrCat("model ", name_, ": storing session ", id, " failed: ", status.message()));
+  if (!version.ok()) {
+    Log(LogLevel::kError, absl::StrCat("model ", name_, ": storing session ", id, " failed: ",
+                                       version.status().message()));
   }
-  return status;
+  return version;
 }
 
-absl::Status Engine::DeleteFromStore(const std::string& id) {
+absl::Status Engine::DeleteFromStore(const std::string& id, StoreTicket* ticket) {
   absl::Status deleted;
   try {
-    deleted = store_->Delete(id);
+    if (shared_store_ != nullptr && ticket != nullptr) {
+      deleted = shared_store_->DeleteLeased(id, ticket->token);
+      if (deleted.ok() || absl::IsAborted(deleted)) ticket->ended.store(true);
+    } else {
+      deleted = store_->Delete(id);
+    }
   } catch (const std::exception& e) {
     deleted = absl::InternalError(e.what());
   }
@@ -199,13 +276,14 @@ void Engine::CommitNewSession(std::unique_ptr<WorkItem> item, int slot, int64_t 
   auto new_lease = std::make_shared<SessionLease>(std::move(*lease));
   std::shared_ptr<WorkItem> shared(std::move(item));
   WriteThrough(
-      record.id, slot, tokens, now, now,
+      record.id, slot, tokens, now, now, /*ticket=*/nullptr,
       [this, shared, new_lease, record, operation](absl::Status written) mutable {
         if (!written.ok()) {
           RemoveSession(record.id);
           registry_->Erase(record.id);
           new_lease->Forget();
-          return shared->on_session(StoreFailure(record.id, "the new session could not be saved"));
+          return shared->on_session(
+              WriteFailure(record.id, written, "the new session could not be saved"));
         }
         new_lease->Commit(record.tokens, record.last_used, store_ != nullptr);
         if (metrics_ != nullptr) metrics_->CountSessionOperation(operation);
@@ -289,11 +367,15 @@ void Engine::RunSessionOperation(std::unique_ptr<WorkItem>& item) {
       auto holder = std::make_shared<std::unique_ptr<WorkItem>>(std::move(item));
       // Removed from the store first: a crash in between leaves the session, whole.
       return RunStoreJob([this, holder, id, finish]() -> std::function<void()> {
-        const absl::Status deleted = DeleteFromStore(id);
+        const absl::Status deleted = DeleteFromStore(id, (*holder)->ticket.get());
         return [this, holder, id, deleted, finish]() mutable {
           if (!deleted.ok()) {
+            if (shared_store_ != nullptr) {
+              RemoveSession(id);  // the store's copy is the truth; reload it next time
+              registry_->SetResident(id, false);
+            }
             return FailItem(std::move(*holder),
-                            StoreFailure(id, "the session could not be deleted; it is kept"));
+                            WriteFailure(id, deleted, "the session could not be deleted; it is kept"));
           }
           finish(std::move(*holder));
         };
@@ -309,7 +391,10 @@ void Engine::RunSessionOperation(std::unique_ptr<WorkItem>& item) {
 
 absl::StatusOr<int> Engine::EnsureResident(WorkItem& item) {
   const std::string& id = item.session_id;
-  if (auto it = resident_.find(id); it != resident_.end()) return it->second.slot;
+  if (auto it = resident_.find(id); it != resident_.end()) {
+    if (metrics_ != nullptr && item.ticket != nullptr) metrics_->CountSessionCacheLookup(true);
+    return it->second.slot;
+  }
   if (!item.loaded.has_value()) {
     return absl::InternalError(absl::StrCat("session_id '", id, "' has no resident state"));
   }
@@ -319,9 +404,12 @@ absl::StatusOr<int> Engine::EnsureResident(WorkItem& item) {
   if (!slot.ok()) return slot.status();
   const fwmodel::DecodedState& decoded = *item.loaded;
   pool_.SetRow(*slot, decoded.state, decoded.tokens > 0 ? decoded.next_logits : torch::Tensor());
-  resident_[id] = ResidentSession{*slot, decoded.tokens, record->created, record->last_used, false};
+  const int64_t version = item.ticket != nullptr ? item.ticket->version : 0;
+  resident_[id] =
+      ResidentSession{*slot, decoded.tokens, record->created, record->last_used, false, version};
   item.loaded.reset();
-  registry_->SetResident(id, true);
+  registry_->SetResident(id, true, version);
+  if (metrics_ != nullptr && item.ticket != nullptr) metrics_->CountSessionCacheLookup(false);
   if (metrics_ != nullptr) metrics_->CountSessionOperation("restored");
   return *slot;
 }
@@ -373,7 +461,12 @@ bool Engine::ReleaseOneIdle() {
     auto it = resident_.find(victim);
     FreeSlot(it->second.slot);
     resident_.erase(it);
-    registry_->SetResident(victim, false);
+    // A shared store is the index of its sessions: forget this one here.
+    if (shared_store_ != nullptr) {
+      registry_->EraseIfIdle(victim);
+    } else {
+      registry_->SetResident(victim, false);
+    }
     if (metrics_ != nullptr) metrics_->CountSessionOperation("spilled");
     return true;
   }
@@ -403,10 +496,11 @@ void Engine::Housekeeping() {
          registry_->TakeExpired(name_, clock_->Now() - options_.session_ttl)) {
       RemoveSession(id);
       if (metrics_ != nullptr) metrics_->CountSessionRemoval("expired");
-      if (store_ == nullptr) continue;
+      // A shared store expires sessions itself (other replicas may still use them).
+      if (store_ == nullptr || shared_store_ != nullptr) continue;
       // On failure the file stays; the next start indexes it and expires it again.
       RunStoreJob([this, id]() -> std::function<void()> {
-        (void)DeleteFromStore(id);
+        (void)DeleteFromStore(id, nullptr);
         return nullptr;
       });
     }
@@ -428,7 +522,7 @@ void Engine::RetryUnstored() {
     const ResidentSession& r = it->second;
     const int64_t tokens = r.tokens;
     const absl::Time last_used = r.last_used;
-    WriteThrough(id, r.slot, tokens, r.created, last_used,
+    WriteThrough(id, r.slot, tokens, r.created, last_used, /*ticket=*/nullptr,
                  [this, held, tokens, last_used, id](absl::Status written) {
                    if (written.ok()) {
                      Log(LogLevel::kInfo, absl::StrCat("model ", name_, ": session ", id,
@@ -440,16 +534,19 @@ void Engine::RetryUnstored() {
 }
 
 void Engine::StoreUnstoredAtExit() {
-  if (store_ == nullptr) return;
+  // A shared store never has unstored sessions: a failed write drops the local copy.
+  if (store_ == nullptr || shared_store_ != nullptr) return;
   int64_t saved = 0, failed = 0;
   for (const std::string& id : registry_->Unstored(name_)) {
     auto it = resident_.find(id);
     if (it == resident_.end()) continue;
     const ResidentSession& r = it->second;
     try {
-      const absl::Status status = StoreRow(
-          id, pool_.CopyRow(r.slot), r.tokens > 0 ? pool_.CopyLogits(r.slot) : torch::Tensor(),
-          r.tokens, r.created, r.last_used);
+      const absl::Status status =
+          StoreRow(id, pool_.CopyRow(r.slot),
+                   r.tokens > 0 ? pool_.CopyLogits(r.slot) : torch::Tensor(), r.tokens,
+                   r.created, r.last_used, /*ticket=*/nullptr)
+              .status();
       status.ok() ? ++saved : ++failed;
     } catch (const std::exception&) {  // from the row copies
       ++failed;

@@ -140,6 +140,7 @@ struct ModelFamilies {
   Family<Gauge>& model_info;
   Family<Counter>& store_errors;
   Family<Histogram>& store_write_duration;
+  Family<Counter>& cache_lookups;
 };
 
 class PrometheusModelMetrics final : public ModelMetrics {
@@ -167,7 +168,9 @@ class PrometheusModelMetrics final : public ModelMetrics {
         session_removals_(f.session_removals, model, "reason", kRemovalReasons),
         store_errors_(f.store_errors, model, "op", kStoreOps),
         store_write_duration_(
-            f.store_write_duration.Add({{"model", model}}, Buckets(kStoreWriteBuckets))) {}
+            f.store_write_duration.Add({{"model", model}}, Buckets(kStoreWriteBuckets))),
+        cache_hits_(f.cache_lookups.Add({{"model", model}, {"result", "hit"}})),
+        cache_misses_(f.cache_lookups.Add({{"model", model}, {"result", "miss"}})) {}
 
   void ObserveTimeToFirstToken(double seconds) override { ttft_.Observe(seconds); }
   void ObserveInterTokenLatency(double seconds) override { inter_token_.Observe(seconds); }
@@ -197,6 +200,9 @@ class PrometheusModelMetrics final : public ModelMetrics {
   }
   void CountSessionStoreError(std::string_view op) override { store_errors_.Increment(op); }
   void ObserveSessionStoreWrite(double seconds) override { store_write_duration_.Observe(seconds); }
+  void CountSessionCacheLookup(bool hit) override {
+    (hit ? cache_hits_ : cache_misses_).Increment();
+  }
 
  private:
   // Counters only go up: negative amounts (a caller bug) are dropped.
@@ -224,6 +230,8 @@ class PrometheusModelMetrics final : public ModelMetrics {
   LabeledCounters session_removals_;
   LabeledCounters store_errors_;
   Histogram& store_write_duration_;
+  Counter& cache_hits_;
+  Counter& cache_misses_;
 };
 
 // Stands in for a model whose series could not be created, so callers never get nullptr
@@ -246,6 +254,7 @@ class NullModelMetrics final : public ModelMetrics {
   void CountSessionRemoval(std::string_view) override {}
   void CountSessionStoreError(std::string_view) override {}
   void ObserveSessionStoreWrite(double) override {}
+  void CountSessionCacheLookup(bool) override {}
 };
 
 // The standard process_* series (as in the Prometheus client libraries), read from /proc
@@ -481,7 +490,29 @@ class PrometheusMetrics final : public Metrics {
                 .Name("fwserve_session_store_write_duration_seconds")
                 .Help("Duration of one successful session-store write (write-through).")
                 .Register(*registry_),
-        } {
+            prometheus::BuildCounter()
+                .Name("fwserve_session_cache_lookups_total")
+                .Help("Shared store: requests that found the resident copy of their session "
+                      "current (hit) or loaded it from the store (miss).")
+                .Register(*registry_),
+        },
+        store_operation_duration_(
+            prometheus::BuildHistogram()
+                .Name("fwserve_session_store_operation_duration_seconds")
+                .Help("Duration of session-store operations (redis://), by operation.")
+                .Register(*registry_)),
+        store_operation_errors_(
+            prometheus::BuildCounter()
+                .Name("fwserve_session_store_operation_errors_total")
+                .Help("Failed session-store operations (redis://), by operation and kind "
+                      "(unavailable, error).")
+                .Register(*registry_)),
+        lease_conflicts_(prometheus::BuildCounter()
+                             .Name("fwserve_session_lease_conflicts_total")
+                             .Help("Shared store: a session's lease was held by another request "
+                                   "(op=acquire) or was lost before a write (commit, delete, "
+                                   "renew).")
+                             .Register(*registry_)) {
     prometheus::BuildGauge()
         .Name("fwserve_build_info")
         .Help("Server build (value 1), with its version as a label.")
@@ -533,6 +564,30 @@ class PrometheusMetrics final : public Metrics {
     }
   }
 
+  void ObserveSessionStoreOperation(std::string_view op, std::string_view outcome,
+                                    double seconds) override {
+    try {
+      absl::MutexLock lock(&store_mu_);
+      const std::string op_label(op);
+      auto it = store_durations_.find(op_label);
+      if (it == store_durations_.end()) {
+        it = store_durations_
+                 .emplace(op_label, &store_operation_duration_.Add({{"op", op_label}},
+                                                                   Buckets(kStoreWriteBuckets)))
+                 .first;
+      }
+      it->second->Observe(seconds);
+      if (outcome == "conflict") {
+        lease_conflicts_.Add({{"op", op_label}}).Increment();
+      } else if (outcome == "unavailable" || outcome == "error") {
+        store_operation_errors_.Add({{"op", op_label}, {"kind", std::string(outcome)}})
+            .Increment();
+      }
+    } catch (const std::exception&) {
+      // A metric update must never fail the caller.
+    }
+  }
+
   std::shared_ptr<prometheus::Registry> registry() override { return registry_; }
 
  private:
@@ -550,7 +605,13 @@ class PrometheusMetrics final : public Metrics {
   Family<Counter>& requests_;
   Family<Histogram>& request_duration_;
   ModelFamilies families_;
+  Family<Histogram>& store_operation_duration_;
+  Family<Counter>& store_operation_errors_;
+  Family<Counter>& lease_conflicts_;
   NullModelMetrics null_model_;
+
+  absl::Mutex store_mu_;
+  std::map<std::string, Histogram*, std::less<>> store_durations_ ABSL_GUARDED_BY(store_mu_);
 
   absl::Mutex mu_;
   std::map<std::string, std::unique_ptr<PrometheusModelMetrics>, std::less<>> models_

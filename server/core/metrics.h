@@ -53,6 +53,9 @@ class ModelMetrics {
   virtual void CountSessionStoreError(std::string_view op) = 0;
   // One successful write-through of a session's state (encode + store), in seconds.
   virtual void ObserveSessionStoreWrite(double seconds) = 0;
+  // Shared store: a request found this replica's resident copy of its session current
+  // (hit) or had to load the state from the store (miss).
+  virtual void CountSessionCacheLookup(bool hit) = 0;
 };
 
 struct ModelInfoLabels {
@@ -78,6 +81,11 @@ class Metrics {
   // input never becomes a label value).
   virtual void ObserveRequest(std::string_view rpc, std::string_view model, int code,
                               double seconds) = 0;
+  // One session-store operation (op: "acquire", "commit", "create", ... as the store
+  // names them) and its outcome: "ok", "not_found", "conflict" (a busy session or a
+  // lost lease), "unavailable" (unreachable or too slow) or "error" (anything else).
+  virtual void ObserveSessionStoreOperation(std::string_view op, std::string_view outcome,
+                                            double seconds) = 0;
   // The registry to expose (nullptr for implementations without one).
   virtual std::shared_ptr<prometheus::Registry> registry() = 0;
 };

@@ -135,10 +135,34 @@ void SessionRegistry::ReleaseUsed(const std::string& id, absl::Time last_used) {
   it->second.last_used = last_used;
 }
 
-void SessionRegistry::SetResident(const std::string& id, bool resident) {
+void SessionRegistry::SetResident(const std::string& id, bool resident, int64_t version) {
   absl::MutexLock lock(&mu_);
   auto it = sessions_.find(id);
-  if (it != sessions_.end()) it->second.resident = resident;
+  if (it == sessions_.end()) return;
+  it->second.resident = resident;
+  it->second.version = resident ? version : 0;
+}
+
+absl::Status SessionRegistry::UpsertFromStore(const SessionRecord& record) {
+  absl::MutexLock lock(&mu_);
+  auto it = sessions_.find(record.id);
+  if (it == sessions_.end()) {
+    if (static_cast<int64_t>(sessions_.size()) >= max_sessions_) return FullError();
+    SessionRecord added = record;
+    added.busy = false;
+    added.resident = false;
+    added.version = 0;
+    added.stored = true;
+    sessions_.emplace(record.id, std::move(added));
+    return absl::OkStatus();
+  }
+  SessionRecord& existing = it->second;
+  existing.model = record.model;
+  existing.tokens = record.tokens;
+  existing.created = record.created;
+  existing.last_used = record.last_used;
+  existing.stored = true;
+  return absl::OkStatus();
 }
 
 void SessionRegistry::Erase(const std::string& id) {

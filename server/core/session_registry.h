@@ -34,6 +34,9 @@ struct SessionRecord {
   // False without a durable store, and after a failed write (retried until it works;
   // such a session is never dropped from memory).
   bool stored = false;
+  // Shared store (redis://) only: the store's version of the session that the resident
+  // copy holds (0 = none). Bumped by each committed request.
+  int64_t version = 0;
 };
 
 class SessionRegistry;
@@ -85,7 +88,13 @@ class SessionRegistry {
   // Takes the lease: NOT_FOUND if unknown, ABORTED if another request holds it,
   // UNAVAILABLE if unknown while the store is still being indexed.
   absl::StatusOr<SessionLease> Acquire(const std::string& id);
-  void SetResident(const std::string& id, bool resident);
+  // `version`: of the resident copy (shared store only; 0 otherwise).
+  void SetResident(const std::string& id, bool resident, int64_t version = 0);
+  // Shared store: records what the store said of a session this replica is about to
+  // serve. A new record is not resident; an existing one keeps its residency and
+  // version (those describe this replica's copy) and takes the rest from `record`.
+  // RESOURCE_EXHAUSTED (--max-sessions) when a new record does not fit.
+  absl::Status UpsertFromStore(const SessionRecord& record);
   void Erase(const std::string& id);
   // Erases `id` unless a request holds it; false if it is held (or unknown).
   bool EraseIfIdle(const std::string& id);

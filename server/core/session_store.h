@@ -7,6 +7,9 @@
 //   memory      nothing is stored (OpenSessionStore returns null): sessions live only
 //               in the server's memory, and over the memory budget idle ones are evicted.
 //   dir:PATH    one file per session in a local directory (DirectorySessionStore).
+//   redis://HOST:PORT[/DB]
+//               a Redis shared by several replicas (RedisSessionStore, a
+//               SharedSessionStore: see shared_session_store.h).
 //
 // Thread-safety: every method is thread-safe and may block on I/O, so callers run them
 // on store threads (StoreExecutor), never on an engine thread. Error messages may name
@@ -19,6 +22,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 
 namespace fwserve {
 
@@ -38,8 +42,29 @@ class SessionStore {
   virtual absl::Status ForEachId(const std::function<bool(const std::string& id)>& visit) = 0;
 };
 
+// Settings of network backends (redis://); the others ignore them.
+struct SessionStoreOptions {
+  // A file holding the password (its first line), never the password itself: command
+  // lines are visible to every user of the machine. Empty = no AUTH.
+  std::string password_file;
+  // Bound on connecting and on each command; past it, UNAVAILABLE.
+  absl::Duration timeout = absl::Seconds(1);
+  // Connections kept open (each serves one command at a time).
+  int32_t pool_size = 4;
+  // Idle sessions expire this long after their last use (a store-side expiry).
+  absl::Duration session_ttl = absl::Hours(24);
+  // Prefix of every key, so that several deployments can share one Redis.
+  std::string key_prefix = "fws:";
+  // Called after each store operation with its name ("acquire", "commit", ...), its
+  // duration and its outcome; may be null. Called on the calling thread.
+  std::function<void(const char* op, absl::Duration took, const absl::Status& status)> observer;
+};
+
 // Parses a --session-store value and opens the backend. "memory" gives null (no
-// store). Errors name the flag and the bad value.
-absl::StatusOr<std::unique_ptr<SessionStore>> OpenSessionStore(const std::string& spec);
+// store). Errors name the flag and the bad value. A redis:// store that cannot be
+// reached at start is still returned (it reconnects by itself); its problems are
+// logged.
+absl::StatusOr<std::unique_ptr<SessionStore>> OpenSessionStore(
+    const std::string& spec, const SessionStoreOptions& options = {});
 
 }  // namespace fwserve
