@@ -11,6 +11,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   nlohmann-json3-dev libssl-dev
   prometheus python3-grpcio python3-protobuf curl
+  redis-server haproxy libhiredis-dev
 )
 
 SUDO=""
