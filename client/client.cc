@@ -71,6 +71,18 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   }
   grpc::ChannelArguments arguments;
   arguments.SetMaxReceiveMessageSize(64 << 20);
+  if (!options.load_balancing_policy.empty()) {
+    if (options.load_balancing_policy != "pick_first" &&
+        options.load_balancing_policy != "round_robin") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("load_balancing_policy must be pick_first or round_robin, got '",
+                       options.load_balancing_policy, "'"));
+    }
+    // The default service config: a config from the resolver (DNS TXT records, off by
+    // default in gRPC) would take precedence.
+    arguments.SetServiceConfigJSON(
+        absl::StrCat(R"({"loadBalancingConfig":[{")", options.load_balancing_policy, R"(":{}}]})"));
+  }
   // gRPC waits between reconnection attempts on its own (1 s, growing to 120 s, by
   // default), and while it waits every call fails at once with UNAVAILABLE. Align that
   // wait with the client's retry backoff, so that a retry can reach a server that came
@@ -184,11 +196,32 @@ absl::StatusOr<v1::SessionInfo> Client::GetSession(const std::string& session_id
   return response;
 }
 
-absl::StatusOr<std::vector<v1::SessionInfo>> Client::ListSessions(const std::string& model) {
+absl::StatusOr<v1::ListSessionsResponse> Client::ListSessions(const std::string& model,
+                                                              int32_t page_size,
+                                                              const std::string& page_token) {
   v1::ListSessionsRequest request;
   request.set_model(model);
+  request.set_page_size(page_size);
+  request.set_page_token(page_token);
   FWSERVE_UNARY(true, ListSessions, request, v1::ListSessionsResponse);
-  return std::vector<v1::SessionInfo>(response.sessions().begin(), response.sessions().end());
+  return response;
+}
+
+absl::StatusOr<std::vector<v1::SessionInfo>> Client::ListAllSessions(const std::string& model) {
+  constexpr int32_t kPageSize = 1000;
+  std::vector<v1::SessionInfo> sessions;
+  std::string page_token;
+  do {
+    absl::StatusOr<v1::ListSessionsResponse> page = ListSessions(model, kPageSize, page_token);
+    if (!page.ok()) return page.status();
+    for (v1::SessionInfo& info : *page->mutable_sessions()) sessions.push_back(std::move(info));
+    // A server that hands back the token it was given would never end the walk.
+    if (!page->next_page_token().empty() && page->next_page_token() == page_token) {
+      return absl::InternalError("ListSessions returned the page_token it was given");
+    }
+    page_token = page->next_page_token();
+  } while (!page_token.empty());
+  return sessions;
 }
 
 absl::Status Client::DeleteSession(const std::string& session_id) {

@@ -29,8 +29,16 @@ class ClientContext;
 namespace fwserve {
 
 struct ClientOptions {
-  // HOST:PORT of the server.
+  // The server: HOST:PORT, or any gRPC target string, e.g. "dns:///fwserve.internal:50051"
+  // (every address the name resolves to), "ipv4:10.0.0.1:50051,10.0.0.2:50051".
   std::string target = "127.0.0.1:50051";
+  // How calls are spread over the target's addresses: "" (gRPC's default, pick_first),
+  // "pick_first" (one connection, to the first address that answers) or "round_robin"
+  // (a connection to every address, calls in turn). Set as the channel's default
+  // service config ({"loadBalancingConfig":[{"round_robin":{}}]}). Other names fail
+  // Connect with INVALID_ARGUMENT. Sessions live on one server unless the servers share
+  // a session store (redis://), so round_robin over replicas needs a shared store.
+  std::string load_balancing_policy;
   // TLS: off by default. With use_tls and empty root_certs_pem, the system roots are used.
   bool use_tls = false;
   std::string tls_root_certs_pem;
@@ -93,7 +101,17 @@ class Client {
   absl::StatusOr<v1::SessionInfo> CreateSession(const std::string& model = "",
                                                 const std::string& prefix = "");
   absl::StatusOr<v1::SessionInfo> GetSession(const std::string& session_id);
-  absl::StatusOr<std::vector<v1::SessionInfo>> ListSessions(const std::string& model = "");
+  // One page of sessions (of `model`; empty = all), oldest first. page_size: 0 = 100,
+  // at most 1000 (larger is taken as 1000), negative is INVALID_ARGUMENT. page_token:
+  // empty = the first page, else the previous page's next_page_token (with the same
+  // model). The response's next_page_token is empty on the last page.
+  absl::StatusOr<v1::ListSessionsResponse> ListSessions(const std::string& model = "",
+                                                        int32_t page_size = 0,
+                                                        const std::string& page_token = "");
+  // Every session (of `model`), oldest first: ListSessions page after page (1000 a
+  // page), each page retried on its own. Not a snapshot: a session created or deleted
+  // meanwhile may or may not be listed.
+  absl::StatusOr<std::vector<v1::SessionInfo>> ListAllSessions(const std::string& model = "");
   absl::Status DeleteSession(const std::string& session_id);
   absl::StatusOr<v1::SessionInfo> ForkSession(const std::string& session_id);
   absl::StatusOr<v1::ExportSessionResponse> ExportSession(const std::string& session_id);

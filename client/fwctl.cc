@@ -152,7 +152,14 @@ struct CommandSpec {
 
 const std::vector<OptionSpec>& GlobalOptions() {
   static const auto* options = new std::vector<OptionSpec>{
-      {"target", "HOST:PORT", "server address (default $FWSERVE_TARGET, else 127.0.0.1:50051)"},
+      {"target", "HOST:PORT",
+       "server address: HOST:PORT or a gRPC target such as dns:///HOST:PORT (every address "
+       "the name resolves to) or ipv4:ADDR:PORT,ADDR:PORT (default $FWSERVE_TARGET, else "
+       "127.0.0.1:50051)"},
+      {"lb-policy", "POLICY",
+       "how calls spread over the target's addresses: pick_first (one connection, the "
+       "default) or round_robin (every address in turn; replicas must share a session "
+       "store)"},
       {"token", "TOKEN",
        "bearer token, sent as 'authorization: Bearer TOKEN' (default $FWSERVE_TOKEN)"},
       {"timeout", "DURATION", "deadline of each unary call, e.g. 500ms, 60s, 2m (default 60s)"},
@@ -348,6 +355,14 @@ absl::StatusOr<fwserve::ClientOptions> ClientOptionsFrom(const Args& args) {
   options.target = args.Get(
       "target", env_target != nullptr && *env_target != '\0' ? env_target : "127.0.0.1:50051");
   options.auth_token = args.Get("token", env_token != nullptr ? env_token : "");
+  if (args.Has("lb-policy")) {
+    const std::string policy = args.Get("lb-policy");
+    if (policy != "pick_first" && policy != "round_robin") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--lb-policy: expected pick_first or round_robin, got '", policy, "'"));
+    }
+    options.load_balancing_policy = policy;
+  }
   auto timeout = ParseDurationOption(args, "timeout", absl::Seconds(60));
   if (!timeout.ok()) return timeout.status();
   options.deadline = *timeout;
@@ -792,21 +807,43 @@ int RunSessionGet(Args& args) {
 
 int RunSessionList(Args& args) {
   if (int code = RequirePositional(args, 0); code != kExitOk) return code;
-  auto sessions = GetClient(args).ListSessions(args.Get("model"));
-  if (!sessions.ok()) return RpcError(sessions.status());
+  const bool all = args.Has("all");
+  int64_t page_size = all ? 1000 : 0;
+  if (absl::Status s = ParseIntOption(args, "page-size", 0, INT32_MAX, &page_size); !s.ok()) {
+    return UsageError(args, std::string(s.message()));
+  }
+  fwserve::Client& client = GetClient(args);
+  // One page, or with --all every page from --page-token on, gathered into `response`.
+  v1::ListSessionsResponse response;
+  std::string page_token = args.Get("page-token");
+  do {
+    auto page = client.ListSessions(args.Get("model"), static_cast<int32_t>(page_size), page_token);
+    if (!page.ok()) return RpcError(page.status());
+    for (v1::SessionInfo& info : *page->mutable_sessions()) {
+      *response.add_sessions() = std::move(info);
+    }
+    if (all && !page->next_page_token().empty() && page->next_page_token() == page_token) {
+      return LocalError("the server returned the page token it was given");
+    }
+    page_token = page->next_page_token();
+  } while (all && !page_token.empty());
+  response.set_next_page_token(page_token);
   if (args.Has("json")) {
-    v1::ListSessionsResponse response;
-    for (const v1::SessionInfo& info : *sessions) *response.add_sessions() = info;
     WriteOut(ToJson(response) + "\n");
     return kExitOk;
   }
   std::printf("%-36s %-24s %10s %12s %-8s %-5s %s\n", "SESSION", "MODEL", "TOKENS", "STATE_BYTES",
               "RESIDENT", "BUSY", "LAST_USED");
-  for (const v1::SessionInfo& info : *sessions) {
+  for (const v1::SessionInfo& info : response.sessions()) {
     std::printf("%-36s %-24s %10lld %12lld %-8s %-5s %s\n", info.session_id().c_str(),
                 info.model().c_str(), static_cast<long long>(info.tokens()),
                 static_cast<long long>(info.state_bytes()), info.resident() ? "yes" : "no",
                 info.busy() ? "yes" : "no", FormatUnixMs(info.last_used_unix_ms()).c_str());
+  }
+  std::fflush(stdout);
+  if (!page_token.empty()) {
+    std::fprintf(stderr, "fwctl: more sessions follow: --page-token %s (or --all)\n",
+                 page_token.c_str());
   }
   return kExitOk;
 }
@@ -968,8 +1005,19 @@ const std::vector<CommandSpec>& Commands() {
         {"session list",
          "",
          "list sessions",
-         "Lists the sessions, optionally of one model.",
-         {{"model", "M", "only sessions of this model"}, json},
+         "Lists one page of sessions (optionally of one model), oldest first. When more "
+         "follow, the token of the next page is printed on stderr ('fwctl: more sessions "
+         "follow: --page-token TOKEN'; with --json it is the next_page_token field); pass it "
+         "with --page-token for the next page. --all lists every page.",
+         {{"model", "M", "only sessions of this model"},
+          {"page-size", "N",
+           "sessions per page: 0 = the server's default, 100; at most 1000 (larger is taken "
+           "as 1000) (default 0, or 1000 with --all)"},
+          {"page-token", "TOKEN", "start at this page (a previous listing's next page token)"},
+          {"all", "",
+           "list every page (from --page-token, if given): one table, or one JSON object "
+           "with every session and an empty next_page_token"},
+          json},
          RunSessionList},
         {"session rm",
          "ID...",

@@ -505,7 +505,8 @@ void Engine::Housekeeping() {
       });
     }
     // Not while shutting down: the exit makes one last attempt (StoreUnstoredAtExit).
-    if (store_ != nullptr && !ending_) RetryUnstored();
+    // (A shared store never holds unstored sessions: a failed write drops the copy.)
+    if (store_ != nullptr && shared_store_ == nullptr && !ending_) RetryUnstored();
     PublishGauges();
   } catch (const std::exception& e) {
     Log(LogLevel::kError, absl::StrCat("model ", name_, ": housekeeping failed: ", e.what()));

@@ -224,12 +224,16 @@ class GrpcServer::Service : public v1::Fwserve::CallbackService {
     if (absl::Status admitted = Admit(context); !admitted.ok()) {
       return FinishNow(context, record, admitted);
     }
-    auto session = core_->GetSession(request->session_id());
-    if (session.ok()) {
-      record->set_model(session->model);
-      ToProto(*session, response);
-    }
-    return FinishNow(context, record, session.status());
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    // `done` may run at once, inside this call: finishing the default reactor before
+    // the handler returns it is allowed.
+    core_->GetSession(
+        request->session_id(),
+        UnaryDone<SessionRecord>(reactor, record, [response, record](SessionRecord& r) {
+          record->set_model(r.model);
+          ToProto(r, response);
+        }));
+    return reactor;
   }
 
   grpc::ServerUnaryReactor* ListSessions(grpc::CallbackServerContext* context,
@@ -239,15 +243,31 @@ class GrpcServer::Service : public v1::Fwserve::CallbackService {
     if (absl::Status admitted = Admit(context); !admitted.ok()) {
       return FinishNow(context, record, admitted);
     }
+    if (request->page_size() < 0) {
+      return FinishNow(context, record,
+                       absl::InvalidArgumentError(absl::StrCat(
+                           "page_size must not be negative, got ", request->page_size())));
+    }
     if (!request->model().empty()) {
       if (auto model = core_->DescribeModel(request->model()); !model.ok()) {
         return FinishNow(context, record, model.status());
       }
     }
-    for (const SessionRecord& r : core_->ListSessions(request->model())) {
-      ToProto(r, response->add_sessions());
-    }
-    return FinishNow(context, record, absl::OkStatus());
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    ListSessionsParams params;
+    params.model = request->model();
+    params.page_size = request->page_size();
+    params.page_token = request->page_token();
+    // As in GetSession, `done` may run before this returns.
+    core_->ListSessions(
+        std::move(params), UnaryDone<SessionList>(reactor, record, [response](SessionList& list) {
+          response->mutable_sessions()->Reserve(static_cast<int>(list.sessions.size()));
+          for (const SessionRecord& r : list.sessions) {
+            ToProto(r, response->add_sessions());
+          }
+          response->set_next_page_token(std::move(list.next_page_token));
+        }));
+    return reactor;
   }
 
   grpc::ServerUnaryReactor* DeleteSession(grpc::CallbackServerContext* context,

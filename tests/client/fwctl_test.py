@@ -94,7 +94,8 @@ class FwctlTest(unittest.TestCase):
                         "session list", "session rm", "session fork", "session export",
                         "session import", "models", "health"]:
             self.assertIn(command, text)
-        for flag in ["--target", "--token", "--timeout", "--retries", "--tls-ca", "130"]:
+        for flag in ["--target", "--lb-policy", "--token", "--timeout", "--retries", "--tls-ca",
+                     "130"]:
             self.assertIn(flag, text)
         out, _ = self.ok("generate", "--help", target=False)
         for flag in ["--model", "--session", "--max-tokens", "--temperature", "--top-k",
@@ -122,6 +123,8 @@ class FwctlTest(unittest.TestCase):
             (["session", "get", "a", "b"], "unexpected argument 'b'"),
             (["--timeout", "soon", "health"], "--timeout"),
             (["--tls-cert", "c.pem", "health"], "--tls-cert and --tls-key"),
+            (["--lb-policy", "random", "health"], "--lb-policy"),
+            (["session", "list", "--page-size", "-1"], "--page-size"),
         ]:
             code, out, err = fwctl(*args, target=False)
             self.assertEqual(code, 2, (args, err))
@@ -152,6 +155,15 @@ class FwctlTest(unittest.TestCase):
         code, _, err = fwctl("--tls", "--retries", "0", "--timeout", "5s", "health")
         self.assertEqual(code, 1)
         self.assertIn("UNAVAILABLE", err)
+
+    def test_resolver_targets_and_lb_policies(self):
+        port = SERVER[1].rsplit(":", 1)[1]
+        for target, policy in [("dns:///localhost:" + port, "round_robin"),
+                               ("dns:///127.0.0.1:" + port, "pick_first"),
+                               ("ipv4:127.0.0.1:" + port, "round_robin")]:
+            code, out, err = fwctl("--target", target, "--lb-policy", policy, "health",
+                                   target=False)
+            self.assertEqual((code, out), (0, b"SERVING\n"), (target, policy, err))
 
     def test_target_from_the_environment(self):
         env = dict(os.environ, FWSERVE_TARGET=SERVER[1])
@@ -391,9 +403,9 @@ class FwctlTest(unittest.TestCase):
         self.ok("generate", "--session", session_id, "--max-tokens", "10", "--seed", "2")
         self.assertEqual(self.session_info(session_id)["tokens"], 17)
 
-        out, _ = self.ok("session", "list")
+        out, _ = self.ok("session", "list", "--all")
         self.assertIn(session_id, out.decode())
-        out, _ = self.ok("session", "list", "--json", "--model", "aft-shakespeare")
+        out, _ = self.ok("session", "list", "--all", "--json", "--model", "aft-shakespeare")
         listed = {s["session_id"]: s for s in json.loads(out)["sessions"]}
         self.assertEqual(int(listed[session_id]["tokens"]), 17)
 
@@ -435,6 +447,44 @@ class FwctlTest(unittest.TestCase):
         code, _, err = fwctl("session", "rm", session_id)
         self.assertEqual(code, 1)
         self.assertIn("NOT_FOUND", err)
+
+    def test_session_list_pages(self):
+        mine = [self.ok("session", "create")[0].decode().strip() for _ in range(5)]
+
+        def in_mine(sessions):
+            return [s["session_id"] for s in sessions if s["session_id"] in mine]
+
+        # Page by page (other tests' sessions may come between): each once, oldest first.
+        seen, token, pages = [], "", 0
+        while True:
+            out, _ = self.ok("session", "list", "--json", "--page-size", "2",
+                             "--page-token", token)
+            page = json.loads(out)
+            self.assertLessEqual(len(page["sessions"]), 2)
+            seen += [s["session_id"] for s in page["sessions"]]
+            token, pages = page["next_page_token"], pages + 1
+            if not token:
+                break
+            self.assertLess(pages, 1000)
+        self.assertEqual([s for s in seen if s in mine], mine)
+        self.assertEqual(len(seen), len(set(seen)))
+        # --all: every page at once, the same order.
+        out, _ = self.ok("session", "list", "--all", "--json", "--page-size", "2")
+        everything = json.loads(out)
+        self.assertEqual(everything["next_page_token"], "")
+        self.assertEqual([s["session_id"] for s in everything["sessions"]], seen)
+        self.assertEqual(in_mine(everything["sessions"]), mine)
+        # A table page with more to come says how to get it, on stderr.
+        out, err = self.ok("session", "list", "--page-size", "1")
+        self.assertEqual(len(out.decode().splitlines()), 2)  # the header and one session
+        match = re.search(r"more sessions follow: --page-token (\S+)", err)
+        self.assertIsNotNone(match, err)
+        out, _ = self.ok("session", "list", "--page-size", "1", "--page-token", match.group(1))
+        self.assertIn(seen[1], out.decode())
+        code, _, err = fwctl("session", "list", "--page-token", "not-a-token")
+        self.assertEqual(code, 1)
+        self.assertIn("INVALID_ARGUMENT", err)
+        self.ok("session", "rm", *mine)
 
     def test_busy_session_is_aborted(self):
         session_id = self.ok("session", "create", "--prefix", "x")[0].decode().strip()

@@ -162,9 +162,15 @@ class Server:
 
     def list_ids(self):
         check_running()
-        response = retry_unavailable(lambda: self.stub.ListSessions(
-            pb.ListSessionsRequest(), timeout=RPC_TIMEOUT_S))
-        return {s.session_id: s.tokens for s in response.sessions}
+        listed, token = {}, ""
+        while True:  # every page (at most 1000 sessions each)
+            response = retry_unavailable(lambda: self.stub.ListSessions(
+                pb.ListSessionsRequest(page_size=1000, page_token=token),
+                timeout=RPC_TIMEOUT_S))
+            listed.update((s.session_id, s.tokens) for s in response.sessions)
+            token = response.next_page_token
+            if not token:
+                return listed
 
     def wait_indexed(self):
         """Waits (at most INDEX_WAIT_S) until the server has logged "found N sessions"

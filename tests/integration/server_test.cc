@@ -3,10 +3,13 @@
 // checkpoints written by the test, except where the shipped model is named.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <thread>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "client/client.h"
@@ -165,13 +168,13 @@ TEST_F(ServerTest, SessionInfoListAndDelete) {
   EXPECT_EQ(a->tokens(), 6);
   EXPECT_GT(a->state_bytes(), 0);
   EXPECT_GE(a->created_unix_ms(), before_ms);
-  auto listed = server->client().ListSessions();
+  auto listed = server->client().ListAllSessions();
   ASSERT_TRUE(listed.ok());
   EXPECT_EQ(listed->size(), 2u);
   ASSERT_TRUE(server->client().DeleteSession(a->session_id()).ok());
   EXPECT_EQ(server->client().GetSession(a->session_id()).status().code(), StatusCode::kNotFound);
   EXPECT_EQ(server->client().DeleteSession(a->session_id()).code(), StatusCode::kNotFound);
-  EXPECT_EQ(server->client().ListSessions()->size(), 1u);
+  EXPECT_EQ(server->client().ListAllSessions()->size(), 1u);
 }
 
 TEST_F(ServerTest, ForkIsIndependent) {
@@ -248,7 +251,7 @@ TEST_F(ServerTest, ImportRejectsOtherModelsTruncatedAndAlteredBlobsAndChangesNot
     EXPECT_EQ(imported.status().code(), StatusCode::kInvalidArgument)
         << model << " " << imported.status();
   }
-  EXPECT_EQ(server->client().ListSessions()->size(), 1u);
+  EXPECT_EQ(server->client().ListAllSessions()->size(), 1u);
 }
 
 TEST_F(ServerTest, CancellationMidStreamLeavesExactlyTheStreamedTokens) {
@@ -362,7 +365,7 @@ TEST_F(ServerTest, ACreateSessionWhoseCallerIsGoneLeavesNoSession) {
   // Whatever point the server had reached, no session is left behind.
   std::vector<v1::SessionInfo> sessions;
   for (int i = 0; i < 200; ++i) {
-    sessions = *server->client().ListSessions();
+    sessions = *server->client().ListAllSessions();
     if (sessions.empty()) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
@@ -412,6 +415,269 @@ TEST_F(ServerTest, ManyConcurrentStreamsAllComplete) {
   for (auto& t : threads) t.join();
   // Batched decoding gives every stream the same tokens as decoding it alone.
   EXPECT_EQ(matching.load(), 16);
+}
+
+// ----------------------------------------------------------------------------------
+// Listing sessions page by page.
+
+// Every page of ListSessions(model, page_size), in order; fails the test on an error.
+std::vector<std::vector<v1::SessionInfo>> AllPages(fwserve::Client& client,
+                                                   const std::string& model, int32_t page_size) {
+  std::vector<std::vector<v1::SessionInfo>> pages;
+  std::string token;
+  do {
+    auto page = client.ListSessions(model, page_size, token);
+    EXPECT_TRUE(page.ok()) << page.status();
+    if (!page.ok() || pages.size() > 1000) break;
+    pages.emplace_back(page->sessions().begin(), page->sessions().end());
+    token = page->next_page_token();
+  } while (!token.empty());
+  return pages;
+}
+
+std::vector<std::string> IdsOf(const std::vector<std::vector<v1::SessionInfo>>& pages) {
+  std::vector<std::string> ids;
+  for (const auto& page : pages) {
+    for (const v1::SessionInfo& info : page) ids.push_back(info.session_id());
+  }
+  return ids;
+}
+
+TEST_F(ServerTest, ListSessionsPagesListEverySessionOnceOldestFirst) {
+  fwserve::FakeClock clock;
+  fwserve::CoreOptions options = Options();
+  options.model_dirs.push_back(ModelDir("fast_weight"));
+  options.clock = &clock;
+  auto server = Harness::Start(options);
+  ASSERT_NE(server, nullptr);
+  fwserve::Client& client = server->client();
+  // 30 aft and 10 fast_weight sessions, created in groups of 4 at the same instant: the
+  // order is by creation time, then by id, and page boundaries fall inside groups.
+  struct Created {
+    int64_t group;
+    std::string id;
+    std::string model;
+  };
+  std::vector<Created> created;
+  for (int i = 0; i < 40; ++i) {
+    if (i % 4 == 0) clock.Advance(absl::Milliseconds(1));
+    const std::string model = i % 4 == 1 ? "fast_weight" : "aft";
+    auto session = client.CreateSession(model, "");
+    ASSERT_TRUE(session.ok()) << session.status();
+    created.push_back({i / 4, session->session_id(), model});
+  }
+  std::sort(created.begin(), created.end(), [](const Created& a, const Created& b) {
+    return std::tie(a.group, a.id) < std::tie(b.group, b.id);
+  });
+  const auto expected = [&](const std::string& model) {
+    std::vector<std::string> ids;
+    for (const Created& c : created) {
+      if (model.empty() || c.model == model) ids.push_back(c.id);
+    }
+    return ids;
+  };
+
+  for (const auto& [model, page_size] : std::vector<std::pair<std::string, int32_t>>{
+           {"", 7}, {"aft", 7}, {"fast_weight", 3}, {"", 1}, {"", 40}, {"", 0}}) {
+    SCOPED_TRACE(absl::StrCat("model '", model, "', page_size ", page_size));
+    const auto pages = AllPages(client, model, page_size);
+    const std::vector<std::string> want = expected(model);
+    // Full pages, then the rest: no session twice, none left out, oldest first.
+    EXPECT_EQ(IdsOf(pages), want);
+    const size_t per_page = page_size == 0 ? 100 : static_cast<size_t>(page_size);
+    ASSERT_FALSE(pages.empty());
+    EXPECT_EQ(pages.size(), std::max<size_t>(1, (want.size() + per_page - 1) / per_page));
+    for (size_t i = 0; i + 1 < pages.size(); ++i) EXPECT_EQ(pages[i].size(), per_page);
+    for (const auto& page : pages) {
+      for (size_t i = 1; i < page.size(); ++i) {
+        EXPECT_LE(page[i - 1].created_unix_ms(), page[i].created_unix_ms());
+      }
+    }
+  }
+  // Without pages: everything at once (40 < the default 100), and the last page says so.
+  auto everything = client.ListSessions();
+  ASSERT_TRUE(everything.ok()) << everything.status();
+  EXPECT_EQ(everything->sessions_size(), 40);
+  EXPECT_TRUE(everything->next_page_token().empty());
+  auto all = client.ListAllSessions();
+  ASSERT_TRUE(all.ok()) << all.status();
+  EXPECT_EQ(all->size(), 40u);
+  EXPECT_EQ(client.ListSessions("no-such-model", 7).status().code(), StatusCode::kNotFound);
+}
+
+TEST_F(ServerTest, SessionsDeletedOrCreatedBetweenPagesDoNotDisturbTheOthers) {
+  fwserve::FakeClock clock;
+  fwserve::CoreOptions options = Options();
+  options.clock = &clock;
+  auto server = Harness::Start(options);
+  ASSERT_NE(server, nullptr);
+  fwserve::Client& client = server->client();
+  std::vector<std::string> ids;  // oldest first
+  for (int i = 0; i < 20; ++i) {
+    clock.Advance(absl::Milliseconds(1));
+    auto session = client.CreateSession("", "");
+    ASSERT_TRUE(session.ok()) << session.status();
+    ids.push_back(session->session_id());
+  }
+  auto first = client.ListSessions("", 6);
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_EQ(first->sessions_size(), 6);
+  ASSERT_FALSE(first->next_page_token().empty());
+  // The last session listed (where the next page starts from) and one not listed yet go;
+  // a new one comes.
+  ASSERT_TRUE(client.DeleteSession(ids[5]).ok());
+  ASSERT_TRUE(client.DeleteSession(ids[8]).ok());
+  clock.Advance(absl::Milliseconds(1));
+  auto newer = client.CreateSession("", "");
+  ASSERT_TRUE(newer.ok()) << newer.status();
+  std::vector<std::string> rest;
+  std::string token = first->next_page_token();
+  while (!token.empty() && rest.size() < 100) {
+    auto page = client.ListSessions("", 6, token);
+    ASSERT_TRUE(page.ok()) << page.status();
+    for (const v1::SessionInfo& info : page->sessions()) rest.push_back(info.session_id());
+    token = page->next_page_token();
+  }
+  // Every session that existed throughout comes exactly once, in order: none is skipped
+  // or repeated because the listing changed under the pages.
+  std::vector<std::string> want(ids.begin() + 6, ids.end());
+  want.erase(std::find(want.begin(), want.end(), ids[8]));
+  std::vector<std::string> without_newer = rest;
+  without_newer.erase(std::remove(without_newer.begin(), without_newer.end(), newer->session_id()),
+                      without_newer.end());
+  EXPECT_EQ(without_newer, want);
+  EXPECT_LE(rest.size(), want.size() + 1);
+}
+
+TEST_F(ServerTest, ListSessionsPageSizeDefaultsTo100AndIsCappedAt1000) {
+  auto server = Harness::Start(Options());
+  ASSERT_NE(server, nullptr);
+  constexpr int kSessions = 1010;
+  std::atomic<int> failures{0};
+  std::vector<std::thread> creators;
+  for (int t = 0; t < 4; ++t) {
+    creators.emplace_back([&, t] {
+      for (int i = t; i < kSessions; i += 4) {
+        if (!server->client().CreateSession("", "").ok()) failures.fetch_add(1);
+      }
+    });
+  }
+  for (std::thread& thread : creators) thread.join();
+  ASSERT_EQ(failures.load(), 0);
+  fwserve::Client& client = server->client();
+
+  auto by_default = client.ListSessions();
+  ASSERT_TRUE(by_default.ok()) << by_default.status();
+  EXPECT_EQ(by_default->sessions_size(), 100);
+  EXPECT_FALSE(by_default->next_page_token().empty());
+
+  auto capped = client.ListSessions("", 5000);
+  ASSERT_TRUE(capped.ok()) << capped.status();
+  EXPECT_EQ(capped->sessions_size(), 1000);
+  ASSERT_FALSE(capped->next_page_token().empty());
+  auto rest = client.ListSessions("", 5000, capped->next_page_token());
+  ASSERT_TRUE(rest.ok()) << rest.status();
+  EXPECT_EQ(rest->sessions_size(), kSessions - 1000);
+  EXPECT_TRUE(rest->next_page_token().empty());
+
+  auto all = client.ListAllSessions();
+  ASSERT_TRUE(all.ok()) << all.status();
+  std::set<std::string> unique;
+  for (const v1::SessionInfo& info : *all) unique.insert(info.session_id());
+  EXPECT_EQ(all->size(), static_cast<size_t>(kSessions));
+  EXPECT_EQ(unique.size(), static_cast<size_t>(kSessions));
+}
+
+TEST_F(ServerTest, BadPageSizeAndPageTokenAreInvalidArgument) {
+  auto server = Harness::Start(Options());
+  ASSERT_NE(server, nullptr);
+  fwserve::Client& client = server->client();
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(client.CreateSession("", "").ok());
+  auto negative = client.ListSessions("", -1);
+  EXPECT_EQ(negative.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(negative.status().message().find("page_size"), std::string::npos) << negative.status();
+  EXPECT_NE(negative.status().message().find("-1"), std::string::npos) << negative.status();
+  for (const std::string& token :
+       {std::string("garbage"), std::string("\xc3\xa9t\xc3\xa9"), std::string(5000, 'A')}) {
+    auto malformed = client.ListSessions("", 2, token);
+    EXPECT_EQ(malformed.status().code(), StatusCode::kInvalidArgument) << malformed.status();
+    EXPECT_NE(malformed.status().message().find("page_token"), std::string::npos)
+        << malformed.status();
+  }
+}
+
+// ----------------------------------------------------------------------------------
+// Client channels: resolver targets and load balancing.
+
+TEST_F(ServerTest, ClientReachesTheServerThroughResolverTargetsAndPolicies) {
+  auto server = Harness::Start(Options());
+  ASSERT_NE(server, nullptr);
+  const std::string port = std::to_string(server->port());
+  for (const auto& [target, policy] :
+       std::vector<std::pair<std::string, std::string>>{{"dns:///127.0.0.1:" + port, "round_robin"},
+                                                        {"dns:///localhost:" + port, "round_robin"},
+                                                        {"dns:///localhost:" + port, "pick_first"},
+                                                        {"ipv4:127.0.0.1:" + port, "round_robin"},
+                                                        {"127.0.0.1:" + port, ""}}) {
+    SCOPED_TRACE(target + " " + policy);
+    fwserve::ClientOptions options;
+    options.target = target;
+    options.load_balancing_policy = policy;
+    options.deadline = absl::Seconds(10);
+    auto client = fwserve::Client::Connect(options);
+    ASSERT_TRUE(client.ok()) << client.status();
+    auto session = (*client)->CreateSession("", "hi");
+    ASSERT_TRUE(session.ok()) << session.status();
+    EXPECT_EQ((*client)->GetSession(session->session_id())->tokens(), 2);
+    auto page = (*client)->ListSessions("", 1000);
+    ASSERT_TRUE(page.ok()) << page.status();
+    EXPECT_EQ(page->sessions(page->sessions_size() - 1).session_id(), session->session_id());
+  }
+  fwserve::ClientOptions bad;
+  bad.load_balancing_policy = "random";
+  auto refused = fwserve::Client::Connect(bad);
+  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("load_balancing_policy"), std::string::npos);
+}
+
+TEST_F(ServerTest, RoundRobinSpreadsCallsOverEveryAddress) {
+  auto one = Harness::Start(Options());
+  auto two = Harness::Start(Options());
+  ASSERT_NE(one, nullptr);
+  ASSERT_NE(two, nullptr);
+  const std::string addresses =
+      absl::StrCat("ipv4:127.0.0.1:", one->port(), ",127.0.0.1:", two->port());
+  const auto sessions_on = [](Harness& server) {
+    auto listed = server.client().ListAllSessions();
+    return listed.ok() ? listed->size() : size_t{0};
+  };
+  {
+    // pick_first: every call goes to the one server it connected to.
+    fwserve::ClientOptions options;
+    options.target = addresses;
+    options.load_balancing_policy = "pick_first";
+    auto client = fwserve::Client::Connect(options);
+    ASSERT_TRUE(client.ok()) << client.status();
+    for (int i = 0; i < 10; ++i) ASSERT_TRUE((*client)->CreateSession("", "").ok());
+    EXPECT_EQ(sessions_on(*one) + sessions_on(*two), 10u);
+    EXPECT_TRUE(sessions_on(*one) == 0 || sessions_on(*two) == 0);
+  }
+  const size_t before_one = sessions_on(*one);
+  const size_t before_two = sessions_on(*two);
+  fwserve::ClientOptions options;
+  options.target = addresses;
+  options.load_balancing_policy = "round_robin";
+  auto client = fwserve::Client::Connect(options);
+  ASSERT_TRUE(client.ok()) << client.status();
+  // round_robin uses the addresses whose connection is up, so the first calls may all go
+  // to one; within a few both are up and calls alternate.
+  bool both = false;
+  for (int i = 0; i < 200 && !both; ++i) {
+    ASSERT_TRUE((*client)->CreateSession("", "").ok());
+    both = sessions_on(*one) > before_one && sessions_on(*two) > before_two;
+    if (!both) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_TRUE(both) << "every round_robin call went to the same server";
 }
 
 // ----------------------------------------------------------------------------------
@@ -541,7 +807,7 @@ TEST_F(ServerTest, InvalidInputsGetExactCodes) {
   EXPECT_EQ(client.Score(score).status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(client.ImportSession("").status().code(), StatusCode::kInvalidArgument);
   // Nothing above created a session, apart from `empty`.
-  EXPECT_EQ(client.ListSessions()->size(), 1u);
+  EXPECT_EQ(client.ListAllSessions()->size(), 1u);
 }
 
 // Polls `done` every 10 ms for up to `limit` (real time: the engine's housekeeping
@@ -638,7 +904,7 @@ TEST_F(ServerTest, OneModelsIdleSessionsMakeRoomForAnother) {
     created = server->client().CreateSession("fast_weight", "x");
   }
   ASSERT_TRUE(created.ok()) << created.status();
-  EXPECT_LT(server->client().ListSessions("aft")->size(), static_cast<size_t>(aft_sessions));
+  EXPECT_LT(server->client().ListAllSessions("aft")->size(), static_cast<size_t>(aft_sessions));
 }
 
 TEST_F(ServerTest, IdleSessionsSpillToDiskAndComeBack) {
@@ -668,7 +934,7 @@ TEST_F(ServerTest, IdleSessionsSpillToDiskAndComeBack) {
   ASSERT_TRUE(resumed.ok()) << resumed.status();
   EXPECT_EQ(resumed->token_ids, expected->token_ids);
   EXPECT_TRUE(server->client().GetSession(first->session_id())->resident());
-  EXPECT_EQ(server->client().ListSessions()->size(), 4u);
+  EXPECT_EQ(server->client().ListAllSessions()->size(), 4u);
 }
 
 TEST_F(ServerTest, SessionsPersistAcrossARestart) {
