@@ -558,7 +558,9 @@ class CoreImpl : public Core {
       case absl::StatusCode::kDeadlineExceeded:
         Log(LogLevel::kWarning, absl::StrCat("session store: ", status.message()));
         return absl::UnavailableError(absl::StrCat(
-            subject, "session store unavailable (no answer within --session-store-timeout=",
+            subject,
+            "session store unavailable (unreachable, or no answer within "
+            "--session-store-timeout=",
             absl::FormatDuration(options_.session_store_timeout), "); retry later"));
       default:
         Log(LogLevel::kError, absl::StrCat("session store: ", status.message()));
@@ -744,7 +746,7 @@ class CoreImpl : public Core {
         if (ticket->ended.load()) continue;
         absl::Status renewed =
             shared_->RenewLease(ticket->id, ticket->token, options_.session_lease_ttl);
-        if (absl::IsAborted(renewed) && !ticket->ended.load()) {
+        if (absl::IsAborted(renewed) && !ticket->ended.load() && !ticket->ending.load()) {
           ticket->lost.store(true);
           Log(LogLevel::kWarning,
               absl::StrCat("session ", ticket->id,

@@ -695,6 +695,12 @@ void Engine::SampleAndEmit() {
     if (task->phase == Task::Phase::kReadyToSample) ready.push_back(task.get());
   }
   for (Task* t : ready) {
+    if (t->item->ticket != nullptr && t->item->ticket->lost.load()) {
+      // The lease expired and may be another request's now: this request's write
+      // would be refused, so it stops here (FinishTask answers ABORTED).
+      FinishTask(*t, FinishReason::kCancelled);
+      continue;
+    }
     const GenerateParams& g = t->item->generate;
     const torch::Tensor row_logits = pool_.logits(t->slot);
     const float* logits = row_logits.data_ptr<float>();
@@ -799,6 +805,9 @@ void Engine::FinishTask(Task& t, FinishReason reason) {
   r.tokens = tokens;
   if (rollback) {
     item->lease.Release();
+    if (item->ticket != nullptr && item->ticket->lost.load()) {
+      return answer(WriteFailure(id, absl::AbortedError("lease lost"), ""));
+    }
     return answer(absl::OkStatus());
   }
   r.last_used = now;

@@ -63,6 +63,9 @@ struct StoreTicket {
   std::atomic<bool> ended{false};
   // Set by the renewal thread when the lease was found taken by someone else.
   std::atomic<bool> lost{false};
+  // Set just before the fenced commit or delete is sent: from then on the lease may
+  // vanish because it ended, not because it was lost.
+  std::atomic<bool> ending{false};
 };
 
 // A unit of work for the engine. Items that name an existing session hold its lease

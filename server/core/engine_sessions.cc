@@ -206,6 +206,7 @@ absl::StatusOr<int64_t> Engine::StoreRow(const std::string& id, const fwmodel::S
     } else if (shared_store_ == nullptr) {
       if (absl::Status put = store_->Put(id, *blob); !put.ok()) version = put;
     } else if (ticket != nullptr) {
+      ticket->ending.store(true);
       version = shared_store_->CommitLeased(id, ticket->token, ticket->version, *blob, tokens,
                                             last_used);
       // Committed (the lease ended with it) or refused (the lease is someone else's).
@@ -242,6 +243,7 @@ absl::Status Engine::DeleteFromStore(const std::string& id, StoreTicket* ticket)
   absl::Status deleted;
   try {
     if (shared_store_ != nullptr && ticket != nullptr) {
+      ticket->ending.store(true);
       deleted = shared_store_->DeleteLeased(id, ticket->token);
       if (deleted.ok() || absl::IsAborted(deleted)) ticket->ended.store(true);
     } else {

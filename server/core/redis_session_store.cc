@@ -725,13 +725,23 @@ absl::StatusOr<StoreLeaseGrant> RedisSessionStore::AcquireLease(const std::strin
   return Observed("acquire", [&]() -> absl::StatusOr<StoreLeaseGrant> {
     auto conn = Checkout();
     if (!conn.ok()) return conn.status();
+    ReleaseOrphanedLeases(**conn);
     StoreLeaseGrant grant;
     grant.token = NewSessionId();  // 128 bits from the OS CSPRNG, hex
     auto reply =
         (*conn)->Eval(AcquireScript(), {SessionKey(id), LeaseKey(id)},
                       {grant.token, absl::StrCat(Millis(lease_ttl)),
                        absl::StrCat(Millis(options_.session_ttl)), absl::StrCat(cached_version)});
-    if (!reply.ok()) return reply.status();
+    if (!reply.ok()) {
+      // The script was sent and may have run (Redis stalled past the timeout): the
+      // lease may be ours. Release it once Redis answers again, rather than leave the
+      // session busy until the lease expires.
+      absl::MutexLock lock(&mu_);
+      if (orphaned_leases_.size() < kMaxOrphanedLeases) {
+        orphaned_leases_.emplace_back(id, grant.token);
+      }
+      return reply.status();
+    }
     const redisReply* r = reply->get();
     long long code = -1;
     if (r->type != REDIS_REPLY_ARRAY || r->elements < 1 || !IsInteger(r->element[0], &code)) {
@@ -748,6 +758,25 @@ absl::StatusOr<StoreLeaseGrant> RedisSessionStore::AcquireLease(const std::strin
     if (r->elements >= 7) grant.blob = Text(r->element[6]);
     return grant;
   });
+}
+
+void RedisSessionStore::ReleaseOrphanedLeases(Connection& conn) {
+  std::vector<std::pair<std::string, std::string>> batch;
+  {
+    absl::MutexLock lock(&mu_);
+    while (!orphaned_leases_.empty() && batch.size() < 32) {
+      batch.push_back(std::move(orphaned_leases_.back()));
+      orphaned_leases_.pop_back();
+    }
+  }
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const auto& [id, token] = batch[i];
+    if (!conn.Eval(ReleaseScript(), {SessionKey(id), LeaseKey(id)}, {token}).ok()) {
+      absl::MutexLock lock(&mu_);
+      for (size_t j = i; j < batch.size(); ++j) orphaned_leases_.push_back(std::move(batch[j]));
+      return;
+    }
+  }
 }
 
 absl::Status RedisSessionStore::RenewLease(const std::string& id, const std::string& token,

@@ -21,6 +21,7 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -114,6 +115,8 @@ class RedisSessionStore : public SharedSessionStore {
 
   absl::StatusOr<SessionPage> ListImpl(const std::string& model, int page_size,
                                        const std::string& page_token);
+  // Releases leases that acquires may have taken although they timed out.
+  void ReleaseOrphanedLeases(Connection& conn);
   absl::Status RemoveFromIndex(Connection& conn, const std::string& id,
                                const std::string& created_ms);
 
@@ -129,6 +132,9 @@ class RedisSessionStore : public SharedSessionStore {
   absl::Time next_connect_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   std::string last_connect_error_ ABSL_GUARDED_BY(mu_);
   bool reachable_ ABSL_GUARDED_BY(mu_) = true;  // for logging transitions only
+  // (id, token) of acquires that timed out after sending: released by the next acquire.
+  static constexpr size_t kMaxOrphanedLeases = 10000;
+  std::vector<std::pair<std::string, std::string>> orphaned_leases_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace fwserve
