@@ -66,8 +66,8 @@ void Report(const char* op, int64_t failures, const std::vector<double>& ms) {
               static_cast<long long>(failures), p.p50_ms, p.p99_ms, p.max_ms);
 }
 
-int Load(fwserve::RedisSessionStore& store, const std::string& model_name,
-         const std::string& blob, int64_t count, int threads) {
+int Load(fwserve::RedisSessionStore& store, const std::string& model_name, const std::string& blob,
+         int64_t count, int threads) {
   std::atomic<int64_t> next{0}, done{0}, failed{0};
   const absl::Time start = absl::Now();
   std::vector<std::thread> workers;
@@ -81,7 +81,8 @@ int Load(fwserve::RedisSessionStore& store, const std::string& model_name,
         info.id = SessionIdOf(i);
         absl::Status created = store.CreateSession(info, blob);
         if (!created.ok() && !absl::IsAlreadyExists(created)) {
-          if (failed.fetch_add(1) < 5) std::fprintf(stderr, "create: %s\n", created.ToString().c_str());
+          if (failed.fetch_add(1) < 5)
+            std::fprintf(stderr, "create: %s\n", created.ToString().c_str());
         }
         done.fetch_add(1);
       }
@@ -162,7 +163,8 @@ int Serve(const std::string& target, int64_t sessions, int ops) {
   };
   run("get", [&](const std::string& id) {
     auto info = (*client)->GetSession(id);
-    if (!info.ok()) std::fprintf(stderr, "get %s: %s\n", id.c_str(), info.status().ToString().c_str());
+    if (!info.ok())
+      std::fprintf(stderr, "get %s: %s\n", id.c_str(), info.status().ToString().c_str());
     return info.ok();
   });
   run("continue", [&](const std::string& id) {
@@ -178,7 +180,8 @@ int Serve(const std::string& target, int64_t sessions, int ops) {
   });
   run("delete", [&](const std::string& id) {
     absl::Status deleted = (*client)->DeleteSession(id);
-    if (!deleted.ok()) std::fprintf(stderr, "delete %s: %s\n", id.c_str(), deleted.ToString().c_str());
+    if (!deleted.ok())
+      std::fprintf(stderr, "delete %s: %s\n", id.c_str(), deleted.ToString().c_str());
     return deleted.ok();
   });
   return exit_code;

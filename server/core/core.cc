@@ -113,8 +113,9 @@ absl::Status ValidateCoreOptions(const CoreOptions& o) {
   }
   if (o.intra_op_threads < 0) return absl::InvalidArgumentError("--threads must be >= 0");
   if (o.session_lease_ttl < absl::Milliseconds(100)) {
-    return absl::InvalidArgumentError(absl::StrCat("--session-lease-ttl must be at least 100ms, got ",
-                                                   absl::FormatDuration(o.session_lease_ttl)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--session-lease-ttl must be at least 100ms, got ",
+                     absl::FormatDuration(o.session_lease_ttl)));
   }
   if (o.session_store_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("--session-store-timeout must be positive");
@@ -376,15 +377,14 @@ class CoreImpl : public Core {
       return done(absl::InvalidArgumentError(
           absl::StrCat("page_size must be >= 0, got ", params.page_size)));
     }
-    const int page_size = params.page_size == 0 ? kDefaultPageSize
-                                                : std::min(params.page_size, kMaxPageSize);
+    const int page_size =
+        params.page_size == 0 ? kDefaultPageSize : std::min(params.page_size, kMaxPageSize);
     if (shared_ == nullptr) return done(ListLocal(params.model, page_size, params.page_token));
     RunCoreJob([this, params = std::move(params), page_size, done] {
       auto page = shared_->List(params.model, page_size, params.page_token);
       if (!page.ok()) {
-        return done(absl::IsInvalidArgument(page.status())
-                        ? page.status()
-                        : ClientStoreError("", page.status()));
+        return done(absl::IsInvalidArgument(page.status()) ? page.status()
+                                                           : ClientStoreError("", page.status()));
       }
       SessionList list;
       list.next_page_token = std::move(page->next_page_token);
@@ -557,14 +557,15 @@ class CoreImpl : public Core {
       case absl::StatusCode::kUnavailable:
       case absl::StatusCode::kDeadlineExceeded:
         Log(LogLevel::kWarning, absl::StrCat("session store: ", status.message()));
-        return absl::UnavailableError(absl::StrCat(
-            subject,
-            "session store unavailable (unreachable, or no answer within "
-            "--session-store-timeout=",
-            absl::FormatDuration(options_.session_store_timeout), "); retry later"));
+        return absl::UnavailableError(
+            absl::StrCat(subject,
+                         "session store unavailable (unreachable, or no answer within "
+                         "--session-store-timeout=",
+                         absl::FormatDuration(options_.session_store_timeout), "); retry later"));
       default:
         Log(LogLevel::kError, absl::StrCat("session store: ", status.message()));
-        return absl::InternalError(absl::StrCat(subject, "session store error; see the server log"));
+        return absl::InternalError(
+            absl::StrCat(subject, "session store error; see the server log"));
     }
   }
 
@@ -624,9 +625,9 @@ class CoreImpl : public Core {
                                    "', which this server does not serve")));
     }
     if (!model.empty() && model != grant->info.model) {
-      return AnswerWorkItem(w, absl::InvalidArgumentError(absl::StrCat(
-                                   "session_id '", id, "' belongs to model '", grant->info.model,
-                                   "', not '", model, "'")));
+      return AnswerWorkItem(
+          w, absl::InvalidArgumentError(absl::StrCat("session_id '", id, "' belongs to model '",
+                                                     grant->info.model, "', not '", model, "'")));
     }
     if (absl::Status room = registry_.UpsertFromStore(RecordFromStore(grant->info)); !room.ok()) {
       return AnswerWorkItem(w, room);
@@ -641,8 +642,9 @@ class CoreImpl : public Core {
       if (!decoded.ok()) {
         Log(LogLevel::kError, absl::StrCat("session ", id, ": stored state unreadable: ",
                                            decoded.status().message()));
-        return AnswerWorkItem(w, absl::DataLossError(absl::StrCat(
-                                     "session_id '", id, "': its saved state could not be restored")));
+        return AnswerWorkItem(
+            w, absl::DataLossError(
+                   absl::StrCat("session_id '", id, "': its saved state could not be restored")));
       }
       w.loaded = std::move(*decoded);
     }
@@ -764,8 +766,7 @@ class CoreImpl : public Core {
     std::string after_id;
     if (!token.empty()) {
       const size_t colon = token.find(':');
-      if (colon == std::string::npos ||
-          !absl::SimpleAtoi(token.substr(0, colon), &after_micros) ||
+      if (colon == std::string::npos || !absl::SimpleAtoi(token.substr(0, colon), &after_micros) ||
           !IsWellFormedSessionId(token.substr(colon + 1))) {
         return absl::InvalidArgumentError("page_token is malformed");
       }

@@ -222,9 +222,8 @@ class Engine {
   // in the store, timing a success and logging and counting a failure.
   // Returns the stored version (shared store; 0 otherwise).
   absl::StatusOr<int64_t> StoreRow(const std::string& id, const fwmodel::State& row,
-                                   const torch::Tensor& logits, int64_t tokens,
-                                   absl::Time created, absl::Time last_used,
-                                   StoreTicket* ticket);
+                                   const torch::Tensor& logits, int64_t tokens, absl::Time created,
+                                   absl::Time last_used, StoreTicket* ticket);
   // Store thread: deletes `id` from the store (fenced by `ticket` with a shared
   // store), logging and counting a failure.
   absl::Status DeleteFromStore(const std::string& id, StoreTicket* ticket);
@@ -248,7 +247,7 @@ class Engine {
   const std::string fingerprint_;
   const CoreOptions options_;
   SessionRegistry* const registry_;
-  SessionStore* const store_;  // null: memory only
+  SessionStore* const store_;               // null: memory only
   SharedSessionStore* const shared_store_;  // null unless the store is shared
   StoreExecutor* const executor_;
   StateMemoryBudget* const budget_;

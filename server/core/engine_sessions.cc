@@ -135,12 +135,12 @@ void Engine::StartLoad(std::unique_ptr<WorkItem> item) {
           failure = absl::IsNotFound(blob.status())
                         ? absl::DataLossError(absl::StrCat("session_id '", w.session_id,
                                                            "': its saved state is missing"))
-                        : shared_store_ != nullptr
-                            ? absl::UnavailableError(absl::StrCat(
-                                  "session_id '", w.session_id,
-                                  "': session store unavailable; the session is unchanged; "
-                                  "retry later"))
-                            : StoreFailure(w.session_id, "the session could not be read");
+                    : shared_store_ != nullptr
+                        ? absl::UnavailableError(absl::StrCat(
+                              "session_id '", w.session_id,
+                              "': session store unavailable; the session is unchanged; "
+                              "retry later"))
+                        : StoreFailure(w.session_id, "the session could not be read");
         } else {
           decoded = fwmodel::DecodeStateRow(model_, fingerprint_, std::move(*blob));
           if (!decoded.ok()) {
@@ -207,8 +207,8 @@ absl::StatusOr<int64_t> Engine::StoreRow(const std::string& id, const fwmodel::S
       if (absl::Status put = store_->Put(id, *blob); !put.ok()) version = put;
     } else if (ticket != nullptr) {
       ticket->ending.store(true);
-      version = shared_store_->CommitLeased(id, ticket->token, ticket->version, *blob, tokens,
-                                            last_used);
+      version =
+          shared_store_->CommitLeased(id, ticket->token, ticket->version, *blob, tokens, last_used);
       // Committed (the lease ended with it) or refused (the lease is someone else's).
       if (version.ok() || absl::IsAborted(version.status())) ticket->ended.store(true);
     } else {
@@ -233,8 +233,8 @@ absl::StatusOr<int64_t> Engine::StoreRow(const std::string& id, const fwmodel::S
     }
   }
   if (!version.ok()) {
-    Log(LogLevel::kError, absl::StrCat("model ", name_, ": storing session ", id, " failed: ",
-                                       version.status().message()));
+    Log(LogLevel::kError, absl::StrCat("model ", name_, ": storing session ", id,
+                                       " failed: ", version.status().message()));
   }
   return version;
 }
@@ -277,21 +277,20 @@ void Engine::CommitNewSession(std::unique_ptr<WorkItem> item, int slot, int64_t 
   resident_[record.id] = ResidentSession{slot, tokens, now, now, false};
   auto new_lease = std::make_shared<SessionLease>(std::move(*lease));
   std::shared_ptr<WorkItem> shared(std::move(item));
-  WriteThrough(
-      record.id, slot, tokens, now, now, /*ticket=*/nullptr,
-      [this, shared, new_lease, record, operation](absl::Status written) mutable {
-        if (!written.ok()) {
-          RemoveSession(record.id);
-          registry_->Erase(record.id);
-          new_lease->Forget();
-          return shared->on_session(
-              WriteFailure(record.id, written, "the new session could not be saved"));
-        }
-        new_lease->Commit(record.tokens, record.last_used, store_ != nullptr);
-        if (metrics_ != nullptr) metrics_->CountSessionOperation(operation);
-        record.stored = store_ != nullptr;
-        shared->on_session(record);
-      });
+  WriteThrough(record.id, slot, tokens, now, now, /*ticket=*/nullptr,
+               [this, shared, new_lease, record, operation](absl::Status written) mutable {
+                 if (!written.ok()) {
+                   RemoveSession(record.id);
+                   registry_->Erase(record.id);
+                   new_lease->Forget();
+                   return shared->on_session(
+                       WriteFailure(record.id, written, "the new session could not be saved"));
+                 }
+                 new_lease->Commit(record.tokens, record.last_used, store_ != nullptr);
+                 if (metrics_ != nullptr) metrics_->CountSessionOperation(operation);
+                 record.stored = store_ != nullptr;
+                 shared->on_session(record);
+               });
 }
 
 // ---------------------------------------------------------------------------------
@@ -376,8 +375,9 @@ void Engine::RunSessionOperation(std::unique_ptr<WorkItem>& item) {
               RemoveSession(id);  // the store's copy is the truth; reload it next time
               registry_->SetResident(id, false);
             }
-            return FailItem(std::move(*holder),
-                            WriteFailure(id, deleted, "the session could not be deleted; it is kept"));
+            return FailItem(
+                std::move(*holder),
+                WriteFailure(id, deleted, "the session could not be deleted; it is kept"));
           }
           finish(std::move(*holder));
         };
@@ -547,8 +547,8 @@ void Engine::StoreUnstoredAtExit() {
     try {
       const absl::Status status =
           StoreRow(id, pool_.CopyRow(r.slot),
-                   r.tokens > 0 ? pool_.CopyLogits(r.slot) : torch::Tensor(), r.tokens,
-                   r.created, r.last_used, /*ticket=*/nullptr)
+                   r.tokens > 0 ? pool_.CopyLogits(r.slot) : torch::Tensor(), r.tokens, r.created,
+                   r.last_used, /*ticket=*/nullptr)
               .status();
       status.ok() ? ++saved : ++failed;
     } catch (const std::exception&) {  // from the row copies

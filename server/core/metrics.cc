@@ -580,8 +580,7 @@ class PrometheusMetrics final : public Metrics {
       if (outcome == "conflict") {
         lease_conflicts_.Add({{"op", op_label}}).Increment();
       } else if (outcome == "unavailable" || outcome == "error") {
-        store_operation_errors_.Add({{"op", op_label}, {"kind", std::string(outcome)}})
-            .Increment();
+        store_operation_errors_.Add({{"op", op_label}, {"kind", std::string(outcome)}}).Increment();
       }
     } catch (const std::exception&) {
       // A metric update must never fail the caller.

@@ -51,7 +51,7 @@ struct StoredSessionInfo {
 
 // A held lease: the right to change one session until `token` expires in the store.
 struct StoreLeaseGrant {
-  std::string token;  // random, 128 bits, hex
+  std::string token;       // random, 128 bits, hex
   StoredSessionInfo info;  // as of taking the lease; info.version is the fence
   // The session's blob, returned only when info.version differs from the caller's
   // cached version (a cache miss); nullopt on a hit.
