@@ -39,7 +39,8 @@ class StreamHandle : public GenerateControl {
 
 // A stream whose engine is known only once its session's lease was taken in a shared
 // store (the session names the model). WriteDone cannot come before Bind (no chunk is
-// sent before); a Cancel before Bind is applied by Bind.
+// sent before). A Cancel before admission is seen by the engine through the item's
+// is_cancelled (polled at admission); the PostCancel from Bind is only a best effort.
 class LateStreamHandle : public GenerateControl {
  public:
   void Bind(Engine* engine, uint64_t id) {
@@ -251,30 +252,20 @@ class CoreImpl : public Core {
 
     auto item = std::make_unique<WorkItem>();
     item->kind = WorkItem::Kind::kGenerate;
-    if (shared_ != nullptr && !params.session_id.empty()) {
-      if (absl::Status valid = CheckSharedSessionRequest(params.model, params.session_id);
-          !valid.ok()) {
+    const std::string model = params.model;
+    // With a shared store the session's lease (and so its engine) is taken later, on a
+    // store thread.
+    const bool shared_session = shared_ != nullptr && !params.session_id.empty();
+    Engine* engine = nullptr;
+    if (shared_session) {
+      if (absl::Status valid = CheckSharedSessionRequest(model, params.session_id); !valid.ok()) {
         return valid;
       }
-      const std::string model = params.model;
-      item->session_id = params.session_id;
-      item->tokens = fwmodel::EncodeBytes(params.prompt);
-      item->is_cancelled = std::move(params.is_cancelled);
-      params.is_cancelled = nullptr;
-      std::string().swap(params.prompt);
-      item->generate = std::move(params);
-      item->observer = observer;
-      item->arrival = absl::Now();
-      auto handle = std::make_shared<LateStreamHandle>();
-      observer->OnStart(handle);
-      AcquireAndSubmit(std::move(item), model, [handle](Engine* engine, WorkItem& w) {
-        w.stream_id = engine->NewStreamId();
-        handle->Bind(engine, w.stream_id);
-      });
-      return absl::OkStatus();
+    } else {
+      auto resolved = ResolveModelAndLease(model, params.session_id, &item->lease);
+      if (!resolved.ok()) return resolved.status();
+      engine = *resolved;
     }
-    auto engine = ResolveModelAndLease(params.model, params.session_id, &item->lease);
-    if (!engine.ok()) return engine.status();
     item->session_id = params.session_id;
     item->tokens = fwmodel::EncodeBytes(params.prompt);
     item->is_cancelled = std::move(params.is_cancelled);
@@ -283,37 +274,44 @@ class CoreImpl : public Core {
     std::string().swap(params.prompt);
     item->generate = std::move(params);
     item->observer = observer;
-    item->stream_id = (*engine)->NewStreamId();
     item->arrival = absl::Now();
-    observer->OnStart(std::make_shared<StreamHandle>(*engine, item->stream_id));
-    return SubmitOrRelease(*engine, item);
+    if (shared_session) {
+      auto handle = std::make_shared<LateStreamHandle>();
+      observer->OnStart(handle);
+      AcquireAndSubmit(std::move(item), model, [handle](Engine* bound, WorkItem& w) {
+        w.stream_id = bound->NewStreamId();
+        handle->Bind(bound, w.stream_id);
+      });
+      return absl::OkStatus();
+    }
+    item->stream_id = engine->NewStreamId();
+    observer->OnStart(std::make_shared<StreamHandle>(engine, item->stream_id));
+    return SubmitOrRelease(engine, item);
   }
 
   void Score(ScoreParams params, Callback<ScoreResult> done) override {
     if (absl::Status valid = ValidateText("text", params.text); !valid.ok()) return done(valid);
     auto item = std::make_unique<WorkItem>();
-    if (shared_ != nullptr && !params.session_id.empty()) {
+    const bool shared_session = shared_ != nullptr && !params.session_id.empty();
+    Engine* engine = nullptr;
+    if (shared_session) {
       if (absl::Status valid = CheckSharedSessionRequest(params.model, params.session_id);
           !valid.ok()) {
         return done(valid);
       }
-      item->kind = WorkItem::Kind::kScore;
-      item->session_id = params.session_id;
-      item->is_cancelled = std::move(params.is_cancelled);
-      item->tokens = fwmodel::EncodeBytes(params.text);
-      item->on_score = done;
-      item->arrival = absl::Now();
-      return AcquireAndSubmit(std::move(item), params.model, nullptr);
+    } else {
+      auto resolved = ResolveModelAndLease(params.model, params.session_id, &item->lease);
+      if (!resolved.ok()) return done(resolved.status());
+      engine = *resolved;
     }
-    auto engine = ResolveModelAndLease(params.model, params.session_id, &item->lease);
-    if (!engine.ok()) return done(engine.status());
     item->kind = WorkItem::Kind::kScore;
     item->session_id = params.session_id;
     item->is_cancelled = std::move(params.is_cancelled);
     item->tokens = fwmodel::EncodeBytes(params.text);
     item->on_score = done;
     item->arrival = absl::Now();
-    if (absl::Status queued = SubmitOrRelease(*engine, item); !queued.ok()) done(queued);
+    if (shared_session) return AcquireAndSubmit(std::move(item), params.model, nullptr);
+    if (absl::Status queued = SubmitOrRelease(engine, item); !queued.ok()) done(queued);
   }
 
   void CreateSession(const std::string& model, std::string prefix, Callback<SessionRecord> done,
@@ -429,6 +427,12 @@ class CoreImpl : public Core {
     }
     if (renewer_.joinable()) renewer_.join();
     for (auto& engine : engines_) engine->Stop();
+    // Answers made while the engines stopped may have started lease releases.
+    absl::MutexLock lock(&core_jobs_mu_);
+    const auto no_jobs = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_jobs_mu_) {
+      return core_jobs_ == 0;
+    };
+    core_jobs_mu_.Await(absl::Condition(&no_jobs));
   }
 
  private:
@@ -581,8 +585,9 @@ class CoreImpl : public Core {
     for (const ModelDescription& d : descriptions_) {
       if (d.name == info.model) record.state_bytes = d.state_bytes_per_session;
     }
+    record.busy = info.busy;
     if (auto local = registry_.Get(info.id); local.ok()) {
-      record.busy = local->busy;
+      record.busy = record.busy || local->busy;
       record.resident = local->resident && local->version == info.version;
     }
     record.version = info.version;
@@ -629,10 +634,7 @@ class CoreImpl : public Core {
           w, absl::InvalidArgumentError(absl::StrCat("session_id '", id, "' belongs to model '",
                                                      grant->info.model, "', not '", model, "'")));
     }
-    if (absl::Status room = registry_.UpsertFromStore(RecordFromStore(grant->info)); !room.ok()) {
-      return AnswerWorkItem(w, room);
-    }
-    auto local_lease = registry_.Acquire(id);
+    auto local_lease = registry_.AcquireFromStore(RecordFromStore(grant->info));
     if (!local_lease.ok()) return AnswerWorkItem(w, local_lease.status());
     w.lease = std::move(*local_lease);
     if (grant->blob.has_value() && w.kind != WorkItem::Kind::kDelete) {
@@ -738,11 +740,15 @@ class CoreImpl : public Core {
         core_jobs_mu_.AwaitWithTimeout(absl::Condition(&stop), period);
         if (stop_renewing_) return;
         renewing_.erase(std::remove_if(renewing_.begin(), renewing_.end(),
-                                       [](const std::shared_ptr<StoreTicket>& t) {
-                                         return t->ended.load() || t->lost.load();
+                                       [&live](const std::weak_ptr<StoreTicket>& weak) {
+                                         std::shared_ptr<StoreTicket> t = weak.lock();
+                                         if (t == nullptr || t->ended.load() || t->lost.load()) {
+                                           return true;
+                                         }
+                                         live.push_back(std::move(t));
+                                         return false;
                                        }),
                         renewing_.end());
-        live = renewing_;
       }
       for (const auto& ticket : live) {
         if (ticket->ended.load()) continue;
@@ -761,12 +767,13 @@ class CoreImpl : public Core {
 
   absl::StatusOr<SessionList> ListLocal(const std::string& model, int page_size,
                                         const std::string& token) const {
-    // A local page token is "<created unix micros>:<id>" of the last session returned.
-    int64_t after_micros = std::numeric_limits<int64_t>::min();
+    // A local page token is "<created unix nanos>:<id>" of the last session returned
+    // (the registry's order: creation time at full precision, then id).
+    int64_t after_nanos = std::numeric_limits<int64_t>::min();
     std::string after_id;
     if (!token.empty()) {
       const size_t colon = token.find(':');
-      if (colon == std::string::npos || !absl::SimpleAtoi(token.substr(0, colon), &after_micros) ||
+      if (colon == std::string::npos || !absl::SimpleAtoi(token.substr(0, colon), &after_nanos) ||
           !IsWellFormedSessionId(token.substr(colon + 1))) {
         return absl::InvalidArgumentError("page_token is malformed");
       }
@@ -774,14 +781,14 @@ class CoreImpl : public Core {
     }
     SessionList list;
     for (SessionRecord& record : registry_.List(model)) {
-      const int64_t micros = absl::ToUnixMicros(record.created);
+      const int64_t nanos = absl::ToUnixNanos(record.created);
       if (!token.empty() &&
-          (micros < after_micros || (micros == after_micros && record.id <= after_id))) {
+          (nanos < after_nanos || (nanos == after_nanos && record.id <= after_id))) {
         continue;
       }
       if (static_cast<int>(list.sessions.size()) == page_size) {
         const SessionRecord& last = list.sessions.back();
-        list.next_page_token = absl::StrCat(absl::ToUnixMicros(last.created), ":", last.id);
+        list.next_page_token = absl::StrCat(absl::ToUnixNanos(last.created), ":", last.id);
         break;
       }
       list.sessions.push_back(std::move(record));
@@ -857,6 +864,15 @@ class CoreImpl : public Core {
   // executor (which joins its threads) next, the store last.
   std::unique_ptr<SessionStore> store_;  // null: --session-store=memory
   SharedSessionStore* const shared_;     // store_ when it is shared (redis://), else null
+  // Declared before the executor, whose destructor may still run core jobs.
+  // Jobs of the core itself on the executor (taking and releasing leases, reads).
+  absl::Mutex core_jobs_mu_;
+  int64_t core_jobs_ ABSL_GUARDED_BY(core_jobs_mu_) = 0;
+  // Leases of running requests, renewed by renewer_.
+  // Weak: a request dropped without an answer (a bug path) stops being renewed, and its
+  // lease expires by itself.
+  std::vector<std::weak_ptr<StoreTicket>> renewing_ ABSL_GUARDED_BY(core_jobs_mu_);
+  bool stop_renewing_ ABSL_GUARDED_BY(core_jobs_mu_) = false;
   StoreExecutor executor_;
   SessionRegistry registry_;
   StateMemoryBudget budget_;
@@ -867,12 +883,6 @@ class CoreImpl : public Core {
 
   static constexpr int kDefaultPageSize = 100;
   static constexpr int kMaxPageSize = 1000;
-  // Jobs of the core itself on the executor (taking and releasing leases, reads).
-  absl::Mutex core_jobs_mu_;
-  int64_t core_jobs_ ABSL_GUARDED_BY(core_jobs_mu_) = 0;
-  // Leases of running requests, renewed by renewer_.
-  std::vector<std::shared_ptr<StoreTicket>> renewing_ ABSL_GUARDED_BY(core_jobs_mu_);
-  bool stop_renewing_ ABSL_GUARDED_BY(core_jobs_mu_) = false;
   std::thread renewer_;
 };
 
@@ -884,6 +894,15 @@ absl::StatusOr<std::unique_ptr<Core>> Core::Create(const CoreOptions& options) {
   store_options.password_file = options.session_store_password_file;
   store_options.timeout = options.session_store_timeout;
   store_options.session_ttl = options.session_ttl;
+  // Every store thread, plus the lease-renewal thread, has a connection of its own.
+  store_options.pool_size = options.store_threads + 1;
+  if (options.session_lease_ttl < 3 * options.session_store_timeout) {
+    Log(LogLevel::kWarning,
+        absl::StrCat("--session-lease-ttl=", absl::FormatDuration(options.session_lease_ttl),
+                     " is less than 3x --session-store-timeout=",
+                     absl::FormatDuration(options.session_store_timeout),
+                     ": one slow renewal can lose a running request's lease"));
+  }
   if (Metrics* metrics = options.metrics; metrics != nullptr) {
     store_options.observer = [metrics](const char* op, absl::Duration took,
                                        const absl::Status& status) {

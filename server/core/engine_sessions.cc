@@ -63,10 +63,16 @@ absl::Status Engine::WriteFailure(const std::string& id, const absl::Status& wri
         "without renewing it, e.g. while its server was paused), so its result was not "
         "saved; the session keeps what another request committed"));
   }
-  return absl::UnavailableError(absl::StrCat(
-      "session_id '", id,
-      "': session store unavailable; this request's result was not saved and the session "
-      "keeps its state from before it; retry later"));
+  if (!absl::IsUnavailable(written) && !absl::IsDeadlineExceeded(written)) {
+    return absl::InternalError(
+        absl::StrCat("session_id '", id, "': saving the session failed; see the server log"));
+  }
+  // The store did not confirm the write: it may or may not have happened (a stalled
+  // Redis may still run it). The session's token count tells which.
+  return absl::UnavailableError(
+      absl::StrCat("session_id '", id,
+                   "': session store unavailable; this request's result may not have been saved "
+                   "(GetSession's token count tells); retry later"));
 }
 
 void Engine::EndLeaseAfterWrite(SessionLease& lease, const std::string& id, int64_t tokens,

@@ -76,7 +76,10 @@ return 0
 constexpr char kCommitLua[] = R"lua(
 if redis.call('GET', KEYS[2]) ~= ARGV[1] then return {0} end
 local v = redis.call('HGET', KEYS[1], 'ver')
-if v ~= ARGV[2] then return {1, v or ''} end
+if v ~= ARGV[2] then
+  redis.call('DEL', KEYS[2])
+  return {1, v or ''}
+end
 local nv = redis.call('HINCRBY', KEYS[1], 'ver', 1)
 redis.call('HSET', KEYS[1], 'blob', ARGV[3], 'tokens', ARGV[4], 'used', ARGV[5])
 redis.call('PEXPIRE', KEYS[1], ARGV[6])
@@ -716,7 +719,13 @@ absl::Status RedisSessionStore::RemoveFromIndex(Connection& conn, const std::str
                                                 const std::string& created_ms) {
   int64_t created = 0;
   if (created_ms.empty() || !absl::SimpleAtoi(created_ms, &created)) return absl::OkStatus();
-  return conn.Command({"ZREM", IndexKey(), IndexMember(created, id)}).status();
+  // The session is gone; a stale index entry is skipped and removed by List.
+  if (absl::Status removed = conn.Command({"ZREM", IndexKey(), IndexMember(created, id)}).status();
+      !removed.ok()) {
+    Log(LogLevel::kWarning, absl::StrCat("session store: session ", id,
+                                         " was deleted but is still indexed: ", removed.message()));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<StoreLeaseGrant> RedisSessionStore::AcquireLease(const std::string& id,
@@ -751,8 +760,12 @@ absl::StatusOr<StoreLeaseGrant> RedisSessionStore::AcquireLease(const std::strin
     if (code == 1) {
       return absl::AbortedError(absl::StrCat("session_id '", id, "' is busy with another request"));
     }
-    if (r->elements < 6) return absl::InternalError("session store: unexpected reply to acquire");
-    if (absl::Status parsed = ParseInfo(id, r->element + 1, &grant.info); !parsed.ok()) {
+    absl::Status parsed = r->elements < 6
+                              ? absl::InternalError("session store: unexpected reply to acquire")
+                              : ParseInfo(id, r->element + 1, &grant.info);
+    if (!parsed.ok()) {
+      // The lease was taken: give it back rather than leave the session busy.
+      (void)(*conn)->Eval(ReleaseScript(), {SessionKey(id), LeaseKey(id)}, {grant.token});
       return parsed;
     }
     if (r->elements >= 7) grant.blob = Text(r->element[6]);
@@ -866,7 +879,15 @@ absl::Status RedisSessionStore::CreateSession(const StoredSessionInfo& info,
     if (made != 1) {
       return absl::AlreadyExistsError(absl::StrCat("session_id '", info.id, "' already exists"));
     }
-    return (*conn)->Command({"ZADD", IndexKey(), "0", IndexMember(created, info.id)}).status();
+    // The session exists now; the index is a hint (an unlisted session still works
+    // and expires), so a failure here is logged, not reported.
+    if (absl::Status indexed =
+            (*conn)->Command({"ZADD", IndexKey(), "0", IndexMember(created, info.id)}).status();
+        !indexed.ok()) {
+      Log(LogLevel::kWarning, absl::StrCat("session store: session ", info.id,
+                                           " was created but not indexed: ", indexed.message()));
+    }
+    return absl::OkStatus();
   });
 }
 
@@ -893,16 +914,20 @@ absl::StatusOr<StoredSessionInfo> RedisSessionStore::GetInfo(const std::string& 
   return Observed("info", [&]() -> absl::StatusOr<StoredSessionInfo> {
     auto conn = Checkout();
     if (!conn.ok()) return conn.status();
-    auto reply =
-        (*conn)->Command({"HMGET", SessionKey(id), "ver", "model", "tokens", "created", "used"});
-    if (!reply.ok()) return reply.status();
-    const redisReply* r = reply->get();
-    if (r->type != REDIS_REPLY_ARRAY || r->elements != 5) {
+    auto replies =
+        (*conn)->Pipeline({{"HMGET", SessionKey(id), "ver", "model", "tokens", "created", "used"},
+                           {"EXISTS", LeaseKey(id)}});
+    if (!replies.ok()) return replies.status();
+    const redisReply* r = (*replies)[0].get();
+    long long leased = 0;
+    if (r->type != REDIS_REPLY_ARRAY || r->elements != 5 ||
+        !IsInteger((*replies)[1].get(), &leased)) {
       return absl::InternalError("session store: unexpected reply to HMGET");
     }
     if (r->element[0]->type == REDIS_REPLY_NIL) return NotFound(id);
     StoredSessionInfo info;
     if (absl::Status parsed = ParseInfo(id, r->element, &info); !parsed.ok()) return parsed;
+    info.busy = leased == 1;
     return info;
   });
 }

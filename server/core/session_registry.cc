@@ -43,6 +43,11 @@ absl::Status SessionRegistry::FullError() const {
       "); delete some or wait for them to expire"));
 }
 
+absl::Status SessionRegistry::Busy(const std::string& id) {
+  return absl::AbortedError(
+      absl::StrCat("session_id '", id, "' is busy with another request; retry when it ends"));
+}
+
 absl::Status SessionRegistry::Unknown(const std::string& id) const {
   if (indexing_) {
     return absl::UnavailableError(
@@ -102,10 +107,7 @@ absl::StatusOr<SessionLease> SessionRegistry::Acquire(const std::string& id) {
   absl::MutexLock lock(&mu_);
   auto it = sessions_.find(id);
   if (it == sessions_.end()) return Unknown(id);
-  if (it->second.busy) {
-    return absl::AbortedError(
-        absl::StrCat("session_id '", id, "' is busy with another request; retry when it ends"));
-  }
+  if (it->second.busy) return Busy(id);
   it->second.busy = true;
   return SessionLease(this, id);
 }
@@ -143,26 +145,32 @@ void SessionRegistry::SetResident(const std::string& id, bool resident, int64_t 
   it->second.version = resident ? version : 0;
 }
 
-absl::Status SessionRegistry::UpsertFromStore(const SessionRecord& record) {
+absl::StatusOr<SessionLease> SessionRegistry::AcquireFromStore(const SessionRecord& record) {
   absl::MutexLock lock(&mu_);
   auto it = sessions_.find(record.id);
   if (it == sessions_.end()) {
-    if (static_cast<int64_t>(sessions_.size()) >= max_sessions_) return FullError();
+    if (static_cast<int64_t>(sessions_.size()) >= max_sessions_) {
+      auto idle = std::find_if(sessions_.begin(), sessions_.end(), [](const auto& entry) {
+        return !entry.second.busy && !entry.second.resident;
+      });
+      if (idle == sessions_.end()) return FullError();
+      sessions_.erase(idle);
+    }
     SessionRecord added = record;
-    added.busy = false;
     added.resident = false;
     added.version = 0;
-    added.stored = true;
-    sessions_.emplace(record.id, std::move(added));
-    return absl::OkStatus();
+    it = sessions_.emplace(record.id, std::move(added)).first;
+  } else {
+    if (it->second.busy) return Busy(record.id);
+    SessionRecord& existing = it->second;
+    existing.model = record.model;
+    existing.tokens = record.tokens;
+    existing.created = record.created;
+    existing.last_used = std::max(existing.last_used, record.last_used);
   }
-  SessionRecord& existing = it->second;
-  existing.model = record.model;
-  existing.tokens = record.tokens;
-  existing.created = record.created;
-  existing.last_used = record.last_used;
-  existing.stored = true;
-  return absl::OkStatus();
+  it->second.stored = true;
+  it->second.busy = true;
+  return SessionLease(this, record.id);
 }
 
 void SessionRegistry::Erase(const std::string& id) {

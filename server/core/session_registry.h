@@ -91,10 +91,13 @@ class SessionRegistry {
   // `version`: of the resident copy (shared store only; 0 otherwise).
   void SetResident(const std::string& id, bool resident, int64_t version = 0);
   // Shared store: records what the store said of a session this replica is about to
-  // serve. A new record is not resident; an existing one keeps its residency and
-  // version (those describe this replica's copy) and takes the rest from `record`.
-  // RESOURCE_EXHAUSTED (--max-sessions) when a new record does not fit.
-  absl::Status UpsertFromStore(const SessionRecord& record);
+  // serve and takes its lease, in one step. A new record is not resident; an existing
+  // one keeps its residency and version (those describe this replica's copy) and its
+  // later last-use time, and takes the rest from `record`. The registry is a cache
+  // here: when full, an idle record without a resident copy makes room;
+  // RESOURCE_EXHAUSTED (--max-sessions) only when every record is busy or resident.
+  // ABORTED if a request of this replica holds the session.
+  absl::StatusOr<SessionLease> AcquireFromStore(const SessionRecord& record);
   void Erase(const std::string& id);
   // Erases `id` unless a request holds it; false if it is held (or unknown).
   bool EraseIfIdle(const std::string& id);
@@ -118,6 +121,7 @@ class SessionRegistry {
   void ReleaseUnchanged(const std::string& id);
   void ReleaseUsed(const std::string& id, absl::Time last_used);
   absl::Status FullError() const;
+  static absl::Status Busy(const std::string& id);
   absl::Status Unknown(const std::string& id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const int64_t max_sessions_;

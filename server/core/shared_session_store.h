@@ -47,6 +47,8 @@ struct StoredSessionInfo {
   absl::Time created;
   absl::Time last_used;
   int64_t version = 0;  // >= 1
+  // GetInfo only: a request (on any replica) holds the session's lease.
+  bool busy = false;
 };
 
 // A held lease: the right to change one session until `token` expires in the store.
@@ -82,7 +84,7 @@ class SharedSessionStore : public SessionStore {
   // expected_version + 1, refreshes the TTL and ends the lease, all atomically, only if
   // `token` still holds the lease and the stored version is `expected_version`.
   // Returns the new version. ABORTED if the lease or the version moved on (nothing is
-  // written).
+  // written, and a lease `token` still held is ended).
   virtual absl::StatusOr<int64_t> CommitLeased(const std::string& id, const std::string& token,
                                                int64_t expected_version, const std::string& blob,
                                                int64_t tokens, absl::Time last_used) = 0;

@@ -30,6 +30,13 @@ int main() {
   m->SetSessions(2, 1, 2 * 65536);
   m->CountSessionOperation("created");
   m->CountSessionRemoval("expired");
+  m->CountSessionStoreError("write");
+  m->ObserveSessionStoreWrite(0.002);
+  m->CountSessionCacheLookup(true);
+  m->CountSessionCacheLookup(false);
+  metrics->ObserveSessionStoreOperation("acquire", "ok", 0.0005);
+  metrics->ObserveSessionStoreOperation("acquire", "conflict", 0.0005);
+  metrics->ObserveSessionStoreOperation("commit", "unavailable", 1.0);
   metrics->ObserveRequest("Generate", "example", 0, 1.5);
   metrics->ObserveRequest("Generate", "example", 8, 0.001);
 

@@ -37,7 +37,6 @@ import os
 import random
 import re
 import resource
-import shutil
 import signal
 import socket
 import subprocess
@@ -53,6 +52,7 @@ sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
 from fwserve_process import start_server  # noqa: E402
 from fwserve_stubs import ensure_grpc, load_stubs  # noqa: E402
+from unittest_run import report_and_exit  # noqa: E402
 
 ARGS = None
 grpc = None
@@ -727,23 +727,17 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         grpc, pb, pb_grpc = load_stubs(ARGS.proto_dir, os.path.join(tmp, "stubs"), ARGS.protoc)
         program = unittest.main(argv=[sys.argv[0]] + rest, exit=False, verbosity=2)
-        result = program.result
-        failed = len(result.failures) + len(result.errors)
-        for test, _ in result.failures + result.errors:
-            for path in LOGS.get(test.id(), [])[-2:]:
+
+        def show_failure(test_id):
+            for path in LOGS.get(test_id, [])[-2:]:
                 if os.path.exists(path):
                     with open(path, "rb") as f:
                         lines = [line for line in f.read().decode(errors="replace").splitlines()
                                  if " INFO request id=" not in line]
                     sys.stderr.write("--- %s: %s (tail, without request lines)\n%s\n" % (
-                        test.id(), os.path.basename(path), "\n".join(lines[-40:])))
-        if ARGS.keep:
-            print("crash_test: work directories kept: %s" % " ".join(WORK_DIRS))
-        else:
-            for work in WORK_DIRS:
-                shutil.rmtree(work, ignore_errors=True)
-        print("%d passed, %d failed" % (result.testsRun - failed - len(result.skipped), failed))
-        sys.exit(0 if result.wasSuccessful() else 1)
+                        test_id, os.path.basename(path), "\n".join(lines[-40:])))
+
+        report_and_exit("crash_test", program.result, WORK_DIRS, ARGS.keep, show_failure)
 
 
 if __name__ == "__main__":

@@ -115,4 +115,14 @@ void Harness::Shutdown() {
   if (server_ != nullptr) server_->Shutdown();
 }
 
+fwserve::v1::GenerateRequest GreedyRequest(const std::string& prompt, int max_tokens,
+                                           const std::string& session_id) {
+  fwserve::v1::GenerateRequest request;
+  request.set_prompt(prompt);
+  request.set_max_tokens(max_tokens);
+  request.set_session_id(session_id);
+  request.mutable_sampling()->set_temperature(0);
+  return request;
+}
+
 }  // namespace fwtest

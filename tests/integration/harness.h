@@ -28,6 +28,10 @@ std::vector<double> ReferenceScore(const std::string& checkpoint_dir, const std:
 // it lives under the test's TEST_TMPDIR or /tmp).
 std::string MakeTempDir(const std::string& tag);
 
+// A Generate request with greedy sampling (temperature 0).
+fwserve::v1::GenerateRequest GreedyRequest(const std::string& prompt, int max_tokens,
+                                           const std::string& session_id = "");
+
 // A loopback TCP port that was free a moment ago.
 int FreeLoopbackPort();
 

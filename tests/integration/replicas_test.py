@@ -54,6 +54,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tools"))
 from fwserve_stubs import ensure_grpc, load_stubs  # noqa: E402
 from replica_processes import Processes  # noqa: E402
+from unittest_run import report_and_exit  # noqa: E402
 
 ARGS = None
 grpc = None
@@ -810,20 +811,14 @@ def main():
             program = unittest.main(argv=[sys.argv[0]] + rest, exit=False, verbosity=2)
         finally:
             REFERENCE.cleanup()
-        result = program.result
-        failed = len(result.failures) + len(result.errors)
-        for test, _ in result.failures + result.errors:
-            procs = PROCESSES.get(test.id())
+
+        def show_failure(test_id):
+            procs = PROCESSES.get(test_id)
             if procs is not None:
                 sys.stderr.write("=== %s: process logs (in %s)\n%s\n"
-                                 % (test.id(), procs.work, procs.tails()))
-        if ARGS.keep:
-            print("replicas_test: work directories kept: %s" % " ".join(WORK_DIRS))
-        else:
-            for work in WORK_DIRS:
-                shutil.rmtree(work, ignore_errors=True)
-        print("%d passed, %d failed" % (result.testsRun - failed - len(result.skipped), failed))
-        sys.exit(0 if result.wasSuccessful() else 1)
+                                 % (test_id, procs.work, procs.tails()))
+
+        report_and_exit("replicas_test", program.result, WORK_DIRS, ARGS.keep, show_failure)
 
 
 if __name__ == "__main__":

@@ -41,12 +41,7 @@ class ServerTest : public ::testing::Test {
 
   static v1::GenerateRequest Greedy(const std::string& prompt, int max_tokens,
                                     const std::string& session_id = "") {
-    v1::GenerateRequest request;
-    request.set_prompt(prompt);
-    request.set_max_tokens(max_tokens);
-    request.set_session_id(session_id);
-    request.mutable_sampling()->set_temperature(0);
-    return request;
+    return fwtest::GreedyRequest(prompt, max_tokens, session_id);
   }
 
   static std::string* models_dir_;

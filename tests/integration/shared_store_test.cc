@@ -20,6 +20,7 @@
 namespace fwserve {
 namespace {
 
+using fwtest::GreedyRequest;
 using fwtest::Harness;
 
 class SharedStoreTest : public ::testing::Test {
@@ -48,16 +49,6 @@ class SharedStoreTest : public ::testing::Test {
   }
 
   std::unique_ptr<Harness> StartReplica() { return Harness::Start(Options(redis_->spec())); }
-
-  static v1::GenerateRequest Greedy(const std::string& prompt, int max_tokens,
-                                    const std::string& session_id = "") {
-    v1::GenerateRequest request;
-    request.set_prompt(prompt);
-    request.set_max_tokens(max_tokens);
-    request.set_session_id(session_id);
-    request.mutable_sampling()->set_temperature(0);
-    return request;
-  }
 
   // The value of counter `name` with label `key`=`value` (0 if absent).
   static double Counter(Harness& h, const std::string& name, const std::string& key,
@@ -91,8 +82,8 @@ TEST_F(SharedStoreTest, TurnsHopBetweenServersAndMatchOneServer) {
   int64_t tokens = shared->tokens();
   for (int turn = 0; turn < 5; ++turn) {
     const std::string prompt = " turn " + std::to_string(turn) + ":";
-    auto got = turns[turn]->client().Generate(Greedy(prompt, 12, shared->session_id()));
-    auto want = reference->client().Generate(Greedy(prompt, 12, local->session_id()));
+    auto got = turns[turn]->client().Generate(GreedyRequest(prompt, 12, shared->session_id()));
+    auto want = reference->client().Generate(GreedyRequest(prompt, 12, local->session_id()));
     ASSERT_TRUE(got.ok()) << got.status();
     ASSERT_TRUE(want.ok()) << want.status();
     EXPECT_EQ(got->token_ids, want->token_ids) << "turn " << turn;
@@ -110,7 +101,7 @@ TEST_F(SharedStoreTest, TurnsHopBetweenServersAndMatchOneServer) {
   EXPECT_EQ(Counter(*b, "fwserve_session_cache_lookups_total", "result", "miss"), 2);
   // Deleted on one server, gone on the other.
   ASSERT_TRUE(b->client().DeleteSession(shared->session_id()).ok());
-  auto gone = a->client().Generate(Greedy("x", 1, shared->session_id()));
+  auto gone = a->client().Generate(GreedyRequest("x", 1, shared->session_id()));
   EXPECT_EQ(gone.status().code(), absl::StatusCode::kNotFound) << gone.status();
 }
 
@@ -122,16 +113,19 @@ TEST_F(SharedStoreTest, BusySessionIsAbortedOnAnotherServer) {
   std::atomic<bool> streaming{false};
   std::atomic<bool> stop{false};
   std::thread long_request([&] {
-    (void)a->client().Generate(Greedy("y", 4000, session->session_id()),
+    (void)a->client().Generate(GreedyRequest("y", 4000, session->session_id()),
                                [&](const v1::GenerateResponse&) {
                                  streaming = true;
                                  return !stop.load();
                                });
   });
   while (!streaming.load()) absl::SleepFor(absl::Milliseconds(5));
-  auto busy = b->client().Generate(Greedy("z", 1, session->session_id()));
+  auto busy = b->client().Generate(GreedyRequest("z", 1, session->session_id()));
   EXPECT_EQ(busy.status().code(), absl::StatusCode::kAborted) << busy.status();
   EXPECT_TRUE(absl::StrContains(busy.status().message(), "busy")) << busy.status();
+  auto seen_by_b = b->client().GetSession(session->session_id());
+  ASSERT_TRUE(seen_by_b.ok()) << seen_by_b.status();
+  EXPECT_TRUE(seen_by_b->busy());
   stop = true;
   long_request.join();
   EXPECT_GE(Counter(*b, "fwserve_session_lease_conflicts_total", "op", "acquire"), 1);
@@ -147,18 +141,19 @@ TEST_F(SharedStoreTest, WriteOfALostLeaseIsRefused) {
   std::atomic<bool> b_done{false};
   absl::Status a_status;
   std::thread long_request([&] {
-    auto result = a->client().Generate(Greedy("y", 400, id), [&](const v1::GenerateResponse&) {
-      ++received;
-      // Hold a's request open until b has committed.
-      while (received.load() == 1 && !b_done.load()) absl::SleepFor(absl::Milliseconds(5));
-      return true;
-    });
+    auto result =
+        a->client().Generate(GreedyRequest("y", 400, id), [&](const v1::GenerateResponse&) {
+          ++received;
+          // Hold a's request open until b has committed.
+          while (received.load() == 1 && !b_done.load()) absl::SleepFor(absl::Milliseconds(5));
+          return true;
+        });
     a_status = result.status();
   });
   while (received.load() == 0) absl::SleepFor(absl::Milliseconds(5));
   // a's lease disappears (as if it had expired while a was paused past it).
   ASSERT_TRUE(redis_->Command({"DEL", "fws:{" + id + "}:lease"}).ok());
-  auto b_turn = b->client().Generate(Greedy(" b", 5, id));
+  auto b_turn = b->client().Generate(GreedyRequest(" b", 5, id));
   ASSERT_TRUE(b_turn.ok()) << b_turn.status();
   const int64_t b_tokens = b_turn->usage.session_tokens();
   b_done = true;
@@ -169,7 +164,7 @@ TEST_F(SharedStoreTest, WriteOfALostLeaseIsRefused) {
   ASSERT_TRUE(after.ok()) << after.status();
   EXPECT_EQ(after->tokens(), b_tokens);
   // And a serves the session again, from b's state.
-  auto next = a->client().Generate(Greedy(" a", 3, id));
+  auto next = a->client().Generate(GreedyRequest(" a", 3, id));
   ASSERT_TRUE(next.ok()) << next.status();
   EXPECT_EQ(next->usage.session_tokens(), b_tokens + 2 + 3);
 }
@@ -180,10 +175,10 @@ TEST_F(SharedStoreTest, RedisDownIsUnavailableAndRecovers) {
   ASSERT_TRUE(session.ok()) << session.status();
   ASSERT_TRUE(redis_->Stop().ok());
 
-  auto throwaway = a->client().Generate(Greedy("hello", 5));
+  auto throwaway = a->client().Generate(GreedyRequest("hello", 5));
   EXPECT_TRUE(throwaway.ok()) << throwaway.status();
   const absl::Time start = absl::Now();
-  auto turn = a->client().Generate(Greedy("y", 5, session->session_id()));
+  auto turn = a->client().Generate(GreedyRequest("y", 5, session->session_id()));
   EXPECT_LT(absl::Now() - start, absl::Seconds(3));
   EXPECT_EQ(turn.status().code(), absl::StatusCode::kUnavailable) << turn.status();
   EXPECT_TRUE(absl::StrContains(turn.status().message(), "session store unavailable"))
@@ -195,7 +190,7 @@ TEST_F(SharedStoreTest, RedisDownIsUnavailableAndRecovers) {
   ASSERT_TRUE(redis_->Restart().ok());
   absl::StatusOr<fwserve::GenerateResult> again = absl::UnavailableError("not tried");
   for (int attempt = 0; attempt < 50 && !again.ok(); ++attempt) {
-    again = a->client().Generate(Greedy("y", 5, session->session_id()));
+    again = a->client().Generate(GreedyRequest("y", 5, session->session_id()));
     if (!again.ok()) absl::SleepFor(absl::Milliseconds(200));
   }
   ASSERT_TRUE(again.ok()) << again.status();

@@ -155,6 +155,9 @@ TEST_F(RedisStoreTest, CommitBumpsTheVersionAndEndsTheLease) {
   auto wrong_version = store_->CommitLeased(id, grant->token, 3, "x", 1, absl::Now());
   EXPECT_EQ(wrong_version.status().code(), absl::StatusCode::kAborted);
   EXPECT_EQ(*store_->Get(id), "blob-" + id);
+  // A refused write also ends the lease it held (the session is not left busy).
+  grant = store_->AcquireLease(id, kLease, 0);
+  ASSERT_TRUE(grant.ok()) << grant.status();
 
   const absl::Time used = absl::FromUnixMillis(1800000000456);
   auto version = store_->CommitLeased(id, grant->token, 1, "state-2", 42, used);
