@@ -620,7 +620,8 @@ class CoreImpl : public Core {
     }
     auto grant = shared_->AcquireLease(id, options_.session_lease_ttl, cached_version);
     if (!grant.ok()) return AnswerWorkItem(w, ClientStoreError(id, grant.status()));
-    auto ticket = std::make_shared<StoreTicket>(id, grant->token, grant->info.version);
+    auto ticket =
+        std::make_shared<StoreTicket>(id, grant->token, grant->info.version, grant->info.tag);
     EndTicketBeforeAnswers(w, ticket);
     w.ticket = ticket;
     auto engine = FindEngine(grant->info.model);

@@ -54,11 +54,12 @@ namespace fwserve {
 // once: by the fenced commit or delete (on a store thread), or by a release when the
 // request is answered without one. Thread-safe.
 struct StoreTicket {
-  StoreTicket(std::string id, std::string token, int64_t version)
-      : id(std::move(id)), token(std::move(token)), version(version) {}
+  StoreTicket(std::string id, std::string token, int64_t version, std::string tag)
+      : id(std::move(id)), token(std::move(token)), version(version), tag(std::move(tag)) {}
   const std::string id;
   const std::string token;
   const int64_t version;  // the session's version when the lease was taken (the fence)
+  const std::string tag;  // and the tag of that version (StoredSessionInfo::tag)
   // Set once the lease needs no release (committed, deleted, refused, or released).
   std::atomic<bool> ended{false};
   // Set by the renewal thread when the lease was found taken by someone else.
@@ -151,6 +152,7 @@ class Engine {
     absl::Time last_used;
     bool in_use = false;  // a task or session operation is using the slot
     int64_t version = 0;  // shared store: the store's version this copy holds
+    std::string tag = {};  // and that version's tag
   };
   struct Event {
     uint64_t stream_id;
@@ -221,9 +223,12 @@ class Engine {
   // Store thread (or the engine thread at exit): encodes a session's row and puts it
   // in the store, timing a success and logging and counting a failure.
   // Returns the stored version (shared store; 0 otherwise).
+  // `new_tag`: the tag a shared store gives a created session (a commit's tag is its
+  // ticket's token).
   absl::StatusOr<int64_t> StoreRow(const std::string& id, const fwmodel::State& row,
                                    const torch::Tensor& logits, int64_t tokens, absl::Time created,
-                                   absl::Time last_used, StoreTicket* ticket);
+                                   absl::Time last_used, StoreTicket* ticket,
+                                   const std::string& new_tag = "");
   // Store thread: deletes `id` from the store (fenced by `ticket` with a shared
   // store), logging and counting a failure.
   absl::Status DeleteFromStore(const std::string& id, StoreTicket* ticket);

@@ -86,7 +86,10 @@ void Engine::EndLeaseAfterWrite(SessionLease& lease, const std::string& id, int6
 void Engine::DropStaleCopy(WorkItem& item) {
   auto it = resident_.find(item.session_id);
   if (it == resident_.end() || it->second.in_use) return;
-  if (!item.loaded.has_value() && it->second.version == item.ticket->version) return;
+  if (!item.loaded.has_value() && it->second.version == item.ticket->version &&
+      it->second.tag == item.ticket->tag) {
+    return;
+  }
   RemoveSession(item.session_id);
   registry_->SetResident(item.session_id, false);
 }
@@ -177,15 +180,20 @@ void Engine::WriteThrough(const std::string& id, int slot, int64_t tokens, absl:
   // Copies taken now, on the engine thread: the slot may change once `then` has run.
   auto row = std::make_shared<fwmodel::State>(pool_.CopyRow(slot));
   torch::Tensor logits = tokens > 0 ? pool_.CopyLogits(slot) : torch::Tensor();
-  RunStoreJob([this, id, row, logits, tokens, created, last_used, ticket,
+  // The tag of the version this write makes (shared store): a commit's is its lease
+  // token, a new session's a fresh random one.
+  std::string new_tag;
+  if (shared_store_ != nullptr) new_tag = ticket != nullptr ? ticket->token : NewSessionId();
+  RunStoreJob([this, id, row, logits, tokens, created, last_used, ticket, new_tag,
                then = std::move(then)]() -> std::function<void()> {
     const absl::StatusOr<int64_t> version =
-        StoreRow(id, *row, logits, tokens, created, last_used, ticket.get());
-    return [this, id, then, version] {
+        StoreRow(id, *row, logits, tokens, created, last_used, ticket.get(), new_tag);
+    return [this, id, then, version, new_tag] {
       if (shared_store_ != nullptr) {
         auto it = resident_.find(id);
         if (version.ok() && it != resident_.end()) {
           it->second.version = *version;
+          it->second.tag = new_tag;
           registry_->SetResident(id, true, *version);
         } else if (!version.ok()) {
           // The store keeps the last committed state; this copy may be ahead of it.
@@ -201,7 +209,7 @@ void Engine::WriteThrough(const std::string& id, int slot, int64_t tokens, absl:
 absl::StatusOr<int64_t> Engine::StoreRow(const std::string& id, const fwmodel::State& row,
                                          const torch::Tensor& logits, int64_t tokens,
                                          absl::Time created, absl::Time last_used,
-                                         StoreTicket* ticket) {
+                                         StoreTicket* ticket, const std::string& new_tag) {
   const absl::Time start = absl::Now();
   absl::StatusOr<int64_t> version = int64_t{0};
   try {
@@ -225,6 +233,7 @@ absl::StatusOr<int64_t> Engine::StoreRow(const std::string& id, const fwmodel::S
       info.created = created;
       info.last_used = last_used;
       info.version = 1;
+      info.tag = new_tag;
       absl::Status created_status = shared_store_->CreateSession(info, *blob);
       version = created_status.ok() ? absl::StatusOr<int64_t>(1) : created_status;
     }
@@ -413,8 +422,13 @@ absl::StatusOr<int> Engine::EnsureResident(WorkItem& item) {
   const fwmodel::DecodedState& decoded = *item.loaded;
   pool_.SetRow(*slot, decoded.state, decoded.tokens > 0 ? decoded.next_logits : torch::Tensor());
   const int64_t version = item.ticket != nullptr ? item.ticket->version : 0;
-  resident_[id] =
-      ResidentSession{*slot, decoded.tokens, record->created, record->last_used, false, version};
+  resident_[id] = ResidentSession{*slot,
+                                  decoded.tokens,
+                                  record->created,
+                                  record->last_used,
+                                  false,
+                                  version,
+                                  item.ticket != nullptr ? item.ticket->tag : std::string()};
   item.loaded.reset();
   registry_->SetResident(id, true, version);
   if (metrics_ != nullptr && item.ticket != nullptr) metrics_->CountSessionCacheLookup(false);

@@ -39,17 +39,17 @@ struct Script {
 };
 
 // ARGV: token, lease ttl ms, session ttl ms, cached version.
-// {0}: no session; {1}: busy; {2, ver, model, tokens, created, used[, blob]}.
+// {0}: no session; {1}: busy; {2, ver, model, tokens, created, used, tag[, blob]}.
 constexpr char kAcquireLua[] = R"lua(
 if redis.call('EXISTS', KEYS[1]) == 0 then return {0} end
 if not redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then return {1} end
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
-local v = redis.call('HMGET', KEYS[1], 'ver', 'model', 'tokens', 'created', 'used')
-for i = 1, 5 do v[i] = v[i] or '' end
+local v = redis.call('HMGET', KEYS[1], 'ver', 'model', 'tokens', 'created', 'used', 'tag')
+for i = 1, 6 do v[i] = v[i] or '' end
 if v[1] ~= ARGV[4] then
-  return {2, v[1], v[2], v[3], v[4], v[5], redis.call('HGET', KEYS[1], 'blob') or ''}
+  return {2, v[1], v[2], v[3], v[4], v[5], v[6], redis.call('HGET', KEYS[1], 'blob') or ''}
 end
-return {2, v[1], v[2], v[3], v[4], v[5]}
+return {2, v[1], v[2], v[3], v[4], v[5], v[6]}
 )lua";
 
 // ARGV: token, lease ttl ms. 1: renewed; 0: not held.
@@ -81,17 +81,18 @@ if v ~= ARGV[2] then
   return {1, v or ''}
 end
 local nv = redis.call('HINCRBY', KEYS[1], 'ver', 1)
-redis.call('HSET', KEYS[1], 'blob', ARGV[3], 'tokens', ARGV[4], 'used', ARGV[5])
+redis.call('HSET', KEYS[1], 'blob', ARGV[3], 'tokens', ARGV[4], 'used', ARGV[5], 'tag', ARGV[1])
 redis.call('PEXPIRE', KEYS[1], ARGV[6])
 redis.call('DEL', KEYS[2])
 return {2, nv}
 )lua";
 
-// ARGV: model, tokens, created ms, used ms, blob, session ttl ms. 1: created; 0: exists.
+// ARGV: model, tokens, created ms, used ms, blob, session ttl ms, tag. 1: created;
+// 0: exists.
 constexpr char kCreateLua[] = R"lua(
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
 redis.call('HSET', KEYS[1], 'ver', 1, 'model', ARGV[1], 'tokens', ARGV[2], 'created', ARGV[3],
-           'used', ARGV[4], 'blob', ARGV[5])
+           'used', ARGV[4], 'blob', ARGV[5], 'tag', ARGV[7])
 redis.call('PEXPIRE', KEYS[1], ARGV[6])
 return 1
 )lua";
@@ -111,9 +112,9 @@ redis.call('DEL', KEYS[1], KEYS[2])
 return c or ''
 )lua";
 
-// ARGV: blob, now ms, session ttl ms. {new version, created}.
+// ARGV: blob, now ms, session ttl ms, tag. {new version, created}.
 constexpr char kPutLua[] = R"lua(
-redis.call('HSET', KEYS[1], 'blob', ARGV[1])
+redis.call('HSET', KEYS[1], 'blob', ARGV[1], 'tag', ARGV[4])
 local v = redis.call('HINCRBY', KEYS[1], 'ver', 1)
 if v == 1 then
   redis.call('HSET', KEYS[1], 'model', '', 'tokens', '0', 'created', ARGV[2], 'used', ARGV[2])
@@ -768,7 +769,8 @@ absl::StatusOr<StoreLeaseGrant> RedisSessionStore::AcquireLease(const std::strin
       (void)(*conn)->Eval(ReleaseScript(), {SessionKey(id), LeaseKey(id)}, {grant.token});
       return parsed;
     }
-    if (r->elements >= 7) grant.blob = Text(r->element[6]);
+    if (r->elements >= 7) grant.info.tag = Text(r->element[6]);
+    if (r->elements >= 8) grant.blob = Text(r->element[7]);
     return grant;
   });
 }
@@ -867,10 +869,11 @@ absl::Status RedisSessionStore::CreateSession(const StoredSessionInfo& info,
     auto conn = Checkout();
     if (!conn.ok()) return conn.status();
     const int64_t created = std::max<int64_t>(0, absl::ToUnixMillis(info.created));
-    auto reply = (*conn)->Eval(CreateScript(), {SessionKey(info.id), LeaseKey(info.id)},
-                               {info.model, absl::StrCat(info.tokens), absl::StrCat(created),
-                                absl::StrCat(absl::ToUnixMillis(info.last_used)), blob,
-                                absl::StrCat(Millis(options_.session_ttl))});
+    auto reply = (*conn)->Eval(
+        CreateScript(), {SessionKey(info.id), LeaseKey(info.id)},
+        {info.model, absl::StrCat(info.tokens), absl::StrCat(created),
+         absl::StrCat(absl::ToUnixMillis(info.last_used)), blob,
+         absl::StrCat(Millis(options_.session_ttl)), info.tag.empty() ? NewSessionId() : info.tag});
     if (!reply.ok()) return reply.status();
     long long made = 0;
     if (!IsInteger(reply->get(), &made)) {
@@ -950,7 +953,7 @@ absl::Status RedisSessionStore::Put(const std::string& id, const std::string& bl
     if (!conn.ok()) return conn.status();
     auto reply = (*conn)->Eval(PutScript(), {SessionKey(id), LeaseKey(id)},
                                {blob, absl::StrCat(absl::ToUnixMillis(absl::Now())),
-                                absl::StrCat(Millis(options_.session_ttl))});
+                                absl::StrCat(Millis(options_.session_ttl)), NewSessionId()});
     if (!reply.ok()) return reply.status();
     const redisReply* r = reply->get();
     long long version = 0, created = 0;

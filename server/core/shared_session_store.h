@@ -2,8 +2,9 @@
 // one process, is where a session lives. Each replica's resident pool is only a cache.
 //
 // The model (docs/sessions.md, "Many replicas"):
-//   * Every session has a version, 1 at creation, bumped by each committed request.
-//     A replica uses its resident copy only if its version equals the store's.
+//   * Every session has a version, 1 at creation, bumped by each committed request,
+//     and a tag naming the commit that wrote it. A replica uses its resident copy only
+//     if its version and tag equal the store's.
 //   * One request per session across replicas: a request takes the session's lease in
 //     the store (set-if-absent with an expiry and a random token), renews it while it
 //     runs, and ends it by committing or releasing.
@@ -13,7 +14,8 @@
 //   * Idle sessions expire through the store (a TTL refreshed by every lease/commit).
 //
 // Key layout (cluster-ready: the keys of one session share the hash tag {<id>}):
-//   <prefix>{<id>}:s      hash: ver, model, tokens, created (unix ms), used (unix ms), blob
+//   <prefix>{<id>}:s      hash: ver, tag, model, tokens, created (unix ms), used (unix ms),
+//                         blob
 //   <prefix>{<id>}:lease  string: the holder's token, with a PX expiry
 //   <prefix>index         sorted set (all scores 0) of "<created ms, 13 digits>:<id>", the
 //                         listing index. It is a hint, updated after the session's own
@@ -47,6 +49,11 @@ struct StoredSessionInfo {
   absl::Time created;
   absl::Time last_used;
   int64_t version = 0;  // >= 1
+  // Names the commit that wrote this version (random; the committing lease's token).
+  // A version number can repeat if Redis loses acknowledged commits (a failover), so a
+  // cached copy is current only if both version and tag match. AcquireLease fills it;
+  // CreateSession stores it (a random one if empty).
+  std::string tag;
   // GetInfo only: a request (on any replica) holds the session's lease.
   bool busy = false;
 };
@@ -81,8 +88,9 @@ class SharedSessionStore : public SessionStore {
   // Ends a held lease without changing the session. OK also if it was already lost.
   virtual absl::Status ReleaseLease(const std::string& id, const std::string& token) = 0;
   // The fenced write: stores `blob` (and tokens, last_used) as version
-  // expected_version + 1, refreshes the TTL and ends the lease, all atomically, only if
-  // `token` still holds the lease and the stored version is `expected_version`.
+  // expected_version + 1 with tag `token`, refreshes the TTL and ends the lease, all
+  // atomically, only if `token` still holds the lease and the stored version is
+  // `expected_version`.
   // Returns the new version. ABORTED if the lease or the version moved on (nothing is
   // written, and a lease `token` still held is ended).
   virtual absl::StatusOr<int64_t> CommitLeased(const std::string& id, const std::string& token,

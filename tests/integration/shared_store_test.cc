@@ -169,6 +169,28 @@ TEST_F(SharedStoreTest, WriteOfALostLeaseIsRefused) {
   EXPECT_EQ(next->usage.session_tokens(), b_tokens + 2 + 3);
 }
 
+TEST_F(SharedStoreTest, ACachedCopyOfALostCommitIsNotServed) {
+  auto a = StartReplica();
+  auto b = StartReplica();
+  auto session = a->client().CreateSession("", "x");
+  ASSERT_TRUE(session.ok()) << session.status();
+  const std::string id = session->session_id();
+  const std::string key = "fws:{" + id + "}:s";
+  auto version_1 = redis_->Command({"DUMP", key});
+  ASSERT_TRUE(version_1.ok()) << version_1.status();
+  auto lost = a->client().Generate(GreedyRequest(" a long turn", 5, id));  // version 2 on a
+  ASSERT_TRUE(lost.ok()) << lost.status();
+  // Redis loses that commit (a failover to a replica that never received it).
+  ASSERT_TRUE(redis_->Command({"RESTORE", key, "0", *version_1, "REPLACE"}).ok());
+  auto other = b->client().Generate(GreedyRequest(" b", 5, id));  // version 2 again, on b
+  ASSERT_TRUE(other.ok()) << other.status();
+  EXPECT_EQ(other->usage.session_tokens(), 1 + 2 + 5);
+  // a holds "version 2" too, but of the lost timeline: it must load b's.
+  auto next = a->client().Generate(GreedyRequest(" c", 3, id));
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_EQ(next->usage.session_tokens(), 1 + 2 + 5 + 2 + 3);
+}
+
 TEST_F(SharedStoreTest, RedisDownIsUnavailableAndRecovers) {
   auto a = StartReplica();
   auto session = a->client().CreateSession("", "x");
