@@ -16,6 +16,10 @@ import time
 import urllib.parse
 import urllib.request
 
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
+from unittest_run import check  # noqa: E402
+
 
 def free_port():
     with socket.socket() as s:
@@ -74,7 +78,7 @@ scrape_configs:
         result = wait_for(lambda: query('fwserve_model_info{job="fwserve"}'), 60,
                           "Prometheus to ingest fwserve_model_info")
         labels = result[0]["metric"]
-        assert labels.get("model") == os.path.basename(model_dir.rstrip("/")), labels
+        check(labels.get("model") == os.path.basename(model_dir.rstrip("/")), labels)
         up = wait_for(lambda: query('up{job="fwserve"} == 1'), 30, "up == 1")
         print(f"PASS: Prometheus ingested fwserve_model_info {labels} and up={up[0]['value'][1]}")
     finally:

@@ -14,6 +14,7 @@ import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
 from fwserve_process import start_server, stop_server  # noqa: E402
+from unittest_run import check  # noqa: E402
 
 
 def main():
@@ -51,18 +52,18 @@ def main():
         responses = list(stub.ServerReflectionInfo(iter(requests), timeout=10))
         services = {s.name for s in responses[0].list_services_response.service}
         for expected in ("fwserve.v1.Fwserve", "grpc.health.v1.Health"):
-            assert expected in services, f"{expected} not in {services}"
+            check(expected in services, f"{expected} not in {services}")
         files = [descriptor_pb2.FileDescriptorProto.FromString(b)
                  for b in responses[1].file_descriptor_response.file_descriptor_proto]
         methods = {m.name for f in files for s in f.service if s.name == "Fwserve"
                    for m in s.method}
         for expected in ("Generate", "Score", "CreateSession", "ExportSession", "ListModels"):
-            assert expected in methods, f"{expected} not in {methods}"
+            check(expected in methods, f"{expected} not in {methods}")
 
         health = health_pb2_grpc.HealthStub(channel)
         for service in ("", "fwserve.v1.Fwserve"):
             status = health.Check(health_pb2.HealthCheckRequest(service=service), timeout=10)
-            assert status.status == health_pb2.HealthCheckResponse.SERVING, status
+            check(status.status == health_pb2.HealthCheckResponse.SERVING, status)
         print(f"PASS: reflection lists {sorted(services)}; Fwserve has {len(methods)} methods; "
               "health SERVING")
     finally:

@@ -32,9 +32,15 @@ def start_server(fwserve, model, log_path, extra=()):
 
 
 def stop_server(process):
-    process.send_signal(signal.SIGTERM)
+    """SIGTERM, then the graceful drain: fwserve must exit with status 0 within 30 s.
+    Raises AssertionError otherwise (after killing it), also when it had already died."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
     try:
-        process.wait(timeout=30)
+        code = process.wait(timeout=30)
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()
+        raise AssertionError("fwserve did not exit within 30 s of SIGTERM (killed)")
+    if code != 0:
+        raise AssertionError(f"fwserve exited with status {code} after SIGTERM, not 0")

@@ -18,3 +18,9 @@ def report_and_exit(name, result, work_dirs, keep, show_failure):
             shutil.rmtree(work, ignore_errors=True)
     print("%d passed, %d failed" % (result.testsRun - failed - len(result.skipped), failed))
     sys.exit(0 if result.wasSuccessful() else 1)
+
+
+def check(condition, message):
+    """An assertion that `python3 -O` (PYTHONOPTIMIZE) cannot strip, unlike `assert`."""
+    if not condition:
+        raise AssertionError(message)
