@@ -2,6 +2,7 @@
 // the real client library over a real gRPC channel. Models are small random
 // checkpoints written by the test, except where the shipped model is named.
 #include <gtest/gtest.h>
+#include <prometheus/registry.h>
 
 #include <algorithm>
 #include <atomic>
@@ -48,6 +49,16 @@ class ServerTest : public ::testing::Test {
 };
 
 std::string* ServerTest::models_dir_ = nullptr;
+
+// True once a request holds session `id` (polled for up to 10 s).
+bool WaitUntilBusy(fwserve::Client& client, const std::string& id) {
+  for (int i = 0; i < 2000; ++i) {
+    auto info = client.GetSession(id);
+    if (info.ok() && info->busy()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return false;
+}
 
 // ----------------------------------------------------------------------------------
 // Streaming.
@@ -327,9 +338,8 @@ TEST_F(ServerTest, AGenerateCancelledWhileQueuedNeverRuns) {
   ASSERT_TRUE(active->Next(&message));
   auto queued =
       server->client().StartGenerate(Greedy(std::string(100000, 'q'), 5, session->session_id()));
-  for (int i = 0; i < 1000 && !server->client().GetSession(session->session_id())->busy(); ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
+  ASSERT_TRUE(WaitUntilBusy(server->client(), session->session_id()))
+      << "the second request never reached the server";
   queued->Cancel();
   while (queued->Next(&message)) {
   }
@@ -412,6 +422,43 @@ TEST_F(ServerTest, ManyConcurrentStreamsAllComplete) {
   for (auto& t : threads) t.join();
   // Batched decoding gives every stream the same tokens as decoding it alone.
   EXPECT_EQ(matching.load(), 16);
+}
+
+TEST_F(ServerTest, ConcurrentStreamsShareDecodeSteps) {
+  fwserve::CoreOptions options = Options();
+  options.max_tokens = 1000000;
+  auto server = Harness::Start(options);
+  ASSERT_NE(server, nullptr);
+  // Eight streams that cannot finish (a million tokens each) are all running once
+  // each has sent a token; from then on every decode step may batch them.
+  std::vector<std::unique_ptr<fwserve::GenerateStream>> streams;
+  v1::GenerateResponse message;
+  for (int i = 0; i < 8; ++i) {
+    streams.push_back(server->client().StartGenerate(Greedy("batch me", 1000000)));
+  }
+  for (auto& stream : streams) ASSERT_TRUE(stream->Next(&message));
+  for (int i = 0; i < 20; ++i) {
+    for (auto& stream : streams) ASSERT_TRUE(stream->Next(&message));
+  }
+  for (auto& stream : streams) {
+    stream->Cancel();
+    while (stream->Next(&message)) {
+    }
+    EXPECT_EQ(stream->Finish().code(), StatusCode::kCancelled);
+  }
+  // Steps that held more than one stream: all steps minus those in the "le=1" bucket.
+  double steps = 0, single = 0;
+  for (const auto& family : server->metrics().registry()->Collect()) {
+    if (family.name != "fwserve_engine_batch_size") continue;
+    for (const auto& metric : family.metric) {
+      steps += static_cast<double>(metric.histogram.sample_count);
+      for (const auto& bucket : metric.histogram.bucket) {
+        if (bucket.upper_bound == 1) single += static_cast<double>(bucket.cumulative_count);
+      }
+    }
+  }
+  EXPECT_GE(steps, 21);
+  EXPECT_GT(steps - single, 0) << "no decode step batched two streams";
 }
 
 // ----------------------------------------------------------------------------------
@@ -724,9 +771,8 @@ TEST_F(ServerTest, FullQueueAnswersResourceExhaustedAtOnce) {
   // The second request waits in the queue; it holds its session's lease from the moment
   // it is accepted, which is how the test knows it has arrived.
   auto queued = server->client().StartGenerate(Greedy("", 5, session->session_id()));
-  for (int i = 0; i < 1000 && !server->client().GetSession(session->session_id())->busy(); ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
+  ASSERT_TRUE(WaitUntilBusy(server->client(), session->session_id()))
+      << "the second request never reached the server";
   // The queue is full: the next request is refused at once, naming the limit.
   absl::Status refused = server->client().Generate(Greedy("c", 5)).status();
   EXPECT_EQ(refused.code(), StatusCode::kResourceExhausted);
