@@ -1,0 +1,28 @@
+# Process-level tests in Python (Debian's python3 with python3-grpcio): real fwserve
+# processes, and real redis-server and haproxy where a case needs them, started on
+# free loopback ports and stopped at the end. include()d from tests/CMakeLists.txt
+# after FWSERVE_SYSTEM_PYTHON3 is defined. One ctest test per case; they share a lock
+# so that no two of these process-heavy tests load the machine at once.
+#   crash_test.py     durable sessions survive kill -9 (--session-store dir:)
+#   replicas_test.py  several replicas on one Redis behind HAProxy (redis://)
+function(fwserve_add_process_test name script case)
+  add_test(NAME ${name}
+           COMMAND ${FWSERVE_SYSTEM_PYTHON3} ${PROJECT_SOURCE_DIR}/tests/integration/${script}
+                   --fwserve $<TARGET_FILE:fwserve>
+                   --model ${PROJECT_SOURCE_DIR}/models/pretrained/aft-shakespeare
+                   --proto-dir ${PROJECT_SOURCE_DIR}/proto ${ARGN} ${case})
+  set_tests_properties(${name} PROPERTIES LABELS integration TIMEOUT 300
+                       RESOURCE_LOCK fwserve_process_tests
+                       ENVIRONMENT OMP_NUM_THREADS=1)
+endfunction()
+
+fwserve_add_process_test(crash_kill9_under_load crash_test.py CrashTest.test_kill9_under_load)
+fwserve_add_process_test(crash_loop crash_test.py CrashTest.test_crash_loop)
+fwserve_add_process_test(crash_store_write_failure crash_test.py
+                         CrashTest.test_store_write_failure)
+
+set(_haproxy --haproxy-config ${PROJECT_SOURCE_DIR}/deploy/haproxy/haproxy.cfg)
+foreach(case hopping_conversation replica_crash fencing redis_restart redis_down)
+  fwserve_add_process_test(replicas_${case} replicas_test.py ReplicasTest.test_${case}
+                           ${_haproxy})
+endforeach()
