@@ -980,6 +980,31 @@ TEST_F(ServerTest, IdleSessionsSpillToDiskAndComeBack) {
   EXPECT_EQ(server->client().ListAllSessions()->size(), 4u);
 }
 
+TEST_F(ServerTest, ASpilledSessionThatCannotBeReadBackIsDataLoss) {
+  fwserve::CoreOptions options = Options();
+  const std::string dir = MakeTempDir("data-loss");
+  options.session_store = "dir:" + dir;
+  auto server = Harness::Start(options);
+  ASSERT_NE(server, nullptr);
+  const int64_t state_bytes = server->client().DescribeModel()->state_bytes_per_session();
+  server.reset();
+  options.max_state_memory_bytes = state_bytes;  // one resident session at a time
+  server = Harness::Start(options);
+  ASSERT_NE(server, nullptr);
+  auto first = server->client().CreateSession("", "first");
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_TRUE(server->client().CreateSession("", "second").ok());  // spills the first
+  const std::string path = dir + "/" + first->session_id() + ".fwstate";
+  ASSERT_FALSE(server->client().GetSession(first->session_id())->resident());
+  ASSERT_TRUE(std::filesystem::exists(path));
+  std::ofstream(path, std::ios::trunc) << "not a state";
+  auto turn = server->client().Generate(Greedy("x", 3, first->session_id()));
+  EXPECT_EQ(turn.status().code(), StatusCode::kDataLoss) << turn.status();
+  EXPECT_EQ(turn.status().message().find(dir), std::string::npos) << "leaks the path";
+  // The other session is unaffected.
+  EXPECT_EQ(server->client().ListAllSessions()->size(), 2u);
+}
+
 TEST_F(ServerTest, SessionsPersistAcrossARestart) {
   fwserve::CoreOptions options = Options();
   options.session_store = "dir:" + MakeTempDir("persist");
