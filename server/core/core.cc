@@ -401,10 +401,7 @@ class CoreImpl : public Core {
     bool idle = true;
     for (auto& engine : engines_) idle &= engine->WaitIdle(deadline);
     absl::MutexLock lock(&core_jobs_mu_);
-    const auto no_jobs = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_jobs_mu_) {
-      return core_jobs_ == 0;
-    };
-    idle &= core_jobs_mu_.AwaitWithDeadline(absl::Condition(&no_jobs), deadline);
+    idle &= core_jobs_mu_.AwaitWithDeadline(absl::Condition(this, &CoreImpl::NoCoreJobs), deadline);
     return idle;
   }
 
@@ -420,19 +417,13 @@ class CoreImpl : public Core {
       // call is bounded by --session-store-timeout; draining engines refuse the work).
       absl::MutexLock lock(&core_jobs_mu_);
       stop_renewing_ = true;
-      const auto no_jobs = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_jobs_mu_) {
-        return core_jobs_ == 0;
-      };
-      core_jobs_mu_.Await(absl::Condition(&no_jobs));
+      core_jobs_mu_.Await(absl::Condition(this, &CoreImpl::NoCoreJobs));
     }
     if (renewer_.joinable()) renewer_.join();
     for (auto& engine : engines_) engine->Stop();
     // Answers made while the engines stopped may have started lease releases.
     absl::MutexLock lock(&core_jobs_mu_);
-    const auto no_jobs = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_jobs_mu_) {
-      return core_jobs_ == 0;
-    };
-    core_jobs_mu_.Await(absl::Condition(&no_jobs));
+    core_jobs_mu_.Await(absl::Condition(this, &CoreImpl::NoCoreJobs));
   }
 
  private:
@@ -535,6 +526,8 @@ class CoreImpl : public Core {
     }
     return absl::OkStatus();
   }
+
+  bool NoCoreJobs() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_jobs_mu_) { return core_jobs_ == 0; }
 
   // Runs `job` on a store thread, counted for WaitIdle/Stop.
   void RunCoreJob(std::function<void()> job) {
