@@ -11,50 +11,15 @@ protobuf-compiler-grpc).
 Usage: python_client_test.py --fwserve PATH --proto-dir DIR --model DIR [--protoc PATH]
 """
 import argparse
-import importlib
 import math
 import os
-import shutil
-import subprocess
 import sys
 import tempfile
 import time
 import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
-from fwserve_stubs import ensure_grpc  # noqa: E402
-
-
-def generate_stubs(proto_dir, out_dir, protoc):
-    """Writes fwserve/v1/fwserve_pb2{,_grpc}.py and fwtest_health/health_pb2{,_grpc}.py.
-
-    health.proto is copied under another directory: a generated grpc/health/v1 package
-    would be shadowed by the installed `grpc` package. Its proto package (and so the
-    service name on the wire) is still grpc.health.v1."""
-    source = os.path.join(out_dir, "src")
-    os.makedirs(os.path.join(source, "fwserve", "v1"))
-    os.makedirs(os.path.join(source, "fwtest_health"))
-    shutil.copy(os.path.join(proto_dir, "fwserve", "v1", "fwserve.proto"),
-                os.path.join(source, "fwserve", "v1"))
-    shutil.copy(os.path.join(proto_dir, "grpc", "health", "v1", "health.proto"),
-                os.path.join(source, "fwtest_health"))
-    protos = ["fwserve/v1/fwserve.proto", "fwtest_health/health.proto"]
-    try:
-        importlib.import_module("grpc_tools")
-        command = [sys.executable, "-m", "grpc_tools.protoc"]
-        plugin = []
-    except ImportError:
-        plugin_path = shutil.which("grpc_python_plugin")
-        if plugin_path is None:
-            raise RuntimeError("neither grpc_tools nor grpc_python_plugin is available")
-        command = [protoc or shutil.which("protoc")]
-        plugin = ["--plugin=protoc-gen-grpc=" + plugin_path]
-    subprocess.run(command + plugin + ["--proto_path=" + source, "--python_out=" + out_dir,
-                                       "--grpc_out=" + out_dir] + protos, check=True)
-    sys.path.insert(0, out_dir)
-
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
+from fwserve_stubs import ensure_grpc, generate_stubs  # noqa: E402
 from fwserve_process import start_server, stop_server  # noqa: E402
 
 TARGET = None
@@ -226,7 +191,8 @@ def main():
     parser.add_argument("--protoc", default=None)
     args, rest = parser.parse_known_args()
     with tempfile.TemporaryDirectory() as tmp:
-        generate_stubs(args.proto_dir, os.path.join(tmp, "stubs"), args.protoc)
+        generate_stubs(args.proto_dir, os.path.join(tmp, "stubs"), args.protoc,
+                       with_health=True)
         log_path = os.path.join(tmp, "fwserve.log")
         process, TARGET = start_server(args.fwserve, args.model, log_path)
         try:

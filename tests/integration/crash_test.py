@@ -51,7 +51,7 @@ import warnings
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
 from fwserve_process import start_server  # noqa: E402
-from fwserve_stubs import ensure_grpc, load_stubs  # noqa: E402
+from fwserve_stubs import ensure_grpc, load_stubs, stream_generate  # noqa: E402
 from unittest_run import report_and_exit  # noqa: E402
 
 ARGS = None
@@ -228,16 +228,10 @@ def generate(stub, **fields):
     (token ids, last message) or raises the RpcError."""
     deadline = time.time() + LOADING_RETRY_S
     while True:
-        tokens = []
-        last = None
         try:
-            for message in stub.Generate(pb.GenerateRequest(**fields), timeout=RPC_TIMEOUT_S):
-                tokens.extend(message.token_ids)
-                if message.HasField("usage"):
-                    last = message
-            return tokens, last
+            return stream_generate(stub, pb, RPC_TIMEOUT_S, **fields)
         except grpc.RpcError as error:
-            if (error.code() != grpc.StatusCode.UNAVAILABLE or tokens
+            if (error.code() != grpc.StatusCode.UNAVAILABLE or error.streamed
                     or time.time() > deadline):
                 raise
             check_running()

@@ -52,7 +52,7 @@ import warnings
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tools"))
-from fwserve_stubs import ensure_grpc, load_stubs  # noqa: E402
+from fwserve_stubs import ensure_grpc, load_stubs, stream_generate  # noqa: E402
 from replica_processes import Processes  # noqa: E402
 from unittest_run import report_and_exit  # noqa: E402
 
@@ -225,17 +225,7 @@ def list_all(stub, page_size):
 
 def generate(stub, timeout=RPC_TIMEOUT_S, **fields):
     """One Generate: (tokens, last message); raises the RpcError (with .streamed)."""
-    tokens = []
-    last = None
-    try:
-        for message in stub.Generate(pb.GenerateRequest(**fields), timeout=timeout):
-            tokens.extend(message.token_ids)
-            if message.HasField("usage"):
-                last = message
-    except grpc.RpcError as error:
-        error.streamed = tokens
-        raise
-    return tokens, last
+    return stream_generate(stub, pb, timeout, **fields)
 
 
 # What a request cut by a replica's death may end with (see test_replica_crash).

@@ -43,12 +43,23 @@ def ensure_grpc():
     sys.exit(1)
 
 
-def generate_stubs(proto_dir, out_dir, protoc=None):
-    """Writes out_dir/fwserve/v1/fwserve_pb2{,_grpc}.py and puts out_dir on sys.path."""
+def generate_stubs(proto_dir, out_dir, protoc=None, with_health=False):
+    """Writes out_dir/fwserve/v1/fwserve_pb2{,_grpc}.py and puts out_dir on sys.path.
+
+    with_health: also fwtest_health/health_pb2{,_grpc}.py. health.proto is copied under
+    another directory: a generated grpc/health/v1 package would be shadowed by the
+    installed `grpc` package. Its proto package (and so the service name on the wire)
+    is still grpc.health.v1."""
     source = os.path.join(out_dir, "src")
     os.makedirs(os.path.join(source, "fwserve", "v1"), exist_ok=True)
     shutil.copy(os.path.join(proto_dir, "fwserve", "v1", "fwserve.proto"),
                 os.path.join(source, "fwserve", "v1"))
+    protos = ["fwserve/v1/fwserve.proto"]
+    if with_health:
+        os.makedirs(os.path.join(source, "fwtest_health"), exist_ok=True)
+        shutil.copy(os.path.join(proto_dir, "grpc", "health", "v1", "health.proto"),
+                    os.path.join(source, "fwtest_health"))
+        protos.append("fwtest_health/health.proto")
     try:
         importlib.import_module("grpc_tools")
         command = [sys.executable, "-m", "grpc_tools.protoc"]
@@ -62,8 +73,7 @@ def generate_stubs(proto_dir, out_dir, protoc=None):
         command = [protoc]
         plugin = ["--plugin=protoc-gen-grpc=" + plugin_path]
     subprocess.run(command + plugin + ["--proto_path=" + source, "--python_out=" + out_dir,
-                                       "--grpc_out=" + out_dir, "fwserve/v1/fwserve.proto"],
-                   check=True)
+                                       "--grpc_out=" + out_dir] + protos, check=True)
     if out_dir not in sys.path:
         sys.path.insert(0, out_dir)
 
@@ -74,3 +84,21 @@ def load_stubs(proto_dir, out_dir, protoc=None):
     import grpc
     from fwserve.v1 import fwserve_pb2, fwserve_pb2_grpc
     return grpc, fwserve_pb2, fwserve_pb2_grpc
+
+
+def stream_generate(stub, pb, timeout, **fields):
+    """One Generate call read to its end: (token ids, the last message, which carries
+    usage). On failure the grpc.RpcError is raised with `.streamed` set to the token ids
+    that arrived before it."""
+    import grpc  # after ensure_grpc()
+    tokens = []
+    last = None
+    try:
+        for message in stub.Generate(pb.GenerateRequest(**fields), timeout=timeout):
+            tokens.extend(message.token_ids)
+            if message.HasField("usage"):
+                last = message
+    except grpc.RpcError as error:
+        error.streamed = tokens
+        raise
+    return tokens, last
