@@ -258,7 +258,7 @@ class CoreImpl : public Core {
     const bool shared_session = shared_ != nullptr && !params.session_id.empty();
     Engine* engine = nullptr;
     if (shared_session) {
-      if (absl::Status valid = CheckSharedSessionRequest(model, params.session_id); !valid.ok()) {
+      if (absl::Status valid = CheckSessionRequest(model, params.session_id); !valid.ok()) {
         return valid;
       }
     } else {
@@ -295,8 +295,7 @@ class CoreImpl : public Core {
     const bool shared_session = shared_ != nullptr && !params.session_id.empty();
     Engine* engine = nullptr;
     if (shared_session) {
-      if (absl::Status valid = CheckSharedSessionRequest(params.model, params.session_id);
-          !valid.ok()) {
+      if (absl::Status valid = CheckSessionRequest(params.model, params.session_id); !valid.ok()) {
         return done(valid);
       }
     } else {
@@ -465,15 +464,22 @@ class CoreImpl : public Core {
     return UnknownModel(model);
   }
 
+  // A request naming session `id` (and `model`, if not empty): INVALID_ARGUMENT for a
+  // malformed id, NOT_FOUND for a model this server does not serve.
+  absl::Status CheckSessionRequest(const std::string& model, const std::string& id) const {
+    if (absl::Status valid = ValidateSessionId(id); !valid.ok()) return valid;
+    if (!model.empty()) {
+      if (auto engine = FindEngine(model); !engine.ok()) return engine.status();
+    }
+    return absl::OkStatus();
+  }
+
   // The engine serving the request; with a session, also takes its lease into `lease`
   // (released when the work item is answered or dropped).
   absl::StatusOr<Engine*> ResolveModelAndLease(const std::string& model,
                                                const std::string& session_id, SessionLease* lease) {
     if (session_id.empty()) return FindEngine(model);
-    if (absl::Status valid = ValidateSessionId(session_id); !valid.ok()) return valid;
-    if (!model.empty()) {
-      if (auto engine = FindEngine(model); !engine.ok()) return engine.status();
-    }
+    if (absl::Status valid = CheckSessionRequest(model, session_id); !valid.ok()) return valid;
     auto record = registry_.Get(session_id);
     if (!record.ok()) return record.status();
     if (!model.empty() && record->model != model) {
@@ -518,14 +524,6 @@ class CoreImpl : public Core {
 
   // ---------------------------------------------------------------------------------
   // Shared store (redis://): leases in the store, taken on store threads.
-
-  absl::Status CheckSharedSessionRequest(const std::string& model, const std::string& id) const {
-    if (absl::Status valid = ValidateSessionId(id); !valid.ok()) return valid;
-    if (!model.empty()) {
-      if (auto engine = FindEngine(model); !engine.ok()) return engine.status();
-    }
-    return absl::OkStatus();
-  }
 
   bool NoCoreJobs() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_jobs_mu_) { return core_jobs_ == 0; }
 
