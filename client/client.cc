@@ -7,11 +7,31 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 
 namespace fwserve {
 namespace {
+
+// True if every address of `target` is this machine (127.0.0.0/8, localhost, [::1],
+// unix sockets); "dns:///" and "ipv4:" forms are understood.
+bool IsLoopbackTarget(absl::string_view target) {
+  if (absl::ConsumePrefix(&target, "unix:")) return true;
+  absl::ConsumePrefix(&target, "dns:///");
+  const bool ipv4_list = absl::ConsumePrefix(&target, "ipv4:");
+  absl::ConsumePrefix(&target, "ipv6:");
+  for (absl::string_view address : absl::StrSplit(target, ',')) {
+    if (!absl::StartsWith(address, "127.") && !absl::StartsWith(address, "localhost:") &&
+        address != "localhost" && !absl::StartsWith(address, "[::1]:")) {
+      return false;
+    }
+    if (!ipv4_list) break;
+  }
+  return true;
+}
 
 absl::Status FromGrpc(const grpc::Status& status) {
   if (status.ok()) return absl::OkStatus();
@@ -59,6 +79,13 @@ class GrpcGenerateStream : public GenerateStream {
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
   if (options.target.empty()) return absl::InvalidArgumentError("target must not be empty");
+  if (!options.auth_token.empty() && !options.use_tls && !options.allow_plaintext_key &&
+      !IsLoopbackTarget(options.target)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("refusing to send the API key without TLS to '", options.target,
+                     "', which is not a loopback address: use TLS, or allow it explicitly "
+                     "(ClientOptions::allow_plaintext_key, fwctl --insecure)"));
+  }
   std::shared_ptr<grpc::ChannelCredentials> credentials;
   if (options.use_tls) {
     grpc::SslCredentialsOptions ssl;
@@ -130,7 +157,11 @@ absl::Status Client::Call(bool idempotent,
         attempt >= options_.max_retries) {
       return status;
     }
-    std::this_thread::sleep_for(absl::ToChronoNanoseconds(backoff));
+    if (options_.retry_wait_for_testing) {
+      options_.retry_wait_for_testing(backoff);
+    } else {
+      std::this_thread::sleep_for(absl::ToChronoNanoseconds(backoff));
+    }
     backoff = std::min(backoff * 2, options_.max_backoff);
   }
 }

@@ -44,8 +44,12 @@ struct ClientOptions {
   std::string tls_root_certs_pem;
   std::string tls_client_cert_pem;  // mutual TLS, optional
   std::string tls_client_key_pem;
-  // Sent on every call as "authorization: Bearer <token>" when not empty.
+  // The API key, sent on every call as "authorization: Bearer <key>" when not empty.
   std::string auth_token;
+  // Without TLS, Connect refuses to send auth_token to a target that is not loopback
+  // (127.0.0.0/8, localhost, [::1], unix:) unless this is true: anyone on the path
+  // could read the key.
+  bool allow_plaintext_key = false;
   // Deadline of unary calls.
   absl::Duration deadline = absl::Seconds(60);
   // Deadline of a Generate stream (infinite = none).
@@ -57,6 +61,9 @@ struct ClientOptions {
   int max_retries = 3;
   absl::Duration initial_backoff = absl::Milliseconds(100);
   absl::Duration max_backoff = absl::Seconds(2);
+  // Test-only; empty = sleep. How the client waits out each backoff before a retry:
+  // tests record the backoffs, or start a server during one, instead of timing calls.
+  std::function<void(absl::Duration backoff)> retry_wait_for_testing;
 };
 
 // What a whole Generate produced.

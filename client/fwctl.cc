@@ -36,6 +36,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -160,8 +161,14 @@ const std::vector<OptionSpec>& GlobalOptions() {
        "how calls spread over the target's addresses: pick_first (one connection, the "
        "default) or round_robin (every address in turn; replicas must share a session "
        "store)"},
-      {"token", "TOKEN",
-       "bearer token, sent as 'authorization: Bearer TOKEN' (default $FWSERVE_TOKEN)"},
+      {"api-key-file", "FILE",
+       "file whose first line is the API key, sent as 'authorization: Bearer KEY' (default "
+       "$FWSERVE_API_KEY). A key is never sent in plaintext to a non-loopback server "
+       "without --insecure"},
+      {"token", "KEY",
+       "the API key itself (prefer --api-key-file: a command line is "
+       "visible to other users of the machine)"},
+      {"insecure", "", "allow sending the API key without TLS to a non-loopback server"},
       {"timeout", "DURATION", "deadline of each unary call, e.g. 500ms, 60s, 2m (default 60s)"},
       {"stream-timeout", "DURATION",
        "deadline of each generate/chat stream (default none: 0 or 'inf')"},
@@ -351,10 +358,21 @@ void WriteOut(const std::string& text) {
 absl::StatusOr<fwserve::ClientOptions> ClientOptionsFrom(const Args& args) {
   fwserve::ClientOptions options;
   const char* env_target = std::getenv("FWSERVE_TARGET");
-  const char* env_token = std::getenv("FWSERVE_TOKEN");
+  const char* env_key = std::getenv("FWSERVE_API_KEY");
   options.target = args.Get(
       "target", env_target != nullptr && *env_target != '\0' ? env_target : "127.0.0.1:50051");
-  options.auth_token = args.Get("token", env_token != nullptr ? env_token : "");
+  if (args.Has("api-key-file")) {
+    auto text = ReadFile(args.Get("api-key-file"));
+    if (!text.ok()) return text.status();
+    const std::string first_line = text->substr(0, text->find('\n'));
+    options.auth_token = std::string(absl::StripAsciiWhitespace(first_line));
+    if (options.auth_token.empty()) {
+      return absl::InvalidArgumentError("--api-key-file: the file's first line is empty");
+    }
+  } else {
+    options.auth_token = args.Get("token", env_key != nullptr ? env_key : "");
+  }
+  options.allow_plaintext_key = args.Has("insecure");
   if (args.Has("lb-policy")) {
     const std::string policy = args.Get("lb-policy");
     if (policy != "pick_first" && policy != "round_robin") {

@@ -14,6 +14,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
@@ -23,6 +24,9 @@
 #include "server/core/core.h"
 #include "server/core/log.h"
 #include "server/core/metrics.h"
+#include "server/core/session_seal.h"
+#include "server/core/tenants.h"
+#include "server/transport/api_key_authenticator.h"
 #include "server/transport/grpc_server.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
@@ -84,8 +88,28 @@ ABSL_FLAG(std::string, tls_cert_file, "",
 ABSL_FLAG(std::string, tls_key_file, "", "PEM private key of --tls-cert-file");
 ABSL_FLAG(std::string, tls_client_ca_file, "",
           "PEM CA bundle; clients must then present a certificate it signed (mutual TLS)");
+ABSL_FLAG(std::string, api_keys_file, "",
+          "API keys, their tenants and quotas, one per line ('sha256:<hex> tenant=NAME "
+          "[max_sessions=N] [max_streams=N] [tokens_per_second=X]' or 'x509-cn:<name> "
+          "tenant=NAME ...'; docs/security.md). Every fwserve.v1 call must then send "
+          "'authorization: Bearer <key>' (or a mapped client certificate); a session is seen "
+          "only by its tenant. Re-read on SIGHUP. Default: none, an open server");
+ABSL_FLAG(std::string, session_key_file, "",
+          "a secret of at least 32 bytes shared by the replicas of one deployment: exported "
+          "session blobs are signed with it (HMAC-SHA-256) and imports must carry a valid "
+          "signature. Default: blobs are not signed");
+ABSL_FLAG(int32_t, max_streams_per_connection, 256,
+          "HTTP/2 streams (calls) one client connection may have open at once");
+ABSL_FLAG(int64_t, grpc_memory_quota_bytes, int64_t{2} << 30,
+          "memory gRPC may use for all connections' buffers, in bytes (0 = no bound)");
 
 namespace {
+
+// True for listen addresses that only this machine can reach.
+bool IsLoopbackListen(const std::string& listen) {
+  return absl::StartsWith(listen, "127.") || absl::StartsWith(listen, "localhost:") ||
+         absl::StartsWith(listen, "[::1]:") || absl::StartsWith(listen, "unix:");
+}
 
 // absl flags keep the last value of a repeated flag; --model accumulates instead.
 std::vector<std::string> CollectRepeatedModelFlag(int argc, char** argv,
@@ -143,6 +167,7 @@ int main(int argc, char** argv) {
   sigemptyset(&signals);
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   // Over a file-size limit (RLIMIT_FSIZE) a write must fail with EFBIG, which the
   // session store reports and retries, not kill the server with every session in it.
@@ -180,7 +205,39 @@ int main(int argc, char** argv) {
       return Fail(std::string(flag) + ": " + std::string(contents.status().message()));
     *pem = std::move(*contents);
   }
+  server_options.max_streams_per_connection = absl::GetFlag(FLAGS_max_streams_per_connection);
+  server_options.grpc_memory_quota_bytes = absl::GetFlag(FLAGS_grpc_memory_quota_bytes);
+  if (server_options.max_streams_per_connection < 1) {
+    return Fail("--max-streams-per-connection must be >= 1");
+  }
+  std::unique_ptr<fwserve::Tenants> tenants;
+  std::unique_ptr<fwserve::ApiKeyAuthenticator> authenticator;
+  const std::string api_keys_file = absl::GetFlag(FLAGS_api_keys_file);
+  if (!api_keys_file.empty()) {
+    auto loaded = fwserve::Tenants::Load(api_keys_file);
+    if (!loaded.ok()) return Fail(std::string(loaded.status().message()));
+    tenants = std::move(*loaded);
+    authenticator = std::make_unique<fwserve::ApiKeyAuthenticator>(tenants.get(), metrics.get());
+    server_options.authenticator = authenticator.get();
+    fwserve::Log(fwserve::LogLevel::kInfo,
+                 absl::StrCat("API keys: ", tenants->Names().size(), " tenants (",
+                              absl::StrJoin(tenants->Names(), ", "), ")"));
+  } else if (!IsLoopbackListen(server_options.listen) && server_options.tls_client_ca_pem.empty()) {
+    fwserve::Log(fwserve::LogLevel::kWarning,
+                 absl::StrCat("--listen=", server_options.listen,
+                              " is reachable from other machines, and there is no "
+                              "--api-keys-file and no mutual TLS: anyone who reaches it can "
+                              "read, change and delete every session (docs/security.md)"));
+  }
+  std::unique_ptr<fwserve::SessionSealer> sealer;
+  if (const std::string key_file = absl::GetFlag(FLAGS_session_key_file); !key_file.empty()) {
+    auto loaded = fwserve::SessionSealer::FromKeyFile(key_file);
+    if (!loaded.ok()) return Fail(std::string(loaded.status().message()));
+    sealer = std::move(*loaded);
+  }
   fwserve::CoreOptions core_options;
+  core_options.tenants = tenants.get();
+  core_options.sealer = sealer.get();
   core_options.model_dirs = absl::GetFlag(FLAGS_model);
   if (core_options.model_dirs.empty()) core_options.model_dirs.push_back(DefaultModelDir());
   core_options.session_store = absl::GetFlag(FLAGS_session_store);
@@ -219,7 +276,21 @@ int main(int argc, char** argv) {
                                                                   metrics_listen, "/metrics")));
 
   int signal_number = 0;
-  sigwait(&signals, &signal_number);
+  while (true) {
+    sigwait(&signals, &signal_number);
+    if (signal_number != SIGHUP) break;
+    // SIGHUP: re-read the API keys; sessions and streams are untouched.
+    if (tenants == nullptr) {
+      fwserve::Log(fwserve::LogLevel::kInfo, "SIGHUP: no --api-keys-file to re-read");
+    } else if (absl::Status reloaded = tenants->Reload(); !reloaded.ok()) {
+      fwserve::Log(fwserve::LogLevel::kError,
+                   absl::StrCat("SIGHUP: keeping the previous API keys: ", reloaded.message()));
+    } else {
+      fwserve::Log(fwserve::LogLevel::kInfo,
+                   absl::StrCat("SIGHUP: API keys re-read: ", tenants->Names().size(), " tenants (",
+                                absl::StrJoin(tenants->Names(), ", "), ")"));
+    }
+  }
   fwserve::Log(
       fwserve::LogLevel::kInfo,
       absl::StrCat("received ", signal_number == SIGTERM ? "SIGTERM" : "SIGINT",

@@ -1,11 +1,14 @@
 #include "server/core/core.h"
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <limits>
+#include <optional>
 #include <set>
 #include <thread>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -17,6 +20,7 @@
 #include "server/core/metrics.h"
 #include "server/core/session_id.h"
 #include "server/core/shared_session_store.h"
+#include "server/core/tenants.h"
 #include "server/core/validation.h"
 
 namespace fwserve {
@@ -222,7 +226,8 @@ class CoreImpl : public Core {
     return UnknownModel(model);
   }
 
-  absl::Status StartGenerate(GenerateParams params, GenerateObserver* observer) override {
+  absl::Status StartGenerate(const Caller& caller, GenerateParams params,
+                             GenerateObserver* observer) override {
     if (absl::Status valid = ValidateText("prompt", params.prompt); !valid.ok()) return valid;
     if (absl::Status valid = params.sampling.Validate(); !valid.ok()) return valid;
     if (params.max_tokens < 0 || params.max_tokens > options_.max_tokens) {
@@ -250,8 +255,27 @@ class CoreImpl : public Core {
     }
     if (params.random_seed) params.sampling.seed = RandomSeed();
 
+    // The tenant's stream quota is held from here until OnFinish (TenantObserver).
+    if (absl::Status admitted = AdmitTenantStream(caller.tenant); !admitted.ok()) {
+      return admitted;
+    }
+    TenantObserver* counted = nullptr;
+    if (options_.tenants != nullptr) {
+      counted = new TenantObserver(this, caller.tenant, observer);
+      observer = counted;
+    }
+    // A refusal here: the observer never hears of the request.
+    const auto refuse = [this, counted, &caller](absl::Status status) {
+      if (counted != nullptr) {
+        EndTenantStream(caller.tenant);
+        delete counted;
+      }
+      return status;
+    };
+
     auto item = std::make_unique<WorkItem>();
     item->kind = WorkItem::Kind::kGenerate;
+    item->tenant = caller.tenant;
     const std::string model = params.model;
     // With a shared store the session's lease (and so its engine) is taken later, on a
     // store thread.
@@ -259,11 +283,11 @@ class CoreImpl : public Core {
     Engine* engine = nullptr;
     if (shared_session) {
       if (absl::Status valid = CheckSessionRequest(model, params.session_id); !valid.ok()) {
-        return valid;
+        return refuse(valid);
       }
     } else {
-      auto resolved = ResolveModelAndLease(model, params.session_id, &item->lease);
-      if (!resolved.ok()) return resolved.status();
+      auto resolved = ResolveModelAndLease(caller, model, params.session_id, &item->lease);
+      if (!resolved.ok()) return refuse(resolved.status());
       engine = *resolved;
     }
     item->session_id = params.session_id;
@@ -286,10 +310,11 @@ class CoreImpl : public Core {
     }
     item->stream_id = engine->NewStreamId();
     observer->OnStart(std::make_shared<StreamHandle>(engine, item->stream_id));
-    return SubmitOrRelease(engine, item);
+    if (absl::Status queued = SubmitOrRelease(engine, item); !queued.ok()) return refuse(queued);
+    return absl::OkStatus();
   }
 
-  void Score(ScoreParams params, Callback<ScoreResult> done) override {
+  void Score(const Caller& caller, ScoreParams params, Callback<ScoreResult> done) override {
     if (absl::Status valid = ValidateText("text", params.text); !valid.ok()) return done(valid);
     auto item = std::make_unique<WorkItem>();
     const bool shared_session = shared_ != nullptr && !params.session_id.empty();
@@ -299,11 +324,12 @@ class CoreImpl : public Core {
         return done(valid);
       }
     } else {
-      auto resolved = ResolveModelAndLease(params.model, params.session_id, &item->lease);
+      auto resolved = ResolveModelAndLease(caller, params.model, params.session_id, &item->lease);
       if (!resolved.ok()) return done(resolved.status());
       engine = *resolved;
     }
     item->kind = WorkItem::Kind::kScore;
+    item->tenant = caller.tenant;
     item->session_id = params.session_id;
     item->is_cancelled = std::move(params.is_cancelled);
     item->tokens = fwmodel::EncodeBytes(params.text);
@@ -313,14 +339,16 @@ class CoreImpl : public Core {
     if (absl::Status queued = SubmitOrRelease(engine, item); !queued.ok()) done(queued);
   }
 
-  void CreateSession(const std::string& model, std::string prefix, Callback<SessionRecord> done,
-                     std::function<bool()> is_cancelled) override {
+  void CreateSession(const Caller& caller, const std::string& model, std::string prefix,
+                     Callback<SessionRecord> done, std::function<bool()> is_cancelled) override {
     if (absl::Status valid = ValidateText("prefix", prefix); !valid.ok()) return done(valid);
     auto engine = FindEngine(model);
     if (!engine.ok()) return done(engine.status());
     if (absl::Status room = registry_.CheckCapacity(); !room.ok()) return done(room);
+    if (absl::Status quota = CheckSessionQuota(caller); !quota.ok()) return done(quota);
     auto item = std::make_unique<WorkItem>();
     item->kind = WorkItem::Kind::kCreate;
+    item->tenant = caller.tenant;
     item->tokens = fwmodel::EncodeBytes(prefix);
     item->is_cancelled = std::move(is_cancelled);
     item->on_session = done;
@@ -328,57 +356,74 @@ class CoreImpl : public Core {
     if (absl::Status queued = SubmitOrRelease(*engine, item); !queued.ok()) done(queued);
   }
 
-  void ForkSession(const std::string& session_id, Callback<SessionRecord> done) override {
+  void ForkSession(const Caller& caller, const std::string& session_id,
+                   Callback<SessionRecord> done) override {
+    if (absl::Status quota = CheckSessionQuota(caller); !quota.ok()) return done(quota);
     SessionOperation(
-        WorkItem::Kind::kFork, session_id, [&](WorkItem& item) { item.on_session = done; },
+        WorkItem::Kind::kFork, caller, session_id, [&](WorkItem& item) { item.on_session = done; },
         [&](absl::Status s) { done(s); });
   }
 
-  void ExportSession(const std::string& session_id, Callback<ExportResult> done) override {
+  void ExportSession(const Caller& caller, const std::string& session_id,
+                     Callback<ExportResult> done) override {
     SessionOperation(
-        WorkItem::Kind::kExport, session_id, [&](WorkItem& item) { item.on_export = done; },
+        WorkItem::Kind::kExport, caller, session_id, [&](WorkItem& item) { item.on_export = done; },
         [&](absl::Status s) { done(s); });
   }
 
-  void DeleteSession(const std::string& session_id, Callback<bool> done) override {
+  void DeleteSession(const Caller& caller, const std::string& session_id,
+                     Callback<bool> done) override {
     SessionOperation(
-        WorkItem::Kind::kDelete, session_id, [&](WorkItem& item) { item.on_delete = done; },
+        WorkItem::Kind::kDelete, caller, session_id, [&](WorkItem& item) { item.on_delete = done; },
         [&](absl::Status s) { done(s); });
   }
 
-  void ImportSession(const std::string& model, std::string blob,
+  void ImportSession(const Caller& caller, const std::string& model, std::string blob,
                      Callback<SessionRecord> done) override {
     if (blob.empty()) return done(absl::InvalidArgumentError("blob: must not be empty"));
     auto engine = FindEngine(model);
     if (!engine.ok()) return done(engine.status());
+    if (absl::Status quota = CheckSessionQuota(caller); !quota.ok()) return done(quota);
     auto item = std::make_unique<WorkItem>();
     item->kind = WorkItem::Kind::kImport;
+    item->tenant = caller.tenant;
     item->blob = std::move(blob);
     item->on_session = done;
     item->arrival = absl::Now();
     if (absl::Status queued = SubmitOrRelease(*engine, item); !queued.ok()) done(queued);
   }
 
-  void GetSession(const std::string& session_id, Callback<SessionRecord> done) override {
+  void GetSession(const Caller& caller, const std::string& session_id,
+                  Callback<SessionRecord> done) override {
     if (absl::Status valid = ValidateSessionId(session_id); !valid.ok()) return done(valid);
-    if (shared_ == nullptr) return done(registry_.Get(session_id));
-    RunCoreJob([this, session_id, done] {
+    if (shared_ == nullptr) {
+      auto record = registry_.Get(session_id);
+      if (record.ok() && record->tenant != caller.tenant) {
+        return done(registry_.NotFoundError(session_id));
+      }
+      return done(std::move(record));
+    }
+    RunCoreJob([this, tenant = caller.tenant, session_id, done] {
       auto info = shared_->GetInfo(session_id);
+      if (info.ok() && info->tenant != tenant) info = absl::NotFoundError("another tenant's");
       if (!info.ok()) return done(ClientStoreError(session_id, info.status()));
       done(RecordFromStore(*info));
     });
   }
 
-  void ListSessions(ListSessionsParams params, Callback<SessionList> done) override {
+  void ListSessions(const Caller& caller, ListSessionsParams params,
+                    Callback<SessionList> done) override {
     if (params.page_size < 0) {
       return done(absl::InvalidArgumentError(
           absl::StrCat("page_size must be >= 0, got ", params.page_size)));
     }
     const int page_size =
         params.page_size == 0 ? kDefaultPageSize : std::min(params.page_size, kMaxPageSize);
-    if (shared_ == nullptr) return done(ListLocal(params.model, page_size, params.page_token));
-    RunCoreJob([this, params = std::move(params), page_size, done] {
-      auto page = shared_->List(params.model, page_size, params.page_token);
+    if (shared_ == nullptr) {
+      return done(ListLocal(caller.tenant, params.model, page_size, params.page_token));
+    }
+    RunCoreJob([this, tenant = caller.tenant, params = std::move(params), page_size, done] {
+      auto page = shared_->List(params.model, tenant, page_size, params.page_token);
       if (!page.ok()) {
         return done(absl::IsInvalidArgument(page.status()) ? page.status()
                                                            : ClientStoreError("", page.status()));
@@ -427,7 +472,13 @@ class CoreImpl : public Core {
 
  private:
   static absl::Status UnknownModel(const std::string& model) {
-    return absl::NotFoundError(absl::StrCat("model '", model, "' not found"));
+    // The name is the client's: quoted back only in part (a status message travels in
+    // the trailers, which gRPC limits to a few KiB).
+    constexpr size_t kShown = 128;
+    return absl::NotFoundError(absl::StrCat(
+        "model '", model.substr(0, kShown),
+        model.size() > kShown ? absl::StrCat("...' (", model.size(), " bytes)") : std::string("'"),
+        " not found"));
   }
 
   static uint64_t RandomSeed() {
@@ -476,12 +527,14 @@ class CoreImpl : public Core {
 
   // The engine serving the request; with a session, also takes its lease into `lease`
   // (released when the work item is answered or dropped).
-  absl::StatusOr<Engine*> ResolveModelAndLease(const std::string& model,
+  absl::StatusOr<Engine*> ResolveModelAndLease(const Caller& caller, const std::string& model,
                                                const std::string& session_id, SessionLease* lease) {
     if (session_id.empty()) return FindEngine(model);
     if (absl::Status valid = CheckSessionRequest(model, session_id); !valid.ok()) return valid;
     auto record = registry_.Get(session_id);
     if (!record.ok()) return record.status();
+    // Another tenant's session does not exist for this caller.
+    if (record->tenant != caller.tenant) return registry_.NotFoundError(session_id);
     if (!model.empty() && record->model != model) {
       return absl::InvalidArgumentError(absl::StrCat("session_id '", session_id,
                                                      "' belongs to model '", record->model,
@@ -502,25 +555,146 @@ class CoreImpl : public Core {
   }
 
   template <typename Fill, typename Fail>
-  void SessionOperation(WorkItem::Kind kind, const std::string& session_id, Fill fill, Fail fail) {
+  void SessionOperation(WorkItem::Kind kind, const Caller& caller, const std::string& session_id,
+                        Fill fill, Fail fail) {
     if (shared_ != nullptr) {
       if (absl::Status valid = ValidateSessionId(session_id); !valid.ok()) return fail(valid);
       auto item = std::make_unique<WorkItem>();
       item->kind = kind;
+      item->tenant = caller.tenant;
       item->session_id = session_id;
       item->arrival = absl::Now();
       fill(*item);
       return AcquireAndSubmit(std::move(item), "", nullptr);
     }
     auto item = std::make_unique<WorkItem>();
-    auto engine = ResolveModelAndLease("", session_id, &item->lease);
+    auto engine = ResolveModelAndLease(caller, "", session_id, &item->lease);
     if (!engine.ok()) return fail(engine.status());
     item->kind = kind;
+    item->tenant = caller.tenant;
     item->session_id = session_id;
     item->arrival = absl::Now();
     fill(*item);
     if (absl::Status queued = SubmitOrRelease(*engine, item); !queued.ok()) fail(queued);
   }
+
+  // ---------------------------------------------------------------------------------
+  // Tenants' quotas (--api-keys-file). Checked when a request is accepted: a tenant at
+  // its limit is refused at once, and never makes another tenant's requests wait.
+
+  absl::Status QuotaRefusal(const char* reason, std::string message) {
+    if (options_.metrics != nullptr) options_.metrics->CountRefused(reason);
+    return absl::ResourceExhaustedError(std::move(message));
+  }
+
+  // The tenant's quota; nullopt on an open server (or for a tenant removed by a reload
+  // after its request was authenticated: it runs without quotas this once).
+  std::optional<TenantQuota> QuotaOf(const std::string& tenant) const {
+    if (options_.tenants == nullptr) return std::nullopt;
+    return options_.tenants->QuotaOf(tenant);
+  }
+
+  absl::Status CheckSessionQuota(const Caller& caller) {
+    std::optional<TenantQuota> quota = QuotaOf(caller.tenant);
+    if (!quota.has_value() || quota->max_sessions <= 0) return absl::OkStatus();
+    const int64_t held = registry_.CountOfTenant(caller.tenant);
+    if (held < quota->max_sessions) return absl::OkStatus();
+    return QuotaRefusal("quota_sessions",
+                        absl::StrCat("tenant '", caller.tenant, "' holds ", held,
+                                     " sessions, its max_sessions quota; delete some first"));
+  }
+
+  // Counts a new Generate stream of `tenant`, or refuses it (max_streams, or an empty
+  // tokens_per_second bucket). Every OK is matched by one EndTenantStream.
+  absl::Status AdmitTenantStream(const std::string& tenant) {
+    if (options_.tenants == nullptr) return absl::OkStatus();
+    std::optional<TenantQuota> quota = QuotaOf(tenant);
+    int64_t streams = 0;
+    {
+      absl::MutexLock lock(&usage_mu_);
+      TenantUsage& usage = usage_[tenant];
+      if (quota.has_value() && quota->max_streams > 0 && usage.streams >= quota->max_streams) {
+        return QuotaRefusal("quota_streams",
+                            absl::StrCat("tenant '", tenant, "' has ", usage.streams,
+                                         " streams open, its max_streams quota; retry when one "
+                                         "ends"));
+      }
+      if (quota.has_value() && quota->tokens_per_second > 0) {
+        RefillLocked(usage, quota->tokens_per_second);
+        if (usage.bucket <= 0) {
+          const double wait_ms = std::ceil((1 - usage.bucket) / quota->tokens_per_second * 1000);
+          return QuotaRefusal(
+              "quota_tokens",
+              absl::StrCat("tenant '", tenant, "' is over its tokens_per_second quota (",
+                           quota->tokens_per_second, "); retry in ", wait_ms, " ms"));
+        }
+      }
+      streams = ++usage.streams;
+    }
+    if (options_.metrics != nullptr) options_.metrics->SetTenantActiveStreams(tenant, streams);
+    return absl::OkStatus();
+  }
+
+  void EndTenantStream(const std::string& tenant) {
+    int64_t streams = 0;
+    {
+      absl::MutexLock lock(&usage_mu_);
+      streams = --usage_[tenant].streams;
+    }
+    if (options_.metrics != nullptr) options_.metrics->SetTenantActiveStreams(tenant, streams);
+  }
+
+  void ChargeTokens(const std::string& tenant, int64_t tokens) {
+    if (options_.metrics != nullptr) options_.metrics->AddTenantGeneratedTokens(tenant, tokens);
+    std::optional<TenantQuota> quota = QuotaOf(tenant);
+    if (!quota.has_value() || quota->tokens_per_second <= 0) return;
+    absl::MutexLock lock(&usage_mu_);
+    TenantUsage& usage = usage_[tenant];
+    RefillLocked(usage, quota->tokens_per_second);
+    usage.bucket -= static_cast<double>(tokens);
+  }
+
+  struct TenantUsage {
+    int64_t streams = 0;  // Generate streams accepted and not finished
+    // Token bucket: refilled at tokens_per_second, holding at most one second's worth;
+    // generated tokens are taken out (it may go negative).
+    double bucket = 0;
+    absl::Time refilled = absl::InfinitePast();
+  };
+
+  void RefillLocked(TenantUsage& usage, double rate) ABSL_EXCLUSIVE_LOCKS_REQUIRED(usage_mu_) {
+    const absl::Time now = absl::Now();
+    if (usage.refilled == absl::InfinitePast()) {
+      usage.bucket = rate;
+    } else {
+      usage.bucket =
+          std::min(rate, usage.bucket + rate * absl::ToDoubleSeconds(now - usage.refilled));
+    }
+    usage.refilled = now;
+  }
+
+  // The Generate observer of a tenant's stream: charges its tokens and ends its stream
+  // quota at OnFinish. Deletes itself after OnFinish.
+  class TenantObserver : public GenerateObserver {
+   public:
+    TenantObserver(CoreImpl* core, std::string tenant, GenerateObserver* inner)
+        : core_(core), tenant_(std::move(tenant)), inner_(inner) {}
+    void OnStart(std::shared_ptr<GenerateControl> stream) override { inner_->OnStart(stream); }
+    void OnChunk(GenerateChunk chunk) override {
+      core_->ChargeTokens(tenant_, static_cast<int64_t>(chunk.token_ids.size()));
+      inner_->OnChunk(std::move(chunk));
+    }
+    void OnFinish(absl::Status status, GenerateSummary summary) override {
+      core_->EndTenantStream(tenant_);
+      inner_->OnFinish(std::move(status), std::move(summary));
+      delete this;
+    }
+
+   private:
+    CoreImpl* const core_;
+    const std::string tenant_;
+    GenerateObserver* const inner_;
+  };
 
   // ---------------------------------------------------------------------------------
   // Shared store (redis://): leases in the store, taken on store threads.
@@ -568,6 +742,7 @@ class CoreImpl : public Core {
     SessionRecord record;
     record.id = info.id;
     record.model = info.model;
+    record.tenant = info.tenant;
     record.tokens = info.tokens;
     record.created = info.created;
     record.last_used = info.last_used;
@@ -609,7 +784,7 @@ class CoreImpl : public Core {
     if (auto local = registry_.Get(id); local.ok() && local->resident) {
       cached_version = local->version;
     }
-    auto grant = shared_->AcquireLease(id, options_.session_lease_ttl, cached_version);
+    auto grant = shared_->AcquireLease(id, options_.session_lease_ttl, cached_version, w.tenant);
     if (!grant.ok()) return AnswerWorkItem(w, ClientStoreError(id, grant.status()));
     auto ticket =
         std::make_shared<StoreTicket>(id, grant->token, grant->info.version, grant->info.tag);
@@ -757,8 +932,8 @@ class CoreImpl : public Core {
     }
   }
 
-  absl::StatusOr<SessionList> ListLocal(const std::string& model, int page_size,
-                                        const std::string& token) const {
+  absl::StatusOr<SessionList> ListLocal(const std::string& tenant, const std::string& model,
+                                        int page_size, const std::string& token) const {
     // A local page token is "<created unix nanos>:<id>" of the last session returned
     // (the registry's order: creation time at full precision, then id).
     int64_t after_nanos = std::numeric_limits<int64_t>::min();
@@ -773,6 +948,7 @@ class CoreImpl : public Core {
     }
     SessionList list;
     for (SessionRecord& record : registry_.List(model)) {
+      if (record.tenant != tenant) continue;
       const int64_t nanos = absl::ToUnixNanos(record.created);
       if (!token.empty() &&
           (nanos < after_nanos || (nanos == after_nanos && record.id <= after_id))) {
@@ -817,6 +993,7 @@ class CoreImpl : public Core {
             absl::SimpleAtoi((*metadata)["x-last-used-ms"], &used_ms)) {
           record.id = id;
           record.model = owner->name();
+          record.tenant = (*metadata)["x-tenant"];
           record.state_bytes = owner->model().state_bytes_per_session();
           record.created = absl::FromUnixMillis(created_ms);
           record.last_used = absl::FromUnixMillis(used_ms);
@@ -852,6 +1029,8 @@ class CoreImpl : public Core {
   }
 
   const CoreOptions options_;
+  absl::Mutex usage_mu_;
+  absl::flat_hash_map<std::string, TenantUsage> usage_ ABSL_GUARDED_BY(usage_mu_);
   // Destroyed in reverse order: the engines (which drain their store jobs) first, the
   // executor (which joins its threads) next, the store last.
   std::unique_ptr<SessionStore> store_;  // null: --session-store=memory

@@ -24,6 +24,8 @@
 namespace fwserve {
 
 class Metrics;
+class SessionSealer;
+class Tenants;
 
 struct CoreOptions {
   // Checkpoint directories; the first is the default model. A model's name is its
@@ -75,6 +77,25 @@ struct CoreOptions {
   int32_t intra_op_threads = 0;
   // Not owned; may be null (no metrics).
   Metrics* metrics = nullptr;
+  // Tenants and their quotas (--api-keys-file). Null: an open server, one anonymous
+  // tenant without quotas. Not owned; thread-safe, reloadable.
+  const Tenants* tenants = nullptr;
+  // Seals exported blobs and checks imported ones (--session-key-file). Null: blobs
+  // are not signed, and signed ones are refused on import. Not owned.
+  const SessionSealer* sealer = nullptr;
+  // Test-only; null in production. Called on a model's engine thread before each decode
+  // step; `ending()` is true once shutdown has asked the engine to end the remaining
+  // work (EndAllWork). Tests block here to hold streams open without depending on how
+  // fast the machine decodes (tests/integration/server_test.cc, StepGate).
+  std::function<void(const std::function<bool()>& ending)> before_decode_step_for_testing;
+};
+
+// Who is calling, as the transport authenticated it.
+struct Caller {
+  // The tenant (a name from the API-keys file); empty on an open server. A session
+  // belongs to the tenant that created or imported it, and to any other caller it does
+  // not exist (NOT_FOUND, never PERMISSION_DENIED).
+  std::string tenant;
 };
 
 struct ModelDescription {
@@ -199,25 +220,38 @@ class Core {
   // OK: accepted; the observer gets OnStart, then chunks, then OnFinish exactly once.
   // An error is returned at once (and OnChunk/OnFinish never come) for invalid input,
   // an unknown model or session, a busy session, a full queue, or shutdown.
-  virtual absl::Status StartGenerate(GenerateParams params, GenerateObserver* observer) = 0;
+  // RESOURCE_EXHAUSTED names the tenant quota (max_streams, tokens_per_second) when
+  // the caller's tenant is over it.
+  virtual absl::Status StartGenerate(const Caller& caller, GenerateParams params,
+                                     GenerateObserver* observer) = 0;
 
   // Each calls `done` exactly once, on the engine thread or (for immediate errors) on
   // the calling thread.
-  virtual void Score(ScoreParams params, Callback<ScoreResult> done) = 0;
-  // `is_cancelled` as in ScoreParams: a cancelled create leaves no session behind.
-  virtual void CreateSession(const std::string& model, std::string prefix,
+  virtual void Score(const Caller& caller, ScoreParams params, Callback<ScoreResult> done) = 0;
+  // `is_cancelled` as in ScoreParams: a cancelled create leaves no session behind. The
+  // new session (also of Fork and Import) belongs to the caller's tenant, and counts
+  // against its max_sessions quota.
+  virtual void CreateSession(const Caller& caller, const std::string& model, std::string prefix,
                              Callback<SessionRecord> done,
                              std::function<bool()> is_cancelled = nullptr) = 0;
-  virtual void ForkSession(const std::string& session_id, Callback<SessionRecord> done) = 0;
-  virtual void ExportSession(const std::string& session_id, Callback<ExportResult> done) = 0;
-  virtual void ImportSession(const std::string& model, std::string blob,
+  virtual void ForkSession(const Caller& caller, const std::string& session_id,
+                           Callback<SessionRecord> done) = 0;
+  virtual void ExportSession(const Caller& caller, const std::string& session_id,
+                             Callback<ExportResult> done) = 0;
+  // With a sealer, the blob's signature is checked before anything in it is parsed.
+  // Ownership written in a blob is never trusted.
+  virtual void ImportSession(const Caller& caller, const std::string& model, std::string blob,
                              Callback<SessionRecord> done) = 0;
-  virtual void DeleteSession(const std::string& session_id, Callback<bool> done) = 0;
+  virtual void DeleteSession(const Caller& caller, const std::string& session_id,
+                             Callback<bool> done) = 0;
   // With a shared store (redis://) these read the store, so they answer through
   // `done` like the rest (on a store thread, or at once on the calling thread).
-  virtual void GetSession(const std::string& session_id, Callback<SessionRecord> done) = 0;
-  // INVALID_ARGUMENT for a negative page_size or a malformed page_token.
-  virtual void ListSessions(ListSessionsParams params, Callback<SessionList> done) = 0;
+  virtual void GetSession(const Caller& caller, const std::string& session_id,
+                          Callback<SessionRecord> done) = 0;
+  // The caller's sessions only. INVALID_ARGUMENT for a negative page_size or a
+  // malformed page_token.
+  virtual void ListSessions(const Caller& caller, ListSessionsParams params,
+                            Callback<SessionList> done) = 0;
 
   // Graceful shutdown, in this order (the transport interleaves its own steps):
   // 1. BeginShutdown: new work is refused with UNAVAILABLE; accepted work goes on.

@@ -161,6 +161,18 @@ absl::Status Engine::Submit(std::unique_ptr<WorkItem>& item) {
         "the queue of model '", name_,
         "' is full (--max-queued-requests=", options_.max_queued_requests, "); retry later"));
   }
+  if (!item->tenant.empty()) {
+    // One tenant may hold at most half the queue: the rest stays open to the others.
+    const int64_t share = std::max<int64_t>(1, options_.max_queued_requests / 2);
+    int64_t queued = 0;
+    for (const auto& waiting : queue_) queued += waiting->tenant == item->tenant ? 1 : 0;
+    if (queued >= share) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "tenant '", item->tenant, "' has ", queued, " requests queued for model '", name_,
+          "', its share of the queue (half of --max-queued-requests=", options_.max_queued_requests,
+          "); retry later"));
+    }
+  }
   queue_.push_back(std::move(item));
   wake_.Signal();
   return absl::OkStatus();
@@ -219,6 +231,48 @@ void Engine::Stop() {
 // ---------------------------------------------------------------------------------
 // The loop.
 
+void Engine::TakeAdmissibleLocked(int64_t& active,
+                                  std::vector<std::unique_ptr<WorkItem>>& admitted) {
+  int64_t waiting_streams = 0;
+  for (const auto& item : queue_) waiting_streams += IsStreamKind(item->kind) ? 1 : 0;
+  const int64_t room = options_.max_active_streams - active;
+  if (end_all_ || waiting_streams <= room) {
+    // Everything fits: oldest first.
+    for (auto& item : queue_) {
+      if (IsStreamKind(item->kind)) ++active;
+      admitted.push_back(std::move(item));
+    }
+    queue_.clear();
+    return;
+  }
+  // Session operations never wait for stream slots.
+  for (auto it = queue_.begin(); it != queue_.end();) {
+    if (!IsStreamKind((*it)->kind)) {
+      admitted.push_back(std::move(*it));
+      it = queue_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  // Stream slots are short: each free one goes to the tenant with the fewest streams
+  // running (ties: the tenant whose request has waited longest), so that a tenant with
+  // many streams open cannot starve the others. With one tenant this is FIFO.
+  absl::flat_hash_map<std::string, int64_t> running;
+  for (const auto& task : tasks_) ++running[task->item->tenant];
+  for (int64_t slot = 0; slot < room && !queue_.empty(); ++slot) {
+    auto chosen = queue_.end();
+    for (auto it = queue_.begin(); it != queue_.end(); ++it) {
+      if (chosen == queue_.end() || running[(*it)->tenant] < running[(*chosen)->tenant]) {
+        chosen = it;
+      }
+    }
+    ++running[(*chosen)->tenant];
+    ++active;
+    admitted.push_back(std::move(*chosen));
+    queue_.erase(chosen);
+  }
+}
+
 bool Engine::HasImmediateWorkLocked() {
   if (!events_.empty() || !continuations_.empty() || prefill_done_) return true;
   if (end_all_ && !end_all_applied_) return true;
@@ -248,16 +302,7 @@ void Engine::Loop() {
       events.swap(events_);
       continuations.swap(continuations_);
       int64_t active = static_cast<int64_t>(tasks_.size());
-      for (auto it = queue_.begin(); it != queue_.end();) {
-        const bool stream = IsStreamKind((*it)->kind);
-        if (end_all_ || !stream || active < options_.max_active_streams) {
-          if (stream) ++active;
-          admitted.push_back(std::move(*it));
-          it = queue_.erase(it);
-        } else {
-          ++it;
-        }
-      }
+      TakeAdmissibleLocked(active, admitted);
       active_tasks_ = active;  // WaitIdle must not see admitted work as idle
       end_all = end_all_;
       if (end_all_) end_all_applied_ = true;
@@ -456,11 +501,13 @@ void Engine::AdmitStream(Task& t) {
     record.model = name_;
     record.state_bytes = state_bytes_;
     record.created = record.last_used = now;
+    record.tenant = w.tenant;
     auto lease = registry_->InsertLeased(record);
     if (!lease.ok()) return FailTask(t, lease.status());  // frees the slot
     w.lease = std::move(*lease);
     t.session_id = record.id;
     resident_[t.session_id] = ResidentSession{t.slot, 0, now, now, /*in_use=*/true};
+    resident_[t.session_id].tenant = w.tenant;
     if (metrics_ != nullptr) metrics_->CountSessionOperation("created");
   } else if (!t.session_id.empty()) {
     auto slot = EnsureResident(w);
@@ -649,6 +696,12 @@ void Engine::RunDecodeStep() {
     if (now < batch_deadline_) return;
   }
   batch_deadline_ = absl::InfiniteFuture();
+  if (options_.before_decode_step_for_testing) {
+    options_.before_decode_step_for_testing([this] {
+      absl::MutexLock lock(&mu_);
+      return end_all_;
+    });
+  }
   const absl::Time start = absl::Now();
   std::vector<int64_t> rows_vec, tokens_vec;
   for (Task* t : batch) {

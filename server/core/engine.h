@@ -76,6 +76,8 @@ struct WorkItem {
   enum class Kind { kGenerate, kScore, kCreate, kFork, kExport, kImport, kDelete };
   Kind kind = Kind::kGenerate;
   std::string session_id;
+  // The caller's tenant: owns the sessions this item creates (Caller::tenant).
+  std::string tenant;
   SessionLease lease;
   // Shared store only: the lease in the store (null otherwise, and for new sessions).
   std::shared_ptr<StoreTicket> ticket;
@@ -150,9 +152,10 @@ class Engine {
     int64_t tokens = 0;
     absl::Time created;
     absl::Time last_used;
-    bool in_use = false;  // a task or session operation is using the slot
-    int64_t version = 0;  // shared store: the store's version this copy holds
-    std::string tag = {};  // and that version's tag
+    bool in_use = false;      // a task or session operation is using the slot
+    int64_t version = 0;      // shared store: the store's version this copy holds
+    std::string tag = {};     // and that version's tag
+    std::string tenant = {};  // the owner (SessionRecord::tenant)
   };
   struct Event {
     uint64_t stream_id;
@@ -162,6 +165,10 @@ class Engine {
   // engine.cc: the loop, admission, prefill, decode, sampling.
   void Loop();
   bool HasImmediateWorkLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Moves the queued items that may start now into `admitted`; `active` counts the
+  // streams running, plus those admitted. Engine thread.
+  void TakeAdmissibleLocked(int64_t& active, std::vector<std::unique_ptr<WorkItem>>& admitted)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool IdleLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ApplyEvent(const Event& event);
   void Admit(std::unique_ptr<WorkItem> item);
@@ -225,10 +232,10 @@ class Engine {
   // Returns the stored version (shared store; 0 otherwise).
   // `new_tag`: the tag a shared store gives a created session (a commit's tag is its
   // ticket's token).
-  absl::StatusOr<int64_t> StoreRow(const std::string& id, const fwmodel::State& row,
-                                   const torch::Tensor& logits, int64_t tokens, absl::Time created,
-                                   absl::Time last_used, StoreTicket* ticket,
-                                   const std::string& new_tag = "");
+  absl::StatusOr<int64_t> StoreRow(const std::string& id, const std::string& tenant,
+                                   const fwmodel::State& row, const torch::Tensor& logits,
+                                   int64_t tokens, absl::Time created, absl::Time last_used,
+                                   StoreTicket* ticket, const std::string& new_tag = "");
   // Store thread: deletes `id` from the store (fenced by `ticket` with a shared
   // store), logging and counting a failure.
   absl::Status DeleteFromStore(const std::string& id, StoreTicket* ticket);

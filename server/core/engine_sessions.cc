@@ -7,6 +7,7 @@
 #include "server/core/engine.h"
 #include "server/core/log.h"
 #include "server/core/session_id.h"
+#include "server/core/session_seal.h"
 
 namespace fwserve {
 namespace {
@@ -15,9 +16,11 @@ double Seconds(absl::Time from, absl::Time to) { return absl::ToDoubleSeconds(to
 
 // The labels a stored session carries; the indexer reads them back (Core::IndexStore).
 std::map<std::string, std::string> StoredLabels(const std::string& id, const std::string& model,
-                                                absl::Time created, absl::Time last_used) {
+                                                const std::string& tenant, absl::Time created,
+                                                absl::Time last_used) {
   return {{"x-session-id", id},
           {"x-model", model},
+          {"x-tenant", tenant},
           {"x-created-ms", absl::StrCat(absl::ToUnixMillis(created))},
           {"x-last-used-ms", absl::StrCat(absl::ToUnixMillis(last_used))}};
 }
@@ -130,6 +133,23 @@ void Engine::StartLoad(std::unique_ptr<WorkItem> item) {
     absl::Status failure;
     try {
       if (w.kind == WorkItem::Kind::kImport) {
+        // The signature first: nothing of an unauthenticated blob is parsed.
+        if (options_.sealer != nullptr) {
+          auto opened = options_.sealer->Open(std::move(w.blob));
+          if (!opened.ok()) {
+            failure = opened.status();
+          } else {
+            w.blob = std::move(*opened);
+          }
+        } else if (SessionSealer::LooksSealed(w.blob)) {
+          failure = absl::InvalidArgumentError(
+              "blob: it is signed by a deployment's key, and this server has no "
+              "--session-key-file to check it");
+        }
+      }
+      if (!failure.ok()) {
+        // Refused before parsing.
+      } else if (w.kind == WorkItem::Kind::kImport) {
         decoded = fwmodel::DecodeStateRow(model_, fingerprint_, std::move(w.blob));
         if (!decoded.ok()) {
           // A blob for another model is a bad argument to this call, like a corrupt one.
@@ -184,10 +204,12 @@ void Engine::WriteThrough(const std::string& id, int slot, int64_t tokens, absl:
   // token, a new session's a fresh random one.
   std::string new_tag;
   if (shared_store_ != nullptr) new_tag = ticket != nullptr ? ticket->token : NewSessionId();
-  RunStoreJob([this, id, row, logits, tokens, created, last_used, ticket, new_tag,
-               then = std::move(then)]() -> std::function<void()> {
+  auto resident = resident_.find(id);
+  std::string tenant = resident != resident_.end() ? resident->second.tenant : std::string();
+  RunStoreJob([this, id, tenant = std::move(tenant), row, logits, tokens, created, last_used,
+               ticket, new_tag, then = std::move(then)]() -> std::function<void()> {
     const absl::StatusOr<int64_t> version =
-        StoreRow(id, *row, logits, tokens, created, last_used, ticket.get(), new_tag);
+        StoreRow(id, tenant, *row, logits, tokens, created, last_used, ticket.get(), new_tag);
     return [this, id, then, version, new_tag] {
       if (shared_store_ != nullptr) {
         auto it = resident_.find(id);
@@ -206,15 +228,15 @@ void Engine::WriteThrough(const std::string& id, int slot, int64_t tokens, absl:
   });
 }
 
-absl::StatusOr<int64_t> Engine::StoreRow(const std::string& id, const fwmodel::State& row,
-                                         const torch::Tensor& logits, int64_t tokens,
-                                         absl::Time created, absl::Time last_used,
+absl::StatusOr<int64_t> Engine::StoreRow(const std::string& id, const std::string& tenant,
+                                         const fwmodel::State& row, const torch::Tensor& logits,
+                                         int64_t tokens, absl::Time created, absl::Time last_used,
                                          StoreTicket* ticket, const std::string& new_tag) {
   const absl::Time start = absl::Now();
   absl::StatusOr<int64_t> version = int64_t{0};
   try {
     auto blob = fwmodel::EncodeStateRow(model_, fingerprint_, row, 0, tokens, logits,
-                                        StoredLabels(id, name_, created, last_used));
+                                        StoredLabels(id, name_, tenant, created, last_used));
     if (!blob.ok()) {
       version = blob.status();
     } else if (shared_store_ == nullptr) {
@@ -229,6 +251,7 @@ absl::StatusOr<int64_t> Engine::StoreRow(const std::string& id, const fwmodel::S
       StoredSessionInfo info;
       info.id = id;
       info.model = name_;
+      info.tenant = tenant;
       info.tokens = tokens;
       info.created = created;
       info.last_used = last_used;
@@ -284,12 +307,14 @@ void Engine::CommitNewSession(std::unique_ptr<WorkItem> item, int slot, int64_t 
   record.tokens = tokens;
   record.state_bytes = state_bytes_;
   record.created = record.last_used = now;
+  record.tenant = item->tenant;
   auto lease = registry_->InsertLeased(record);
   if (!lease.ok()) {
     FreeSlot(slot);
     return FailItem(std::move(item), lease.status());
   }
   resident_[record.id] = ResidentSession{slot, tokens, now, now, false};
+  resident_[record.id].tenant = record.tenant;
   auto new_lease = std::make_shared<SessionLease>(std::move(*lease));
   std::shared_ptr<WorkItem> shared(std::move(item));
   WriteThrough(record.id, slot, tokens, now, now, /*ticket=*/nullptr,
@@ -342,21 +367,26 @@ void Engine::RunSessionOperation(std::unique_ptr<WorkItem>& item) {
       torch::Tensor logits = tokens > 0 ? pool_.CopyLogits(*slot) : torch::Tensor();
       item->lease.ReleaseUsed(now);
       std::shared_ptr<WorkItem> shared(std::move(item));
-      // Encoding (a checksum over the state) runs off the engine thread.
-      return RunStoreJob([this, shared, row, logits, tokens]() -> std::function<void()> {
-        absl::StatusOr<std::string> blob = absl::InternalError("export failed");
-        try {
-          blob = fwmodel::EncodeStateRow(model_, fingerprint_, *row, 0, tokens, logits,
-                                         {{"x-model", name_}});
-        } catch (const std::exception& e) {
-          Log(LogLevel::kError, absl::StrCat("model ", name_, ": export failed: ", e.what()));
-        }
-        return [this, shared, blob = std::move(blob), tokens]() mutable {
-          if (!blob.ok()) return shared->on_export(blob.status());
-          if (metrics_ != nullptr) metrics_->CountSessionOperation("exported");
-          shared->on_export(ExportResult{std::move(*blob), name_, tokens});
-        };
-      });
+      // Encoding (a checksum over the state) and sealing run off the engine thread. The
+      // owner goes into the blob as information only: an import never trusts it.
+      return RunStoreJob(
+          [this, shared, row, logits, tokens, tenant = r.tenant]() -> std::function<void()> {
+            absl::StatusOr<std::string> blob = absl::InternalError("export failed");
+            try {
+              blob = fwmodel::EncodeStateRow(model_, fingerprint_, *row, 0, tokens, logits,
+                                             {{"x-model", name_}, {"x-tenant", tenant}});
+              if (blob.ok() && options_.sealer != nullptr) {
+                blob = options_.sealer->Seal(std::move(*blob));
+              }
+            } catch (const std::exception& e) {
+              Log(LogLevel::kError, absl::StrCat("model ", name_, ": export failed: ", e.what()));
+            }
+            return [this, shared, blob = std::move(blob), tokens]() mutable {
+              if (!blob.ok()) return shared->on_export(blob.status());
+              if (metrics_ != nullptr) metrics_->CountSessionOperation("exported");
+              shared->on_export(ExportResult{std::move(*blob), name_, tokens});
+            };
+          });
     }
     case WorkItem::Kind::kImport: {
       if (absl::Status room = registry_->CheckCapacity(); !room.ok()) {
@@ -428,7 +458,8 @@ absl::StatusOr<int> Engine::EnsureResident(WorkItem& item) {
                                   record->last_used,
                                   false,
                                   version,
-                                  item.ticket != nullptr ? item.ticket->tag : std::string()};
+                                  item.ticket != nullptr ? item.ticket->tag : std::string(),
+                                  record->tenant};
   item.loaded.reset();
   registry_->SetResident(id, true, version);
   if (metrics_ != nullptr && item.ticket != nullptr) metrics_->CountSessionCacheLookup(false);
@@ -467,15 +498,25 @@ void Engine::FreeSlot(int slot) { pool_.Free(slot); }
 
 bool Engine::ReleaseOneIdle() {
   // The least recently used resident session that no request holds and that the store
-  // holds (with a store, a session is only ever dropped from memory, never lost).
+  // holds (with a store, a session is only ever dropped from memory, never lost), of
+  // the tenant holding the most resident sessions: a tenant filling memory loses its
+  // own idle sessions first, not other tenants'. With one tenant: plain LRU.
+  absl::flat_hash_map<std::string, int64_t> held;
+  for (const auto& [id, r] : resident_) ++held[r.tenant];
   std::string victim;
+  int64_t victim_held = -1;
   absl::Time oldest = absl::InfiniteFuture();
   for (const auto& [id, r] : resident_) {
-    if (r.in_use || r.last_used >= oldest) continue;
+    if (r.in_use) continue;
+    const int64_t tenant_held = held[r.tenant];
+    if (tenant_held < victim_held || (tenant_held == victim_held && r.last_used >= oldest)) {
+      continue;
+    }
     auto record = registry_->Get(id);
     if (!record.ok() || record->busy) continue;
     if (store_ != nullptr && !record->stored) continue;
     victim = id;
+    victim_held = tenant_held;
     oldest = r.last_used;
   }
   if (victim.empty()) return false;
@@ -566,7 +607,7 @@ void Engine::StoreUnstoredAtExit() {
     const ResidentSession& r = it->second;
     try {
       const absl::Status status =
-          StoreRow(id, pool_.CopyRow(r.slot),
+          StoreRow(id, r.tenant, pool_.CopyRow(r.slot),
                    r.tokens > 0 ? pool_.CopyLogits(r.slot) : torch::Tensor(), r.tokens, r.created,
                    r.last_used, /*ticket=*/nullptr)
               .status();

@@ -512,7 +512,29 @@ class PrometheusMetrics final : public Metrics {
                              .Help("Shared store: a session's lease was held by another request "
                                    "(op=acquire) or was lost before a write (commit, delete, "
                                    "renew).")
-                             .Register(*registry_)) {
+                             .Register(*registry_)),
+        refused_(prometheus::BuildCounter()
+                     .Name("fwserve_requests_refused_total")
+                     .Help("Requests refused before they reached a model, by reason: "
+                           "unauthenticated, quota_sessions, quota_streams, quota_tokens.")
+                     .Register(*registry_)),
+        tenant_requests_(prometheus::BuildCounter()
+                             .Name("fwserve_tenant_requests_total")
+                             .Help("Finished RPCs by tenant (configured names only), method "
+                                   "and gRPC status code.")
+                             .Register(*registry_)),
+        tenant_tokens_(prometheus::BuildCounter()
+                           .Name("fwserve_tenant_generated_tokens_total")
+                           .Help("Tokens streamed to each tenant's clients.")
+                           .Register(*registry_)),
+        tenant_streams_(prometheus::BuildGauge()
+                            .Name("fwserve_tenant_active_streams")
+                            .Help("Generate streams of each tenant, running or queued.")
+                            .Register(*registry_)) {
+    for (const char* reason :
+         {"unauthenticated", "quota_sessions", "quota_streams", "quota_tokens"}) {
+      refused_.Add({{"reason", reason}});
+    }
     prometheus::BuildGauge()
         .Name("fwserve_build_info")
         .Help("Server build (value 1), with its version as a label.")
@@ -587,6 +609,41 @@ class PrometheusMetrics final : public Metrics {
     }
   }
 
+  void CountRefused(std::string_view reason) override {
+    try {
+      refused_.Add({{"reason", std::string(reason)}}).Increment();
+    } catch (const std::exception&) {
+    }
+  }
+
+  void ObserveTenantRequest(std::string_view tenant, std::string_view rpc, int code) override {
+    if (tenant.empty()) return;
+    try {
+      tenant_requests_
+          .Add({{"tenant", std::string(tenant)},
+                {"rpc", std::string(rpc)},
+                {"code", GrpcCodeName(code)}})
+          .Increment();
+    } catch (const std::exception&) {
+    }
+  }
+
+  void AddTenantGeneratedTokens(std::string_view tenant, int64_t tokens) override {
+    if (tenant.empty() || tokens <= 0) return;
+    try {
+      tenant_tokens_.Add({{"tenant", std::string(tenant)}}).Increment(static_cast<double>(tokens));
+    } catch (const std::exception&) {
+    }
+  }
+
+  void SetTenantActiveStreams(std::string_view tenant, int64_t streams) override {
+    if (tenant.empty()) return;
+    try {
+      tenant_streams_.Add({{"tenant", std::string(tenant)}}).Set(static_cast<double>(streams));
+    } catch (const std::exception&) {
+    }
+  }
+
   std::shared_ptr<prometheus::Registry> registry() override { return registry_; }
 
  private:
@@ -607,6 +664,10 @@ class PrometheusMetrics final : public Metrics {
   Family<Histogram>& store_operation_duration_;
   Family<Counter>& store_operation_errors_;
   Family<Counter>& lease_conflicts_;
+  Family<Counter>& refused_;
+  Family<Counter>& tenant_requests_;
+  Family<Counter>& tenant_tokens_;
+  Family<Gauge>& tenant_streams_;
   NullModelMetrics null_model_;
 
   absl::Mutex store_mu_;

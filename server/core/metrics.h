@@ -86,6 +86,15 @@ class Metrics {
   // lost lease), "unavailable" (unreachable or too slow) or "error" (anything else).
   virtual void ObserveSessionStoreOperation(std::string_view op, std::string_view outcome,
                                             double seconds) = 0;
+  // A request refused before it reached a model, by `reason`: "unauthenticated" (no
+  // or a wrong API key), "quota_sessions", "quota_streams", "quota_tokens" (the
+  // tenant's quotas).
+  virtual void CountRefused(std::string_view reason) = 0;
+  // Per-tenant series. `tenant` must be a configured tenant name (the API-keys file
+  // bounds the label values); "" (an open server) records nothing.
+  virtual void ObserveTenantRequest(std::string_view tenant, std::string_view rpc, int code) = 0;
+  virtual void AddTenantGeneratedTokens(std::string_view tenant, int64_t tokens) = 0;
+  virtual void SetTenantActiveStreams(std::string_view tenant, int64_t streams) = 0;
   // The registry to expose (nullptr for implementations without one).
   virtual std::shared_ptr<prometheus::Registry> registry() = 0;
 };

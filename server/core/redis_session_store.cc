@@ -38,18 +38,21 @@ struct Script {
   std::string sha1;  // hex, for EVALSHA
 };
 
-// ARGV: token, lease ttl ms, session ttl ms, cached version.
-// {0}: no session; {1}: busy; {2, ver, model, tokens, created, used, tag[, blob]}.
+// ARGV: token, lease ttl ms, session ttl ms, cached version, tenant.
+// {0}: no session (or another tenant's: untouched); {1}: busy; {2, ver, model, tokens, created,
+// used, tenant, tag[, blob]}.
 constexpr char kAcquireLua[] = R"lua(
 if redis.call('EXISTS', KEYS[1]) == 0 then return {0} end
+if (redis.call('HGET', KEYS[1], 'tenant') or '') ~= ARGV[5] then return {0} end
 if not redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then return {1} end
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
-local v = redis.call('HMGET', KEYS[1], 'ver', 'model', 'tokens', 'created', 'used', 'tag')
-for i = 1, 6 do v[i] = v[i] or '' end
+local v = redis.call('HMGET', KEYS[1], 'ver', 'model', 'tokens', 'created', 'used', 'tenant',
+                    'tag')
+for i = 1, 7 do v[i] = v[i] or '' end
 if v[1] ~= ARGV[4] then
-  return {2, v[1], v[2], v[3], v[4], v[5], v[6], redis.call('HGET', KEYS[1], 'blob') or ''}
+  return {2, v[1], v[2], v[3], v[4], v[5], v[6], v[7], redis.call('HGET', KEYS[1], 'blob') or ''}
 end
-return {2, v[1], v[2], v[3], v[4], v[5], v[6]}
+return {2, v[1], v[2], v[3], v[4], v[5], v[6], v[7]}
 )lua";
 
 // ARGV: token, lease ttl ms. 1: renewed; 0: not held.
@@ -87,12 +90,12 @@ redis.call('DEL', KEYS[2])
 return {2, nv}
 )lua";
 
-// ARGV: model, tokens, created ms, used ms, blob, session ttl ms, tag. 1: created;
+// ARGV: model, tokens, created ms, used ms, blob, session ttl ms, tag, tenant. 1: created;
 // 0: exists.
 constexpr char kCreateLua[] = R"lua(
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
 redis.call('HSET', KEYS[1], 'ver', 1, 'model', ARGV[1], 'tokens', ARGV[2], 'created', ARGV[3],
-           'used', ARGV[4], 'blob', ARGV[5], 'tag', ARGV[7])
+           'used', ARGV[4], 'blob', ARGV[5], 'tag', ARGV[7], 'tenant', ARGV[8])
 redis.call('PEXPIRE', KEYS[1], ARGV[6])
 return 1
 )lua";
@@ -270,7 +273,8 @@ absl::Status BadId(const std::string& id) {
       absl::StrCat("session_id '", id.substr(0, 64), "' is not a well-formed session id"));
 }
 
-// Parses ver, model, tokens, created, used (strings as HMGET returns them) into `info`.
+// Parses ver, model, tokens, created, used, tenant (strings as HMGET returns them) into
+// `info`.
 absl::Status ParseInfo(const std::string& id, const redisReply* const* fields,
                        StoredSessionInfo* info) {
   info->id = id;
@@ -282,6 +286,7 @@ absl::Status ParseInfo(const std::string& id, const redisReply* const* fields,
                                             "'"));
   }
   info->model = Text(fields[1]);
+  info->tenant = Text(fields[5]);
   // Missing numbers (a session written by Put) read as 0.
   const std::string tokens_text = Text(fields[2]), created_text = Text(fields[3]),
                     used_text = Text(fields[4]);
@@ -731,17 +736,18 @@ absl::Status RedisSessionStore::RemoveFromIndex(Connection& conn, const std::str
 
 absl::StatusOr<StoreLeaseGrant> RedisSessionStore::AcquireLease(const std::string& id,
                                                                 absl::Duration lease_ttl,
-                                                                int64_t cached_version) {
+                                                                int64_t cached_version,
+                                                                const std::string& tenant) {
   return Observed("acquire", [&]() -> absl::StatusOr<StoreLeaseGrant> {
     auto conn = Checkout();
     if (!conn.ok()) return conn.status();
     ReleaseOrphanedLeases(**conn);
     StoreLeaseGrant grant;
     grant.token = NewSessionId();  // 128 bits from the OS CSPRNG, hex
-    auto reply =
-        (*conn)->Eval(AcquireScript(), {SessionKey(id), LeaseKey(id)},
-                      {grant.token, absl::StrCat(Millis(lease_ttl)),
-                       absl::StrCat(Millis(options_.session_ttl)), absl::StrCat(cached_version)});
+    auto reply = (*conn)->Eval(
+        AcquireScript(), {SessionKey(id), LeaseKey(id)},
+        {grant.token, absl::StrCat(Millis(lease_ttl)), absl::StrCat(Millis(options_.session_ttl)),
+         absl::StrCat(cached_version), tenant});
     if (!reply.ok()) {
       // The script was sent and may have run (Redis stalled past the timeout): the
       // lease may be ours. Release it once Redis answers again, rather than leave the
@@ -761,7 +767,7 @@ absl::StatusOr<StoreLeaseGrant> RedisSessionStore::AcquireLease(const std::strin
     if (code == 1) {
       return absl::AbortedError(absl::StrCat("session_id '", id, "' is busy with another request"));
     }
-    absl::Status parsed = r->elements < 6
+    absl::Status parsed = r->elements < 8
                               ? absl::InternalError("session store: unexpected reply to acquire")
                               : ParseInfo(id, r->element + 1, &grant.info);
     if (!parsed.ok()) {
@@ -769,8 +775,8 @@ absl::StatusOr<StoreLeaseGrant> RedisSessionStore::AcquireLease(const std::strin
       (void)(*conn)->Eval(ReleaseScript(), {SessionKey(id), LeaseKey(id)}, {grant.token});
       return parsed;
     }
-    if (r->elements >= 7) grant.info.tag = Text(r->element[6]);
-    if (r->elements >= 8) grant.blob = Text(r->element[7]);
+    grant.info.tag = Text(r->element[7]);
+    if (r->elements >= 9) grant.blob = Text(r->element[8]);
     return grant;
   });
 }
@@ -869,11 +875,11 @@ absl::Status RedisSessionStore::CreateSession(const StoredSessionInfo& info,
     auto conn = Checkout();
     if (!conn.ok()) return conn.status();
     const int64_t created = std::max<int64_t>(0, absl::ToUnixMillis(info.created));
-    auto reply = (*conn)->Eval(
-        CreateScript(), {SessionKey(info.id), LeaseKey(info.id)},
-        {info.model, absl::StrCat(info.tokens), absl::StrCat(created),
-         absl::StrCat(absl::ToUnixMillis(info.last_used)), blob,
-         absl::StrCat(Millis(options_.session_ttl)), info.tag.empty() ? NewSessionId() : info.tag});
+    auto reply = (*conn)->Eval(CreateScript(), {SessionKey(info.id), LeaseKey(info.id)},
+                               {info.model, absl::StrCat(info.tokens), absl::StrCat(created),
+                                absl::StrCat(absl::ToUnixMillis(info.last_used)), blob,
+                                absl::StrCat(Millis(options_.session_ttl)),
+                                info.tag.empty() ? NewSessionId() : info.tag, info.tenant});
     if (!reply.ok()) return reply.status();
     long long made = 0;
     if (!IsInteger(reply->get(), &made)) {
@@ -917,13 +923,13 @@ absl::StatusOr<StoredSessionInfo> RedisSessionStore::GetInfo(const std::string& 
   return Observed("info", [&]() -> absl::StatusOr<StoredSessionInfo> {
     auto conn = Checkout();
     if (!conn.ok()) return conn.status();
-    auto replies =
-        (*conn)->Pipeline({{"HMGET", SessionKey(id), "ver", "model", "tokens", "created", "used"},
-                           {"EXISTS", LeaseKey(id)}});
+    auto replies = (*conn)->Pipeline(
+        {{"HMGET", SessionKey(id), "ver", "model", "tokens", "created", "used", "tenant"},
+         {"EXISTS", LeaseKey(id)}});
     if (!replies.ok()) return replies.status();
     const redisReply* r = (*replies)[0].get();
     long long leased = 0;
-    if (r->type != REDIS_REPLY_ARRAY || r->elements != 5 ||
+    if (r->type != REDIS_REPLY_ARRAY || r->elements != 6 ||
         !IsInteger((*replies)[1].get(), &leased)) {
       return absl::InternalError("session store: unexpected reply to HMGET");
     }
@@ -979,7 +985,7 @@ absl::Status RedisSessionStore::ForEachId(const std::function<bool(const std::st
   return Observed("list", [&]() -> absl::Status {
     std::string token;
     do {
-      auto page = ListImpl("", kMaxPageSize, token);
+      auto page = ListImpl("", std::nullopt, kMaxPageSize, token);
       if (!page.ok()) return page.status();
       for (const StoredSessionInfo& info : page->sessions) {
         if (!visit(info.id)) return absl::OkStatus();
@@ -990,12 +996,15 @@ absl::Status RedisSessionStore::ForEachId(const std::function<bool(const std::st
   });
 }
 
-absl::StatusOr<SessionPage> RedisSessionStore::List(const std::string& model, int page_size,
+absl::StatusOr<SessionPage> RedisSessionStore::List(const std::string& model,
+                                                    const std::string& tenant, int page_size,
                                                     const std::string& page_token) {
-  return Observed("list", [&]() { return ListImpl(model, page_size, page_token); });
+  return Observed("list", [&]() { return ListImpl(model, tenant, page_size, page_token); });
 }
 
-absl::StatusOr<SessionPage> RedisSessionStore::ListImpl(const std::string& model, int page_size,
+absl::StatusOr<SessionPage> RedisSessionStore::ListImpl(const std::string& model,
+                                                        const std::optional<std::string>& tenant,
+                                                        int page_size,
                                                         const std::string& page_token) {
   page_size = std::clamp(page_size, 1, kMaxPageSize);
   if (!page_token.empty() && !IsWellFormedMember(page_token)) {
@@ -1015,7 +1024,7 @@ absl::StatusOr<SessionPage> RedisSessionStore::ListImpl(const std::string& model
     // One past what is needed, to know whether more follow; growing with what was
     // examined, so that a run of stale or filtered-out entries takes few round trips.
     int batch = need + 1 + examined;
-    if (!model.empty()) batch = std::max(batch, 100);
+    if (!model.empty() || tenant.has_value()) batch = std::max(batch, 100);
     batch = std::min(batch, std::min(kMaxPageSize, max_examined - examined) + 1);
     const std::string start = last_examined.empty() ? "-" : "(" + last_examined;
     auto range = (*conn)->Command(
@@ -1031,7 +1040,7 @@ absl::StatusOr<SessionPage> RedisSessionStore::ListImpl(const std::string& model
       const std::string member = Text(members->element[i]);
       if (!IsWellFormedMember(member)) continue;
       reads.push_back({"HMGET", SessionKey(member.substr(kCreatedDigits + 1)), "ver", "model",
-                       "tokens", "created", "used"});
+                       "tokens", "created", "used", "tenant"});
     }
     auto infos = (*conn)->Pipeline(reads);
     if (!infos.ok()) return infos.status();
@@ -1051,7 +1060,7 @@ absl::StatusOr<SessionPage> RedisSessionStore::ListImpl(const std::string& model
       }
       const redisReply* info = (*infos)[next_read++].get();
       if (info->type == REDIS_REPLY_ERROR) return ErrorReply(info);
-      if (info->type != REDIS_REPLY_ARRAY || info->elements != 5 ||
+      if (info->type != REDIS_REPLY_ARRAY || info->elements != 6 ||
           info->element[0]->type == REDIS_REPLY_NIL) {
         stale.push_back(member);
         continue;
@@ -1059,6 +1068,7 @@ absl::StatusOr<SessionPage> RedisSessionStore::ListImpl(const std::string& model
       StoredSessionInfo parsed;
       if (!ParseInfo(member.substr(kCreatedDigits + 1), info->element, &parsed).ok()) continue;
       if (!model.empty() && parsed.model != model) continue;
+      if (tenant.has_value() && parsed.tenant != *tenant) continue;
       page.sessions.push_back(std::move(parsed));
     }
     if (!stale.empty()) {

@@ -20,6 +20,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -76,7 +77,8 @@ class RedisSessionStore : public SharedSessionStore {
 
   // SharedSessionStore.
   absl::StatusOr<StoreLeaseGrant> AcquireLease(const std::string& id, absl::Duration lease_ttl,
-                                               int64_t cached_version) override;
+                                               int64_t cached_version,
+                                               const std::string& tenant) override;
   absl::Status RenewLease(const std::string& id, const std::string& token,
                           absl::Duration lease_ttl) override;
   absl::Status ReleaseLease(const std::string& id, const std::string& token) override;
@@ -86,8 +88,8 @@ class RedisSessionStore : public SharedSessionStore {
   absl::Status CreateSession(const StoredSessionInfo& info, const std::string& blob) override;
   absl::Status DeleteLeased(const std::string& id, const std::string& token) override;
   absl::StatusOr<StoredSessionInfo> GetInfo(const std::string& id) override;
-  absl::StatusOr<SessionPage> List(const std::string& model, int page_size,
-                                   const std::string& page_token) override;
+  absl::StatusOr<SessionPage> List(const std::string& model, const std::string& tenant,
+                                   int page_size, const std::string& page_token) override;
 
   // The keys of session `id` and of the index (for tests and operators).
   std::string SessionKey(const std::string& id) const;
@@ -113,7 +115,9 @@ class RedisSessionStore : public SharedSessionStore {
   template <typename F>
   auto Observed(const char* op, F&& body) -> decltype(body());
 
-  absl::StatusOr<SessionPage> ListImpl(const std::string& model, int page_size,
+  // `tenant`: nullopt = every tenant's sessions.
+  absl::StatusOr<SessionPage> ListImpl(const std::string& model,
+                                       const std::optional<std::string>& tenant, int page_size,
                                        const std::string& page_token);
   // Releases leases that acquires may have taken although they timed out.
   void ReleaseOrphanedLeases(Connection& conn);

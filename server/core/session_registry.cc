@@ -58,6 +58,36 @@ absl::Status SessionRegistry::Unknown(const std::string& id) const {
   return absl::NotFoundError(absl::StrCat("session_id '", id, "' not found"));
 }
 
+void SessionRegistry::PutLocked(SessionRecord record) {
+  auto it = sessions_.find(record.id);
+  if (it != sessions_.end()) {
+    --sessions_of_tenant_[it->second.tenant];
+    ++sessions_of_tenant_[record.tenant];
+    it->second = std::move(record);
+    return;
+  }
+  ++sessions_of_tenant_[record.tenant];
+  std::string id = record.id;
+  sessions_.emplace(std::move(id), std::move(record));
+}
+
+void SessionRegistry::EraseLocked(absl::flat_hash_map<std::string, SessionRecord>::iterator it) {
+  auto count = sessions_of_tenant_.find(it->second.tenant);
+  if (count != sessions_of_tenant_.end() && --count->second <= 0) sessions_of_tenant_.erase(count);
+  sessions_.erase(it);
+}
+
+int64_t SessionRegistry::CountOfTenant(const std::string& tenant) const {
+  absl::MutexLock lock(&mu_);
+  auto it = sessions_of_tenant_.find(tenant);
+  return it == sessions_of_tenant_.end() ? 0 : it->second;
+}
+
+absl::Status SessionRegistry::NotFoundError(const std::string& id) const {
+  absl::MutexLock lock(&mu_);
+  return Unknown(id);
+}
+
 absl::Status SessionRegistry::CheckCapacity() const {
   absl::MutexLock lock(&mu_);
   if (static_cast<int64_t>(sessions_.size()) >= max_sessions_) return FullError();
@@ -68,8 +98,7 @@ absl::Status SessionRegistry::Insert(SessionRecord record) {
   absl::MutexLock lock(&mu_);
   if (static_cast<int64_t>(sessions_.size()) >= max_sessions_) return FullError();
   record.busy = false;
-  std::string id = record.id;
-  sessions_.insert_or_assign(std::move(id), std::move(record));
+  PutLocked(std::move(record));
   return absl::OkStatus();
 }
 
@@ -78,7 +107,7 @@ absl::StatusOr<SessionLease> SessionRegistry::InsertLeased(SessionRecord record)
   if (static_cast<int64_t>(sessions_.size()) >= max_sessions_) return FullError();
   record.busy = true;
   std::string id = record.id;
-  sessions_.insert_or_assign(id, std::move(record));
+  PutLocked(std::move(record));
   return SessionLease(this, std::move(id));
 }
 
@@ -154,15 +183,21 @@ absl::StatusOr<SessionLease> SessionRegistry::AcquireFromStore(const SessionReco
         return !entry.second.busy && !entry.second.resident;
       });
       if (idle == sessions_.end()) return FullError();
-      sessions_.erase(idle);
+      EraseLocked(idle);
     }
     SessionRecord added = record;
     added.resident = false;
     added.version = 0;
-    it = sessions_.emplace(record.id, std::move(added)).first;
+    PutLocked(std::move(added));
+    it = sessions_.find(record.id);
   } else {
     if (it->second.busy) return Busy(record.id);
     SessionRecord& existing = it->second;
+    if (existing.tenant != record.tenant) {
+      --sessions_of_tenant_[existing.tenant];
+      ++sessions_of_tenant_[record.tenant];
+      existing.tenant = record.tenant;
+    }
     existing.model = record.model;
     existing.tokens = record.tokens;
     existing.created = record.created;
@@ -175,14 +210,14 @@ absl::StatusOr<SessionLease> SessionRegistry::AcquireFromStore(const SessionReco
 
 void SessionRegistry::Erase(const std::string& id) {
   absl::MutexLock lock(&mu_);
-  sessions_.erase(id);
+  if (auto it = sessions_.find(id); it != sessions_.end()) EraseLocked(it);
 }
 
 bool SessionRegistry::EraseIfIdle(const std::string& id) {
   absl::MutexLock lock(&mu_);
   auto it = sessions_.find(id);
   if (it == sessions_.end() || it->second.busy) return false;
-  sessions_.erase(it);
+  EraseLocked(it);
   return true;
 }
 
@@ -194,7 +229,7 @@ std::vector<std::string> SessionRegistry::TakeExpired(const std::string& model,
     const SessionRecord& r = it->second;
     if (r.model == model && !r.busy && r.last_used < idle_before) {
       out.push_back(it->first);
-      sessions_.erase(it++);
+      EraseLocked(it++);
     } else {
       ++it;
     }

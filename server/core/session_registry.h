@@ -21,6 +21,9 @@ namespace fwserve {
 struct SessionRecord {
   std::string id;
   std::string model;
+  // The tenant that owns the session (docs/security.md); empty on an open server. Only
+  // its owner sees it: to anyone else it does not exist.
+  std::string tenant;
   // Tokens the state has absorbed (== the history's length in tokens).
   int64_t tokens = 0;
   int64_t state_bytes = 0;
@@ -110,6 +113,12 @@ class SessionRegistry {
   // Sessions of `model` whose state is only in the store.
   int64_t CountNotResident(const std::string& model) const;
   int64_t size() const;
+  // Sessions held by `tenant` (resident or not).
+  int64_t CountOfTenant(const std::string& tenant) const;
+
+  // What a request for an unknown `id` gets: NOT_FOUND (UNAVAILABLE while indexing).
+  // Also the answer for another tenant's session, so that the two cannot be told apart.
+  absl::Status NotFoundError(const std::string& id) const;
 
   // While indexing, an unknown id may still be in the store: UNAVAILABLE, not NOT_FOUND.
   void SetIndexing(bool indexing);
@@ -121,12 +130,18 @@ class SessionRegistry {
   void ReleaseUnchanged(const std::string& id);
   void ReleaseUsed(const std::string& id, absl::Time last_used);
   absl::Status FullError() const;
+  // Inserts or replaces, keeping sessions_of_tenant_ in step.
+  void PutLocked(SessionRecord record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void EraseLocked(absl::flat_hash_map<std::string, SessionRecord>::iterator it)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static absl::Status Busy(const std::string& id);
   absl::Status Unknown(const std::string& id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const int64_t max_sessions_;
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, SessionRecord> sessions_ ABSL_GUARDED_BY(mu_);
+  // Sessions per owning tenant (entries of zero are removed).
+  absl::flat_hash_map<std::string, int64_t> sessions_of_tenant_ ABSL_GUARDED_BY(mu_);
   bool indexing_ ABSL_GUARDED_BY(mu_) = false;
 };
 

@@ -45,6 +45,8 @@ namespace fwserve {
 struct StoredSessionInfo {
   std::string id;
   std::string model;
+  // The owning tenant (empty: none; see SessionRecord::tenant).
+  std::string tenant;
   int64_t tokens = 0;
   absl::Time created;
   absl::Time last_used;
@@ -77,10 +79,12 @@ class SharedSessionStore : public SessionStore {
   // Takes the lease of session `id` for `lease_ttl` and refreshes the session's TTL.
   // NOT_FOUND: no such session (never created, deleted, or expired). ABORTED: another
   // request (on any replica) holds the lease. `cached_version` is the version of the
-  // caller's resident copy, 0 if none.
+  // caller's resident copy, 0 if none. A session of another tenant than `tenant` is
+  // NOT_FOUND, and nothing of it (lease, TTL) is touched.
   virtual absl::StatusOr<StoreLeaseGrant> AcquireLease(const std::string& id,
                                                        absl::Duration lease_ttl,
-                                                       int64_t cached_version) = 0;
+                                                       int64_t cached_version,
+                                                       const std::string& tenant) = 0;
   // Extends a held lease. ABORTED if `token` no longer holds it (it expired and maybe
   // another request took it).
   virtual absl::Status RenewLease(const std::string& id, const std::string& token,
@@ -105,11 +109,13 @@ class SharedSessionStore : public SessionStore {
   // The session's metadata, no lease taken. NOT_FOUND if absent.
   virtual absl::StatusOr<StoredSessionInfo> GetInfo(const std::string& id) = 0;
   // A page of at most `page_size` (1..1000) sessions in creation order, of `model`
-  // (empty = every model), after `page_token` (empty = from the start; otherwise a
-  // value of next_page_token). INVALID_ARGUMENT for a malformed token. Costs
-  // O(page_size + stale index entries skipped), never a scan of the keyspace.
-  virtual absl::StatusOr<SessionPage> List(const std::string& model, int page_size,
-                                           const std::string& page_token) = 0;
+  // (empty = every model) owned by `tenant` (empty = sessions of no tenant), after
+  // `page_token` (empty = from the start; otherwise a value of next_page_token).
+  // INVALID_ARGUMENT for a malformed token. Costs O(page_size + index entries skipped:
+  // stale ones and other models' or tenants'), never a scan of the keyspace; a page may
+  // come back short (even empty) with a next_page_token when many were skipped.
+  virtual absl::StatusOr<SessionPage> List(const std::string& model, const std::string& tenant,
+                                           int page_size, const std::string& page_token) = 0;
 };
 
 }  // namespace fwserve

@@ -76,12 +76,29 @@ GenerateParams FromProto(const v1::GenerateRequest& request) {
   return params;
 }
 
-std::multimap<std::string, std::string> MetadataOf(const grpc::CallbackServerContext* context) {
-  std::multimap<std::string, std::string> out;
+CallCredentials CredentialsOf(const grpc::CallbackServerContext* context) {
+  CallCredentials out;
   for (const auto& [key, value] : context->client_metadata()) {
-    out.emplace(std::string(key.data(), key.size()), std::string(value.data(), value.size()));
+    out.metadata.emplace(std::string(key.data(), key.size()),
+                         std::string(value.data(), value.size()));
+  }
+  std::shared_ptr<const grpc::AuthContext> auth = context->auth_context();
+  if (auth != nullptr && auth->IsPeerAuthenticated()) {
+    for (const grpc::string_ref& name : auth->FindPropertyValues("x509_common_name")) {
+      out.certificate_common_name = std::string(name.data(), name.size());
+    }
   }
   return out;
+}
+
+// Client-supplied names in log lines and metrics lookups: at most this many bytes
+// (Log escapes control bytes; this keeps a 60 MB name from making a 60 MB line).
+constexpr size_t kMaxLoggedNameBytes = 128;
+
+std::string CappedName(const std::string& name) {
+  return name.size() <= kMaxLoggedNameBytes
+             ? name
+             : absl::StrCat(name.substr(0, kMaxLoggedNameBytes), "...(", name.size(), " bytes)");
 }
 
 }  // namespace
@@ -95,15 +112,17 @@ class GrpcServer::Service : public v1::Fwserve::CallbackService {
   // Accounting of one call: the request metric and the structured log line.
   class CallRecord {
    public:
-    CallRecord(Service* service, const char* rpc, std::string model, std::string session)
+    CallRecord(Service* service, const char* rpc, const std::string& model,
+               const std::string& session)
         : service_(service),
           rpc_(rpc),
-          model_(std::move(model)),
-          session_(std::move(session)),
+          model_(CappedName(model)),
+          session_(CappedName(session)),
           id_(service->next_request_id_.fetch_add(1)),
           start_(absl::Now()) {}
-    void set_model(std::string model) { model_ = std::move(model); }
-    void set_session(std::string session) { session_ = std::move(session); }
+    void set_model(const std::string& model) { model_ = CappedName(model); }
+    void set_session(const std::string& session) { session_ = CappedName(session); }
+    void set_tenant(std::string tenant) { tenant_ = std::move(tenant); }
     void set_tokens(int64_t prompt, int64_t generated) {
       prompt_tokens_ = prompt;
       generated_tokens_ = generated;
@@ -112,12 +131,14 @@ class GrpcServer::Service : public v1::Fwserve::CallbackService {
       const double seconds = absl::ToDoubleSeconds(absl::Now() - start_);
       if (service_->options_.metrics != nullptr) {
         service_->options_.metrics->ObserveRequest(rpc_, model_, status.error_code(), seconds);
+        service_->options_.metrics->ObserveTenantRequest(tenant_, rpc_, status.error_code());
       }
       const LogLevel level = status.ok() ? LogLevel::kInfo : LogLevel::kWarning;
       if (LogEnabled(level)) {
         Log(level,
             absl::StrCat(
-                "request id=", id_, " method=", rpc_, " model=", model_.empty() ? "-" : model_,
+                "request id=", id_, " method=", rpc_, " tenant=", tenant_.empty() ? "-" : tenant_,
+                " model=", model_.empty() ? "-" : model_,
                 " session=", session_.empty() ? "-" : session_, " prompt_tokens=", prompt_tokens_,
                 " generated_tokens=", generated_tokens_, " latency_ms=",
                 static_cast<int64_t>(seconds * 1000), " status=", GrpcCodeName(status.error_code()),
@@ -130,19 +151,26 @@ class GrpcServer::Service : public v1::Fwserve::CallbackService {
     const char* rpc_;
     std::string model_;
     std::string session_;
+    std::string tenant_;  // set once authenticated
     uint64_t id_;
     absl::Time start_;
     int64_t prompt_tokens_ = 0;
     int64_t generated_tokens_ = 0;
   };
 
-  // Fails the call before it reaches the core when draining or unauthenticated.
-  absl::Status Admit(grpc::CallbackServerContext* context) {
+  // Who the call comes from; fails it before it reaches the core when draining or
+  // unauthenticated. Records the tenant in `record`.
+  absl::StatusOr<Caller> Admit(grpc::CallbackServerContext* context, CallRecord& record) {
     if (shutting_down_.load()) return absl::UnavailableError("the server is shutting down");
+    Caller caller;
     if (options_.authenticator != nullptr) {
-      return options_.authenticator->Authenticate(MetadataOf(context));
+      absl::StatusOr<std::string> tenant =
+          options_.authenticator->Authenticate(CredentialsOf(context));
+      if (!tenant.ok()) return tenant.status();
+      caller.tenant = std::move(*tenant);
+      record.set_tenant(caller.tenant);
     }
-    return absl::OkStatus();
+    return caller;
   }
 
   // A unary call finished by a core callback: `fill` writes the response.
@@ -175,11 +203,11 @@ class GrpcServer::Service : public v1::Fwserve::CallbackService {
                                   v1::ScoreResponse* response) override {
     auto record =
         std::make_shared<CallRecord>(this, "Score", request->model(), request->session_id());
-    if (absl::Status admitted = Admit(context); !admitted.ok()) {
-      return FinishNow(context, record, admitted);
-    }
+    absl::StatusOr<Caller> caller = Admit(context, *record);
+    if (!caller.ok()) return FinishNow(context, record, caller.status());
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
     core_->Score(
+        *caller,
         ScoreParams{request->model(), request->session_id(), request->text(),
                     [context] { return context->IsCancelled(); }},
         UnaryDone<ScoreResult>(reactor, record, [response, record](ScoreResult& result) {
@@ -201,11 +229,10 @@ class GrpcServer::Service : public v1::Fwserve::CallbackService {
                                           const v1::CreateSessionRequest* request,
                                           v1::SessionInfo* response) override {
     auto record = std::make_shared<CallRecord>(this, "CreateSession", request->model(), "");
-    if (absl::Status admitted = Admit(context); !admitted.ok()) {
-      return FinishNow(context, record, admitted);
-    }
+    absl::StatusOr<Caller> caller = Admit(context, *record);
+    if (!caller.ok()) return FinishNow(context, record, caller.status());
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-    core_->CreateSession(request->model(), request->prefix(),
+    core_->CreateSession(*caller, request->model(), request->prefix(),
                          UnaryDone<SessionRecord>(reactor, record,
                                                   [response, record](SessionRecord& r) {
                                                     record->set_model(r.model);
@@ -221,14 +248,13 @@ class GrpcServer::Service : public v1::Fwserve::CallbackService {
                                        const v1::GetSessionRequest* request,
                                        v1::SessionInfo* response) override {
     auto record = std::make_shared<CallRecord>(this, "GetSession", "", request->session_id());
-    if (absl::Status admitted = Admit(context); !admitted.ok()) {
-      return FinishNow(context, record, admitted);
-    }
+    absl::StatusOr<Caller> caller = Admit(context, *record);
+    if (!caller.ok()) return FinishNow(context, record, caller.status());
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
     // `done` may run at once, inside this call: finishing the default reactor before
     // the handler returns it is allowed.
     core_->GetSession(
-        request->session_id(),
+        *caller, request->session_id(),
         UnaryDone<SessionRecord>(reactor, record, [response, record](SessionRecord& r) {
           record->set_model(r.model);
           ToProto(r, response);
@@ -240,9 +266,8 @@ class GrpcServer::Service : public v1::Fwserve::CallbackService {
                                          const v1::ListSessionsRequest* request,
                                          v1::ListSessionsResponse* response) override {
     auto record = std::make_shared<CallRecord>(this, "ListSessions", request->model(), "");
-    if (absl::Status admitted = Admit(context); !admitted.ok()) {
-      return FinishNow(context, record, admitted);
-    }
+    absl::StatusOr<Caller> caller = Admit(context, *record);
+    if (!caller.ok()) return FinishNow(context, record, caller.status());
     if (request->page_size() < 0) {
       return FinishNow(context, record,
                        absl::InvalidArgumentError(absl::StrCat(
@@ -260,7 +285,8 @@ class GrpcServer::Service : public v1::Fwserve::CallbackService {
     params.page_token = request->page_token();
     // As in GetSession, `done` may run before this returns.
     core_->ListSessions(
-        std::move(params), UnaryDone<SessionList>(reactor, record, [response](SessionList& list) {
+        *caller, std::move(params),
+        UnaryDone<SessionList>(reactor, record, [response](SessionList& list) {
           response->mutable_sessions()->Reserve(static_cast<int>(list.sessions.size()));
           for (const SessionRecord& r : list.sessions) {
             ToProto(r, response->add_sessions());
@@ -274,11 +300,11 @@ class GrpcServer::Service : public v1::Fwserve::CallbackService {
                                           const v1::DeleteSessionRequest* request,
                                           v1::DeleteSessionResponse*) override {
     auto record = std::make_shared<CallRecord>(this, "DeleteSession", "", request->session_id());
-    if (absl::Status admitted = Admit(context); !admitted.ok()) {
-      return FinishNow(context, record, admitted);
-    }
+    absl::StatusOr<Caller> caller = Admit(context, *record);
+    if (!caller.ok()) return FinishNow(context, record, caller.status());
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-    core_->DeleteSession(request->session_id(), UnaryDone<bool>(reactor, record, [](bool) {}));
+    core_->DeleteSession(*caller, request->session_id(),
+                         UnaryDone<bool>(reactor, record, [](bool) {}));
     return reactor;
   }
 
@@ -286,12 +312,11 @@ class GrpcServer::Service : public v1::Fwserve::CallbackService {
                                         const v1::ForkSessionRequest* request,
                                         v1::SessionInfo* response) override {
     auto record = std::make_shared<CallRecord>(this, "ForkSession", "", request->session_id());
-    if (absl::Status admitted = Admit(context); !admitted.ok()) {
-      return FinishNow(context, record, admitted);
-    }
+    absl::StatusOr<Caller> caller = Admit(context, *record);
+    if (!caller.ok()) return FinishNow(context, record, caller.status());
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
     core_->ForkSession(
-        request->session_id(),
+        *caller, request->session_id(),
         UnaryDone<SessionRecord>(reactor, record, [response, record](SessionRecord& r) {
           record->set_model(r.model);
           ToProto(r, response);
@@ -303,12 +328,11 @@ class GrpcServer::Service : public v1::Fwserve::CallbackService {
                                           const v1::ExportSessionRequest* request,
                                           v1::ExportSessionResponse* response) override {
     auto record = std::make_shared<CallRecord>(this, "ExportSession", "", request->session_id());
-    if (absl::Status admitted = Admit(context); !admitted.ok()) {
-      return FinishNow(context, record, admitted);
-    }
+    absl::StatusOr<Caller> caller = Admit(context, *record);
+    if (!caller.ok()) return FinishNow(context, record, caller.status());
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
     core_->ExportSession(
-        request->session_id(),
+        *caller, request->session_id(),
         UnaryDone<ExportResult>(reactor, record, [response, record](ExportResult& r) {
           record->set_model(r.model);
           response->set_blob(std::move(r.blob));
@@ -322,12 +346,11 @@ class GrpcServer::Service : public v1::Fwserve::CallbackService {
                                           const v1::ImportSessionRequest* request,
                                           v1::SessionInfo* response) override {
     auto record = std::make_shared<CallRecord>(this, "ImportSession", request->model(), "");
-    if (absl::Status admitted = Admit(context); !admitted.ok()) {
-      return FinishNow(context, record, admitted);
-    }
+    absl::StatusOr<Caller> caller = Admit(context, *record);
+    if (!caller.ok()) return FinishNow(context, record, caller.status());
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
     core_->ImportSession(
-        request->model(), request->blob(),
+        *caller, request->model(), request->blob(),
         UnaryDone<SessionRecord>(reactor, record, [response, record](SessionRecord& r) {
           record->set_model(r.model);
           record->set_session(r.id);
@@ -340,9 +363,8 @@ class GrpcServer::Service : public v1::Fwserve::CallbackService {
                                        const v1::ListModelsRequest*,
                                        v1::ListModelsResponse* response) override {
     auto record = std::make_shared<CallRecord>(this, "ListModels", "", "");
-    if (absl::Status admitted = Admit(context); !admitted.ok()) {
-      return FinishNow(context, record, admitted);
-    }
+    absl::StatusOr<Caller> caller = Admit(context, *record);
+    if (!caller.ok()) return FinishNow(context, record, caller.status());
     for (const ModelDescription& d : core_->ListModels()) ToProto(d, response->add_models());
     return FinishNow(context, record, absl::OkStatus());
   }
@@ -351,9 +373,8 @@ class GrpcServer::Service : public v1::Fwserve::CallbackService {
                                           const v1::DescribeModelRequest* request,
                                           v1::ModelInfo* response) override {
     auto record = std::make_shared<CallRecord>(this, "DescribeModel", request->model(), "");
-    if (absl::Status admitted = Admit(context); !admitted.ok()) {
-      return FinishNow(context, record, admitted);
-    }
+    absl::StatusOr<Caller> caller = Admit(context, *record);
+    if (!caller.ok()) return FinishNow(context, record, caller.status());
     auto model = core_->DescribeModel(request->model());
     if (model.ok()) ToProto(*model, response);
     return FinishNow(context, record, model.status());
@@ -485,8 +506,9 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* GrpcServer::Service::Generate(
   auto record =
       std::make_shared<CallRecord>(this, "Generate", request->model(), request->session_id());
   auto* reactor = new GenerateReactor(record);
-  if (absl::Status admitted = Admit(context); !admitted.ok()) {
-    reactor->FailNow(admitted);
+  absl::StatusOr<Caller> caller = Admit(context, *record);
+  if (!caller.ok()) {
+    reactor->FailNow(caller.status());
     return reactor;
   }
   GenerateParams params = FromProto(*request);
@@ -494,7 +516,8 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* GrpcServer::Service::Generate(
   if (params.model.empty()) {
     if (auto model = core_->DescribeModel(""); model.ok()) record->set_model(model->name);
   }
-  if (absl::Status started = core_->StartGenerate(std::move(params), reactor); !started.ok()) {
+  if (absl::Status started = core_->StartGenerate(*caller, std::move(params), reactor);
+      !started.ok()) {
     reactor->FailNow(started);
   }
   return reactor;
@@ -528,6 +551,12 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const GrpcServerOp
   grpc::ServerBuilder builder;
   builder.AddListeningPort(options.listen, credentials, &server->port_);
   builder.SetMaxReceiveMessageSize(options.max_receive_message_bytes);
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, options.max_streams_per_connection);
+  if (options.grpc_memory_quota_bytes > 0) {
+    grpc::ResourceQuota quota("fwserve");
+    quota.Resize(static_cast<size_t>(options.grpc_memory_quota_bytes));
+    builder.SetResourceQuota(quota);
+  }
   builder.RegisterService(server->service_.get());
   server->server_ = builder.BuildAndStart();
   if (server->server_ == nullptr || server->port_ == 0) {

@@ -23,13 +23,21 @@ class Server;
 
 namespace fwserve {
 
-// Room for authentication through call metadata (a later issue fills it in).
+// What a call presents to prove who it comes from.
+struct CallCredentials {
+  // The client's call metadata (lowercase keys), e.g. "authorization".
+  std::multimap<std::string, std::string> metadata;
+  // The subject common name of the client certificate that mutual TLS verified; empty
+  // without one.
+  std::string certificate_common_name;
+};
+
+// Decides who a call comes from. Thread-safe; must not block.
 class Authenticator {
  public:
   virtual ~Authenticator() = default;
-  // UNAUTHENTICATED / PERMISSION_DENIED to refuse the call. `metadata` holds the
-  // client's call metadata (lowercase keys).
-  virtual absl::Status Authenticate(const std::multimap<std::string, std::string>& metadata) = 0;
+  // The caller's tenant, or UNAUTHENTICATED to refuse the call.
+  virtual absl::StatusOr<std::string> Authenticate(const CallCredentials& credentials) = 0;
 };
 
 struct GrpcServerOptions {
@@ -41,11 +49,19 @@ struct GrpcServerOptions {
   // PEM CA bundle. When set (with TLS), clients must present a certificate it signed
   // (mutual TLS).
   std::string tls_client_ca_pem;
-  // Largest request message, bytes (ImportSession blobs are the big ones).
+  // Largest request message, bytes. ImportSession blobs are the big ones; gRPC's C++
+  // server has no per-method limit, so this bounds every method (docs/security.md).
   int max_receive_message_bytes = 64 << 20;
+  // HTTP/2 streams one connection may have open at once (gRPC's
+  // GRPC_ARG_MAX_CONCURRENT_STREAMS); further calls wait in the client.
+  int max_streams_per_connection = 256;
+  // Memory gRPC itself may use for all connections (buffers, messages in flight),
+  // bytes; past it gRPC refuses new work. 0 = no bound.
+  int64_t grpc_memory_quota_bytes = int64_t{2} << 30;
   // How long Shutdown() lets in-flight work finish before ending it.
   absl::Duration drain_timeout = absl::Seconds(30);
-  // Not owned; null = no authentication.
+  // Not owned; null = no authentication (every caller is the anonymous tenant "").
+  // The health service and reflection never ask it (probes stay open).
   Authenticator* authenticator = nullptr;
   // Not owned; may be null.
   Metrics* metrics = nullptr;

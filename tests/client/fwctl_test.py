@@ -94,7 +94,7 @@ class FwctlTest(unittest.TestCase):
                         "session list", "session rm", "session fork", "session export",
                         "session import", "models", "health"]:
             self.assertIn(command, text)
-        for flag in ["--target", "--lb-policy", "--token", "--timeout", "--retries", "--tls-ca",
+        for flag in ["--target", "--lb-policy", "--api-key-file", "--token", "--insecure", "--timeout", "--retries", "--tls-ca",
                      "130"]:
             self.assertIn(flag, text)
         out, _ = self.ok("generate", "--help", target=False)
@@ -309,6 +309,59 @@ class FwctlTest(unittest.TestCase):
                              stdin=b"more")
         self.assertEqual(code, 0, err)
         self.assertEqual(self.session_info(match.group(1))["tokens"], 31 + 5 + 3)
+
+    def test_chat_suffix_is_appended_to_each_line(self):
+        # Each line plus --suffix (C escapes understood) goes into the session.
+        code, _, err = fwctl("chat", "--max-tokens", "2", "--seed", "1", "--suffix", "<\\t>",
+                             stdin=b"ab\ncd\n")
+        self.assertEqual(code, 0, err)
+        session_id = re.search(r"session ([0-9a-f]{32})", err).group(1)
+        self.assertEqual(self.session_info(session_id)["tokens"], (2 + 3 + 2) * 2)
+
+    def test_stream_timeout_is_the_deadline_of_a_stream(self):
+        # A 100,000-token stream cannot end within 1 ms; the unary --timeout is not it.
+        code, _, err = fwctl("--stream-timeout", "1ms", "--timeout", "60s", "generate",
+                             "--max-tokens", "100000", "x")
+        self.assertEqual(code, 1, err)
+        self.assertIn("fwctl: DEADLINE_EXCEEDED", err)
+        code, _, err = fwctl("--stream-timeout", "1ms", "chat", "--max-tokens", "100000",
+                             stdin=b"x\n")
+        self.assertEqual(code, 1, err)
+        self.assertIn("DEADLINE_EXCEEDED", err)
+        # Without it, the same kind of stream runs to its end.
+        self.ok("--timeout", "1ms", "generate", "--max-tokens", "3", "x")
+
+    def test_fwserve_max_tokens_spelling_and_comma_separated_models(self):
+        # docs/serving.md: --max_tokens is --max-tokens; --model takes a comma-separated
+        # list (the first is the default). The later --max_tokens overrides the helper's
+        # --max-tokens 100000.
+        with tempfile.TemporaryDirectory() as tmp:
+            second = os.path.join(tmp, "second")
+            os.symlink(os.path.abspath(ARGS.model), second)
+            log_path = os.path.join(tmp, "fwserve.log")
+            process, target = start_server(ARGS.fwserve, ARGS.model + "," + second, log_path,
+                                           extra=["--max_tokens", "5"])
+            try:
+                def run(*args):
+                    result = subprocess.run([ARGS.fwctl, "--target", target, *args],
+                                            capture_output=True, timeout=60)
+                    return result.returncode, result.stdout, result.stderr.decode()
+
+                code, out, err = run("models", "--json")
+                self.assertEqual(code, 0, err)
+                models = json.loads(out)["models"]
+                self.assertEqual([m["name"] for m in models],
+                                 [os.path.basename(os.path.normpath(ARGS.model)), "second"])
+                self.assertEqual([bool(m.get("is_default")) for m in models], [True, False])
+                code, _, err = run("generate", "--model", "second", "--max-tokens", "5", "x")
+                self.assertEqual(code, 0, err)
+                # fwctl's --max_tokens spelling too.
+                code, _, err = run("generate", "--max_tokens", "6", "x")
+                self.assertEqual(code, 1, err)
+                self.assertIn("INVALID_ARGUMENT", err)
+                self.assertIn("max_tokens", err)
+            finally:
+                stop_server(process)
 
     def test_chat_sigint_stops_only_the_reply(self):
         process = subprocess.Popen(

@@ -2,7 +2,7 @@
 // -fsanitize=fuzzer they fuzz; built normally (tests/fuzz/regression_main.cc) they
 // replay the seed corpora under tests/fuzz/corpus as ctest regression tests.
 //
-// Selected with FWSERVE_FUZZ_TARGET at compile time: safetensors, config, utf8.
+// Selected with FWSERVE_FUZZ_TARGET at compile time: safetensors, config, utf8, api_keys.
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -10,6 +10,7 @@
 #include "models/config.h"
 #include "models/safetensors.h"
 #include "models/tokenizer.h"
+#include "server/core/tenants.h"
 #include "server/core/validation.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -44,6 +45,36 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const bool valid = fwserve::FirstInvalidUtf8Offset(input) == -1;
   if (valid != (fwmodel::DecodeBytesLossy(input) == input)) __builtin_trap();
   if (fwserve::FirstInvalidUtf8Offset(streamed) != -1) __builtin_trap();
+#elif defined(FWSERVE_FUZZ_API_KEYS)
+  // An accepted --api-keys-file is consistent: every credential names a listed tenant,
+  // tenant names are valid and unique, quotas are finite and non-negative, and the
+  // table answers for each listed certificate.
+  auto table = fwserve::ParseApiKeys(input);
+  if (table.ok()) {
+    if (table->keys.empty() && table->certificates.empty()) __builtin_trap();
+    for (size_t i = 0; i < table->tenants.size(); ++i) {
+      const auto& tenant = table->tenants[i];
+      if (!fwserve::IsValidTenantName(tenant.name)) __builtin_trap();
+      for (size_t j = 0; j < i; ++j) {
+        if (table->tenants[j].name == tenant.name) __builtin_trap();
+      }
+      if (tenant.quota.max_sessions < 0 || tenant.quota.max_streams < 0 ||
+          !(tenant.quota.tokens_per_second >= 0)) {
+        __builtin_trap();
+      }
+    }
+    for (const auto& key : table->keys) {
+      if (key.tenant >= table->tenants.size()) __builtin_trap();
+    }
+    auto tenants = fwserve::Tenants::FromText(input);
+    if (!tenants.ok()) __builtin_trap();
+    for (const auto& certificate : table->certificates) {
+      if (certificate.tenant >= table->tenants.size()) __builtin_trap();
+      auto owner = (*tenants)->TenantOfCertificate(certificate.common_name);
+      if (!owner.ok() || *owner != table->tenants[certificate.tenant].name) __builtin_trap();
+    }
+    if ((*tenants)->TenantOfKey("").ok()) __builtin_trap();
+  }
 #else
 #error "define one FWSERVE_FUZZ_* target"
 #endif

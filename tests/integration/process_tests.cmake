@@ -5,6 +5,7 @@
 # so that no two of these process-heavy tests load the machine at once.
 #   crash_test.py     durable sessions survive kill -9 (--session-store dir:)
 #   replicas_test.py  several replicas on one Redis behind HAProxy (redis://)
+#   api_keys_test.py  API keys on the real binary (SIGHUP, warnings, log hygiene)
 function(fwserve_add_process_test name script case)
   add_test(NAME ${name}
            COMMAND ${FWSERVE_SYSTEM_PYTHON3} ${PROJECT_SOURCE_DIR}/tests/integration/${script}
@@ -25,4 +26,10 @@ set(_haproxy --haproxy-config ${PROJECT_SOURCE_DIR}/deploy/haproxy/haproxy.cfg)
 foreach(case hopping_conversation replica_crash fencing redis_restart redis_down)
   fwserve_add_process_test(replicas_${case} replicas_test.py ReplicasTest.test_${case}
                            ${_haproxy})
+endforeach()
+
+# api_keys_test.py: --api-keys-file on the real binary (SIGHUP reload, the open-listen
+# warning, log hygiene).
+foreach(case sighup_revokes_a_key open_listen_warns log_lines_are_safe)
+  fwserve_add_process_test(api_keys_${case} api_keys_test.py ApiKeysTest.test_${case})
 endforeach()

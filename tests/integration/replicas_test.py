@@ -384,12 +384,16 @@ class ReplicasTest(unittest.TestCase):
         self.assertEqual(wrong[:5], [], "%d sessions with wrong token counts" % len(wrong))
 
     def served_by(self, replicas, session_ids):
-        """{session id: set of replica indexes whose log has a Generate for it}."""
+        """{session id: set of replica indexes whose log has a Generate for it}.
+
+        Logs show only the first 8 hex digits of a session id ("1a2b3c4d...")."""
+        by_prefix = {sid[:8] + "...": sid for sid in session_ids}
         served = collections.defaultdict(set)
         for i, replica in enumerate(replicas):
             for line in replica.request_lines():
-                if line.get("method") == "Generate" and line.get("session") in session_ids:
-                    served[line["session"]].add(i)
+                sid = by_prefix.get(line.get("session"))
+                if line.get("method") == "Generate" and sid is not None:
+                    served[sid].add(i)
         return served
 
     # ------------------------------------------------------ hopping conversation

@@ -92,7 +92,7 @@ TEST_F(RedisStoreTest, CreateThenAcquireReturnsTheBlobOnlyOnAVersionMismatch) {
             absl::StatusCode::kInvalidArgument);
 
   // A miss: no resident copy.
-  auto miss = store_->AcquireLease(id, kLease, 0);
+  auto miss = store_->AcquireLease(id, kLease, 0, "");
   ASSERT_TRUE(miss.ok()) << miss.status();
   EXPECT_EQ(miss->token.size(), 32u);
   EXPECT_TRUE(IsWellFormedSessionId(miss->token));
@@ -107,7 +107,7 @@ TEST_F(RedisStoreTest, CreateThenAcquireReturnsTheBlobOnlyOnAVersionMismatch) {
   ASSERT_TRUE(store_->ReleaseLease(id, miss->token).ok());
 
   // A hit: the caller holds version 1.
-  auto hit = store_->AcquireLease(id, kLease, 1);
+  auto hit = store_->AcquireLease(id, kLease, 1, "");
   ASSERT_TRUE(hit.ok()) << hit.status();
   EXPECT_FALSE(hit->blob.has_value());
   EXPECT_EQ(hit->info.version, 1);
@@ -115,7 +115,7 @@ TEST_F(RedisStoreTest, CreateThenAcquireReturnsTheBlobOnlyOnAVersionMismatch) {
   ASSERT_TRUE(store_->ReleaseLease(id, hit->token).ok());
 
   // A stale copy (version 5 is not the store's) is a miss too.
-  auto stale = store_->AcquireLease(id, kLease, 5);
+  auto stale = store_->AcquireLease(id, kLease, 5, "");
   ASSERT_TRUE(stale.ok());
   EXPECT_TRUE(stale->blob.has_value());
 
@@ -132,22 +132,22 @@ TEST_F(RedisStoreTest, CreateThenAcquireReturnsTheBlobOnlyOnAVersionMismatch) {
 
 TEST_F(RedisStoreTest, ABusySessionIsAbortedUntilReleased) {
   const std::string id = Create(*store_);
-  auto first = store_->AcquireLease(id, kLease, 0);
+  auto first = store_->AcquireLease(id, kLease, 0, "");
   ASSERT_TRUE(first.ok());
-  auto second = store_->AcquireLease(id, kLease, 0);
+  auto second = store_->AcquireLease(id, kLease, 0, "");
   ASSERT_EQ(second.status().code(), absl::StatusCode::kAborted);
   EXPECT_EQ(second.status().message(), "session_id '" + id + "' is busy with another request");
   // Releasing with somebody else's token is OK but releases nothing.
   EXPECT_TRUE(store_->ReleaseLease(id, NewSessionId()).ok());
-  EXPECT_EQ(store_->AcquireLease(id, kLease, 0).status().code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(store_->AcquireLease(id, kLease, 0, "").status().code(), absl::StatusCode::kAborted);
   ASSERT_TRUE(store_->ReleaseLease(id, first->token).ok());
   EXPECT_TRUE(store_->ReleaseLease(id, first->token).ok());  // twice: still OK
-  EXPECT_TRUE(store_->AcquireLease(id, kLease, 0).ok());
+  EXPECT_TRUE(store_->AcquireLease(id, kLease, 0, "").ok());
 }
 
 TEST_F(RedisStoreTest, CommitBumpsTheVersionAndEndsTheLease) {
   const std::string id = Create(*store_);
-  auto grant = store_->AcquireLease(id, kLease, 0);
+  auto grant = store_->AcquireLease(id, kLease, 0, "");
   ASSERT_TRUE(grant.ok());
   // Fenced: a wrong token or a wrong version writes nothing.
   EXPECT_EQ(store_->CommitLeased(id, NewSessionId(), 1, "x", 1, absl::Now()).status().code(),
@@ -156,7 +156,7 @@ TEST_F(RedisStoreTest, CommitBumpsTheVersionAndEndsTheLease) {
   EXPECT_EQ(wrong_version.status().code(), absl::StatusCode::kAborted);
   EXPECT_EQ(*store_->Get(id), "blob-" + id);
   // A refused write also ends the lease it held (the session is not left busy).
-  grant = store_->AcquireLease(id, kLease, 0);
+  grant = store_->AcquireLease(id, kLease, 0, "");
   ASSERT_TRUE(grant.ok()) << grant.status();
 
   const absl::Time used = absl::FromUnixMillis(1800000000456);
@@ -167,7 +167,7 @@ TEST_F(RedisStoreTest, CommitBumpsTheVersionAndEndsTheLease) {
   EXPECT_EQ(store_->CommitLeased(id, grant->token, 2, "x", 1, used).status().code(),
             absl::StatusCode::kAborted);
   EXPECT_EQ(*redis_->Command({"EXISTS", store_->LeaseKey(id)}), "0");
-  auto next = store_->AcquireLease(id, kLease, 1);  // holds version 1: a miss
+  auto next = store_->AcquireLease(id, kLease, 1, "");  // holds version 1: a miss
   ASSERT_TRUE(next.ok()) << next.status();
   EXPECT_EQ(next->info.version, 2);
   EXPECT_EQ(next->info.tokens, 42);
@@ -184,10 +184,10 @@ TEST_F(RedisStoreTest, CommitBumpsTheVersionAndEndsTheLease) {
 
 TEST_F(RedisStoreTest, ACommitAfterTheLeaseExpiredAndWasTakenIsRefused) {
   const std::string id = Create(*store_);
-  auto slow = store_->AcquireLease(id, absl::Milliseconds(100), 0);
+  auto slow = store_->AcquireLease(id, absl::Milliseconds(100), 0, "");
   ASSERT_TRUE(slow.ok());
   absl::SleepFor(absl::Milliseconds(400));  // the writer stalls past its lease
-  auto fast = store_->AcquireLease(id, kLease, 0);
+  auto fast = store_->AcquireLease(id, kLease, 0, "");
   ASSERT_TRUE(fast.ok()) << fast.status();
   auto late = store_->CommitLeased(id, slow->token, 1, "stale write", 99, absl::Now());
   ASSERT_EQ(late.status().code(), absl::StatusCode::kAborted);
@@ -205,26 +205,26 @@ TEST_F(RedisStoreTest, ACommitAfterTheLeaseExpiredAndWasTakenIsRefused) {
 TEST_F(RedisStoreTest, RenewKeepsALeaseAlivePastItsTtl) {
   const std::string id = Create(*store_);
   const absl::Duration ttl = absl::Milliseconds(1000);
-  auto grant = store_->AcquireLease(id, ttl, 0);
+  auto grant = store_->AcquireLease(id, ttl, 0, "");
   ASSERT_TRUE(grant.ok());
   const absl::Time start = absl::Now();
   while (absl::Now() - start < absl::Milliseconds(2500)) {
     absl::SleepFor(absl::Milliseconds(200));
     ASSERT_TRUE(store_->RenewLease(id, grant->token, ttl).ok());
   }
-  EXPECT_EQ(store_->AcquireLease(id, kLease, 0).status().code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(store_->AcquireLease(id, kLease, 0, "").status().code(), absl::StatusCode::kAborted);
   auto wrong = store_->RenewLease(id, NewSessionId(), ttl);
   EXPECT_EQ(wrong.code(), absl::StatusCode::kAborted);
   EXPECT_TRUE(absl::StrContains(wrong.message(), "lost its lease")) << wrong;
   // Without renewals it lapses.
   absl::SleepFor(absl::Milliseconds(1500));
   EXPECT_EQ(store_->RenewLease(id, grant->token, ttl).code(), absl::StatusCode::kAborted);
-  EXPECT_TRUE(store_->AcquireLease(id, kLease, 0).ok());
+  EXPECT_TRUE(store_->AcquireLease(id, kLease, 0, "").ok());
 }
 
 TEST_F(RedisStoreTest, DeleteLeasedIsFenced) {
   const std::string id = Create(*store_, "m", 1700000000001);
-  auto grant = store_->AcquireLease(id, kLease, 0);
+  auto grant = store_->AcquireLease(id, kLease, 0, "");
   ASSERT_TRUE(grant.ok());
   EXPECT_EQ(store_->DeleteLeased(id, NewSessionId()).code(), absl::StatusCode::kAborted);
   EXPECT_TRUE(store_->GetInfo(id).ok());
@@ -235,7 +235,7 @@ TEST_F(RedisStoreTest, DeleteLeasedIsFenced) {
 
   // The unfenced Delete of SessionStore (tools): also removes lease and index entry.
   const std::string other = Create(*store_);
-  ASSERT_TRUE(store_->AcquireLease(other, kLease, 0).ok());
+  ASSERT_TRUE(store_->AcquireLease(other, kLease, 0, "").ok());
   ASSERT_TRUE(store_->Delete(other).ok());
   EXPECT_EQ(*redis_->Command({"EXISTS", store_->SessionKey(other), store_->LeaseKey(other)}), "0");
   EXPECT_EQ(*redis_->Command({"ZCARD", "fws:index"}), "0");
@@ -245,7 +245,7 @@ TEST_F(RedisStoreTest, DeleteLeasedIsFenced) {
 TEST_F(RedisStoreTest, UnknownSessionsAreNotFound) {
   const std::string id = NewSessionId();
   const std::string message = "session_id '" + id + "' not found";
-  auto acquire = store_->AcquireLease(id, kLease, 0);
+  auto acquire = store_->AcquireLease(id, kLease, 0, "");
   EXPECT_EQ(acquire.status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(acquire.status().message(), message);
   EXPECT_EQ(store_->GetInfo(id).status().code(), absl::StatusCode::kNotFound);
@@ -267,7 +267,7 @@ TEST_F(RedisStoreTest, IdleSessionsExpireAndUseRefreshesTheTtl) {
   EXPECT_TRUE(store->GetInfo(id).ok());
   absl::SleepFor(absl::Seconds(1));
   EXPECT_EQ(store->GetInfo(id).status().code(), absl::StatusCode::kNotFound);
-  EXPECT_EQ(store->AcquireLease(id, kLease, 0).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(store->AcquireLease(id, kLease, 0, "").status().code(), absl::StatusCode::kNotFound);
 
   // Acquire and commit push the expiry out.
   SessionStoreOptions one_second;
@@ -278,7 +278,7 @@ TEST_F(RedisStoreTest, IdleSessionsExpireAndUseRefreshesTheTtl) {
   int64_t version = 1;
   while (absl::Now() - start < absl::Milliseconds(2500)) {
     absl::SleepFor(absl::Milliseconds(150));
-    auto grant = store->AcquireLease(used, kLease, version);
+    auto grant = store->AcquireLease(used, kLease, version, "");
     ASSERT_TRUE(grant.ok()) << grant.status();
     auto committed = store->CommitLeased(used, grant->token, version, "s", 1, absl::Now());
     ASSERT_TRUE(committed.ok()) << committed.status();
@@ -309,7 +309,7 @@ class RedisListTest : public RedisStoreTest {
     std::string token;
     *pages = 0;
     do {
-      auto page = store_->List(model, page_size, token);
+      auto page = store_->List(model, "", page_size, token);
       EXPECT_TRUE(page.ok()) << page.status();
       if (!page.ok()) break;
       EXPECT_LE(static_cast<int>(page->sessions.size()), std::clamp(page_size, 1, 1000));
@@ -342,7 +342,7 @@ TEST_F(RedisListTest, PagesInCreationOrderFilteredByModel) {
   EXPECT_EQ(ListAll("b", 100, &pages), b);
   EXPECT_EQ(ListAll("c", 100, &pages), std::vector<std::string>());
 
-  auto first = store_->List("", 100, "");
+  auto first = store_->List("", "", 100, "");
   ASSERT_TRUE(first.ok());
   ASSERT_EQ(first->sessions.size(), 100u);
   EXPECT_EQ(first->next_page_token, absl::StrCat(kBase + 99, ":", ids[99]));
@@ -351,11 +351,11 @@ TEST_F(RedisListTest, PagesInCreationOrderFilteredByModel) {
   EXPECT_EQ(first->sessions[1].model, "b");
 
   // page_size is clamped to 1..1000.
-  auto all = store_->List("", 5000, "");
+  auto all = store_->List("", "", 5000, "");
   ASSERT_TRUE(all.ok());
   EXPECT_EQ(all->sessions.size(), 250u);
   EXPECT_EQ(all->next_page_token, "");
-  auto one = store_->List("", 0, "");
+  auto one = store_->List("", "", 0, "");
   ASSERT_TRUE(one.ok());
   EXPECT_EQ(one->sessions.size(), 1u);
   EXPECT_FALSE(one->next_page_token.empty());
@@ -364,7 +364,7 @@ TEST_F(RedisListTest, PagesInCreationOrderFilteredByModel) {
        {std::string("garbage"), absl::StrCat(kBase, ":", ids[0]).substr(1),
         absl::StrCat(kBase, ":", std::string(32, 'A')), absl::StrCat(kBase, "-", ids[0]),
         absl::StrCat(kBase, ":", ids[0], "x")}) {
-    auto page = store_->List("", 10, bad);
+    auto page = store_->List("", "", 10, bad);
     EXPECT_EQ(page.status().code(), absl::StatusCode::kInvalidArgument) << bad;
     EXPECT_EQ(page.status().message(), "page_token is malformed");
   }
@@ -411,7 +411,7 @@ TEST_F(RedisListTest, AHugeStaleRunDoesNotMakeOneCallExamineEverything) {
   }
   ASSERT_EQ(*redis_->Command(zadd), "5000");
   const std::string after = Create(*store_, "m", kBase + 100000);
-  auto page = store_->List("", 10, "");
+  auto page = store_->List("", "", 10, "");
   ASSERT_TRUE(page.ok());
   ASSERT_EQ(page->sessions.size(), 2u);
   EXPECT_FALSE(page->next_page_token.empty());  // cut short by the work bound
@@ -423,7 +423,7 @@ TEST_F(RedisListTest, AHugeStaleRunDoesNotMakeOneCallExamineEverything) {
   std::string token = page->next_page_token;
   int calls = 0;
   while (!token.empty() && ++calls < 1000) {
-    auto next = store_->List("", 10, token);
+    auto next = store_->List("", "", 10, token);
     ASSERT_TRUE(next.ok());
     for (const auto& info : next->sessions) rest.push_back(info.id);
     token = next->next_page_token;
@@ -449,7 +449,7 @@ TEST_F(RedisStoreTest, PutAndGetForTools) {
   EXPECT_EQ(*store_->Get(id), "two");
   EXPECT_EQ(store_->GetInfo(id)->version, 2);
   EXPECT_EQ(store_->Put("../x", "y").code(), absl::StatusCode::kInvalidArgument);
-  auto page = store_->List("", 10, "");
+  auto page = store_->List("", "", 10, "");
   ASSERT_TRUE(page.ok());
   ASSERT_EQ(page->sessions.size(), 1u);
   EXPECT_EQ(page->sessions[0].id, id);
@@ -461,14 +461,14 @@ TEST_F(RedisStoreTest, KeyPrefixesSeparateDeployments) {
   auto second = OpenStore(redis_->spec(), other);
   const std::string id = Create(*store_);
   EXPECT_EQ(second->GetInfo(id).status().code(), absl::StatusCode::kNotFound);
-  EXPECT_EQ(second->List("", 10, "")->sessions.size(), 0u);
+  EXPECT_EQ(second->List("", "", 10, "")->sessions.size(), 0u);
   EXPECT_EQ(second->SessionKey(id), "other:{" + id + "}:s");
 }
 
 TEST_F(RedisStoreTest, ScriptsSurviveAScriptFlush) {
   const std::string id = Create(*store_);
   ASSERT_EQ(*redis_->Command({"SCRIPT", "FLUSH"}), "OK");
-  auto grant = store_->AcquireLease(id, kLease, 0);  // EVALSHA: NOSCRIPT, then EVAL
+  auto grant = store_->AcquireLease(id, kLease, 0, "");  // EVALSHA: NOSCRIPT, then EVAL
   ASSERT_TRUE(grant.ok()) << grant.status();
   EXPECT_EQ(*store_->CommitLeased(id, grant->token, 1, "x", 1, absl::Now()), 2);
 }
@@ -485,16 +485,16 @@ TEST_F(RedisStoreTest, ObserverSeesEveryOperation) {
   auto store = OpenStore(redis_->spec(), options);
   const std::string id = NewSessionId();
   ASSERT_TRUE(store->CreateSession(Info(id, "m", 1), "b").ok());
-  auto grant = store->AcquireLease(id, kLease, 0);
+  auto grant = store->AcquireLease(id, kLease, 0, "");
   ASSERT_TRUE(grant.ok());
-  (void)store->AcquireLease(id, kLease, 0);
+  (void)store->AcquireLease(id, kLease, 0, "");
   (void)store->RenewLease(id, grant->token, kLease);
   (void)store->CommitLeased(id, grant->token, 1, "c", 1, absl::Now());
   (void)store->ReleaseLease(id, grant->token);
   (void)store->GetInfo(id);
   (void)store->Get(id);
   (void)store->Put(id, "p");
-  (void)store->List("", 10, "");
+  (void)store->List("", "", 10, "");
   (void)store->DeleteLeased(id, grant->token);
   (void)store->Delete(id);
   using C = absl::StatusCode;
@@ -516,7 +516,7 @@ TEST_F(RedisStoreTest, OneLeaseHolderAmongConcurrentRequests) {
     std::vector<std::thread> threads;
     for (int t = 0; t < 6; ++t) {
       threads.emplace_back([&, t] {
-        auto grant = store->AcquireLease(id, kLease, 0);
+        auto grant = store->AcquireLease(id, kLease, 0, "");
         if (grant.ok()) {
           ++won;
           tokens[t] = grant->token;
@@ -544,7 +544,7 @@ TEST_F(RedisStoreTest, OneLeaseHolderAmongConcurrentRequests) {
 TEST_F(RedisStoreTest, AConnectionDroppedMidWriteIsAnErrorNotASignal) {
   ASSERT_EQ(*redis_->Command({"CONFIG", "SET", "proto-max-bulk-len", "1048576"}), "OK");
   const std::string id = Create(*store_);
-  auto grant = store_->AcquireLease(id, kLease, 0);
+  auto grant = store_->AcquireLease(id, kLease, 0, "");
   ASSERT_TRUE(grant.ok());
   const std::string huge(32 << 20, 'x');
   for (int i = 0; i < 3; ++i) {
@@ -651,7 +651,7 @@ TEST(RedisStoreFailureTest, ARestartedRedisIsUsedAgainWithoutReopening) {
   EXPECT_EQ(info->version, 1);
   EXPECT_EQ(*store->Get(id), "kept");
   // Scripts are gone with the restart: EVAL brings them back.
-  auto grant = store->AcquireLease(id, kLease, 0);
+  auto grant = store->AcquireLease(id, kLease, 0, "");
   ASSERT_TRUE(grant.ok()) << grant.status();
   EXPECT_EQ(*store->CommitLeased(id, grant->token, 1, "after", 2, absl::Now()), 2);
 
