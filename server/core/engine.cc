@@ -239,7 +239,10 @@ void Engine::TakeAdmissibleLocked(int64_t& active,
   if (end_all_ || waiting_streams <= room) {
     // Everything fits: oldest first.
     for (auto& item : queue_) {
-      if (IsStreamKind(item->kind)) ++active;
+      if (IsStreamKind(item->kind)) {
+        ++active;
+        last_admission_[item->tenant] = ++admissions_;
+      }
       admitted.push_back(std::move(item));
     }
     queue_.clear();
@@ -255,18 +258,32 @@ void Engine::TakeAdmissibleLocked(int64_t& active,
     }
   }
   // Stream slots are short: each free one goes to the tenant with the fewest streams
-  // running (ties: the tenant whose request has waited longest), so that a tenant with
-  // many streams open cannot starve the others. With one tenant this is FIFO.
+  // running, ties to the tenant served least recently (then the oldest request), so
+  // that a tenant with many streams open or queued cannot starve the others. With one
+  // tenant this is FIFO.
   absl::flat_hash_map<std::string, int64_t> running;
-  for (const auto& task : tasks_) ++running[task->item->tenant];
+  for (const auto& task : tasks_) {
+    if (task->item != nullptr) ++running[task->item->tenant];
+  }
+  const auto served_at = [this](const std::string& tenant) {
+    auto it = last_admission_.find(tenant);
+    return it == last_admission_.end() ? uint64_t{0} : it->second;
+  };
   for (int64_t slot = 0; slot < room && !queue_.empty(); ++slot) {
     auto chosen = queue_.end();
     for (auto it = queue_.begin(); it != queue_.end(); ++it) {
-      if (chosen == queue_.end() || running[(*it)->tenant] < running[(*chosen)->tenant]) {
+      if (chosen == queue_.end()) {
+        chosen = it;
+        continue;
+      }
+      const int64_t mine = running[(*it)->tenant], best = running[(*chosen)->tenant];
+      if (mine < best ||
+          (mine == best && served_at((*it)->tenant) < served_at((*chosen)->tenant))) {
         chosen = it;
       }
     }
     ++running[(*chosen)->tenant];
+    last_admission_[(*chosen)->tenant] = ++admissions_;
     ++active;
     admitted.push_back(std::move(*chosen));
     queue_.erase(chosen);

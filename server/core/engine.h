@@ -305,6 +305,10 @@ class Engine {
   std::list<std::unique_ptr<Task>> tasks_;
   absl::flat_hash_map<uint64_t, Task*> tasks_by_stream_;
   size_t prefill_turn_ = 0;
+  // Fair admission (TakeAdmissibleLocked): when each tenant last got a stream slot, in
+  // admissions counted from 1.
+  absl::flat_hash_map<std::string, uint64_t> last_admission_;
+  uint64_t admissions_ = 0;
   std::unique_ptr<PrefillJob> prefill_job_;  // in flight on the prefill thread, or null
   // When the pending decode step runs even if some streams are still writing.
   absl::Time batch_deadline_ = absl::InfiniteFuture();

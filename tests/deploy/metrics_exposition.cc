@@ -39,6 +39,11 @@ int main() {
   metrics->ObserveSessionStoreOperation("commit", "unavailable", 1.0);
   metrics->ObserveRequest("Generate", "example", 0, 1.5);
   metrics->ObserveRequest("Generate", "example", 8, 0.001);
+  metrics->CountRefused("unauthenticated");
+  metrics->CountRefused("quota_streams");
+  metrics->ObserveTenantRequest("acme", "Generate", 0);
+  metrics->AddTenantGeneratedTokens("acme", 128);
+  metrics->SetTenantActiveStreams("acme", 3);
 
   std::ostringstream out;
   prometheus::TextSerializer().Serialize(out, metrics->registry()->Collect());

@@ -3,6 +3,8 @@
 // every RPC without a key, with a wrong key and with another tenant's key gets the
 // documented code; the owner's session is untouched; quotas refuse at once without
 // hurting other tenants; sessions stay private in the redis:// store too.
+#include <prometheus/registry.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
@@ -288,6 +290,67 @@ TEST_F(TenantsTest, QuotasRefuseAtOnceAndLeaveOtherTenantsAlone) {
   // Within 2x, with a 5 ms floor: single-digit-millisecond timings on a shared 2-core
   // machine jitter by more than that on their own.
   EXPECT_LE(busy, std::max(2 * idle, idle + absl::Milliseconds(5)));
+}
+
+// The value of gauge `name` of `harness`'s metrics (summed over its series).
+double GaugeValue(Harness& harness, const std::string& name) {
+  double total = 0;
+  for (const auto& family : harness.metrics().registry()->Collect()) {
+    if (family.name != name) continue;
+    for (const auto& metric : family.metric) total += metric.gauge.value;
+  }
+  return total;
+}
+
+void WaitForGauge(Harness& harness, const std::string& name, double value) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (GaugeValue(harness, name) != value && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(2));
+  }
+  ASSERT_EQ(GaugeValue(harness, name), value) << name;
+}
+
+TEST_F(TenantsTest, AFreeStreamSlotGoesToTheTenantServedLeast) {
+  // One stream slot. A holds it and has five more streams queued; then B asks. When the
+  // slot frees, B gets it before any of A's queued streams (FIFO would make B last).
+  auto tenants = Tenants::FromText(KeysFile());
+  ASSERT_TRUE(tenants.ok());
+  ApiKeyAuthenticator authenticator(tenants->get(), nullptr);
+  CoreOptions options;
+  options.model_dirs = {*model_dir_};
+  options.max_tokens = 100000;
+  options.max_active_streams = 1;
+  options.tenants = tenants->get();
+  GrpcServerOptions server_options;
+  server_options.authenticator = &authenticator;
+  auto server = Harness::Start(options, server_options);
+  auto acme = ClientWithKey(*server, kKeyA);
+  auto beta = ClientWithKey(*server, kKeyB);
+
+  auto holder = acme->StartGenerate(GreedyRequest("Now is the winter", 100000));
+  v1::GenerateResponse message;
+  ASSERT_TRUE(holder->Next(&message));
+  std::atomic<int> finished{0};
+  std::vector<int> acme_order(5, -1);
+  int beta_order = -1;
+  std::vector<std::thread> requests;
+  for (int i = 0; i < 5; ++i) {
+    requests.emplace_back([&, i] {
+      EXPECT_TRUE(acme->Generate(GreedyRequest("x", 3)).ok());
+      acme_order[i] = finished.fetch_add(1);
+    });
+  }
+  WaitForGauge(*server, "fwserve_engine_queued_requests", 5);
+  requests.emplace_back([&] {
+    EXPECT_TRUE(beta->Generate(GreedyRequest("x", 3)).ok());
+    beta_order = finished.fetch_add(1);
+  });
+  WaitForGauge(*server, "fwserve_engine_queued_requests", 6);
+  holder->Cancel();
+  (void)holder->Finish();
+  for (auto& request : requests) request.join();
+  EXPECT_EQ(beta_order, 0) << "beta's stream waited behind acme's queued streams";
+  for (int order : acme_order) EXPECT_GE(order, 1);
 }
 
 TEST_F(TenantsTest, TokensPerSecondQuotaRefusesUntilTheBucketRefills) {
