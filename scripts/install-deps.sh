@@ -1,18 +1,39 @@
 #!/usr/bin/env bash
 # Installs every Debian 12 package that fwserve's build, tests and server need.
 # Idempotent: packages already present are left alone. Uses sudo when not root.
+# Usage: scripts/install-deps.sh           everything (build, tests, tools)
+#        scripts/install-deps.sh --build   only what building fwserve and fwctl needs
+#                                          (the image's build stage, deploy/docker/)
 set -euo pipefail
 
-PACKAGES=(
-  build-essential cmake python3 ninja-build ccache pkg-config git clang-format
+# Building fwserve and fwctl (cmake -DFWSERVE_BUILD_TESTS=OFF -DFWSERVE_BUILD_BENCH=OFF).
+BUILD_PACKAGES=(
+  build-essential cmake ninja-build ccache pkg-config
   libtorch-dev libopenblas0-openmp
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev prometheus-cpp-dev
-  libgtest-dev libgmock-dev libbenchmark-dev
-  nlohmann-json3-dev libssl-dev
-  prometheus python3-grpcio python3-protobuf curl
-  redis-server haproxy libhiredis-dev
+  nlohmann-json3-dev libssl-dev libhiredis-dev
 )
+# The tests, benchmarks and tools on top of that. The container engine (Podman with
+# runc, a local debian:12 base made by mmdebstrap, DNS on compose networks by the
+# dnsname plugin), podman-compose and yamllint are for the container and Kubernetes
+# tests (tests/deploy/, deploy/README.md).
+PACKAGES=(
+  "${BUILD_PACKAGES[@]}"
+  python3 git clang-format
+  clang libclang-rt-14-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
+  prometheus python3-grpcio python3-protobuf curl
+  redis-server haproxy
+  podman runc mmdebstrap golang-github-containernetworking-plugin-dnsname
+  podman-compose yamllint
+)
+if [[ "${1:-}" == "--build" ]]; then
+  PACKAGES=("${BUILD_PACKAGES[@]}")
+elif [[ $# -gt 0 ]]; then
+  echo "usage: $0 [--build]" >&2
+  exit 2
+fi
 
 SUDO=""
 if [[ "$(id -u)" -ne 0 ]]; then SUDO="sudo"; fi

@@ -363,6 +363,131 @@ class FwctlTest(unittest.TestCase):
             finally:
                 stop_server(process)
 
+    def test_fwserve_refuses_cuda_on_a_cpu_build_and_bad_devices(self):
+        # docs/serving.md: --device cuda is compile-guarded and refuses cleanly on a CPU
+        # LibTorch (this suite's build): a message naming the flag, and a failed start.
+        for device, message in [
+                ("cuda", "--device=cuda, but this LibTorch build has no usable CUDA device"),
+                ("cuda:0", "--device=cuda, but this LibTorch build has no usable CUDA device"),
+                ("gpu", "--device must be cpu, cuda or cuda:N, got 'gpu'")]:
+            result = subprocess.run(
+                [ARGS.fwserve, "--listen", "127.0.0.1:0", "--metrics-listen", "",
+                 "--model", ARGS.model, "--device", device],
+                capture_output=True, timeout=120)
+            stderr = result.stderr.decode(errors="replace")
+            self.assertNotEqual(result.returncode, 0, stderr)
+            self.assertIn(message, stderr)
+            self.assertNotIn("listening", stderr)
+
+    def test_fwserve_shutdown_ends_queued_requests_and_keeps_other_models_sessions(self):
+        # docs/serving.md "Graceful shutdown": past --drain-timeout, queued requests get
+        # UNAVAILABLE; sessions of models no longer served are left in the store.
+        with tempfile.TemporaryDirectory() as tmp:
+            second = os.path.join(tmp, "second")
+            os.symlink(os.path.abspath(ARGS.model), second)
+            store = os.path.join(tmp, "store")
+            os.mkdir(store)
+            flags = ["--session-store", "dir:" + store, "--max-active-streams", "1",
+                     "--drain-timeout", "1s", "--max_tokens", "100000000"]
+            log_path = os.path.join(tmp, "fwserve.log")
+            process, target = start_server(ARGS.fwserve, ARGS.model + "," + second, log_path,
+                                           extra=flags)
+            held = None
+            try:
+                def run(*args):
+                    result = subprocess.run([ARGS.fwctl, "--target", target, *args],
+                                            capture_output=True, timeout=60)
+                    return result.returncode, result.stdout.decode(), result.stderr.decode()
+
+                code, out, err = run("session", "create", "--model", "second", "--prefix", "kept")
+                self.assertEqual(code, 0, err)
+                other = out.strip()
+                code, out, err = run("session", "create", "--prefix", "q")
+                self.assertEqual(code, 0, err)
+                waiting = out.strip()
+                # The one active stream is held open by flow control: its fwctl writes
+                # to a pipe that is read once, then never again.
+                held = subprocess.Popen(
+                    [ARGS.fwctl, "--target", target, "generate", "--max-tokens", "100000000",
+                     "x"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+                self.assertTrue(held.stdout.read(1))
+                queued = subprocess.Popen(
+                    [ARGS.fwctl, "--target", target, "--retries", "0", "generate",
+                     "--session", waiting, "--max-tokens", "5", "y"],
+                    stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                deadline = time.time() + 60
+                while True:  # queued: it holds its session while it waits
+                    code, out, err = run("session", "get", "--json", waiting)
+                    self.assertEqual(code, 0, err)
+                    if json.loads(out).get("busy"):
+                        break
+                    self.assertLess(time.time(), deadline, "the request never queued")
+                    time.sleep(0.02)
+                process.send_signal(signal.SIGTERM)
+                _, queued_err = queued.communicate(timeout=60)
+                self.assertEqual(queued.returncode, 1, queued_err)
+                self.assertIn(b"fwctl: UNAVAILABLE", queued_err)
+                self.assertEqual(process.wait(timeout=60), 0)
+            finally:
+                if held is not None:
+                    held.kill()
+                    held.wait()
+                    held.stdout.close()
+                if process.poll() is None:
+                    process.kill()
+                    process.wait()
+            self.assertTrue(os.path.exists(os.path.join(store, other + ".fwstate")))
+
+            # A run that serves only the first model leaves the other's session alone...
+            process, target = start_server(ARGS.fwserve, ARGS.model, log_path,
+                                           extra=["--session-store", "dir:" + store])
+            stop_server(process)
+            self.assertTrue(os.path.exists(os.path.join(store, other + ".fwstate")))
+            # ...and serving that model again brings it back.
+            process, target = start_server(ARGS.fwserve, ARGS.model + "," + second, log_path,
+                                           extra=["--session-store", "dir:" + store])
+            try:
+                result = subprocess.run(
+                    [ARGS.fwctl, "--target", target, "session", "get", "--json", other],
+                    capture_output=True, timeout=60)
+                self.assertEqual(result.returncode, 0, result.stderr)
+                self.assertEqual(int(json.loads(result.stdout)["tokens"]), 4)
+            finally:
+                stop_server(process)
+
+    def test_health_exits_3_while_the_server_drains(self):
+        # docs/client.md: `fwctl health` prints NOT_SERVING and exits 3; a draining server
+        # is NOT_SERVING. A stream held open by flow control (its fwctl's stdout is read
+        # once, then never) keeps the server draining for as long as the test needs.
+        with tempfile.TemporaryDirectory() as tmp:
+            log_path = os.path.join(tmp, "fwserve.log")
+            process, target = start_server(
+                ARGS.fwserve, ARGS.model, log_path,
+                extra=["--drain-timeout", "10m", "--max_tokens", "100000000"])
+            held = subprocess.Popen(
+                [ARGS.fwctl, "--target", target, "generate", "--max-tokens", "100000000", "x"],
+                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+            try:
+                self.assertTrue(held.stdout.read(1))
+                health = [ARGS.fwctl, "--target", target, "health"]
+                result = subprocess.run(health, capture_output=True, timeout=60)
+                self.assertEqual((result.returncode, result.stdout), (0, b"SERVING\n"))
+                process.send_signal(signal.SIGTERM)
+                deadline = time.time() + 60
+                while True:
+                    result = subprocess.run(health, capture_output=True, timeout=60)
+                    if result.returncode != 0 or time.time() > deadline:
+                        break
+                    time.sleep(0.02)  # until the signal has been handled
+                self.assertEqual((result.returncode, result.stdout), (3, b"NOT_SERVING\n"),
+                                 result.stderr)
+            finally:
+                held.kill()
+                held.wait()
+                held.stdout.close()
+            # With the stream gone, the drain ends and the server exits 0.
+            self.assertEqual(process.wait(timeout=60), 0)
+
     def test_chat_sigint_stops_only_the_reply(self):
         process = subprocess.Popen(
             [ARGS.fwctl, "--target", SERVER[1], "chat", "--max-tokens", "100000"],

@@ -24,7 +24,7 @@ import unittest
 
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
-from fwserve_process import start_server, stop_server  # noqa: E402
+from fwserve_process import add_server_arguments, start_server, stop_server  # noqa: E402
 from fwserve_stubs import ensure_grpc, load_stubs, stream_generate  # noqa: E402
 from unittest_run import check, report_and_exit  # noqa: E402
 
@@ -170,11 +170,7 @@ def main():
     global ARGS, grpc, pb, pb_grpc
     ensure_grpc()
     parser = argparse.ArgumentParser()
-    parser.add_argument("--fwserve", required=True)
-    parser.add_argument("--model", required=True)
-    parser.add_argument("--proto-dir", required=True)
-    parser.add_argument("--protoc", default=None)
-    parser.add_argument("--keep", action="store_true", help="keep the work directories")
+    add_server_arguments(parser)
     ARGS, rest = parser.parse_known_args()
     with tempfile.TemporaryDirectory() as tmp:
         grpc, pb, pb_grpc = load_stubs(ARGS.proto_dir, os.path.join(tmp, "stubs"), ARGS.protoc)

@@ -50,7 +50,7 @@ import warnings
 
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
-from fwserve_process import start_server  # noqa: E402
+from fwserve_process import add_server_arguments, start_server  # noqa: E402
 from fwserve_stubs import ensure_grpc, load_stubs, stream_generate  # noqa: E402
 from unittest_run import report_and_exit  # noqa: E402
 
@@ -703,17 +703,13 @@ def main():
     global ARGS, grpc, pb, pb_grpc
     ensure_grpc()
     parser = argparse.ArgumentParser()
-    parser.add_argument("--fwserve", required=True)
-    parser.add_argument("--model", required=True)
-    parser.add_argument("--proto-dir", required=True)
-    parser.add_argument("--protoc", default=None)
+    add_server_arguments(parser)
     parser.add_argument("--seed", type=int, default=None,
                         help="crash loop seed (default: random, printed)")
     parser.add_argument("--legacy-session-dir", action="store_true",
                         help="debugging: the old --session-dir flag")
     parser.add_argument("--graceful", action="store_true",
                         help="debugging: SIGTERM instead of SIGKILL")
-    parser.add_argument("--keep", action="store_true", help="keep the work directories")
     ARGS, rest = parser.parse_known_args()
     if ARGS.seed is None:
         ARGS.seed = random.randrange(1 << 30)

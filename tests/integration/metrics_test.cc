@@ -8,6 +8,7 @@
 
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <sstream>
 #include <thread>
@@ -17,6 +18,8 @@
 
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "absl/time/clock.h"
+#include "server/core/clock.h"
 #include "tests/integration/harness.h"
 
 namespace fwtest {
@@ -221,6 +224,141 @@ TEST(MetricsTest, AbandonedScoreIsDroppedAsCancelled) {
   }
   EXPECT_EQ(Value(samples, "fwserve_requests_total", {{"rpc", "Score"}, {"code", "CANCELLED"}}), 1);
   EXPECT_LT(Value(samples, "fwserve_scored_tokens_total", {{"model", "aft"}}), 1 << 20);
+}
+
+// Scrapes until `done(samples)` holds (gauges and housekeeping run once a second); the
+// last scrape. Fails the test after 30 s.
+template <typename Predicate>
+std::vector<Sample> ScrapeUntil(int port, Predicate done) {
+  std::vector<Sample> samples;
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (true) {
+    samples = Parse(Scrape(port));
+    if (done(samples)) return samples;
+    if (absl::Now() > deadline) {
+      ADD_FAILURE() << "the scrape never showed what the test waited for";
+      return samples;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+}
+
+// docs/metrics.md: every session operation and removal reason, the spilled state, the
+// per-RPC duration histogram, and the queued/active gauges, on a live server.
+TEST(MetricsTest, SessionOperationsRemovalsAndGaugesOnALiveServer) {
+  const std::string dir = MakeTempDir("metrics-ops");
+  WriteTinyCheckpoint(dir + "/aft", "aft", 3);
+  fwserve::CoreOptions options;
+  options.model_dirs = {dir + "/aft"};
+  int64_t state_bytes = 0;
+  {
+    auto probe = Harness::Start(options);
+    ASSERT_NE(probe, nullptr);
+    state_bytes = probe->client().DescribeModel()->state_bytes_per_session();
+  }
+  fwserve::FakeClock clock;
+  options.clock = &clock;
+  options.session_ttl = absl::Hours(1);
+  options.session_store = "dir:" + MakeTempDir("metrics-ops-store");
+  options.max_state_memory_bytes = 2 * state_bytes;
+  options.max_active_streams = 1;
+  options.max_tokens = 100000;
+  // Each decode step takes at least 5 ms: a 100,000-token stream runs far longer than
+  // the test looks at it.
+  options.before_decode_step_for_testing = [](const std::function<bool()>&) {
+    absl::SleepFor(absl::Milliseconds(5));
+  };
+  auto server = Harness::Start(options, {}, /*expose_metrics=*/true);
+  ASSERT_NE(server, nullptr);
+  fwserve::Client& client = server->client();
+  const int port = server->metrics_port();
+  const auto op = [](const char* name) {
+    return std::map<std::string, std::string>{{"model", "aft"}, {"op", name}};
+  };
+
+  auto a = client.CreateSession("", "alpha");
+  ASSERT_TRUE(a.ok());
+  auto forked = client.ForkSession(a->session_id());
+  ASSERT_TRUE(forked.ok());
+  auto blob = client.ExportSession(a->session_id());
+  ASSERT_TRUE(blob.ok());
+  auto imported = client.ImportSession(blob->blob());  // a third session: one is spilled
+  ASSERT_TRUE(imported.ok()) << imported.status();
+  std::string spilled_id;
+  for (const std::string& id :
+       std::vector<std::string>{a->session_id(), forked->session_id(), imported->session_id()}) {
+    auto info = client.GetSession(id);
+    ASSERT_TRUE(info.ok());
+    if (!info->resident()) spilled_id = id;
+  }
+  ASSERT_FALSE(spilled_id.empty()) << "no session was spilled";
+  auto samples = ScrapeUntil(port, [](const std::vector<Sample>& s) {
+    return Value(s, "fwserve_sessions", {{"model", "aft"}, {"state", "spilled"}}) == 1;
+  });
+  EXPECT_EQ(Value(samples, "fwserve_session_operations_total", op("forked")), 1);
+  EXPECT_EQ(Value(samples, "fwserve_session_operations_total", op("exported")), 1);
+  EXPECT_EQ(Value(samples, "fwserve_session_operations_total", op("imported")), 1);
+  EXPECT_EQ(Value(samples, "fwserve_session_operations_total", op("spilled")), 1);
+  EXPECT_EQ(Value(samples, "fwserve_sessions", {{"model", "aft"}, {"state", "resident"}}), 2);
+  EXPECT_EQ(Value(samples, "fwserve_request_duration_seconds_count", {{"rpc", "ExportSession"}}),
+            1);
+  EXPECT_EQ(Value(samples, "fwserve_request_duration_seconds_count", {{"rpc", "ForkSession"}}), 1);
+
+  // Using the spilled session restores it (and spills another to make room).
+  ASSERT_TRUE(client.Generate(GreedyRequest("!", 1, spilled_id)).ok());
+  ASSERT_TRUE(client.DeleteSession(spilled_id).ok());
+  samples = Parse(Scrape(port));
+  EXPECT_EQ(Value(samples, "fwserve_session_operations_total", op("restored")), 1);
+  EXPECT_EQ(Value(samples, "fwserve_session_operations_total", op("deleted")), 1);
+
+  // One stream runs (held at 5 ms a step) and one waits behind it (one active stream).
+  auto running = client.StartGenerate(GreedyRequest("run", 100000));
+  fwserve::v1::GenerateResponse message;
+  ASSERT_TRUE(running->Next(&message));
+  auto waiting = client.StartGenerate(GreedyRequest("wait", 5));
+  samples = ScrapeUntil(port, [](const std::vector<Sample>& s) {
+    return Value(s, "fwserve_engine_queued_requests", {{"model", "aft"}}) == 1 &&
+           Value(s, "fwserve_engine_active_streams", {{"model", "aft"}}) == 1;
+  });
+  running->Cancel();
+  while (running->Next(&message)) {
+  }
+  while (waiting->Next(&message)) {
+  }
+  EXPECT_TRUE(waiting->Finish().ok());
+
+  // The two sessions left expire.
+  clock.Advance(absl::Hours(2));
+  samples = ScrapeUntil(port, [](const std::vector<Sample>& s) {
+    return Value(s, "fwserve_session_removals_total", {{"model", "aft"}, {"reason", "expired"}}) ==
+           2;
+  });
+  EXPECT_TRUE(client.ListAllSessions()->empty());
+}
+
+// --session-store=memory: over the memory budget the least recently used idle session
+// is evicted, and counted.
+TEST(MetricsTest, EvictedSessionsAreCounted) {
+  const std::string dir = MakeTempDir("metrics-evict");
+  WriteTinyCheckpoint(dir + "/aft", "aft", 3);
+  fwserve::CoreOptions options;
+  options.model_dirs = {dir + "/aft"};
+  int64_t state_bytes = 0;
+  {
+    auto probe = Harness::Start(options);
+    ASSERT_NE(probe, nullptr);
+    state_bytes = probe->client().DescribeModel()->state_bytes_per_session();
+  }
+  options.max_state_memory_bytes = 2 * state_bytes;
+  auto server = Harness::Start(options, {}, /*expose_metrics=*/true);
+  ASSERT_NE(server, nullptr);
+  for (const char* prefix : {"one", "two", "three"}) {
+    ASSERT_TRUE(server->client().CreateSession("", prefix).ok());
+  }
+  const auto samples = Parse(Scrape(server->metrics_port()));
+  EXPECT_EQ(
+      Value(samples, "fwserve_session_removals_total", {{"model", "aft"}, {"reason", "evicted"}}),
+      1);
 }
 
 }  // namespace

@@ -53,6 +53,7 @@ sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tools"))
 from fwserve_stubs import ensure_grpc, load_stubs, stream_generate  # noqa: E402
+from fwserve_process import add_server_arguments  # noqa: E402
 from replica_processes import Processes  # noqa: E402
 from unittest_run import report_and_exit  # noqa: E402
 
@@ -784,14 +785,10 @@ def main():
     global ARGS, grpc, pb, pb_grpc, REFERENCE
     ensure_grpc()
     parser = argparse.ArgumentParser()
-    parser.add_argument("--fwserve", required=True)
-    parser.add_argument("--model", required=True)
-    parser.add_argument("--proto-dir", required=True)
-    parser.add_argument("--protoc", default=None)
+    add_server_arguments(parser)
     parser.add_argument("--haproxy-config",
                         default=os.path.join(HERE, "..", "..", "deploy", "haproxy",
                                              "haproxy.cfg"))
-    parser.add_argument("--keep", action="store_true", help="keep the work directories")
     ARGS, rest = parser.parse_known_args()
     for tool in ("redis-server", "haproxy"):
         if shutil.which(tool, path=os.environ.get("PATH", "") + ":/usr/sbin:/usr/bin") is None:

@@ -4,15 +4,22 @@
 #include <gtest/gtest.h>
 #include <prometheus/registry.h>
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <regex>
 #include <set>
 #include <thread>
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "client/client.h"
 #include "server/core/validation.h"
 #include "tests/integration/harness.h"
@@ -58,6 +65,82 @@ bool WaitUntilBusy(fwserve::Client& client, const std::string& id) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   return false;
+}
+
+// Polls `done` every 10 ms for up to `limit` (real time: the engine's housekeeping
+// runs once a second). True as soon as it holds.
+template <typename Predicate>
+bool Eventually(Predicate done, absl::Duration limit = absl::Seconds(10)) {
+  const absl::Time deadline = absl::Now() + limit;
+  while (!done()) {
+    if (absl::Now() > deadline) return false;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return true;
+}
+
+// Holds every engine of a server before its decode steps, so that a stream stays open
+// for as long as a test needs, however fast the machine decodes: lets `free_steps` steps
+// through, then holds each step until Open() or, with `until_ending`, until shutdown
+// asks the engine to end the remaining work (CoreOptions::before_decode_step_for_testing).
+// Declare it before the server it is installed in, and Open() it before the server stops.
+class StepGate {
+ public:
+  explicit StepGate(int free_steps, bool until_ending = false)
+      : free_steps_(free_steps), until_ending_(until_ending) {}
+
+  void Install(fwserve::CoreOptions& options) {
+    options.before_decode_step_for_testing = [this](const std::function<bool()>& ending) {
+      absl::MutexLock lock(&mu_);
+      if (steps_ < free_steps_ || open_) {
+        ++steps_;
+        return;
+      }
+      held_ = true;
+      // `ending` is the engine's state, not ours: look at it every millisecond.
+      while (!open_ && !(until_ending_ && ending())) {
+        mu_.AwaitWithTimeout(absl::Condition(&open_), absl::Milliseconds(1));
+      }
+      held_ = false;
+      ++steps_;
+    };
+  }
+  void Open() {
+    absl::MutexLock lock(&mu_);
+    open_ = true;
+  }
+  // True once a step is held at the gate (false after 30 s: the test failed).
+  bool WaitHeld() {
+    absl::MutexLock lock(&mu_);
+    return mu_.AwaitWithTimeout(absl::Condition(&held_), absl::Seconds(30));
+  }
+
+ private:
+  absl::Mutex mu_;
+  const int free_steps_;
+  const bool until_ending_;
+  int steps_ ABSL_GUARDED_BY(mu_) = 0;
+  bool open_ ABSL_GUARDED_BY(mu_) = false;
+  bool held_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+// How many `rpc` requests the server has finished (fwserve_requests_total), with status
+// `code` ("OK", "CANCELLED", ...) or with any code if `code` is empty.
+double FinishedRequests(fwserve::Metrics& metrics, const std::string& rpc,
+                        const std::string& code = "") {
+  double count = 0;
+  for (const auto& family : metrics.registry()->Collect()) {
+    if (family.name != "fwserve_requests_total") continue;
+    for (const auto& metric : family.metric) {
+      bool match = true;
+      for (const auto& label : metric.label) {
+        if (label.name == "rpc") match &= label.value == rpc;
+        if (label.name == "code" && !code.empty()) match &= label.value == code;
+      }
+      if (match) count += metric.counter.value;
+    }
+  }
+  return count;
 }
 
 // ----------------------------------------------------------------------------------
@@ -127,6 +210,23 @@ TEST_F(ServerTest, StopStringEndsGenerationAndIsIncluded) {
   EXPECT_EQ(stopped->finish_reason, v1::FINISH_REASON_STOP);
   EXPECT_EQ(stopped->token_ids, std::vector<int64_t>(free_run->token_ids.begin(),
                                                      free_run->token_ids.begin() + first + 1));
+
+  // The stop string is in the session too (docs/serving.md): the session holds the
+  // prompt and every token up to and including the stop, and goes on from there.
+  ASSERT_LE(first + 6, free_run->token_ids.size());
+  auto session = server->client().CreateSession("", "");
+  ASSERT_TRUE(session.ok());
+  v1::GenerateRequest on_session = Greedy("To be", 60, session->session_id());
+  on_session.add_stop(stop);
+  auto stopped_in_session = server->client().Generate(on_session);
+  ASSERT_TRUE(stopped_in_session.ok());
+  EXPECT_EQ(stopped_in_session->token_ids, stopped->token_ids);
+  EXPECT_EQ(server->client().GetSession(session->session_id())->tokens(),
+            static_cast<int64_t>(5 + first + 1));
+  auto next = server->client().Generate(Greedy("", 5, session->session_id()));
+  ASSERT_TRUE(next.ok());
+  EXPECT_EQ(next->token_ids, std::vector<int64_t>(free_run->token_ids.begin() + first + 1,
+                                                  free_run->token_ids.begin() + first + 6));
 }
 
 // ----------------------------------------------------------------------------------
@@ -261,7 +361,10 @@ TEST_F(ServerTest, ImportRejectsOtherModelsTruncatedAndAlteredBlobsAndChangesNot
 }
 
 TEST_F(ServerTest, CancellationMidStreamLeavesExactlyTheStreamedTokens) {
-  auto server = Harness::Start(Options());
+  StepGate gate(/*free_steps=*/30);  // the stream cannot finish before the cancel
+  fwserve::CoreOptions options = Options();
+  gate.Install(options);
+  auto server = Harness::Start(options);
   ASSERT_NE(server, nullptr);
   auto session = server->client().CreateSession("", "");
   ASSERT_TRUE(session.ok());
@@ -271,6 +374,7 @@ TEST_F(ServerTest, CancellationMidStreamLeavesExactlyTheStreamedTokens) {
   int received = 0;
   while (received < 20 && stream->Next(&message)) received += message.token_ids_size();
   stream->Cancel();
+  gate.Open();
   while (stream->Next(&message)) received += message.token_ids_size();
   EXPECT_EQ(stream->Finish().code(), StatusCode::kCancelled);
 
@@ -360,27 +464,43 @@ TEST_F(ServerTest, AGenerateCancelledWhileQueuedNeverRuns) {
 }
 
 TEST_F(ServerTest, ACreateSessionWhoseCallerIsGoneLeavesNoSession) {
-  auto server = Harness::Start(Options());
+  // A stream holds the engine, so the CreateSession waits in its queue until the
+  // caller's deadline has passed, however fast the machine.
+  StepGate gate(/*free_steps=*/1);
+  fwserve::CoreOptions options = Options();
+  gate.Install(options);
+  auto server = Harness::Start(options);
   ASSERT_NE(server, nullptr);
+  auto holder = server->client().StartGenerate(Greedy("hold", 2000));
+  v1::GenerateResponse message;
+  ASSERT_TRUE(holder->Next(&message));
+  ASSERT_TRUE(gate.WaitHeld());
   fwserve::ClientOptions client_options;
   client_options.target = server->target();
-  client_options.deadline = absl::Milliseconds(20);
+  // Only the time the call has to reach the server: it cannot be answered before the
+  // gate opens.
+  client_options.deadline = absl::Seconds(2);
   auto impatient = fwserve::Client::Connect(client_options);
   ASSERT_TRUE(impatient.ok());
   auto created = (*impatient)->CreateSession("", std::string(500000, 'p'));
   EXPECT_EQ(created.status().code(), StatusCode::kDeadlineExceeded);
-  // Whatever point the server had reached, no session is left behind.
-  std::vector<v1::SessionInfo> sessions;
-  for (int i = 0; i < 200; ++i) {
-    sessions = *server->client().ListAllSessions();
-    if (sessions.empty()) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  holder->Cancel();
+  gate.Open();
+  while (holder->Next(&message)) {
   }
-  EXPECT_TRUE(sessions.empty());
+  // The server took the call (it finished one CreateSession, for a caller that was gone)
+  // and left no session behind.
+  EXPECT_TRUE(Eventually([&] {
+    return FinishedRequests(server->metrics(), "CreateSession", "CANCELLED") == 1;
+  })) << "the CreateSession never reached the server, or did not see its caller gone";
+  EXPECT_TRUE(server->client().ListAllSessions()->empty());
 }
 
 TEST_F(ServerTest, ASecondRequestOnABusySessionIsAbortedAndStateIsIntact) {
-  auto server = Harness::Start(Options());
+  StepGate gate(/*free_steps=*/1);  // the stream runs until the five calls are answered
+  fwserve::CoreOptions options = Options();
+  gate.Install(options);
+  auto server = Harness::Start(options);
   ASSERT_NE(server, nullptr);
   auto session = server->client().CreateSession("", "busy");
   ASSERT_TRUE(session.ok());
@@ -399,6 +519,7 @@ TEST_F(ServerTest, ASecondRequestOnABusySessionIsAbortedAndStateIsIntact) {
   score.set_session_id(session->session_id());
   score.set_text("abc");
   EXPECT_EQ(server->client().Score(score).status().code(), StatusCode::kAborted);
+  gate.Open();
   int received = message.token_ids_size();
   while (stream->Next(&message)) received += message.token_ids_size();
   ASSERT_TRUE(stream->Finish().ok());
@@ -853,18 +974,6 @@ TEST_F(ServerTest, InvalidInputsGetExactCodes) {
   EXPECT_EQ(client.ListAllSessions()->size(), 1u);
 }
 
-// Polls `done` every 10 ms for up to `limit` (real time: the engine's housekeeping
-// runs once a second). True as soon as it holds.
-template <typename Predicate>
-bool Eventually(Predicate done, absl::Duration limit = absl::Seconds(10)) {
-  const absl::Time deadline = absl::Now() + limit;
-  while (!done()) {
-    if (absl::Now() > deadline) return false;
-    absl::SleepFor(absl::Milliseconds(10));
-  }
-  return true;
-}
-
 TEST_F(ServerTest, IdleSessionsExpireAndLeaveTheStore) {
   fwserve::FakeClock clock;
   fwserve::CoreOptions options = Options();
@@ -1121,10 +1230,76 @@ TEST_F(ServerTest, ModelsAreListedAndDescribed) {
   EXPECT_EQ(described->state_bytes_per_session(), (*models)[1].state_bytes_per_session());
 }
 
+// Sends this process's stderr (fd 2) to a file while it lives.
+class StderrToFile {
+ public:
+  explicit StderrToFile(const std::string& path) {
+    std::fflush(stderr);
+    saved_ = dup(2);
+    const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    dup2(fd, 2);
+    close(fd);
+  }
+  ~StderrToFile() {
+    std::fflush(stderr);
+    dup2(saved_, 2);
+    close(saved_);
+  }
+
+ private:
+  int saved_ = -1;
+};
+
+// docs/metrics.md "Logs": every finished RPC logs one structured line, at INFO when it
+// succeeded and at WARNING with the error message when it failed.
+TEST_F(ServerTest, EveryFinishedRpcLogsOneRequestLine) {
+  auto server = Harness::Start(Options());
+  ASSERT_NE(server, nullptr);
+  auto session = server->client().CreateSession("", "hello");
+  ASSERT_TRUE(session.ok());
+  const std::string path = MakeTempDir("request-log") + "/stderr";
+  const auto request_lines = [&path] {
+    std::ifstream in(path);
+    std::vector<std::string> lines;
+    for (std::string line; std::getline(in, line);) {
+      if (line.find(" request id=") != std::string::npos) lines.push_back(line);
+    }
+    return lines;
+  };
+  std::vector<std::string> lines;
+  {
+    StderrToFile capture(path);
+    ASSERT_TRUE(server->client().Generate(Greedy("abc", 5, session->session_id())).ok());
+    v1::GenerateRequest bad = Greedy("x", 1);
+    bad.set_max_tokens(-1);
+    EXPECT_EQ(server->client().Generate(bad).status().code(), StatusCode::kInvalidArgument);
+    // The line is written as the RPC finishes, possibly after the client has its reply.
+    EXPECT_TRUE(Eventually([&] {
+      lines = request_lines();
+      return lines.size() >= 2;
+    }));
+  }
+  ASSERT_EQ(lines.size(), 2u);
+  // Session ids are capabilities: the log shows their first 8 digits (server/core/log.h).
+  const std::regex ok(
+      R"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z INFO request id=\d+ method=Generate (tenant=- )?)"
+      R"(model=aft session=)" +
+      session->session_id().substr(0, 8) +
+      R"(\.\.\. prompt_tokens=3 generated_tokens=5 latency_ms=\d+ status=OK)");
+  EXPECT_TRUE(std::regex_match(lines[0], ok)) << lines[0];
+  const std::regex failed(
+      R"(\S+Z WARNING request id=\d+ method=Generate (tenant=- )?model=\S+ session=- )"
+      R"(prompt_tokens=0 generated_tokens=0 latency_ms=\d+ status=INVALID_ARGUMENT )"
+      R"(error="[^"]*max_tokens[^"]*")");
+  EXPECT_TRUE(std::regex_match(lines[1], failed)) << lines[1];
+}
+
 TEST_F(ServerTest, HealthAndGracefulShutdown) {
+  StepGate gate(/*free_steps=*/1);  // the stream cannot finish before the checks below
   fwserve::CoreOptions options = Options();
+  gate.Install(options);
   fwserve::GrpcServerOptions server_options;
-  server_options.drain_timeout = absl::Seconds(20);
+  server_options.drain_timeout = absl::Seconds(120);  // a safety net; never reached
   auto server = Harness::Start(options, server_options);
   ASSERT_NE(server, nullptr);
   EXPECT_TRUE(*server->client().Health());
@@ -1133,16 +1308,18 @@ TEST_F(ServerTest, HealthAndGracefulShutdown) {
   auto stream = server->client().StartGenerate(Greedy("drain", 300));
   v1::GenerateResponse message;
   ASSERT_TRUE(stream->Next(&message));
+  ASSERT_TRUE(gate.WaitHeld());
   std::thread stopper([&] { server->Shutdown(); });
   absl::StatusOr<bool> health;
-  for (int i = 0; i < 100; ++i) {
+  EXPECT_TRUE(Eventually([&] {
     health = server->client().Health();
-    if (health.ok() && !*health) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
+    return !health.ok() || !*health;
+  })) << "the server never reported NOT_SERVING";
   ASSERT_TRUE(health.ok()) << health.status();
   EXPECT_FALSE(*health);
+  EXPECT_FALSE(*server->client().Health("fwserve.v1.Fwserve"));
   EXPECT_EQ(server->client().Generate(Greedy("late", 1)).status().code(), StatusCode::kUnavailable);
+  gate.Open();
   int received = message.token_ids_size();
   v1::FinishReason reason = v1::FINISH_REASON_UNSPECIFIED;
   while (stream->Next(&message)) {
@@ -1166,9 +1343,13 @@ TEST_F(ServerTest, ShutdownWithOnlyAnIdleConnectedClientDoesNotWaitForIt) {
 }
 
 TEST_F(ServerTest, DrainTimeoutEndsLongStreamsWithReasonShutdown) {
+  // The stream is held after its first step until the drain timeout has passed and the
+  // shutdown ends the remaining work: it can neither finish first nor be ended early.
+  StepGate gate(/*free_steps=*/1, /*until_ending=*/true);
   fwserve::GrpcServerOptions server_options;
   server_options.drain_timeout = absl::Milliseconds(200);
   fwserve::CoreOptions options = Options();
+  gate.Install(options);
   options.session_store = "dir:" + MakeTempDir("drain");
   auto server = Harness::Start(options, server_options);
   ASSERT_NE(server, nullptr);
@@ -1187,10 +1368,11 @@ TEST_F(ServerTest, DrainTimeoutEndsLongStreamsWithReasonShutdown) {
   EXPECT_TRUE(stream->Finish().ok());
   stopper.join();
   EXPECT_EQ(last.finish_reason(), v1::FINISH_REASON_SHUTDOWN);
-  EXPECT_LT(received, 2000);
+  EXPECT_LT(received, 10);  // the free step, and at most the one the gate held
   EXPECT_EQ(last.usage().session_tokens(), 4 + received);
   // The session was persisted with exactly what was streamed.
   server.reset();  // releases the store directory
+  options.before_decode_step_for_testing = nullptr;
   auto restarted = Harness::Start(options);
   ASSERT_NE(restarted, nullptr);
   EXPECT_EQ(restarted->client().GetSession(session->session_id())->tokens(), 4 + received);

@@ -44,3 +44,12 @@ def stop_server(process):
         raise AssertionError("fwserve did not exit within 30 s of SIGTERM (killed)")
     if code != 0:
         raise AssertionError(f"fwserve exited with status {code} after SIGTERM, not 0")
+
+
+def add_server_arguments(parser):
+    """The arguments every process test takes (process_tests.cmake passes them)."""
+    parser.add_argument("--fwserve", required=True)
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--proto-dir", required=True)
+    parser.add_argument("--protoc", default=None)
+    parser.add_argument("--keep", action="store_true", help="keep the work directories")

@@ -1,0 +1,391 @@
+"""Renders deploy/k8s's overlays with `kubectl kustomize`, lints sources and renders
+with yamllint, and checks the rendered objects (ctest label "deploy"):
+
+- every container (fwserve and Redis) has startup, readiness and liveness probes, cpu
+  and memory requests, a memory limit, and a securityContext with runAsNonRoot,
+  readOnlyRootFilesystem, allowPrivilegeEscalation: false, capabilities drop ALL and
+  seccomp RuntimeDefault (container or pod level);
+- fwserve: every --flag in its args is a flag of the real binary (`fwserve --help`);
+  the gRPC probes and the "grpc"/"metrics" container ports are --listen's and
+  --metrics-listen's ports; terminationGracePeriodSeconds exceeds the preStop sleep plus
+  --drain-timeout plus a margin to persist sessions; every file flag points into a
+  mounted Secret that holds that file;
+- every Secret and ConfigMap referenced (volumes, env, envFrom) is in the render, with
+  the referenced key; every $(VAR) in args is defined; Services, the PDB, the
+  NetworkPolicy and the HPA select or target objects of the render;
+- the store decides the shape: dir: means one replica, strategy Recreate, a mounted
+  PersistentVolumeClaim of the render, no autoscaler; redis:// means several replicas,
+  an HPA on cpu and on a pods metric, a headless Service, and a Redis StatefulSet with
+  append-only persistence (or an external URL).
+
+Usage: k8s_check.py --repo DIR --fwserve PATH [--kubectl PATH] [--yamllint PATH] OVERLAY...
+Exit 77 (ctest SKIP_RETURN_CODE) when kubectl is not installed.
+"""
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
+
+try:
+    import yaml
+except ImportError:
+    print("k8s_check: python3-yaml is missing (Debian's yamllint depends on it; "
+          "scripts/install-deps.sh installs yamllint)")
+    print("0 passed, 1 failed")
+    sys.exit(1)
+
+SKIP_CODE = 77
+# Extra time for the last sessions to reach the store after the drain.
+PERSIST_MARGIN_S = 10
+FILE_FLAGS = ("api-keys-file", "session-key-file", "session-store-password-file",
+              "tls-cert-file", "tls-key-file", "tls-client-ca-file")
+
+
+def duration_s(text):
+    """'30s', '2m', '1m30s', '500ms' -> seconds."""
+    total = 0.0
+    parts = re.findall(r"(\d+(?:\.\d+)?)(ms|h|m|s)", text)
+    if not parts or "".join(a + b for a, b in parts) != text:
+        raise ValueError("not a duration: %r" % text)
+    for number, unit in parts:
+        total += float(number) * {"ms": 0.001, "s": 1, "m": 60, "h": 3600}[unit]
+    return total
+
+
+def parse_flags(args):
+    flags = {}
+    for arg in args:
+        match = re.match(r"--([a-z0-9_-]+)(?:=(.*))?$", arg)
+        if match:
+            flags[match.group(1).replace("_", "-")] = match.group(2)
+    return flags
+
+
+def port_of(address):
+    return int(address.rsplit(":", 1)[1])
+
+
+def known_flags(fwserve):
+    out = subprocess.run([fwserve, "--helpfull"], capture_output=True, text=True)
+    names = set(re.findall(r"^\s+--([a-z0-9_]+) ", out.stdout + out.stderr, re.M))
+    return {name.replace("_", "-") for name in names}
+
+
+def selects(selector, labels):
+    return bool(selector) and all(labels.get(k) == v for k, v in selector.items())
+
+
+class Checker:
+    def __init__(self, name):
+        self.name = name
+        self.problems = []
+        self.checks = 0
+
+    def expect(self, condition, message):
+        self.checks += 1
+        if not condition:
+            self.problems.append("%s: %s" % (self.name, message))
+        return condition
+
+
+def pod_templates(objects):
+    for obj in objects:
+        if obj["kind"] in ("Deployment", "StatefulSet", "DaemonSet", "Job"):
+            yield obj, obj["spec"]["template"]
+
+
+def check_container_basics(c, where, container, pod_spec):
+    pod_sc = pod_spec.get("securityContext", {})
+    sc = container.get("securityContext", {})
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        c.expect(probe in container, "%s: no %s" % (where, probe))
+    resources = container.get("resources", {})
+    for kind in ("cpu", "memory"):
+        c.expect(kind in resources.get("requests", {}), "%s: no %s request" % (where, kind))
+    c.expect("memory" in resources.get("limits", {}), "%s: no memory limit" % where)
+    c.expect(sc.get("runAsNonRoot", pod_sc.get("runAsNonRoot")) is True,
+             "%s: runAsNonRoot is not true" % where)
+    c.expect(sc.get("readOnlyRootFilesystem") is True, "%s: root filesystem writable" % where)
+    c.expect(sc.get("allowPrivilegeEscalation") is False,
+             "%s: allowPrivilegeEscalation is not false" % where)
+    c.expect("ALL" in sc.get("capabilities", {}).get("drop", []),
+             "%s: capabilities do not drop ALL" % where)
+    seccomp = sc.get("seccompProfile", pod_sc.get("seccompProfile", {}))
+    c.expect(seccomp.get("type") == "RuntimeDefault", "%s: seccomp is not RuntimeDefault" % where)
+
+
+def check_references(c, where, container, pod_spec, by_kind):
+    secrets, configmaps = by_kind.get("Secret", {}), by_kind.get("ConfigMap", {})
+
+    def has_key(store, name, key):
+        obj = store.get(name)
+        if obj is None:
+            return False
+        return key is None or key in obj.get("data", {}) or key in obj.get("stringData", {})
+
+    for volume in pod_spec.get("volumes", []):
+        for kind, store, field in (("secret", secrets, "secretName"),
+                                   ("configMap", configmaps, "name")):
+            if kind in volume:
+                name = volume[kind][field]
+                c.expect(name in store, "%s: volume %s: %s %s not in the render" % (
+                    where, volume["name"], kind, name))
+                for item in volume[kind].get("items", []):
+                    c.expect(has_key(store, name, item["key"]), "%s: %s %s has no key %s" % (
+                        where, kind, name, item["key"]))
+        if "persistentVolumeClaim" in volume:
+            claim = volume["persistentVolumeClaim"]["claimName"]
+            c.expect(claim in by_kind.get("PersistentVolumeClaim", {}),
+                     "%s: PersistentVolumeClaim %s not in the render" % (where, claim))
+    env_names = set()
+    for env in container.get("env", []):
+        env_names.add(env["name"])
+        ref = env.get("valueFrom", {})
+        if "secretKeyRef" in ref:
+            r = ref["secretKeyRef"]
+            c.expect(has_key(secrets, r["name"], r["key"]), "%s: env %s: Secret %s key %s "
+                     "not in the render" % (where, env["name"], r["name"], r["key"]))
+        if "configMapKeyRef" in ref:
+            r = ref["configMapKeyRef"]
+            c.expect(has_key(configmaps, r["name"], r["key"]), "%s: env %s: ConfigMap %s "
+                     "key %s not in the render" % (where, env["name"], r["name"], r["key"]))
+    for source in container.get("envFrom", []):
+        for kind, store in (("secretRef", secrets), ("configMapRef", configmaps)):
+            if kind in source:
+                c.expect(source[kind]["name"] in store, "%s: envFrom %s %s not in the render"
+                         % (where, kind, source[kind]["name"]))
+    for arg in container.get("args", []) + container.get("command", []):
+        for var in re.findall(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", arg):
+            c.expect(var in env_names, "%s: $(%s) in args is not in env" % (where, var))
+
+
+def mounted_file_source(container, pod_spec, path, by_kind):
+    """(Secret or ConfigMap object, key) that provides the file `path`, or None."""
+    volumes = {v["name"]: v for v in pod_spec.get("volumes", [])}
+    for mount in container.get("volumeMounts", []):
+        prefix = mount["mountPath"].rstrip("/") + "/"
+        if not path.startswith(prefix) or "subPath" in mount:
+            continue
+        relative = path[len(prefix):]
+        volume = volumes.get(mount["name"], {})
+        for kind, field, store in (("secret", "secretName", "Secret"),
+                                   ("configMap", "name", "ConfigMap")):
+            if kind not in volume:
+                continue
+            obj = by_kind.get(store, {}).get(volume[kind][field])
+            if obj is None:
+                return None
+            items = volume[kind].get("items")
+            key = relative
+            if items:
+                key = next((i["key"] for i in items if i["path"] == relative), None)
+            data = dict(obj.get("data", {}), **obj.get("stringData", {}))
+            return (obj, key) if key in data else None
+    return None
+
+
+def check_fwserve(c, where, obj, pod_spec, container, flags_known, by_kind):
+    flags = parse_flags(container.get("args", []))
+    for flag in flags:
+        c.expect(flag in flags_known, "%s: --%s is not a flag of fwserve (fwserve --help)" % (
+            where, flag))
+    ports = {p.get("name"): p["containerPort"] for p in container.get("ports", [])}
+    listen, metrics = flags.get("listen"), flags.get("metrics-listen")
+    if c.expect(listen is not None, "%s: no --listen" % where):
+        c.expect(not listen.startswith("127."), "%s: --listen=%s is loopback only" % (where,
+                                                                                   listen))
+        c.expect(ports.get("grpc") == port_of(listen), "%s: port grpc %s != --listen %s" % (
+            where, ports.get("grpc"), listen))
+        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+            grpc = container.get(probe, {}).get("grpc")
+            c.expect(grpc is not None and grpc.get("port") in (port_of(listen), "grpc"),
+                     "%s: %s is not a gRPC probe on the --listen port" % (where, probe))
+    if c.expect(metrics, "%s: no --metrics-listen" % where):
+        c.expect(ports.get("metrics") == port_of(metrics), "%s: port metrics %s != "
+                 "--metrics-listen %s" % (where, ports.get("metrics"), metrics))
+        annotation = obj["spec"]["template"]["metadata"].get("annotations", {}).get(
+            "prometheus.io/port")
+        c.expect(annotation in (None, str(port_of(metrics))),
+                 "%s: prometheus.io/port %s != --metrics-listen" % (where, annotation))
+    # Grace period > preStop sleep + drain + margin.
+    drain = duration_s(flags.get("drain-timeout") or "30s")
+    pre_stop = container.get("lifecycle", {}).get("preStop", {})
+    c.expect(pre_stop, "%s: no preStop (endpoints are removed while fwserve drains)" % where)
+    sleep = 0.0
+    command = pre_stop.get("exec", {}).get("command", [])
+    if len(command) == 2 and command[0].endswith("sleep"):
+        sleep = float(command[1])
+    if "sleep" in pre_stop:
+        sleep = float(pre_stop["sleep"]["seconds"])
+    grace = pod_spec.get("terminationGracePeriodSeconds", 30)
+    c.expect(grace > sleep + drain + PERSIST_MARGIN_S,
+             "%s: terminationGracePeriodSeconds %s <= preStop %g s + --drain-timeout %g s + "
+             "%d s to persist" % (where, grace, sleep, drain, PERSIST_MARGIN_S))
+    # File flags: a file in a mounted Secret/ConfigMap of the render.
+    for flag in FILE_FLAGS:
+        path = flags.get(flag)
+        if path:
+            c.expect(mounted_file_source(container, pod_spec, path, by_kind) is not None,
+                     "%s: --%s=%s is not a file of a mounted Secret/ConfigMap of the render"
+                     % (where, flag, path))
+    return flags
+
+
+def check_shape(c, objects, by_kind, deployment, flags, container):
+    store = flags.get("session-store") or "memory"
+    env = {e["name"]: e for e in container.get("env", [])}
+    for var in re.findall(r"\$\(([A-Za-z_0-9]+)\)", store):
+        ref = env.get(var, {}).get("valueFrom", {}).get("secretKeyRef")
+        if ref and ref["name"] in by_kind.get("Secret", {}):
+            import base64
+            store = base64.b64decode(by_kind["Secret"][ref["name"]]["data"][ref["key"]]).decode()
+    replicas = deployment["spec"].get("replicas", 1)
+    hpas = [h for h in by_kind.get("HorizontalPodAutoscaler", {}).values()
+            if h["spec"]["scaleTargetRef"]["name"] == deployment["metadata"]["name"]]
+    if store.startswith("dir:"):
+        path = store[len("dir:"):]
+        c.expect(replicas == 1, "dir: store with %s replicas (the directory is locked by one "
+                 "server)" % replicas)
+        c.expect(deployment["spec"].get("strategy", {}).get("type") == "Recreate",
+                 "dir: store without strategy Recreate")
+        c.expect(not hpas, "dir: store with an autoscaler")
+        volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"].get(
+            "volumes", [])}
+        mounts = [m for m in container.get("volumeMounts", []) if m["mountPath"] == path]
+        c.expect(mounts and "persistentVolumeClaim" in volumes.get(mounts[0]["name"], {}),
+                 "the session directory %s is not on a PersistentVolumeClaim" % path)
+    elif store.startswith("redis://"):
+        c.expect(replicas >= 2, "redis:// store with %s replica(s)" % replicas)
+        c.expect(bool(hpas), "redis:// store without a HorizontalPodAutoscaler")
+        for hpa in hpas:
+            kinds = {m["type"] for m in hpa["spec"].get("metrics", [])}
+            c.expect({"Resource", "Pods"} <= kinds, "HPA metrics %s lack cpu or pods" % kinds)
+            c.expect(hpa["spec"].get("minReplicas", 1) >= 2, "HPA minReplicas < 2")
+        c.expect(any(s["spec"].get("clusterIP") == "None" and selects(
+            s["spec"].get("selector"), deployment["spec"]["template"]["metadata"]["labels"])
+            for s in by_kind.get("Service", {}).values()), "no headless Service for fwserve")
+        host = store[len("redis://"):].split("/")[0].split(":")[0]
+        redis = by_kind.get("StatefulSet", {})
+        if any(host.startswith(name) for name in redis):
+            for name, sts in redis.items():
+                args = " ".join(sts["spec"]["template"]["spec"]["containers"][0].get("args", []))
+                c.expect("--appendonly yes" in args, "StatefulSet %s: Redis without "
+                         "--appendonly yes" % name)
+                c.expect(bool(sts["spec"].get("volumeClaimTemplates")),
+                         "StatefulSet %s: no volumeClaimTemplates" % name)
+    else:
+        c.expect(False, "--session-store=%s: sessions would not survive a restart" % store)
+
+
+def check_selectors(c, objects, by_kind):
+    templates = [t["metadata"].get("labels", {}) for _, t in pod_templates(objects)]
+    for name, svc in by_kind.get("Service", {}).items():
+        c.expect(any(selects(svc["spec"].get("selector"), t) for t in templates),
+                 "Service %s selects no pod template" % name)
+        target_names = set()
+        for _, t in pod_templates(objects):
+            if selects(svc["spec"].get("selector"), t["metadata"].get("labels", {})):
+                for ct in t["spec"]["containers"]:
+                    target_names |= {p.get("name") for p in ct.get("ports", [])}
+                    target_names |= {p["containerPort"] for p in ct.get("ports", [])}
+        for port in svc["spec"]["ports"]:
+            c.expect(port.get("targetPort", port["port"]) in target_names,
+                     "Service %s port %s: targetPort %s is no container port" % (
+                         name, port.get("name"), port.get("targetPort")))
+    for kind in ("PodDisruptionBudget", "NetworkPolicy"):
+        for name, obj in by_kind.get(kind, {}).items():
+            selector = obj["spec"].get("selector", obj["spec"].get("podSelector", {}))
+            c.expect(any(selects(selector.get("matchLabels"), t) for t in templates),
+                     "%s %s selects no pod template" % (kind, name))
+    for name, hpa in by_kind.get("HorizontalPodAutoscaler", {}).items():
+        ref = hpa["spec"]["scaleTargetRef"]
+        c.expect(ref["name"] in by_kind.get(ref["kind"], {}),
+                 "HPA %s targets %s %s, not in the render" % (name, ref["kind"], ref["name"]))
+    c.expect("PodDisruptionBudget" in by_kind, "no PodDisruptionBudget")
+    c.expect("NetworkPolicy" in by_kind, "no NetworkPolicy")
+    c.expect("PodMonitor" in by_kind or "ServiceMonitor" in by_kind,
+             "no PodMonitor or ServiceMonitor")
+
+
+def check_overlay(overlay, rendered, flags_known):
+    c = Checker(os.path.basename(overlay.rstrip("/")))
+    objects = [o for o in yaml.safe_load_all(rendered) if o]
+    by_kind = {}
+    for obj in objects:
+        by_kind.setdefault(obj["kind"], {})[obj["metadata"]["name"]] = obj
+    fwserve_seen = False
+    for obj, template in pod_templates(objects):
+        pod_spec = template["spec"]
+        for container in pod_spec.get("initContainers", []) + pod_spec["containers"]:
+            where = "%s %s container %s" % (obj["kind"], obj["metadata"]["name"],
+                                            container["name"])
+            check_container_basics(c, where, container, pod_spec)
+            check_references(c, where, container, pod_spec, by_kind)
+            if container["name"] == "fwserve":
+                fwserve_seen = True
+                flags = check_fwserve(c, where, obj, pod_spec, container, flags_known, by_kind)
+                check_shape(c, objects, by_kind, obj, flags, container)
+    c.expect(fwserve_seen, "no fwserve container in the render")
+    check_selectors(c, objects, by_kind)
+    return c
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--repo", required=True)
+    parser.add_argument("--fwserve", required=True)
+    parser.add_argument("--kubectl", default=shutil.which("kubectl"))
+    parser.add_argument("--yamllint", default=shutil.which("yamllint"))
+    parser.add_argument("overlays", nargs="+")
+    args = parser.parse_args()
+    if not args.kubectl or not os.path.exists(args.kubectl):
+        print("k8s_check: SKIPPED: kubectl is not installed (it renders the kustomizations;"
+              " not a Debian 12 package)")
+        sys.exit(SKIP_CODE)
+    problems, checks = [], 0
+    k8s = os.path.join(args.repo, "deploy", "k8s")
+    config = os.path.join(k8s, ".yamllint")
+    if not args.yamllint:
+        problems.append("yamllint is not installed (scripts/install-deps.sh installs it)")
+    else:
+        lint = subprocess.run([args.yamllint, "--strict", "-c", config, k8s,
+                               os.path.join(args.repo, "deploy", "compose.yaml")],
+                              capture_output=True, text=True)
+        checks += 1
+        if lint.returncode != 0:
+            problems.append("yamllint of deploy/k8s and deploy/compose.yaml:\n" + lint.stdout
+                            + lint.stderr)
+    flags_known = known_flags(args.fwserve)
+    if len(flags_known) < 10:
+        problems.append("could not read the flags of %s" % args.fwserve)
+    for overlay in args.overlays:
+        path = os.path.join(k8s, "overlays", overlay)
+        render = subprocess.run([args.kubectl, "kustomize", path], capture_output=True,
+                                text=True)
+        checks += 1
+        if render.returncode != 0:
+            problems.append("kubectl kustomize %s: %s" % (path, render.stderr))
+            continue
+        if args.yamllint:
+            lint = subprocess.run([args.yamllint, "--strict", "-c", config, "-"],
+                                  input=render.stdout, capture_output=True, text=True)
+            checks += 1
+            if lint.returncode != 0:
+                problems.append("yamllint of the %s render:\n%s" % (overlay, lint.stdout))
+        result = check_overlay(path, render.stdout, flags_known)
+        checks += result.checks
+        problems += result.problems
+        print("%s: %d objects checked" % (overlay, len([o for o in yaml.safe_load_all(
+            render.stdout) if o])))
+    for problem in problems:
+        print("FAIL " + problem)
+    print("%d passed, %d failed" % (checks - len(problems), len(problems)))
+    sys.exit(1 if problems else 0)
+
+
+if __name__ == "__main__":
+    main()
