@@ -1,5 +1,6 @@
 #include "models/config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <set>
 
@@ -61,11 +62,33 @@ absl::Status ReadBool(const json& j, const std::string& key, bool* out) {
   return absl::OkStatus();
 }
 
+absl::Status ReadIntList(const json& j, const std::string& key, std::vector<int>* out) {
+  auto it = j.find(key);
+  if (it == j.end()) return absl::OkStatus();
+  if (!it->is_array()) {
+    return KeyError(key, absl::StrCat("must be a list of integers, got ", it->dump()));
+  }
+  out->clear();
+  for (const json& item : *it) {
+    if (!item.is_number_integer()) {
+      return KeyError(key, absl::StrCat("must be a list of integers, got ", it->dump()));
+    }
+    const int64_t value = item.get<int64_t>();
+    if (value < INT32_MIN || value > INT32_MAX) {
+      return KeyError(key, absl::StrCat("has an entry out of range: ", value));
+    }
+    out->push_back(static_cast<int>(value));
+  }
+  return absl::OkStatus();
+}
+
 const std::set<std::string>& KnownKeys() {
   static const auto* keys = new std::set<std::string>{
-      "format_version", "architecture", "vocab_size", "tokenizer", "bos_token_id",
-      "d_model",        "n_layers",     "n_heads",    "d_ff",      "ffn",
-      "dconv_kernel",   "dpfp_nu",      "norm_eps",   "attn_eps",  "tie_embeddings"};
+      "format_version", "architecture", "vocab_size",   "tokenizer", "bos_token_id",
+      "d_model",        "n_layers",     "n_heads",      "d_ff",      "ffn",
+      "dconv_kernel",   "dpfp_nu",      "norm_eps",     "attn_eps",  "tie_embeddings",
+      "pkm_layers",     "pkm_heads",    "pkm_num_keys", "pkm_topk",  "pkm_dim_key",
+      "pkm_bn_eps"};
   return *keys;
 }
 
@@ -149,7 +172,39 @@ absl::Status ModelConfig::Validate() const {
   if (!(attn_eps > 0) || !std::isfinite(attn_eps)) {
     return KeyError("attn_eps", absl::StrCat("must be a positive finite number, got ", attn_eps));
   }
+  std::set<int> seen_pkm_layers;
+  for (int layer : pkm_layers) {
+    if (layer < 0 || layer >= n_layers) {
+      return KeyError("pkm_layers",
+                      absl::StrCat("entries must be in [0, n_layers=", n_layers, "), got ", layer));
+    }
+    if (!seen_pkm_layers.insert(layer).second) {
+      return KeyError("pkm_layers", absl::StrCat("lists block ", layer, " twice"));
+    }
+  }
+  if (pkm_heads < 1 || pkm_heads > 1024) {
+    return KeyError("pkm_heads", absl::StrCat("must be in [1, 1024], got ", pkm_heads));
+  }
+  if (pkm_num_keys < 1 || pkm_num_keys > 4096) {
+    return KeyError("pkm_num_keys", absl::StrCat("must be in [1, 4096], got ", pkm_num_keys));
+  }
+  if (pkm_topk < 1 || pkm_topk > pkm_num_keys) {
+    return KeyError("pkm_topk", absl::StrCat("must be in [1, pkm_num_keys=", pkm_num_keys,
+                                             "], got ", pkm_topk));
+  }
+  if (pkm_dim_key < 2 || pkm_dim_key > 65536 || pkm_dim_key % 2 != 0) {
+    return KeyError("pkm_dim_key",
+                    absl::StrCat("must be even and in [2, 65536], got ", pkm_dim_key));
+  }
+  if (!(pkm_bn_eps > 0) || !std::isfinite(pkm_bn_eps)) {
+    return KeyError("pkm_bn_eps",
+                    absl::StrCat("must be a positive finite number, got ", pkm_bn_eps));
+  }
   return absl::OkStatus();
+}
+
+bool ModelConfig::is_pkm_layer(int layer) const {
+  return std::find(pkm_layers.begin(), pkm_layers.end(), layer) != pkm_layers.end();
 }
 
 absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text) {
@@ -188,6 +243,12 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text) {
   if (!(s = ReadDouble(j, "norm_eps", &c.norm_eps)).ok()) return s;
   if (!(s = ReadDouble(j, "attn_eps", &c.attn_eps)).ok()) return s;
   if (!(s = ReadBool(j, "tie_embeddings", &c.tie_embeddings)).ok()) return s;
+  if (!(s = ReadIntList(j, "pkm_layers", &c.pkm_layers)).ok()) return s;
+  if (!(s = ReadInt(j, "pkm_heads", false, &c.pkm_heads)).ok()) return s;
+  if (!(s = ReadInt(j, "pkm_num_keys", false, &c.pkm_num_keys)).ok()) return s;
+  if (!(s = ReadInt(j, "pkm_topk", false, &c.pkm_topk)).ok()) return s;
+  if (!(s = ReadInt(j, "pkm_dim_key", false, &c.pkm_dim_key)).ok()) return s;
+  if (!(s = ReadDouble(j, "pkm_bn_eps", &c.pkm_bn_eps)).ok()) return s;
   if (!(s = c.Validate()).ok()) return s;
   return c;
 }
@@ -209,6 +270,16 @@ std::string ModelConfigToJson(const ModelConfig& c) {
   j["norm_eps"] = c.norm_eps;
   j["attn_eps"] = c.attn_eps;
   j["tie_embeddings"] = c.tie_embeddings;
+  if (c.has_pkm()) {
+    std::vector<int> layers = c.pkm_layers;  // canonical: ascending
+    std::sort(layers.begin(), layers.end());
+    j["pkm_layers"] = layers;
+    j["pkm_heads"] = c.pkm_heads;
+    j["pkm_num_keys"] = c.pkm_num_keys;
+    j["pkm_topk"] = c.pkm_topk;
+    j["pkm_dim_key"] = c.pkm_dim_key;
+    j["pkm_bn_eps"] = c.pkm_bn_eps;
+  }
   return j.dump(2) + "\n";
 }
 

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 
@@ -37,11 +38,21 @@ struct ModelConfig {
   double norm_eps = 1e-5;
   double attn_eps = 1e-6;
   bool tie_embeddings = false;
+  // Product-key memory FFN (contract section "Product-key memory FFN"): the blocks
+  // listed in pkm_layers replace up/down by a memory of pkm_num_keys² value slots.
+  std::vector<int> pkm_layers;  // block indices, distinct, each in [0, n_layers)
+  int pkm_heads = 4;            // H_m
+  int pkm_num_keys = 128;       // n_k
+  int pkm_topk = 32;            // k <= n_k
+  int pkm_dim_key = 128;        // d_k, even
+  double pkm_bn_eps = 1e-5;
 
   int d_head() const { return n_heads > 0 ? d_model / n_heads : 0; }
   bool has_dconv() const { return dconv_kernel >= 2; }
   // Width of the DPFP feature map (fast_weight only).
   int d_phi() const { return 2 * dpfp_nu * d_head(); }
+  bool has_pkm() const { return !pkm_layers.empty(); }
+  bool is_pkm_layer(int layer) const;
 
   // Checks every value range and cross-field rule; the error names the key.
   absl::Status Validate() const;
@@ -51,7 +62,9 @@ struct ModelConfig {
 absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text);
 
 // Canonical JSON with every key written out (sorted keys, two-space indent). Parsing
-// the result gives back an equal config; the fingerprint hashes this text.
+// the result gives back an equal config; the fingerprint hashes this text. The pkm_*
+// keys are written only when pkm_layers is non-empty, so that configs without a
+// memory (and their fingerprints) are the same as before the keys existed.
 std::string ModelConfigToJson(const ModelConfig& config);
 
 bool operator==(const ModelConfig& a, const ModelConfig& b);

@@ -1,6 +1,9 @@
 #include "models/model.h"
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
+#include <numeric>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -65,6 +68,8 @@ struct Model::LayerWeights {
   torch::Tensor beta_w;                  // fast_weight
   torch::Tensor time_decay, time_first;  // aft
   torch::Tensor up_w, up_b, down_w, down_b;
+  bool pkm = false;  // product-key memory instead of up/down
+  torch::Tensor query_w, bn_w, bn_b, bn_mean, bn_var, keys, values;
 };
 
 // ---------------------------------------------------------------------------
@@ -123,17 +128,54 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> ExpectedWeightShapes(
       shapes.push_back({LayerName(i, "mixer.time_decay"), {d}});
       shapes.push_back({LayerName(i, "mixer.time_first"), {d}});
     }
-    const int64_t up = c.ffn == FfnKind::kGeglu ? 2 * f : f;
-    shapes.push_back({LayerName(i, "ffn.up.weight"), {up, d}});
-    shapes.push_back({LayerName(i, "ffn.up.bias"), {up}});
-    shapes.push_back({LayerName(i, "ffn.down.weight"), {d, f}});
-    shapes.push_back({LayerName(i, "ffn.down.bias"), {d}});
+    if (c.is_pkm_layer(i)) {
+      const int64_t Hm = c.pkm_heads, nk = c.pkm_num_keys, dk = c.pkm_dim_key;
+      shapes.push_back({LayerName(i, "ffn.query.weight"), {Hm * dk, d}});
+      for (const char* p : {"weight", "bias", "running_mean", "running_var"}) {
+        shapes.push_back({LayerName(i, absl::StrCat("ffn.query_norm.", p)), {Hm * dk}});
+      }
+      shapes.push_back({LayerName(i, "ffn.keys"), {Hm, nk, 2, dk / 2}});
+      shapes.push_back({LayerName(i, "ffn.values.weight"), {nk * nk, d}});
+    } else {
+      const int64_t up = c.ffn == FfnKind::kGeglu ? 2 * f : f;
+      shapes.push_back({LayerName(i, "ffn.up.weight"), {up, d}});
+      shapes.push_back({LayerName(i, "ffn.up.bias"), {up}});
+      shapes.push_back({LayerName(i, "ffn.down.weight"), {d, f}});
+      shapes.push_back({LayerName(i, "ffn.down.bias"), {d}});
+    }
   }
   shapes.push_back({"norm_f.weight", {d}});
   shapes.push_back({"norm_f.bias", {d}});
   if (!c.tie_embeddings) shapes.push_back({"head.weight", {V, d}});
   std::sort(shapes.begin(), shapes.end());
   return shapes;
+}
+
+bool IsBufferName(const std::string& name) {
+  auto ends_with = [&](const std::string& s) {
+    return name.size() >= s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0;
+  };
+  return ends_with(".running_mean") || ends_with(".running_var");
+}
+
+int64_t FlopsPerToken(const ModelConfig& c) {
+  const int64_t d = c.d_model, f = c.d_ff, V = c.vocab_size;
+  int64_t macs = 0;
+  for (int i = 0; i < c.n_layers; ++i) {
+    macs += 4 * d * d;                                                       // q|r, k, v, o
+    if (c.architecture == Architecture::kFastWeight) macs += c.n_heads * d;  // beta
+    if (c.is_pkm_layer(i)) {
+      const int64_t Hm = c.pkm_heads, nk = c.pkm_num_keys, dk = c.pkm_dim_key, k = c.pkm_topk;
+      macs += Hm * dk * d;     // query
+      macs += Hm * nk * dk;    // two halves of n_k scores of d_k/2 each
+      macs += Hm * k * d;      // weighted sum of the value rows read
+      macs += Hm * k * k / 2;  // k² candidate sums: 1 FLOP each, so half a multiply-add
+    } else {
+      macs += (c.ffn == FfnKind::kGeglu ? 3 : 2) * d * f;
+    }
+  }
+  macs += V * d;  // head
+  return 2 * macs;
 }
 
 // ---------------------------------------------------------------------------
@@ -215,10 +257,21 @@ absl::Status Model::BindWeights() {
       w->time_decay = get("mixer.time_decay");
       w->time_first = get("mixer.time_first");
     }
-    w->up_w = get("ffn.up.weight");
-    w->up_b = get("ffn.up.bias");
-    w->down_w = get("ffn.down.weight");
-    w->down_b = get("ffn.down.bias");
+    if (c.is_pkm_layer(i)) {
+      w->pkm = true;
+      w->query_w = get("ffn.query.weight");
+      w->bn_w = get("ffn.query_norm.weight");
+      w->bn_b = get("ffn.query_norm.bias");
+      w->bn_mean = get("ffn.query_norm.running_mean");
+      w->bn_var = get("ffn.query_norm.running_var");
+      w->keys = get("ffn.keys");
+      w->values = get("ffn.values.weight");
+    } else {
+      w->up_w = get("ffn.up.weight");
+      w->up_b = get("ffn.up.bias");
+      w->down_w = get("ffn.down.weight");
+      w->down_b = get("ffn.down.bias");
+    }
     layers_.push_back(std::move(w));
 
     mixer_state_index_.push_back(static_cast<int>(state_spec_.size()));
@@ -258,8 +311,17 @@ absl::StatusOr<Model> Model::InitRandom(const ModelConfig& config, uint64_t seed
       return name.size() >= s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0;
     };
     torch::Tensor t;
-    if (ends_with("norm1.weight") || ends_with("norm2.weight") || name == "norm_f.weight") {
+    if (ends_with("norm1.weight") || ends_with("norm2.weight") || name == "norm_f.weight" ||
+        ends_with("query_norm.weight") || ends_with("running_var")) {
       t = torch::ones(shape, f32);
+    } else if (ends_with("running_mean")) {
+      t = torch::zeros(shape, f32);
+    } else if (ends_with("ffn.keys")) {
+      // Half-key scores of a normalised query start with unit variance.
+      t = torch::randn(shape, generator, f32) / std::sqrt(static_cast<double>(shape[3]));
+    } else if (ends_with("ffn.values.weight")) {
+      // Lample et al.: values ~ N(0, 1/d).
+      t = torch::randn(shape, generator, f32) / std::sqrt(static_cast<double>(shape[1]));
     } else if (ends_with("_conv.weight")) {
       // Identity (pass-through of the current input) plus a little noise.
       t = torch::randn(shape, generator, f32) * 0.02;
@@ -283,7 +345,25 @@ absl::StatusOr<Model> Model::InitRandom(const ModelConfig& config, uint64_t seed
 
 int64_t Model::parameter_count() const {
   int64_t n = 0;
-  for (const auto& [name, t] : weights_) n += t.numel();
+  for (const auto& [name, t] : weights_) {
+    if (!IsBufferName(name)) n += t.numel();
+  }
+  return n;
+}
+
+int64_t Model::memory_parameter_count() const {
+  int64_t n = 0;
+  for (const auto& w : layers_) {
+    if (w->pkm) n += w->values.numel();
+  }
+  return n;
+}
+
+int64_t Model::memory_slots() const {
+  int64_t n = 0;
+  for (const auto& w : layers_) {
+    if (w->pkm) n += w->values.size(0);
+  }
   return n;
 }
 
@@ -315,7 +395,9 @@ State Model::InitialState(int64_t batch) const {
 }
 
 void Model::SetRequiresGrad(bool requires_grad) {
-  for (auto& [name, t] : weights_) t.requires_grad_(requires_grad);
+  for (auto& [name, t] : weights_) {
+    if (!IsBufferName(name)) t.requires_grad_(requires_grad);
+  }
 }
 
 std::map<std::string, torch::Tensor> Model::ExportWeights() const {
@@ -342,7 +424,8 @@ torch::Tensor Model::Head(const torch::Tensor& h) const {
   return torch::linear(x, head);
 }
 
-torch::Tensor Model::Ffn(const LayerWeights& w, const torch::Tensor& x) const {
+torch::Tensor Model::Ffn(const LayerWeights& w, const torch::Tensor& x, bool training) const {
+  if (w.pkm) return PkmFfn(w, x, training);
   torch::Tensor u = torch::linear(x, w.up_w, w.up_b);
   switch (config_.ffn) {
     case FfnKind::kRelu:
@@ -358,6 +441,152 @@ torch::Tensor Model::Ffn(const LayerWeights& w, const torch::Tensor& x) const {
     }
   }
   return torch::linear(u, w.down_w, w.down_b);
+}
+
+namespace {
+// Indices of the k largest entries along the last dimension, largest first, ties
+// broken toward the lower index (the contract's top-k). torch::topk is fast but
+// orders ties arbitrarily, so rows where its k+1 largest values hold a tie (rare
+// with real-valued scores) are redone with a stable descending sort.
+torch::Tensor TopKIndices(const torch::Tensor& scores, int64_t k) {
+  torch::NoGradGuard no_grad;
+  torch::Tensor values = scores.detach();
+  const int64_t n = values.size(-1);
+  auto stable = [&](const torch::Tensor& v) {
+    return std::get<1>(torch::sort(v, /*stable=*/true, /*dim=*/-1, /*descending=*/true))
+        .narrow(-1, 0, k);
+  };
+  if (!values.device().is_cpu() || k == n) return stable(values);
+  auto [top, index] = torch::topk(values, k + 1, /*dim=*/-1, /*largest=*/true, /*sorted=*/true);
+  torch::Tensor result = index.narrow(-1, 0, k).contiguous();
+  torch::Tensor tied = (top.narrow(-1, 0, k) == top.narrow(-1, 1, k)).any(-1).reshape({-1});
+  torch::Tensor tied_rows = tied.nonzero().reshape({-1});
+  if (tied_rows.numel() > 0) {
+    torch::Tensor flat = result.view({-1, k});
+    flat.index_copy_(0, tied_rows, stable(values.reshape({-1, n}).index_select(0, tied_rows)));
+  }
+  return result;
+}
+
+// The candidates (m, n) with (m+1)(n+1) <= k, in order of m*k + n: [C, 2] int64.
+const std::vector<int64_t>& PkmCandidatePairs(int64_t k) {
+  thread_local int64_t cached_k = -1;
+  thread_local std::vector<int64_t> pairs;
+  if (cached_k != k) {
+    pairs.clear();
+    for (int64_t m = 0; m < k; ++m) {
+      for (int64_t n = 0; (m + 1) * (n + 1) <= k; ++n) {
+        pairs.push_back(m);
+        pairs.push_back(n);
+      }
+    }
+    cached_k = k;
+  }
+  return pairs;
+}
+
+template <typename T>
+void BestCandidateRows(const T* a, const T* b, const int64_t* pairs, int64_t num_pairs, int64_t k,
+                       int64_t begin, int64_t end, int64_t* out_m, int64_t* out_n) {
+  std::vector<int64_t> order(static_cast<size_t>(num_pairs));
+  std::vector<T> score(static_cast<size_t>(num_pairs));
+  for (int64_t r = begin; r < end; ++r) {
+    const T* ar = a + r * k;
+    const T* br = b + r * k;
+    for (int64_t p = 0; p < num_pairs; ++p) {
+      const T v = ar[pairs[2 * p]] + br[pairs[2 * p + 1]];
+      // NaN ranks lowest, so that the order below stays a strict weak order.
+      score[static_cast<size_t>(p)] = std::isnan(v) ? -std::numeric_limits<T>::infinity() : v;
+    }
+    std::iota(order.begin(), order.end(), int64_t{0});
+    std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int64_t x, int64_t y) {
+      const T sx = score[static_cast<size_t>(x)], sy = score[static_cast<size_t>(y)];
+      return sx > sy || (sx == sy && x < y);
+    });
+    for (int64_t m = 0; m < k; ++m) {
+      const int64_t p = order[static_cast<size_t>(m)];
+      out_m[r * k + m] = pairs[2 * p];
+      out_n[r * k + m] = pairs[2 * p + 1];
+    }
+  }
+}
+
+// The contract's second top-k over the candidates a_m + b_n (m, n in 0..k-1, in
+// order of m*k + n) of rows a, b [..., k] sorted descending. a and b sorted means
+// candidate (m, n) is dominated by the (m+1)(n+1) - 1 candidates (m', n') with
+// m' <= m, n' <= n: each scores at least as much (float addition is monotone) and
+// has a lower candidate index. So it is never among the top k when (m+1)(n+1) > k,
+// ties included, and only the ~k·ln k others are scored. Returns (m, n) of the k
+// best, best first, each [..., k].
+std::pair<torch::Tensor, torch::Tensor> BestCandidates(const torch::Tensor& a,
+                                                       const torch::Tensor& b, int64_t k) {
+  torch::NoGradGuard no_grad;
+  const std::vector<int64_t>& pairs = PkmCandidatePairs(k);
+  const int64_t num_pairs = static_cast<int64_t>(pairs.size() / 2);
+  torch::Tensor pair_tensor = torch::tensor(pairs, torch::kInt64).view({num_pairs, 2});
+  if (!a.device().is_cpu()) {
+    pair_tensor = pair_tensor.to(a.device());
+    torch::Tensor m_of = pair_tensor.select(1, 0), n_of = pair_tensor.select(1, 1);
+    torch::Tensor candidates =
+        a.detach().index_select(-1, m_of) + b.detach().index_select(-1, n_of);
+    torch::Tensor best = TopKIndices(candidates, k);
+    return {m_of.index({best}), n_of.index({best})};
+  }
+  torch::Tensor ac = a.detach().contiguous(), bc = b.detach().contiguous();
+  const int64_t rows = ac.numel() / k;
+  torch::Tensor out_m = torch::empty(ac.sizes(), ac.options().dtype(torch::kInt64));
+  torch::Tensor out_n = torch::empty(ac.sizes(), ac.options().dtype(torch::kInt64));
+  AT_DISPATCH_FLOATING_TYPES(ac.scalar_type(), "BestCandidates", [&] {
+    const scalar_t* ad = ac.data_ptr<scalar_t>();
+    const scalar_t* bd = bc.data_ptr<scalar_t>();
+    int64_t* md = out_m.data_ptr<int64_t>();
+    int64_t* nd = out_n.data_ptr<int64_t>();
+    at::parallel_for(0, rows, 64, [&](int64_t begin, int64_t end) {
+      BestCandidateRows<scalar_t>(ad, bd, pairs.data(), num_pairs, k, begin, end, md, nd);
+    });
+  });
+  return {out_m, out_n};
+}
+}  // namespace
+
+// Product-key memory, per token: both forms run this on [..., d].
+torch::Tensor Model::PkmFfn(const LayerWeights& w, const torch::Tensor& x, bool training) const {
+  const ModelConfig& c = config_;
+  const int64_t d = c.d_model, Hm = c.pkm_heads, nk = c.pkm_num_keys, k = c.pkm_topk,
+                half = c.pkm_dim_key / 2;
+  std::vector<int64_t> out_shape = x.sizes().vec();
+  torch::Tensor flat = x.reshape({-1, d});
+  const int64_t N = flat.size(0);
+  torch::Tensor q = torch::linear(flat, w.query_w);  // [N, Hm*dk]
+  if (training) {
+    // Batch statistics over the N tokens; updates running_mean/var in place
+    // (momentum 0.1, unbiased variance), like BatchNorm1d.train().
+    q = torch::batch_norm(q, w.bn_w, w.bn_b, w.bn_mean, w.bn_var, /*training=*/true,
+                          /*momentum=*/0.1, c.pkm_bn_eps, /*cudnn_enabled=*/false);
+  } else {
+    q = (q - w.bn_mean) / torch::sqrt(w.bn_var + c.pkm_bn_eps) * w.bn_w + w.bn_b;
+  }
+  // Head h, half p: channels h*dk + p*half .. + half - 1.
+  torch::Tensor qh = q.view({N, Hm, 2, half}).permute({1, 2, 0, 3});  // [Hm, 2, N, half]
+  torch::Tensor keys = w.keys.permute({0, 2, 3, 1});                  // [Hm, 2, half, nk]
+  torch::Tensor scores = torch::matmul(qh, keys);                     // [Hm, 2, N, nk]
+  torch::Tensor sub_index = TopKIndices(scores, k);                   // [Hm, 2, N, k]
+  torch::Tensor sub_score = scores.gather(-1, sub_index);
+  torch::Tensor a = sub_score.select(1, 0), b = sub_score.select(1, 1);  // [Hm, N, k]
+  torch::Tensor i = sub_index.select(1, 0), j = sub_index.select(1, 1);
+  // Candidate m*k + n: score a_m + b_n, slot i_m * n_k + j_n; the k best.
+  auto [best_m, best_n] = BestCandidates(a, b, k);  // [Hm, N, k] each
+  torch::Tensor weights = torch::softmax(a.gather(-1, best_m) + b.gather(-1, best_n), -1);
+  torch::Tensor slots = i.gather(-1, best_m) * nk + j.gather(-1, best_n);
+  // One bag per token over all heads' k slots: Σ_h Σ_m w_hm · values[slot_hm].
+  torch::Tensor bag_slots = slots.permute({1, 0, 2}).reshape({N, Hm * k});
+  torch::Tensor bag_weights = weights.permute({1, 0, 2}).reshape({N, Hm * k});
+  torch::Tensor out =
+      torch::nn::functional::embedding_bag(bag_slots, w.values,
+                                           torch::nn::functional::EmbeddingBagFuncOptions()
+                                               .mode(torch::kSum)
+                                               .per_sample_weights(bag_weights));
+  return out.view(out_shape);
 }
 
 // ---------------------------------------------------------------------------
@@ -480,14 +709,15 @@ torch::Tensor Model::MixerSequence(int layer, const torch::Tensor& a, State* sta
   return torch::linear(y, w.o_w, w.o_b);
 }
 
-torch::Tensor Model::ForwardUnchecked(const torch::Tensor& tokens, State* state) const {
+torch::Tensor Model::ForwardUnchecked(const torch::Tensor& tokens, State* state,
+                                      bool training) const {
   const int64_t d = config_.d_model;
   torch::Tensor h = EmbedTokens(tokens);  // [B, T, d]
   for (int i = 0; i < config_.n_layers; ++i) {
     const LayerWeights& w = *layers_[i];
     torch::Tensor a = torch::layer_norm(h, {d}, w.norm1_w, w.norm1_b, config_.norm_eps);
     h = h + MixerSequence(i, a, state);
-    h = h + Ffn(w, torch::layer_norm(h, {d}, w.norm2_w, w.norm2_b, config_.norm_eps));
+    h = h + Ffn(w, torch::layer_norm(h, {d}, w.norm2_w, w.norm2_b, config_.norm_eps), training);
   }
   return Head(h);
 }

@@ -3,7 +3,9 @@
 // (decode). See ../shared/spec/models.md; docs/model-format.md.
 //
 // Thread-safety: a Model is immutable after construction (weights are never written
-// by these methods), so concurrent Forward/Step calls on distinct States are safe.
+// by these methods, except ForwardUnchecked(..., training = true), the trainer's,
+// which updates PKM batch-norm statistics), so concurrent Forward/Step calls on
+// distinct States are safe.
 // A State is a plain value owned by its caller.
 #pragma once
 
@@ -59,6 +61,19 @@ struct State {
 std::vector<std::pair<std::string, std::vector<int64_t>>> ExpectedWeightShapes(
     const ModelConfig& config);
 
+// True for weights that are statistics rather than trainable parameters (the PKM
+// batch norms' running_mean and running_var).
+bool IsBufferName(const std::string& name);
+
+// Floating-point operations per token of the recurrent step (decode), counted as 2
+// per multiply-add of every matrix product (embedding lookup free; norms,
+// activations, softmax, top-k selection and the mixers' elementwise recurrences
+// not counted). A PKM block counts its query projection (H_m·d_k·d), both half-key
+// score products (H_m·n_k·d_k), the k² candidate sums per head as one FLOP each,
+// and the weighted sum of the k·H_m value rows it reads (k·H_m·d); never the n_k²
+// slots it does not read.
+int64_t FlopsPerToken(const ModelConfig& config);
+
 class Model {
  public:
   // Takes float32 CPU weights named per the contract; checks names and shapes exactly
@@ -74,7 +89,13 @@ class Model {
   const ModelOptions& options() const { return options_; }
   // Weights by contract name (on options().device, in options().dtype).
   const std::map<std::string, torch::Tensor>& weights() const { return weights_; }
+  // Trainable parameters: every weight except the batch norms' running statistics
+  // (buffers in PyTorch terms).
   int64_t parameter_count() const;
+  // Parameters in product-key memories: the value tables (n_k² · d per PKM block).
+  int64_t memory_parameter_count() const;
+  // Value slots of all product-key memories (n_k² per PKM block); 0 without PKM.
+  int64_t memory_slots() const;
 
   const std::vector<StateTensorSpec>& state_spec() const { return state_spec_; }
   // Bytes of one session's state in the compute dtype.
@@ -91,11 +112,17 @@ class Model {
   absl::StatusOr<torch::Tensor> Step(const torch::Tensor& tokens, State* state) const;
 
   // Unchecked versions for hot loops inside the model library (trainer); they
-  // throw c10::Error on bad input.
-  torch::Tensor ForwardUnchecked(const torch::Tensor& tokens, State* state) const;
+  // throw c10::Error on bad input. `training` (trainer only): the PKM query batch
+  // norms normalise with the batch's statistics (over all B·T tokens) and update
+  // their running statistics in place with momentum 0.1, as PyTorch's BatchNorm1d in
+  // training mode. This writes weights; it must not run concurrently with anything
+  // else on the model. Without PKM blocks it changes nothing.
+  torch::Tensor ForwardUnchecked(const torch::Tensor& tokens, State* state,
+                                 bool training = false) const;
   torch::Tensor StepUnchecked(const torch::Tensor& tokens, State* state) const;
 
-  // Switches weights to trainable leaves (requires_grad) for the trainer.
+  // Switches weights to trainable leaves (requires_grad) for the trainer; the running
+  // statistics of batch norms never require grad.
   void SetRequiresGrad(bool requires_grad);
   // Weights as float32 CPU tensors, detached, in name order (for saving).
   std::map<std::string, torch::Tensor> ExportWeights() const;
@@ -110,7 +137,9 @@ class Model {
 
   torch::Tensor EmbedTokens(const torch::Tensor& tokens) const;
   torch::Tensor Head(const torch::Tensor& h) const;
-  torch::Tensor Ffn(const LayerWeights& w, const torch::Tensor& x) const;
+  // The block's FFN (dense or product-key memory) of x [..., d], per token.
+  torch::Tensor Ffn(const LayerWeights& w, const torch::Tensor& x, bool training = false) const;
+  torch::Tensor PkmFfn(const LayerWeights& w, const torch::Tensor& x, bool training) const;
   // The mixer's input projections (q|r, k, v) of a [B, T, d], each through the causal
   // depthwise conv when configured (advancing the conv state).
   void ProjectInputs(int layer, const torch::Tensor& a, State* state, torch::Tensor proj[3]) const;

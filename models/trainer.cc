@@ -51,7 +51,8 @@ json RunIdentity(const TrainOptions& o) {
               {"grad_clip", o.grad_clip},
               {"train_fraction", o.train_fraction},
               {"stateful", o.stateful},
-              {"state_reset_steps", o.state_reset_steps}};
+              {"state_reset_steps", o.state_reset_steps},
+              {"values_lr_scale", o.values_lr_scale}};
 }
 
 double LearningRate(const TrainOptions& o, int64_t step) {
@@ -93,6 +94,9 @@ absl::Status Validate(const TrainOptions& o) {
     return bad(absl::StrCat("--batch_size must be positive, got ", o.batch_size));
   if (o.seq_len < 1) return bad(absl::StrCat("--seq_len must be positive, got ", o.seq_len));
   if (!(o.lr > 0)) return bad(absl::StrCat("--lr must be positive, got ", o.lr));
+  if (!(o.values_lr_scale > 0) || !std::isfinite(o.values_lr_scale)) {
+    return bad(absl::StrCat("--values_lr_scale must be positive, got ", o.values_lr_scale));
+  }
   if (o.warmup_steps < 1)
     return bad(absl::StrCat("--warmup_steps must be >= 1, got ", o.warmup_steps));
   if (!(o.train_fraction > 0 && o.train_fraction < 1)) {
@@ -227,10 +231,22 @@ absl::StatusOr<TrainReport> Train(const TrainOptions& options, int64_t stop_afte
   report.tokens_seen = report.step * options.batch_size * options.seq_len;
   model->SetRequiresGrad(true);
 
-  // AdamW with two groups: matrices decay, everything else does not.
-  std::vector<torch::Tensor> decay, no_decay;
+  // AdamW with two groups: matrices decay, everything else does not; a third for the
+  // product-key memories' values (their own learning rate, no decay) when there are
+  // any. Batch-norm running statistics are not trained by the optimizer.
+  std::vector<torch::Tensor> decay, no_decay, memory_values;
+  auto is_values = [](const std::string& name) {
+    const std::string suffix = "ffn.values.weight";
+    return name.size() >= suffix.size() &&
+           name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+  };
   for (const auto& [name, t] : model->weights()) {
-    (t.dim() == 2 && name != "embed.weight" ? decay : no_decay).push_back(t);
+    if (IsBufferName(name)) continue;
+    if (is_values(name)) {
+      memory_values.push_back(t);
+    } else {
+      (t.dim() == 2 && name != "embed.weight" ? decay : no_decay).push_back(t);
+    }
   }
   auto adam = [&](double wd) {
     return std::make_unique<torch::optim::AdamWOptions>(
@@ -241,6 +257,7 @@ absl::StatusOr<TrainReport> Train(const TrainOptions& options, int64_t stop_afte
   std::vector<torch::optim::OptimizerParamGroup> groups;
   groups.emplace_back(decay, adam(options.weight_decay));
   groups.emplace_back(no_decay, adam(0.0));
+  if (!memory_values.empty()) groups.emplace_back(memory_values, adam(0.0));
   torch::optim::AdamW optimizer(groups, torch::optim::AdamWOptions(options.lr));
   if (report.resumed) {
     try {
@@ -289,7 +306,9 @@ absl::StatusOr<TrainReport> Train(const TrainOptions& options, int64_t stop_afte
   }
 
   std::vector<torch::Tensor> parameters;
-  for (const auto& [name, t] : model->weights()) parameters.push_back(t);
+  for (const auto& [name, t] : model->weights()) {
+    if (!IsBufferName(name)) parameters.push_back(t);
+  }
   const int64_t B = options.batch_size, T = options.seq_len;
   const int64_t max_start = train_bytes - T - 1;
   // Stateful layouts: row b starts at segment b. With state_reset_steps == 0 a pass
@@ -350,14 +369,15 @@ absl::StatusOr<TrainReport> Train(const TrainOptions& options, int64_t stop_afte
     torch::Tensor inputs = batch.narrow(1, 0, T), targets = batch.narrow(1, 1, T);
 
     const double lr = LearningRate(options, step);
-    for (auto& group : optimizer.param_groups()) {
-      static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
+    for (size_t g = 0; g < optimizer.param_groups().size(); ++g) {
+      static_cast<torch::optim::AdamWOptions&>(optimizer.param_groups()[g].options())
+          .lr(g == 2 ? lr * options.values_lr_scale : lr);
     }
     double loss_value = 0, grad_norm = 0;
     try {
       auto t0 = Clock::now();
       State state = options.stateful ? carried : model->InitialState(B);
-      torch::Tensor logits = model->ForwardUnchecked(inputs, &state);
+      torch::Tensor logits = model->ForwardUnchecked(inputs, &state, /*training=*/true);
       if (options.stateful) carried = state.Detach();
       torch::Tensor loss = torch::nn::functional::cross_entropy(logits.reshape({B * T, -1}),
                                                                 targets.reshape({B * T}));

@@ -36,7 +36,12 @@ struct TrainOptions {
   // model is scored on (validation: 111,540 bytes) when the state keeps evolving over
   // that horizon (fast_weight).
   int64_t state_reset_steps = 0;
-  double lr = 2e-3;            // peak learning rate
+  double lr = 2e-3;  // peak learning rate
+  // Learning rate of the product-key memories' value tables (ffn.values.weight) as a
+  // multiple of lr, following the same schedule. Lample et al. train the values with
+  // a higher rate than the rest; the values are never weight-decayed (a token reads
+  // only k·H_m rows, so decay would shrink the rows it does not read).
+  double values_lr_scale = 1.0;
   double min_lr_ratio = 0.1;   // cosine decays to lr * min_lr_ratio at the last step
   int64_t warmup_steps = 100;  // linear warm-up from 0 to lr
   double weight_decay = 0.1;   // AdamW decay for matrices (not embeddings, norms, biases)

@@ -8,14 +8,14 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/cli_util.h"
 #include "models/blas_check.h"
 #include "models/checkpoint.h"
 #include "models/file_util.h"
 #include "models/model.h"
+#include "models/sampler.h"
 #include "models/tokenizer.h"
 #include "nlohmann/json.hpp"
-#include "models/sampler.h"
-#include "common/cli_util.h"
 
 ABSL_FLAG(std::string, config, "", "init: path of the config.json to initialise from");
 ABSL_FLAG(uint64_t, seed, 0, "init: initialisation seed; generate: sampling seed");
@@ -38,7 +38,8 @@ namespace {
 constexpr char kUsage[] = R"(fwmodel: inspect, create, score and sample fwserve checkpoints.
 
   fwmodel info DIR [--json]
-      Config, parameter count, state bytes per session and fingerprint.
+      Config, parameter count, product-key memory size and share of parameters (PKM
+      models), FLOPs per token, state bytes per session and fingerprint.
   fwmodel init DIR --config FILE --seed N [--storage-dtype F32|F16|BF16]
       Writes a randomly initialised checkpoint.
   fwmodel score DIR --text-file F [--json | --window N]
@@ -82,6 +83,9 @@ int Info(const std::string& dir) {
     nlohmann::json j = {
         {"config", nlohmann::json::parse(fwmodel::ModelConfigToJson(model.config()))},
         {"parameters", model.parameter_count()},
+        {"memory_slots", model.memory_slots()},
+        {"memory_parameters", model.memory_parameter_count()},
+        {"flops_per_token", fwmodel::FlopsPerToken(model.config())},
         {"state_bytes_per_session", model.state_bytes_per_session()},
         {"fingerprint", loaded->fingerprint}};
     std::cout << j.dump(2) << "\n";
@@ -89,6 +93,17 @@ int Info(const std::string& dir) {
   }
   std::cout << "config:\n" << fwmodel::ModelConfigToJson(model.config());
   std::cout << "parameters: " << model.parameter_count() << "\n";
+  if (model.config().has_pkm()) {
+    const int64_t memory = model.memory_parameter_count();
+    std::cout << absl::StrFormat(
+        "product-key memory: %d slots in %d blocks, %d value parameters (%.1f%% of "
+        "parameters), %d slots read per token per block\n",
+        model.memory_slots(), model.config().pkm_layers.size(), memory,
+        100.0 * static_cast<double>(memory) / static_cast<double>(model.parameter_count()),
+        static_cast<int64_t>(model.config().pkm_heads) * model.config().pkm_topk);
+  }
+  std::cout << "FLOPs per token (decode step, matrix products): "
+            << fwmodel::FlopsPerToken(model.config()) << "\n";
   std::cout << "state bytes per session: " << model.state_bytes_per_session() << "\n";
   std::cout << "state tensors:";
   for (const auto& spec : model.state_spec()) {

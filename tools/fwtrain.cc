@@ -9,11 +9,11 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/cli_util.h"
 #include "models/blas_check.h"
 #include "models/checkpoint.h"
 #include "models/file_util.h"
 #include "models/trainer.h"
-#include "common/cli_util.h"
 
 namespace {
 const fwmodel::TrainOptions kDefaults;
@@ -35,6 +35,9 @@ ABSL_FLAG(int64_t, state_reset_steps, kDefaults.state_reset_steps,
           "pass; R > 0 = rows read the whole text circularly and each row's state resets "
           "every R steps, staggered, so context ages cover [0, R * seq_len) evenly");
 ABSL_FLAG(double, lr, kDefaults.lr, "peak learning rate (AdamW)");
+ABSL_FLAG(double, values_lr_scale, kDefaults.values_lr_scale,
+          "learning rate of product-key memory values (ffn.values.weight) as a multiple of "
+          "--lr (same schedule, no weight decay); Lample et al. use a higher one");
 ABSL_FLAG(double, min_lr_ratio, kDefaults.min_lr_ratio, "final lr as a fraction of --lr (cosine)");
 ABSL_FLAG(int64_t, warmup_steps, kDefaults.warmup_steps, "linear warm-up steps");
 ABSL_FLAG(double, weight_decay, kDefaults.weight_decay, "AdamW weight decay on matrices");
@@ -100,6 +103,22 @@ absl::Status WriteCard(const fwmodel::TrainOptions& options, const fwmodel::Trai
       report.val_loss / std::log(2.0), static_cast<int64_t>(validation.size()), *slice_loss,
       slice_bytes, loaded->fingerprint, fwmodel::ModelConfigToJson(m.config()),
       options.command_line);
+  std::string memory;
+  if (m.config().has_pkm()) {
+    memory = absl::StrFormat(
+        "| product-key memory | %d slots in %d blocks, %d value parameters (%.1f%% of "
+        "parameters) |\n",
+        m.memory_slots(), m.config().pkm_layers.size(), m.memory_parameter_count(),
+        100.0 * static_cast<double>(m.memory_parameter_count()) /
+            static_cast<double>(m.parameter_count()));
+  }
+  const std::string compute = absl::StrFormat(
+      "%s| compute per token | %d FLOPs (decode step: 2 per multiply-add of the matrix "
+      "products, `fwmodel info`) |\n",
+      memory, fwmodel::FlopsPerToken(m.config()));
+  // After the table's parameter row.
+  const std::string anchor = "| state bytes per session |";
+  card.insert(card.find(anchor), compute);
   return fwmodel::WriteFileAtomic(options.out_dir + "/MODEL_CARD.md", card);
 }
 
@@ -144,6 +163,7 @@ int main(int argc, char** argv) {
   options.state_reset_steps = absl::GetFlag(FLAGS_state_reset_steps);
   options.lr = absl::GetFlag(FLAGS_lr);
   options.min_lr_ratio = absl::GetFlag(FLAGS_min_lr_ratio);
+  options.values_lr_scale = absl::GetFlag(FLAGS_values_lr_scale);
   options.warmup_steps = absl::GetFlag(FLAGS_warmup_steps);
   options.weight_decay = absl::GetFlag(FLAGS_weight_decay);
   options.grad_clip = absl::GetFlag(FLAGS_grad_clip);

@@ -185,6 +185,7 @@ class CoreImpl : public Core {
       description.state_bytes_per_session = loaded->model.state_bytes_per_session();
       description.vocab_size = config.vocab_size;
       description.fingerprint = loaded->fingerprint;
+      description.memory_slots = loaded->model.memory_slots();
       ModelMetrics* model_metrics = nullptr;
       if (options_.metrics != nullptr) {
         model_metrics = options_.metrics->AddModel(

@@ -107,6 +107,7 @@ struct ModelDescription {
   int64_t state_bytes_per_session = 0;
   int64_t vocab_size = 0;
   std::string fingerprint;
+  int64_t memory_slots = 0;  // product-key memory value slots (0: none)
 };
 
 struct GenerateParams {

@@ -40,6 +40,7 @@ void ToProto(const ModelDescription& d, v1::ModelInfo* info) {
   info->set_state_bytes_per_session(d.state_bytes_per_session);
   info->set_vocab_size(d.vocab_size);
   info->set_fingerprint(d.fingerprint);
+  info->set_memory_slots(d.memory_slots);
 }
 
 v1::FinishReason ToProto(FinishReason reason) {

@@ -1393,5 +1393,26 @@ TEST_F(ServerTest, ShippedModelScoresShakespeareWell) {
   EXPECT_LT(-total / scored->logprobs_size(), 2.0);
 }
 
+TEST_F(ServerTest, ProductKeyMemoryModelIsServedLikeAnyOther) {
+  // The shipped PKM model: no per-session state for the memory, DescribeModel reports
+  // its size, and a session's turns equal one request over the whole text.
+  fwserve::CoreOptions options;
+  options.model_dirs = {std::string(FWSERVE_SOURCE_DIR) + "/models/pretrained/aft_pkm-shakespeare"};
+  auto server = Harness::Start(options);
+  ASSERT_NE(server, nullptr);
+  auto model = server->client().DescribeModel();
+  ASSERT_TRUE(model.ok()) << model.status();
+  EXPECT_EQ(model->memory_slots(), 128 * 128);
+  auto session = server->client().CreateSession("", "ROMEO:");
+  ASSERT_TRUE(session.ok()) << session.status();
+  auto first = server->client().Generate(GreedyRequest(" But", 20, session->session_id()));
+  auto second = server->client().Generate(GreedyRequest(" and", 20, session->session_id()));
+  auto whole = server->client().Generate(
+      GreedyRequest("ROMEO: But" + (first.ok() ? first->text : "") + " and", 20));
+  ASSERT_TRUE(first.ok() && second.ok() && whole.ok());
+  EXPECT_EQ(second->text, whole->text);
+  EXPECT_EQ(second->usage.session_tokens(), 6 + 4 + 20 + 4 + 20);
+}
+
 }  // namespace
 }  // namespace fwtest

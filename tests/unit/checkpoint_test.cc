@@ -81,7 +81,11 @@ TEST_F(CheckpointTest, HalfPrecisionStorageLoadsAsFloat32) {
 class LoaderRejectionTest : public CheckpointTest {
  protected:
   void WriteWith(const std::function<void(std::vector<fwmodel::TensorBlob>&)>& edit) {
-    auto config = fwtest::TinyConfig(Architecture::kFastWeight, FfnKind::kRelu, 0);
+    WriteWith(fwtest::TinyConfig(Architecture::kFastWeight, FfnKind::kRelu, 0), edit);
+  }
+  void WriteWith(const fwmodel::ModelConfig& config,
+                 const std::function<void(std::vector<fwmodel::TensorBlob>&)>& edit,
+                 const std::string& config_json = "") {
     fwmodel::Model model = fwtest::RandomModel(config, 3, torch::kFloat32);
     std::vector<fwmodel::TensorBlob> blobs;
     for (const auto& [name, t] : model.ExportWeights()) {
@@ -91,8 +95,10 @@ class LoaderRejectionTest : public CheckpointTest {
     }
     edit(blobs);
     ASSERT_TRUE(fwmodel::MakeDirectories(dir_).ok());
-    ASSERT_TRUE(
-        fwmodel::WriteFileAtomic(dir_ + "/config.json", fwmodel::ModelConfigToJson(config)).ok());
+    ASSERT_TRUE(fwmodel::WriteFileAtomic(
+                    dir_ + "/config.json",
+                    config_json.empty() ? fwmodel::ModelConfigToJson(config) : config_json)
+                    .ok());
     ASSERT_TRUE(fwmodel::WriteFileAtomic(dir_ + "/model.safetensors",
                                          *fwmodel::SerializeSafetensors(blobs, {}))
                     .ok());
@@ -158,22 +164,156 @@ TEST_F(LoaderRejectionTest, MissingFilesAndBadConfig) {
   ExpectError("'architecture' is required");
 }
 
+// Product-key memory checkpoints: every PKM tensor is required with its exact shape,
+// the dense FFN tensors of a PKM block are refused, and the PKM config keys are
+// checked. Block 1 of a 2-block model holds the memory (2 heads, n_k 5, d_k 6, d 16).
+TEST_F(LoaderRejectionTest, PkmTensorsAreCheckedByNameAndShape) {
+  const auto config = fwtest::WithPkm(
+      fwtest::TinyConfig(Architecture::kAft, FfnKind::kSquaredRelu, 3), /*layer=*/1);
+  const std::vector<std::pair<std::string, std::string>> tensors = {
+      {"blocks.1.ffn.query.weight", "[12, 16]"},
+      {"blocks.1.ffn.query_norm.weight", "[12]"},
+      {"blocks.1.ffn.query_norm.bias", "[12]"},
+      {"blocks.1.ffn.query_norm.running_mean", "[12]"},
+      {"blocks.1.ffn.query_norm.running_var", "[12]"},
+      {"blocks.1.ffn.keys", "[2, 5, 2, 3]"},
+      {"blocks.1.ffn.values.weight", "[25, 16]"}};
+  WriteWith(config, [](auto&) {});
+  ASSERT_TRUE(fwmodel::LoadCheckpoint(dir_).ok());
+  for (const auto& [name, shape] : tensors) {
+    SCOPED_TRACE(name);
+    WriteWith(config, [&name = name](auto& blobs) {
+      blobs.erase(
+          std::remove_if(blobs.begin(), blobs.end(), [&](const auto& b) { return b.name == name; }),
+          blobs.end());
+    });
+    ExpectError(absl::StrCat("missing tensor '", name, "'"));
+    WriteWith(config, [&name = name](auto& blobs) {
+      for (auto& b : blobs) {
+        if (b.name == name) {
+          b.shape = {static_cast<int64_t>(b.bytes.size() / 4)};
+          if (name.find("query_norm") != std::string::npos) {  // 1-D: change the length
+            b.shape = {6};
+            b.bytes.resize(24);
+          }
+        }
+      }
+    });
+    ExpectError(absl::StrCat("tensor '", name, "' has shape "));
+    ExpectError(absl::StrCat("expected ", shape));
+  }
+  // A PKM block has no up/down.
+  WriteWith(config, [](auto& blobs) {
+    blobs.push_back({"blocks.1.ffn.up.bias", fwmodel::DType::kF32, {1}, std::string(4, '\0')});
+  });
+  ExpectError("unexpected tensor 'blocks.1.ffn.up.bias'");
+}
+
+TEST_F(LoaderRejectionTest, PkmConfigKeysAreChecked) {
+  const auto config = fwtest::WithPkm(
+      fwtest::TinyConfig(Architecture::kLinearAttention, FfnKind::kRelu, 0), /*layer=*/0);
+  const std::string good = fwmodel::ModelConfigToJson(config);
+  ASSERT_NE(good.find("\"pkm_dim_key\": 6"), std::string::npos) << good;
+  auto with = [&](const std::string& from, const std::string& to) {
+    std::string text = good;
+    const size_t at = text.find(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    return text.replace(at, from.size(), to);
+  };
+  WriteWith(
+      config, [](auto&) {}, with("\"pkm_dim_key\": 6", "\"pkm_dim_key\": 5"));
+  ExpectError("'pkm_dim_key' must be even");
+  WriteWith(
+      config, [](auto&) {}, with("\"pkm_topk\": 3", "\"pkm_topk\": 6"));
+  ExpectError("'pkm_topk' must be in [1, pkm_num_keys=5], got 6");
+  WriteWith(
+      config, [](auto&) {}, with("\"pkm_layers\": [\n    0\n  ]", "\"pkm_layers\": [2]"));
+  ExpectError("'pkm_layers' entries must be in [0, n_layers=2), got 2");
+  WriteWith(
+      config, [](auto&) {}, with("\"pkm_layers\": [\n    0\n  ]", "\"pkm_layers\": [0, 0]"));
+  ExpectError("'pkm_layers' lists block 0 twice");
+  WriteWith(
+      config, [](auto&) {}, with("\"pkm_bn_eps\": 1e-05", "\"pkm_bn_eps\": 0"));
+  ExpectError("'pkm_bn_eps' must be a positive finite number");
+  WriteWith(
+      config, [](auto&) {}, with("\"pkm_heads\": 2", "\"pkm_heads\": 0"));
+  ExpectError("'pkm_heads' must be in [1, 1024], got 0");
+}
+
+// Without pkm_layers the canonical config (and so the fingerprint) has no pkm keys:
+// checkpoints from before the keys existed keep their fingerprints.
+TEST(PkmConfigTest, CanonicalJsonHasPkmKeysOnlyWithAMemory) {
+  auto config = fwtest::TinyConfig(Architecture::kAft, FfnKind::kRelu, 0);
+  EXPECT_EQ(fwmodel::ModelConfigToJson(config).find("pkm"), std::string::npos);
+  config.pkm_layers = {1, 0};
+  const std::string text = fwmodel::ModelConfigToJson(config);
+  auto parsed = fwmodel::ParseModelConfig(text);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->pkm_layers, (std::vector<int>{0, 1}));  // canonical order
+  EXPECT_TRUE(*parsed == config);
+  EXPECT_NE(text.find("\"pkm_num_keys\": 128"), std::string::npos);
+}
+
+// Training mode normalises with the batch's statistics and updates the running ones
+// like BatchNorm1d (momentum 0.1, unbiased variance); serving uses the running ones
+// and changes nothing.
+TEST(PkmBatchNormTest, TrainingModeUpdatesRunningStatisticsServingDoesNot) {
+  auto config =
+      fwtest::WithPkm(fwtest::TinyConfig(Architecture::kAft, FfnKind::kRelu, 0), /*layer=*/0);
+  config.n_layers = 1;
+  fwmodel::Model model = fwtest::RandomModel(config, 5, torch::kFloat64);
+  const auto& w = model.weights();
+  // A mixer with zero output: the memory's input is LN2(embedding), known here.
+  w.at("blocks.0.mixer.o.weight").zero_();
+  w.at("blocks.0.mixer.o.bias").zero_();
+  const torch::Tensor mean0 = w.at("blocks.0.ffn.query_norm.running_mean").clone();
+  const torch::Tensor var0 = w.at("blocks.0.ffn.query_norm.running_var").clone();
+  torch::Tensor tokens = fwtest::RandomTokens(2, 7, 256, 3);
+  torch::NoGradGuard no_grad;
+  fwmodel::State s = model.InitialState(2);
+  model.ForwardUnchecked(tokens, &s);
+  ASSERT_TRUE(model.Step(tokens.select(1, 0).contiguous(), &s).ok());
+  EXPECT_TRUE(torch::equal(w.at("blocks.0.ffn.query_norm.running_mean"), mean0));
+  EXPECT_TRUE(torch::equal(w.at("blocks.0.ffn.query_norm.running_var"), var0));
+
+  torch::Tensor x = torch::layer_norm(torch::embedding(w.at("embed.weight"), tokens), {16},
+                                      w.at("blocks.0.norm2.weight"), w.at("blocks.0.norm2.bias"),
+                                      config.norm_eps);
+  torch::Tensor q = torch::linear(x.reshape({14, 16}), w.at("blocks.0.ffn.query.weight"));
+  s = model.InitialState(2);
+  model.ForwardUnchecked(tokens, &s, /*training=*/true);
+  EXPECT_LE(fwtest::MaxAbsDiff(w.at("blocks.0.ffn.query_norm.running_mean"),
+                               0.9 * mean0 + 0.1 * q.mean(0)),
+            1e-12);
+  EXPECT_LE(fwtest::MaxAbsDiff(w.at("blocks.0.ffn.query_norm.running_var"),
+                               0.9 * var0 + 0.1 * q.var(0, /*unbiased=*/true)),
+            1e-12);
+  EXPECT_GT(fwtest::MaxAbsDiff(w.at("blocks.0.ffn.query_norm.running_mean"), mean0), 1e-3);
+}
+
 // Gradients reach every parameter through the sequence form.
 TEST(GradientTest, EveryParameterGetsAFiniteNonzeroGradient) {
   for (Architecture arch :
        {Architecture::kLinearAttention, Architecture::kFastWeight, Architecture::kAft}) {
-    for (bool tie : {false, true}) {
-      SCOPED_TRACE(absl::StrCat(fwmodel::ArchitectureName(arch), tie ? " tied" : " untied"));
+    for (int variant : {0, 1, 2}) {
+      const bool tie = variant == 1, pkm = variant == 2;
+      SCOPED_TRACE(absl::StrCat(fwmodel::ArchitectureName(arch), tie ? " tied" : " untied",
+                                pkm ? " pkm" : ""));
       auto config = fwtest::TinyConfig(arch, FfnKind::kGeglu, 3, 2, tie);
+      if (pkm) config = fwtest::WithPkm(config);
       fwmodel::Model model = fwtest::RandomModel(config, 9, torch::kFloat32, 0.3);
       model.SetRequiresGrad(true);
       fwmodel::State state = model.InitialState(2);
       torch::Tensor tokens = fwtest::RandomTokens(2, 9, 256, 3);
-      torch::Tensor logits = model.ForwardUnchecked(tokens, &state);
+      torch::Tensor logits = model.ForwardUnchecked(tokens, &state, /*training=*/pkm);
       torch::Tensor loss = torch::nn::functional::cross_entropy(
           logits.reshape({-1, 256}), fwtest::RandomTokens(2, 9, 256, 4).reshape({-1}));
       loss.backward();
       for (const auto& [name, t] : model.weights()) {
+        if (fwmodel::IsBufferName(name)) {  // running statistics: not parameters
+          EXPECT_FALSE(t.requires_grad()) << name;
+          continue;
+        }
         ASSERT_TRUE(t.grad().defined()) << name;
         EXPECT_TRUE(torch::isfinite(t.grad()).all().item<bool>()) << name;
         EXPECT_GT(t.grad().abs().max().item<double>(), 0.0) << name;

@@ -1,7 +1,9 @@
 // Sequence form == recurrent form, and a span in pieces == the span whole, for every
 // architecture x ffn x dconv (and nu in {1, 3} for fast_weight).
+#include <gtest/gtest-spi.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
@@ -17,6 +19,7 @@ struct Case {
   FfnKind ffn;
   int dconv;
   int nu;
+  bool pkm = false;  // block 1's FFN is a product-key memory
 };
 
 std::vector<Case> AllCases() {
@@ -31,6 +34,7 @@ std::vector<Case> AllCases() {
         }
       }
     }
+    for (int dconv : {0, 3}) cases.push_back({arch, FfnKind::kGeglu, dconv, 2, /*pkm=*/true});
   }
   return cases;
 }
@@ -38,7 +42,42 @@ std::vector<Case> AllCases() {
 std::string CaseName(const testing::TestParamInfo<std::tuple<Case, bool>>& info) {
   const Case& c = std::get<0>(info.param);
   return absl::StrCat(fwmodel::ArchitectureName(c.arch), "_", fwmodel::FfnKindName(c.ffn), "_dconv",
-                      c.dconv, "_nu", c.nu, std::get<1>(info.param) ? "_f64" : "_f32");
+                      c.dconv, "_nu", c.nu, c.pkm ? "_pkm" : "",
+                      std::get<1>(info.param) ? "_f64" : "_f32");
+}
+
+// Compares every state tensor by value, relative to its magnitude (sums over many
+// tokens grow). The aft state (alpha, beta, p) means num = alpha·e^p and
+// den = beta·e^p, and the two forms may choose different scales p; so compare
+// what is scale-free: alpha/beta (the running weighted mean of v) and
+// p + ln(beta) (ln den). Needs at least one absorbed token (beta > 0).
+void ExpectStatesNearImpl(const fwmodel::Model& model, const fwmodel::State& a,
+                          const fwmodel::State& b, double tolerance) {
+  ASSERT_EQ(a.tensors.size(), b.tensors.size());
+  ASSERT_EQ(a.tensors.size(), model.state_spec().size());
+  for (size_t i = 0; i < a.tensors.size(); ++i) {
+    const std::string& name = model.state_spec()[i].name;
+    SCOPED_TRACE(name);
+    ASSERT_EQ(a.tensors[i].sizes(), b.tensors[i].sizes());
+    std::vector<std::pair<torch::Tensor, torch::Tensor>> compared;
+    if (name.size() > 4 && name.substr(name.size() - 4) == ".wkv") {
+      auto meaning = [](const torch::Tensor& packed) {
+        torch::Tensor alpha = packed.select(1, 0), beta = packed.select(1, 1),
+                      p = packed.select(1, 2);
+        return std::make_pair(alpha / beta, p + torch::log(beta));
+      };
+      auto [mean_a, log_den_a] = meaning(a.tensors[i].to(torch::kFloat64));
+      auto [mean_b, log_den_b] = meaning(b.tensors[i].to(torch::kFloat64));
+      compared = {{mean_a, mean_b}, {log_den_a, log_den_b}};
+    } else {
+      compared = {{a.tensors[i], b.tensors[i]}};
+    }
+    for (const auto& [x, y] : compared) {
+      const double magnitude = 1.0 + x.abs().max().item<double>();
+      EXPECT_TRUE(torch::isfinite(x).all().item<bool>());
+      EXPECT_LE(fwtest::MaxAbsDiff(x, y), tolerance * magnitude);
+    }
+  }
 }
 
 class FormEquivalenceTest : public testing::TestWithParam<std::tuple<Case, bool>> {
@@ -47,16 +86,13 @@ class FormEquivalenceTest : public testing::TestWithParam<std::tuple<Case, bool>
     const Case& c = std::get<0>(GetParam());
     f64_ = std::get<1>(GetParam());
     config_ = fwtest::TinyConfig(c.arch, c.ffn, c.dconv, c.nu, /*tie=*/c.dconv == 0);
+    if (c.pkm) config_ = fwtest::WithPkm(config_);
   }
   double tolerance() const { return f64_ ? 1e-9 : 1e-4; }
   torch::ScalarType dtype() const { return f64_ ? torch::kFloat64 : torch::kFloat32; }
-  // Compares all state tensors.
-  void ExpectStatesNear(const fwmodel::State& a, const fwmodel::State& b) {
-    ASSERT_EQ(a.tensors.size(), b.tensors.size());
-    for (size_t i = 0; i < a.tensors.size(); ++i) {
-      // The aft state stores (alpha, beta) relative to a scale p; compare what they mean.
-      EXPECT_TRUE(a.tensors[i].sizes() == b.tensors[i].sizes());
-    }
+  void ExpectStatesNear(const fwmodel::Model& model, const fwmodel::State& a,
+                        const fwmodel::State& b) {
+    ExpectStatesNearImpl(model, a, b, tolerance());
   }
   fwmodel::ModelConfig config_;
   bool f64_ = true;
@@ -83,6 +119,8 @@ TEST_P(FormEquivalenceTest, SequenceFormEqualsRecurrentSteps) {
   EXPECT_LE(fwtest::MaxAbsDiff(*seq_logits, stepped), tolerance());
   // Logits must actually vary: a constant network would pass trivially.
   EXPECT_GT(seq_logits->std().item<double>(), 1e-3);
+  // The sequence form's final state is the recurrent steps' state.
+  ExpectStatesNear(model, seq_state, step_state);
 
   // Both forms must leave the same state: the next token gives the same logits.
   torch::Tensor next = fwtest::RandomTokens(B, 1, config_.vocab_size, 12).squeeze(1);
@@ -111,6 +149,7 @@ TEST_P(FormEquivalenceTest, PiecesWithCarriedStateEqualWholeSpan) {
     pieces.push_back(*logits);
   }
   EXPECT_LE(fwtest::MaxAbsDiff(*whole, torch::cat(pieces, 1)), tolerance());
+  ExpectStatesNear(model, whole_state, piece_state);
   torch::Tensor next = fwtest::RandomTokens(B, 4, config_.vocab_size, 22);
   auto a = model.Forward(next, &whole_state);
   auto b = model.Forward(next, &piece_state);
@@ -122,13 +161,39 @@ INSTANTIATE_TEST_SUITE_P(AllArchitectures, FormEquivalenceTest,
                          testing::Combine(testing::ValuesIn(AllCases()), testing::Bool()),
                          CaseName);
 
+// The state comparison itself can fail: it accepts an aft state rescaled to another
+// p (same meaning) and rejects a state whose running mean differs by 1e-3.
+TEST(StateComparisonTest, AftStatesCompareByMeaning) {
+  torch::NoGradGuard no_grad;
+  auto config = fwtest::TinyConfig(Architecture::kAft, FfnKind::kRelu, 3);
+  fwmodel::Model model = fwtest::RandomModel(config, 5, torch::kFloat64);
+  fwmodel::State s = model.InitialState(2);
+  ASSERT_TRUE(model.Forward(fwtest::RandomTokens(2, 9, 256, 1), &s).ok());
+  ASSERT_EQ(model.state_spec()[0].name, "blocks.0.wkv");
+  fwmodel::State rescaled = s.Clone();
+  rescaled.tensors[0].select(1, 0).mul_(std::exp(2.0));
+  rescaled.tensors[0].select(1, 1).mul_(std::exp(2.0));
+  rescaled.tensors[0].select(1, 2).sub_(2.0);
+  ExpectStatesNearImpl(model, s, rescaled, 1e-9);
+  fwmodel::State moved = s.Clone();
+  moved.tensors[0].select(1, 0)[0][3] += 1e-3 * moved.tensors[0].select(1, 1)[0][3];
+  EXPECT_NONFATAL_FAILURE(ExpectStatesNearImpl(model, s, moved, 1e-9), "MaxAbsDiff");
+  fwmodel::State conv_moved = s.Clone();
+  conv_moved.tensors[1][1][0][0][0] += 1e-3;
+  EXPECT_NONFATAL_FAILURE(ExpectStatesNearImpl(model, s, conv_moved, 1e-9), "MaxAbsDiff");
+}
+
 // Sessions at different positions stepped together equal each stepped alone.
 TEST(BatchedStepTest, BatchOfSessionsAtDifferentPositionsEqualsEachAlone) {
   torch::NoGradGuard no_grad;
-  for (Architecture arch :
-       {Architecture::kLinearAttention, Architecture::kFastWeight, Architecture::kAft}) {
-    SCOPED_TRACE(fwmodel::ArchitectureName(arch));
+  for (auto [arch, pkm] :
+       std::vector<std::pair<Architecture, bool>>{{Architecture::kLinearAttention, false},
+                                                  {Architecture::kFastWeight, false},
+                                                  {Architecture::kAft, false},
+                                                  {Architecture::kAft, true}}) {
+    SCOPED_TRACE(absl::StrCat(fwmodel::ArchitectureName(arch), pkm ? " pkm" : ""));
     auto config = fwtest::TinyConfig(arch, FfnKind::kGeglu, 4, 2);
+    if (pkm) config = fwtest::WithPkm(config, 0);
     fwmodel::Model model = fwtest::RandomModel(config, 31, torch::kFloat64);
     // Three sessions with histories of 0, 3 and 9 tokens.
     std::vector<fwmodel::State> alone;

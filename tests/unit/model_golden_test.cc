@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -61,9 +62,16 @@ Vec LayerNorm(const Vec& x, const Vec& w, const Vec& b, double eps) {
 }
 Vec Head(const Vec& x, int h) { return Vec(x.begin() + h * kDh, x.begin() + (h + 1) * kDh); }
 
+// Product-key memory weights: keys[h][n][p][j] flattened in that order.
+struct PkmWeights {
+  Mat query, values;
+  Vec bn_w, bn_b, bn_mean, bn_var, keys;
+};
+
 struct Weights {
   Mat embed, head, proj[3], o, beta, up, down, conv_w[3];
   Vec n1w, n1b, n2w, n2b, nfw, nfb, ob, up_b, down_b, conv_b[3], time_decay, time_first;
+  PkmWeights pkm;
 };
 
 Weights MakeWeights() {
@@ -123,6 +131,82 @@ void RoundAll(Weights& w) {
     RoundToFloat(*v);
 }
 
+// PKM weights for config c. tie_head0: every sub-key of head 0 (both halves) is the
+// same vector, so all its half-key scores are equal and so are all its candidate
+// scores: which slots it reads is decided by the tie rule alone.
+PkmWeights MakePkmWeights(const fwmodel::ModelConfig& c, bool tie_head0) {
+  const int H = c.pkm_heads, nk = c.pkm_num_keys, dk = c.pkm_dim_key, half = dk / 2;
+  PkmWeights p;
+  p.query = MakeMatrix(H * dk, kD, 8.0, 0.9);
+  p.values = MakeMatrix(nk * nk, kD, 9.0, 0.7);
+  p.bn_w = MakeVector(H * dk, 2.1, 0.3, 1.0);
+  p.bn_b = MakeVector(H * dk, 2.2, 0.2);
+  p.bn_mean = MakeVector(H * dk, 2.3, 0.3);
+  p.bn_var = MakeVector(H * dk, 2.4, 0.4, 1.0);  // in [0.6, 1.4]
+  for (int h = 0; h < H; ++h)
+    for (int n = 0; n < nk; ++n)
+      for (int q = 0; q < 2; ++q)
+        for (int j = 0; j < half; ++j) {
+          const int n_eff = tie_head0 && h == 0 ? 0 : n;
+          p.keys.push_back(std::sin(0.3 + 1.7 * h + 2.3 * n_eff + 0.9 * q + 0.5 * j * (n_eff + 1)));
+        }
+  for (Mat* m : {&p.query, &p.values}) RoundToFloat(*m);
+  for (Vec* v : {&p.bn_w, &p.bn_b, &p.bn_mean, &p.bn_var, &p.keys}) RoundToFloat(*v);
+  return p;
+}
+
+// The contract's top-k written out: k rounds, each taking the largest entry not yet
+// taken, the lowest index among equals (strict > keeps the earlier one).
+std::vector<int> ReferenceTopK(const Vec& v, int k) {
+  std::vector<bool> taken(v.size(), false);
+  std::vector<int> out;
+  for (int r = 0; r < k; ++r) {
+    int best = -1;
+    for (int i = 0; i < static_cast<int>(v.size()); ++i)
+      if (!taken[i] && (best < 0 || v[i] > v[best])) best = i;
+    taken[best] = true;
+    out.push_back(best);
+  }
+  return out;
+}
+
+// The product-key memory of the contract, literally: all k² candidates, no pruning.
+Vec ReferencePkm(const PkmWeights& p, const fwmodel::ModelConfig& c, const Vec& x) {
+  const int H = c.pkm_heads, nk = c.pkm_num_keys, dk = c.pkm_dim_key, half = dk / 2, k = c.pkm_topk;
+  Vec q = MatVec(p.query, x);
+  for (size_t ch = 0; ch < q.size(); ++ch)
+    q[ch] =
+        (q[ch] - p.bn_mean[ch]) / std::sqrt(p.bn_var[ch] + c.pkm_bn_eps) * p.bn_w[ch] + p.bn_b[ch];
+  Vec out(kD, 0.0);
+  for (int h = 0; h < H; ++h) {
+    Vec s[2];
+    for (int q_half = 0; q_half < 2; ++q_half) {
+      s[q_half].assign(nk, 0.0);
+      for (int n = 0; n < nk; ++n)
+        for (int j = 0; j < half; ++j)
+          s[q_half][n] +=
+              p.keys[((h * nk + n) * 2 + q_half) * half + j] * q[h * dk + q_half * half + j];
+    }
+    const std::vector<int> i = ReferenceTopK(s[0], k), j = ReferenceTopK(s[1], k);
+    Vec candidate_score;
+    std::vector<int> candidate_slot;
+    for (int m = 0; m < k; ++m)
+      for (int n = 0; n < k; ++n) {
+        candidate_score.push_back(s[0][i[m]] + s[1][j[n]]);
+        candidate_slot.push_back(i[m] * nk + j[n]);
+      }
+    const std::vector<int> best = ReferenceTopK(candidate_score, k);
+    double max_score = -INFINITY, total = 0;
+    for (int b : best) max_score = std::max(max_score, candidate_score[b]);
+    for (int b : best) total += std::exp(candidate_score[b] - max_score);
+    for (int b : best) {
+      const double weight = std::exp(candidate_score[b] - max_score) / total;
+      for (int ch = 0; ch < kD; ++ch) out[ch] += weight * p.values[candidate_slot[b]][ch];
+    }
+  }
+  return out;
+}
+
 fwmodel::ModelConfig GoldenConfig(Architecture arch, int nu) {
   fwmodel::ModelConfig c;
   c.architecture = arch;
@@ -161,10 +245,21 @@ fwmodel::Model BuildModel(const Weights& w, const fwmodel::ModelConfig& c) {
     t["blocks.0.mixer.time_decay"] = ToTensor(w.time_decay);
     t["blocks.0.mixer.time_first"] = ToTensor(w.time_first);
   }
-  t["blocks.0.ffn.up.weight"] = ToTensor(w.up);
-  t["blocks.0.ffn.up.bias"] = ToTensor(w.up_b);
-  t["blocks.0.ffn.down.weight"] = ToTensor(w.down);
-  t["blocks.0.ffn.down.bias"] = ToTensor(w.down_b);
+  if (c.is_pkm_layer(0)) {
+    t["blocks.0.ffn.query.weight"] = ToTensor(w.pkm.query);
+    t["blocks.0.ffn.query_norm.weight"] = ToTensor(w.pkm.bn_w);
+    t["blocks.0.ffn.query_norm.bias"] = ToTensor(w.pkm.bn_b);
+    t["blocks.0.ffn.query_norm.running_mean"] = ToTensor(w.pkm.bn_mean);
+    t["blocks.0.ffn.query_norm.running_var"] = ToTensor(w.pkm.bn_var);
+    t["blocks.0.ffn.keys"] =
+        ToTensor(w.pkm.keys).view({c.pkm_heads, c.pkm_num_keys, 2, c.pkm_dim_key / 2});
+    t["blocks.0.ffn.values.weight"] = ToTensor(w.pkm.values);
+  } else {
+    t["blocks.0.ffn.up.weight"] = ToTensor(w.up);
+    t["blocks.0.ffn.up.bias"] = ToTensor(w.up_b);
+    t["blocks.0.ffn.down.weight"] = ToTensor(w.down);
+    t["blocks.0.ffn.down.bias"] = ToTensor(w.down_b);
+  }
   fwmodel::ModelOptions options;
   options.dtype = torch::kFloat64;
   auto model = fwmodel::Model::Create(c, t, options);
@@ -267,9 +362,14 @@ std::vector<Vec> ReferenceLogits(const Weights& w, const fwmodel::ModelConfig& c
   std::vector<Vec> logits(T);
   for (int t = 0; t < T; ++t) {
     Vec x = Add(h[t], Add(MatVec(w.o, mixed[t]), w.ob));
-    Vec u = Add(MatVec(w.up, LayerNorm(x, w.n2w, w.n2b, c.norm_eps)), w.up_b);
-    for (double& v : u) v = v > 0 ? v * v : 0.0;
-    x = Add(x, Add(MatVec(w.down, u), w.down_b));
+    const Vec ffn_in = LayerNorm(x, w.n2w, w.n2b, c.norm_eps);
+    if (c.is_pkm_layer(0)) {
+      x = Add(x, ReferencePkm(w.pkm, c, ffn_in));
+    } else {
+      Vec u = Add(MatVec(w.up, ffn_in), w.up_b);
+      for (double& v : u) v = v > 0 ? v * v : 0.0;
+      x = Add(x, Add(MatVec(w.down, u), w.down_b));
+    }
     logits[t] = MatVec(w.head, LayerNorm(x, w.nfw, w.nfb, c.norm_eps));
   }
   return logits;
@@ -312,6 +412,96 @@ INSTANTIATE_TEST_SUITE_P(PerMixer, GoldenTest,
                          [](const auto& info) {
                            return absl::StrCat(fwmodel::ArchitectureName(info.param.first), "_nu",
                                                info.param.second);
+                         });
+
+// The same check with the block's FFN a product-key memory, for every mixer: a
+// general case (n_k = 4, k = 2, 2 heads), one where head 0's sub-keys are all equal
+// (every half-key and candidate score ties, so the slots read are the tie rule's),
+// and k = n_k (every sub-key selected; the candidate top-k does the work).
+enum class PkmCase { kGeneral, kTies, kTopkEqualsNumKeys };
+
+class PkmGoldenTest : public testing::TestWithParam<std::tuple<Architecture, PkmCase>> {};
+
+TEST_P(PkmGoldenTest, LogitsMatchDirectFormulas) {
+  torch::NoGradGuard no_grad;
+  const auto [arch, pkm_case] = GetParam();
+  fwmodel::ModelConfig config = GoldenConfig(arch, 1);
+  config.pkm_layers = {0};
+  config.pkm_heads = 2;
+  config.pkm_num_keys = 4;
+  config.pkm_topk = 2;
+  config.pkm_dim_key = 4;
+  config.pkm_bn_eps = 1e-3;
+  if (pkm_case == PkmCase::kTopkEqualsNumKeys) {
+    config.pkm_num_keys = 3;
+    config.pkm_topk = 3;
+    config.pkm_dim_key = 2;
+  }
+  ASSERT_TRUE(config.Validate().ok());
+  Weights w = MakeWeights();
+  RoundAll(w);
+  w.pkm = MakePkmWeights(config, pkm_case == PkmCase::kTies);
+  fwmodel::Model model = BuildModel(w, config);
+  const std::vector<int64_t> tokens = {72, 101, 108, 108, 111, 33, 10};  // "Hello!\n"
+  const std::vector<Vec> expected = ReferenceLogits(w, config, tokens);
+
+  if (pkm_case == PkmCase::kTies) {
+    // The tie rule decides: head 0 reads slots 0 and 1 (candidates (0,0) and (0,1) of
+    // sub-keys 0 and 1) with weight 1/2 each. Ties broken toward the higher index would
+    // read slots 15 and 14 instead; that must show in the logits.
+    PkmWeights wrong = w.pkm;
+    for (int ch = 0; ch < kD; ++ch) {
+      std::swap(wrong.values[0][ch], wrong.values[15][ch]);
+      std::swap(wrong.values[1][ch], wrong.values[14][ch]);
+    }
+    Weights w_wrong = w;
+    w_wrong.pkm = wrong;
+    const std::vector<Vec> other = ReferenceLogits(w_wrong, config, tokens);
+    double moved = 0;
+    for (size_t t = 0; t < tokens.size(); ++t)
+      for (int v = 0; v < kVocab; ++v)
+        moved = std::max(moved, std::abs(other[t][v] - expected[t][v]));
+    ASSERT_GT(moved, 0.05);
+  }
+
+  fwmodel::State seq_state = model.InitialState(1);
+  auto seq = model.Forward(torch::tensor(tokens).unsqueeze(0), &seq_state);
+  ASSERT_TRUE(seq.ok()) << seq.status();
+  fwmodel::State step_state = model.InitialState(1);
+  double max_diff = 0;
+  for (size_t t = 0; t < tokens.size(); ++t) {
+    auto step = model.Step(torch::tensor({tokens[t]}), &step_state);
+    ASSERT_TRUE(step.ok());
+    for (int v = 0; v < kVocab; ++v) {
+      max_diff = std::max(max_diff, std::abs((*seq)[0][t][v].item<double>() - expected[t][v]));
+      max_diff = std::max(max_diff, std::abs((*step)[0][v].item<double>() - expected[t][v]));
+    }
+  }
+  EXPECT_LE(max_diff, 1e-9);
+
+  // The memory matters: the same model with a dense FFN of zeros differs.
+  Weights w_zero = w;
+  for (auto& row : w_zero.pkm.values) std::fill(row.begin(), row.end(), 0.0);
+  const std::vector<Vec> without = ReferenceLogits(w_zero, config, tokens);
+  double memory_effect = 0;
+  for (int v = 0; v < kVocab; ++v)
+    memory_effect = std::max(memory_effect, std::abs(without[0][v] - expected[0][v]));
+  EXPECT_GT(memory_effect, 0.05);
+}
+
+INSTANTIATE_TEST_SUITE_P(PerMixer, PkmGoldenTest,
+                         testing::Combine(testing::Values(Architecture::kLinearAttention,
+                                                          Architecture::kFastWeight,
+                                                          Architecture::kAft),
+                                          testing::Values(PkmCase::kGeneral, PkmCase::kTies,
+                                                          PkmCase::kTopkEqualsNumKeys)),
+                         [](const auto& info) {
+                           const PkmCase c = std::get<1>(info.param);
+                           return absl::StrCat(fwmodel::ArchitectureName(std::get<0>(info.param)),
+                                               "_",
+                                               c == PkmCase::kGeneral ? "general"
+                                               : c == PkmCase::kTies  ? "ties"
+                                                                      : "topk_equals_num_keys");
                          });
 
 // Hand-derived: the first token of a fresh aft session, where wkv_0 = v_0 exactly

@@ -19,6 +19,15 @@ fwmodel::ModelConfig TinyConfig(fwmodel::Architecture arch, fwmodel::FfnKind ffn
   return c;
 }
 
+fwmodel::ModelConfig WithPkm(fwmodel::ModelConfig config, int layer) {
+  config.pkm_layers = {layer};
+  config.pkm_heads = 2;
+  config.pkm_num_keys = 5;
+  config.pkm_topk = 3;
+  config.pkm_dim_key = 6;
+  return config;
+}
+
 fwmodel::Model RandomModel(const fwmodel::ModelConfig& config, uint64_t seed,
                            torch::ScalarType dtype, double scale) {
   auto generator = at::detail::createCPUGenerator(seed);
@@ -28,6 +37,7 @@ fwmodel::Model RandomModel(const fwmodel::ModelConfig& config, uint64_t seed,
     if (name.find("norm") != std::string::npos && name.find(".weight") != std::string::npos) {
       t = t * 0.2 + 1.0;
     }
+    if (name.find("running_var") != std::string::npos) t = t.abs() + 0.5;
     weights[name] = t;
   }
   fwmodel::ModelOptions options;

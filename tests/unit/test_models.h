@@ -12,8 +12,13 @@ namespace fwtest {
 fwmodel::ModelConfig TinyConfig(fwmodel::Architecture arch, fwmodel::FfnKind ffn, int dconv_kernel,
                                 int nu = 1, bool tie = false);
 
+// `config` with a product-key memory as the FFN of block `layer`: 2 heads, n_k = 5,
+// k = 3, d_k = 6.
+fwmodel::ModelConfig WithPkm(fwmodel::ModelConfig config, int layer = 1);
+
 // Model with all weights drawn i.i.d. normal with standard deviation `scale`
-// (LayerNorm weights around 1). Deterministic in seed.
+// (LayerNorm weights around 1; batch-norm running variances in [0.5, ~2]).
+// Deterministic in seed.
 fwmodel::Model RandomModel(const fwmodel::ModelConfig& config, uint64_t seed,
                            torch::ScalarType dtype = torch::kFloat64, double scale = 0.5);
 

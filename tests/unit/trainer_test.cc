@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "models/checkpoint.h"
@@ -79,17 +80,29 @@ TEST_F(TrainerTest, TinyRunLowersValidationLoss) {
   EXPECT_LT(*after, 3.2) << "before " << *before << " after " << *after;
 }
 
-class ResumeTest : public TrainerTest, public testing::WithParamInterface<int64_t> {};
+// (state_reset_steps, with a product-key memory).
+class ResumeTest : public TrainerTest,
+                   public testing::WithParamInterface<std::tuple<int64_t, bool>> {
+ protected:
+  fwmodel::TrainOptions ResumeRun(const std::string& name) {
+    fwmodel::TrainOptions o = TinyRun(name);
+    o.steps = 24;
+    o.state_reset_steps = std::get<0>(GetParam());
+    if (std::get<1>(GetParam())) {
+      // The memory's batch norm statistics and the values' own learning rate must
+      // survive the interruption too.
+      o.config = fwtest::WithPkm(o.config);
+      o.values_lr_scale = 4.0;
+    }
+    return o;
+  }
+};
 
 TEST_P(ResumeTest, ResumedRunMatchesUninterruptedRun) {
-  fwmodel::TrainOptions straight = TinyRun("straight");
-  straight.steps = 24;
-  straight.state_reset_steps = GetParam();
+  fwmodel::TrainOptions straight = ResumeRun("straight");
   ASSERT_TRUE(fwmodel::Train(straight).ok());
 
-  fwmodel::TrainOptions interrupted = TinyRun("interrupted");
-  interrupted.steps = 24;
-  interrupted.state_reset_steps = GetParam();
+  fwmodel::TrainOptions interrupted = ResumeRun("interrupted");
   auto first = fwmodel::Train(interrupted, /*stop_after_steps=*/13);
   ASSERT_TRUE(first.ok()) << first.status();
   EXPECT_EQ(first->step, 13);
@@ -109,11 +122,54 @@ TEST_P(ResumeTest, ResumedRunMatchesUninterruptedRun) {
   EXPECT_LE(max_diff, 1e-6);
   // Identical data order and optimizer state make the runs bit-identical.
   EXPECT_EQ(a->fingerprint, b->fingerprint);
+  if (std::get<1>(GetParam())) {
+    // Training moved the running statistics away from their initial 0 and 1.
+    const auto& w = a->model.weights();
+    EXPECT_GT(w.at("blocks.1.ffn.query_norm.running_mean").abs().max().item<double>(), 1e-3);
+    EXPECT_GT((w.at("blocks.1.ffn.query_norm.running_var") - 1).abs().max().item<double>(), 1e-3);
+  }
 }
 
 // 0: per-segment streams reset every pass; 5: circular streams with staggered resets
 // (a reset lands inside both halves of the interrupted run).
-INSTANTIATE_TEST_SUITE_P(DataLayouts, ResumeTest, testing::Values(0, 5));
+INSTANTIATE_TEST_SUITE_P(DataLayouts, ResumeTest,
+                         testing::Combine(testing::Values(0, 5), testing::Bool()),
+                         [](const auto& info) {
+                           return absl::StrCat("reset", std::get<0>(info.param),
+                                               std::get<1>(info.param) ? "_pkm" : "");
+                         });
+
+// The values' learning rate is part of the run: the values of a run with a higher
+// one move further from their initialisation, and resuming with another is refused.
+TEST_F(TrainerTest, ValuesLearningRateScaleAppliesToTheMemoryValues) {
+  auto values_change = [&](double scale, const std::string& name) {
+    fwmodel::TrainOptions o = TinyRun(name);
+    o.config = fwtest::WithPkm(o.config);
+    o.steps = 6;
+    o.values_lr_scale = scale;
+    auto init = fwmodel::Model::InitRandom(o.config, o.seed);
+    EXPECT_TRUE(fwmodel::Train(o).ok());
+    auto trained = fwmodel::LoadCheckpoint(o.out_dir);
+    EXPECT_TRUE(trained.ok());
+    auto delta = [&](const std::string& t) {
+      return fwtest::MaxAbsDiff(trained->model.weights().at(t), init->weights().at(t));
+    };
+    return std::make_pair(delta("blocks.1.ffn.values.weight"), delta("blocks.1.ffn.query.weight"));
+  };
+  auto [values1, query1] = values_change(1.0, "scale1");
+  auto [values10, query10] = values_change(10.0, "scale10");
+  EXPECT_GT(values10, 3 * values1);
+  EXPECT_LT(query10, 3 * query1);
+
+  fwmodel::TrainOptions o = TinyRun("scale10");
+  o.config = fwtest::WithPkm(o.config);
+  o.steps = 6;
+  o.values_lr_scale = 2.0;
+  auto resumed = fwmodel::Train(o);
+  ASSERT_FALSE(resumed.ok());
+  EXPECT_NE(resumed.status().message().find("values_lr_scale"), std::string::npos)
+      << resumed.status();
+}
 
 TEST_F(TrainerTest, ResumeWithDifferentOptionsIsRefused) {
   fwmodel::TrainOptions o = TinyRun("run");
