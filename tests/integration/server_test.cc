@@ -578,7 +578,9 @@ TEST_F(ServerTest, ConcurrentStreamsShareDecodeSteps) {
       }
     }
   }
-  EXPECT_GE(steps, 21);
+  // Each stream's first token is sampled from its prefill's logits, so its 21 tokens
+  // took at least 20 decode steps.
+  EXPECT_GE(steps, 20);
   EXPECT_GT(steps - single, 0) << "no decode step batched two streams";
 }
 
