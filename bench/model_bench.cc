@@ -4,11 +4,17 @@
 // does not depend on the values. Each family has its baseline in the same run:
 //   BM_Step            batched recurrent step over B sessions (one token each)
 //   BM_StepOneByOne    baseline: the same B sessions stepped one at a time
+//   BM_NativeStep      the native step (models/native_step.h) over B rows of a pool of
+//                      2B rows (every other row), state updated in place; baseline:
+//                      BM_Step at the same B (LibTorch, which the server used before)
+//   BM_NativeStepPkm   the same for aft with block 2's FFN a product-key memory (the
+//                      shipped aft_pkm size); baseline BM_StepPkm
 //   BM_Prefill         sequence form over a T-token prompt (one session)
 //   BM_PrefillByStep   baseline: the same prompt fed token by token
 #include <benchmark/benchmark.h>
 
 #include "models/model.h"
+#include "models/native_step.h"
 
 namespace {
 
@@ -44,6 +50,61 @@ void BM_Step(benchmark::State& state) {
   }
   state.SetItemsProcessed(state.iterations() * batch);
   SetLabel(state);
+}
+
+fwmodel::Model MakePkmModel() {
+  fwmodel::ModelConfig c;
+  c.architecture = Architecture::kAft;
+  c.d_model = 128;
+  c.n_layers = 4;
+  c.n_heads = 4;
+  c.d_ff = 512;
+  c.dconv_kernel = 4;
+  c.pkm_layers = {2};
+  return std::move(*fwmodel::Model::InitRandom(c, 1));
+}
+
+void RunNativeStep(benchmark::State& state, const fwmodel::Model& model, int64_t batch) {
+  torch::NoGradGuard no_grad;
+  auto native = fwmodel::NativeStep::Create(model);
+  if (!native.ok()) return state.SkipWithError("native step unavailable");
+  fwmodel::State pool = model.InitialState(2 * batch);
+  std::vector<int64_t> tokens(static_cast<size_t>(batch), 65), rows;
+  for (int64_t b = 0; b < batch; ++b) rows.push_back(2 * b + 1);
+  std::vector<float> logits(static_cast<size_t>(batch * model.config().vocab_size));
+  for (auto _ : state) {
+    if (!(*native)->Step(tokens, rows, &pool, logits.data()).ok()) {
+      return state.SkipWithError("step failed");
+    }
+    benchmark::DoNotOptimize(logits.data());
+  }
+  state.SetItemsProcessed(state.iterations() * batch);
+}
+
+void BM_NativeStep(benchmark::State& state) {
+  fwmodel::Model model = MakeModel(state.range(0));
+  RunNativeStep(state, model, state.range(1));
+  SetLabel(state);
+}
+
+void BM_NativeStepPkm(benchmark::State& state) {
+  fwmodel::Model model = MakePkmModel();
+  RunNativeStep(state, model, state.range(0));
+  state.SetLabel("aft_pkm");
+}
+
+void BM_StepPkm(benchmark::State& state) {
+  torch::NoGradGuard no_grad;
+  fwmodel::Model model = MakePkmModel();
+  const int64_t batch = state.range(0);
+  fwmodel::State s = model.InitialState(batch);
+  torch::Tensor tokens = torch::full({batch}, 65, torch::kInt64);
+  for (auto _ : state) {
+    torch::Tensor logits = model.StepUnchecked(tokens, &s);
+    benchmark::DoNotOptimize(logits.data_ptr<float>());
+  }
+  state.SetItemsProcessed(state.iterations() * batch);
+  state.SetLabel("aft_pkm");
 }
 
 void BM_StepOneByOne(benchmark::State& state) {
@@ -93,7 +154,12 @@ void BM_PrefillByStep(benchmark::State& state) {
   SetLabel(state);
 }
 
-BENCHMARK(BM_Step)->ArgsProduct({{0, 1, 2}, {1, 8, 32, 128}})->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_Step)->ArgsProduct({{0, 1, 2}, {1, 8, 32, 64, 128}})->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_NativeStep)
+    ->ArgsProduct({{0, 1, 2}, {1, 8, 32, 64, 128}})
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_StepPkm)->Arg(1)->Arg(64)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_NativeStepPkm)->Arg(1)->Arg(64)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_StepOneByOne)->ArgsProduct({{0, 1, 2}, {8, 32}})->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_Prefill)->ArgsProduct({{0, 1, 2}, {64, 512}})->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_PrefillByStep)->ArgsProduct({{0, 1, 2}, {64}})->Unit(benchmark::kMicrosecond);

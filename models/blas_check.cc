@@ -2,6 +2,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 namespace fwmodel {
 namespace {
@@ -23,10 +24,11 @@ std::string Format(const std::string& path) {
 
 }  // namespace
 
-std::optional<std::string> SlowBlasWarning() {
-  std::ifstream maps("/proc/self/maps");
+std::optional<std::string> SlowBlasWarning(const std::string& maps,
+                                           const std::optional<std::string>& alternative_target) {
+  std::istringstream lines(maps);
   std::string line;
-  while (std::getline(maps, line)) {
+  while (std::getline(lines, line)) {
     const size_t slash = line.find('/');
     if (slash == std::string::npos) continue;
     const std::string path = line.substr(slash);
@@ -35,10 +37,20 @@ std::optional<std::string> SlowBlasWarning() {
     return Format(path);
   }
   // Not mapped (static or lazy load): ask the Debian alternatives link instead.
+  if (alternative_target.has_value() && !IsOptimised(*alternative_target)) {
+    return Format(*alternative_target);
+  }
+  return std::nullopt;
+}
+
+std::optional<std::string> SlowBlasWarning() {
+  std::ifstream file("/proc/self/maps");
+  std::ostringstream maps;
+  maps << file.rdbuf();
   std::error_code ec;
   const auto target = std::filesystem::canonical("/usr/lib/x86_64-linux-gnu/libblas.so.3", ec);
-  if (!ec && !IsOptimised(target.string())) return Format(target.string());
-  return std::nullopt;
+  return SlowBlasWarning(maps.str(),
+                         ec ? std::nullopt : std::optional<std::string>(target.string()));
 }
 
 }  // namespace fwmodel

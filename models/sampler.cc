@@ -8,24 +8,29 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 
 namespace fwserve {
+namespace {
+// A float as the client sent it: 100.0001 must not read "100" (StrCat keeps 6 digits).
+std::string Exact(double value) { return absl::StrFormat("%.9g", value); }
+}  // namespace
 
 absl::Status SamplingParams::Validate() const {
   if (!(temperature >= 0 && temperature <= 100)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("temperature must be in [0, 100], got ", temperature));
+        absl::StrCat("temperature must be in [0, 100], got ", Exact(temperature)));
   }
   if (top_k < 0) return absl::InvalidArgumentError(absl::StrCat("top_k must be >= 0, got ", top_k));
   if (!(top_p > 0 && top_p <= 1)) {
-    return absl::InvalidArgumentError(absl::StrCat("top_p must be in (0, 1], got ", top_p));
+    return absl::InvalidArgumentError(absl::StrCat("top_p must be in (0, 1], got ", Exact(top_p)));
   }
   if (!(min_p >= 0 && min_p <= 1)) {
-    return absl::InvalidArgumentError(absl::StrCat("min_p must be in [0, 1], got ", min_p));
+    return absl::InvalidArgumentError(absl::StrCat("min_p must be in [0, 1], got ", Exact(min_p)));
   }
   if (!(repetition_penalty > 0 && repetition_penalty <= 10)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("repetition_penalty must be in (0, 10], got ", repetition_penalty));
+        absl::StrCat("repetition_penalty must be in (0, 10], got ", Exact(repetition_penalty)));
   }
   return absl::OkStatus();
 }

@@ -22,6 +22,11 @@
 #   BUILD_DIR=build    JOBS=2 (parallel build jobs)
 #   FWSERVE=PATH       benchmark this fwserve binary instead of building BUILD_DIR's (e.g.
 #                      one built from a clean checkout while the tree is being edited)
+#   BASELINE=1         first run the PyTorch eager baseline (bench/pytorch_baseline.py: batch
+#                      1, 16 sessions one after another, batch 64; 128 tokens; nproc threads)
+#                      on the same checkpoint, before the server starts; its JSON lines go to
+#                      OUT_DIR/pytorch_baseline.jsonl and stdout. Needs python3-torch
+#                      (scripts/install-deps.sh --bench);  PYTHON=python3 runs it
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -76,6 +81,15 @@ fi
 if [[ -n "${MODEL:-}" ]]; then server_args+=(--model "$MODEL"); fi
 # shellcheck disable=SC2206  # SERVER_FLAGS is split on purpose
 if [[ -n "${SERVER_FLAGS:-}" ]]; then server_args+=($SERVER_FLAGS); fi
+
+if [[ "${BASELINE:-0}" == 1 ]]; then
+  # Same checkpoint as the server: MODEL, else fwserve's default (the shipped aft-shakespeare).
+  BASELINE_MODEL=${MODEL:-models/pretrained/aft-shakespeare}
+  echo "== PyTorch eager baseline: $BASELINE_MODEL" >&2
+  "${PYTHON:-python3}" bench/pytorch_baseline.py "$BASELINE_MODEL" \
+    --modes batch1,sequential16,batch64 --tokens 128 --threads "$(nproc)" |
+    tee "$OUT_DIR/pytorch_baseline.jsonl"
+fi
 
 SERVER_LOG="$OUT_DIR/fwserve.log"
 "$FWSERVE" "${server_args[@]}" >"$SERVER_LOG" 2>&1 &

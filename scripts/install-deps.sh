@@ -4,6 +4,10 @@
 # Usage: scripts/install-deps.sh           everything (build, tests, tools)
 #        scripts/install-deps.sh --build   only what building fwserve and fwctl needs
 #                                          (the image's build stage, deploy/docker/)
+#        scripts/install-deps.sh --bench   everything, plus python3-torch for the PyTorch
+#                                          eager baseline (bench/pytorch_baseline.py,
+#                                          BASELINE=1 scripts/bench-serving.sh); the tests
+#                                          never need it
 set -euo pipefail
 
 # Building fwserve and fwctl (cmake -DFWSERVE_BUILD_TESTS=OFF -DFWSERVE_BUILD_BENCH=OFF).
@@ -28,10 +32,14 @@ PACKAGES=(
   podman runc mmdebstrap golang-github-containernetworking-plugin-dnsname
   podman-compose yamllint
 )
+# Only with --bench: the PyTorch eager baseline (bench/pytorch_baseline.py).
+BENCH_PACKAGES=(python3-torch)
 if [[ "${1:-}" == "--build" ]]; then
   PACKAGES=("${BUILD_PACKAGES[@]}")
+elif [[ "${1:-}" == "--bench" ]]; then
+  PACKAGES+=("${BENCH_PACKAGES[@]}")
 elif [[ $# -gt 0 ]]; then
-  echo "usage: $0 [--build]" >&2
+  echo "usage: $0 [--build | --bench]" >&2
   exit 2
 fi
 

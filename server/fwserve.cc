@@ -77,6 +77,12 @@ ABSL_FLAG(absl::Duration, session_ttl, absl::Hours(24),
 ABSL_FLAG(absl::Duration, batch_wait, absl::Microseconds(300),
           "how long a decode step may wait for more streams to join its batch");
 ABSL_FLAG(int32_t, threads, 0, "LibTorch intra-op threads; 0 = LibTorch's default");
+ABSL_FLAG(int32_t, decode_lookahead, 16,
+          "tokens a stream may decode beyond its last confirmed write; those sampled while "
+          "a write is in flight go out as one message when it returns (1..4096)");
+ABSL_FLAG(std::string, decode_kernel, "native",
+          "decode step of CPU models: native (fused sgemm, state updated in place) or "
+          "libtorch (the reference Model::Step); CUDA always uses libtorch");
 ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(30),
           "on SIGTERM/SIGINT, how long in-flight requests may run before they are ended");
 ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9464",
@@ -261,6 +267,8 @@ int main(int argc, char** argv) {
   core_options.prefill_chunk_tokens = absl::GetFlag(FLAGS_prefill_chunk_tokens);
   core_options.session_ttl = absl::GetFlag(FLAGS_session_ttl);
   core_options.batch_wait = absl::GetFlag(FLAGS_batch_wait);
+  core_options.decode_kernel = absl::GetFlag(FLAGS_decode_kernel);
+  core_options.decode_lookahead = absl::GetFlag(FLAGS_decode_lookahead);
   core_options.intra_op_threads = absl::GetFlag(FLAGS_threads);
   core_options.metrics = metrics.get();
   auto core = fwserve::Core::Create(core_options);

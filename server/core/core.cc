@@ -117,6 +117,14 @@ absl::Status ValidateCoreOptions(const CoreOptions& o) {
     return absl::InvalidArgumentError("--batch-wait must not be negative");
   }
   if (o.intra_op_threads < 0) return absl::InvalidArgumentError("--threads must be >= 0");
+  if (o.decode_lookahead < 1 || o.decode_lookahead > 4096) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--decode-lookahead must be in [1, 4096], got ", o.decode_lookahead));
+  }
+  if (o.decode_kernel != "native" && o.decode_kernel != "libtorch") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--decode-kernel must be native or libtorch, got '", o.decode_kernel, "'"));
+  }
   if (o.session_lease_ttl < absl::Milliseconds(100)) {
     return absl::InvalidArgumentError(
         absl::StrCat("--session-lease-ttl must be at least 100ms, got ",

@@ -75,6 +75,15 @@ struct CoreOptions {
   absl::Duration batch_wait = absl::Microseconds(300);
   // LibTorch intra-op threads; 0 = leave LibTorch's default.
   int32_t intra_op_threads = 0;
+  // The decode step of float32 CPU models: "native" (models/native_step.h: fused
+  // sgemm projections, state updated in place in the pool) or "libtorch" (Model::Step
+  // on gathered rows, the reference). CUDA and float64 models always use "libtorch".
+  std::string decode_kernel = "native";
+  // Decode pipelining: tokens a stream may sample and absorb beyond the last one whose
+  // write was confirmed. While a write is in flight the stream keeps decoding; what it
+  // samples meanwhile goes out as one chunk when the write returns. 1 = the next token
+  // is computed during the write of the previous one.
+  int32_t decode_lookahead = 16;
   // Not owned; may be null (no metrics).
   Metrics* metrics = nullptr;
   // Tenants and their quotas (--api-keys-file). Null: an open server, one anonymous

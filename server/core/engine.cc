@@ -3,6 +3,7 @@
 #include <pthread.h>
 
 #include <algorithm>
+#include <numeric>
 
 #include "absl/strings/str_cat.h"
 #include "server/core/log.h"
@@ -12,7 +13,16 @@ namespace fwserve {
 
 // A Generate, Score or CreateSession being served. Engine thread only.
 struct Engine::Task {
-  enum class Phase { kPrefill, kReadyToSample, kAwaitingWrite, kReadyToAbsorb };
+  // kReadyToAbsorb: `pending_token` was sampled and goes into the next decode step.
+  // kBlocked: absorbed, but decode_lookahead tokens are unconfirmed: waits for a write.
+  // kDraining: done sampling (stop, length or cancelled); waits for the last write.
+  enum class Phase { kPrefill, kReadyToSample, kReadyToAbsorb, kBlocked, kDraining };
+  // The slot, token count and decoder as they were before some token was absorbed.
+  struct RollbackPoint {
+    StatePool::RowCopy row;
+    int64_t tokens = 0;
+    fwmodel::Utf8StreamDecoder decoder;
+  };
 
   std::unique_ptr<WorkItem> item;
   Phase phase = Phase::kPrefill;
@@ -35,7 +45,18 @@ struct Engine::Task {
   std::vector<int64_t> recent;  // prompt + generated, for the repetition penalty
   std::string generated_bytes;
   fwmodel::Utf8StreamDecoder decoder;
-  int64_t generated = 0;  // tokens streamed and absorbed
+  int64_t generated = 0;  // tokens whose write was confirmed (all absorbed)
+  int64_t sampled = 0;    // tokens sampled: confirmed, in flight or unsent
+  // Decode pipelining (docs/serving.md): one write in flight at a time; tokens sampled
+  // meanwhile wait in `unsent` (sent as one chunk when the write returns) and are
+  // absorbed at once, up to decode_lookahead unconfirmed tokens. A failed write or a
+  // cancellation puts the slot back to the rollback point of the first unconfirmed
+  // token, so the session holds exactly the tokens the client was sent.
+  bool write_in_flight = false;
+  int64_t inflight_tokens = 0;
+  GenerateChunk unsent;
+  RollbackPoint before_inflight;  // valid while write_in_flight
+  RollbackPoint before_unsent;    // valid while `unsent` holds tokens
   bool stop_hit = false;
   bool cancelled = false;
   bool shutdown = false;
@@ -76,7 +97,20 @@ Engine::Engine(std::string name, fwmodel::LoadedModel loaded, const CoreOptions&
       state_bytes_(model_.state_bytes_per_session()),
       vocab_(model_.config().vocab_size),
       pool_(model_, options.max_state_memory_bytes / std::max<int64_t>(1, state_bytes_),
-            context.budget) {}
+            context.budget) {
+  if (options.decode_kernel == "native" && model_.options().device.is_cpu() &&
+      model_.options().dtype == torch::kFloat32) {
+    auto native = fwmodel::NativeStep::Create(model_);
+    auto native_prefill = fwmodel::NativeStep::Create(model_);
+    if (native.ok() && native_prefill.ok()) {
+      native_step_ = std::move(*native);
+      native_prefill_ = std::move(*native_prefill);
+    } else {
+      Log(LogLevel::kWarning, absl::StrCat("model ", name_, ": native decode step unavailable (",
+                                           native.status().message(), "); using LibTorch"));
+    }
+  }
+}
 
 Engine::~Engine() { Stop(); }
 
@@ -133,6 +167,18 @@ void Engine::PrefillThreadLoop() {
         } else {
           job->status = logprobs.status();
         }
+      } else if (native_prefill_ != nullptr) {
+        // The job's rows are its own copy ([B, ...], contiguous): rows 0..B-1.
+        const int64_t batch = job->tokens.size(0);
+        const int64_t length = static_cast<int64_t>(job->length);
+        torch::Tensor tokens = job->tokens.contiguous();
+        std::vector<int64_t> rows(static_cast<size_t>(batch));
+        std::iota(rows.begin(), rows.end(), int64_t{0});
+        torch::Tensor logits = torch::empty({batch, vocab_}, torch::kFloat32);
+        job->status = native_prefill_->Absorb(
+            absl::MakeConstSpan(tokens.data_ptr<int64_t>(), static_cast<size_t>(batch * length)),
+            length, rows, &job->state, logits.data_ptr<float>());
+        if (job->status.ok()) job->last_logits = logits;
       } else {
         auto logits = model_.Forward(job->tokens, &job->state);
         if (logits.ok()) {
@@ -355,8 +401,8 @@ void Engine::Loop() {
         // An unfinished CreateSession or Score fails (its result would be partial).
         std::vector<Task*> ending;
         for (auto& task : tasks_) {
-          if (task->phase != Task::Phase::kAwaitingWrite &&
-              task->phase != Task::Phase::kReadyToAbsorb && !task->in_prefill_job) {
+          if (!task->write_in_flight && task->phase != Task::Phase::kReadyToAbsorb &&
+              !task->in_prefill_job) {
             ending.push_back(task.get());
           }
         }
@@ -393,7 +439,8 @@ void Engine::Loop() {
     bool immediate = false;
     for (const auto& task : tasks_) {
       switch (task->phase) {
-        case Task::Phase::kAwaitingWrite:
+        case Task::Phase::kBlocked:
+        case Task::Phase::kDraining:
           awaiting = true;
           break;
         case Task::Phase::kReadyToAbsorb:
@@ -435,28 +482,88 @@ void Engine::ApplyEvent(const Event& event) {
   auto it = tasks_by_stream_.find(event.stream_id);
   if (it == tasks_by_stream_.end()) return;  // already finished
   Task& task = *it->second;
+  const FinishReason ended = task.shutdown ? FinishReason::kShutdown : FinishReason::kCancelled;
   switch (event.kind) {
     case Event::kWriteOk:
-      if (task.phase == Task::Phase::kAwaitingWrite) task.phase = Task::Phase::kReadyToAbsorb;
+      if (!task.write_in_flight) break;
+      task.write_in_flight = false;
+      task.generated += task.inflight_tokens;
+      task.inflight_tokens = 0;
+      if (task.cancelled) {
+        // The chunk arrived; what was sampled after it was never sent. A pending token
+        // with nothing unsent was delivered: RunDecodeStep absorbs it, then ends.
+        if (task.unsent.token_ids.empty() && task.phase == Task::Phase::kReadyToAbsorb) break;
+        FinishTask(task, ended);  // drops the unsent tokens
+        break;
+      }
+      if (!task.unsent.token_ids.empty()) Flush(task);
+      if (task.phase == Task::Phase::kDraining && !task.write_in_flight) {
+        FinishTask(task, task.stop_hit ? FinishReason::kStop : FinishReason::kLength);
+      } else if (task.phase == Task::Phase::kBlocked && CanSample(task)) {
+        task.phase = Task::Phase::kReadyToSample;
+      }
       break;
     case Event::kWriteFailed:
-      // The client never got the pending token: it is not absorbed.
+      // The client never got the chunk: it and everything after it are undone.
       task.cancelled = true;
-      if (task.phase == Task::Phase::kAwaitingWrite) {
-        task.pending_token = -1;
-        FinishTask(task, task.shutdown ? FinishReason::kShutdown : FinishReason::kCancelled);
-      }
+      if (task.write_in_flight) FinishTask(task, ended);
       break;
     case Event::kCancel:
       task.cancelled = true;
       if ((task.phase == Task::Phase::kPrefill && !task.in_prefill_job) ||
-          task.phase == Task::Phase::kReadyToSample) {
+          (task.phase == Task::Phase::kReadyToSample && !task.write_in_flight)) {
         FinishTask(task, FinishReason::kCancelled);
       }
-      // Awaiting a write: ends when the write returns. Ready to absorb: the token was
-      // delivered, so it is absorbed first (RunDecodeStep), then the task ends.
+      // A write in flight: decided when it returns. Ready to absorb with nothing in
+      // flight: the token was delivered, so it is absorbed first (RunDecodeStep).
       break;
   }
+}
+
+bool Engine::CanSample(const Task& t) const {
+  return !t.write_in_flight || t.inflight_tokens + static_cast<int64_t>(t.unsent.token_ids.size()) <
+                                   options_.decode_lookahead;
+}
+
+void Engine::Flush(Task& t) {
+  const int64_t count = static_cast<int64_t>(t.unsent.token_ids.size());
+  std::swap(t.before_inflight, t.before_unsent);  // reuses the buffers
+  t.inflight_tokens = count;
+  t.write_in_flight = true;
+  const absl::Time now = absl::Now();
+  if (metrics_ != nullptr) {
+    if (t.first_token_at == absl::InfinitePast()) {
+      metrics_->ObserveTimeToFirstToken(Seconds(t.item->arrival, now));
+    } else {
+      // A chunk of n tokens: each is counted as arriving n-th of the wait.
+      for (int64_t i = 0; i < count; ++i) {
+        metrics_->ObserveInterTokenLatency(Seconds(t.last_emit_at, now) / count);
+      }
+    }
+  }
+  if (t.first_token_at == absl::InfinitePast()) t.first_token_at = now;
+  t.last_emit_at = now;
+  GenerateChunk chunk = std::move(t.unsent);
+  t.unsent = GenerateChunk();
+  t.item->observer->OnChunk(std::move(chunk));
+}
+
+void Engine::DropUnconfirmed(Task& t) {
+  Task::RollbackPoint* point = nullptr;
+  if (t.write_in_flight) {
+    point = &t.before_inflight;
+  } else if (!t.unsent.token_ids.empty()) {
+    point = &t.before_unsent;
+  }
+  if (point != nullptr && t.slot >= 0) {
+    pool_.RestoreRow(t.slot, point->row);
+    t.tokens = point->tokens;
+    t.decoder = point->decoder;
+  }
+  t.write_in_flight = false;
+  t.inflight_tokens = 0;
+  t.unsent = GenerateChunk();
+  t.pending_token = -1;
 }
 
 // ---------------------------------------------------------------------------------
@@ -703,7 +810,7 @@ void Engine::RunDecodeStep() {
   if (batch.empty()) return;
   // Give streams whose write is still in flight `batch_wait` to join this step.
   bool awaiting = false;
-  for (auto& task : tasks_) awaiting |= task->phase == Task::Phase::kAwaitingWrite;
+  for (auto& task : tasks_) awaiting |= task->phase == Task::Phase::kBlocked;
   if (awaiting) {
     const absl::Time now = absl::Now();
     if (batch_deadline_ == absl::InfiniteFuture()) {
@@ -725,36 +832,48 @@ void Engine::RunDecodeStep() {
     rows_vec.push_back(t->slot);
     tokens_vec.push_back(t->pending_token);
   }
-  const torch::Device device = model_.options().device;
-  torch::Tensor rows = torch::tensor(rows_vec, torch::kInt64).to(device);
-  fwmodel::State state = pool_.Gather(rows);
-  auto logits = model_.Step(torch::tensor(tokens_vec, torch::kInt64).to(device), &state);
-  if (!logits.ok()) {
+  absl::Status stepped = absl::OkStatus();
+  if (native_step_ != nullptr) {
+    // In place: the pool's rows absorb their tokens; no copies of the state.
+    step_logits_.resize(batch.size() * static_cast<size_t>(vocab_));
+    stepped = native_step_->Step(tokens_vec, rows_vec, pool_.mutable_state(), step_logits_.data());
+    if (stepped.ok()) pool_.SetLogits(rows_vec, step_logits_.data());
+  } else {
+    const torch::Device device = model_.options().device;
+    torch::Tensor rows = torch::tensor(rows_vec, torch::kInt64).to(device);
+    fwmodel::State state = pool_.Gather(rows);
+    auto logits = model_.Step(torch::tensor(tokens_vec, torch::kInt64).to(device), &state);
+    if (logits.ok()) {
+      pool_.Scatter(rows, state);
+      pool_.SetLogits(rows, *logits);
+    } else {
+      stepped = logits.status();
+    }
+  }
+  if (!stepped.ok()) {
     Log(LogLevel::kError,
-        absl::StrCat("model ", name_, ": decode step failed: ", logits.status().message()));
+        absl::StrCat("model ", name_, ": decode step failed: ", stepped.message()));
     for (Task* t : batch) FailTask(*t, absl::InternalError("decode step failed"));
     return;
   }
-  pool_.Scatter(rows, state);
-  pool_.SetLogits(rows, *logits);
   if (metrics_ != nullptr) {
     metrics_->ObserveDecodeStep(static_cast<int64_t>(batch.size()), Seconds(start, absl::Now()));
   }
   for (Task* t : batch) {
     ++t->tokens;
-    ++t->generated;
     t->recent.push_back(t->pending_token);
     const size_t window = static_cast<size_t>(t->item->generate.repetition_window);
     if (t->recent.size() > window) t->recent.erase(t->recent.begin());
     t->pending_token = -1;
-    if (t->stop_hit) {
-      FinishTask(*t, FinishReason::kStop);
-    } else if (t->generated >= t->item->generate.max_tokens) {
-      FinishTask(*t, FinishReason::kLength);
-    } else if (t->cancelled) {
-      FinishTask(*t, t->shutdown ? FinishReason::kShutdown : FinishReason::kCancelled);
+    const bool done = t->stop_hit || t->sampled >= t->item->generate.max_tokens || t->cancelled;
+    if (done && t->write_in_flight) {
+      t->phase = Task::Phase::kDraining;  // ends when the write returns (ApplyEvent)
+    } else if (done) {
+      FinishTask(*t, t->cancelled
+                         ? (t->shutdown ? FinishReason::kShutdown : FinishReason::kCancelled)
+                         : (t->stop_hit ? FinishReason::kStop : FinishReason::kLength));
     } else {
-      t->phase = Task::Phase::kReadyToSample;
+      t->phase = CanSample(*t) ? Task::Phase::kReadyToSample : Task::Phase::kBlocked;
     }
   }
 }
@@ -771,15 +890,30 @@ void Engine::SampleAndEmit() {
       FinishTask(*t, FinishReason::kCancelled);
       continue;
     }
+    if (t->cancelled) {
+      // Cancelled while a write is in flight: nothing more is sampled.
+      if (t->write_in_flight) {
+        t->phase = Task::Phase::kDraining;
+      } else {
+        FinishTask(*t, t->shutdown ? FinishReason::kShutdown : FinishReason::kCancelled);
+      }
+      continue;
+    }
     const GenerateParams& g = t->item->generate;
+    if (t->unsent.token_ids.empty()) {
+      pool_.SaveRow(t->slot, &t->before_unsent.row);
+      t->before_unsent.tokens = t->tokens;
+      t->before_unsent.decoder = t->decoder;
+    }
     const torch::Tensor row_logits = pool_.logits(t->slot);
     const float* logits = row_logits.data_ptr<float>();
     const int64_t token = SampleToken(logits, vocab_, g.sampling, t->rng, t->recent);
-    GenerateChunk chunk;
+    GenerateChunk& chunk = t->unsent;
     chunk.token_ids.push_back(token);
     if (g.logprobs)
       chunk.logprobs.push_back(static_cast<float>(TokenLogProb(logits, vocab_, token)));
-    chunk.text = t->decoder.Push(token);
+    chunk.text += t->decoder.Push(token);
+    ++t->sampled;
     if (token < 256) t->generated_bytes.push_back(static_cast<char>(token));
     for (const std::string& stop : g.stop) {
       if (t->generated_bytes.size() >= stop.size() &&
@@ -789,18 +923,8 @@ void Engine::SampleAndEmit() {
       }
     }
     t->pending_token = token;
-    t->phase = Task::Phase::kAwaitingWrite;
-    const absl::Time now = absl::Now();
-    if (metrics_ != nullptr) {
-      if (t->first_token_at == absl::InfinitePast()) {
-        metrics_->ObserveTimeToFirstToken(Seconds(t->item->arrival, now));
-      } else {
-        metrics_->ObserveInterTokenLatency(Seconds(t->last_emit_at, now));
-      }
-    }
-    if (t->first_token_at == absl::InfinitePast()) t->first_token_at = now;
-    t->last_emit_at = now;
-    t->item->observer->OnChunk(std::move(chunk));
+    t->phase = Task::Phase::kReadyToAbsorb;
+    if (!t->write_in_flight) Flush(*t);
   }
 }
 
@@ -815,6 +939,9 @@ void Engine::FinishTask(Task& t, FinishReason reason) {
   if (t.item->kind == WorkItem::Kind::kCreate && t.item->is_cancelled && t.item->is_cancelled()) {
     // Nobody will learn the new id: remove the session rather than leave an orphan.
     return FailTask(t, absl::CancelledError("cancelled by the client"));
+  }
+  if (reason == FinishReason::kCancelled || reason == FinishReason::kShutdown) {
+    DropUnconfirmed(t);
   }
   const absl::Time now = clock_->Now();
   const bool rollback = t.has_snapshot && t.generated == 0 &&
@@ -906,7 +1033,9 @@ void Engine::FinishTask(Task& t, FinishReason reason) {
 
 void Engine::FailTask(Task& t, absl::Status status) {
   // Tokens already streamed stay committed (the state holds exactly what the client
-  // got); a request that streamed nothing is undone.
+  // got); a request that streamed nothing is undone. A chunk whose write is still in
+  // flight counts as not delivered.
+  DropUnconfirmed(t);
   const bool keep_streamed = t.generated > 0;
   if (t.has_snapshot && !keep_streamed) RestoreSnapshot(t);
   const std::string id = t.session_id;

@@ -36,6 +36,7 @@
 #include "absl/time/time.h"
 #include "models/checkpoint.h"
 #include "models/model.h"
+#include "models/native_step.h"
 #include "models/state_codec.h"
 #include "models/tokenizer.h"
 #include "server/core/clock.h"
@@ -183,6 +184,13 @@ class Engine {
   void PrefillThreadLoop();
   void RunDecodeStep();
   void SampleAndEmit();
+  // Decode pipelining. Whether the task may sample another token now (fewer than
+  // decode_lookahead unconfirmed). Flush: hands `unsent` to the transport as one chunk.
+  // DropUnconfirmed: puts the slot back to before the first token whose write was not
+  // confirmed and forgets those tokens.
+  bool CanSample(const Task& t) const;
+  void Flush(Task& t);
+  void DropUnconfirmed(Task& t);
   // End a task: answer its caller (after the store holds a changed session).
   void FinishTask(Task& task, FinishReason reason);
   void FailTask(Task& task, absl::Status status);
@@ -300,6 +308,12 @@ class Engine {
 
   // Engine-thread state.
   StatePool pool_;
+  // The native decode step (float32 CPU models with decode_kernel "native"); null:
+  // Model::Step on gathered rows. Engine thread only.
+  std::unique_ptr<fwmodel::NativeStep> native_step_;
+  std::vector<float> step_logits_;  // [batch, vocab] scratch of the native step
+  // The same for prompts, on the prefill thread (its own scratch buffers).
+  std::unique_ptr<fwmodel::NativeStep> native_prefill_;
   bool ending_ = false;  // EndAllWork was applied: admit nothing more
   absl::flat_hash_map<std::string, ResidentSession> resident_;
   std::list<std::unique_ptr<Task>> tasks_;

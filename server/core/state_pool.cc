@@ -1,6 +1,7 @@
 #include "server/core/state_pool.h"
 
 #include <algorithm>
+#include <cstring>
 
 namespace fwserve {
 
@@ -35,6 +36,7 @@ StatePool::StatePool(const fwmodel::Model& model, int64_t max_slots, StateMemory
       budget_(budget) {
   torch::NoGradGuard no_grad;
   fresh_row_ = model_.InitialState(1);
+  for (const torch::Tensor& t : fresh_row_.tensors) row_floats_ += t.numel();
   pool_ = model_.InitialState(0);
   next_logits_ = torch::zeros({0, vocab_}, torch::kFloat32);
 }
@@ -102,6 +104,50 @@ void StatePool::SetRow(int slot, const fwmodel::State& row, const torch::Tensor&
 void StatePool::CopySlot(int from, int to) {
   pool_.Scatter(Index(to), pool_.Gather(Index(from)));
   next_logits_[to].copy_(next_logits_[from]);
+}
+
+bool StatePool::IsFlatCpu() const {
+  for (const torch::Tensor& t : pool_.tensors) {
+    if (!t.device().is_cpu() || t.scalar_type() != torch::kFloat32 || !t.is_contiguous()) {
+      return false;
+    }
+  }
+  return true;
+}
+
+void StatePool::SaveRow(int slot, RowCopy* copy) const {
+  if (!IsFlatCpu()) {
+    copy->state = CopyRow(slot);
+    copy->logits = CopyLogits(slot);
+    return;
+  }
+  copy->values.resize(static_cast<size_t>(row_floats_ + vocab_));
+  float* out = copy->values.data();
+  for (const torch::Tensor& t : pool_.tensors) {
+    const int64_t n = t.stride(0);
+    std::memcpy(out, t.data_ptr<float>() + slot * n, sizeof(float) * n);
+    out += n;
+  }
+  std::memcpy(out, next_logits_.data_ptr<float>() + slot * vocab_, sizeof(float) * vocab_);
+}
+
+void StatePool::RestoreRow(int slot, const RowCopy& copy) {
+  if (copy.values.empty()) return SetRow(slot, copy.state, copy.logits);
+  const float* in = copy.values.data();
+  for (torch::Tensor& t : pool_.tensors) {
+    const int64_t n = t.stride(0);
+    std::memcpy(t.data_ptr<float>() + slot * n, in, sizeof(float) * n);
+    in += n;
+  }
+  std::memcpy(next_logits_.data_ptr<float>() + slot * vocab_, in, sizeof(float) * vocab_);
+}
+
+void StatePool::SetLogits(const std::vector<int64_t>& rows, const float* logits) {
+  float* base = next_logits_.data_ptr<float>();
+  for (size_t b = 0; b < rows.size(); ++b) {
+    std::memcpy(base + rows[b] * vocab_, logits + static_cast<int64_t>(b) * vocab_,
+                sizeof(float) * vocab_);
+  }
 }
 
 void StatePool::SetLogits(const torch::Tensor& rows, const torch::Tensor& logits) {

@@ -59,6 +59,17 @@ class StatePool {
   // Row `to` := row `from`, logits too.
   void CopySlot(int from, int to);
 
+  // A copy of one row and its logits, to put back later (decode pipelining undoes
+  // tokens absorbed before their write was confirmed). On a CPU float32 pool it is one
+  // flat buffer filled by memcpy; otherwise tensors.
+  struct RowCopy {
+    std::vector<float> values;
+    fwmodel::State state;
+    torch::Tensor logits;
+  };
+  void SaveRow(int slot, RowCopy* copy) const;
+  void RestoreRow(int slot, const RowCopy& copy);
+
   // Batched access for prefill and decode: rows [B] on the model's device.
   fwmodel::State Gather(const torch::Tensor& rows) const { return pool_.Gather(rows); }
   void Scatter(const torch::Tensor& rows, const fwmodel::State& state) {
@@ -68,6 +79,11 @@ class StatePool {
   torch::Tensor logits(int slot) const { return next_logits_[slot]; }
   // next_logits[rows] := logits ([B, vocab], any device/dtype).
   void SetLogits(const torch::Tensor& rows, const torch::Tensor& logits);
+  // next_logits[rows[b]] := logits[b * vocab .. (b + 1) * vocab) (float32 row-major).
+  void SetLogits(const std::vector<int64_t>& rows, const float* logits);
+  // The pool itself ([capacity, ...] per state tensor, contiguous), for steps that
+  // update rows in place (fwmodel::NativeStep). Valid until the next TryAllocate.
+  fwmodel::State* mutable_state() { return &pool_; }
 
   const fwmodel::State& fresh_row() const { return fresh_row_; }
   int64_t capacity() const { return capacity_; }
@@ -77,6 +93,8 @@ class StatePool {
 
  private:
   bool Grow();
+  // Every state tensor is a contiguous float32 CPU [capacity, ...] tensor.
+  bool IsFlatCpu() const;
 
   const fwmodel::Model& model_;
   const int64_t max_slots_;
@@ -87,6 +105,7 @@ class StatePool {
   torch::Tensor next_logits_;  // float32 CPU [capacity, vocab]
   fwmodel::State fresh_row_;   // InitialState(1)
   int64_t capacity_ = 0;
+  int64_t row_floats_ = 0;  // elements of one row over all state tensors
   std::vector<int> free_slots_;
   int64_t slots_in_use_ = 0;
 };

@@ -281,6 +281,57 @@ class FwctlTest(unittest.TestCase):
         _, err_text = self.ok("generate", "--session", session_id, "--max-tokens", "5")
         self.assertIn("session %d tokens" % (info["tokens"] + 5), err_text)
 
+    def test_second_sigint_while_waiting_for_the_session_exits_at_once(self):
+        # docs/client.md: after a Ctrl-C on a --session stream, fwctl waits until the server
+        # has released the session; a second Ctrl-C while it waits exits 130 at once. A
+        # server stopped with SIGSTOP never answers that wait (--timeout 10m), so only the
+        # second Ctrl-C can end it; the 60 s below only guards against a hung test.
+        with tempfile.TemporaryDirectory() as tmp:
+            process, target = start_server(ARGS.fwserve, ARGS.model,
+                                           os.path.join(tmp, "fwserve.log"))
+            stopped = False
+            generate = None
+            try:
+                result = subprocess.run(
+                    [ARGS.fwctl, "--target", target, "session", "create", "--prefix", "Hi"],
+                    capture_output=True, timeout=60)
+                self.assertEqual(result.returncode, 0, result.stderr)
+                session_id = result.stdout.decode().strip()
+                generate = subprocess.Popen(
+                    [ARGS.fwctl, "--target", target, "--timeout", "10m", "generate",
+                     "--session", session_id, "--max-tokens", "100000", "x"],
+                    stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                out = Pump(generate.stdout)
+                err = Pump(generate.stderr)
+                out.wait_for(lambda data: len(data) >= 100, what="100 bytes of text")
+                process.send_signal(signal.SIGSTOP)
+                stopped = True
+                generate.send_signal(signal.SIGINT)
+                # The first one cancelled the stream; fwctl now waits for the session.
+                err.wait_for(lambda data: b"interrupted after" in data,
+                             what="the first interrupt's report")
+                self.assertIsNone(generate.poll(), "fwctl did not wait for the session")
+                generate.send_signal(signal.SIGINT)
+                try:
+                    code = generate.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    self.fail("a second Ctrl-C did not end fwctl: %r" % err.get())
+                self.assertEqual(code, 130)
+                err.thread.join(5)
+                stderr = err.get().decode()
+                self.assertTrue(stderr.endswith("fwctl: interrupted\n"), stderr)
+                self.assertNotIn("holds", stderr)
+            finally:
+                if generate is not None:
+                    if generate.poll() is None:
+                        generate.kill()
+                        generate.wait()
+                    generate.stdout.close()
+                    generate.stderr.close()
+                if stopped:
+                    process.send_signal(signal.SIGCONT)
+                stop_server(process)
+
     def test_sigint_without_a_session(self):
         process = subprocess.Popen(
             [ARGS.fwctl, "--target", SERVER[1], "generate", "--max-tokens", "100000", "x"],

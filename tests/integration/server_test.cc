@@ -146,8 +146,12 @@ double FinishedRequests(fwserve::Metrics& metrics, const std::string& rpc,
 // ----------------------------------------------------------------------------------
 // Streaming.
 
+// With --decode-lookahead 1 a stream never runs ahead of its last write: one message
+// per token.
 TEST_F(ServerTest, StreamsValidUtf8TokenByTokenWithUsage) {
-  auto server = Harness::Start(Options());
+  fwserve::CoreOptions options = Options();
+  options.decode_lookahead = 1;
+  auto server = Harness::Start(options);
   ASSERT_NE(server, nullptr);
   v1::GenerateRequest request = Greedy("Hello, world", 40);
   request.set_logprobs(true);
@@ -167,6 +171,46 @@ TEST_F(ServerTest, StreamsValidUtf8TokenByTokenWithUsage) {
   EXPECT_EQ(result->usage.session_tokens(), 52);
   EXPECT_EQ(fwserve::FirstInvalidUtf8Offset(result->text), -1);
   for (float logprob : result->logprobs) EXPECT_LE(logprob, 0.0f);
+}
+
+// With the default lookahead, tokens sampled while a write is in flight come as one
+// message: a client that falls behind gets fewer, fuller messages, and the same tokens,
+// text and logprobs as one that reads every token (the greedy output is fixed).
+TEST_F(ServerTest, TokensDecodedDuringAWriteArriveTogetherAndAddUp) {
+  auto server = Harness::Start(Options());
+  ASSERT_NE(server, nullptr);
+  v1::GenerateRequest request = Greedy("Hello, world", 300);
+  request.set_logprobs(true);
+  int messages = 0, streamed_tokens = 0;
+  std::string streamed_text;
+  auto result = server->client().Generate(request, [&](const v1::GenerateResponse& m) {
+    ++messages;
+    streamed_tokens += m.token_ids_size();
+    streamed_text += m.text();
+    EXPECT_EQ(m.logprobs_size(), m.token_ids_size());
+    EXPECT_EQ(fwserve::FirstInvalidUtf8Offset(m.text()), -1);
+    if (messages == 2) absl::SleepFor(absl::Milliseconds(200));  // fall behind once
+    return true;
+  });
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(streamed_tokens, 300);
+  EXPECT_EQ(streamed_text, result->text);
+  EXPECT_EQ(result->usage.generated_tokens(), 300);
+  EXPECT_EQ(result->usage.session_tokens(), 312);
+  EXPECT_LE(messages, 301);
+
+  fwserve::CoreOptions one_by_one = Options();
+  one_by_one.decode_lookahead = 1;
+  auto reference_server = Harness::Start(one_by_one);
+  ASSERT_NE(reference_server, nullptr);
+  auto reference = reference_server->client().Generate(request);
+  ASSERT_TRUE(reference.ok()) << reference.status();
+  EXPECT_EQ(result->token_ids, reference->token_ids);
+  EXPECT_EQ(result->text, reference->text);
+  ASSERT_EQ(result->logprobs.size(), reference->logprobs.size());
+  for (size_t i = 0; i < result->logprobs.size(); ++i) {
+    EXPECT_NEAR(result->logprobs[i], reference->logprobs[i], 1e-5);
+  }
 }
 
 TEST_F(ServerTest, SameSeedSameOutputAndSeedsDiffer) {

@@ -127,6 +127,25 @@ TEST(SamplerTest, RepetitionPenaltyDividesPositiveLogitsOfRecentTokens) {
   EXPECT_NEAR(f[2], std::exp(-2.0) / z, 0.01);
 }
 
+TEST(SamplerTest, RepetitionPenaltyActsOnlyOnTheRecentTokensAndOncePerToken) {
+  // The engine passes the last repetition_window tokens as `recent`: a token in it is
+  // penalised, one outside it (absent from `recent`) is not.
+  std::vector<float> logits = {3.0f, 2.0f, 1.0f, 0.5f};
+  SamplingParams p;
+  p.temperature = 0;
+  p.repetition_penalty = 4.0f;
+  std::mt19937_64 rng(1);
+  EXPECT_EQ(SampleToken(logits.data(), 4, p, rng, {}), 0);
+  EXPECT_EQ(SampleToken(logits.data(), 4, p, rng, {2, 3}), 0);  // 0 is outside: unchanged
+  EXPECT_EQ(SampleToken(logits.data(), 4, p, rng, {0}), 1);     // 3 / 4 < 2
+  EXPECT_EQ(SampleToken(logits.data(), 4, p, rng, {0, 1}), 2);  // 0.75, 0.5 < 1
+  // Repeats in the window do not compound: 3 / 4 = 0.75 beats 0.5 whether token 0
+  // appears once or many times (3 / 4^3 would not).
+  EXPECT_EQ(SampleToken(logits.data(), 4, p, rng, {1, 2, 0, 0, 0}), 0);
+  // Out-of-range ids in `recent` are ignored.
+  EXPECT_EQ(SampleToken(logits.data(), 4, p, rng, {-1, 4, 1000}), 0);
+}
+
 TEST(SamplerTest, TokenLogProbIsLogSoftmax) {
   std::vector<float> logits = {std::log(0.5f), std::log(0.3f), std::log(0.2f)};
   EXPECT_NEAR(fwserve::TokenLogProb(logits.data(), 3, 1), std::log(0.3), 1e-6);

@@ -1,0 +1,608 @@
+#include "models/native_step.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+
+namespace fwmodel {
+namespace {
+
+// Rows per task of the per-session loops; below it the loop stays on one thread.
+constexpr int64_t kRowGrain = 8;
+// Below this batch a projection is one sgemv per row: sgemm packs the whole weight
+// matrix on every call, which costs as much as the product itself at batch 1.
+constexpr int64_t kGemvBelow = 4;
+
+// The per-session kernels are compiled twice, for AVX2 + FMA (x86-64-v3) and for the
+// baseline, and the loader picks one for the CPU (GCC/Clang function multiversioning),
+// so the image runs on any x86-64 and vectorises where it can.
+#if defined(__x86_64__) && defined(__has_attribute)
+#if __has_attribute(target_clones)
+#define FW_VECTOR_KERNEL __attribute__((target_clones("arch=x86-64-v3", "default")))
+#endif
+#endif
+#ifndef FW_VECTOR_KERNEL
+#define FW_VECTOR_KERNEL
+#endif
+
+// e^x in float32 to within 2 ulp (Cephes' expf: 2^n · a degree-6 polynomial on
+// [-ln2/2, ln2/2]); exactly 0 below -87.3 (so the aft state's p0 = -1e30 weighs
+// nothing). Branch-free, so loops of it vectorise.
+inline float FastExp(float x) {
+  const float clamped = std::min(std::max(x, -87.3f), 88.7f);
+  // Round to nearest through the float mantissa (|x·log2e| < 2^22).
+  const float n = (clamped * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+  const float r = clamped - n * 0.693359375f + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const float y = p * r * r + r + 1.0f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return x < -87.3f ? 0.0f : y * scale;
+}
+
+// y[rows, out] = x[rows, in] · w[out, in]ᵀ (+ bias[out]). Row-major, contiguous.
+void Linear(const float* x, int64_t rows, int64_t in, const float* w, int64_t out,
+            const float* bias, float* y) {
+  if (rows == 0) return;
+  if (bias != nullptr) {
+    for (int64_t r = 0; r < rows; ++r) std::memcpy(y + r * out, bias, sizeof(float) * out);
+  }
+  if (rows < kGemvBelow) {
+    for (int64_t r = 0; r < rows; ++r) {
+      cblas_sgemv(CblasRowMajor, CblasNoTrans, static_cast<int>(out), static_cast<int>(in), 1.0f, w,
+                  static_cast<int>(in), x + r * in, 1, bias != nullptr ? 1.0f : 0.0f, y + r * out,
+                  1);
+    }
+    return;
+  }
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(rows),
+              static_cast<int>(out), static_cast<int>(in), 1.0f, x, static_cast<int>(in), w,
+              static_cast<int>(in), bias != nullptr ? 1.0f : 0.0f, y, static_cast<int>(out));
+}
+
+// y = LN(x) per row of width d, with weight and bias (biased variance, as torch).
+FW_VECTOR_KERNEL
+void LayerNorm(const float* x, int64_t rows, int64_t d, const float* weight, const float* bias,
+               float eps, float* y) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * d;
+    float* yr = y + r * d;
+    float sum = 0;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t c = 0; c < d; ++c) sum += xr[c];
+    const float mean = sum / static_cast<float>(d);
+    float squares = 0;
+#pragma omp simd reduction(+ : squares)
+    for (int64_t c = 0; c < d; ++c) squares += (xr[c] - mean) * (xr[c] - mean);
+    const float inv = 1.0f / std::sqrt(squares / static_cast<float>(d) + eps);
+#pragma omp simd
+    for (int64_t c = 0; c < d; ++c) yr[c] = (xr[c] - mean) * inv * weight[c] + bias[c];
+  }
+}
+
+FW_VECTOR_KERNEL
+void AddInPlace(float* __restrict h, const float* __restrict y, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) h[i] += y[i];
+}
+
+inline float Sigmoid(float z) { return 1.0f / (1.0f + FastExp(-z)); }
+
+inline float EluPlusOne(float z) { return z > 0 ? z + 1.0f : FastExp(z); }
+
+float Gelu(float z) { return 0.5f * z * (1.0f + std::erf(z * static_cast<float>(M_SQRT1_2))); }
+
+// DPFP_nu(z) of z [n], normalised to sum 1: out [2·nu·n]. `x` is scratch [2n].
+FW_VECTOR_KERNEL
+void Dpfp(const float* z, int64_t n, int64_t nu, float eps, float* x, float* out) {
+  const int64_t two_n = 2 * n;
+  for (int64_t j = 0; j < n; ++j) {
+    x[j] = std::max(z[j], 0.0f);
+    x[n + j] = std::max(-z[j], 0.0f);
+  }
+  float sum = 0;
+  for (int64_t i = 1; i <= nu; ++i) {
+    float* part = out + (i - 1) * two_n;
+    for (int64_t j = 0; j < two_n; ++j) {
+      part[j] = x[j] * x[(j - i + two_n * nu) % two_n];
+      sum += part[j];
+    }
+  }
+  const float den = sum + eps;
+  for (int64_t j = 0; j < two_n * nu; ++j) out[j] /= den;
+}
+
+// Causal depthwise conv of one projection row in[d] over its history [K-1, d] (oldest
+// first), in place; the history then holds the last K-1 inputs. w_by_tap: the conv
+// weight transposed, [K, d]. `saved` is scratch [d].
+FW_VECTOR_KERNEL
+void ConvRow(float* __restrict in, float* __restrict history, const float* __restrict w_by_tap,
+             const float* __restrict bias, int64_t d, int64_t K, float* __restrict saved) {
+  std::memcpy(saved, in, sizeof(float) * d);
+  std::memcpy(in, bias, sizeof(float) * d);
+  for (int64_t t = 0; t < K - 1; ++t) {
+    const float* __restrict w = w_by_tap + t * d;
+    const float* __restrict past = history + t * d;
+#pragma omp simd
+    for (int64_t ch = 0; ch < d; ++ch) in[ch] += w[ch] * past[ch];
+  }
+  const float* __restrict w = w_by_tap + (K - 1) * d;
+#pragma omp simd
+  for (int64_t ch = 0; ch < d; ++ch) in[ch] += w[ch] * saved[ch];
+  std::memmove(history, history + d, sizeof(float) * (K - 2) * d);
+  std::memcpy(history + (K - 2) * d, saved, sizeof(float) * d);
+}
+
+// aft: one session's (alpha, beta, p) [3, d] absorbs r|k|v = pr[0..3d); y = r ⊙ wkv.
+FW_VECTOR_KERNEL
+void AftRow(const float* __restrict pr, float* __restrict st, const float* __restrict decay,
+            const float* __restrict time_first, int64_t d, float* __restrict y) {
+  float* __restrict alpha = st;
+  float* __restrict beta = st + d;
+  float* __restrict p = st + 2 * d;
+#pragma omp simd
+  for (int64_t ch = 0; ch < d; ++ch) {
+    const float r = Sigmoid(pr[ch]), k = pr[d + ch], v = pr[2 * d + ch];
+    const float u = time_first[ch], w = decay[ch], p0 = p[ch], a0 = alpha[ch], b0 = beta[ch];
+    const float q = std::max(p0, u + k);
+    float e1 = FastExp(p0 - q), e2 = FastExp(u + k - q);
+    const float wkv = (e1 * a0 + e2 * v) / (e1 * b0 + e2);
+    const float q2 = std::max(p0 - w, k);
+    e1 = FastExp(p0 - w - q2);
+    e2 = FastExp(k - q2);
+    alpha[ch] = e1 * a0 + e2 * v;
+    beta[ch] = e1 * b0 + e2;
+    p[ch] = q2;
+    y[ch] = r * wkv;
+  }
+}
+
+// linear_attention: one session's S [H, dh, dh] and z [H, dh] absorb q|k|v.
+FW_VECTOR_KERNEL
+void LinearAttentionRow(const float* __restrict pr, float* __restrict S_all,
+                        float* __restrict z_all, int64_t H, int64_t dh, float eps,
+                        float* __restrict fq, float* __restrict fk, float* __restrict y) {
+  const int64_t d = H * dh;
+  for (int64_t hd = 0; hd < H; ++hd) {
+    const float* q = pr + hd * dh;
+    const float* k = pr + d + hd * dh;
+    const float* __restrict v = pr + 2 * d + hd * dh;
+    float* __restrict z = z_all + hd * dh;
+    float* __restrict out = y + hd * dh;
+#pragma omp simd
+    for (int64_t i = 0; i < dh; ++i) {
+      fq[i] = EluPlusOne(q[i]);
+      fk[i] = EluPlusOne(k[i]);
+    }
+    float den = 0;
+#pragma omp simd reduction(+ : den)
+    for (int64_t i = 0; i < dh; ++i) {
+      z[i] = z[i] + fk[i];
+      den += fq[i] * z[i];
+    }
+    den += eps;
+    std::fill(out, out + dh, 0.0f);
+    for (int64_t i = 0; i < dh; ++i) {
+      float* __restrict Si = S_all + (hd * dh + i) * dh;
+      const float fki = fk[i], fqi = fq[i];
+#pragma omp simd
+      for (int64_t j = 0; j < dh; ++j) {
+        Si[j] = Si[j] + fki * v[j];
+        out[j] += fqi * Si[j];
+      }
+    }
+    for (int64_t j = 0; j < dh; ++j) out[j] /= den;
+  }
+}
+
+// fast_weight: one session's W [H, dh, d_phi] absorbs q|k|v|beta by the delta rule.
+FW_VECTOR_KERNEL
+void FastWeightRow(const float* __restrict pr, float* __restrict W_all, int64_t H, int64_t dh,
+                   int64_t nu, float eps, float* __restrict x, float* __restrict fq,
+                   float* __restrict fk, float* __restrict y) {
+  const int64_t d = H * dh, dphi = 2 * nu * dh;
+  for (int64_t hd = 0; hd < H; ++hd) {
+    const float* v = pr + 2 * d + hd * dh;
+    const float beta = Sigmoid(pr[3 * d + hd]);
+    Dpfp(pr + hd * dh, dh, nu, eps, x, fq);
+    Dpfp(pr + d + hd * dh, dh, nu, eps, x, fk);
+    for (int64_t i = 0; i < dh; ++i) {
+      float* __restrict Wi = W_all + (hd * dh + i) * dphi;
+      float retrieved = 0;
+#pragma omp simd reduction(+ : retrieved)
+      for (int64_t j = 0; j < dphi; ++j) retrieved += Wi[j] * fk[j];
+      const float delta = beta * (v[i] - retrieved);
+      float acc = 0;
+#pragma omp simd reduction(+ : acc)
+      for (int64_t j = 0; j < dphi; ++j) {
+        Wi[j] = Wi[j] + delta * fk[j];
+        acc += Wi[j] * fq[j];
+      }
+      y[hd * dh + i] = acc;
+    }
+  }
+}
+
+// Indices of the k largest of s[0..n), largest first, ties toward the lower index (the
+// contract's top-k; NaN ranks lowest). `order` is scratch [n].
+void TopK(const float* s, int64_t n, int64_t k, std::vector<int64_t>* order) {
+  order->resize(static_cast<size_t>(n));
+  std::iota(order->begin(), order->end(), int64_t{0});
+  auto key = [s](int64_t i) {
+    return std::isnan(s[i]) ? -std::numeric_limits<float>::infinity() : s[i];
+  };
+  std::partial_sort(order->begin(), order->begin() + k, order->end(), [&](int64_t x, int64_t y) {
+    const float sx = key(x), sy = key(y);
+    return sx > sy || (sx == sy && x < y);
+  });
+}
+
+}  // namespace
+
+struct NativeStep::Layer {
+  const float *norm1_w, *norm1_b, *norm2_w, *norm2_b;
+  std::vector<float> in_proj;  // [q|r, k, v (, beta)] stacked: [3d (+H), d]
+  int64_t proj_width = 0;
+  std::vector<float> conv_w[3];  // [K, d]: the conv weight [d, K] transposed
+  const float* conv_b[3] = {nullptr, nullptr, nullptr};
+  const float *o_w, *o_b;
+  std::vector<float> decay;  // aft: w = exp(time_decay)
+  const float* time_first = nullptr;
+  bool pkm = false;
+  const float *up_w = nullptr, *up_b = nullptr, *down_w = nullptr, *down_b = nullptr;
+  const float *query_w = nullptr, *keys = nullptr, *values = nullptr;
+  std::vector<float> bn_mean, bn_denominator, bn_w, bn_b;  // denominator = sqrt(var + eps)
+  int mixer_state = -1;                                    // index in State::tensors: S | W | wkv
+  int z_state = -1;                                        // linear_attention's z
+  int conv_state = -1;
+};
+
+NativeStep::NativeStep(const Model& model) : model_(model) {}
+NativeStep::~NativeStep() = default;
+
+absl::StatusOr<std::unique_ptr<NativeStep>> NativeStep::Create(const Model& model) {
+  if (!model.options().device.is_cpu() || model.options().dtype != torch::kFloat32) {
+    return absl::FailedPreconditionError("the native decode step needs a float32 model on the CPU");
+  }
+  std::unique_ptr<NativeStep> step(new NativeStep(model));
+  const ModelConfig& c = model.config();
+  const int64_t d = c.d_model;
+  try {
+    auto weight = [&](const std::string& name) {
+      torch::Tensor t = model.weights().at(name).detach().contiguous();
+      step->kept_.push_back(t);
+      return t.data_ptr<float>();
+    };
+    auto copy = [&](const std::string& name) {
+      torch::Tensor t = model.weights().at(name).detach().contiguous();
+      return std::vector<float>(t.data_ptr<float>(), t.data_ptr<float>() + t.numel());
+    };
+    auto state_index = [&](int layer, const char* suffix) {
+      const std::string name = absl::StrCat("blocks.", layer, ".", suffix);
+      const auto& spec = model.state_spec();
+      for (size_t i = 0; i < spec.size(); ++i) {
+        if (spec[i].name == name) return static_cast<int>(i);
+      }
+      return -1;
+    };
+    const char* names[3] = {"q", "k", "v"};
+    if (c.architecture == Architecture::kAft) names[0] = "r";
+    for (int i = 0; i < c.n_layers; ++i) {
+      Layer l;
+      const std::string p = absl::StrCat("blocks.", i, ".");
+      l.norm1_w = weight(p + "norm1.weight");
+      l.norm1_b = weight(p + "norm1.bias");
+      l.norm2_w = weight(p + "norm2.weight");
+      l.norm2_b = weight(p + "norm2.bias");
+      for (int j = 0; j < 3; ++j) {
+        std::vector<float> w = copy(absl::StrCat(p, "mixer.", names[j], ".weight"));
+        l.in_proj.insert(l.in_proj.end(), w.begin(), w.end());
+        if (c.has_dconv()) {
+          std::vector<float> w = copy(absl::StrCat(p, "mixer.", names[j], "_conv.weight"));
+          const int64_t K = c.dconv_kernel;
+          l.conv_w[j].resize(w.size());
+          for (int64_t ch = 0; ch < d; ++ch) {
+            for (int64_t t = 0; t < K; ++t) l.conv_w[j][t * d + ch] = w[ch * K + t];
+          }
+          l.conv_b[j] = weight(absl::StrCat(p, "mixer.", names[j], "_conv.bias"));
+        }
+      }
+      if (c.architecture == Architecture::kFastWeight) {
+        std::vector<float> w = copy(p + "mixer.beta.weight");
+        l.in_proj.insert(l.in_proj.end(), w.begin(), w.end());
+      }
+      l.proj_width = static_cast<int64_t>(l.in_proj.size()) / d;
+      l.o_w = weight(p + "mixer.o.weight");
+      l.o_b = weight(p + "mixer.o.bias");
+      if (c.architecture == Architecture::kAft) {
+        l.decay = copy(p + "mixer.time_decay");
+        for (float& w : l.decay) w = std::exp(w);
+        l.time_first = weight(p + "mixer.time_first");
+        l.mixer_state = state_index(i, "wkv");
+      } else if (c.architecture == Architecture::kLinearAttention) {
+        l.mixer_state = state_index(i, "S");
+        l.z_state = state_index(i, "z");
+      } else {
+        l.mixer_state = state_index(i, "W");
+      }
+      if (c.has_dconv()) l.conv_state = state_index(i, "conv");
+      l.pkm = c.is_pkm_layer(i);
+      if (l.pkm) {
+        l.query_w = weight(p + "ffn.query.weight");
+        l.keys = weight(p + "ffn.keys");
+        l.values = weight(p + "ffn.values.weight");
+        l.bn_mean = copy(p + "ffn.query_norm.running_mean");
+        l.bn_denominator = copy(p + "ffn.query_norm.running_var");
+        for (float& v : l.bn_denominator) v = std::sqrt(v + static_cast<float>(c.pkm_bn_eps));
+        l.bn_w = copy(p + "ffn.query_norm.weight");
+        l.bn_b = copy(p + "ffn.query_norm.bias");
+      } else {
+        l.up_w = weight(p + "ffn.up.weight");
+        l.up_b = weight(p + "ffn.up.bias");
+        l.down_w = weight(p + "ffn.down.weight");
+        l.down_b = weight(p + "ffn.down.bias");
+      }
+      step->layers_.push_back(std::move(l));
+    }
+    step->embed_ = weight("embed.weight");
+    step->norm_f_w_ = weight("norm_f.weight");
+    step->norm_f_b_ = weight("norm_f.bias");
+    step->head_ = weight(c.tie_embeddings ? "embed.weight" : "head.weight");
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("native decode step: ", e.what()));
+  }
+  return step;
+}
+
+absl::Status NativeStep::CheckArguments(absl::Span<const int64_t> tokens, int64_t steps,
+                                        absl::Span<const int64_t> rows, const State& pool) const {
+  const ModelConfig& c = model_.config();
+  if (steps < 1 || tokens.size() != rows.size() * static_cast<size_t>(steps)) {
+    return absl::InvalidArgumentError(absl::StrCat("tokens (", tokens.size(), ") and rows (",
+                                                   rows.size(), ") differ in size (steps ", steps,
+                                                   ")"));
+  }
+  const auto& spec = model_.state_spec();
+  if (pool.tensors.size() != spec.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("state has ", pool.tensors.size(), " tensors, expected ", spec.size()));
+  }
+  const int64_t capacity = pool.tensors.empty() ? 0 : pool.tensors[0].size(0);
+  for (size_t i = 0; i < spec.size(); ++i) {
+    const torch::Tensor& t = pool.tensors[i];
+    std::vector<int64_t> shape = {capacity};
+    shape.insert(shape.end(), spec[i].shape.begin(), spec[i].shape.end());
+    if (t.sizes().vec() != shape || t.scalar_type() != torch::kFloat32 || !t.device().is_cpu() ||
+        !t.is_contiguous()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "state tensor '", spec[i].name, "' is not a contiguous float32 CPU pool of this model"));
+    }
+  }
+  for (int64_t token : tokens) {
+    if (token < 0 || token >= c.vocab_size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("token id ", token, " is outside [0, ", c.vocab_size, ")"));
+    }
+  }
+  std::vector<int64_t> sorted(rows.begin(), rows.end());
+  std::sort(sorted.begin(), sorted.end());
+  for (size_t i = 0; i < sorted.size(); ++i) {
+    if (sorted[i] < 0 || sorted[i] >= capacity) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("row ", sorted[i], " is outside the pool [0, ", capacity, ")"));
+    }
+    if (i > 0 && sorted[i] == sorted[i - 1]) {
+      return absl::InvalidArgumentError(absl::StrCat("row ", sorted[i], " appears twice"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status NativeStep::Step(absl::Span<const int64_t> tokens, absl::Span<const int64_t> rows,
+                              State* pool, float* logits) {
+  return Absorb(tokens, 1, rows, pool, logits);
+}
+
+absl::Status NativeStep::Absorb(absl::Span<const int64_t> tokens, int64_t steps,
+                                absl::Span<const int64_t> rows, State* pool, float* logits) {
+  if (absl::Status s = CheckArguments(tokens, steps, rows, *pool); !s.ok()) return s;
+  const ModelConfig& c = model_.config();
+  const int64_t B = static_cast<int64_t>(rows.size());
+  if (B == 0) return absl::OkStatus();
+  // Activations of all B·T tokens go through each projection as one matrix; only the
+  // recurrences run token by token (per session, in order).
+  const int64_t T = steps, N = B * T;
+  const int64_t d = c.d_model, H = c.n_heads, dh = c.d_head(), V = c.vocab_size;
+  const int64_t K = c.has_dconv() ? c.dconv_kernel : 0;
+  const float norm_eps = static_cast<float>(c.norm_eps);
+  const float attn_eps = static_cast<float>(c.attn_eps);
+  const int64_t hidden_width = c.ffn == FfnKind::kGeglu ? 2 * static_cast<int64_t>(c.d_ff) : c.d_ff;
+  int64_t widest_proj = 0;
+  for (const Layer& l : layers_) widest_proj = std::max(widest_proj, l.proj_width);
+  const int64_t query_width = static_cast<int64_t>(c.pkm_heads) * c.pkm_dim_key;
+  auto fit = [](std::vector<float>& v, int64_t n) {
+    if (static_cast<int64_t>(v.size()) < n) v.resize(static_cast<size_t>(n));
+  };
+  fit(h_, N * d);
+  fit(x_, N * d);
+  fit(y_, N * d);
+  fit(proj_, N * widest_proj);
+  fit(hidden_, N * hidden_width);
+  fit(act_, N * c.d_ff);
+  if (c.has_pkm()) {
+    fit(pkm_query_, N * query_width);
+    fit(pkm_scores_, N * 2 * c.pkm_heads * c.pkm_num_keys);
+  }
+  float *h = h_.data(), *x = x_.data(), *y = y_.data(), *proj = proj_.data();
+
+  for (int64_t i = 0; i < N; ++i) {
+    std::memcpy(h + i * d, embed_ + tokens[i] * d, sizeof(float) * d);
+  }
+  for (const Layer& l : layers_) {
+    const int64_t P = l.proj_width;
+    LayerNorm(h, N, d, l.norm1_w, l.norm1_b, norm_eps, x);
+    Linear(x, N, d, l.in_proj.data(), P, nullptr, proj);
+    float* mixer_base = pool->tensors[l.mixer_state].data_ptr<float>();
+    const int64_t mixer_row = pool->tensors[l.mixer_state].stride(0);
+    float* z_base = l.z_state >= 0 ? pool->tensors[l.z_state].data_ptr<float>() : nullptr;
+    const int64_t z_row = l.z_state >= 0 ? pool->tensors[l.z_state].stride(0) : 0;
+    float* conv_base = l.conv_state >= 0 ? pool->tensors[l.conv_state].data_ptr<float>() : nullptr;
+    const int64_t conv_row = l.conv_state >= 0 ? pool->tensors[l.conv_state].stride(0) : 0;
+
+    at::parallel_for(0, B, kRowGrain, [&](int64_t begin, int64_t end) {
+      std::vector<float> scratch(static_cast<size_t>(d + 2 * dh + 2 * c.d_phi()));
+      float* saved = scratch.data();
+      float* dpfp_x = saved + d;
+      float* fq = dpfp_x + 2 * dh;
+      float* fk = fq + c.d_phi();
+      for (int64_t i = begin * T; i < end * T; ++i) {
+        float* pr = proj + i * P;
+        float* yr = y + i * d;
+        const int64_t row = rows[i / T];
+        if (K >= 2) {
+          float* conv = conv_base + row * conv_row;  // [3, K-1, d]
+          for (int j = 0; j < 3; ++j) {
+            ConvRow(pr + j * d, conv + j * (K - 1) * d, l.conv_w[j].data(), l.conv_b[j], d, K,
+                    saved);
+          }
+        }
+        float* st = mixer_base + row * mixer_row;
+        switch (c.architecture) {
+          case Architecture::kAft:
+            AftRow(pr, st, l.decay.data(), l.time_first, d, yr);
+            break;
+          case Architecture::kLinearAttention:
+            LinearAttentionRow(pr, st, z_base + row * z_row, H, dh, attn_eps, fq, fk, yr);
+            break;
+          case Architecture::kFastWeight:
+            FastWeightRow(pr, st, H, dh, c.dpfp_nu, attn_eps, dpfp_x, fq, fk, yr);
+            break;
+        }
+      }
+    });
+    Linear(y, N, d, l.o_w, d, l.o_b, x);
+    AddInPlace(h, x, N * d);
+
+    LayerNorm(h, N, d, l.norm2_w, l.norm2_b, norm_eps, x);
+    if (l.pkm) {
+      PkmFfn(l, x, N, y);
+    } else {
+      const int64_t f = c.d_ff;
+      float* u = hidden_.data();
+      Linear(x, N, d, l.up_w, hidden_width, l.up_b, u);
+      float* a = act_.data();
+      for (int64_t b = 0; b < N; ++b) {
+        const float* ub = u + b * hidden_width;
+        float* ab = a + b * f;
+        switch (c.ffn) {
+          case FfnKind::kRelu:
+            for (int64_t j = 0; j < f; ++j) ab[j] = std::max(ub[j], 0.0f);
+            break;
+          case FfnKind::kSquaredRelu:
+            for (int64_t j = 0; j < f; ++j) {
+              const float r = std::max(ub[j], 0.0f);
+              ab[j] = r * r;
+            }
+            break;
+          case FfnKind::kGeglu:
+            for (int64_t j = 0; j < f; ++j) ab[j] = ub[j] * Gelu(ub[f + j]);
+            break;
+        }
+      }
+      Linear(a, N, f, l.down_w, d, l.down_b, y);
+    }
+    AddInPlace(h, y, N * d);
+  }
+  // Logits of each session's last token only.
+  for (int64_t b = 0; b < B; ++b) {
+    LayerNorm(h + ((b + 1) * T - 1) * d, 1, d, norm_f_w_, norm_f_b_, norm_eps, x + b * d);
+  }
+  Linear(x, B, d, head_, V, nullptr, logits);
+  return absl::OkStatus();
+}
+
+void NativeStep::PkmFfn(const Layer& l, const float* x, int64_t B, float* out) {
+  const ModelConfig& c = model_.config();
+  const int64_t d = c.d_model, Hm = c.pkm_heads, nk = c.pkm_num_keys, k = c.pkm_topk,
+                dk = c.pkm_dim_key, half = dk / 2, width = Hm * dk;
+  float* q = pkm_query_.data();
+  Linear(x, B, d, l.query_w, width, nullptr, q);
+  for (int64_t b = 0; b < B; ++b) {
+    float* qb = q + b * width;
+    for (int64_t ch = 0; ch < width; ++ch) {
+      qb[ch] = (qb[ch] - l.bn_mean[ch]) / l.bn_denominator[ch] * l.bn_w[ch] + l.bn_b[ch];
+    }
+  }
+  // scores[b, h, p, :] = keys[h, :, p, :] · q[b, h, p]: one sgemm per (head, half).
+  float* scores = pkm_scores_.data();
+  for (int64_t hd = 0; hd < Hm; ++hd) {
+    for (int64_t p = 0; p < 2; ++p) {
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(B),
+                  static_cast<int>(nk), static_cast<int>(half), 1.0f, q + hd * dk + p * half,
+                  static_cast<int>(width), l.keys + hd * nk * dk + p * half, static_cast<int>(dk),
+                  0.0f, scores + (hd * 2 + p) * nk, static_cast<int>(2 * Hm * nk));
+    }
+  }
+  // Candidates (m, n) with (m+1)(n+1) <= k: the others are dominated by k better ones
+  // with lower candidate indices (see Model::PkmFfn).
+  std::vector<int64_t> pairs;
+  for (int64_t m = 0; m < k; ++m) {
+    for (int64_t n = 0; (m + 1) * (n + 1) <= k; ++n) {
+      pairs.push_back(m);
+      pairs.push_back(n);
+    }
+  }
+  const int64_t num_pairs = static_cast<int64_t>(pairs.size() / 2);
+  at::parallel_for(0, B, kRowGrain, [&](int64_t begin, int64_t end) {
+    std::vector<int64_t> order1, order2, candidate_order;
+    std::vector<float> a(static_cast<size_t>(k)), bsc(static_cast<size_t>(k));
+    std::vector<float> candidate(static_cast<size_t>(num_pairs)), weight(static_cast<size_t>(k));
+    for (int64_t b = begin; b < end; ++b) {
+      float* ob = out + b * d;
+      std::fill(ob, ob + d, 0.0f);
+      for (int64_t hd = 0; hd < Hm; ++hd) {
+        const float* s1 = scores + b * 2 * Hm * nk + (hd * 2) * nk;
+        const float* s2 = s1 + nk;
+        TopK(s1, nk, k, &order1);
+        TopK(s2, nk, k, &order2);
+        for (int64_t m = 0; m < k; ++m) {
+          a[m] = s1[order1[m]];
+          bsc[m] = s2[order2[m]];
+        }
+        for (int64_t pi = 0; pi < num_pairs; ++pi) {
+          candidate[pi] = a[pairs[2 * pi]] + bsc[pairs[2 * pi + 1]];
+        }
+        TopK(candidate.data(), num_pairs, k, &candidate_order);
+        float top = -std::numeric_limits<float>::infinity();
+        for (int64_t m = 0; m < k; ++m) top = std::max(top, candidate[candidate_order[m]]);
+        float sum = 0;
+        for (int64_t m = 0; m < k; ++m) {
+          weight[m] = std::exp(candidate[candidate_order[m]] - top);
+          sum += weight[m];
+        }
+        for (int64_t m = 0; m < k; ++m) {
+          const int64_t pi = candidate_order[m];
+          const int64_t slot = order1[pairs[2 * pi]] * nk + order2[pairs[2 * pi + 1]];
+          const float w = weight[m] / sum;
+          const float* value = l.values + slot * d;
+          for (int64_t ch = 0; ch < d; ++ch) ob[ch] += w * value[ch];
+        }
+      }
+    }
+  });
+}
+
+}  // namespace fwmodel

@@ -1,0 +1,70 @@
+// A native float32 CPU implementation of Model::Step, the contract's recurrent form,
+// for serving: one sgemm per projection group over the whole batch (OpenBLAS), the
+// per-token elementwise work (dconv, φ / DPFP, delta rule, AFT's WKV recurrence, layer
+// norms, activations, product-key memory lookups) in tight loops over contiguous
+// memory, and every session's state updated in place in a pool through a row index (no
+// gather or scatter copies). Model::Step stays the reference, the trainer's, the
+// sequence form's and the CUDA path; this equals it within float32 rounding
+// (tests/unit/native_step_test.cc: 1e-5 on every configuration of the equivalence
+// tests).
+//
+// Ownership: a NativeStep reads the Model's weight tensors in place (and owns a fused
+// copy of the input projections); the Model must outlive it.
+// Thread-safety: Step uses the object's scratch buffers; one thread at a time (the
+// engine's loop owns one).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "models/model.h"
+
+namespace fwmodel {
+
+class NativeStep {
+ public:
+  // FailedPrecondition unless the model computes in float32 on the CPU.
+  static absl::StatusOr<std::unique_ptr<NativeStep>> Create(const Model& model);
+
+  // Row rows[b] of every tensor of `pool` (each [capacity, spec shape...], float32,
+  // contiguous, on the CPU) absorbs tokens[b], in place; logits [B, vocab] row-major are
+  // written to `logits` (B = tokens.size(), caller-allocated). Rows must be distinct and
+  // inside the pool. Validates tokens, rows and the pool's layout (InvalidArgument,
+  // nothing changed); never throws.
+  absl::Status Step(absl::Span<const int64_t> tokens, absl::Span<const int64_t> rows, State* pool,
+                    float* logits);
+  // Prefill: row rows[b] absorbs `steps` tokens, tokens[b * steps .. (b + 1) * steps),
+  // in order; logits [B, vocab] are those after each row's last token. Equal to `steps`
+  // calls of Step, but every projection runs once over all B·steps tokens. Same
+  // contract as Step otherwise.
+  absl::Status Absorb(absl::Span<const int64_t> tokens, int64_t steps,
+                      absl::Span<const int64_t> rows, State* pool, float* logits);
+
+  ~NativeStep();
+
+ private:
+  struct Layer;
+  explicit NativeStep(const Model& model);
+  absl::Status CheckArguments(absl::Span<const int64_t> tokens, int64_t steps,
+                              absl::Span<const int64_t> rows, const State& pool) const;
+  // out [B, d] := the product-key memory FFN of x [B, d].
+  void PkmFfn(const Layer& layer, const float* x, int64_t B, float* out);
+
+  const Model& model_;
+  std::vector<Layer> layers_;
+  // Contiguous views of the model's weights that the raw pointers below read.
+  std::vector<torch::Tensor> kept_;
+  const float* embed_ = nullptr;
+  const float* norm_f_w_ = nullptr;
+  const float* norm_f_b_ = nullptr;
+  const float* head_ = nullptr;  // head.weight, or embed.weight when tied
+  // Scratch, sized for the largest batch seen: residual stream, normalised input,
+  // projections, mixer output, FFN hidden units, PKM queries and scores.
+  std::vector<float> h_, x_, proj_, y_, hidden_, act_, pkm_query_, pkm_scores_;
+};
+
+}  // namespace fwmodel

@@ -1,0 +1,200 @@
+// The native float32 CPU decode step equals Model::Step (the LibTorch reference) within
+// 1e-5 on every configuration the form-equivalence tests cover, updating the pool's
+// rows in place and leaving every other row alone.
+#include "models/native_step.h"
+
+#include <gtest/gtest.h>
+
+#include <random>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "tests/unit/test_models.h"
+
+namespace {
+
+using fwmodel::Architecture;
+using fwmodel::FfnKind;
+
+struct Case {
+  Architecture arch;
+  FfnKind ffn;
+  int dconv;
+  int nu;
+  bool pkm;
+  bool tie;
+};
+
+std::vector<Case> AllCases() {
+  std::vector<Case> cases;
+  for (Architecture arch :
+       {Architecture::kLinearAttention, Architecture::kFastWeight, Architecture::kAft}) {
+    for (FfnKind ffn : {FfnKind::kRelu, FfnKind::kSquaredRelu, FfnKind::kGeglu}) {
+      for (int dconv : {0, 2, 3}) {
+        for (int nu : {1, 3}) {
+          if (nu == 3 && arch != Architecture::kFastWeight) continue;
+          cases.push_back({arch, ffn, dconv, nu, false, dconv == 0});
+        }
+      }
+    }
+    for (int dconv : {0, 3}) cases.push_back({arch, FfnKind::kGeglu, dconv, 2, true, dconv != 0});
+  }
+  return cases;
+}
+
+std::string CaseName(const testing::TestParamInfo<Case>& info) {
+  const Case& c = info.param;
+  return absl::StrCat(fwmodel::ArchitectureName(c.arch), "_", fwmodel::FfnKindName(c.ffn), "_dconv",
+                      c.dconv, "_nu", c.nu, c.pkm ? "_pkm" : "", c.tie ? "_tied" : "");
+}
+
+constexpr double kTolerance = 1e-5;
+
+// |a - b| <= kTolerance * (1 + max |b|), elementwise maximum.
+void ExpectNear(const torch::Tensor& a, const torch::Tensor& b, const std::string& what) {
+  ASSERT_EQ(a.sizes(), b.sizes()) << what;
+  const double magnitude = 1.0 + b.abs().max().item<double>();
+  EXPECT_TRUE(torch::isfinite(a).all().item<bool>()) << what;
+  EXPECT_LE(fwtest::MaxAbsDiff(a, b), kTolerance * magnitude) << what;
+}
+
+class NativeStepTest : public testing::TestWithParam<Case> {
+ protected:
+  void SetUp() override {
+    const Case& c = GetParam();
+    config_ = fwtest::TinyConfig(c.arch, c.ffn, c.dconv, c.nu, c.tie);
+    if (c.pkm) config_ = fwtest::WithPkm(config_);
+  }
+  fwmodel::ModelConfig config_;
+};
+
+// Six sessions in a pool of eight rows; each step a different subset of them, in a
+// different order, absorbs a random token. Each session is mirrored by a batch-1
+// LibTorch state stepped with Model::Step.
+TEST_P(NativeStepTest, EqualsTheLibTorchStepRowByRowInPlace) {
+  torch::NoGradGuard no_grad;
+  fwmodel::Model model = fwtest::RandomModel(config_, 7, torch::kFloat32);
+  auto native = fwmodel::NativeStep::Create(model);
+  ASSERT_TRUE(native.ok()) << native.status();
+  const int64_t capacity = 8, vocab = config_.vocab_size;
+  fwmodel::State pool = model.InitialState(capacity);
+  const fwmodel::State fresh = model.InitialState(1);
+  const std::vector<int64_t> session_rows = {6, 0, 3, 5, 1, 2};  // rows 4 and 7 stay unused
+  std::vector<fwmodel::State> reference;
+  for (size_t s = 0; s < session_rows.size(); ++s) reference.push_back(model.InitialState(1));
+  std::mt19937_64 rng(11);
+  std::vector<int> absorbed(session_rows.size(), 0);
+  for (int step = 0; step < 14; ++step) {
+    std::vector<int64_t> sessions;
+    for (size_t s = 0; s < session_rows.size(); ++s) {
+      if (step < 2 || rng() % 3 != 0) sessions.push_back(static_cast<int64_t>(s));
+    }
+    std::shuffle(sessions.begin(), sessions.end(), rng);
+    std::vector<int64_t> tokens, rows;
+    for (int64_t s : sessions) {
+      tokens.push_back(static_cast<int64_t>(rng() % static_cast<uint64_t>(vocab)));
+      rows.push_back(session_rows[static_cast<size_t>(s)]);
+    }
+    std::vector<float> logits(tokens.size() * static_cast<size_t>(vocab));
+    ASSERT_TRUE((*native)->Step(tokens, rows, &pool, logits.data()).ok());
+    for (size_t i = 0; i < sessions.size(); ++i) {
+      const size_t s = static_cast<size_t>(sessions[i]);
+      auto expected = model.Step(torch::tensor({tokens[i]}, torch::kInt64), &reference[s]);
+      ASSERT_TRUE(expected.ok()) << expected.status();
+      torch::Tensor got =
+          torch::from_blob(logits.data() + i * static_cast<size_t>(vocab), {1, vocab}).clone();
+      ExpectNear(got, *expected, absl::StrCat("logits, step ", step, ", session ", s));
+      ++absorbed[s];
+    }
+  }
+  for (size_t s = 0; s < session_rows.size(); ++s) {
+    EXPECT_GT(absorbed[s], 2);
+    for (size_t t = 0; t < pool.tensors.size(); ++t) {
+      ExpectNear(pool.tensors[t].narrow(0, session_rows[s], 1), reference[s].tensors[t],
+                 absl::StrCat("state ", model.state_spec()[t].name, ", session ", s));
+    }
+  }
+  for (int64_t unused : {4, 7}) {
+    for (size_t t = 0; t < pool.tensors.size(); ++t) {
+      EXPECT_TRUE(torch::equal(pool.tensors[t].narrow(0, unused, 1), fresh.tensors[t]))
+          << "row " << unused << " was written";
+    }
+  }
+}
+
+// Prefill: two sessions absorb nine tokens each in one Absorb call; the reference
+// steps them one token at a time with Model::Step. Then one more decode Step.
+TEST_P(NativeStepTest, AbsorbEqualsSteppingTokenByToken) {
+  torch::NoGradGuard no_grad;
+  fwmodel::Model model = fwtest::RandomModel(config_, 5, torch::kFloat32);
+  auto native = fwmodel::NativeStep::Create(model);
+  ASSERT_TRUE(native.ok()) << native.status();
+  const int64_t steps = 9, vocab = config_.vocab_size;
+  const std::vector<int64_t> rows = {3, 1};
+  torch::Tensor tokens = fwtest::RandomTokens(2, steps + 1, vocab, 13);
+  fwmodel::State pool = model.InitialState(5);
+  fwmodel::State reference = model.InitialState(2);
+  torch::Tensor expected;
+  for (int64_t t = 0; t < steps; ++t) {
+    auto logits = model.Step(tokens.select(1, t).contiguous(), &reference);
+    ASSERT_TRUE(logits.ok()) << logits.status();
+    expected = *logits;
+  }
+  torch::Tensor prompt = tokens.narrow(1, 0, steps).contiguous();
+  std::vector<int64_t> flat(prompt.data_ptr<int64_t>(), prompt.data_ptr<int64_t>() + 2 * steps);
+  std::vector<float> logits(2 * static_cast<size_t>(vocab));
+  ASSERT_TRUE((*native)->Absorb(flat, steps, rows, &pool, logits.data()).ok());
+  ExpectNear(torch::from_blob(logits.data(), {2, vocab}).clone(), expected, "prefill logits");
+  std::vector<int64_t> next = {tokens[0][steps].item<int64_t>(), tokens[1][steps].item<int64_t>()};
+  ASSERT_TRUE((*native)->Step(next, rows, &pool, logits.data()).ok());
+  auto step_expected = model.Step(tokens.select(1, steps).contiguous(), &reference);
+  ASSERT_TRUE(step_expected.ok());
+  ExpectNear(torch::from_blob(logits.data(), {2, vocab}).clone(), *step_expected, "step logits");
+  for (size_t t = 0; t < pool.tensors.size(); ++t) {
+    for (int64_t b = 0; b < 2; ++b) {
+      ExpectNear(pool.tensors[t].narrow(0, rows[static_cast<size_t>(b)], 1),
+                 reference.tensors[t].narrow(0, b, 1),
+                 absl::StrCat("state ", model.state_spec()[t].name, ", session ", b));
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllConfigurations, NativeStepTest, testing::ValuesIn(AllCases()),
+                         CaseName);
+
+TEST(NativeStepInputTest, BadArgumentsAreRefusedAndChangeNothing) {
+  torch::NoGradGuard no_grad;
+  fwmodel::ModelConfig config =
+      fwtest::TinyConfig(Architecture::kFastWeight, FfnKind::kSquaredRelu, 3);
+  fwmodel::Model model = fwtest::RandomModel(config, 3, torch::kFloat32);
+  auto native = fwmodel::NativeStep::Create(model);
+  ASSERT_TRUE(native.ok());
+  fwmodel::State pool = model.InitialState(4);
+  const fwmodel::State before = pool.Clone();
+  std::vector<float> logits(2 * static_cast<size_t>(config.vocab_size));
+  auto refused = [&](std::vector<int64_t> tokens, std::vector<int64_t> rows,
+                     const std::string& message) {
+    absl::Status s = (*native)->Step(tokens, rows, &pool, logits.data());
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << message;
+    EXPECT_NE(s.message().find(message), std::string::npos) << s.message();
+  };
+  refused({1, config.vocab_size}, {0, 1}, absl::StrCat("token id ", config.vocab_size));
+  refused({1, -1}, {0, 1}, "token id -1");
+  refused({1, 2}, {0, 4}, "row 4 is outside");
+  refused({1, 2}, {2, 2}, "row 2 appears twice");
+  refused({1, 2}, {0}, "differ in size");
+  EXPECT_EQ((*native)->Absorb({1, 2, 3}, 2, {0, 1}, &pool, logits.data()).code(),
+            absl::StatusCode::kInvalidArgument);
+  for (size_t t = 0; t < pool.tensors.size(); ++t) {
+    EXPECT_TRUE(torch::equal(pool.tensors[t], before.tensors[t]));
+  }
+  fwmodel::State wrong = model.InitialState(4);
+  wrong.tensors[0] = wrong.tensors[0].to(torch::kFloat64);
+  EXPECT_EQ((*native)->Step({1}, {0}, &wrong, logits.data()).code(),
+            absl::StatusCode::kInvalidArgument);
+  fwmodel::Model f64 = fwtest::RandomModel(config, 3, torch::kFloat64);
+  EXPECT_EQ(fwmodel::NativeStep::Create(f64).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+}  // namespace
