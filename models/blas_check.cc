@@ -1,5 +1,7 @@
 #include "models/blas_check.h"
 
+#include <dlfcn.h>
+
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -51,6 +53,14 @@ std::optional<std::string> SlowBlasWarning() {
   const auto target = std::filesystem::canonical("/usr/lib/x86_64-linux-gnu/libblas.so.3", ec);
   return SlowBlasWarning(maps.str(),
                          ec ? std::nullopt : std::optional<std::string>(target.string()));
+}
+
+bool SetOpenBlasThreads(int threads) {
+  using SetThreads = void (*)(int);
+  auto set = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
+  if (set == nullptr) return false;
+  set(threads);
+  return true;
 }
 
 }  // namespace fwmodel

@@ -19,4 +19,10 @@ std::optional<std::string> SlowBlasWarning();
 std::optional<std::string> SlowBlasWarning(const std::string& maps,
                                            const std::optional<std::string>& alternative_target);
 
+// Sets OpenBLAS's own thread count (openblas_set_num_threads, looked up at run time
+// because Debian links the generic libblas.so.3 that OpenBLAS provides). LibTorch's
+// set_num_threads does not reach it, and OpenBLAS's OpenMP workers spin between the
+// small products of a decode step. False when the BLAS in use is not OpenBLAS.
+bool SetOpenBlasThreads(int threads);
+
 }  // namespace fwmodel

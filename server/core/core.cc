@@ -12,6 +12,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "models/blas_check.h"
 #include "models/checkpoint.h"
 #include "models/state_codec.h"
 #include "models/tokenizer.h"
@@ -154,7 +155,10 @@ class CoreImpl : public Core {
 
   absl::Status Init() {
     if (options_.model_dirs.empty()) return absl::InvalidArgumentError("no model given (--model)");
-    if (options_.intra_op_threads > 0) torch::set_num_threads(options_.intra_op_threads);
+    if (options_.intra_op_threads > 0) {
+      torch::set_num_threads(options_.intra_op_threads);
+      fwmodel::SetOpenBlasThreads(options_.intra_op_threads);
+    }
     fwmodel::ModelOptions model_options;
     if (options_.device == "cuda" || options_.device.rfind("cuda:", 0) == 0) {
       if (!torch::cuda::is_available()) {

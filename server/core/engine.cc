@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
+#include "models/blas_check.h"
 #include "server/core/log.h"
 #include "server/core/session_id.h"
 
@@ -134,6 +135,14 @@ struct Engine::PrefillJob {
   absl::Duration elapsed;
 };
 
+void Engine::ApplyThreadLimit() {
+  // OpenMP's thread count is per thread: set where the model runs, not only in main().
+  if (options_.intra_op_threads > 0) {
+    at::set_num_threads(options_.intra_op_threads);
+    fwmodel::SetOpenBlasThreads(options_.intra_op_threads);
+  }
+}
+
 void Engine::Start() {
   // Named for profilers and top -H (Linux limits names to 15 characters).
   prefill_thread_ = std::thread([this] {
@@ -148,6 +157,7 @@ void Engine::Start() {
 
 void Engine::PrefillThreadLoop() {
   torch::NoGradGuard no_grad;
+  ApplyThreadLimit();
   while (true) {
     PrefillJob* job = nullptr;
     {
@@ -349,6 +359,7 @@ bool Engine::HasImmediateWorkLocked() {
 
 void Engine::Loop() {
   torch::NoGradGuard no_grad;
+  ApplyThreadLimit();
   while (true) {
     std::vector<Event> events;
     std::vector<std::function<void()>> continuations;
@@ -440,9 +451,11 @@ void Engine::Loop() {
     for (const auto& task : tasks_) {
       switch (task->phase) {
         case Task::Phase::kBlocked:
-        case Task::Phase::kDraining:
+          // Joins the next step once a write returns; a draining stream never does.
           awaiting = true;
           break;
+        case Task::Phase::kDraining:
+          break;  // waits for its last write; nothing to do here until then
         case Task::Phase::kReadyToAbsorb:
           ready_to_absorb = true;
           break;

@@ -184,6 +184,8 @@ class Engine {
   void PrefillThreadLoop();
   void RunDecodeStep();
   void SampleAndEmit();
+  // --threads on the calling (engine or prefill) thread: LibTorch, OpenMP, OpenBLAS.
+  void ApplyThreadLimit();
   // Decode pipelining. Whether the task may sample another token now (fewer than
   // decode_lookahead unconfirmed). Flush: hands `unsent` to the transport as one chunk.
   // DropUnconfirmed: puts the slot back to before the first token whose write was not

@@ -436,7 +436,10 @@ TEST_F(ClientTest, TlsWithServerRootsAndClientCertificates) {
 // Generate.
 
 TEST_F(ClientTest, IteratorAndCallbackGenerateGiveTheSameTokens) {
-  auto server = Harness::Start(Options());
+  // One token per message (no decode pipelining), so both ways see the same messages.
+  fwserve::CoreOptions options = Options();
+  options.decode_lookahead = 1;
+  auto server = Harness::Start(options);
   ASSERT_NE(server, nullptr);
   v1::GenerateRequest request = Request("Same seed, same text", 200);
   request.set_logprobs(true);
