@@ -8,7 +8,9 @@
 // --requests-per-stream N, until the first stream has completed N requests started inside
 // the window). Samples are kept by the time they are observed: a token counts if it arrives
 // inside the window, an ITL sample if its second token does, a TTFT sample if its request
-// started inside the window and its first token arrived before the window ended. At the
+// started inside the window and its first token arrived before the window ended. ITL is
+// per token: a message of n tokens gives the gap since the previous message for its
+// first token and 0 for the other n-1 (they arrived together). At the
 // end of the window the requests still running are cancelled (not counted as errors), so
 // every level starts from an idle server.
 //
@@ -505,12 +507,20 @@ void Level::Work(int index) {
       if (message.token_ids_size() == 0) continue;
       if (now >= begin_ns_) {
         r.tokens += message.token_ids_size();
+        // Per token: the message's first token waited the gap since the previous
+        // message; the others in the same message (decode pipelining, a flush
+        // interval) arrived with it, a gap of 0.
+        int64_t same_message = message.token_ids_size() - 1;
         if (last < 0) {
           ttft_ms = static_cast<double>(now - sent) * 1e-6;
           if (in_window) r.ttft_ms.push_back(ttft_ms);
         } else {
           gaps_ms.push_back(static_cast<double>(now - last) * 1e-6);
           r.itl_ms.push_back(gaps_ms.back());
+        }
+        for (; same_message > 0; --same_message) {
+          gaps_ms.push_back(0.0);
+          r.itl_ms.push_back(0.0);
         }
       }
       last = now;

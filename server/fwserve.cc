@@ -80,6 +80,10 @@ ABSL_FLAG(int32_t, threads, 0, "LibTorch intra-op threads; 0 = LibTorch's defaul
 ABSL_FLAG(int32_t, decode_lookahead, 16,
           "tokens a stream may decode beyond its last confirmed write; those sampled while "
           "a write is in flight go out as one message when it returns (1..4096)");
+ABSL_FLAG(absl::Duration, stream_flush_interval, absl::ZeroDuration(),
+          "how long a stream's tokens may wait to be sent together in one message (0 = as "
+          "soon as the previous write returns; at most --decode-lookahead tokens per "
+          "message). Trades up to this much latency for less CPU per token");
 ABSL_FLAG(std::string, decode_kernel, "native",
           "decode step of CPU models: native (fused sgemm, state updated in place) or "
           "libtorch (the reference Model::Step); CUDA always uses libtorch");
@@ -269,6 +273,7 @@ int main(int argc, char** argv) {
   core_options.batch_wait = absl::GetFlag(FLAGS_batch_wait);
   core_options.decode_kernel = absl::GetFlag(FLAGS_decode_kernel);
   core_options.decode_lookahead = absl::GetFlag(FLAGS_decode_lookahead);
+  core_options.stream_flush_interval = absl::GetFlag(FLAGS_stream_flush_interval);
   core_options.intra_op_threads = absl::GetFlag(FLAGS_threads);
   core_options.metrics = metrics.get();
   auto core = fwserve::Core::Create(core_options);

@@ -118,6 +118,12 @@ absl::Status ValidateCoreOptions(const CoreOptions& o) {
     return absl::InvalidArgumentError("--batch-wait must not be negative");
   }
   if (o.intra_op_threads < 0) return absl::InvalidArgumentError("--threads must be >= 0");
+  if (o.stream_flush_interval < absl::ZeroDuration() ||
+      o.stream_flush_interval > absl::Seconds(1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--stream-flush-interval must be in [0, 1s], got ",
+                     absl::FormatDuration(o.stream_flush_interval)));
+  }
   if (o.decode_lookahead < 1 || o.decode_lookahead > 4096) {
     return absl::InvalidArgumentError(
         absl::StrCat("--decode-lookahead must be in [1, 4096], got ", o.decode_lookahead));

@@ -84,6 +84,11 @@ struct CoreOptions {
   // samples meanwhile goes out as one chunk when the write returns. 1 = the next token
   // is computed during the write of the previous one.
   int32_t decode_lookahead = 16;
+  // How long a stream's tokens may wait to be written together (0: each goes out as
+  // soon as the previous write returns). Fewer, fuller messages cost less CPU per token
+  // in gRPC, the kernel and the client, for up to this much added latency on the first
+  // token of each message. Bounded by decode_lookahead tokens per message.
+  absl::Duration stream_flush_interval = absl::ZeroDuration();
   // Not owned; may be null (no metrics).
   Metrics* metrics = nullptr;
   // Tenants and their quotas (--api-keys-file). Null: an open server, one anonymous

@@ -56,6 +56,7 @@ struct Engine::Task {
   bool write_in_flight = false;
   int64_t inflight_tokens = 0;
   GenerateChunk unsent;
+  absl::Time unsent_since;        // when its first token was sampled
   RollbackPoint before_inflight;  // valid while write_in_flight
   RollbackPoint before_unsent;    // valid while `unsent` holds tokens
   bool stop_hit = false;
@@ -509,7 +510,7 @@ void Engine::ApplyEvent(const Event& event) {
         FinishTask(task, ended);  // drops the unsent tokens
         break;
       }
-      if (!task.unsent.token_ids.empty()) Flush(task);
+      if (!task.unsent.token_ids.empty() && ShouldFlush(task, absl::Now())) Flush(task);
       if (task.phase == Task::Phase::kDraining && !task.write_in_flight) {
         FinishTask(task, task.stop_hit ? FinishReason::kStop : FinishReason::kLength);
       } else if (task.phase == Task::Phase::kBlocked && CanSample(task)) {
@@ -534,8 +535,15 @@ void Engine::ApplyEvent(const Event& event) {
 }
 
 bool Engine::CanSample(const Task& t) const {
-  return !t.write_in_flight || t.inflight_tokens + static_cast<int64_t>(t.unsent.token_ids.size()) <
-                                   options_.decode_lookahead;
+  return t.inflight_tokens + static_cast<int64_t>(t.unsent.token_ids.size()) <
+         options_.decode_lookahead;
+}
+
+bool Engine::ShouldFlush(const Task& t, absl::Time now) const {
+  return options_.stream_flush_interval <= absl::ZeroDuration() ||
+         static_cast<int64_t>(t.unsent.token_ids.size()) >= options_.decode_lookahead ||
+         t.stop_hit || t.sampled >= t.item->generate.max_tokens ||
+         now - t.unsent_since >= options_.stream_flush_interval;
 }
 
 void Engine::Flush(Task& t) {
@@ -914,6 +922,7 @@ void Engine::SampleAndEmit() {
     }
     const GenerateParams& g = t->item->generate;
     if (t->unsent.token_ids.empty()) {
+      t->unsent_since = absl::Now();
       pool_.SaveRow(t->slot, &t->before_unsent.row);
       t->before_unsent.tokens = t->tokens;
       t->before_unsent.decoder = t->decoder;
@@ -937,7 +946,7 @@ void Engine::SampleAndEmit() {
     }
     t->pending_token = token;
     t->phase = Task::Phase::kReadyToAbsorb;
-    if (!t->write_in_flight) Flush(*t);
+    if (!t->write_in_flight && ShouldFlush(*t, absl::Now())) Flush(*t);
   }
 }
 

@@ -191,6 +191,9 @@ class Engine {
   // DropUnconfirmed: puts the slot back to before the first token whose write was not
   // confirmed and forgets those tokens.
   bool CanSample(const Task& t) const;
+  // Whether `unsent` goes out now (no write in flight): at once unless
+  // --stream-flush-interval holds it; always when full or the stream is done.
+  bool ShouldFlush(const Task& t, absl::Time now) const;
   void Flush(Task& t);
   void DropUnconfirmed(Task& t);
   // End a task: answer its caller (after the store holds a changed session).

@@ -213,6 +213,30 @@ TEST_F(ServerTest, TokensDecodedDuringAWriteArriveTogetherAndAddUp) {
   }
 }
 
+// --stream-flush-interval holds a stream's tokens back until the message is full
+// (--decode-lookahead tokens) or the stream ends: 40 tokens go out as 16 + 16 + 8, and
+// they are the tokens an unbatched stream gets.
+TEST_F(ServerTest, AFlushIntervalSendsFullMessages) {
+  fwserve::CoreOptions options = Options();
+  options.stream_flush_interval = absl::Seconds(1);
+  auto server = Harness::Start(options);
+  ASSERT_NE(server, nullptr);
+  v1::GenerateRequest request = Greedy("Hello, world", 40);
+  std::vector<int> sizes;
+  auto result = server->client().Generate(request, [&](const v1::GenerateResponse& m) {
+    if (m.token_ids_size() > 0) sizes.push_back(m.token_ids_size());
+    return true;
+  });
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(sizes, (std::vector<int>{16, 16, 8}));
+  EXPECT_EQ(result->usage.session_tokens(), 52);
+  auto plain_server = Harness::Start(Options());
+  ASSERT_NE(plain_server, nullptr);
+  auto plain = plain_server->client().Generate(request);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ(result->token_ids, plain->token_ids);
+}
+
 TEST_F(ServerTest, SameSeedSameOutputAndSeedsDiffer) {
   auto server = Harness::Start(Options());
   ASSERT_NE(server, nullptr);
