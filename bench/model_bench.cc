@@ -38,10 +38,9 @@ void SetLabel(benchmark::State& state) {
   state.SetLabel(kNames[state.range(0)]);
 }
 
-void BM_Step(benchmark::State& state) {
+// Model::Step (LibTorch) over `batch` sessions, one token each per iteration.
+void RunLibTorchStep(benchmark::State& state, const fwmodel::Model& model, int64_t batch) {
   torch::NoGradGuard no_grad;
-  fwmodel::Model model = MakeModel(state.range(0));
-  const int64_t batch = state.range(1);
   fwmodel::State s = model.InitialState(batch);
   torch::Tensor tokens = torch::full({batch}, 65, torch::kInt64);
   for (auto _ : state) {
@@ -49,6 +48,11 @@ void BM_Step(benchmark::State& state) {
     benchmark::DoNotOptimize(logits.data_ptr<float>());
   }
   state.SetItemsProcessed(state.iterations() * batch);
+}
+
+void BM_Step(benchmark::State& state) {
+  fwmodel::Model model = MakeModel(state.range(0));
+  RunLibTorchStep(state, model, state.range(1));
   SetLabel(state);
 }
 
@@ -94,16 +98,8 @@ void BM_NativeStepPkm(benchmark::State& state) {
 }
 
 void BM_StepPkm(benchmark::State& state) {
-  torch::NoGradGuard no_grad;
   fwmodel::Model model = MakePkmModel();
-  const int64_t batch = state.range(0);
-  fwmodel::State s = model.InitialState(batch);
-  torch::Tensor tokens = torch::full({batch}, 65, torch::kInt64);
-  for (auto _ : state) {
-    torch::Tensor logits = model.StepUnchecked(tokens, &s);
-    benchmark::DoNotOptimize(logits.data_ptr<float>());
-  }
-  state.SetItemsProcessed(state.iterations() * batch);
+  RunLibTorchStep(state, model, state.range(0));
   state.SetLabel("aft_pkm");
 }
 

@@ -237,6 +237,30 @@ TEST_F(ServerTest, AFlushIntervalSendsFullMessages) {
   EXPECT_EQ(result->token_ids, plain->token_ids);
 }
 
+// --decode-kernel libtorch (Model::Step on gathered rows, the LibTorch sequence form
+// for prompts) still serves, with pipelining, and gives the native kernel's tokens'
+// probabilities to float rounding: the same greedy request's first token and logprob.
+TEST_F(ServerTest, TheLibTorchDecodeKernelServesTheSameModel) {
+  fwserve::CoreOptions options = Options();
+  options.decode_kernel = "libtorch";
+  auto reference_server = Harness::Start(options);
+  ASSERT_NE(reference_server, nullptr);
+  auto native_server = Harness::Start(Options());
+  ASSERT_NE(native_server, nullptr);
+  v1::GenerateRequest request = Greedy("Hello, world", 30);
+  request.set_logprobs(true);
+  auto reference = reference_server->client().Generate(request);
+  auto native = native_server->client().Generate(request);
+  ASSERT_TRUE(reference.ok()) << reference.status();
+  ASSERT_TRUE(native.ok()) << native.status();
+  EXPECT_EQ(reference->usage.generated_tokens(), 30);
+  EXPECT_EQ(reference->usage.session_tokens(), 42);
+  ASSERT_FALSE(reference->token_ids.empty());
+  ASSERT_FALSE(native->token_ids.empty());
+  EXPECT_EQ(reference->token_ids[0], native->token_ids[0]);
+  EXPECT_NEAR(reference->logprobs[0], native->logprobs[0], 1e-4);
+}
+
 TEST_F(ServerTest, SameSeedSameOutputAndSeedsDiffer) {
   auto server = Harness::Start(Options());
   ASSERT_NE(server, nullptr);
@@ -429,7 +453,10 @@ TEST_F(ServerTest, ImportRejectsOtherModelsTruncatedAndAlteredBlobsAndChangesNot
 }
 
 TEST_F(ServerTest, CancellationMidStreamLeavesExactlyTheStreamedTokens) {
-  StepGate gate(/*free_steps=*/30);  // the stream cannot finish before the cancel
+  // The stream cannot finish before the cancel. The gate holds the engine thread, so
+  // tokens sampled while a write was in flight (at most decode_lookahead = 16) are not
+  // sent until it opens: 20 + 16 + 4 free steps make sure 20 tokens reach the client.
+  StepGate gate(/*free_steps=*/40);
   fwserve::CoreOptions options = Options();
   gate.Install(options);
   auto server = Harness::Start(options);

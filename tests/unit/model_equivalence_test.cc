@@ -14,36 +14,10 @@ namespace {
 using fwmodel::Architecture;
 using fwmodel::FfnKind;
 
-struct Case {
-  Architecture arch;
-  FfnKind ffn;
-  int dconv;
-  int nu;
-  bool pkm = false;  // block 1's FFN is a product-key memory
-};
-
-std::vector<Case> AllCases() {
-  std::vector<Case> cases;
-  for (Architecture arch :
-       {Architecture::kLinearAttention, Architecture::kFastWeight, Architecture::kAft}) {
-    for (FfnKind ffn : {FfnKind::kRelu, FfnKind::kSquaredRelu, FfnKind::kGeglu}) {
-      for (int dconv : {0, 3}) {
-        for (int nu : {1, 3}) {
-          if (nu == 3 && arch != Architecture::kFastWeight) continue;
-          cases.push_back({arch, ffn, dconv, nu});
-        }
-      }
-    }
-    for (int dconv : {0, 3}) cases.push_back({arch, FfnKind::kGeglu, dconv, 2, /*pkm=*/true});
-  }
-  return cases;
-}
+using Case = fwtest::ConfigCase;
 
 std::string CaseName(const testing::TestParamInfo<std::tuple<Case, bool>>& info) {
-  const Case& c = std::get<0>(info.param);
-  return absl::StrCat(fwmodel::ArchitectureName(c.arch), "_", fwmodel::FfnKindName(c.ffn), "_dconv",
-                      c.dconv, "_nu", c.nu, c.pkm ? "_pkm" : "",
-                      std::get<1>(info.param) ? "_f64" : "_f32");
+  return absl::StrCat(std::get<0>(info.param).Name(), std::get<1>(info.param) ? "_f64" : "_f32");
 }
 
 // Compares every state tensor by value, relative to its magnitude (sums over many
@@ -83,10 +57,8 @@ void ExpectStatesNearImpl(const fwmodel::Model& model, const fwmodel::State& a,
 class FormEquivalenceTest : public testing::TestWithParam<std::tuple<Case, bool>> {
  protected:
   void SetUp() override {
-    const Case& c = std::get<0>(GetParam());
     f64_ = std::get<1>(GetParam());
-    config_ = fwtest::TinyConfig(c.arch, c.ffn, c.dconv, c.nu, /*tie=*/c.dconv == 0);
-    if (c.pkm) config_ = fwtest::WithPkm(config_);
+    config_ = std::get<0>(GetParam()).Config();
   }
   double tolerance() const { return f64_ ? 1e-9 : 1e-4; }
   torch::ScalarType dtype() const { return f64_ ? torch::kFloat64 : torch::kFloat32; }
@@ -158,7 +130,8 @@ TEST_P(FormEquivalenceTest, PiecesWithCarriedStateEqualWholeSpan) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllArchitectures, FormEquivalenceTest,
-                         testing::Combine(testing::ValuesIn(AllCases()), testing::Bool()),
+                         testing::Combine(testing::ValuesIn(fwtest::AllConfigCases()),
+                                          testing::Bool()),
                          CaseName);
 
 // The state comparison itself can fail: it accepts an aft state rescaled to another

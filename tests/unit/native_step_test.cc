@@ -16,36 +16,8 @@ namespace {
 using fwmodel::Architecture;
 using fwmodel::FfnKind;
 
-struct Case {
-  Architecture arch;
-  FfnKind ffn;
-  int dconv;
-  int nu;
-  bool pkm;
-  bool tie;
-};
-
-std::vector<Case> AllCases() {
-  std::vector<Case> cases;
-  for (Architecture arch :
-       {Architecture::kLinearAttention, Architecture::kFastWeight, Architecture::kAft}) {
-    for (FfnKind ffn : {FfnKind::kRelu, FfnKind::kSquaredRelu, FfnKind::kGeglu}) {
-      for (int dconv : {0, 2, 3}) {
-        for (int nu : {1, 3}) {
-          if (nu == 3 && arch != Architecture::kFastWeight) continue;
-          cases.push_back({arch, ffn, dconv, nu, false, dconv == 0});
-        }
-      }
-    }
-    for (int dconv : {0, 3}) cases.push_back({arch, FfnKind::kGeglu, dconv, 2, true, dconv != 0});
-  }
-  return cases;
-}
-
-std::string CaseName(const testing::TestParamInfo<Case>& info) {
-  const Case& c = info.param;
-  return absl::StrCat(fwmodel::ArchitectureName(c.arch), "_", fwmodel::FfnKindName(c.ffn), "_dconv",
-                      c.dconv, "_nu", c.nu, c.pkm ? "_pkm" : "", c.tie ? "_tied" : "");
+std::string CaseName(const testing::TestParamInfo<fwtest::ConfigCase>& info) {
+  return info.param.Name();
 }
 
 constexpr double kTolerance = 1e-5;
@@ -58,13 +30,10 @@ void ExpectNear(const torch::Tensor& a, const torch::Tensor& b, const std::strin
   EXPECT_LE(fwtest::MaxAbsDiff(a, b), kTolerance * magnitude) << what;
 }
 
-class NativeStepTest : public testing::TestWithParam<Case> {
+// Every configuration of the form-equivalence tests.
+class NativeStepTest : public testing::TestWithParam<fwtest::ConfigCase> {
  protected:
-  void SetUp() override {
-    const Case& c = GetParam();
-    config_ = fwtest::TinyConfig(c.arch, c.ffn, c.dconv, c.nu, c.tie);
-    if (c.pkm) config_ = fwtest::WithPkm(config_);
-  }
+  void SetUp() override { config_ = GetParam().Config(); }
   fwmodel::ModelConfig config_;
 };
 
@@ -159,8 +128,8 @@ TEST_P(NativeStepTest, AbsorbEqualsSteppingTokenByToken) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(AllConfigurations, NativeStepTest, testing::ValuesIn(AllCases()),
-                         CaseName);
+INSTANTIATE_TEST_SUITE_P(AllConfigurations, NativeStepTest,
+                         testing::ValuesIn(fwtest::AllConfigCases()), CaseName);
 
 TEST(NativeStepInputTest, BadArgumentsAreRefusedAndChangeNothing) {
   torch::NoGradGuard no_grad;

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include "absl/strings/str_cat.h"
+
 namespace fwtest {
 
 fwmodel::ModelConfig TinyConfig(fwmodel::Architecture arch, fwmodel::FfnKind ffn, int dconv_kernel,
@@ -56,6 +58,35 @@ torch::Tensor RandomTokens(int64_t batch, int64_t steps, int64_t vocab, uint64_t
 
 double MaxAbsDiff(const torch::Tensor& a, const torch::Tensor& b) {
   return (a.to(torch::kFloat64) - b.to(torch::kFloat64)).abs().max().item<double>();
+}
+
+fwmodel::ModelConfig ConfigCase::Config() const {
+  fwmodel::ModelConfig config = TinyConfig(arch, ffn, dconv, nu, /*tie=*/dconv == 0);
+  return pkm ? WithPkm(config) : config;
+}
+
+std::string ConfigCase::Name() const {
+  return absl::StrCat(fwmodel::ArchitectureName(arch), "_", fwmodel::FfnKindName(ffn), "_dconv",
+                      dconv, "_nu", nu, pkm ? "_pkm" : "");
+}
+
+std::vector<ConfigCase> AllConfigCases() {
+  using fwmodel::Architecture;
+  using fwmodel::FfnKind;
+  std::vector<ConfigCase> cases;
+  for (Architecture arch :
+       {Architecture::kLinearAttention, Architecture::kFastWeight, Architecture::kAft}) {
+    for (FfnKind ffn : {FfnKind::kRelu, FfnKind::kSquaredRelu, FfnKind::kGeglu}) {
+      for (int dconv : {0, 3}) {
+        for (int nu : {1, 3}) {
+          if (nu == 3 && arch != Architecture::kFastWeight) continue;
+          cases.push_back({arch, ffn, dconv, nu});
+        }
+      }
+    }
+    for (int dconv : {0, 3}) cases.push_back({arch, FfnKind::kGeglu, dconv, 2, /*pkm=*/true});
+  }
+  return cases;
 }
 
 }  // namespace fwtest

@@ -3,6 +3,8 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "models/config.h"
 #include "models/model.h"
@@ -21,6 +23,22 @@ fwmodel::ModelConfig WithPkm(fwmodel::ModelConfig config, int layer = 1);
 // Deterministic in seed.
 fwmodel::Model RandomModel(const fwmodel::ModelConfig& config, uint64_t seed,
                            torch::ScalarType dtype = torch::kFloat64, double scale = 0.5);
+
+// One configuration of the form-equivalence tests (and of the native step's): every
+// architecture x ffn x dconv (0, 3), nu in {1, 3} for fast_weight, plus a PKM block
+// (geglu, nu 2) per architecture and dconv. Tied embeddings when dconv is 0.
+struct ConfigCase {
+  fwmodel::Architecture arch;
+  fwmodel::FfnKind ffn;
+  int dconv;
+  int nu;
+  bool pkm = false;  // block 1's FFN is a product-key memory
+
+  fwmodel::ModelConfig Config() const;
+  // For test names: e.g. "aft_geglu_dconv3_nu2_pkm".
+  std::string Name() const;
+};
+std::vector<ConfigCase> AllConfigCases();
 
 // Random token ids in [0, vocab) as int64 [batch, steps].
 torch::Tensor RandomTokens(int64_t batch, int64_t steps, int64_t vocab, uint64_t seed);
