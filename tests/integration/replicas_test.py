@@ -473,14 +473,17 @@ class ReplicasTest(unittest.TestCase):
         runner.start()
         while runner.is_alive() and completed[0] < kill_at:
             time.sleep(0.01)
-        # Kill it while it streams (at most 5 s later).
-        wait_until = time.time() + 5
+        # Kill it with turns in flight on it, however fast it serves: freeze it
+        # (SIGSTOP), so that what is routed to it stays unanswered, until haproxy has
+        # forwarded at least one turn to it (at most 10 s); then kill -9.
+        victim_done = victim.requests_total(rpc="Generate")
+        victim.signal(signal.SIGSTOP)
+        wait_until = time.time() + 10
         while True:
-            streaming = victim.metric("fwserve_engine_active_streams")
+            streaming = proxy.current_streams("fwserve2")
             if streaming >= 1 or time.time() > wait_until:
                 break
             time.sleep(0.002)
-        victim_done = victim.requests_total(rpc="Generate")
         victim.kill()
         killed.set()
         killed_at = time.time()

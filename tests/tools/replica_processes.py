@@ -377,6 +377,17 @@ class Haproxy(Proc):
         return {r["svname"]: (r["status"], r["check_status"]) for r in rows
                 if r["svname"] not in ("FRONTEND", "BACKEND") and r["pxname"] == "fwserve"}
 
+    def current_streams(self, name):
+        """Requests haproxy has forwarded to server `name` and not seen answered (the
+        stats CSV's scur)."""
+        text = urllib.request.urlopen("http://127.0.0.1:%d/stats;csv" % self.stats_port,
+                                      timeout=10).read().decode()
+        rows = csv.DictReader(io.StringIO(text.lstrip("# ")))
+        for r in rows:
+            if r["svname"] == name and r["pxname"] == "fwserve":
+                return int(r["scur"] or 0)
+        return 0
+
     def wait_servers(self, want, timeout_s=20):
         """Waits until each named server's status is want[name] ("UP", "DOWN"). Returns
         the last states seen (the caller asserts)."""
