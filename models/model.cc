@@ -468,7 +468,8 @@ torch::Tensor TopKIndices(const torch::Tensor& scores, int64_t k) {
   return result;
 }
 
-// The candidates (m, n) with (m+1)(n+1) <= k, in order of m*k + n: [C, 2] int64.
+}  // namespace
+
 const std::vector<int64_t>& PkmCandidatePairs(int64_t k) {
   thread_local int64_t cached_k = -1;
   thread_local std::vector<int64_t> pairs;
@@ -484,6 +485,8 @@ const std::vector<int64_t>& PkmCandidatePairs(int64_t k) {
   }
   return pairs;
 }
+
+namespace {
 
 template <typename T>
 void BestCandidateRows(const T* a, const T* b, const int64_t* pairs, int64_t num_pairs, int64_t k,

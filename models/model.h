@@ -158,6 +158,12 @@ class Model {
   std::vector<int> conv_state_index_;
 };
 
+// The product-key memory's second top-k needs only the candidates (m, n) with
+// (m+1)(n+1) <= k (the others are dominated by k better ones with lower candidate
+// indices): those pairs, flattened m0, n0, m1, n1, ... in order of m*k + n. Cached per
+// thread; the reference stays valid until the thread asks for another k.
+const std::vector<int64_t>& PkmCandidatePairs(int64_t k);
+
 // What scoring continues from: a batch-1 state and the logits that predict the next
 // token (undefined before the first token). Default-constructed = a fresh session.
 struct ScoringContext {

@@ -357,6 +357,7 @@ absl::StatusOr<std::unique_ptr<NativeStep>> NativeStep::Create(const Model& mode
       }
       step->layers_.push_back(std::move(l));
     }
+    if (c.has_pkm()) step->pkm_pairs_ = PkmCandidatePairs(c.pkm_topk);
     step->embed_ = weight("embed.weight");
     step->norm_f_w_ = weight("norm_f.weight");
     step->norm_f_b_ = weight("norm_f.bias");
@@ -556,15 +557,7 @@ void NativeStep::PkmFfn(const Layer& l, const float* x, int64_t B, float* out) {
                   0.0f, scores + (hd * 2 + p) * nk, static_cast<int>(2 * Hm * nk));
     }
   }
-  // Candidates (m, n) with (m+1)(n+1) <= k: the others are dominated by k better ones
-  // with lower candidate indices (see Model::PkmFfn).
-  std::vector<int64_t> pairs;
-  for (int64_t m = 0; m < k; ++m) {
-    for (int64_t n = 0; (m + 1) * (n + 1) <= k; ++n) {
-      pairs.push_back(m);
-      pairs.push_back(n);
-    }
-  }
+  const std::vector<int64_t>& pairs = pkm_pairs_;
   const int64_t num_pairs = static_cast<int64_t>(pairs.size() / 2);
   at::parallel_for(0, B, kRowGrain, [&](int64_t begin, int64_t end) {
     std::vector<int64_t> order1, order2, candidate_order;

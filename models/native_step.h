@@ -62,6 +62,8 @@ class NativeStep {
   const float* norm_f_w_ = nullptr;
   const float* norm_f_b_ = nullptr;
   const float* head_ = nullptr;  // head.weight, or embed.weight when tied
+  // PkmCandidatePairs(pkm_topk), computed once (empty without PKM blocks).
+  std::vector<int64_t> pkm_pairs_;
   // Scratch, sized for the largest batch seen: residual stream, normalised input,
   // projections, mixer output, FFN hidden units, PKM queries and scores.
   std::vector<float> h_, x_, proj_, y_, hidden_, act_, pkm_query_, pkm_scores_;
