@@ -10,6 +10,9 @@
 //   BM_NativeStepPkm   the same for aft with block 2's FFN a product-key memory (the
 //                      shipped aft_pkm size); baseline BM_StepPkm
 //   BM_Prefill         sequence form over a T-token prompt (one session)
+//   BM_NativeAbsorb    the native prefill (NativeStep::Absorb) of a T-token prompt, one
+//                      session, as the server's prefill thread runs it (T = its chunk);
+//                      baseline: BM_Prefill at the same T
 //   BM_PrefillByStep   baseline: the same prompt fed token by token
 #include <benchmark/benchmark.h>
 
@@ -134,6 +137,26 @@ void BM_Prefill(benchmark::State& state) {
   SetLabel(state);
 }
 
+void BM_NativeAbsorb(benchmark::State& state) {
+  torch::NoGradGuard no_grad;
+  fwmodel::Model model = MakeModel(state.range(0));
+  const int64_t steps = state.range(1);
+  auto native = fwmodel::NativeStep::Create(model);
+  if (!native.ok()) return state.SkipWithError("native step unavailable");
+  fwmodel::State pool = model.InitialState(1);
+  std::vector<int64_t> tokens(static_cast<size_t>(steps)), rows = {0};
+  for (int64_t t = 0; t < steps; ++t) tokens[static_cast<size_t>(t)] = (t * 37) % 256;
+  std::vector<float> logits(static_cast<size_t>(model.config().vocab_size));
+  for (auto _ : state) {
+    if (!(*native)->Absorb(tokens, steps, rows, &pool, logits.data()).ok()) {
+      return state.SkipWithError("absorb failed");
+    }
+    benchmark::DoNotOptimize(logits.data());
+  }
+  state.SetItemsProcessed(state.iterations() * steps);
+  SetLabel(state);
+}
+
 void BM_PrefillByStep(benchmark::State& state) {
   torch::NoGradGuard no_grad;
   fwmodel::Model model = MakeModel(state.range(0));
@@ -157,7 +180,8 @@ BENCHMARK(BM_NativeStep)
 BENCHMARK(BM_StepPkm)->Arg(1)->Arg(64)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_NativeStepPkm)->Arg(1)->Arg(64)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_StepOneByOne)->ArgsProduct({{0, 1, 2}, {8, 32}})->Unit(benchmark::kMicrosecond);
-BENCHMARK(BM_Prefill)->ArgsProduct({{0, 1, 2}, {64, 512}})->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_Prefill)->ArgsProduct({{0, 1, 2}, {64, 256, 512}})->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_NativeAbsorb)->ArgsProduct({{0, 1, 2}, {256}})->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_PrefillByStep)->ArgsProduct({{0, 1, 2}, {64}})->Unit(benchmark::kMicrosecond);
 
 }  // namespace

@@ -7,18 +7,20 @@
 #
 # Usage: bench/prefill_bench.sh [BYTES] [REPEAT]   (defaults 65536, 3)
 # Environment: MODEL=DIR (default models/pretrained/aft-shakespeare), BUILD_DIR=build,
-#              SERVER_FLAGS="..." extra fwserve flags.
+#              SERVER_FLAGS="..." extra fwserve flags, FWSERVE=PATH (default
+#              BUILD_DIR/server/fwserve), KERNELS="native libtorch" (the kernels to run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BYTES=${1:-65536}
 REPEAT=${2:-3}
 MODEL=${MODEL:-models/pretrained/aft-shakespeare}
 BUILD_DIR=${BUILD_DIR:-build}
+FWSERVE=${FWSERVE:-$BUILD_DIR/server/fwserve}
 PREFIX=$(head -c "$BYTES" models/data/tinyshakespeare.txt | tr -d '\\')
-for kernel in native libtorch; do
+for kernel in ${KERNELS:-native libtorch}; do
   port=$((20000 + RANDOM % 40000))
   # shellcheck disable=SC2086  # SERVER_FLAGS is split on purpose
-  "$BUILD_DIR/server/fwserve" --model "$MODEL" --listen "127.0.0.1:$port" --metrics-listen= \
+  "$FWSERVE" --model "$MODEL" --listen "127.0.0.1:$port" --metrics-listen= \
     --log-level=warning --decode-kernel="$kernel" ${SERVER_FLAGS:-} &
   pid=$!
   for _ in $(seq 1 100); do

@@ -112,6 +112,9 @@ ABSL_FLAG(int32_t, max_streams_per_connection, 256,
           "HTTP/2 streams (calls) one client connection may have open at once");
 ABSL_FLAG(int64_t, grpc_memory_quota_bytes, int64_t{2} << 30,
           "memory gRPC may use for all connections' buffers, in bytes (0 = no bound)");
+ABSL_FLAG(int32_t, writer_thread_from_streams, 8,
+          "Generate streams open at once from which messages are started on a writer thread "
+          "instead of the engine thread (0 = never)");
 
 namespace {
 
@@ -219,6 +222,11 @@ int main(int argc, char** argv) {
   server_options.grpc_memory_quota_bytes = absl::GetFlag(FLAGS_grpc_memory_quota_bytes);
   if (server_options.max_streams_per_connection < 1) {
     return Fail("--max-streams-per-connection must be >= 1");
+  }
+  server_options.writer_thread_from_streams = absl::GetFlag(FLAGS_writer_thread_from_streams);
+  if (server_options.writer_thread_from_streams < 0) {
+    return Fail(absl::StrCat("--writer-thread-from-streams must be >= 0, got ",
+                             server_options.writer_thread_from_streams));
   }
   std::unique_ptr<fwserve::Tenants> tenants;
   std::unique_ptr<fwserve::ApiKeyAuthenticator> authenticator;

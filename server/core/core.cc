@@ -161,10 +161,7 @@ class CoreImpl : public Core {
 
   absl::Status Init() {
     if (options_.model_dirs.empty()) return absl::InvalidArgumentError("no model given (--model)");
-    if (options_.intra_op_threads > 0) {
-      torch::set_num_threads(options_.intra_op_threads);
-      fwmodel::SetOpenBlasThreads(options_.intra_op_threads);
-    }
+    LimitIntraOpThreads(options_.intra_op_threads);  // loading runs on this thread
     fwmodel::ModelOptions model_options;
     if (options_.device == "cuda" || options_.device.rfind("cuda:", 0) == 0) {
       if (!torch::cuda::is_available()) {

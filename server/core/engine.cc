@@ -136,11 +136,10 @@ struct Engine::PrefillJob {
   absl::Duration elapsed;
 };
 
-void Engine::ApplyThreadLimit() {
-  // OpenMP's thread count is per thread: set where the model runs, not only in main().
-  if (options_.intra_op_threads > 0) {
-    at::set_num_threads(options_.intra_op_threads);
-    fwmodel::SetOpenBlasThreads(options_.intra_op_threads);
+void LimitIntraOpThreads(int32_t threads) {
+  if (threads > 0) {
+    at::set_num_threads(threads);
+    fwmodel::SetOpenBlasThreads(threads);
   }
 }
 
@@ -158,7 +157,7 @@ void Engine::Start() {
 
 void Engine::PrefillThreadLoop() {
   torch::NoGradGuard no_grad;
-  ApplyThreadLimit();
+  LimitIntraOpThreads(options_.intra_op_threads);
   while (true) {
     PrefillJob* job = nullptr;
     {
@@ -360,7 +359,7 @@ bool Engine::HasImmediateWorkLocked() {
 
 void Engine::Loop() {
   torch::NoGradGuard no_grad;
-  ApplyThreadLimit();
+  LimitIntraOpThreads(options_.intra_op_threads);
   while (true) {
     std::vector<Event> events;
     std::vector<std::function<void()>> continuations;

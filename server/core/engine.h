@@ -50,6 +50,11 @@
 
 namespace fwserve {
 
+// --threads (`threads` > 0) on the calling thread: LibTorch's intra-op threads, OpenMP
+// (the native step's per-session loops) and OpenBLAS. The counts are per thread, so
+// each thread that runs model code applies it; 0 leaves the libraries' defaults.
+void LimitIntraOpThreads(int32_t threads);
+
 // A request's lease on its session in a shared store (redis://). Created by the core
 // when the lease is taken, renewed by the core's renewal thread, and ended exactly
 // once: by the fenced commit or delete (on a store thread), or by a release when the
@@ -184,8 +189,6 @@ class Engine {
   void PrefillThreadLoop();
   void RunDecodeStep();
   void SampleAndEmit();
-  // --threads on the calling (engine or prefill) thread: LibTorch, OpenMP, OpenBLAS.
-  void ApplyThreadLimit();
   // Decode pipelining. Whether the task may sample another token now (fewer than
   // decode_lookahead unconfirmed). Flush: hands `unsent` to the transport as one chunk.
   // DropUnconfirmed: puts the slot back to before the first token whose write was not

@@ -12,6 +12,7 @@
 #include "fwserve/v1/fwserve.grpc.pb.h"
 #include "server/core/log.h"
 #include "server/transport/status_mapping.h"
+#include "server/transport/writer_thread.h"
 
 namespace fwserve {
 namespace {
@@ -106,7 +107,11 @@ std::string CappedName(const std::string& name) {
 
 class GrpcServer::Service : public v1::Fwserve::CallbackService {
  public:
-  Service(Core* core, const GrpcServerOptions& options) : core_(core), options_(options) {}
+  Service(Core* core, const GrpcServerOptions& options) : core_(core), options_(options) {
+    if (options_.writer_thread_from_streams > 0) {
+      writer_ = std::make_unique<WriterThread>("fwserve-writer");
+    }
+  }
 
   void BeginShutdown() { shutting_down_.store(true); }
 
@@ -381,10 +386,28 @@ class GrpcServer::Service : public v1::Fwserve::CallbackService {
     return FinishNow(context, record, model.status());
   }
 
+  // Generate streams from their handler to OnDone.
+  void GenerateOpened() { open_generates_.fetch_add(1, std::memory_order_relaxed); }
+  void GenerateDone() { open_generates_.fetch_sub(1, std::memory_order_relaxed); }
+
+  // Runs a Generate stream's StartWrite: on the writer thread while at least
+  // writer_thread_from_streams streams are open, else on the calling thread.
+  void StartGenerateWrite(absl::AnyInvocable<void() &&> start_write) {
+    if (writer_ != nullptr &&
+        open_generates_.load(std::memory_order_relaxed) >= options_.writer_thread_from_streams) {
+      writer_->Post(std::move(start_write));
+    } else {
+      std::move(start_write)();
+    }
+  }
+
   Core* const core_;
   const GrpcServerOptions options_;
   std::atomic<bool> shutting_down_{false};
   std::atomic<uint64_t> next_request_id_{1};
+  std::atomic<int64_t> open_generates_{0};
+  // Outlives every call: the service is destroyed after the gRPC server has stopped.
+  std::unique_ptr<WriterThread> writer_;
 };
 
 namespace {
@@ -395,9 +418,14 @@ namespace {
 class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse>,
                         public GenerateObserver {
  public:
-  using CallRecord = GrpcServer::Service::CallRecord;
+  using Service = GrpcServer::Service;
+  using CallRecord = Service::CallRecord;
 
-  GenerateReactor(std::shared_ptr<CallRecord> record) : record_(std::move(record)) {}
+  // `service` (not owned) outlives the call.
+  GenerateReactor(Service* service, std::shared_ptr<CallRecord> record)
+      : service_(service), record_(std::move(record)) {
+    service_->GenerateOpened();
+  }
 
   void FailNow(const absl::Status& status) {
     finishing_ = true;
@@ -420,7 +448,9 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse>,
       absl::MutexLock lock(&mu_);
       write_in_flight_ = true;
     }
-    StartWrite(&chunk_message_);
+    // Until OnWriteDone nothing else touches chunk_message_, and the call cannot finish
+    // (FinishAfterWrite waits), so the reactor outlives a write started later.
+    service_->StartGenerateWrite([this] { StartWrite(&chunk_message_); });
   }
 
   void OnFinish(absl::Status status, GenerateSummary summary) override {
@@ -469,7 +499,10 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse>,
     if (stream != nullptr) stream->Cancel();
   }
 
-  void OnDone() override { delete this; }
+  void OnDone() override {
+    service_->GenerateDone();
+    delete this;
+  }
 
  private:
   std::shared_ptr<GenerateControl> Stream() {
@@ -490,6 +523,7 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse>,
     Finish(status);
   }
 
+  Service* const service_;
   std::shared_ptr<CallRecord> record_;
   absl::Mutex mu_;
   std::shared_ptr<GenerateControl> stream_ ABSL_GUARDED_BY(mu_);
@@ -506,7 +540,7 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* GrpcServer::Service::Generate(
     grpc::CallbackServerContext* context, const v1::GenerateRequest* request) {
   auto record =
       std::make_shared<CallRecord>(this, "Generate", request->model(), request->session_id());
-  auto* reactor = new GenerateReactor(record);
+  auto* reactor = new GenerateReactor(this, record);
   absl::StatusOr<Caller> caller = Admit(context, *record);
   if (!caller.ok()) {
     reactor->FailNow(caller.status());

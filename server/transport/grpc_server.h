@@ -58,6 +58,12 @@ struct GrpcServerOptions {
   // Memory gRPC itself may use for all connections (buffers, messages in flight),
   // bytes; past it gRPC refuses new work. 0 = no bound.
   int64_t grpc_memory_quota_bytes = int64_t{2} << 30;
+  // Generate streams open at once from which their messages are started on a writer
+  // thread instead of the engine thread (0 = never). Below it, the engine sends each
+  // message itself: a stream alone gets its token without a thread hand-off. From it
+  // on, the engine computes the next step while messages go out, and tokens sampled
+  // meanwhile share a message (docs/serving.md, "The engine iteration").
+  int writer_thread_from_streams = 8;
   // How long Shutdown() lets in-flight work finish before ending it.
   absl::Duration drain_timeout = absl::Seconds(30);
   // Not owned; null = no authentication (every caller is the anonymous tenant "").

@@ -52,6 +52,8 @@ class ServerTest : public ::testing::Test {
     return fwtest::GreedyRequest(prompt, max_tokens, session_id);
   }
 
+  void ExpectCancellationMidStreamKeepsAStreamedPrefix(fwserve::GrpcServerOptions server_options);
+
   static std::string* models_dir_;
 };
 
@@ -210,6 +212,57 @@ TEST_F(ServerTest, TokensDecodedDuringAWriteArriveTogetherAndAddUp) {
   ASSERT_EQ(result->logprobs.size(), reference->logprobs.size());
   for (size_t i = 0; i < result->logprobs.size(); ++i) {
     EXPECT_NEAR(result->logprobs[i], reference->logprobs[i], 1e-5);
+  }
+}
+
+// With every message started on the writer thread (from the first stream on), the
+// engine samples ahead while writes are out: messages may carry several tokens, and
+// they add up to the tokens, text and logprobs of one message per token sent by the
+// engine thread. Eight streams at once, so the writer thread serves several.
+TEST_F(ServerTest, WritesOnTheWriterThreadCarryTheSameTokens) {
+  fwserve::GrpcServerOptions writer_thread;
+  writer_thread.writer_thread_from_streams = 1;
+  auto server = Harness::Start(Options(), writer_thread);
+  ASSERT_NE(server, nullptr);
+  fwserve::CoreOptions one_by_one = Options();
+  one_by_one.decode_lookahead = 1;
+  fwserve::GrpcServerOptions engine_writes;
+  engine_writes.writer_thread_from_streams = 0;
+  auto reference_server = Harness::Start(one_by_one, engine_writes);
+  ASSERT_NE(reference_server, nullptr);
+
+  constexpr int kStreams = 8;
+  std::vector<v1::GenerateRequest> requests;
+  std::vector<absl::StatusOr<fwserve::GenerateResult>> results(kStreams);
+  std::vector<int> streamed(kStreams, 0), messages(kStreams, 0);
+  for (int i = 0; i < kStreams; ++i) {
+    requests.push_back(Greedy(absl::StrCat("Stream ", i, ": "), 200));
+    requests.back().set_logprobs(true);
+  }
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kStreams; ++i) {
+    threads.emplace_back([&, i] {
+      results[i] = server->client().Generate(requests[i], [&, i](const v1::GenerateResponse& m) {
+        ++messages[i];
+        streamed[i] += m.token_ids_size();
+        if (messages[i] == 2) absl::SleepFor(absl::Milliseconds(100));  // fall behind once
+        return true;
+      });
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int i = 0; i < kStreams; ++i) {
+    ASSERT_TRUE(results[i].ok()) << results[i].status();
+    EXPECT_EQ(streamed[i], 200);
+    EXPECT_EQ(results[i]->usage.generated_tokens(), 200);
+    auto reference = reference_server->client().Generate(requests[i]);
+    ASSERT_TRUE(reference.ok()) << reference.status();
+    EXPECT_EQ(results[i]->token_ids, reference->token_ids) << "stream " << i;
+    EXPECT_EQ(results[i]->text, reference->text);
+    ASSERT_EQ(results[i]->logprobs.size(), reference->logprobs.size());
+    for (size_t j = 0; j < reference->logprobs.size(); ++j) {
+      EXPECT_NEAR(results[i]->logprobs[j], reference->logprobs[j], 1e-5);
+    }
   }
 }
 
@@ -452,14 +505,17 @@ TEST_F(ServerTest, ImportRejectsOtherModelsTruncatedAndAlteredBlobsAndChangesNot
   EXPECT_EQ(server->client().ListAllSessions()->size(), 1u);
 }
 
-TEST_F(ServerTest, CancellationMidStreamLeavesExactlyTheStreamedTokens) {
+// A Generate cancelled after 20 tokens leaves exactly a prefix of the greedy run in its
+// session, whichever thread starts the writes.
+void ServerTest::ExpectCancellationMidStreamKeepsAStreamedPrefix(
+    fwserve::GrpcServerOptions server_options) {
   // The stream cannot finish before the cancel. The gate holds the engine thread, so
   // tokens sampled while a write was in flight (at most decode_lookahead = 16) are not
   // sent until it opens: 20 + 16 + 4 free steps make sure 20 tokens reach the client.
   StepGate gate(/*free_steps=*/40);
   fwserve::CoreOptions options = Options();
   gate.Install(options);
-  auto server = Harness::Start(options);
+  auto server = Harness::Start(options, server_options);
   ASSERT_NE(server, nullptr);
   auto session = server->client().CreateSession("", "");
   ASSERT_TRUE(session.ok());
@@ -493,6 +549,18 @@ TEST_F(ServerTest, CancellationMidStreamLeavesExactlyTheStreamedTokens) {
   ASSERT_TRUE(reference.ok());
   EXPECT_EQ(continued->token_ids,
             std::vector<int64_t>(reference->token_ids.end() - 15, reference->token_ids.end()));
+}
+
+TEST_F(ServerTest, CancellationMidStreamLeavesExactlyTheStreamedTokens) {
+  fwserve::GrpcServerOptions engine_writes;
+  engine_writes.writer_thread_from_streams = 0;
+  ExpectCancellationMidStreamKeepsAStreamedPrefix(engine_writes);
+}
+
+TEST_F(ServerTest, CancellationMidStreamWithWritesOnTheWriterThread) {
+  fwserve::GrpcServerOptions writer_thread;
+  writer_thread.writer_thread_from_streams = 1;
+  ExpectCancellationMidStreamKeepsAStreamedPrefix(writer_thread);
 }
 
 TEST_F(ServerTest, CancelBeforeTheFirstTokenChangesNothing) {
