@@ -215,6 +215,23 @@ TEST_F(ServerTest, TokensDecodedDuringAWriteArriveTogetherAndAddUp) {
   }
 }
 
+// Voluntary context switches of this process's "fwserve-writer" thread (it sleeps after
+// each batch of writes), or -1 without one.
+int64_t WriterThreadSleeps() {
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
+    std::ifstream comm(task.path() / "comm");
+    std::string name;
+    if (!std::getline(comm, name) || name != "fwserve-writer") continue;
+    std::ifstream status(task.path() / "status");
+    for (std::string line; std::getline(status, line);) {
+      if (line.rfind("voluntary_ctxt_switches:", 0) == 0) {
+        return std::stoll(line.substr(line.find(':') + 1));
+      }
+    }
+  }
+  return -1;
+}
+
 // With every message started on the writer thread (from the first stream on), the
 // engine samples ahead while writes are out: messages may carry several tokens, and
 // they add up to the tokens, text and logprobs of one message per token sent by the
@@ -230,6 +247,9 @@ TEST_F(ServerTest, WritesOnTheWriterThreadCarryTheSameTokens) {
   engine_writes.writer_thread_from_streams = 0;
   auto reference_server = Harness::Start(one_by_one, engine_writes);
   ASSERT_NE(reference_server, nullptr);
+
+  const int64_t sleeps_before = WriterThreadSleeps();
+  ASSERT_GE(sleeps_before, 0) << "no fwserve-writer thread";
 
   constexpr int kStreams = 8;
   std::vector<v1::GenerateRequest> requests;
@@ -251,6 +271,8 @@ TEST_F(ServerTest, WritesOnTheWriterThreadCarryTheSameTokens) {
     });
   }
   for (auto& t : threads) t.join();
+  // The writer thread did the writes: it woke (and went back to sleep) for them.
+  EXPECT_GT(WriterThreadSleeps(), sleeps_before);
   for (int i = 0; i < kStreams; ++i) {
     ASSERT_TRUE(results[i].ok()) << results[i].status();
     EXPECT_EQ(streamed[i], 200);
