@@ -178,6 +178,17 @@ TEST_F(ServerTest, StreamsValidUtf8TokenByTokenWithUsage) {
 // With the default lookahead, tokens sampled while a write is in flight come as one
 // message: a client that falls behind gets fewer, fuller messages, and the same tokens,
 // text and logprobs as one that reads every token (the greedy output is fixed).
+// The same tokens, text, and logprobs to 1e-5, however they were split into messages.
+void ExpectSameGeneration(const fwserve::GenerateResult& result,
+                          const fwserve::GenerateResult& reference, const std::string& what) {
+  EXPECT_EQ(result.token_ids, reference.token_ids) << what;
+  EXPECT_EQ(result.text, reference.text) << what;
+  ASSERT_EQ(result.logprobs.size(), reference.logprobs.size()) << what;
+  for (size_t i = 0; i < result.logprobs.size(); ++i) {
+    EXPECT_NEAR(result.logprobs[i], reference.logprobs[i], 1e-5) << what << ", token " << i;
+  }
+}
+
 TEST_F(ServerTest, TokensDecodedDuringAWriteArriveTogetherAndAddUp) {
   auto server = Harness::Start(Options());
   ASSERT_NE(server, nullptr);
@@ -207,12 +218,7 @@ TEST_F(ServerTest, TokensDecodedDuringAWriteArriveTogetherAndAddUp) {
   ASSERT_NE(reference_server, nullptr);
   auto reference = reference_server->client().Generate(request);
   ASSERT_TRUE(reference.ok()) << reference.status();
-  EXPECT_EQ(result->token_ids, reference->token_ids);
-  EXPECT_EQ(result->text, reference->text);
-  ASSERT_EQ(result->logprobs.size(), reference->logprobs.size());
-  for (size_t i = 0; i < result->logprobs.size(); ++i) {
-    EXPECT_NEAR(result->logprobs[i], reference->logprobs[i], 1e-5);
-  }
+  ExpectSameGeneration(*result, *reference, "");
 }
 
 // Voluntary context switches of this process's "fwserve-writer" thread (it sleeps after
@@ -279,12 +285,7 @@ TEST_F(ServerTest, WritesOnTheWriterThreadCarryTheSameTokens) {
     EXPECT_EQ(results[i]->usage.generated_tokens(), 200);
     auto reference = reference_server->client().Generate(requests[i]);
     ASSERT_TRUE(reference.ok()) << reference.status();
-    EXPECT_EQ(results[i]->token_ids, reference->token_ids) << "stream " << i;
-    EXPECT_EQ(results[i]->text, reference->text);
-    ASSERT_EQ(results[i]->logprobs.size(), reference->logprobs.size());
-    for (size_t j = 0; j < reference->logprobs.size(); ++j) {
-      EXPECT_NEAR(results[i]->logprobs[j], reference->logprobs[j], 1e-5);
-    }
+    ExpectSameGeneration(*results[i], *reference, absl::StrCat("stream ", i));
   }
 }
 

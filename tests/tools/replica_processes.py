@@ -369,24 +369,23 @@ class Haproxy(Proc):
     def target(self):
         return "127.0.0.1:%d" % self.port
 
-    def servers(self):
-        """{server name: (status, check_status)} from the stats page's CSV."""
+    def _server_rows(self):
+        """{server name: its row of the stats page's CSV}, the fwserve backend's servers."""
         text = urllib.request.urlopen("http://127.0.0.1:%d/stats;csv" % self.stats_port,
                                       timeout=10).read().decode()
         rows = csv.DictReader(io.StringIO(text.lstrip("# ")))
-        return {r["svname"]: (r["status"], r["check_status"]) for r in rows
+        return {r["svname"]: r for r in rows
                 if r["svname"] not in ("FRONTEND", "BACKEND") and r["pxname"] == "fwserve"}
+
+    def servers(self):
+        """{server name: (status, check_status)} from the stats page's CSV."""
+        return {name: (r["status"], r["check_status"]) for name, r in self._server_rows().items()}
 
     def current_streams(self, name):
         """Requests haproxy has forwarded to server `name` and not seen answered (the
         stats CSV's scur)."""
-        text = urllib.request.urlopen("http://127.0.0.1:%d/stats;csv" % self.stats_port,
-                                      timeout=10).read().decode()
-        rows = csv.DictReader(io.StringIO(text.lstrip("# ")))
-        for r in rows:
-            if r["svname"] == name and r["pxname"] == "fwserve":
-                return int(r["scur"] or 0)
-        return 0
+        row = self._server_rows().get(name)
+        return int(row["scur"] or 0) if row is not None else 0
 
     def wait_servers(self, want, timeout_s=20):
         """Waits until each named server's status is want[name] ("UP", "DOWN"). Returns
