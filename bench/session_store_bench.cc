@@ -27,7 +27,7 @@
 #include "client/client.h"
 #include "models/checkpoint.h"
 #include "models/state_codec.h"
-#include "server/core/redis_session_store.h"
+#include "server/sessions/store/redis_session_store.h"
 
 ABSL_FLAG(std::string, store, "", "redis://HOST:PORT[/DB] to load (required)");
 ABSL_FLAG(std::string, model, "", "checkpoint directory whose initial state is stored (required)");

@@ -22,12 +22,12 @@
 #include "models/blas_check.h"
 #include "models/file_util.h"
 #include "server/core/core.h"
-#include "server/core/log.h"
-#include "server/core/metrics.h"
-#include "server/core/session_seal.h"
-#include "server/core/tenants.h"
-#include "server/transport/api_key_authenticator.h"
-#include "server/transport/grpc_server.h"
+#include "server/base/log.h"
+#include "server/metrics/metrics.h"
+#include "server/sessions/session_seal.h"
+#include "server/tenancy/tenants.h"
+#include "server/transport/grpc/api_key_authenticator.h"
+#include "server/transport/grpc/grpc_server.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
           "HOST:PORT for the gRPC API (port 0 picks a free port and logs it)");

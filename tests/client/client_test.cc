@@ -19,8 +19,8 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/client.h"
-#include "server/core/tenants.h"
-#include "server/transport/api_key_authenticator.h"
+#include "server/tenancy/tenants.h"
+#include "server/transport/grpc/api_key_authenticator.h"
 #include "tests/integration/harness.h"
 
 namespace fwtest {

@@ -6,7 +6,7 @@
 
 #include "prometheus/registry.h"
 #include "prometheus/text_serializer.h"
-#include "server/core/metrics.h"
+#include "server/metrics/metrics.h"
 
 int main() {
   auto metrics = fwserve::Metrics::Create();

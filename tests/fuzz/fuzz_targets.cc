@@ -10,8 +10,8 @@
 #include "models/config.h"
 #include "models/safetensors.h"
 #include "models/tokenizer.h"
-#include "server/core/tenants.h"
-#include "server/core/validation.h"
+#include "server/tenancy/tenants.h"
+#include "server/base/utf8.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string input(reinterpret_cast<const char*>(data), size);

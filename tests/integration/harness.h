@@ -11,8 +11,8 @@
 
 #include "client/client.h"
 #include "server/core/core.h"
-#include "server/core/metrics.h"
-#include "server/transport/grpc_server.h"
+#include "server/metrics/metrics.h"
+#include "server/transport/grpc/grpc_server.h"
 
 namespace fwtest {
 

@@ -19,7 +19,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
-#include "server/core/clock.h"
+#include "server/base/clock.h"
 #include "tests/integration/harness.h"
 
 namespace fwtest {

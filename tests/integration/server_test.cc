@@ -21,7 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "client/client.h"
-#include "server/core/validation.h"
+#include "server/base/utf8.h"
 #include "tests/integration/harness.h"
 
 namespace fwtest {
@@ -1468,7 +1468,7 @@ TEST_F(ServerTest, EveryFinishedRpcLogsOneRequestLine) {
     }));
   }
   ASSERT_EQ(lines.size(), 2u);
-  // Session ids are capabilities: the log shows their first 8 digits (server/core/log.h).
+  // Session ids are capabilities: the log shows their first 8 digits (server/base/log.h).
   const std::regex ok(
       R"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z INFO request id=\d+ method=Generate (tenant=- )?)"
       R"(model=aft session=)" +

@@ -6,6 +6,7 @@
 #include <prometheus/registry.h>
 
 #include <atomic>
+#include <functional>
 #include <map>
 #include <set>
 #include <string>
@@ -132,13 +133,22 @@ TEST_F(SharedStoreTest, BusySessionIsAbortedOnAnotherServer) {
 }
 
 TEST_F(SharedStoreTest, WriteOfALostLeaseIsRefused) {
-  auto a = StartReplica();
+  std::atomic<int> received{0};
+  std::atomic<bool> b_done{false};
+  // a's engine holds its decode steps from the first token a's client receives until b
+  // has committed: gRPC buffers a's messages, so a blocked client alone does not keep a
+  // fast server from finishing (and committing) before the lease is taken away.
+  CoreOptions a_options = Options(redis_->spec());
+  a_options.before_decode_step_for_testing = [&](const std::function<bool()>& ending) {
+    while (received.load() > 0 && !b_done.load() && !ending()) {
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+  };
+  auto a = Harness::Start(a_options);
   auto b = StartReplica();
   auto session = a->client().CreateSession("", "x");
   ASSERT_TRUE(session.ok()) << session.status();
   const std::string id = session->session_id();
-  std::atomic<int> received{0};
-  std::atomic<bool> b_done{false};
   absl::Status a_status;
   std::thread long_request([&] {
     auto result =

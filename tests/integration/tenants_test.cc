@@ -15,9 +15,9 @@
 #include "absl/strings/str_replace.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
-#include "server/core/session_seal.h"
-#include "server/core/tenants.h"
-#include "server/transport/api_key_authenticator.h"
+#include "server/sessions/session_seal.h"
+#include "server/tenancy/tenants.h"
+#include "server/transport/grpc/api_key_authenticator.h"
 #include "tests/common/redis_server.h"
 #include "tests/integration/harness.h"
 
@@ -330,6 +330,14 @@ TEST_F(TenantsTest, AFreeStreamSlotGoesToTheTenantServedLeast) {
   ASSERT_TRUE(tenants.ok());
   CoreOptions options;
   options.max_active_streams = 1;
+  // The holder's stream must outlast the queueing below, however fast the machine
+  // decodes (a tiny model makes 100000 tokens in about a second): its decode steps are
+  // slowed until the queue is in place. The engine loop still turns (it publishes the
+  // queue gauge), one step every few milliseconds.
+  std::atomic<bool> slow_steps{true};
+  options.before_decode_step_for_testing = [&slow_steps](const std::function<bool()>&) {
+    if (slow_steps.load()) absl::SleepFor(absl::Milliseconds(5));
+  };
   auto server = StartWith(tenants->get(), options);
   auto acme = ClientWithKey(*server, kKeyA);
   auto beta = ClientWithKey(*server, kKeyB);
@@ -353,6 +361,7 @@ TEST_F(TenantsTest, AFreeStreamSlotGoesToTheTenantServedLeast) {
     beta_order = finished.fetch_add(1);
   });
   WaitForGauge(*server, "fwserve_engine_queued_requests", 6);
+  slow_steps = false;
   holder->Cancel();
   (void)holder->Finish();
   for (auto& request : requests) request.join();

@@ -1,4 +1,4 @@
-#include "server/core/metrics.h"
+#include "server/metrics/metrics.h"
 
 #include <gtest/gtest.h>
 

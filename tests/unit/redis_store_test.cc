@@ -19,9 +19,9 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "server/core/redis_session_store.h"
-#include "server/core/session_id.h"
-#include "server/core/session_store.h"
+#include "server/sessions/store/redis_session_store.h"
+#include "server/base/session_id.h"
+#include "server/sessions/store/session_store.h"
 #include "tests/common/redis_server.h"
 
 namespace fwserve {

@@ -3,9 +3,9 @@
 
 #include <string>
 
-#include "server/core/log.h"
-#include "server/core/session_seal.h"
-#include "server/core/tenants.h"
+#include "server/base/log.h"
+#include "server/sessions/session_seal.h"
+#include "server/tenancy/tenants.h"
 
 namespace fwserve {
 namespace {

@@ -12,11 +12,11 @@
 #include <set>
 
 #include "absl/synchronization/notification.h"
-#include "server/core/clock.h"
-#include "server/core/dir_session_store.h"
-#include "server/core/session_id.h"
-#include "server/core/session_registry.h"
-#include "server/core/store_executor.h"
+#include "server/base/clock.h"
+#include "server/sessions/store/dir_session_store.h"
+#include "server/base/session_id.h"
+#include "server/sessions/session_registry.h"
+#include "server/sessions/store_executor.h"
 
 namespace fwserve {
 namespace {

@@ -4,7 +4,7 @@
 
 #include <set>
 
-#include "server/core/state_pool.h"
+#include "server/engine/state_pool.h"
 #include "tests/unit/test_models.h"
 
 namespace fwserve {

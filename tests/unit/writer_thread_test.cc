@@ -1,6 +1,6 @@
 // The transport's writer thread runs posted work in order, from any thread, and runs
 // everything posted before its destruction.
-#include "server/transport/writer_thread.h"
+#include "server/transport/grpc/writer_thread.h"
 
 #include <gtest/gtest.h>
 

@@ -1,0 +1,135 @@
+// The request and answer vocabulary shared by the transports, the core and the engine:
+// what a caller asks for, what comes back, and the streaming observer/control bridge.
+// Header-only and torch-free; it includes nothing of the server above server/base.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "models/sampler.h"
+#include "server/api/session_record.h"
+
+namespace fwserve {
+
+// Who is calling, as the transport authenticated it.
+struct Caller {
+  // The tenant (a name from the API-keys file); empty on an open server. A session
+  // belongs to the tenant that created or imported it, and to any other caller it does
+  // not exist (NOT_FOUND, never PERMISSION_DENIED).
+  std::string tenant;
+};
+
+struct ModelDescription {
+  std::string name;
+  bool is_default = false;
+  std::string architecture;
+  std::string config_json;
+  int64_t parameters = 0;
+  int64_t state_bytes_per_session = 0;
+  int64_t vocab_size = 0;
+  std::string fingerprint;
+  int64_t memory_slots = 0;  // product-key memory value slots (0: none)
+};
+
+struct GenerateParams {
+  std::string model;       // empty = default
+  std::string session_id;  // empty = throwaway
+  std::string prompt;
+  SamplingParams sampling;
+  // Tokens the repetition penalty looks back over (prompt and generated tokens of
+  // this request).
+  int32_t repetition_window = 64;
+  bool random_seed = false;  // true: ignore sampling.seed and draw one
+  int32_t max_tokens = 0;
+  std::vector<std::string> stop;
+  bool logprobs = false;
+  // Polled before the request starts and between prefill chunks (may be null): true =
+  // the caller is gone, and the request ends without effect.
+  std::function<bool()> is_cancelled;
+};
+
+enum class FinishReason { kLength, kStop, kCancelled, kShutdown };
+
+struct GenerateChunk {
+  std::string text;  // valid UTF-8, possibly empty
+  std::vector<int64_t> token_ids;
+  std::vector<float> logprobs;  // empty unless requested
+};
+
+struct GenerateSummary {
+  FinishReason reason = FinishReason::kLength;
+  std::string trailing_text;  // an incomplete final character, as U+FFFD
+  int64_t prompt_tokens = 0;
+  int64_t generated_tokens = 0;
+  int64_t session_tokens = 0;
+};
+
+// Implemented by the transport, called on the engine thread; must not block. The
+// engine sends one chunk at a time: after OnChunk it waits for
+// GenerateControl::WriteDone. OnFinish is the last call; the engine never touches the
+// observer after it. The observer must outlive that call.
+class GenerateControl;
+class GenerateObserver {
+ public:
+  virtual ~GenerateObserver() = default;
+  // Called once, on the calling thread, inside StartGenerate before any other call:
+  // the handle for WriteDone/Cancel.
+  virtual void OnStart(std::shared_ptr<GenerateControl> stream) = 0;
+  virtual void OnChunk(GenerateChunk chunk) = 0;
+  // `status` not OK: the request failed after it was accepted (nothing was committed).
+  virtual void OnFinish(absl::Status status, GenerateSummary summary) = 0;
+};
+
+// The transport's handle on an accepted Generate. Thread-safe; cheap.
+class GenerateControl {
+ public:
+  virtual ~GenerateControl() = default;
+  // The last OnChunk's message was written (ok) or could not be (stream broken). A
+  // token is committed to the session only after its write succeeded.
+  virtual void WriteDone(bool ok) = 0;
+  // The client cancelled or the deadline passed: stop before the next step.
+  virtual void Cancel() = 0;
+};
+
+struct ScoreParams {
+  std::string model;
+  std::string session_id;  // empty = fresh state; else conditioned, session unchanged
+  std::string text;
+  // Polled by the engine between chunks (may be null); true = the caller is gone
+  // (cancelled, deadline passed) and the work is dropped with CANCELLED.
+  std::function<bool()> is_cancelled;
+};
+
+struct ScoreResult {
+  std::vector<int64_t> token_ids;
+  std::vector<double> logprobs;
+};
+
+struct ExportResult {
+  std::string blob;
+  std::string model;
+  int64_t tokens = 0;
+};
+
+template <typename T>
+using Callback = std::function<void(absl::StatusOr<T>)>;
+
+struct ListSessionsParams {
+  std::string model;  // empty = every model
+  // Sessions per page: 0 = 100; values above 1000 are taken as 1000.
+  int32_t page_size = 0;
+  // Empty = the first page; else the next_page_token of the previous page.
+  std::string page_token;
+};
+
+struct SessionList {
+  std::vector<SessionRecord> sessions;  // oldest first
+  std::string next_page_token;          // empty: the last page
+};
+
+}  // namespace fwserve

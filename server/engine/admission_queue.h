@@ -1,0 +1,143 @@
+// Which queued work starts now: the engine's queue, its limits and its fair share
+// between tenants. Pure: no threads, no clock, no model; the engine calls it under its
+// own lock (so it needs none), and tests drive it directly.
+//
+// Rules (docs/serving.md, "Admission"):
+// - Push refuses at once (RESOURCE_EXHAUSTED, naming the flag) when the queue holds
+//   max_queued items, or when the item's tenant already has half of them queued.
+// - Work that is not a stream (session operations) never waits for a stream slot.
+// - Stream slots (max_active_streams) go, one at a time, to the tenant with the fewest
+//   streams running, ties to the tenant served least recently, then to the oldest
+//   request: with one tenant this is FIFO.
+//
+// `Item` is any type with a `std::string tenant` member; whether an item is a stream
+// is told by the predicate given at construction. Not thread-safe.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+
+namespace fwserve {
+
+struct AdmissionOptions {
+  // The model's name, for refusal messages.
+  std::string model;
+  // Items waiting at most (--max-queued-requests); beyond it Push refuses.
+  int64_t max_queued = 1024;
+  // Streams running at once (--max-active-streams).
+  int64_t max_active_streams = 256;
+};
+
+template <typename Item>
+class AdmissionQueue {
+ public:
+  using IsStream = std::function<bool(const Item&)>;
+  // Streams running per tenant now; asked only when the free slots are too few for
+  // every waiting stream (the fair-share path).
+  using RunningByTenant = std::function<absl::flat_hash_map<std::string, int64_t>()>;
+
+  AdmissionQueue(AdmissionOptions options, IsStream is_stream)
+      : options_(std::move(options)), is_stream_(std::move(is_stream)) {}
+
+  // Queues `item`, or refuses it with RESOURCE_EXHAUSTED and leaves it in `item`.
+  absl::Status Push(std::unique_ptr<Item>& item) {
+    if (static_cast<int64_t>(queue_.size()) >= options_.max_queued) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("the queue of model '", options_.model,
+                       "' is full (--max-queued-requests=", options_.max_queued, "); retry later"));
+    }
+    if (!item->tenant.empty()) {
+      // One tenant may hold at most half the queue: the rest stays open to the others.
+      const int64_t share = std::max<int64_t>(1, options_.max_queued / 2);
+      int64_t queued = 0;
+      for (const auto& waiting : queue_) queued += waiting->tenant == item->tenant ? 1 : 0;
+      if (queued >= share) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "tenant '", item->tenant, "' has ", queued, " requests queued for model '",
+            options_.model, "', its share of the queue (half of --max-queued-requests=",
+            options_.max_queued, "); retry later"));
+      }
+    }
+    queue_.push_back(std::move(item));
+    return absl::OkStatus();
+  }
+
+  // Moves the items that may start now into `admitted`, in the order they start.
+  // `active` counts the streams running and is raised by each stream admitted. With
+  // `admit_all` (shutdown: everything is answered now) every item is taken, oldest first.
+  void TakeAdmissible(int64_t& active, bool admit_all, const RunningByTenant& running_by_tenant,
+                      std::vector<std::unique_ptr<Item>>& admitted) {
+    int64_t waiting_streams = 0;
+    for (const auto& item : queue_) waiting_streams += is_stream_(*item) ? 1 : 0;
+    const int64_t room = options_.max_active_streams - active;
+    if (admit_all || waiting_streams <= room) {
+      for (auto& item : queue_) {
+        if (is_stream_(*item)) {
+          ++active;
+          last_admission_[item->tenant] = ++admissions_;
+        }
+        admitted.push_back(std::move(item));
+      }
+      queue_.clear();
+      return;
+    }
+    for (auto it = queue_.begin(); it != queue_.end();) {
+      if (!is_stream_(**it)) {
+        admitted.push_back(std::move(*it));
+        it = queue_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    absl::flat_hash_map<std::string, int64_t> running = running_by_tenant();
+    const auto served_at = [this](const std::string& tenant) {
+      auto it = last_admission_.find(tenant);
+      return it == last_admission_.end() ? uint64_t{0} : it->second;
+    };
+    for (int64_t slot = 0; slot < room && !queue_.empty(); ++slot) {
+      auto chosen = queue_.begin();
+      for (auto it = std::next(queue_.begin()); it != queue_.end(); ++it) {
+        const int64_t mine = running[(*it)->tenant], best = running[(*chosen)->tenant];
+        if (mine < best ||
+            (mine == best && served_at((*it)->tenant) < served_at((*chosen)->tenant))) {
+          chosen = it;
+        }
+      }
+      ++running[(*chosen)->tenant];
+      last_admission_[(*chosen)->tenant] = ++admissions_;
+      ++active;
+      admitted.push_back(std::move(*chosen));
+      queue_.erase(chosen);
+    }
+  }
+
+  // Whether TakeAdmissible would take something with `active` streams running.
+  bool HasAdmissible(int64_t active) const {
+    for (const auto& item : queue_) {
+      if (!is_stream_(*item) || active < options_.max_active_streams) return true;
+    }
+    return false;
+  }
+
+  bool empty() const { return queue_.empty(); }
+  int64_t size() const { return static_cast<int64_t>(queue_.size()); }
+
+ private:
+  const AdmissionOptions options_;
+  const IsStream is_stream_;
+  std::deque<std::unique_ptr<Item>> queue_;
+  // When each tenant last got a stream slot, in admissions counted from 1.
+  absl::flat_hash_map<std::string, uint64_t> last_admission_;
+  uint64_t admissions_ = 0;
+};
+
+}  // namespace fwserve

@@ -1,0 +1,1025 @@
+#include "server/engine/engine.h"
+
+#include <pthread.h>
+
+#include <algorithm>
+#include <numeric>
+
+#include "absl/strings/str_cat.h"
+#include "models/blas_check.h"
+#include "server/base/log.h"
+#include "server/base/session_id.h"
+
+namespace fwserve {
+
+// A Generate, Score or CreateSession being served. Engine thread only.
+struct Engine::Task {
+  // kReadyToAbsorb: `pending_token` was sampled and goes into the next decode step.
+  // kBlocked: absorbed, but decode_lookahead tokens are unconfirmed: waits for a write.
+  // kDraining: done sampling (stop, length or cancelled); waits for the last write.
+  enum class Phase { kPrefill, kReadyToSample, kReadyToAbsorb, kBlocked, kDraining };
+  // The slot, token count and decoder as they were before some token was absorbed.
+  struct RollbackPoint {
+    StatePool::RowCopy row;
+    int64_t tokens = 0;
+    fwmodel::Utf8StreamDecoder decoder;
+  };
+
+  std::unique_ptr<WorkItem> item;
+  Phase phase = Phase::kPrefill;
+  std::string session_id;  // empty for a throwaway (Generate/Score without a session)
+  int slot = -1;           // pool row being advanced; -1 for Score (private context)
+  size_t prefilled = 0;    // prompt tokens absorbed so far
+  int64_t tokens_before = 0;
+  int64_t tokens = 0;  // tokens the slot's state has absorbed
+  // Generate on an existing session: the slot as it was, to undo a request that
+  // streamed nothing.
+  bool has_snapshot = false;
+  fwmodel::State snapshot;
+  torch::Tensor snapshot_logits;
+  // Score.
+  fwmodel::ScoringContext score_context;
+  std::vector<double> score_logprobs;
+  // Decode.
+  std::mt19937_64 rng;
+  int64_t pending_token = -1;
+  std::vector<int64_t> recent;  // prompt + generated, for the repetition penalty
+  std::string generated_bytes;
+  fwmodel::Utf8StreamDecoder decoder;
+  int64_t generated = 0;  // tokens whose write was confirmed (all absorbed)
+  int64_t sampled = 0;    // tokens sampled: confirmed, in flight or unsent
+  // Decode pipelining (docs/serving.md): one write in flight at a time; tokens sampled
+  // meanwhile wait in `unsent` (sent as one chunk when the write returns) and are
+  // absorbed at once, up to decode_lookahead unconfirmed tokens. A failed write or a
+  // cancellation puts the slot back to the rollback point of the first unconfirmed
+  // token, so the session holds exactly the tokens the client was sent.
+  bool write_in_flight = false;
+  int64_t inflight_tokens = 0;
+  GenerateChunk unsent;
+  absl::Time unsent_since;        // when its first token was sampled
+  RollbackPoint before_inflight;  // valid while write_in_flight
+  RollbackPoint before_unsent;    // valid while `unsent` holds tokens
+  bool stop_hit = false;
+  bool cancelled = false;
+  bool shutdown = false;
+  // Its rows are on the prefill thread: it must not finish until the job returns.
+  bool in_prefill_job = false;
+  absl::Time first_token_at = absl::InfinitePast();
+  absl::Time last_emit_at;
+};
+
+namespace {
+
+constexpr absl::Duration kHousekeepingInterval = absl::Seconds(1);
+
+// Generate, Score and CreateSession become tasks that count against
+// --max-active-streams; the other session operations run at admission.
+bool IsStreamKind(WorkItem::Kind kind) {
+  return kind == WorkItem::Kind::kGenerate || kind == WorkItem::Kind::kScore ||
+         kind == WorkItem::Kind::kCreate;
+}
+
+double Seconds(absl::Time from, absl::Time to) { return absl::ToDoubleSeconds(to - from); }
+
+}  // namespace
+
+Engine::Engine(std::string name, fwmodel::LoadedModel loaded, const EngineOptions& options,
+               EngineContext context)
+    : name_(std::move(name)),
+      model_(std::move(loaded.model)),
+      fingerprint_(std::move(loaded.fingerprint)),
+      options_(options),
+      registry_(&context.directory->registry()),
+      directory_(context.directory),
+      policy_(context.directory->policy()),
+      executor_(&context.directory->executor()),
+      budget_(context.budget),
+      clock_(context.clock != nullptr ? context.clock : Clock::Real()),
+      metrics_(context.metrics),
+      state_bytes_(model_.state_bytes_per_session()),
+      vocab_(model_.config().vocab_size),
+      queue_(AdmissionOptions{name_, options.max_queued_requests, options.max_active_streams},
+             [](const WorkItem& item) { return IsStreamKind(item.kind); }),
+      pool_(model_, options.max_state_memory_bytes / std::max<int64_t>(1, state_bytes_),
+            context.budget) {
+  if (options.decode_kernel == "native" && model_.options().device.is_cpu() &&
+      model_.options().dtype == torch::kFloat32) {
+    auto native = fwmodel::NativeStep::Create(model_);
+    auto native_prefill = fwmodel::NativeStep::Create(model_);
+    if (native.ok() && native_prefill.ok()) {
+      native_step_ = std::move(*native);
+      native_prefill_ = std::move(*native_prefill);
+    } else {
+      Log(LogLevel::kWarning, absl::StrCat("model ", name_, ": native decode step unavailable (",
+                                           native.status().message(), "); using LibTorch"));
+    }
+  }
+}
+
+Engine::~Engine() { Stop(); }
+
+// A prefill chunk computed off the engine thread. The engine thread fills the inputs
+// (copies of the rows), the prefill thread the outputs; neither touches the other's
+// fields while the job is in flight.
+struct Engine::PrefillJob {
+  std::vector<Task*> tasks;
+  size_t length = 0;
+  // Generate / CreateSession: rows of the pool (copied) and their tokens [B, length].
+  torch::Tensor rows;
+  fwmodel::State state;
+  torch::Tensor tokens;
+  // Score: the task's private context and the piece of text.
+  fwmodel::ScoringContext* score_context = nullptr;
+  std::vector<int64_t> piece;
+  // Outputs.
+  absl::Status status;
+  torch::Tensor last_logits;  // float32 CPU [B, vocab]
+  std::vector<double> logprobs;
+  absl::Duration elapsed;
+};
+
+void LimitIntraOpThreads(int32_t threads) {
+  if (threads > 0) {
+    at::set_num_threads(threads);
+    fwmodel::SetOpenBlasThreads(threads);
+  }
+}
+
+void Engine::Start() {
+  // Named for profilers and top -H (Linux limits names to 15 characters).
+  prefill_thread_ = std::thread([this] {
+    pthread_setname_np(pthread_self(), "fwserve-prefill");
+    PrefillThreadLoop();
+  });
+  thread_ = std::thread([this] {
+    pthread_setname_np(pthread_self(), "fwserve-engine");
+    Loop();
+  });
+}
+
+void Engine::PrefillThreadLoop() {
+  torch::NoGradGuard no_grad;
+  LimitIntraOpThreads(options_.intra_op_threads);
+  while (true) {
+    PrefillJob* job = nullptr;
+    {
+      absl::MutexLock lock(&prefill_mu_);
+      while (prefill_pending_ == nullptr && !prefill_stop_) prefill_cv_.Wait(&prefill_mu_);
+      if (prefill_pending_ == nullptr) return;
+      job = prefill_pending_;
+      prefill_pending_ = nullptr;
+    }
+    const absl::Time start = absl::Now();
+    try {
+      if (job->score_context != nullptr) {
+        auto logprobs = fwmodel::ScoreTokens(model_, job->piece, job->score_context,
+                                             options_.prefill_chunk_tokens);
+        if (logprobs.ok()) {
+          job->logprobs = std::move(*logprobs);
+        } else {
+          job->status = logprobs.status();
+        }
+      } else if (native_prefill_ != nullptr) {
+        // The job's rows are its own copy ([B, ...], contiguous): rows 0..B-1.
+        const int64_t batch = job->tokens.size(0);
+        const int64_t length = static_cast<int64_t>(job->length);
+        torch::Tensor tokens = job->tokens.contiguous();
+        std::vector<int64_t> rows(static_cast<size_t>(batch));
+        std::iota(rows.begin(), rows.end(), int64_t{0});
+        torch::Tensor logits = torch::empty({batch, vocab_}, torch::kFloat32);
+        job->status = native_prefill_->Absorb(
+            absl::MakeConstSpan(tokens.data_ptr<int64_t>(), static_cast<size_t>(batch * length)),
+            length, rows, &job->state, logits.data_ptr<float>());
+        if (job->status.ok()) job->last_logits = logits;
+      } else {
+        auto logits = model_.Forward(job->tokens, &job->state);
+        if (logits.ok()) {
+          job->last_logits = logits->select(1, static_cast<int64_t>(job->length) - 1)
+                                 .to(torch::kCPU, torch::kFloat32)
+                                 .contiguous();
+        } else {
+          job->status = logits.status();
+        }
+      }
+    } catch (const std::exception& e) {
+      job->status = absl::InternalError(e.what());
+    }
+    job->elapsed = absl::Now() - start;
+    absl::MutexLock lock(&mu_);
+    prefill_done_ = true;
+    wake_.Signal();
+  }
+}
+
+absl::Status Engine::Submit(std::unique_ptr<WorkItem>& item) {
+  absl::MutexLock lock(&mu_);
+  if (draining_) return absl::UnavailableError("the server is shutting down");
+  absl::Status queued = queue_.Push(item);
+  if (queued.ok()) wake_.Signal();
+  return queued;
+}
+
+void Engine::PostWriteDone(uint64_t stream_id, bool ok) {
+  absl::MutexLock lock(&mu_);
+  events_.push_back({stream_id, ok ? Event::kWriteOk : Event::kWriteFailed});
+  wake_.Signal();
+}
+
+void Engine::PostCancel(uint64_t stream_id) {
+  absl::MutexLock lock(&mu_);
+  events_.push_back({stream_id, Event::kCancel});
+  wake_.Signal();
+}
+
+void Engine::BeginDrain() {
+  absl::MutexLock lock(&mu_);
+  draining_ = true;
+}
+
+bool Engine::IdleLocked() const {
+  return queue_.empty() && active_tasks_ == 0 && store_jobs_ == 0 && continuations_.empty();
+}
+
+bool Engine::WaitIdle(absl::Time deadline) {
+  absl::MutexLock lock(&mu_);
+  while (!IdleLocked()) {
+    if (idle_changed_.WaitWithDeadline(&mu_, deadline) && absl::Now() >= deadline) {
+      return IdleLocked();
+    }
+  }
+  return true;
+}
+
+void Engine::EndAllWork() {
+  absl::MutexLock lock(&mu_);
+  draining_ = true;
+  end_all_ = true;
+  wake_.Signal();
+}
+
+void Engine::Stop() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (stop_ && !thread_.joinable()) return;
+    draining_ = true;
+    end_all_ = true;
+    stop_ = true;
+    wake_.Signal();
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+// ---------------------------------------------------------------------------------
+// The loop.
+
+absl::flat_hash_map<std::string, int64_t> Engine::RunningByTenant() const {
+  absl::flat_hash_map<std::string, int64_t> running;
+  for (const auto& task : tasks_) {
+    if (task->item != nullptr) ++running[task->item->tenant];
+  }
+  return running;
+}
+
+bool Engine::HasImmediateWorkLocked() {
+  if (!events_.empty() || !continuations_.empty() || prefill_done_) return true;
+  if (end_all_ && !end_all_applied_) return true;
+  if (stop_ && active_tasks_ == 0 && store_jobs_ == 0) return true;
+  if (immediate_work_) return true;
+  return queue_.HasAdmissible(active_tasks_);
+}
+
+void Engine::Loop() {
+  torch::NoGradGuard no_grad;
+  LimitIntraOpThreads(options_.intra_op_threads);
+  while (true) {
+    std::vector<Event> events;
+    std::vector<std::function<void()>> continuations;
+    std::vector<std::unique_ptr<WorkItem>> admitted;
+    bool end_all = false;
+    bool stop = false;
+    bool prefill_done = false;
+    const absl::Time wait_until = std::min(batch_deadline_, next_housekeeping_);
+    {
+      absl::MutexLock lock(&mu_);
+      while (!HasImmediateWorkLocked() && absl::Now() < wait_until) {
+        wake_.WaitWithDeadline(&mu_, wait_until);
+      }
+      events.swap(events_);
+      continuations.swap(continuations_);
+      int64_t active = static_cast<int64_t>(tasks_.size());
+      queue_.TakeAdmissible(
+          active, end_all_, [this] { return RunningByTenant(); }, admitted);
+      active_tasks_ = active;  // WaitIdle must not see admitted work as idle
+      end_all = end_all_;
+      if (end_all_) end_all_applied_ = true;
+      stop = stop_;
+      prefill_done = prefill_done_;
+      prefill_done_ = false;
+    }
+    ending_ = end_all;
+
+    // Tensor code outside Model::Forward/Step (gather, scatter, copies) can still throw
+    // c10::Error (e.g. out of memory); it must not take the process down. The requests in
+    // flight fail with INTERNAL; sessions keep their last committed state.
+    try {
+      for (auto& continuation : continuations) continuation();
+      if (prefill_done) CompletePrefill();
+      for (const Event& event : events) ApplyEvent(event);
+      for (auto& item : admitted) {
+        if (end_all) {
+          // Accepted before the shutdown began but never started: refuse cleanly.
+          FailItem(std::move(item), absl::UnavailableError("the server is shutting down"));
+          continue;
+        }
+        Admit(std::move(item));
+      }
+      if (end_all) {
+        for (auto& task : tasks_) {
+          if (!task->cancelled) {
+            task->cancelled = true;
+            task->shutdown = true;
+          }
+        }
+        // Streams not waiting on a write end now; the others when their write returns.
+        // An unfinished CreateSession or Score fails (its result would be partial).
+        std::vector<Task*> ending;
+        for (auto& task : tasks_) {
+          if (!task->write_in_flight && task->phase != Task::Phase::kReadyToAbsorb &&
+              !task->in_prefill_job) {
+            ending.push_back(task.get());
+          }
+        }
+        for (Task* task : ending) {
+          if (task->item->kind == WorkItem::Kind::kGenerate) {
+            FinishTask(*task, FinishReason::kShutdown);
+          } else {
+            FailTask(*task, absl::UnavailableError("the server is shutting down"));
+          }
+        }
+      }
+
+      StartPrefill();
+      RunDecodeStep();
+      SampleAndEmit();
+    } catch (const std::exception& e) {
+      Log(LogLevel::kError, absl::StrCat("model ", name_, ": engine iteration failed: ", e.what()));
+      try {
+        AbandonPrefillJob();
+        while (!tasks_.empty()) FailTask(*tasks_.front(), absl::InternalError("the engine failed"));
+      } catch (const std::exception& again) {
+        Log(LogLevel::kError, absl::StrCat("model ", name_, ": recovery failed: ", again.what()));
+      }
+    }
+
+    const absl::Time now = absl::Now();
+    if (now >= next_housekeeping_) {
+      Housekeeping();
+      next_housekeeping_ = now + kHousekeepingInterval;
+    }
+
+    bool awaiting = false;
+    bool ready_to_absorb = false;
+    bool immediate = false;
+    for (const auto& task : tasks_) {
+      switch (task->phase) {
+        case Task::Phase::kBlocked:
+          // Joins the next step once a write returns; a draining stream never does.
+          awaiting = true;
+          break;
+        case Task::Phase::kDraining:
+          break;  // waits for its last write; nothing to do here until then
+        case Task::Phase::kReadyToAbsorb:
+          ready_to_absorb = true;
+          break;
+        case Task::Phase::kPrefill:
+          // Waiting for the prefill thread is not work for this one.
+          if (prefill_job_ == nullptr) immediate = true;
+          break;
+        default:
+          immediate = true;
+      }
+    }
+    // Absorb at once if nothing else can join the batch; else wait (at most until
+    // batch_deadline_) for the streams still writing.
+    if (ready_to_absorb && !awaiting) immediate = true;
+    if (!ready_to_absorb) batch_deadline_ = absl::InfiniteFuture();
+    {
+      absl::MutexLock lock(&mu_);
+      active_tasks_ = static_cast<int64_t>(tasks_.size());
+      immediate_work_ = immediate;
+      idle_changed_.SignalAll();
+      if (stop && tasks_.empty() && queue_.empty() && store_jobs_ == 0 && continuations_.empty()) {
+        break;
+      }
+    }
+  }
+
+  {
+    absl::MutexLock lock(&prefill_mu_);
+    prefill_stop_ = true;
+    prefill_cv_.Signal();
+  }
+  prefill_thread_.join();
+  StoreUnstoredAtExit();
+}
+
+void Engine::ApplyEvent(const Event& event) {
+  auto it = tasks_by_stream_.find(event.stream_id);
+  if (it == tasks_by_stream_.end()) return;  // already finished
+  Task& task = *it->second;
+  const FinishReason ended = task.shutdown ? FinishReason::kShutdown : FinishReason::kCancelled;
+  switch (event.kind) {
+    case Event::kWriteOk:
+      if (!task.write_in_flight) break;
+      task.write_in_flight = false;
+      task.generated += task.inflight_tokens;
+      task.inflight_tokens = 0;
+      if (task.cancelled) {
+        // The chunk arrived; what was sampled after it was never sent. A pending token
+        // with nothing unsent was delivered: RunDecodeStep absorbs it, then ends.
+        if (task.unsent.token_ids.empty() && task.phase == Task::Phase::kReadyToAbsorb) break;
+        FinishTask(task, ended);  // drops the unsent tokens
+        break;
+      }
+      if (!task.unsent.token_ids.empty() && ShouldFlush(task, absl::Now())) Flush(task);
+      if (task.phase == Task::Phase::kDraining && !task.write_in_flight) {
+        FinishTask(task, task.stop_hit ? FinishReason::kStop : FinishReason::kLength);
+      } else if (task.phase == Task::Phase::kBlocked && CanSample(task)) {
+        task.phase = Task::Phase::kReadyToSample;
+      }
+      break;
+    case Event::kWriteFailed:
+      // The client never got the chunk: it and everything after it are undone.
+      task.cancelled = true;
+      if (task.write_in_flight) FinishTask(task, ended);
+      break;
+    case Event::kCancel:
+      task.cancelled = true;
+      if ((task.phase == Task::Phase::kPrefill && !task.in_prefill_job) ||
+          (task.phase == Task::Phase::kReadyToSample && !task.write_in_flight)) {
+        FinishTask(task, FinishReason::kCancelled);
+      }
+      // A write in flight: decided when it returns. Ready to absorb with nothing in
+      // flight: the token was delivered, so it is absorbed first (RunDecodeStep).
+      break;
+  }
+}
+
+bool Engine::CanSample(const Task& t) const {
+  return t.inflight_tokens + static_cast<int64_t>(t.unsent.token_ids.size()) <
+         options_.decode_lookahead;
+}
+
+bool Engine::ShouldFlush(const Task& t, absl::Time now) const {
+  return options_.stream_flush_interval <= absl::ZeroDuration() ||
+         static_cast<int64_t>(t.unsent.token_ids.size()) >= options_.decode_lookahead ||
+         t.stop_hit || t.sampled >= t.item->generate.max_tokens ||
+         now - t.unsent_since >= options_.stream_flush_interval;
+}
+
+void Engine::Flush(Task& t) {
+  const int64_t count = static_cast<int64_t>(t.unsent.token_ids.size());
+  std::swap(t.before_inflight, t.before_unsent);  // reuses the buffers
+  t.inflight_tokens = count;
+  t.write_in_flight = true;
+  const absl::Time now = absl::Now();
+  if (t.first_token_at == absl::InfinitePast()) {
+    metrics_->ObserveTimeToFirstToken(Seconds(t.item->arrival, now));
+  } else {
+    // A chunk of n tokens: each is counted as arriving n-th of the wait.
+    for (int64_t i = 0; i < count; ++i) {
+      metrics_->ObserveInterTokenLatency(Seconds(t.last_emit_at, now) / count);
+    }
+  }
+  if (t.first_token_at == absl::InfinitePast()) t.first_token_at = now;
+  t.last_emit_at = now;
+  GenerateChunk chunk = std::move(t.unsent);
+  t.unsent = GenerateChunk();
+  t.item->observer->OnChunk(std::move(chunk));
+}
+
+void Engine::DropUnconfirmed(Task& t) {
+  Task::RollbackPoint* point = nullptr;
+  if (t.write_in_flight) {
+    point = &t.before_inflight;
+  } else if (!t.unsent.token_ids.empty()) {
+    point = &t.before_unsent;
+  }
+  if (point != nullptr && t.slot >= 0) {
+    pool_.RestoreRow(t.slot, point->row);
+    t.tokens = point->tokens;
+    t.decoder = point->decoder;
+  }
+  t.write_in_flight = false;
+  t.inflight_tokens = 0;
+  t.unsent = GenerateChunk();
+  t.pending_token = -1;
+}
+
+// ---------------------------------------------------------------------------------
+// Admission and session operations.
+
+void Engine::Admit(std::unique_ptr<WorkItem> item) {
+  if (ending_) {
+    return FailItem(std::move(item), absl::UnavailableError("the server is shutting down"));
+  }
+  // A tensor exception (e.g. out of memory) while admitting fails this item alone, with
+  // its lease released and its caller answered; nothing is dropped silently.
+  Task* admitted = nullptr;
+  try {
+    const WorkItem::Kind kind = item->kind;
+    const bool needs_state = !item->session_id.empty() && kind != WorkItem::Kind::kDelete &&
+                             kind != WorkItem::Kind::kCreate;
+    if (needs_state && item->ticket != nullptr) DropStaleCopy(*item);
+    if ((needs_state && !resident_.contains(item->session_id) && !item->loaded) ||
+        (kind == WorkItem::Kind::kImport && !item->loaded)) {
+      return StartLoad(std::move(item));
+    }
+    if (IsStreamKind(kind)) {
+      auto task = std::make_unique<Task>();
+      admitted = task.get();
+      task->item = std::move(item);
+      tasks_.push_back(std::move(task));
+      AdmitStream(*admitted);
+    } else {
+      RunSessionOperation(item);
+    }
+  } catch (const std::exception& e) {
+    Log(LogLevel::kError, absl::StrCat("model ", name_, ": admission failed: ", e.what()));
+    const absl::Status failed = absl::InternalError("the engine failed");
+    if (item != nullptr) {
+      FailItem(std::move(item), failed);
+    } else if (admitted != nullptr) {
+      for (auto& task : tasks_) {
+        if (task.get() == admitted) {
+          FailTask(*admitted, failed);
+          break;
+        }
+      }
+    }
+  }
+}
+
+void Engine::AdmitStream(Task& t) {
+  WorkItem& w = *t.item;
+  t.session_id = w.session_id;
+  const absl::Time now = clock_->Now();
+
+  if (w.kind == WorkItem::Kind::kCreate) {
+    auto slot = AllocateSlot();
+    if (!slot.ok()) return FailTask(t, slot.status());
+    t.slot = *slot;
+    pool_.Reset(t.slot);
+    SessionRecord record;
+    record.id = NewSessionId();
+    record.model = name_;
+    record.state_bytes = state_bytes_;
+    record.created = record.last_used = now;
+    record.tenant = w.tenant;
+    auto lease = registry_->InsertLeased(record);
+    if (!lease.ok()) return FailTask(t, lease.status());  // frees the slot
+    w.lease = std::move(*lease);
+    t.session_id = record.id;
+    resident_[t.session_id] = ResidentSession{t.slot, 0, now, now, /*in_use=*/true};
+    resident_[t.session_id].tenant = w.tenant;
+    metrics_->CountSessionOperation("created");
+  } else if (!t.session_id.empty()) {
+    auto slot = EnsureResident(w);
+    if (!slot.ok()) return FailTask(t, slot.status());
+    ResidentSession& r = resident_[t.session_id];
+    r.in_use = true;
+    t.slot = *slot;
+    t.tokens_before = t.tokens = r.tokens;
+  } else if (w.kind == WorkItem::Kind::kGenerate) {
+    auto slot = AllocateSlot();
+    if (!slot.ok()) return FailTask(t, slot.status());
+    t.slot = *slot;
+    pool_.Reset(t.slot);
+  }
+
+  if (w.kind == WorkItem::Kind::kScore) {
+    // A private copy: the session (if any) is not changed.
+    if (t.slot >= 0) {
+      t.score_context.state = pool_.CopyRow(t.slot);
+      if (t.tokens > 0) t.score_context.next_logits = pool_.CopyLogits(t.slot);
+      resident_[t.session_id].in_use = false;
+      t.slot = -1;
+    } else {
+      t.score_context.state = pool_.fresh_row().Clone();
+    }
+  }
+
+  if (w.is_cancelled && w.is_cancelled()) {
+    return FailTask(t, absl::CancelledError("cancelled by the client"));
+  }
+  if (w.kind == WorkItem::Kind::kGenerate) {
+    if (w.tokens.empty() && t.tokens == 0) {
+      return FailTask(t, absl::InvalidArgumentError(
+                             "prompt: must not be empty when the session holds no tokens"));
+    }
+    if (!t.session_id.empty()) {
+      t.snapshot = pool_.CopyRow(t.slot);
+      t.snapshot_logits = pool_.CopyLogits(t.slot);
+      t.has_snapshot = true;
+    }
+    const GenerateParams& g = w.generate;
+    t.rng.seed(g.sampling.seed);
+    t.recent.assign(w.tokens.end() - std::min<size_t>(w.tokens.size(), g.repetition_window),
+                    w.tokens.end());
+    metrics_->AddPromptTokensSaved(t.tokens_before);
+    tasks_by_stream_[w.stream_id] = &t;
+  }
+  t.phase = w.tokens.empty() ? Task::Phase::kReadyToSample : Task::Phase::kPrefill;
+  if (t.phase == Task::Phase::kReadyToSample && w.generate.max_tokens == 0) {
+    FinishTask(t, FinishReason::kLength);
+  }
+}
+
+// ---------------------------------------------------------------------------------
+// Prefill, decode, sampling.
+
+void Engine::StartPrefill() {
+  if (prefill_job_ != nullptr) return;
+  std::vector<Task*> prefilling, abandoned;
+  for (auto& task : tasks_) {
+    if (task->phase != Task::Phase::kPrefill) continue;
+    const auto& is_cancelled = task->item->is_cancelled;
+    (is_cancelled && is_cancelled() ? abandoned : prefilling).push_back(task.get());
+  }
+  for (Task* t : abandoned) FailTask(*t, absl::CancelledError("cancelled by the client"));
+  if (prefilling.empty()) return;
+  const size_t chunk = static_cast<size_t>(options_.prefill_chunk_tokens);
+  auto next_length = [chunk](const Task* t) {
+    return std::min(chunk, t->item->tokens.size() - t->prefilled);
+  };
+  // The lead task goes round robin. Other pool-backed prefills whose next chunk has the
+  // same length join it in one batched Forward (no padding: equal lengths only), up to
+  // `chunk` tokens in all, so one job's work stays bounded.
+  Task* lead = prefilling[prefill_turn_++ % prefilling.size()];
+  auto job = std::make_unique<PrefillJob>();
+  job->length = next_length(lead);
+  job->tasks = {lead};
+  if (lead->item->kind == WorkItem::Kind::kScore) {
+    job->score_context = &lead->score_context;
+    job->piece.assign(lead->item->tokens.begin() + lead->prefilled,
+                      lead->item->tokens.begin() + lead->prefilled + job->length);
+  } else {
+    for (Task* other : prefilling) {
+      if ((job->tasks.size() + 1) * job->length > chunk) break;
+      if (other != lead && other->item->kind != WorkItem::Kind::kScore &&
+          next_length(other) == job->length) {
+        job->tasks.push_back(other);
+      }
+    }
+    std::vector<int64_t> rows, pieces;
+    for (Task* t : job->tasks) {
+      rows.push_back(t->slot);
+      pieces.insert(pieces.end(), t->item->tokens.begin() + t->prefilled,
+                    t->item->tokens.begin() + t->prefilled + job->length);
+    }
+    const torch::Device device = model_.options().device;
+    job->rows = torch::tensor(rows, torch::kInt64).to(device);
+    job->state = pool_.Gather(job->rows);
+    job->tokens =
+        torch::tensor(pieces, torch::kInt64)
+            .view({static_cast<int64_t>(job->tasks.size()), static_cast<int64_t>(job->length)})
+            .to(device);
+  }
+  for (Task* t : job->tasks) t->in_prefill_job = true;
+  prefill_job_ = std::move(job);
+  absl::MutexLock lock(&prefill_mu_);
+  prefill_pending_ = prefill_job_.get();
+  prefill_cv_.Signal();
+}
+
+void Engine::CompletePrefill() {
+  std::unique_ptr<PrefillJob> job = std::move(prefill_job_);
+  if (job == nullptr) return;
+  for (Task* t : job->tasks) t->in_prefill_job = false;
+  if (!job->status.ok()) {
+    Log(LogLevel::kError,
+        absl::StrCat("model ", name_, ": prefill failed: ", job->status.message()));
+    for (Task* t : job->tasks) FailTask(*t, absl::InternalError("prefill failed"));
+    return;
+  }
+  const int64_t tokens = static_cast<int64_t>(job->tasks.size() * job->length);
+  const bool score = job->score_context != nullptr;
+  if (score) {
+    Task& t = *job->tasks.front();
+    t.score_logprobs.insert(t.score_logprobs.end(), job->logprobs.begin(), job->logprobs.end());
+  } else {
+    pool_.Scatter(job->rows, job->state);
+    pool_.SetLogits(job->rows, job->last_logits);
+    for (Task* t : job->tasks) t->tokens += static_cast<int64_t>(job->length);
+  }
+  metrics_->ObservePrefillChunk(tokens, absl::ToDoubleSeconds(job->elapsed));
+  if (score) {
+    metrics_->AddScoredTokens(tokens);
+  } else {
+    metrics_->AddPromptTokens(tokens);
+  }
+  for (Task* t : job->tasks) {
+    t->prefilled += job->length;
+    const bool generate = t->item->kind == WorkItem::Kind::kGenerate;
+    if (t->cancelled) {
+      // Cancelled or shut down while the chunk ran: a Generate rolls back (nothing was
+      // streamed); a Score or CreateSession fails.
+      if (generate) {
+        FinishTask(*t, t->shutdown ? FinishReason::kShutdown : FinishReason::kCancelled);
+      } else {
+        FailTask(*t, absl::UnavailableError("the server is shutting down"));
+      }
+    } else if (t->prefilled < t->item->tokens.size()) {
+      continue;
+    } else if (generate && t->item->generate.max_tokens > 0) {
+      t->phase = Task::Phase::kReadyToSample;
+    } else {
+      FinishTask(*t, FinishReason::kLength);
+    }
+  }
+}
+
+void Engine::AbandonPrefillJob() {
+  if (prefill_job_ == nullptr) return;
+  {
+    absl::MutexLock lock(&mu_);
+    while (!prefill_done_) wake_.Wait(&mu_);
+    prefill_done_ = false;
+  }
+  for (Task* t : prefill_job_->tasks) t->in_prefill_job = false;
+  prefill_job_.reset();
+}
+
+void Engine::RunDecodeStep() {
+  std::vector<Task*> batch;
+  for (auto& task : tasks_) {
+    if (task->phase == Task::Phase::kReadyToAbsorb) batch.push_back(task.get());
+  }
+  if (batch.empty()) return;
+  // Give streams whose write is still in flight `batch_wait` to join this step.
+  bool awaiting = false;
+  for (auto& task : tasks_) awaiting |= task->phase == Task::Phase::kBlocked;
+  if (awaiting) {
+    const absl::Time now = absl::Now();
+    if (batch_deadline_ == absl::InfiniteFuture()) {
+      batch_deadline_ = now + options_.batch_wait;
+      return;
+    }
+    if (now < batch_deadline_) return;
+  }
+  batch_deadline_ = absl::InfiniteFuture();
+  if (options_.before_decode_step_for_testing) {
+    options_.before_decode_step_for_testing([this] {
+      absl::MutexLock lock(&mu_);
+      return end_all_;
+    });
+  }
+  const absl::Time start = absl::Now();
+  std::vector<int64_t> rows_vec, tokens_vec;
+  for (Task* t : batch) {
+    rows_vec.push_back(t->slot);
+    tokens_vec.push_back(t->pending_token);
+  }
+  absl::Status stepped = absl::OkStatus();
+  if (native_step_ != nullptr) {
+    // In place: the pool's rows absorb their tokens; no copies of the state.
+    step_logits_.resize(batch.size() * static_cast<size_t>(vocab_));
+    stepped = native_step_->Step(tokens_vec, rows_vec, pool_.mutable_state(), step_logits_.data());
+    if (stepped.ok()) pool_.SetLogits(rows_vec, step_logits_.data());
+  } else {
+    const torch::Device device = model_.options().device;
+    torch::Tensor rows = torch::tensor(rows_vec, torch::kInt64).to(device);
+    fwmodel::State state = pool_.Gather(rows);
+    auto logits = model_.Step(torch::tensor(tokens_vec, torch::kInt64).to(device), &state);
+    if (logits.ok()) {
+      pool_.Scatter(rows, state);
+      pool_.SetLogits(rows, *logits);
+    } else {
+      stepped = logits.status();
+    }
+  }
+  if (!stepped.ok()) {
+    Log(LogLevel::kError,
+        absl::StrCat("model ", name_, ": decode step failed: ", stepped.message()));
+    for (Task* t : batch) FailTask(*t, absl::InternalError("decode step failed"));
+    return;
+  }
+  metrics_->ObserveDecodeStep(static_cast<int64_t>(batch.size()), Seconds(start, absl::Now()));
+  for (Task* t : batch) {
+    ++t->tokens;
+    t->recent.push_back(t->pending_token);
+    const size_t window = static_cast<size_t>(t->item->generate.repetition_window);
+    if (t->recent.size() > window) t->recent.erase(t->recent.begin());
+    t->pending_token = -1;
+    const bool done = t->stop_hit || t->sampled >= t->item->generate.max_tokens || t->cancelled;
+    if (done && t->write_in_flight) {
+      t->phase = Task::Phase::kDraining;  // ends when the write returns (ApplyEvent)
+    } else if (done) {
+      FinishTask(*t, t->cancelled
+                         ? (t->shutdown ? FinishReason::kShutdown : FinishReason::kCancelled)
+                         : (t->stop_hit ? FinishReason::kStop : FinishReason::kLength));
+    } else {
+      t->phase = CanSample(*t) ? Task::Phase::kReadyToSample : Task::Phase::kBlocked;
+    }
+  }
+}
+
+void Engine::SampleAndEmit() {
+  std::vector<Task*> ready;
+  for (auto& task : tasks_) {
+    if (task->phase == Task::Phase::kReadyToSample) ready.push_back(task.get());
+  }
+  for (Task* t : ready) {
+    if (t->item->ticket != nullptr && t->item->ticket->lost.load()) {
+      // The lease expired and may be another request's now: this request's write
+      // would be refused, so it stops here (FinishTask answers ABORTED).
+      FinishTask(*t, FinishReason::kCancelled);
+      continue;
+    }
+    if (t->cancelled) {
+      // Cancelled while a write is in flight: nothing more is sampled.
+      if (t->write_in_flight) {
+        t->phase = Task::Phase::kDraining;
+      } else {
+        FinishTask(*t, t->shutdown ? FinishReason::kShutdown : FinishReason::kCancelled);
+      }
+      continue;
+    }
+    const GenerateParams& g = t->item->generate;
+    if (t->unsent.token_ids.empty()) {
+      t->unsent_since = absl::Now();
+      pool_.SaveRow(t->slot, &t->before_unsent.row);
+      t->before_unsent.tokens = t->tokens;
+      t->before_unsent.decoder = t->decoder;
+    }
+    const torch::Tensor row_logits = pool_.logits(t->slot);
+    const float* logits = row_logits.data_ptr<float>();
+    const int64_t token = SampleToken(logits, vocab_, g.sampling, t->rng, t->recent);
+    GenerateChunk& chunk = t->unsent;
+    chunk.token_ids.push_back(token);
+    if (g.logprobs)
+      chunk.logprobs.push_back(static_cast<float>(TokenLogProb(logits, vocab_, token)));
+    chunk.text += t->decoder.Push(token);
+    ++t->sampled;
+    if (token < 256) t->generated_bytes.push_back(static_cast<char>(token));
+    for (const std::string& stop : g.stop) {
+      if (t->generated_bytes.size() >= stop.size() &&
+          t->generated_bytes.compare(t->generated_bytes.size() - stop.size(), stop.size(), stop) ==
+              0) {
+        t->stop_hit = true;
+      }
+    }
+    t->pending_token = token;
+    t->phase = Task::Phase::kReadyToAbsorb;
+    if (!t->write_in_flight && ShouldFlush(*t, absl::Now())) Flush(*t);
+  }
+}
+
+std::unique_ptr<WorkItem> Engine::TakeTask(Task& t) {
+  std::unique_ptr<WorkItem> item = std::move(t.item);
+  if (item->kind == WorkItem::Kind::kGenerate) tasks_by_stream_.erase(item->stream_id);
+  tasks_.remove_if([&t](const std::unique_ptr<Task>& p) { return p.get() == &t; });
+  return item;
+}
+
+void Engine::FinishTask(Task& t, FinishReason reason) {
+  if (t.item->kind == WorkItem::Kind::kCreate && t.item->is_cancelled && t.item->is_cancelled()) {
+    // Nobody will learn the new id: remove the session rather than leave an orphan.
+    return FailTask(t, absl::CancelledError("cancelled by the client"));
+  }
+  if (reason == FinishReason::kCancelled || reason == FinishReason::kShutdown) {
+    DropUnconfirmed(t);
+  }
+  const absl::Time now = clock_->Now();
+  const bool rollback = t.has_snapshot && t.generated == 0 &&
+                        (reason == FinishReason::kCancelled || reason == FinishReason::kShutdown);
+  if (rollback) RestoreSnapshot(t);
+  const std::string id = t.session_id;
+  const int slot = t.slot;
+  const int64_t tokens = t.tokens;
+  GenerateSummary summary;
+  summary.reason = reason;
+  summary.trailing_text = t.decoder.Finish();
+  summary.prompt_tokens = rollback ? 0 : static_cast<int64_t>(t.prefilled);
+  summary.generated_tokens = t.generated;
+  summary.session_tokens = tokens;
+  std::vector<double> logprobs = std::move(t.score_logprobs);
+  std::shared_ptr<WorkItem> item(TakeTask(t));  // `t` is gone
+
+  const auto answer = [this, item, summary, logprobs](absl::Status status) {
+    WorkItem& w = *item;
+    const absl::Time end = absl::Now();
+    switch (w.kind) {
+      case WorkItem::Kind::kGenerate:
+        metrics_->AddGeneratedTokens(summary.generated_tokens);
+        metrics_->ObserveGenerationDuration(Seconds(w.arrival, end));
+        w.observer->OnFinish(status, summary);
+        break;
+      case WorkItem::Kind::kScore:
+        if (!status.ok()) {
+          w.on_score(status);
+        } else if (summary.reason == FinishReason::kShutdown) {
+          w.on_score(absl::UnavailableError("the server is shutting down"));
+        } else {
+          w.on_score(ScoreResult{std::move(w.tokens), logprobs});
+        }
+        break;
+      case WorkItem::Kind::kCreate:
+        if (status.ok()) {
+          w.on_session(registry_->Get(w.session_id));
+        } else {
+          w.on_session(status);
+        }
+        break;
+      default:
+        break;
+    }
+  };
+
+  if (id.empty() || item->kind == WorkItem::Kind::kScore) {
+    // A throwaway stream or a Score: nothing of a session changes.
+    if (id.empty() && slot >= 0) FreeSlot(slot);
+    item->lease.Release();
+    return answer(absl::OkStatus());
+  }
+  ResidentSession& r = resident_[id];
+  r.in_use = false;
+  r.tokens = tokens;
+  if (rollback) {
+    item->lease.Release();
+    if (item->ticket != nullptr && item->ticket->lost.load()) {
+      return answer(WriteFailure(id, absl::AbortedError("lease lost"), ""));
+    }
+    return answer(absl::OkStatus());
+  }
+  r.last_used = now;
+  item->session_id = id;
+  // Write-through: the caller hears of the change only once the store holds it.
+  WriteThrough(id, slot, tokens, r.created, now, item->ticket,
+               [this, item, id, tokens, now, answer](absl::Status written) mutable {
+                 if (written.ok()) {
+                   item->lease.Commit(tokens, now, policy_.durable);
+                   return answer(absl::OkStatus());
+                 }
+                 if (item->kind == WorkItem::Kind::kCreate) {
+                   RemoveSession(id);
+                   registry_->Erase(id);
+                   item->lease.Forget();
+                   return answer(WriteFailure(id, written, "the new session could not be saved"));
+                 }
+                 // dir: the session keeps what was streamed, in memory, and the write is
+                 // retried. Shared store: the session keeps its last committed state.
+                 EndLeaseAfterWrite(item->lease, id, tokens, now, written);
+                 answer(WriteFailure(id, written,
+                                     "the generated tokens are kept in memory but could not "
+                                     "be saved yet (the server retries)"));
+               });
+}
+
+void Engine::FailTask(Task& t, absl::Status status) {
+  // Tokens already streamed stay committed (the state holds exactly what the client
+  // got); a request that streamed nothing is undone. A chunk whose write is still in
+  // flight counts as not delivered.
+  DropUnconfirmed(t);
+  const bool keep_streamed = t.generated > 0;
+  if (t.has_snapshot && !keep_streamed) RestoreSnapshot(t);
+  const std::string id = t.session_id;
+  const int slot = t.slot;
+  const int64_t tokens = t.tokens;
+  std::unique_ptr<WorkItem> item = TakeTask(t);  // `t` is gone
+  if (item->kind == WorkItem::Kind::kCreate) {
+    if (!id.empty()) {
+      RemoveSession(id);
+      registry_->Erase(id);
+      item->lease.Forget();
+    } else if (slot >= 0) {
+      FreeSlot(slot);
+    }
+    return FailItem(std::move(item), status);
+  }
+  if (id.empty()) {
+    if (slot >= 0) FreeSlot(slot);
+    return FailItem(std::move(item), status);
+  }
+  auto it = resident_.find(id);
+  if (it != resident_.end()) it->second.in_use = false;
+  if (!keep_streamed || it == resident_.end()) return FailItem(std::move(item), status);
+  const absl::Time now = clock_->Now();
+  it->second.tokens = tokens;
+  it->second.last_used = now;
+  std::shared_ptr<WorkItem> shared(std::move(item));
+  WriteThrough(id, it->second.slot, tokens, it->second.created, now, shared->ticket,
+               [this, shared, id, tokens, now, status](absl::Status written) {
+                 EndLeaseAfterWrite(shared->lease, id, tokens, now, written);
+                 AnswerFailure(*shared, written.ok() || policy_.keeps_unstored
+                                            ? status
+                                            : WriteFailure(id, written, ""));
+               });
+}
+
+void Engine::RestoreSnapshot(Task& t) {
+  pool_.SetRow(t.slot, t.snapshot, t.snapshot_logits);
+  t.tokens = t.tokens_before;
+}
+
+}  // namespace fwserve

@@ -1,0 +1,311 @@
+// One model's engine: a thread that owns the model's StatePool and runs continuous
+// batching (admit -> prefill one chunk -> one batched step -> sample -> emit), a helper
+// thread for prefill chunks (private copies of the rows), and session-store work handed
+// to the shared StoreExecutor. Internal to the core (includes LibTorch): the
+// transports see server/core/core.h only.
+//
+// Files: engine.cc holds the loop, admission, prefill, decode and sampling;
+// engine_sessions.cc the session operations (create/fork/export/import/delete),
+// residency (load, release, evict), write-through and housekeeping.
+//
+// Durability (docs/sessions.md): a request that changes a session answers its caller
+// only after the session store holds the new state; the session's lease is held until
+// then. Store I/O runs on store threads; its results come back to the engine thread as
+// continuations, so every session-state change happens on the engine thread.
+//
+// Thread-safety: Submit, PostWriteDone, PostCancel, BeginDrain, WaitIdle, EndAllWork,
+// Stop and the accessors are thread-safe. Everything else runs on the engine thread.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <list>
+#include <memory>
+#include <optional>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "models/checkpoint.h"
+#include "models/model.h"
+#include "models/native_step.h"
+#include "models/state_codec.h"
+#include "models/tokenizer.h"
+#include "server/api/requests.h"
+#include "server/base/clock.h"
+#include "server/engine/admission_queue.h"
+#include "server/engine/engine_options.h"
+#include "server/engine/state_pool.h"
+#include "server/metrics/metrics.h"
+#include "server/sessions/session_directory.h"
+#include "server/sessions/session_registry.h"
+#include "server/sessions/store_executor.h"
+
+namespace fwserve {
+
+// --threads (`threads` > 0) on the calling thread: LibTorch's intra-op threads, OpenMP
+// (the native step's per-session loops) and OpenBLAS. The counts are per thread, so
+// each thread that runs model code applies it; 0 leaves the libraries' defaults.
+void LimitIntraOpThreads(int32_t threads);
+
+// A unit of work for the engine. Items that name an existing session hold its lease
+// from submission until the engine answers them (and, for a change, until the store
+// holds it).
+struct WorkItem {
+  enum class Kind { kGenerate, kScore, kCreate, kFork, kExport, kImport, kDelete };
+  Kind kind = Kind::kGenerate;
+  std::string session_id;
+  // The caller's tenant: owns the sessions this item creates (Caller::tenant).
+  std::string tenant;
+  SessionLease lease;
+  // Shared store only: the lease in the store (null otherwise, and for new sessions).
+  std::shared_ptr<StoreTicket> ticket;
+  std::vector<int64_t> tokens;  // prompt, scored text or prefix
+  GenerateParams generate;
+  GenerateObserver* observer = nullptr;  // kGenerate; see server/api/requests.h for its lifetime
+  uint64_t stream_id = 0;                // kGenerate
+  std::string blob;                      // kImport
+  // The session's state read from the store (or the decoded import blob), when the
+  // session was not resident at admission.
+  std::optional<fwmodel::DecodedState> loaded;
+  Callback<ScoreResult> on_score;
+  Callback<SessionRecord> on_session;
+  Callback<ExportResult> on_export;
+  Callback<bool> on_delete;
+  // kScore, kCreate: polled between prefill chunks; may be null.
+  std::function<bool()> is_cancelled;
+  absl::Time arrival;
+};
+
+// What an engine shares with the rest of the core. Pointers are not owned and outlive
+// the engine.
+struct EngineContext {
+  // Where the sessions are kept: the registry, the store threads, the store I/O and
+  // what to do with a changed session (SessionDirectory::policy()).
+  SessionDirectory* directory = nullptr;
+  StateMemoryBudget* budget = nullptr;
+  const Clock* clock = nullptr;
+  // Never null (the null implementation when metrics are off).
+  ModelMetrics* metrics = nullptr;
+};
+
+// Answers `item` with `status` through whichever callback its kind has (its lease
+// released first).
+void AnswerWorkItem(WorkItem& item, absl::Status status);
+
+class Engine {
+ public:
+  Engine(std::string name, fwmodel::LoadedModel loaded, const EngineOptions& options,
+         EngineContext context);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  void Start();
+  const std::string& name() const { return name_; }
+  const fwmodel::Model& model() const { return model_; }
+  const std::string& fingerprint() const { return fingerprint_; }
+  uint64_t NewStreamId() { return next_stream_id_.fetch_add(1); }
+
+  // Queues `item`. RESOURCE_EXHAUSTED when the queue is full, UNAVAILABLE when draining;
+  // on error the item is returned untouched through `item` (callbacks not called).
+  absl::Status Submit(std::unique_ptr<WorkItem>& item);
+  void PostWriteDone(uint64_t stream_id, bool ok);
+  void PostCancel(uint64_t stream_id);
+
+  // Shutdown steps (see Core): refuse new work; wait for idle (store writes included);
+  // end the rest; stop the threads (a last attempt to store sessions whose writes
+  // failed). Stop is idempotent.
+  void BeginDrain();
+  bool WaitIdle(absl::Time deadline);
+  void EndAllWork();
+  void Stop();
+
+ private:
+  struct Task;
+  struct PrefillJob;
+  struct ResidentSession {
+    int slot = -1;
+    int64_t tokens = 0;
+    absl::Time created;
+    absl::Time last_used;
+    bool in_use = false;      // a task or session operation is using the slot
+    int64_t version = 0;      // shared store: the store's version this copy holds
+    std::string tag = {};     // and that version's tag
+    std::string tenant = {};  // the owner (SessionRecord::tenant)
+  };
+  struct Event {
+    uint64_t stream_id;
+    enum Kind { kWriteOk, kWriteFailed, kCancel } kind;
+  };
+
+  // engine.cc: the loop, admission, prefill, decode, sampling.
+  void Loop();
+  bool HasImmediateWorkLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Streams running per tenant (AdmissionQueue's fair share). Engine thread.
+  absl::flat_hash_map<std::string, int64_t> RunningByTenant() const;
+  bool IdleLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ApplyEvent(const Event& event);
+  void Admit(std::unique_ptr<WorkItem> item);
+  void AdmitStream(Task& task);
+  // Hands the next prefill chunk (one task, or several with equal chunk lengths) to the
+  // prefill thread, unless one is in flight.
+  void StartPrefill();
+  // Applies a finished prefill job: scatters the rows back, advances its tasks.
+  void CompletePrefill();
+  // Blocks until the in-flight prefill job (if any) is done and drops its result.
+  void AbandonPrefillJob();
+  void PrefillThreadLoop();
+  void RunDecodeStep();
+  void SampleAndEmit();
+  // Decode pipelining. Whether the task may sample another token now (fewer than
+  // decode_lookahead unconfirmed). Flush: hands `unsent` to the transport as one chunk.
+  // DropUnconfirmed: puts the slot back to before the first token whose write was not
+  // confirmed and forgets those tokens.
+  bool CanSample(const Task& t) const;
+  // Whether `unsent` goes out now (no write in flight): at once unless
+  // --stream-flush-interval holds it; always when full or the stream is done.
+  bool ShouldFlush(const Task& t, absl::Time now) const;
+  void Flush(Task& t);
+  void DropUnconfirmed(Task& t);
+  // End a task: answer its caller (after the store holds a changed session).
+  void FinishTask(Task& task, FinishReason reason);
+  void FailTask(Task& task, absl::Status status);
+  // Removes `task` from tasks_ (destroying it) and returns its work item.
+  std::unique_ptr<WorkItem> TakeTask(Task& task);
+  // Puts back the task's slot (state, next-token logits, token count) as it was before
+  // the request.
+  void RestoreSnapshot(Task& t);
+
+  // engine_sessions.cc: session operations, residency, the store.
+  void RunSessionOperation(std::unique_ptr<WorkItem>& item);
+  // Answers `item` with `status` (its lease released first).
+  void FailItem(std::unique_ptr<WorkItem> item, absl::Status status);
+  void AnswerFailure(WorkItem& item, absl::Status status) {
+    AnswerWorkItem(item, std::move(status));
+  }
+  // Shared store: drops the resident copy of the item's session unless its version is
+  // the one the item's lease was taken at (then the item is served from the cache).
+  void DropStaleCopy(WorkItem& item);
+  // Ends `lease` after the write-through of a changed session: committed when
+  // `written` is OK; otherwise kept in memory to retry (dir:), or forgotten (shared
+  // store: the local copy was dropped and the store keeps the last committed state).
+  void EndLeaseAfterWrite(SessionLease& lease, const std::string& id, int64_t tokens,
+                          absl::Time now, const absl::Status& written);
+  // The client's error for a failed write-through (details go to the log).
+  absl::Status WriteFailure(const std::string& id, const absl::Status& written,
+                            const char* what) const;
+  // The session's slot; from item.loaded when it is not resident.
+  absl::StatusOr<int> EnsureResident(WorkItem& item);
+  // Reads the session's state from the store (or decodes an import blob) on a store
+  // thread, then admits the item again with item->loaded set.
+  void StartLoad(std::unique_ptr<WorkItem> item);
+  // Write-through: copies the slot now, encodes and stores it on a store thread, then
+  // runs `then(status)` on the engine thread. Without a store, `then(OK)` runs at once.
+  // With a shared store, `ticket` fences the write (null: a new session, created at
+  // version 1); on success the resident copy takes the new version, on failure it is
+  // dropped (the store keeps the last committed state).
+  void WriteThrough(const std::string& id, int slot, int64_t tokens, absl::Time created,
+                    absl::Time last_used, std::shared_ptr<StoreTicket> ticket,
+                    std::function<void(absl::Status)> then);
+  // A new session made by fork or import, in `slot`: registered busy, stored, then
+  // answered.
+  void CommitNewSession(std::unique_ptr<WorkItem> item, int slot, int64_t tokens,
+                        const char* operation);
+  // Store thread (or the engine thread at exit): encodes a session's row and puts it
+  // in the store, timing a success and logging and counting a failure.
+  // Returns the stored version (shared store; 0 otherwise).
+  // `new_tag`: the tag a shared store gives a created session (a commit's tag is its
+  // ticket's token).
+  absl::StatusOr<int64_t> StoreRow(const std::string& id, const std::string& tenant,
+                                   const fwmodel::State& row, const torch::Tensor& logits,
+                                   int64_t tokens, absl::Time created, absl::Time last_used,
+                                   StoreTicket* ticket, const std::string& new_tag = "");
+  // Store thread: deletes `id` from the store (fenced by `ticket` with a shared
+  // store), logging and counting a failure.
+  absl::Status DeleteFromStore(const std::string& id, StoreTicket* ticket);
+  // Runs `job` on a store thread; the function it returns runs on the engine thread.
+  void RunStoreJob(std::function<std::function<void()>()> job);
+  absl::StatusOr<int> AllocateSlot();
+  void FreeSlot(int slot);
+  // Frees the least recently used idle resident session's slot (dropped from memory
+  // when the store holds it, else evicted with the memory backend). False if none.
+  bool ReleaseOneIdle();
+  void RemoveSession(const std::string& id);
+  void Housekeeping();
+  void RetryUnstored();
+  void StoreUnstoredAtExit();
+  void PublishGauges();
+
+  const std::string name_;
+  fwmodel::Model model_;
+  const std::string fingerprint_;
+  const EngineOptions options_;
+  SessionRegistry* const registry_;
+  SessionDirectory* const directory_;
+  const SessionPolicy policy_;  // the directory's
+  StoreExecutor* const executor_;
+  StateMemoryBudget* const budget_;
+  const Clock* const clock_;
+  ModelMetrics* const metrics_;  // never null
+  const int64_t state_bytes_;
+  const int64_t vocab_;
+
+  std::atomic<uint64_t> next_stream_id_{1};
+  std::thread thread_;
+  std::thread prefill_thread_;
+
+  // Hand-off to the prefill thread: at most one job in flight.
+  absl::Mutex prefill_mu_;
+  absl::CondVar prefill_cv_;
+  PrefillJob* prefill_pending_ ABSL_GUARDED_BY(prefill_mu_) = nullptr;
+  bool prefill_stop_ ABSL_GUARDED_BY(prefill_mu_) = false;
+
+  absl::Mutex mu_;
+  absl::CondVar wake_;          // the engine thread waits on it
+  absl::CondVar idle_changed_;  // WaitIdle waits on it
+  AdmissionQueue<WorkItem> queue_ ABSL_GUARDED_BY(mu_);
+  std::vector<Event> events_ ABSL_GUARDED_BY(mu_);
+  // Results of store jobs, to run on the engine thread.
+  std::vector<std::function<void()>> continuations_ ABSL_GUARDED_BY(mu_);
+  // Store jobs started by this engine whose continuation is not queued yet.
+  int64_t store_jobs_ ABSL_GUARDED_BY(mu_) = 0;
+  bool draining_ ABSL_GUARDED_BY(mu_) = false;
+  bool end_all_ ABSL_GUARDED_BY(mu_) = false;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  // end_all_ has been applied to every task (it is an edge, not a level, for waking).
+  bool end_all_applied_ ABSL_GUARDED_BY(mu_) = false;
+  // The prefill thread finished the in-flight job.
+  bool prefill_done_ ABSL_GUARDED_BY(mu_) = false;
+  // Mirrors of engine-thread counts, for WaitIdle and the admission check.
+  int64_t active_tasks_ ABSL_GUARDED_BY(mu_) = 0;
+  bool immediate_work_ ABSL_GUARDED_BY(mu_) = false;
+
+  // Engine-thread state.
+  StatePool pool_;
+  // The native decode step (float32 CPU models with decode_kernel "native"); null:
+  // Model::Step on gathered rows. Engine thread only.
+  std::unique_ptr<fwmodel::NativeStep> native_step_;
+  std::vector<float> step_logits_;  // [batch, vocab] scratch of the native step
+  // The same for prompts, on the prefill thread (its own scratch buffers).
+  std::unique_ptr<fwmodel::NativeStep> native_prefill_;
+  bool ending_ = false;  // EndAllWork was applied: admit nothing more
+  absl::flat_hash_map<std::string, ResidentSession> resident_;
+  std::list<std::unique_ptr<Task>> tasks_;
+  absl::flat_hash_map<uint64_t, Task*> tasks_by_stream_;
+  size_t prefill_turn_ = 0;
+  std::unique_ptr<PrefillJob> prefill_job_;  // in flight on the prefill thread, or null
+  // When the pending decode step runs even if some streams are still writing.
+  absl::Time batch_deadline_ = absl::InfiniteFuture();
+  absl::Time next_housekeeping_ = absl::InfinitePast();
+};
+
+}  // namespace fwserve

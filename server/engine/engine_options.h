@@ -1,0 +1,43 @@
+// What one model's engine is told: its limits, its batching and its kernels. Filled by
+// the core from CoreOptions (the flags are documented there and in docs/serving.md).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "absl/time/time.h"
+
+namespace fwserve {
+
+class SessionSealer;
+
+struct EngineOptions {
+  // Work items waiting for the engine (--max-queued-requests); beyond it
+  // RESOURCE_EXHAUSTED.
+  int64_t max_queued_requests = 1024;
+  // Generate/Score/CreateSession streams served at once (--max-active-streams).
+  int64_t max_active_streams = 256;
+  // Tokens of one prompt absorbed per prefill job (--prefill-chunk-tokens).
+  int32_t prefill_chunk_tokens = 256;
+  // How long a decode step may wait for more streams to become ready (--batch-wait).
+  absl::Duration batch_wait = absl::Microseconds(300);
+  // Intra-op threads of the engine and prefill threads; 0 = the libraries' defaults.
+  int32_t intra_op_threads = 0;
+  // "native" or "libtorch" (CoreOptions::decode_kernel).
+  std::string decode_kernel = "native";
+  // Tokens a stream may sample beyond the last confirmed write (--decode-lookahead).
+  int32_t decode_lookahead = 16;
+  // How long a stream's tokens may wait to go out together (--stream-flush-interval).
+  absl::Duration stream_flush_interval = absl::ZeroDuration();
+  // Bytes of resident state over all models (--max-state-memory-bytes); sizes the pool.
+  int64_t max_state_memory_bytes = int64_t{1} << 30;
+  // Idle sessions are deleted after this long (--session-ttl).
+  absl::Duration session_ttl = absl::Hours(24);
+  // Seals exported blobs and opens imported ones; null = unsigned. Not owned.
+  const SessionSealer* sealer = nullptr;
+  // Test-only (CoreOptions::before_decode_step_for_testing).
+  std::function<void(const std::function<bool()>& ending)> before_decode_step_for_testing;
+};
+
+}  // namespace fwserve

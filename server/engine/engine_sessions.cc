@@ -1,0 +1,581 @@
+// Engine: session operations (create is a stream task in engine.cc; fork, export,
+// import and delete here), residency in the StatePool, write-through to the session
+// store, and housekeeping (TTL, memory reclaim, retrying failed writes).
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "server/base/log.h"
+#include "server/base/session_id.h"
+#include "server/engine/engine.h"
+#include "server/sessions/session_labels.h"
+#include "server/sessions/session_seal.h"
+
+namespace fwserve {
+namespace {
+
+double Seconds(absl::Time from, absl::Time to) { return absl::ToDoubleSeconds(to - from); }
+
+}  // namespace
+
+void AnswerWorkItem(WorkItem& w, absl::Status status) {
+  // The lease first: a caller that retries at once must not find the session busy.
+  w.lease.Release();
+  switch (w.kind) {
+    case WorkItem::Kind::kGenerate:
+      w.observer->OnFinish(status, GenerateSummary{});
+      break;
+    case WorkItem::Kind::kScore:
+      w.on_score(status);
+      break;
+    case WorkItem::Kind::kCreate:
+    case WorkItem::Kind::kFork:
+    case WorkItem::Kind::kImport:
+      w.on_session(status);
+      break;
+    case WorkItem::Kind::kExport:
+      w.on_export(status);
+      break;
+    case WorkItem::Kind::kDelete:
+      w.on_delete(status);
+      break;
+  }
+}
+
+absl::Status Engine::WriteFailure(const std::string& id, const absl::Status& written,
+                                  const char* what) const {
+  return directory_->ClientError(StoreCall::kWrite, id, written, what);
+}
+
+void Engine::EndLeaseAfterWrite(SessionLease& lease, const std::string& id, int64_t tokens,
+                                absl::Time now, const absl::Status& written) {
+  if (written.ok()) return lease.Commit(tokens, now, policy_.durable);
+  if (policy_.keeps_unstored) return lease.Commit(tokens, now, /*stored=*/false);
+  lease.Forget();  // WriteThrough dropped the local copy
+  registry_->Erase(id);
+}
+
+void Engine::DropStaleCopy(WorkItem& item) {
+  auto it = resident_.find(item.session_id);
+  if (it == resident_.end() || it->second.in_use) return;
+  if (!item.loaded.has_value() && it->second.version == item.ticket->version &&
+      it->second.tag == item.ticket->tag) {
+    return;
+  }
+  RemoveSession(item.session_id);
+  registry_->SetResident(item.session_id, false);
+}
+
+void Engine::FailItem(std::unique_ptr<WorkItem> item, absl::Status status) {
+  AnswerFailure(*item, std::move(status));
+}
+
+// ---------------------------------------------------------------------------------
+// Store jobs.
+
+void Engine::RunStoreJob(std::function<std::function<void()>()> job) {
+  {
+    absl::MutexLock lock(&mu_);
+    ++store_jobs_;
+  }
+  executor_->Run([this, job = std::move(job)] {
+    torch::NoGradGuard no_grad;
+    std::function<void()> then = job();  // jobs catch their own exceptions
+    absl::MutexLock lock(&mu_);
+    if (then) continuations_.push_back(std::move(then));
+    --store_jobs_;
+    wake_.Signal();
+  });
+}
+
+void Engine::StartLoad(std::unique_ptr<WorkItem> item) {
+  if (item->kind != WorkItem::Kind::kImport && !policy_.durable) {
+    // Without a store every session is resident; this is a bug, not a client error.
+    return FailItem(std::move(item),
+                    absl::InternalError(
+                        absl::StrCat("session_id '", item->session_id, "' has no resident state")));
+  }
+  auto holder = std::make_shared<std::unique_ptr<WorkItem>>(std::move(item));
+  RunStoreJob([this, holder]() -> std::function<void()> {
+    WorkItem& w = **holder;
+    absl::StatusOr<fwmodel::DecodedState> decoded = absl::InternalError("not loaded");
+    absl::Status failure;
+    try {
+      if (w.kind == WorkItem::Kind::kImport) {
+        // The signature first: nothing of an unauthenticated blob is parsed.
+        if (options_.sealer != nullptr) {
+          auto opened = options_.sealer->Open(std::move(w.blob));
+          if (!opened.ok()) {
+            failure = opened.status();
+          } else {
+            w.blob = std::move(*opened);
+          }
+        } else if (SessionSealer::LooksSealed(w.blob)) {
+          failure = absl::InvalidArgumentError(
+              "blob: it is signed by a deployment's key, and this server has no "
+              "--session-key-file to check it");
+        }
+      }
+      if (!failure.ok()) {
+        // Refused before parsing.
+      } else if (w.kind == WorkItem::Kind::kImport) {
+        decoded = fwmodel::DecodeStateRow(model_, fingerprint_, std::move(w.blob));
+        if (!decoded.ok()) {
+          // A blob for another model is a bad argument to this call, like a corrupt one.
+          failure = absl::InvalidArgumentError(absl::StrCat("blob: ", decoded.status().message()));
+        }
+      } else {
+        auto blob = directory_->ReadState(w.session_id);
+        if (!blob.ok()) {
+          Log(LogLevel::kError, absl::StrCat("model ", name_, ": loading session ", w.session_id,
+                                             " failed: ", blob.status().message()));
+          metrics_->CountSessionStoreError("read");
+          failure = directory_->ClientError(StoreCall::kLoad, w.session_id, blob.status(),
+                                            "the session could not be read");
+        } else {
+          decoded = fwmodel::DecodeStateRow(model_, fingerprint_, std::move(*blob));
+          if (!decoded.ok()) {
+            Log(LogLevel::kError,
+                absl::StrCat("model ", name_, ": session ", w.session_id,
+                             ": stored state unreadable: ", decoded.status().message()));
+            failure = absl::DataLossError(absl::StrCat("session_id '", w.session_id,
+                                                       "': its saved state could not be restored"));
+          }
+        }
+      }
+    } catch (const std::exception& e) {
+      Log(LogLevel::kError, absl::StrCat("model ", name_, ": load failed: ", e.what()));
+      failure = absl::InternalError("loading the session failed");
+    }
+    if (failure.ok()) w.loaded = std::move(*decoded);
+    return [this, holder, failure] {
+      if (!failure.ok()) return FailItem(std::move(*holder), failure);
+      Admit(std::move(*holder));
+    };
+  });
+}
+
+void Engine::WriteThrough(const std::string& id, int slot, int64_t tokens, absl::Time created,
+                          absl::Time last_used, std::shared_ptr<StoreTicket> ticket,
+                          std::function<void(absl::Status)> then) {
+  if (!policy_.durable) return then(absl::OkStatus());
+  // Copies taken now, on the engine thread: the slot may change once `then` has run.
+  auto row = std::make_shared<fwmodel::State>(pool_.CopyRow(slot));
+  torch::Tensor logits = tokens > 0 ? pool_.CopyLogits(slot) : torch::Tensor();
+  // The tag of the version this write makes (a shared store tracks versions).
+  const std::string new_tag = directory_->NewVersionTag(ticket.get());
+  auto resident = resident_.find(id);
+  std::string tenant = resident != resident_.end() ? resident->second.tenant : std::string();
+  RunStoreJob([this, id, tenant = std::move(tenant), row, logits, tokens, created, last_used,
+               ticket, new_tag, then = std::move(then)]() -> std::function<void()> {
+    const absl::StatusOr<int64_t> version =
+        StoreRow(id, tenant, *row, logits, tokens, created, last_used, ticket.get(), new_tag);
+    return [this, id, then, version, new_tag] {
+      if (policy_.shared) {
+        auto it = resident_.find(id);
+        if (version.ok() && it != resident_.end()) {
+          it->second.version = *version;
+          it->second.tag = new_tag;
+          registry_->SetResident(id, true, *version);
+        } else if (!version.ok()) {
+          // The store keeps the last committed state; this copy may be ahead of it.
+          RemoveSession(id);
+          registry_->SetResident(id, false);
+        }
+      }
+      then(version.status());
+    };
+  });
+}
+
+absl::StatusOr<int64_t> Engine::StoreRow(const std::string& id, const std::string& tenant,
+                                         const fwmodel::State& row, const torch::Tensor& logits,
+                                         int64_t tokens, absl::Time created, absl::Time last_used,
+                                         StoreTicket* ticket, const std::string& new_tag) {
+  const absl::Time start = absl::Now();
+  absl::StatusOr<int64_t> version = int64_t{0};
+  try {
+    auto blob = fwmodel::EncodeStateRow(model_, fingerprint_, row, 0, tokens, logits,
+                                        ToStoredLabels({id, name_, tenant, created, last_used}));
+    if (!blob.ok()) {
+      version = blob.status();
+    } else {
+      SessionWrite write;
+      write.id = id;
+      write.model = name_;
+      write.tenant = tenant;
+      write.blob = std::move(*blob);
+      write.tokens = tokens;
+      write.created = created;
+      write.last_used = last_used;
+      write.ticket = ticket;
+      write.tag = new_tag;
+      version = directory_->WriteState(write);
+    }
+  } catch (const std::exception& e) {
+    version = absl::InternalError(e.what());
+  }
+  if (version.ok()) {
+    metrics_->ObserveSessionStoreWrite(Seconds(start, absl::Now()));
+  } else {
+    metrics_->CountSessionStoreError("write");
+  }
+  if (!version.ok()) {
+    Log(LogLevel::kError, absl::StrCat("model ", name_, ": storing session ", id,
+                                       " failed: ", version.status().message()));
+  }
+  return version;
+}
+
+absl::Status Engine::DeleteFromStore(const std::string& id, StoreTicket* ticket) {
+  absl::Status deleted;
+  try {
+    deleted = directory_->DeleteState(id, ticket);
+  } catch (const std::exception& e) {
+    deleted = absl::InternalError(e.what());
+  }
+  if (!deleted.ok()) {
+    Log(LogLevel::kError, absl::StrCat("model ", name_, ": deleting session ", id,
+                                       " from the store failed: ", deleted.message()));
+    metrics_->CountSessionStoreError("delete");
+  }
+  return deleted;
+}
+
+void Engine::CommitNewSession(std::unique_ptr<WorkItem> item, int slot, int64_t tokens,
+                              const char* operation) {
+  const absl::Time now = clock_->Now();
+  SessionRecord record;
+  record.id = NewSessionId();
+  record.model = name_;
+  record.tokens = tokens;
+  record.state_bytes = state_bytes_;
+  record.created = record.last_used = now;
+  record.tenant = item->tenant;
+  auto lease = registry_->InsertLeased(record);
+  if (!lease.ok()) {
+    FreeSlot(slot);
+    return FailItem(std::move(item), lease.status());
+  }
+  resident_[record.id] = ResidentSession{slot, tokens, now, now, false};
+  resident_[record.id].tenant = record.tenant;
+  auto new_lease = std::make_shared<SessionLease>(std::move(*lease));
+  std::shared_ptr<WorkItem> shared(std::move(item));
+  WriteThrough(record.id, slot, tokens, now, now, /*ticket=*/nullptr,
+               [this, shared, new_lease, record, operation](absl::Status written) mutable {
+                 if (!written.ok()) {
+                   RemoveSession(record.id);
+                   registry_->Erase(record.id);
+                   new_lease->Forget();
+                   return shared->on_session(
+                       WriteFailure(record.id, written, "the new session could not be saved"));
+                 }
+                 new_lease->Commit(record.tokens, record.last_used, policy_.durable);
+                 metrics_->CountSessionOperation(operation);
+                 record.stored = policy_.durable;
+                 shared->on_session(record);
+               });
+}
+
+// ---------------------------------------------------------------------------------
+// Session operations (they hold the session's lease from submission).
+
+void Engine::RunSessionOperation(std::unique_ptr<WorkItem>& item) {
+  const absl::Time now = clock_->Now();
+  const std::string id = item->session_id;
+  switch (item->kind) {
+    case WorkItem::Kind::kFork: {
+      auto source = EnsureResident(*item);
+      if (!source.ok()) return FailItem(std::move(item), source.status());
+      if (absl::Status room = registry_->CheckCapacity(); !room.ok()) {
+        return FailItem(std::move(item), room);
+      }
+      resident_[id].in_use = true;  // keep the source out of eviction
+      auto slot = AllocateSlot();
+      resident_[id].in_use = false;
+      if (!slot.ok()) return FailItem(std::move(item), slot.status());
+      ResidentSession& src = resident_[id];
+      pool_.CopySlot(src.slot, *slot);
+      src.last_used = now;  // a use: restarts the idle clock
+      const int64_t tokens = src.tokens;
+      item->lease.ReleaseUsed(now);
+      return CommitNewSession(std::move(item), *slot, tokens, "forked");
+    }
+    case WorkItem::Kind::kExport: {
+      auto slot = EnsureResident(*item);
+      if (!slot.ok()) return FailItem(std::move(item), slot.status());
+      ResidentSession& r = resident_[id];
+      r.last_used = now;  // a use: restarts the idle clock
+      const int64_t tokens = r.tokens;
+      auto row = std::make_shared<fwmodel::State>(pool_.CopyRow(*slot));
+      torch::Tensor logits = tokens > 0 ? pool_.CopyLogits(*slot) : torch::Tensor();
+      item->lease.ReleaseUsed(now);
+      std::shared_ptr<WorkItem> shared(std::move(item));
+      // Encoding (a checksum over the state) and sealing run off the engine thread. The
+      // owner goes into the blob as information only: an import never trusts it.
+      return RunStoreJob(
+          [this, shared, row, logits, tokens, tenant = r.tenant]() -> std::function<void()> {
+            absl::StatusOr<std::string> blob = absl::InternalError("export failed");
+            try {
+              blob = fwmodel::EncodeStateRow(model_, fingerprint_, *row, 0, tokens, logits,
+                                             {{"x-model", name_}, {"x-tenant", tenant}});
+              if (blob.ok() && options_.sealer != nullptr) {
+                blob = options_.sealer->Seal(std::move(*blob));
+              }
+            } catch (const std::exception& e) {
+              Log(LogLevel::kError, absl::StrCat("model ", name_, ": export failed: ", e.what()));
+            }
+            return [this, shared, blob = std::move(blob), tokens]() mutable {
+              if (!blob.ok()) return shared->on_export(blob.status());
+              metrics_->CountSessionOperation("exported");
+              shared->on_export(ExportResult{std::move(*blob), name_, tokens});
+            };
+          });
+    }
+    case WorkItem::Kind::kImport: {
+      if (absl::Status room = registry_->CheckCapacity(); !room.ok()) {
+        return FailItem(std::move(item), room);
+      }
+      auto slot = AllocateSlot();
+      if (!slot.ok()) return FailItem(std::move(item), slot.status());
+      const fwmodel::DecodedState& decoded = *item->loaded;
+      pool_.SetRow(*slot, decoded.state,
+                   decoded.tokens > 0 ? decoded.next_logits : torch::Tensor());
+      const int64_t tokens = decoded.tokens;
+      item->loaded.reset();
+      return CommitNewSession(std::move(item), *slot, tokens, "imported");
+    }
+    case WorkItem::Kind::kDelete: {
+      auto finish = [this, id](std::unique_ptr<WorkItem> w) {
+        RemoveSession(id);
+        registry_->Erase(id);
+        w->lease.Forget();
+        metrics_->CountSessionOperation("deleted");
+        w->on_delete(true);
+      };
+      if (!policy_.durable) return finish(std::move(item));
+      auto holder = std::make_shared<std::unique_ptr<WorkItem>>(std::move(item));
+      // Removed from the store first: a crash in between leaves the session, whole.
+      return RunStoreJob([this, holder, id, finish]() -> std::function<void()> {
+        const absl::Status deleted = DeleteFromStore(id, (*holder)->ticket.get());
+        return [this, holder, id, deleted, finish]() mutable {
+          if (!deleted.ok()) {
+            if (policy_.shared) {
+              RemoveSession(id);  // the store's copy is the truth; reload it next time
+              registry_->SetResident(id, false);
+            }
+            return FailItem(
+                std::move(*holder),
+                WriteFailure(id, deleted, "the session could not be deleted; it is kept"));
+          }
+          finish(std::move(*holder));
+        };
+      });
+    }
+    default:
+      return;
+  }
+}
+
+// ---------------------------------------------------------------------------------
+// Residency.
+
+absl::StatusOr<int> Engine::EnsureResident(WorkItem& item) {
+  const std::string& id = item.session_id;
+  if (auto it = resident_.find(id); it != resident_.end()) {
+    if (item.ticket != nullptr) metrics_->CountSessionCacheLookup(true);
+    return it->second.slot;
+  }
+  if (!item.loaded.has_value()) {
+    return absl::InternalError(absl::StrCat("session_id '", id, "' has no resident state"));
+  }
+  auto record = registry_->Get(id);
+  if (!record.ok()) return record.status();
+  auto slot = AllocateSlot();
+  if (!slot.ok()) return slot.status();
+  const fwmodel::DecodedState& decoded = *item.loaded;
+  pool_.SetRow(*slot, decoded.state, decoded.tokens > 0 ? decoded.next_logits : torch::Tensor());
+  const int64_t version = item.ticket != nullptr ? item.ticket->version : 0;
+  resident_[id] = ResidentSession{*slot,
+                                  decoded.tokens,
+                                  record->created,
+                                  record->last_used,
+                                  false,
+                                  version,
+                                  item.ticket != nullptr ? item.ticket->tag : std::string(),
+                                  record->tenant};
+  item.loaded.reset();
+  registry_->SetResident(id, true, version);
+  if (item.ticket != nullptr) metrics_->CountSessionCacheLookup(false);
+  metrics_->CountSessionOperation("restored");
+  return *slot;
+}
+
+absl::StatusOr<int> Engine::AllocateSlot() {
+  while (true) {
+    StatePool::Shortage shortage;
+    if (std::optional<int> slot = pool_.TryAllocate(&shortage)) return *slot;
+    if (ReleaseOneIdle()) continue;
+    if (shortage == StatePool::Shortage::kBudget) {
+      // The budget is held by other models' sessions: ask them to give up idle ones.
+      budget_->RequestReclaim(state_bytes_);
+      return absl::ResourceExhaustedError(
+          absl::StrCat("no room for another session state of model '", name_,
+                       "' within --max-state-memory-bytes=", options_.max_state_memory_bytes,
+                       "; idle sessions of other models are being released, retry shortly"));
+    }
+    std::string unsaved;
+    if (policy_.keeps_unstored) {
+      if (const size_t n = registry_->Unstored(name_).size(); n > 0) {
+        unsaved = absl::StrCat("; ", n,
+                               " idle sessions must stay in memory because the session store "
+                               "failed to save them (see the server log)");
+      }
+    }
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "no room for another session state of model '", name_, "' within --max-state-memory-bytes=",
+        options_.max_state_memory_bytes, " (every resident session is in use", unsaved, ")"));
+  }
+}
+
+void Engine::FreeSlot(int slot) { pool_.Free(slot); }
+
+bool Engine::ReleaseOneIdle() {
+  // The least recently used resident session that no request holds and that the store
+  // holds (with a store, a session is only ever dropped from memory, never lost), of
+  // the tenant holding the most resident sessions: a tenant filling memory loses its
+  // own idle sessions first, not other tenants'. With one tenant: plain LRU.
+  absl::flat_hash_map<std::string, int64_t> held;
+  for (const auto& [id, r] : resident_) ++held[r.tenant];
+  std::string victim;
+  int64_t victim_held = -1;
+  absl::Time oldest = absl::InfiniteFuture();
+  for (const auto& [id, r] : resident_) {
+    if (r.in_use) continue;
+    const int64_t tenant_held = held[r.tenant];
+    if (tenant_held < victim_held || (tenant_held == victim_held && r.last_used >= oldest)) {
+      continue;
+    }
+    auto record = registry_->Get(id);
+    if (!record.ok() || record->busy) continue;
+    if (policy_.durable && !record->stored) continue;
+    victim = id;
+    victim_held = tenant_held;
+    oldest = r.last_used;
+  }
+  if (victim.empty()) return false;
+  if (policy_.durable) {
+    auto it = resident_.find(victim);
+    FreeSlot(it->second.slot);
+    resident_.erase(it);
+    // A shared store is the index of its sessions: forget this one here.
+    if (policy_.shared) {
+      registry_->EraseIfIdle(victim);
+    } else {
+      registry_->SetResident(victim, false);
+    }
+    metrics_->CountSessionOperation("spilled");
+    return true;
+  }
+  if (!registry_->EraseIfIdle(victim)) return true;  // leased meanwhile: try again
+  RemoveSession(victim);
+  metrics_->CountSessionRemoval("evicted");
+  Log(LogLevel::kInfo, absl::StrCat("model ", name_, ": evicted session ", victim,
+                                    " (state memory budget; --session-store=memory)"));
+  return true;
+}
+
+void Engine::RemoveSession(const std::string& id) {
+  if (auto it = resident_.find(id); it != resident_.end()) {
+    FreeSlot(it->second.slot);
+    resident_.erase(it);
+  }
+}
+
+// ---------------------------------------------------------------------------------
+// Housekeeping.
+
+void Engine::Housekeeping() {
+  // Runs outside the iteration's try: nothing here may end the process.
+  try {
+    while (budget_->reclaim_wanted() > 0 && ReleaseOneIdle()) budget_->Reclaimed(state_bytes_);
+    for (const std::string& id :
+         registry_->TakeExpired(name_, clock_->Now() - options_.session_ttl)) {
+      RemoveSession(id);
+      metrics_->CountSessionRemoval("expired");
+      // A shared store expires sessions itself (other replicas may still use them).
+      if (!policy_.engine_expires_stored) continue;
+      // On failure the file stays; the next start indexes it and expires it again.
+      RunStoreJob([this, id]() -> std::function<void()> {
+        (void)DeleteFromStore(id, nullptr);
+        return nullptr;
+      });
+    }
+    // Not while shutting down: the exit makes one last attempt (StoreUnstoredAtExit).
+    // (A shared store never holds unstored sessions: a failed write drops the copy.)
+    if (policy_.keeps_unstored && !ending_) RetryUnstored();
+    PublishGauges();
+  } catch (const std::exception& e) {
+    Log(LogLevel::kError, absl::StrCat("model ", name_, ": housekeeping failed: ", e.what()));
+  }
+}
+
+void Engine::RetryUnstored() {
+  for (const std::string& id : registry_->Unstored(name_)) {
+    auto it = resident_.find(id);
+    if (it == resident_.end() || it->second.in_use) continue;
+    auto lease = registry_->Acquire(id);
+    if (!lease.ok()) continue;  // a request holds it; it writes through when it ends
+    auto held = std::make_shared<SessionLease>(std::move(*lease));
+    const ResidentSession& r = it->second;
+    const int64_t tokens = r.tokens;
+    const absl::Time last_used = r.last_used;
+    WriteThrough(id, r.slot, tokens, r.created, last_used, /*ticket=*/nullptr,
+                 [this, held, tokens, last_used, id](absl::Status written) {
+                   if (written.ok()) {
+                     Log(LogLevel::kInfo, absl::StrCat("model ", name_, ": session ", id,
+                                                       " is saved to the session store again"));
+                   }
+                   held->Commit(tokens, last_used, written.ok());
+                 });
+  }
+}
+
+void Engine::StoreUnstoredAtExit() {
+  // A shared store never has unstored sessions: a failed write drops the local copy.
+  if (!policy_.keeps_unstored) return;
+  int64_t saved = 0, failed = 0;
+  for (const std::string& id : registry_->Unstored(name_)) {
+    auto it = resident_.find(id);
+    if (it == resident_.end()) continue;
+    const ResidentSession& r = it->second;
+    try {
+      const absl::Status status =
+          StoreRow(id, r.tenant, pool_.CopyRow(r.slot),
+                   r.tokens > 0 ? pool_.CopyLogits(r.slot) : torch::Tensor(), r.tokens, r.created,
+                   r.last_used, /*ticket=*/nullptr)
+              .status();
+      status.ok() ? ++saved : ++failed;
+    } catch (const std::exception&) {  // from the row copies
+      ++failed;
+    }
+  }
+  if (saved + failed > 0) {
+    Log(failed > 0 ? LogLevel::kError : LogLevel::kInfo,
+        absl::StrCat("model ", name_, ": at exit, stored ", saved,
+                     " sessions whose earlier writes had failed; ", failed, " still failed"));
+  }
+}
+
+void Engine::PublishGauges() {
+  int64_t queued;
+  {
+    absl::MutexLock lock(&mu_);
+    queued = queue_.size();
+  }
+  metrics_->SetQueuedRequests(queued);
+  metrics_->SetActiveStreams(static_cast<int64_t>(tasks_.size()));
+  metrics_->SetSessions(static_cast<int64_t>(resident_.size()), registry_->CountNotResident(name_),
+                        pool_.slots_in_use() * state_bytes_);
+}
+
+}  // namespace fwserve

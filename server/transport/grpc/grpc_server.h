@@ -1,0 +1,104 @@
+// The gRPC front end: the fwserve.v1.Fwserve callback service, the standard health
+// service and server reflection, over one Core. Never includes LibTorch.
+//
+// Thread-safety: handlers run on gRPC's callback threads and never block; they
+// validate, translate and hand work to the core. Shutdown() may be called from any
+// thread, once.
+#pragma once
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "server/core/core.h"
+#include "server/metrics/metrics.h"
+
+namespace grpc {
+class Server;
+}  // namespace grpc
+
+namespace fwserve {
+
+// What a call presents to prove who it comes from.
+struct CallCredentials {
+  // The client's call metadata (lowercase keys), e.g. "authorization".
+  std::multimap<std::string, std::string> metadata;
+  // The subject common name of the client certificate that mutual TLS verified; empty
+  // without one.
+  std::string certificate_common_name;
+};
+
+// Decides who a call comes from. Thread-safe; must not block.
+class Authenticator {
+ public:
+  virtual ~Authenticator() = default;
+  // The caller's tenant, or UNAUTHENTICATED to refuse the call.
+  virtual absl::StatusOr<std::string> Authenticate(const CallCredentials& credentials) = 0;
+};
+
+struct GrpcServerOptions {
+  // HOST:PORT to listen on; port 0 picks a free port (see GrpcServer::port()).
+  std::string listen = "127.0.0.1:50051";
+  // TLS: PEM certificate chain and private key of the server; both empty = plaintext.
+  std::string tls_cert_pem;
+  std::string tls_key_pem;
+  // PEM CA bundle. When set (with TLS), clients must present a certificate it signed
+  // (mutual TLS).
+  std::string tls_client_ca_pem;
+  // Largest request message, bytes. ImportSession blobs are the big ones; gRPC's C++
+  // server has no per-method limit, so this bounds every method (docs/security.md).
+  int max_receive_message_bytes = 64 << 20;
+  // HTTP/2 streams one connection may have open at once (gRPC's
+  // GRPC_ARG_MAX_CONCURRENT_STREAMS); further calls wait in the client.
+  int max_streams_per_connection = 256;
+  // Memory gRPC itself may use for all connections (buffers, messages in flight),
+  // bytes; past it gRPC refuses new work. 0 = no bound.
+  int64_t grpc_memory_quota_bytes = int64_t{2} << 30;
+  // Generate streams open at once from which their messages are started on a writer
+  // thread instead of the engine thread (0 = never). Below it, the engine sends each
+  // message itself: a stream alone gets its token without a thread hand-off. From it
+  // on, the engine computes the next step while messages go out, and tokens sampled
+  // meanwhile share a message (docs/serving.md, "The engine iteration").
+  int writer_thread_from_streams = 8;
+  // How long Shutdown() lets in-flight work finish before ending it.
+  absl::Duration drain_timeout = absl::Seconds(30);
+  // Not owned; null = no authentication (every caller is the anonymous tenant "").
+  // The health service and reflection never ask it (probes stay open).
+  Authenticator* authenticator = nullptr;
+  // Not owned; may be null.
+  Metrics* metrics = nullptr;
+};
+
+class GrpcServer {
+ public:
+  // Builds and starts the server over `core` (not owned; must outlive the server).
+  static absl::StatusOr<std::unique_ptr<GrpcServer>> Start(const GrpcServerOptions& options,
+                                                           Core* core);
+  ~GrpcServer();
+
+  // The bound port (useful with port 0).
+  int port() const { return port_; }
+
+  // Graceful shutdown: health NOT_SERVING and new calls refused; in-flight work gets
+  // drain_timeout; what remains is ended; the gRPC server stops; the core persists its
+  // sessions and stops. Blocks until done. Idempotent.
+  void Shutdown();
+
+  class Service;  // implementation (grpc_server.cc)
+
+ private:
+  GrpcServer() = default;
+
+  GrpcServerOptions options_;
+  Core* core_ = nullptr;
+  std::unique_ptr<Service> service_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+  std::atomic<bool> shut_down_{false};
+};
+
+}  // namespace fwserve
