@@ -130,6 +130,33 @@ class FwctlTest(unittest.TestCase):
             self.assertEqual(code, 2, (args, err))
             self.assertIn(message, out.decode() + err, args)
 
+    def test_command_line_forms(self):
+        # docs/client.md "fwctl reference": global options after the command, --name=VALUE,
+        # underscores for dashes, an empty --name= value, '--' ending the options; the
+        # PROMPT words are sent verbatim (a word like "[a,b]" is not a list).
+        out, _ = self.ok("health", "--target", SERVER[1], target=False)
+        self.assertEqual(out, b"SERVING\n")
+        _, err = self.ok("generate", "--max_tokens=3", "--stream_timeout", "60s", "[a,b]")
+        self.assertIn("[finish: length; prompt 5, generated 3, session 8 tokens]", err)
+        _, err = self.ok("generate", "--max-tokens", "2", "--", "-x", "--y")
+        self.assertIn("prompt 6, generated 2", err)  # "-x --y"
+        self.ok("session", "list", "--page-size", "1", "--page-token=")
+        self.assertEqual(self.ok("help", "session", "create", target=False)[0],
+                         self.ok("session", "create", "--help", target=False)[0])
+        for args, message in [
+            (["generate", "--json=1", "x"], "fwctl generate: --json takes no value"),
+            (["--frob=1", "health"], "unknown option '--frob=1'"),
+            (["session", "--json", "get"], "(after an incomplete command 'session')"),
+            (["session", "frob"], "unknown command 'session frob'"),
+            (["health", "--retries", "101"],
+             "--retries: expected an integer in [0, 100], got '101'"),
+            (["chat", "--temperature", "hot"], "--temperature: expected a number, got 'hot'"),
+            (["models", "a", "b"], "fwctl models: unexpected argument 'b'"),
+        ]:
+            code, _, err = fwctl(*args, target=False)
+            self.assertEqual(code, 2, (args, err))
+            self.assertIn(message, err, args)
+
     def test_server_errors_exit_1_with_the_grpc_code(self):
         code, _, err = fwctl("session", "get", "0" * 32)
         self.assertEqual(code, 1)
