@@ -18,11 +18,11 @@ struct Engine::Task {
   // kBlocked: absorbed, but decode_lookahead tokens are unconfirmed: waits for a write.
   // kDraining: done sampling (stop, length or cancelled); waits for the last write.
   enum class Phase { kPrefill, kReadyToSample, kReadyToAbsorb, kBlocked, kDraining };
-  // The slot, token count and decoder as they were before some token was absorbed.
+  // The slot and token count as they were before some token was absorbed (the
+  // decoder's point is the StreamTask's).
   struct RollbackPoint {
     StatePool::RowCopy row;
     int64_t tokens = 0;
-    fwmodel::Utf8StreamDecoder decoder;
   };
 
   std::unique_ptr<WorkItem> item;
@@ -44,22 +44,12 @@ struct Engine::Task {
   std::mt19937_64 rng;
   int64_t pending_token = -1;
   std::vector<int64_t> recent;  // prompt + generated, for the repetition penalty
-  std::string generated_bytes;
-  fwmodel::Utf8StreamDecoder decoder;
-  int64_t generated = 0;  // tokens whose write was confirmed (all absorbed)
-  int64_t sampled = 0;    // tokens sampled: confirmed, in flight or unsent
-  // Decode pipelining (docs/serving.md): one write in flight at a time; tokens sampled
-  // meanwhile wait in `unsent` (sent as one chunk when the write returns) and are
-  // absorbed at once, up to decode_lookahead unconfirmed tokens. A failed write or a
-  // cancellation puts the slot back to the rollback point of the first unconfirmed
-  // token, so the session holds exactly the tokens the client was sent.
-  bool write_in_flight = false;
-  int64_t inflight_tokens = 0;
-  GenerateChunk unsent;
-  absl::Time unsent_since;        // when its first token was sampled
-  RollbackPoint before_inflight;  // valid while write_in_flight
-  RollbackPoint before_unsent;    // valid while `unsent` holds tokens
-  bool stop_hit = false;
+  // Generate: sampled, sent and confirmed tokens, stop strings, max tokens. A failed
+  // write or a cancellation puts the slot back to the rollback point of the first
+  // unconfirmed token, so the session holds exactly the tokens the client was sent.
+  StreamTask stream{StreamLimits{}};
+  RollbackPoint before_inflight;  // valid while stream.write_in_flight()
+  RollbackPoint before_unsent;    // valid while stream.has_unsent()
   bool cancelled = false;
   bool shutdown = false;
   // Its rows are on the prefill thread: it must not finish until the job returns.
@@ -344,7 +334,7 @@ void Engine::Loop() {
         // An unfinished CreateSession or Score fails (its result would be partial).
         std::vector<Task*> ending;
         for (auto& task : tasks_) {
-          if (!task->write_in_flight && task->phase != Task::Phase::kReadyToAbsorb &&
+          if (!task->stream.write_in_flight() && task->phase != Task::Phase::kReadyToAbsorb &&
               !task->in_prefill_job) {
             ending.push_back(task.get());
           }
@@ -430,33 +420,31 @@ void Engine::ApplyEvent(const Event& event) {
   const FinishReason ended = task.shutdown ? FinishReason::kShutdown : FinishReason::kCancelled;
   switch (event.kind) {
     case Event::kWriteOk:
-      if (!task.write_in_flight) break;
-      task.write_in_flight = false;
-      task.generated += task.inflight_tokens;
-      task.inflight_tokens = 0;
+      if (!task.stream.write_in_flight()) break;
+      task.stream.ConfirmWrite();
       if (task.cancelled) {
         // The chunk arrived; what was sampled after it was never sent. A pending token
         // with nothing unsent was delivered: RunDecodeStep absorbs it, then ends.
-        if (task.unsent.token_ids.empty() && task.phase == Task::Phase::kReadyToAbsorb) break;
+        if (!task.stream.has_unsent() && task.phase == Task::Phase::kReadyToAbsorb) break;
         FinishTask(task, ended);  // drops the unsent tokens
         break;
       }
-      if (!task.unsent.token_ids.empty() && ShouldFlush(task, absl::Now())) Flush(task);
-      if (task.phase == Task::Phase::kDraining && !task.write_in_flight) {
-        FinishTask(task, task.stop_hit ? FinishReason::kStop : FinishReason::kLength);
-      } else if (task.phase == Task::Phase::kBlocked && CanSample(task)) {
+      if (task.stream.has_unsent() && task.stream.ShouldFlush(absl::Now())) Flush(task);
+      if (task.phase == Task::Phase::kDraining && !task.stream.write_in_flight()) {
+        FinishTask(task, task.stream.stop_hit() ? FinishReason::kStop : FinishReason::kLength);
+      } else if (task.phase == Task::Phase::kBlocked && task.stream.CanSample()) {
         task.phase = Task::Phase::kReadyToSample;
       }
       break;
     case Event::kWriteFailed:
       // The client never got the chunk: it and everything after it are undone.
       task.cancelled = true;
-      if (task.write_in_flight) FinishTask(task, ended);
+      if (task.stream.write_in_flight()) FinishTask(task, ended);
       break;
     case Event::kCancel:
       task.cancelled = true;
       if ((task.phase == Task::Phase::kPrefill && !task.in_prefill_job) ||
-          (task.phase == Task::Phase::kReadyToSample && !task.write_in_flight)) {
+          (task.phase == Task::Phase::kReadyToSample && !task.stream.write_in_flight())) {
         FinishTask(task, FinishReason::kCancelled);
       }
       // A write in flight: decided when it returns. Ready to absorb with nothing in
@@ -465,23 +453,10 @@ void Engine::ApplyEvent(const Event& event) {
   }
 }
 
-bool Engine::CanSample(const Task& t) const {
-  return t.inflight_tokens + static_cast<int64_t>(t.unsent.token_ids.size()) <
-         options_.decode_lookahead;
-}
-
-bool Engine::ShouldFlush(const Task& t, absl::Time now) const {
-  return options_.stream_flush_interval <= absl::ZeroDuration() ||
-         static_cast<int64_t>(t.unsent.token_ids.size()) >= options_.decode_lookahead ||
-         t.stop_hit || t.sampled >= t.item->generate.max_tokens ||
-         now - t.unsent_since >= options_.stream_flush_interval;
-}
-
 void Engine::Flush(Task& t) {
-  const int64_t count = static_cast<int64_t>(t.unsent.token_ids.size());
   std::swap(t.before_inflight, t.before_unsent);  // reuses the buffers
-  t.inflight_tokens = count;
-  t.write_in_flight = true;
+  GenerateChunk chunk = t.stream.TakeChunkForWrite();
+  const int64_t count = static_cast<int64_t>(chunk.token_ids.size());
   const absl::Time now = absl::Now();
   if (t.first_token_at == absl::InfinitePast()) {
     metrics_->ObserveTimeToFirstToken(Seconds(t.item->arrival, now));
@@ -493,26 +468,25 @@ void Engine::Flush(Task& t) {
   }
   if (t.first_token_at == absl::InfinitePast()) t.first_token_at = now;
   t.last_emit_at = now;
-  GenerateChunk chunk = std::move(t.unsent);
-  t.unsent = GenerateChunk();
   t.item->observer->OnChunk(std::move(chunk));
 }
 
 void Engine::DropUnconfirmed(Task& t) {
   Task::RollbackPoint* point = nullptr;
-  if (t.write_in_flight) {
-    point = &t.before_inflight;
-  } else if (!t.unsent.token_ids.empty()) {
-    point = &t.before_unsent;
+  switch (t.stream.DropUnconfirmed()) {
+    case StreamTask::RollbackPoint::kBeforeInflight:
+      point = &t.before_inflight;
+      break;
+    case StreamTask::RollbackPoint::kBeforeUnsent:
+      point = &t.before_unsent;
+      break;
+    case StreamTask::RollbackPoint::kNone:
+      break;
   }
   if (point != nullptr && t.slot >= 0) {
     pool_.RestoreRow(t.slot, point->row);
     t.tokens = point->tokens;
-    t.decoder = point->decoder;
   }
-  t.write_in_flight = false;
-  t.inflight_tokens = 0;
-  t.unsent = GenerateChunk();
   t.pending_token = -1;
 }
 
@@ -623,6 +597,8 @@ void Engine::AdmitStream(Task& t) {
       t.has_snapshot = true;
     }
     const GenerateParams& g = w.generate;
+    t.stream = StreamTask(StreamLimits{g.max_tokens, g.stop, g.logprobs, options_.decode_lookahead,
+                                       options_.stream_flush_interval});
     t.rng.seed(g.sampling.seed);
     t.recent.assign(w.tokens.end() - std::min<size_t>(w.tokens.size(), g.repetition_window),
                     w.tokens.end());
@@ -811,15 +787,15 @@ void Engine::RunDecodeStep() {
     const size_t window = static_cast<size_t>(t->item->generate.repetition_window);
     if (t->recent.size() > window) t->recent.erase(t->recent.begin());
     t->pending_token = -1;
-    const bool done = t->stop_hit || t->sampled >= t->item->generate.max_tokens || t->cancelled;
-    if (done && t->write_in_flight) {
+    const bool done = t->stream.done_sampling() || t->cancelled;
+    if (done && t->stream.write_in_flight()) {
       t->phase = Task::Phase::kDraining;  // ends when the write returns (ApplyEvent)
     } else if (done) {
       FinishTask(*t, t->cancelled
                          ? (t->shutdown ? FinishReason::kShutdown : FinishReason::kCancelled)
-                         : (t->stop_hit ? FinishReason::kStop : FinishReason::kLength));
+                         : (t->stream.stop_hit() ? FinishReason::kStop : FinishReason::kLength));
     } else {
-      t->phase = CanSample(*t) ? Task::Phase::kReadyToSample : Task::Phase::kBlocked;
+      t->phase = t->stream.CanSample() ? Task::Phase::kReadyToSample : Task::Phase::kBlocked;
     }
   }
 }
@@ -838,7 +814,7 @@ void Engine::SampleAndEmit() {
     }
     if (t->cancelled) {
       // Cancelled while a write is in flight: nothing more is sampled.
-      if (t->write_in_flight) {
+      if (t->stream.write_in_flight()) {
         t->phase = Task::Phase::kDraining;
       } else {
         FinishTask(*t, t->shutdown ? FinishReason::kShutdown : FinishReason::kCancelled);
@@ -846,32 +822,20 @@ void Engine::SampleAndEmit() {
       continue;
     }
     const GenerateParams& g = t->item->generate;
-    if (t->unsent.token_ids.empty()) {
-      t->unsent_since = absl::Now();
+    const absl::Time now = absl::Now();
+    if (t->stream.starts_chunk()) {
       pool_.SaveRow(t->slot, &t->before_unsent.row);
       t->before_unsent.tokens = t->tokens;
-      t->before_unsent.decoder = t->decoder;
     }
     const torch::Tensor row_logits = pool_.logits(t->slot);
     const float* logits = row_logits.data_ptr<float>();
     const int64_t token = SampleToken(logits, vocab_, g.sampling, t->rng, t->recent);
-    GenerateChunk& chunk = t->unsent;
-    chunk.token_ids.push_back(token);
-    if (g.logprobs)
-      chunk.logprobs.push_back(static_cast<float>(TokenLogProb(logits, vocab_, token)));
-    chunk.text += t->decoder.Push(token);
-    ++t->sampled;
-    if (token < 256) t->generated_bytes.push_back(static_cast<char>(token));
-    for (const std::string& stop : g.stop) {
-      if (t->generated_bytes.size() >= stop.size() &&
-          t->generated_bytes.compare(t->generated_bytes.size() - stop.size(), stop.size(), stop) ==
-              0) {
-        t->stop_hit = true;
-      }
-    }
+    const float logprob =
+        g.logprobs ? static_cast<float>(TokenLogProb(logits, vocab_, token)) : 0.0f;
+    t->stream.AddSampled(token, logprob, now);
     t->pending_token = token;
     t->phase = Task::Phase::kReadyToAbsorb;
-    if (!t->write_in_flight && ShouldFlush(*t, absl::Now())) Flush(*t);
+    if (!t->stream.write_in_flight() && t->stream.ShouldFlush(now)) Flush(*t);
   }
 }
 
@@ -891,7 +855,7 @@ void Engine::FinishTask(Task& t, FinishReason reason) {
     DropUnconfirmed(t);
   }
   const absl::Time now = clock_->Now();
-  const bool rollback = t.has_snapshot && t.generated == 0 &&
+  const bool rollback = t.has_snapshot && t.stream.confirmed() == 0 &&
                         (reason == FinishReason::kCancelled || reason == FinishReason::kShutdown);
   if (rollback) RestoreSnapshot(t);
   const std::string id = t.session_id;
@@ -899,9 +863,9 @@ void Engine::FinishTask(Task& t, FinishReason reason) {
   const int64_t tokens = t.tokens;
   GenerateSummary summary;
   summary.reason = reason;
-  summary.trailing_text = t.decoder.Finish();
+  summary.trailing_text = t.stream.FinishText();
   summary.prompt_tokens = rollback ? 0 : static_cast<int64_t>(t.prefilled);
-  summary.generated_tokens = t.generated;
+  summary.generated_tokens = t.stream.confirmed();
   summary.session_tokens = tokens;
   std::vector<double> logprobs = std::move(t.score_logprobs);
   std::shared_ptr<WorkItem> item(TakeTask(t));  // `t` is gone
@@ -981,7 +945,7 @@ void Engine::FailTask(Task& t, absl::Status status) {
   // got); a request that streamed nothing is undone. A chunk whose write is still in
   // flight counts as not delivered.
   DropUnconfirmed(t);
-  const bool keep_streamed = t.generated > 0;
+  const bool keep_streamed = t.stream.confirmed() > 0;
   if (t.has_snapshot && !keep_streamed) RestoreSnapshot(t);
   const std::string id = t.session_id;
   const int slot = t.slot;

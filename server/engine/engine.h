@@ -44,6 +44,7 @@
 #include "server/engine/admission_queue.h"
 #include "server/engine/engine_options.h"
 #include "server/engine/state_pool.h"
+#include "server/engine/stream_task.h"
 #include "server/metrics/metrics.h"
 #include "server/sessions/session_directory.h"
 #include "server/sessions/session_registry.h"
@@ -166,14 +167,9 @@ class Engine {
   void PrefillThreadLoop();
   void RunDecodeStep();
   void SampleAndEmit();
-  // Decode pipelining. Whether the task may sample another token now (fewer than
-  // decode_lookahead unconfirmed). Flush: hands `unsent` to the transport as one chunk.
-  // DropUnconfirmed: puts the slot back to before the first token whose write was not
-  // confirmed and forgets those tokens.
-  bool CanSample(const Task& t) const;
-  // Whether `unsent` goes out now (no write in flight): at once unless
-  // --stream-flush-interval holds it; always when full or the stream is done.
-  bool ShouldFlush(const Task& t, absl::Time now) const;
+  // Decode pipelining (StreamTask). Flush: hands the unsent tokens to the transport
+  // as one chunk. DropUnconfirmed: puts the slot back to before the first token whose
+  // write was not confirmed and forgets those tokens.
   void Flush(Task& t);
   void DropUnconfirmed(Task& t);
   // End a task: answer its caller (after the store holds a changed session).

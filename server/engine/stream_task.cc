@@ -1,0 +1,65 @@
+#include "server/engine/stream_task.h"
+
+#include <utility>
+
+namespace fwserve {
+
+void StreamTask::AddSampled(int64_t token, float logprob, absl::Time now) {
+  if (unsent_.token_ids.empty()) {
+    unsent_since_ = now;
+    decoder_before_unsent_ = decoder_;
+  }
+  unsent_.token_ids.push_back(token);
+  if (limits_.logprobs) unsent_.logprobs.push_back(logprob);
+  unsent_.text += decoder_.Push(token);
+  ++sampled_;
+  if (token < 256) generated_bytes_.push_back(static_cast<char>(token));
+  for (const std::string& stop : limits_.stop) {
+    if (generated_bytes_.size() >= stop.size() &&
+        generated_bytes_.compare(generated_bytes_.size() - stop.size(), stop.size(), stop) == 0) {
+      stop_hit_ = true;
+    }
+  }
+}
+
+bool StreamTask::CanSample() const {
+  return inflight_tokens_ + static_cast<int64_t>(unsent_.token_ids.size()) < limits_.lookahead;
+}
+
+bool StreamTask::ShouldFlush(absl::Time now) const {
+  return limits_.flush_interval <= absl::ZeroDuration() ||
+         static_cast<int64_t>(unsent_.token_ids.size()) >= limits_.lookahead || done_sampling() ||
+         now - unsent_since_ >= limits_.flush_interval;
+}
+
+GenerateChunk StreamTask::TakeChunkForWrite() {
+  std::swap(decoder_before_inflight_, decoder_before_unsent_);
+  inflight_tokens_ = static_cast<int64_t>(unsent_.token_ids.size());
+  write_in_flight_ = true;
+  GenerateChunk chunk = std::move(unsent_);
+  unsent_ = GenerateChunk();
+  return chunk;
+}
+
+void StreamTask::ConfirmWrite() {
+  write_in_flight_ = false;
+  confirmed_ += inflight_tokens_;
+  inflight_tokens_ = 0;
+}
+
+StreamTask::RollbackPoint StreamTask::DropUnconfirmed() {
+  RollbackPoint point = RollbackPoint::kNone;
+  if (write_in_flight_) {
+    point = RollbackPoint::kBeforeInflight;
+    decoder_ = decoder_before_inflight_;
+  } else if (!unsent_.token_ids.empty()) {
+    point = RollbackPoint::kBeforeUnsent;
+    decoder_ = decoder_before_unsent_;
+  }
+  write_in_flight_ = false;
+  inflight_tokens_ = 0;
+  unsent_ = GenerateChunk();
+  return point;
+}
+
+}  // namespace fwserve

@@ -1,0 +1,151 @@
+// StreamTask without a model or an engine: stop strings across token and chunk edges,
+// max tokens, the lookahead bound, flush timing, and the rollback point a failed write
+// or a cancellation returns to (with the text decoder put back too).
+#include "server/engine/stream_task.h"
+
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace fwserve {
+namespace {
+
+const absl::Time kT0 = absl::FromUnixSeconds(1'700'000'000);
+
+StreamLimits Limits(int64_t max_tokens, std::vector<std::string> stop = {},
+                    int64_t lookahead = 16) {
+  StreamLimits limits;
+  limits.max_tokens = max_tokens;
+  limits.stop = std::move(stop);
+  limits.lookahead = lookahead;
+  return limits;
+}
+
+// Samples the bytes of `text` one token each, writing a chunk whenever the stream
+// says so and confirming it at once; returns the chunks' texts.
+std::vector<std::string> SampleAll(StreamTask& stream, const std::string& text) {
+  std::vector<std::string> chunks;
+  for (unsigned char byte : text) {
+    if (stream.done_sampling()) break;
+    stream.AddSampled(byte, 0.0f, kT0);
+    if (stream.ShouldFlush(kT0)) {
+      chunks.push_back(stream.TakeChunkForWrite().text);
+      stream.ConfirmWrite();
+    }
+  }
+  return chunks;
+}
+
+TEST(StreamTaskTest, StopsAtMaxTokens) {
+  StreamTask stream(Limits(/*max_tokens=*/3));
+  EXPECT_FALSE(stream.done_sampling());
+  SampleAll(stream, "abcdef");
+  EXPECT_TRUE(stream.done_sampling());
+  EXPECT_FALSE(stream.stop_hit());
+  EXPECT_EQ(stream.sampled(), 3);
+  EXPECT_EQ(stream.confirmed(), 3);
+}
+
+TEST(StreamTaskTest, AStopStringSpanningTokensAndChunksIsFound) {
+  // With no flush interval every token is its own chunk: "\n\n" spans two chunks.
+  StreamTask stream(Limits(/*max_tokens=*/100, {"\n\n"}));
+  std::vector<std::string> chunks = SampleAll(stream, "ab\n\ncd");
+  EXPECT_TRUE(stream.stop_hit());
+  EXPECT_TRUE(stream.done_sampling());
+  EXPECT_EQ(stream.sampled(), 4);  // stops right after the token completing the stop
+  EXPECT_EQ(chunks, (std::vector<std::string>{"a", "b", "\n", "\n"}));
+}
+
+TEST(StreamTaskTest, AStopStringAcrossAChunkHeldByTheFlushIntervalIsFound) {
+  StreamLimits limits = Limits(/*max_tokens=*/100, {"END"});
+  limits.flush_interval = absl::Milliseconds(10);
+  StreamTask stream(limits);
+  stream.AddSampled('x', 0, kT0);
+  stream.AddSampled('E', 0, kT0);
+  EXPECT_FALSE(stream.ShouldFlush(kT0 + absl::Milliseconds(5)));  // held for company
+  EXPECT_TRUE(stream.ShouldFlush(kT0 + absl::Milliseconds(10)));
+  EXPECT_EQ(stream.TakeChunkForWrite().text, "xE");
+  stream.AddSampled('N', 0, kT0 + absl::Milliseconds(11));
+  stream.AddSampled('D', 0, kT0 + absl::Milliseconds(12));
+  EXPECT_TRUE(stream.stop_hit());
+  // Sampling is done: the rest goes out at once, without waiting for the interval.
+  EXPECT_TRUE(stream.ShouldFlush(kT0 + absl::Milliseconds(12)));
+}
+
+TEST(StreamTaskTest, AStopStringInsideAMultiByteCharacterMatchesBytes) {
+  StreamTask stream(Limits(/*max_tokens=*/100, {"\xC3\xA9"}));  // "é"
+  SampleAll(stream, "caf\xC3\xA9 au lait");
+  EXPECT_TRUE(stream.stop_hit());
+  EXPECT_EQ(stream.sampled(), 5);
+}
+
+TEST(StreamTaskTest, LookaheadBoundsUnconfirmedTokens) {
+  StreamTask stream(Limits(/*max_tokens=*/100, {}, /*lookahead=*/3));
+  stream.AddSampled('a', 0, kT0);
+  GenerateChunk first = stream.TakeChunkForWrite();  // in flight, unconfirmed
+  EXPECT_TRUE(stream.write_in_flight());
+  stream.AddSampled('b', 0, kT0);
+  EXPECT_TRUE(stream.CanSample());
+  stream.AddSampled('c', 0, kT0);
+  EXPECT_FALSE(stream.CanSample());  // 1 in flight + 2 unsent = lookahead
+  stream.ConfirmWrite();
+  EXPECT_EQ(stream.confirmed(), 1);
+  EXPECT_TRUE(stream.CanSample());
+  EXPECT_EQ(stream.TakeChunkForWrite().text, "bc");
+}
+
+TEST(StreamTaskTest, AFailedWriteRollsBackToBeforeTheChunkInFlight) {
+  StreamTask stream(Limits(/*max_tokens=*/100));
+  stream.AddSampled('a', 0, kT0);
+  (void)stream.TakeChunkForWrite();
+  stream.ConfirmWrite();  // "a" is the client's
+  stream.AddSampled('b', 0, kT0);
+  (void)stream.TakeChunkForWrite();  // "b" in flight
+  stream.AddSampled('c', 0, kT0);    // "c" unsent
+  EXPECT_EQ(stream.DropUnconfirmed(), StreamTask::RollbackPoint::kBeforeInflight);
+  EXPECT_FALSE(stream.write_in_flight());
+  EXPECT_FALSE(stream.has_unsent());
+  EXPECT_EQ(stream.confirmed(), 1);
+  // Nothing is unconfirmed any more.
+  EXPECT_EQ(stream.DropUnconfirmed(), StreamTask::RollbackPoint::kNone);
+}
+
+TEST(StreamTaskTest, ACancellationWithOnlyUnsentTokensRollsBackToBeforeThem) {
+  StreamTask stream(Limits(/*max_tokens=*/100));
+  stream.AddSampled('a', 0, kT0);
+  (void)stream.TakeChunkForWrite();
+  stream.ConfirmWrite();
+  stream.AddSampled('b', 0, kT0);
+  EXPECT_EQ(stream.DropUnconfirmed(), StreamTask::RollbackPoint::kBeforeUnsent);
+}
+
+TEST(StreamTaskTest, TheDecoderIsRolledBackWithTheTokens) {
+  // "é" is two bytes. The first goes out and is confirmed (no text yet: the character
+  // is incomplete); the second's write fails. The decoder must be back to holding one
+  // byte, so that the final text reports the incomplete character, not a whole "é".
+  StreamTask stream(Limits(/*max_tokens=*/100));
+  stream.AddSampled(0xC3, 0, kT0);
+  EXPECT_EQ(stream.TakeChunkForWrite().text, "");
+  stream.ConfirmWrite();
+  stream.AddSampled(0xA9, 0, kT0);
+  EXPECT_EQ(stream.TakeChunkForWrite().text, "\xC3\xA9");
+  EXPECT_EQ(stream.DropUnconfirmed(), StreamTask::RollbackPoint::kBeforeInflight);
+  EXPECT_EQ(stream.FinishText(), "\xEF\xBF\xBD");  // U+FFFD for the lone lead byte
+}
+
+TEST(StreamTaskTest, LogprobsAreKeptOnlyWhenAsked) {
+  StreamLimits limits = Limits(/*max_tokens=*/10);
+  limits.logprobs = true;
+  StreamTask with(limits);
+  with.AddSampled('a', -0.5f, kT0);
+  GenerateChunk chunk = with.TakeChunkForWrite();
+  ASSERT_EQ(chunk.logprobs.size(), 1u);
+  EXPECT_FLOAT_EQ(chunk.logprobs[0], -0.5f);
+  StreamTask without(Limits(/*max_tokens=*/10));
+  without.AddSampled('a', -0.5f, kT0);
+  EXPECT_TRUE(without.TakeChunkForWrite().logprobs.empty());
+}
+
+}  // namespace
+}  // namespace fwserve
