@@ -91,20 +91,8 @@ Engine::Engine(std::string name, fwmodel::LoadedModel loaded, const EngineOption
       queue_(AdmissionOptions{name_, options.max_queued_requests, options.max_active_streams},
              [](const WorkItem& item) { return IsStreamKind(item.kind); }),
       pool_(model_, options.max_state_memory_bytes / std::max<int64_t>(1, state_bytes_),
-            context.budget) {
-  if (options.decode_kernel == "native" && model_.options().device.is_cpu() &&
-      model_.options().dtype == torch::kFloat32) {
-    auto native = fwmodel::NativeStep::Create(model_);
-    auto native_prefill = fwmodel::NativeStep::Create(model_);
-    if (native.ok() && native_prefill.ok()) {
-      native_step_ = std::move(*native);
-      native_prefill_ = std::move(*native_prefill);
-    } else {
-      Log(LogLevel::kWarning, absl::StrCat("model ", name_, ": native decode step unavailable (",
-                                           native.status().message(), "); using LibTorch"));
-    }
-  }
-}
+            context.budget),
+      stepper_(model_, options.decode_kernel, name_) {}
 
 Engine::~Engine() { Stop(); }
 
@@ -169,24 +157,10 @@ void Engine::PrefillThreadLoop() {
         } else {
           job->status = logprobs.status();
         }
-      } else if (native_prefill_ != nullptr) {
-        // The job's rows are its own copy ([B, ...], contiguous): rows 0..B-1.
-        const int64_t batch = job->tokens.size(0);
-        const int64_t length = static_cast<int64_t>(job->length);
-        torch::Tensor tokens = job->tokens.contiguous();
-        std::vector<int64_t> rows(static_cast<size_t>(batch));
-        std::iota(rows.begin(), rows.end(), int64_t{0});
-        torch::Tensor logits = torch::empty({batch, vocab_}, torch::kFloat32);
-        job->status = native_prefill_->Absorb(
-            absl::MakeConstSpan(tokens.data_ptr<int64_t>(), static_cast<size_t>(batch * length)),
-            length, rows, &job->state, logits.data_ptr<float>());
-        if (job->status.ok()) job->last_logits = logits;
       } else {
-        auto logits = model_.Forward(job->tokens, &job->state);
+        auto logits = stepper_.Prefill(job->tokens, &job->state);
         if (logits.ok()) {
-          job->last_logits = logits->select(1, static_cast<int64_t>(job->length) - 1)
-                                 .to(torch::kCPU, torch::kFloat32)
-                                 .contiguous();
+          job->last_logits = std::move(*logits);
         } else {
           job->status = logits.status();
         }
@@ -756,24 +730,7 @@ void Engine::RunDecodeStep() {
     rows_vec.push_back(t->slot);
     tokens_vec.push_back(t->pending_token);
   }
-  absl::Status stepped = absl::OkStatus();
-  if (native_step_ != nullptr) {
-    // In place: the pool's rows absorb their tokens; no copies of the state.
-    step_logits_.resize(batch.size() * static_cast<size_t>(vocab_));
-    stepped = native_step_->Step(tokens_vec, rows_vec, pool_.mutable_state(), step_logits_.data());
-    if (stepped.ok()) pool_.SetLogits(rows_vec, step_logits_.data());
-  } else {
-    const torch::Device device = model_.options().device;
-    torch::Tensor rows = torch::tensor(rows_vec, torch::kInt64).to(device);
-    fwmodel::State state = pool_.Gather(rows);
-    auto logits = model_.Step(torch::tensor(tokens_vec, torch::kInt64).to(device), &state);
-    if (logits.ok()) {
-      pool_.Scatter(rows, state);
-      pool_.SetLogits(rows, *logits);
-    } else {
-      stepped = logits.status();
-    }
-  }
+  const absl::Status stepped = stepper_.Step(rows_vec, tokens_vec, pool_);
   if (!stepped.ok()) {
     Log(LogLevel::kError,
         absl::StrCat("model ", name_, ": decode step failed: ", stepped.message()));

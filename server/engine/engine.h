@@ -44,6 +44,7 @@
 #include "server/engine/admission_queue.h"
 #include "server/engine/engine_options.h"
 #include "server/engine/state_pool.h"
+#include "server/engine/stepper.h"
 #include "server/engine/stream_task.h"
 #include "server/metrics/metrics.h"
 #include "server/sessions/session_directory.h"
@@ -287,12 +288,8 @@ class Engine {
 
   // Engine-thread state.
   StatePool pool_;
-  // The native decode step (float32 CPU models with decode_kernel "native"); null:
-  // Model::Step on gathered rows. Engine thread only.
-  std::unique_ptr<fwmodel::NativeStep> native_step_;
-  std::vector<float> step_logits_;  // [batch, vocab] scratch of the native step
-  // The same for prompts, on the prefill thread (its own scratch buffers).
-  std::unique_ptr<fwmodel::NativeStep> native_prefill_;
+  // The decode step (engine thread) and prefill chunks (prefill thread).
+  Stepper stepper_;
   bool ending_ = false;  // EndAllWork was applied: admit nothing more
   absl::flat_hash_map<std::string, ResidentSession> resident_;
   std::list<std::unique_ptr<Task>> tasks_;
