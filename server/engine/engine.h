@@ -44,6 +44,7 @@
 #include "server/engine/admission_queue.h"
 #include "server/engine/engine_options.h"
 #include "server/engine/state_pool.h"
+#include "server/engine/residency.h"
 #include "server/engine/stepper.h"
 #include "server/engine/stream_task.h"
 #include "server/metrics/metrics.h"
@@ -134,16 +135,6 @@ class Engine {
  private:
   struct Task;
   struct PrefillJob;
-  struct ResidentSession {
-    int slot = -1;
-    int64_t tokens = 0;
-    absl::Time created;
-    absl::Time last_used;
-    bool in_use = false;      // a task or session operation is using the slot
-    int64_t version = 0;      // shared store: the store's version this copy holds
-    std::string tag = {};     // and that version's tag
-    std::string tenant = {};  // the owner (SessionRecord::tenant)
-  };
   struct Event {
     uint64_t stream_id;
     enum Kind { kWriteOk, kWriteFailed, kCancel } kind;
@@ -291,7 +282,7 @@ class Engine {
   // The decode step (engine thread) and prefill chunks (prefill thread).
   Stepper stepper_;
   bool ending_ = false;  // EndAllWork was applied: admit nothing more
-  absl::flat_hash_map<std::string, ResidentSession> resident_;
+  ResidentSessions resident_;
   std::list<std::unique_ptr<Task>> tasks_;
   absl::flat_hash_map<uint64_t, Task*> tasks_by_stream_;
   size_t prefill_turn_ = 0;

@@ -444,24 +444,12 @@ bool Engine::ReleaseOneIdle() {
   // holds (with a store, a session is only ever dropped from memory, never lost), of
   // the tenant holding the most resident sessions: a tenant filling memory loses its
   // own idle sessions first, not other tenants'. With one tenant: plain LRU.
-  absl::flat_hash_map<std::string, int64_t> held;
-  for (const auto& [id, r] : resident_) ++held[r.tenant];
-  std::string victim;
-  int64_t victim_held = -1;
-  absl::Time oldest = absl::InfiniteFuture();
-  for (const auto& [id, r] : resident_) {
-    if (r.in_use) continue;
-    const int64_t tenant_held = held[r.tenant];
-    if (tenant_held < victim_held || (tenant_held == victim_held && r.last_used >= oldest)) {
-      continue;
-    }
+  const std::string victim = ChooseSessionToRelease(resident_, [this](const std::string& id) {
     auto record = registry_->Get(id);
-    if (!record.ok() || record->busy) continue;
-    if (policy_.durable && !record->stored) continue;
-    victim = id;
-    victim_held = tenant_held;
-    oldest = r.last_used;
-  }
+    if (!record.ok() || record->busy) return false;
+    // With a store, a session is only ever dropped from memory, never lost.
+    return !policy_.durable || record->stored;
+  });
   if (victim.empty()) return false;
   if (policy_.durable) {
     auto it = resident_.find(victim);
