@@ -256,75 +256,20 @@ void Engine::Loop() {
   torch::NoGradGuard no_grad;
   LimitIntraOpThreads(options_.intra_op_threads);
   while (true) {
-    std::vector<Event> events;
-    std::vector<std::function<void()>> continuations;
-    std::vector<std::unique_ptr<WorkItem>> admitted;
-    bool end_all = false;
-    bool stop = false;
-    bool prefill_done = false;
-    const absl::Time wait_until = std::min(batch_deadline_, next_housekeeping_);
-    {
-      absl::MutexLock lock(&mu_);
-      while (!HasImmediateWorkLocked() && absl::Now() < wait_until) {
-        wake_.WaitWithDeadline(&mu_, wait_until);
-      }
-      events.swap(events_);
-      continuations.swap(continuations_);
-      int64_t active = static_cast<int64_t>(tasks_.size());
-      queue_.TakeAdmissible(
-          active, end_all_, [this] { return RunningByTenant(); }, admitted);
-      active_tasks_ = active;  // WaitIdle must not see admitted work as idle
-      end_all = end_all_;
-      if (end_all_) end_all_applied_ = true;
-      stop = stop_;
-      prefill_done = prefill_done_;
-      prefill_done_ = false;
-    }
-    ending_ = end_all;
-
+    IterationWork work = WaitForWork();
+    ending_ = work.end_all;
     // Tensor code outside Model::Forward/Step (gather, scatter, copies) can still throw
     // c10::Error (e.g. out of memory); it must not take the process down. The requests in
     // flight fail with INTERNAL; sessions keep their last committed state.
     try {
-      for (auto& continuation : continuations) continuation();
-      if (prefill_done) CompletePrefill();
-      for (const Event& event : events) ApplyEvent(event);
-      for (auto& item : admitted) {
-        if (end_all) {
-          // Accepted before the shutdown began but never started: refuse cleanly.
-          FailItem(std::move(item), absl::UnavailableError("the server is shutting down"));
-          continue;
-        }
-        Admit(std::move(item));
-      }
-      if (end_all) {
-        for (auto& task : tasks_) {
-          if (!task->cancelled) {
-            task->cancelled = true;
-            task->shutdown = true;
-          }
-        }
-        // Streams not waiting on a write end now; the others when their write returns.
-        // An unfinished CreateSession or Score fails (its result would be partial).
-        std::vector<Task*> ending;
-        for (auto& task : tasks_) {
-          if (!task->stream.write_in_flight() && task->phase != Task::Phase::kReadyToAbsorb &&
-              !task->in_prefill_job) {
-            ending.push_back(task.get());
-          }
-        }
-        for (Task* task : ending) {
-          if (task->item->kind == WorkItem::Kind::kGenerate) {
-            FinishTask(*task, FinishReason::kShutdown);
-          } else {
-            FailTask(*task, absl::UnavailableError("the server is shutting down"));
-          }
-        }
-      }
-
-      StartPrefill();
-      RunDecodeStep();
-      SampleAndEmit();
+      for (auto& continuation : work.continuations) continuation();
+      if (work.prefill_done) CompletePrefill();
+      for (const Event& event : work.events) ApplyEvent(event);
+      AdmitAll(work.admitted, work.end_all);
+      if (work.end_all) EndAllTasks();
+      StartPrefill();   // prefill: the next chunk to the prefill thread
+      RunDecodeStep();  // step: one batched step for every stream ready to absorb
+      SampleAndEmit();  // sample, and emit what may go out
     } catch (const std::exception& e) {
       Log(LogLevel::kError, absl::StrCat("model ", name_, ": engine iteration failed: ", e.what()));
       try {
@@ -334,48 +279,12 @@ void Engine::Loop() {
         Log(LogLevel::kError, absl::StrCat("model ", name_, ": recovery failed: ", again.what()));
       }
     }
-
     const absl::Time now = absl::Now();
     if (now >= next_housekeeping_) {
       Housekeeping();
       next_housekeeping_ = now + kHousekeepingInterval;
     }
-
-    bool awaiting = false;
-    bool ready_to_absorb = false;
-    bool immediate = false;
-    for (const auto& task : tasks_) {
-      switch (task->phase) {
-        case Task::Phase::kBlocked:
-          // Joins the next step once a write returns; a draining stream never does.
-          awaiting = true;
-          break;
-        case Task::Phase::kDraining:
-          break;  // waits for its last write; nothing to do here until then
-        case Task::Phase::kReadyToAbsorb:
-          ready_to_absorb = true;
-          break;
-        case Task::Phase::kPrefill:
-          // Waiting for the prefill thread is not work for this one.
-          if (prefill_job_ == nullptr) immediate = true;
-          break;
-        default:
-          immediate = true;
-      }
-    }
-    // Absorb at once if nothing else can join the batch; else wait (at most until
-    // batch_deadline_) for the streams still writing.
-    if (ready_to_absorb && !awaiting) immediate = true;
-    if (!ready_to_absorb) batch_deadline_ = absl::InfiniteFuture();
-    {
-      absl::MutexLock lock(&mu_);
-      active_tasks_ = static_cast<int64_t>(tasks_.size());
-      immediate_work_ = immediate;
-      idle_changed_.SignalAll();
-      if (stop && tasks_.empty() && queue_.empty() && store_jobs_ == 0 && continuations_.empty()) {
-        break;
-      }
-    }
+    if (!PublishReadiness(work.stop)) break;
   }
 
   {
@@ -385,6 +294,97 @@ void Engine::Loop() {
   }
   prefill_thread_.join();
   StoreUnstoredAtExit();
+}
+
+Engine::IterationWork Engine::WaitForWork() {
+  IterationWork work;
+  const absl::Time wait_until = std::min(batch_deadline_, next_housekeeping_);
+  absl::MutexLock lock(&mu_);
+  while (!HasImmediateWorkLocked() && absl::Now() < wait_until) {
+    wake_.WaitWithDeadline(&mu_, wait_until);
+  }
+  work.events.swap(events_);
+  work.continuations.swap(continuations_);
+  int64_t active = static_cast<int64_t>(tasks_.size());
+  queue_.TakeAdmissible(
+      active, end_all_, [this] { return RunningByTenant(); }, work.admitted);
+  active_tasks_ = active;  // WaitIdle must not see admitted work as idle
+  work.end_all = end_all_;
+  if (end_all_) end_all_applied_ = true;
+  work.stop = stop_;
+  work.prefill_done = prefill_done_;
+  prefill_done_ = false;
+  return work;
+}
+
+void Engine::AdmitAll(std::vector<std::unique_ptr<WorkItem>>& admitted, bool end_all) {
+  for (auto& item : admitted) {
+    if (end_all) {
+      // Accepted before the shutdown began but never started: refuse cleanly.
+      FailItem(std::move(item), absl::UnavailableError("the server is shutting down"));
+      continue;
+    }
+    Admit(std::move(item));
+  }
+}
+
+void Engine::EndAllTasks() {
+  for (auto& task : tasks_) {
+    if (!task->cancelled) {
+      task->cancelled = true;
+      task->shutdown = true;
+    }
+  }
+  // Streams not waiting on a write end now; the others when their write returns.
+  // An unfinished CreateSession or Score fails (its result would be partial).
+  std::vector<Task*> ending;
+  for (auto& task : tasks_) {
+    if (!task->stream.write_in_flight() && task->phase != Task::Phase::kReadyToAbsorb &&
+        !task->in_prefill_job) {
+      ending.push_back(task.get());
+    }
+  }
+  for (Task* task : ending) {
+    if (task->item->kind == WorkItem::Kind::kGenerate) {
+      FinishTask(*task, FinishReason::kShutdown);
+    } else {
+      FailTask(*task, absl::UnavailableError("the server is shutting down"));
+    }
+  }
+}
+
+bool Engine::PublishReadiness(bool stop) {
+  bool awaiting = false;
+  bool ready_to_absorb = false;
+  bool immediate = false;
+  for (const auto& task : tasks_) {
+    switch (task->phase) {
+      case Task::Phase::kBlocked:
+        // Joins the next step once a write returns; a draining stream never does.
+        awaiting = true;
+        break;
+      case Task::Phase::kDraining:
+        break;  // waits for its last write; nothing to do here until then
+      case Task::Phase::kReadyToAbsorb:
+        ready_to_absorb = true;
+        break;
+      case Task::Phase::kPrefill:
+        // Waiting for the prefill thread is not work for this one.
+        if (prefill_job_ == nullptr) immediate = true;
+        break;
+      default:
+        immediate = true;
+    }
+  }
+  // Absorb at once if nothing else can join the batch; else wait (at most until
+  // batch_deadline_) for the streams still writing.
+  if (ready_to_absorb && !awaiting) immediate = true;
+  if (!ready_to_absorb) batch_deadline_ = absl::InfiniteFuture();
+  absl::MutexLock lock(&mu_);
+  active_tasks_ = static_cast<int64_t>(tasks_.size());
+  immediate_work_ = immediate;
+  idle_changed_.SignalAll();
+  return !(stop && tasks_.empty() && queue_.empty() && store_jobs_ == 0 && continuations_.empty());
 }
 
 void Engine::ApplyEvent(const Event& event) {

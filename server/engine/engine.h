@@ -43,8 +43,8 @@
 #include "server/base/clock.h"
 #include "server/engine/admission_queue.h"
 #include "server/engine/engine_options.h"
-#include "server/engine/state_pool.h"
 #include "server/engine/residency.h"
+#include "server/engine/state_pool.h"
 #include "server/engine/stepper.h"
 #include "server/engine/stream_task.h"
 #include "server/metrics/metrics.h"
@@ -140,8 +140,29 @@ class Engine {
     enum Kind { kWriteOk, kWriteFailed, kCancel } kind;
   };
 
+  // What one loop iteration takes from the other threads.
+  struct IterationWork {
+    std::vector<Event> events;
+    std::vector<std::function<void()>> continuations;
+    std::vector<std::unique_ptr<WorkItem>> admitted;
+    bool end_all = false;
+    bool stop = false;
+    bool prefill_done = false;
+  };
+
   // engine.cc: the loop, admission, prefill, decode, sampling.
+  // Each iteration: wait for work; apply store results, the finished prefill chunk
+  // and the streams' write/cancel events; admit; start the next prefill chunk; one
+  // batched decode step; sample and emit; housekeeping; publish what is ready.
   void Loop();
+  IterationWork WaitForWork();
+  void AdmitAll(std::vector<std::unique_ptr<WorkItem>>& admitted, bool end_all);
+  // Shutdown (EndAllWork): every task is cancelled as SHUTDOWN; those not waiting on a
+  // write end now.
+  void EndAllTasks();
+  // Publishes the readiness of the next iteration to WaitIdle and the admission check.
+  // False once the loop should end (stopping, nothing left).
+  bool PublishReadiness(bool stop);
   bool HasImmediateWorkLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Streams running per tenant (AdmissionQueue's fair share). Engine thread.
   absl::flat_hash_map<std::string, int64_t> RunningByTenant() const;
