@@ -564,6 +564,7 @@ void Engine::PublishGauges() {
   metrics_->SetActiveStreams(static_cast<int64_t>(tasks_.size()));
   metrics_->SetSessions(static_cast<int64_t>(resident_.size()), registry_->CountNotResident(name_),
                         pool_.slots_in_use() * state_bytes_);
+  metrics_->SetStateMemoryUsage(budget_->used(), budget_->limit());
 }
 
 }  // namespace fwserve

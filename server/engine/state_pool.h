@@ -27,6 +27,9 @@ class StateMemoryBudget {
   void RequestReclaim(int64_t bytes);
   // Bytes still wanted by RequestReclaim (0 = none); Reclaimed subtracts what was freed.
   int64_t reclaim_wanted() const { return reclaim_.load(); }
+  // Bytes reserved now, over all pools, and the limit.
+  int64_t used() const { return used_.load(); }
+  int64_t limit() const { return limit_; }
   void Reclaimed(int64_t bytes);
 
  private:

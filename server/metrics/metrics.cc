@@ -135,6 +135,7 @@ struct ModelFamilies {
   Family<Gauge>& active_streams;
   Family<Gauge>& sessions;
   Family<Gauge>& state_bytes;
+  Family<Gauge>& state_memory_usage;
   Family<Counter>& session_ops;
   Family<Counter>& session_removals;
   Family<Gauge>& model_info;
@@ -164,6 +165,7 @@ class PrometheusModelMetrics final : public ModelMetrics {
         sessions_resident_(f.sessions.Add({{"model", model}, {"state", "resident"}})),
         sessions_spilled_(f.sessions.Add({{"model", model}, {"state", "spilled"}})),
         state_bytes_(f.state_bytes.Add({{"model", model}})),
+        state_memory_usage_(f.state_memory_usage.Add({{"model", model}})),
         session_ops_(f.session_ops, model, "op", kSessionOps),
         session_removals_(f.session_removals, model, "reason", kRemovalReasons),
         store_errors_(f.store_errors, model, "op", kStoreOps),
@@ -193,6 +195,10 @@ class PrometheusModelMetrics final : public ModelMetrics {
     sessions_resident_.Set(static_cast<double>(resident));
     sessions_spilled_.Set(static_cast<double>(spilled));
     state_bytes_.Set(static_cast<double>(resident_state_bytes));
+  }
+  void SetStateMemoryUsage(int64_t used_bytes, int64_t limit_bytes) override {
+    state_memory_usage_.Set(
+        limit_bytes > 0 ? static_cast<double>(used_bytes) / static_cast<double>(limit_bytes) : 0.0);
   }
   void CountSessionOperation(std::string_view op) override { session_ops_.Increment(op); }
   void CountSessionRemoval(std::string_view reason) override {
@@ -226,6 +232,7 @@ class PrometheusModelMetrics final : public ModelMetrics {
   Gauge& sessions_resident_;
   Gauge& sessions_spilled_;
   Gauge& state_bytes_;
+  Gauge& state_memory_usage_;
   LabeledCounters session_ops_;
   LabeledCounters session_removals_;
   LabeledCounters store_errors_;
@@ -250,6 +257,7 @@ class NullModelMetrics final : public ModelMetrics {
   void SetQueuedRequests(int64_t) override {}
   void SetActiveStreams(int64_t) override {}
   void SetSessions(int64_t, int64_t, int64_t) override {}
+  void SetStateMemoryUsage(int64_t, int64_t) override {}
   void CountSessionOperation(std::string_view) override {}
   void CountSessionRemoval(std::string_view) override {}
   void CountSessionStoreError(std::string_view) override {}
@@ -469,6 +477,11 @@ class PrometheusMetrics final : public Metrics {
             prometheus::BuildGauge()
                 .Name("fwserve_session_state_resident_bytes")
                 .Help("Bytes of recurrent state resident in the pool.")
+                .Register(*registry_),
+            prometheus::BuildGauge()
+                .Name("fwserve_state_memory_usage_ratio")
+                .Help("Share of --max-state-memory-bytes in use, over all models (the "
+                      "cache usage of an inference gateway).")
                 .Register(*registry_),
             prometheus::BuildCounter()
                 .Name("fwserve_session_operations_total")

@@ -45,6 +45,9 @@ class ModelMetrics {
   // Sessions of this model with state in the pool / only in the session store, and the bytes of
   // resident state (sessions in the pool, including throwaway ones in use).
   virtual void SetSessions(int64_t resident, int64_t spilled, int64_t resident_state_bytes) = 0;
+  // Bytes of state resident over all models, against --max-state-memory-bytes (the
+  // same value for every model: the budget is shared).
+  virtual void SetStateMemoryUsage(int64_t used_bytes, int64_t limit_bytes) = 0;
   // op: "created", "deleted", "forked", "imported", "exported", "spilled", "restored".
   virtual void CountSessionOperation(std::string_view op) = 0;
   // reason: "expired" (idle TTL), "evicted" (memory budget, --session-store=memory).

@@ -28,6 +28,7 @@ int main() {
   m->SetQueuedRequests(1);
   m->SetActiveStreams(4);
   m->SetSessions(2, 1, 2 * 65536);
+  m->SetStateMemoryUsage(2 * 65536, 1 << 30);
   m->CountSessionOperation("created");
   m->CountSessionRemoval("expired");
   m->CountSessionStoreError("write");

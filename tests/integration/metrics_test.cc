@@ -176,6 +176,11 @@ TEST(MetricsTest, ScrapedSeriesAgreeWithTheLoadAndPassPromtool) {
   // Each streamed token was absorbed by exactly one batched step row.
   EXPECT_EQ(Value(samples, "fwserve_engine_batch_size_sum", aft), streamed);
   EXPECT_EQ(Value(samples, "fwserve_sessions", {{"model", "aft"}, {"state", "resident"}}), 1);
+  // One resident session's state against the default budget (1 GiB).
+  const double state_bytes = Value(samples, "fwserve_session_state_resident_bytes", aft);
+  EXPECT_GT(state_bytes, 0);
+  EXPECT_DOUBLE_EQ(Value(samples, "fwserve_state_memory_usage_ratio", aft),
+                   state_bytes / static_cast<double>(options.max_state_memory_bytes));
   EXPECT_EQ(
       Value(samples, "fwserve_session_operations_total", {{"model", "aft"}, {"op", "created"}}), 1);
   EXPECT_EQ(Value(samples, "fwserve_model_info", {{"model", "aft"}, {"architecture", "aft"}}), 1);

@@ -292,6 +292,7 @@ TEST(MetricsTest, GaugesTakeTheLatestValue) {
   m->SetQueuedRequests(2);
   m->SetActiveStreams(7);
   m->SetSessions(3, 11, 3 * 65536);
+  m->SetStateMemoryUsage(1 << 20, 4 << 20);
   const auto families = Collect(*metrics);
   auto gauge = [&](const std::string& name, const Labels& labels) {
     const auto* s = FindSeries(families, name, labels);
@@ -302,6 +303,7 @@ TEST(MetricsTest, GaugesTakeTheLatestValue) {
   EXPECT_EQ(gauge("fwserve_sessions", {{"model", "m"}, {"state", "resident"}}), 3);
   EXPECT_EQ(gauge("fwserve_sessions", {{"model", "m"}, {"state", "spilled"}}), 11);
   EXPECT_EQ(gauge("fwserve_session_state_resident_bytes", {{"model", "m"}}), 3 * 65536);
+  EXPECT_EQ(gauge("fwserve_state_memory_usage_ratio", {{"model", "m"}}), 0.25);
 }
 
 TEST(MetricsTest, SessionOperationsAndRemovalsIncludingUnknownValues) {
