@@ -7,13 +7,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "models/mixers/mixer.h"
 
 namespace fwmodel {
 namespace {
-
-// Stand-in for p0 = -inf of the aft recurrence: finite, so that p - t*w stays finite
-// and exp(p - q) is exactly 0 in float32 and float64.
-constexpr double kAftInitialLogScale = -1e30;
 
 using torch::indexing::Slice;
 
@@ -23,11 +20,6 @@ std::string LayerName(int i, const std::string& suffix) {
 
 std::string ShapeString(const std::vector<int64_t>& shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
-}
-
-std::vector<const char*> ProjectionNames(Architecture arch) {
-  if (arch == Architecture::kAft) return {"r", "k", "v"};
-  return {"q", "k", "v"};
 }
 
 // Causal depthwise convolution over time. x: [B, T, d]; history: [B, K-1, d], the
@@ -46,18 +38,6 @@ torch::Tensor CausalDepthwiseConv(const torch::Tensor& x, const torch::Tensor& w
   return y;
 }
 
-// DPFP_nu(z) normalised to sum 1 over the last dimension.
-torch::Tensor DpfpFeatures(const torch::Tensor& z, int64_t nu, double eps) {
-  torch::Tensor x = torch::cat({torch::relu(z), torch::relu(-z)}, -1);
-  std::vector<torch::Tensor> parts;
-  parts.reserve(static_cast<size_t>(nu));
-  for (int64_t i = 1; i <= nu; ++i) parts.push_back(x * torch::roll(x, {i}, {-1}));
-  torch::Tensor features = nu == 1 ? parts[0] : torch::cat(parts, -1);
-  return features / (features.sum(-1, /*keepdim=*/true) + eps);
-}
-
-torch::Tensor EluPlusOne(const torch::Tensor& z) { return torch::elu(z) + 1.0; }
-
 }  // namespace
 
 struct Model::LayerWeights {
@@ -65,8 +45,7 @@ struct Model::LayerWeights {
   torch::Tensor proj[3];  // q|r, k, v
   torch::Tensor conv_w[3], conv_b[3];
   torch::Tensor o_w, o_b;
-  torch::Tensor beta_w;                  // fast_weight
-  torch::Tensor time_decay, time_first;  // aft
+  std::unique_ptr<Mixer> mixer;  // bound to this layer's weights
   torch::Tensor up_w, up_b, down_w, down_b;
   bool pkm = false;  // product-key memory instead of up/down
   torch::Tensor query_w, bn_w, bn_b, bn_mean, bn_var, keys, values;
@@ -105,13 +84,14 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> ExpectedWeightShapes(
     const ModelConfig& c) {
   const int64_t d = c.d_model, f = c.d_ff, V = c.vocab_size;
   std::vector<std::pair<std::string, std::vector<int64_t>>> shapes;
+  const std::unique_ptr<Mixer> mixer = MakeMixer(c);
   shapes.push_back({"embed.weight", {V, d}});
   for (int i = 0; i < c.n_layers; ++i) {
     for (const char* norm : {"norm1", "norm2"}) {
       shapes.push_back({LayerName(i, absl::StrCat(norm, ".weight")), {d}});
       shapes.push_back({LayerName(i, absl::StrCat(norm, ".bias")), {d}});
     }
-    for (const char* p : ProjectionNames(c.architecture)) {
+    for (const char* p : mixer->ProjectionNames()) {
       shapes.push_back({LayerName(i, absl::StrCat("mixer.", p, ".weight")), {d, d}});
       if (c.has_dconv()) {
         shapes.push_back(
@@ -121,12 +101,8 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> ExpectedWeightShapes(
     }
     shapes.push_back({LayerName(i, "mixer.o.weight"), {d, d}});
     shapes.push_back({LayerName(i, "mixer.o.bias"), {d}});
-    if (c.architecture == Architecture::kFastWeight) {
-      shapes.push_back({LayerName(i, "mixer.beta.weight"), {c.n_heads, d}});
-    }
-    if (c.architecture == Architecture::kAft) {
-      shapes.push_back({LayerName(i, "mixer.time_decay"), {d}});
-      shapes.push_back({LayerName(i, "mixer.time_first"), {d}});
+    for (const auto& [name, shape] : mixer->ExtraWeightShapes()) {
+      shapes.push_back({LayerName(i, name), shape});
     }
     if (c.is_pkm_layer(i)) {
       const int64_t Hm = c.pkm_heads, nk = c.pkm_num_keys, dk = c.pkm_dim_key;
@@ -160,10 +136,10 @@ bool IsBufferName(const std::string& name) {
 
 int64_t FlopsPerToken(const ModelConfig& c) {
   const int64_t d = c.d_model, f = c.d_ff, V = c.vocab_size;
+  const int64_t mixer_macs = MakeMixer(c)->MacsPerToken();  // q|r, k, v, o and its own
   int64_t macs = 0;
   for (int i = 0; i < c.n_layers; ++i) {
-    macs += 4 * d * d;                                                       // q|r, k, v, o
-    if (c.architecture == Architecture::kFastWeight) macs += c.n_heads * d;  // beta
+    macs += mixer_macs;
     if (c.is_pkm_layer(i)) {
       const int64_t Hm = c.pkm_heads, nk = c.pkm_num_keys, dk = c.pkm_dim_key, k = c.pkm_topk;
       macs += Hm * dk * d;     // query
@@ -234,11 +210,12 @@ absl::Status Model::BindWeights() {
   state_spec_.clear();
   mixer_state_index_.clear();
   conv_state_index_.clear();
-  const auto names = ProjectionNames(c.architecture);
-  const int64_t H = c.n_heads, dh = c.d_head(), d = c.d_model;
+  const int64_t d = c.d_model;
   for (int i = 0; i < c.n_layers; ++i) {
     auto w = std::make_shared<LayerWeights>();
     auto get = [&](const std::string& suffix) { return weights_.at(LayerName(i, suffix)); };
+    w->mixer = MakeMixer(c, options_);
+    const auto names = w->mixer->ProjectionNames();
     w->norm1_w = get("norm1.weight");
     w->norm1_b = get("norm1.bias");
     w->norm2_w = get("norm2.weight");
@@ -252,11 +229,7 @@ absl::Status Model::BindWeights() {
     }
     w->o_w = get("mixer.o.weight");
     w->o_b = get("mixer.o.bias");
-    if (c.architecture == Architecture::kFastWeight) w->beta_w = get("mixer.beta.weight");
-    if (c.architecture == Architecture::kAft) {
-      w->time_decay = get("mixer.time_decay");
-      w->time_first = get("mixer.time_first");
-    }
+    w->mixer->Bind(get);
     if (c.is_pkm_layer(i)) {
       w->pkm = true;
       w->query_w = get("ffn.query.weight");
@@ -272,21 +245,11 @@ absl::Status Model::BindWeights() {
       w->down_w = get("ffn.down.weight");
       w->down_b = get("ffn.down.bias");
     }
-    layers_.push_back(std::move(w));
-
     mixer_state_index_.push_back(static_cast<int>(state_spec_.size()));
-    switch (c.architecture) {
-      case Architecture::kLinearAttention:
-        state_spec_.push_back({LayerName(i, "S"), {H, dh, dh}});
-        state_spec_.push_back({LayerName(i, "z"), {H, dh}});
-        break;
-      case Architecture::kFastWeight:
-        state_spec_.push_back({LayerName(i, "W"), {H, dh, c.d_phi()}});
-        break;
-      case Architecture::kAft:
-        state_spec_.push_back({LayerName(i, "wkv"), {3, d}});
-        break;
+    for (const StateTensorSpec& s : w->mixer->StateSpec()) {
+      state_spec_.push_back({LayerName(i, s.name), s.shape});
     }
+    layers_.push_back(std::move(w));
     if (c.has_dconv()) {
       conv_state_index_.push_back(static_cast<int>(state_spec_.size()));
       state_spec_.push_back({LayerName(i, "conv"), {3, c.dconv_kernel - 1, d}});
@@ -343,6 +306,8 @@ absl::StatusOr<Model> Model::InitRandom(const ModelConfig& config, uint64_t seed
   return Create(config, std::move(weights), options);
 }
 
+const Mixer& Model::mixer(int layer) const { return *layers_[layer]->mixer; }
+
 int64_t Model::parameter_count() const {
   int64_t n = 0;
   for (const auto& [name, t] : weights_) {
@@ -386,10 +351,8 @@ State Model::InitialState(int64_t batch) const {
     shape.insert(shape.end(), spec.shape.begin(), spec.shape.end());
     state.tensors.push_back(torch::zeros(shape, opts));
   }
-  if (config_.architecture == Architecture::kAft) {
-    for (int i = 0; i < config_.n_layers; ++i) {
-      state.tensors[mixer_state_index_[i]].select(1, 2).fill_(kAftInitialLogScale);
-    }
+  for (int i = 0; i < config_.n_layers; ++i) {
+    layers_[i]->mixer->InitState(&state.tensors[mixer_state_index_[i]]);
   }
   return state;
 }
@@ -612,103 +575,9 @@ void Model::ProjectInputs(int layer, const torch::Tensor& a, State* state,
 
 torch::Tensor Model::MixerSequence(int layer, const torch::Tensor& a, State* state) const {
   const LayerWeights& w = *layers_[layer];
-  const ModelConfig& c = config_;
-  const int64_t B = a.size(0), T = a.size(1), d = c.d_model, H = c.n_heads, dh = c.d_head();
-
   torch::Tensor proj[3];
   ProjectInputs(layer, a, state, proj);
-
-  torch::Tensor y;  // [B, T, d]
-  if (c.architecture == Architecture::kAft) {
-    torch::Tensor r = torch::sigmoid(proj[0]);
-    const torch::Tensor& k = proj[1];
-    const torch::Tensor& v = proj[2];
-    torch::Tensor& packed = state->tensors[mixer_state_index_[layer]];  // [B, 3, d]
-    torch::Tensor alpha = packed.select(1, 0), beta = packed.select(1, 1);
-    torch::Tensor scale = packed.select(1, 2).detach();    // p: a reference scale only
-    const torch::Tensor decay = torch::exp(w.time_decay);  // w > 0, [d]
-    const torch::Tensor bonus = w.time_first;              // u, [d]
-    auto opts = a.options();
-    std::vector<torch::Tensor> outputs;
-    for (int64_t t0 = 0; t0 < T; t0 += options_.aft_chunk) {
-      const int64_t n = std::min(options_.aft_chunk, T - t0);
-      torch::Tensor kc = k.narrow(1, t0, n), vc = v.narrow(1, t0, n);
-      torch::Tensor tt = torch::arange(n, opts);
-      // Log weight of token s in the output at t (both chunk-relative), [n, n, d]:
-      // -(t-1-s) w for s < t, u for s = t, -inf for s > t; plus k_s.
-      torch::Tensor lag = (tt.unsqueeze(1) - 1 - tt.unsqueeze(0)).unsqueeze(-1);  // [n, n, 1]
-      torch::Tensor past = -lag * decay;
-      torch::Tensor diagonal = torch::eye(n, opts.dtype(torch::kBool)).unsqueeze(-1);
-      torch::Tensor future = (lag < -1);
-      torch::Tensor pair_bias = torch::where(diagonal, bonus.expand({n, n, d}), past)
-                                    .masked_fill(future, -std::numeric_limits<double>::infinity());
-      torch::Tensor log_w = kc.unsqueeze(1) + pair_bias.unsqueeze(0);               // [B, n, n, d]
-      torch::Tensor state_log_w = scale.unsqueeze(1) - tt.view({1, n, 1}) * decay;  // [B, n, d]
-      torch::Tensor m = torch::maximum(std::get<0>(log_w.max(2)), state_log_w).detach();
-      torch::Tensor e = torch::exp(log_w - m.unsqueeze(2));
-      torch::Tensor e_state = torch::exp(state_log_w - m);
-      torch::Tensor num = (e * vc.unsqueeze(1)).sum(2) + e_state * alpha.unsqueeze(1);
-      torch::Tensor den = e.sum(2) + e_state * beta.unsqueeze(1);
-      outputs.push_back(num / den);
-      // Carry the state past the chunk: token s weighs k_s - (n-1-s) w, the old
-      // state p - n w.
-      torch::Tensor end_log_w = kc - (n - 1 - tt).view({1, n, 1}) * decay;     // [B, n, d]
-      torch::Tensor end_state_log_w = scale - static_cast<double>(n) * decay;  // [B, d]
-      torch::Tensor new_scale =
-          torch::maximum(std::get<0>(end_log_w.max(1)), end_state_log_w).detach();
-      torch::Tensor e_end = torch::exp(end_log_w - new_scale.unsqueeze(1));
-      torch::Tensor e_end_state = torch::exp(end_state_log_w - new_scale);
-      alpha = (e_end * vc).sum(1) + e_end_state * alpha;
-      beta = e_end.sum(1) + e_end_state * beta;
-      scale = new_scale;
-    }
-    packed = torch::stack({alpha, beta, scale}, 1);
-    torch::Tensor wkv = outputs.size() == 1 ? outputs[0] : torch::cat(outputs, 1);
-    y = r * wkv;
-  } else {
-    auto heads = [&](const torch::Tensor& x) { return x.view({B, T, H, dh}).transpose(1, 2); };
-    torch::Tensor q = heads(proj[0]), k = heads(proj[1]), v = heads(proj[2]);  // [B, H, T, dh]
-    std::vector<torch::Tensor> outputs;
-    if (c.architecture == Architecture::kLinearAttention) {
-      torch::Tensor fq = EluPlusOne(q), fk = EluPlusOne(k);
-      torch::Tensor& S = state->tensors[mixer_state_index_[layer]];      // [B, H, dh, dh]
-      torch::Tensor& z = state->tensors[mixer_state_index_[layer] + 1];  // [B, H, dh]
-      for (int64_t t0 = 0; t0 < T; t0 += options_.attention_chunk) {
-        const int64_t n = std::min(options_.attention_chunk, T - t0);
-        torch::Tensor qc = fq.narrow(2, t0, n), kc = fk.narrow(2, t0, n), vc = v.narrow(2, t0, n);
-        torch::Tensor scores = torch::matmul(qc, kc.transpose(-1, -2)).tril();  // [B, H, n, n]
-        torch::Tensor num = torch::matmul(qc, S) + torch::matmul(scores, vc);
-        torch::Tensor den =
-            torch::matmul(qc, z.unsqueeze(-1)).squeeze(-1) + scores.sum(-1) + c.attn_eps;
-        outputs.push_back(num / den.unsqueeze(-1));
-        S = S + torch::matmul(kc.transpose(-1, -2), vc);
-        z = z + kc.sum(2);
-      }
-    } else {  // fast_weight
-      torch::Tensor fq = DpfpFeatures(q, c.dpfp_nu, c.attn_eps);
-      torch::Tensor fk = DpfpFeatures(k, c.dpfp_nu, c.attn_eps);  // [B, H, T, dphi]
-      torch::Tensor beta = torch::sigmoid(torch::linear(a, w.beta_w)).transpose(1, 2);  // [B,H,T]
-      torch::Tensor& W = state->tensors[mixer_state_index_[layer]];  // [B, H, dh, dphi]
-      for (int64_t t0 = 0; t0 < T; t0 += options_.attention_chunk) {
-        const int64_t n = std::min(options_.attention_chunk, T - t0);
-        torch::Tensor qc = fq.narrow(2, t0, n), kc = fk.narrow(2, t0, n), vc = v.narrow(2, t0, n);
-        torch::Tensor bc = beta.narrow(2, t0, n).unsqueeze(-1);  // [B, H, n, 1]
-        // Delta-rule updates u_t solve (I + diag(beta) strict_tril(K K^T)) U =
-        // diag(beta) (V - K W0^T); then W_t = W0 + sum_{s<=t} u_s k_s^T.
-        torch::Tensor rhs = bc * (vc - torch::matmul(kc, W.transpose(-1, -2)));
-        torch::Tensor system =
-            bc * torch::matmul(kc, kc.transpose(-1, -2)).tril(-1) + torch::eye(n, a.options());
-        torch::Tensor updates =
-            torch::linalg_solve_triangular(system, rhs, /*upper=*/false,
-                                           /*left=*/true, /*unitriangular=*/true);
-        torch::Tensor scores = torch::matmul(qc, kc.transpose(-1, -2)).tril();
-        outputs.push_back(torch::matmul(qc, W.transpose(-1, -2)) + torch::matmul(scores, updates));
-        W = W + torch::matmul(updates.transpose(-1, -2), kc);
-      }
-    }
-    torch::Tensor yh = outputs.size() == 1 ? outputs[0] : torch::cat(outputs, 2);  // [B,H,T,dh]
-    y = yh.transpose(1, 2).reshape({B, T, d});
-  }
+  torch::Tensor y = w.mixer->Forward(a, proj, &state->tensors[mixer_state_index_[layer]]);
   return torch::linear(y, w.o_w, w.o_b);
 }
 
@@ -730,52 +599,10 @@ torch::Tensor Model::ForwardUnchecked(const torch::Tensor& tokens, State* state,
 
 torch::Tensor Model::MixerStep(int layer, const torch::Tensor& a, State* state) const {
   const LayerWeights& w = *layers_[layer];
-  const ModelConfig& c = config_;
-  const int64_t B = a.size(0), d = c.d_model, H = c.n_heads, dh = c.d_head();
-
   torch::Tensor proj[3];
   ProjectInputs(layer, a.unsqueeze(1), state, proj);
-  for (torch::Tensor& x : proj) x = x.squeeze(1);  // [B, d]
-
-  torch::Tensor y;  // [B, d]
-  if (c.architecture == Architecture::kAft) {
-    torch::Tensor r = torch::sigmoid(proj[0]);
-    const torch::Tensor& k = proj[1];
-    const torch::Tensor& v = proj[2];
-    torch::Tensor& packed = state->tensors[mixer_state_index_[layer]];
-    torch::Tensor alpha = packed.select(1, 0), beta = packed.select(1, 1), p = packed.select(1, 2);
-    const torch::Tensor decay = torch::exp(w.time_decay);
-    const torch::Tensor& bonus = w.time_first;
-    torch::Tensor q = torch::maximum(p, bonus + k);
-    torch::Tensor e1 = torch::exp(p - q), e2 = torch::exp(bonus + k - q);
-    torch::Tensor wkv = (e1 * alpha + e2 * v) / (e1 * beta + e2);
-    torch::Tensor q2 = torch::maximum(p - decay, k);
-    e1 = torch::exp(p - decay - q2);
-    e2 = torch::exp(k - q2);
-    packed = torch::stack({e1 * alpha + e2 * v, e1 * beta + e2, q2}, 1);
-    y = r * wkv;
-  } else {
-    torch::Tensor q = proj[0].view({B, H, dh}), k = proj[1].view({B, H, dh}),
-                  v = proj[2].view({B, H, dh});
-    if (c.architecture == Architecture::kLinearAttention) {
-      torch::Tensor fq = EluPlusOne(q), fk = EluPlusOne(k);
-      torch::Tensor& S = state->tensors[mixer_state_index_[layer]];
-      torch::Tensor& z = state->tensors[mixer_state_index_[layer] + 1];
-      S = S + fk.unsqueeze(-1) * v.unsqueeze(-2);
-      z = z + fk;
-      torch::Tensor num = torch::matmul(fq.unsqueeze(-2), S).squeeze(-2);  // [B, H, dh]
-      torch::Tensor den = (fq * z).sum(-1, /*keepdim=*/true) + c.attn_eps;
-      y = (num / den).reshape({B, d});
-    } else {
-      torch::Tensor fq = DpfpFeatures(q, c.dpfp_nu, c.attn_eps);
-      torch::Tensor fk = DpfpFeatures(k, c.dpfp_nu, c.attn_eps);                 // [B, H, dphi]
-      torch::Tensor beta = torch::sigmoid(torch::linear(a, w.beta_w));           // [B, H]
-      torch::Tensor& W = state->tensors[mixer_state_index_[layer]];              // [B, H, dh, dphi]
-      torch::Tensor retrieved = torch::matmul(W, fk.unsqueeze(-1)).squeeze(-1);  // [B, H, dh]
-      W = W + (beta.unsqueeze(-1) * (v - retrieved)).unsqueeze(-1) * fk.unsqueeze(-2);
-      y = torch::matmul(W, fq.unsqueeze(-1)).squeeze(-1).reshape({B, d});
-    }
-  }
+  for (torch::Tensor& x : proj) x = x.squeeze(1);                                        // [B, d]
+  torch::Tensor y = w.mixer->Step(a, proj, &state->tensors[mixer_state_index_[layer]]);  // [B, d]
   return torch::linear(y, w.o_w, w.o_b);
 }
 

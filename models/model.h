@@ -22,6 +22,8 @@
 
 namespace fwmodel {
 
+class Mixer;  // models/mixers/mixer.h
+
 // Where and in what precision a model computes. Checkpoints are always stored and
 // loaded as float32 first; then converted to `dtype` on `device`.
 struct ModelOptions {
@@ -96,6 +98,9 @@ class Model {
   int64_t memory_parameter_count() const;
   // Value slots of all product-key memories (n_k² per PKM block); 0 without PKM.
   int64_t memory_slots() const;
+
+  // Layer `layer`'s mixer (its architecture's forms), bound to its weights.
+  const Mixer& mixer(int layer) const;
 
   const std::vector<StateTensorSpec>& state_spec() const { return state_spec_; }
   // Bytes of one session's state in the compute dtype.

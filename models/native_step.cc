@@ -10,6 +10,8 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "models/mixers/mixer.h"
+#include "models/mixers/native_math.h"
 
 namespace fwmodel {
 namespace {
@@ -19,39 +21,8 @@ constexpr int64_t kRowGrain = 8;
 // Below this batch a projection is one sgemv per row: sgemm packs the whole weight
 // matrix on every call, which costs as much as the product itself at batch 1.
 constexpr int64_t kGemvBelow = 4;
-
-// The per-session kernels are compiled twice, for AVX2 + FMA (x86-64-v3) and for the
-// baseline, and the loader picks one for the CPU (GCC/Clang function multiversioning),
-// so the image runs on any x86-64 and vectorises where it can.
-#if defined(__x86_64__) && defined(__has_attribute)
-#if __has_attribute(target_clones)
-#define FW_VECTOR_KERNEL __attribute__((target_clones("arch=x86-64-v3", "default")))
-#endif
-#endif
-#ifndef FW_VECTOR_KERNEL
-#define FW_VECTOR_KERNEL
-#endif
-
-// e^x in float32 to within 2 ulp (Cephes' expf: 2^n · a degree-6 polynomial on
-// [-ln2/2, ln2/2]); exactly 0 below -87.3 (so the aft state's p0 = -1e30 weighs
-// nothing). Branch-free, so loops of it vectorise.
-inline float FastExp(float x) {
-  const float clamped = std::min(std::max(x, -87.3f), 88.7f);
-  // Round to nearest through the float mantissa (|x·log2e| < 2^22).
-  const float n = (clamped * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
-  const float r = clamped - n * 0.693359375f + n * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  const float y = p * r * r + r + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof(scale));
-  return x < -87.3f ? 0.0f : y * scale;
-}
+// Most state tensors a mixer has (linear_attention: S and z).
+constexpr int kMaxMixerStates = 4;
 
 // y[rows, out] = x[rows, in] · w[out, in]ᵀ (+ bias[out]). Row-major, contiguous.
 void Linear(const float* x, int64_t rows, int64_t in, const float* w, int64_t out,
@@ -99,31 +70,7 @@ void AddInPlace(float* __restrict h, const float* __restrict y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) h[i] += y[i];
 }
 
-inline float Sigmoid(float z) { return 1.0f / (1.0f + FastExp(-z)); }
-
-inline float EluPlusOne(float z) { return z > 0 ? z + 1.0f : FastExp(z); }
-
 float Gelu(float z) { return 0.5f * z * (1.0f + std::erf(z * static_cast<float>(M_SQRT1_2))); }
-
-// DPFP_nu(z) of z [n], normalised to sum 1: out [2·nu·n]. `x` is scratch [2n].
-FW_VECTOR_KERNEL
-void Dpfp(const float* z, int64_t n, int64_t nu, float eps, float* x, float* out) {
-  const int64_t two_n = 2 * n;
-  for (int64_t j = 0; j < n; ++j) {
-    x[j] = std::max(z[j], 0.0f);
-    x[n + j] = std::max(-z[j], 0.0f);
-  }
-  float sum = 0;
-  for (int64_t i = 1; i <= nu; ++i) {
-    float* part = out + (i - 1) * two_n;
-    for (int64_t j = 0; j < two_n; ++j) {
-      part[j] = x[j] * x[(j - i + two_n * nu) % two_n];
-      sum += part[j];
-    }
-  }
-  const float den = sum + eps;
-  for (int64_t j = 0; j < two_n * nu; ++j) out[j] /= den;
-}
 
 // Causal depthwise conv of one projection row in[d] over its history [K-1, d] (oldest
 // first), in place; the history then holds the last K-1 inputs. w_by_tap: the conv
@@ -144,96 +91,6 @@ void ConvRow(float* __restrict in, float* __restrict history, const float* __res
   for (int64_t ch = 0; ch < d; ++ch) in[ch] += w[ch] * saved[ch];
   std::memmove(history, history + d, sizeof(float) * (K - 2) * d);
   std::memcpy(history + (K - 2) * d, saved, sizeof(float) * d);
-}
-
-// aft: one session's (alpha, beta, p) [3, d] absorbs r|k|v = pr[0..3d); y = r ⊙ wkv.
-FW_VECTOR_KERNEL
-void AftRow(const float* __restrict pr, float* __restrict st, const float* __restrict decay,
-            const float* __restrict time_first, int64_t d, float* __restrict y) {
-  float* __restrict alpha = st;
-  float* __restrict beta = st + d;
-  float* __restrict p = st + 2 * d;
-#pragma omp simd
-  for (int64_t ch = 0; ch < d; ++ch) {
-    const float r = Sigmoid(pr[ch]), k = pr[d + ch], v = pr[2 * d + ch];
-    const float u = time_first[ch], w = decay[ch], p0 = p[ch], a0 = alpha[ch], b0 = beta[ch];
-    const float q = std::max(p0, u + k);
-    float e1 = FastExp(p0 - q), e2 = FastExp(u + k - q);
-    const float wkv = (e1 * a0 + e2 * v) / (e1 * b0 + e2);
-    const float q2 = std::max(p0 - w, k);
-    e1 = FastExp(p0 - w - q2);
-    e2 = FastExp(k - q2);
-    alpha[ch] = e1 * a0 + e2 * v;
-    beta[ch] = e1 * b0 + e2;
-    p[ch] = q2;
-    y[ch] = r * wkv;
-  }
-}
-
-// linear_attention: one session's S [H, dh, dh] and z [H, dh] absorb q|k|v.
-FW_VECTOR_KERNEL
-void LinearAttentionRow(const float* __restrict pr, float* __restrict S_all,
-                        float* __restrict z_all, int64_t H, int64_t dh, float eps,
-                        float* __restrict fq, float* __restrict fk, float* __restrict y) {
-  const int64_t d = H * dh;
-  for (int64_t hd = 0; hd < H; ++hd) {
-    const float* q = pr + hd * dh;
-    const float* k = pr + d + hd * dh;
-    const float* __restrict v = pr + 2 * d + hd * dh;
-    float* __restrict z = z_all + hd * dh;
-    float* __restrict out = y + hd * dh;
-#pragma omp simd
-    for (int64_t i = 0; i < dh; ++i) {
-      fq[i] = EluPlusOne(q[i]);
-      fk[i] = EluPlusOne(k[i]);
-    }
-    float den = 0;
-#pragma omp simd reduction(+ : den)
-    for (int64_t i = 0; i < dh; ++i) {
-      z[i] = z[i] + fk[i];
-      den += fq[i] * z[i];
-    }
-    den += eps;
-    std::fill(out, out + dh, 0.0f);
-    for (int64_t i = 0; i < dh; ++i) {
-      float* __restrict Si = S_all + (hd * dh + i) * dh;
-      const float fki = fk[i], fqi = fq[i];
-#pragma omp simd
-      for (int64_t j = 0; j < dh; ++j) {
-        Si[j] = Si[j] + fki * v[j];
-        out[j] += fqi * Si[j];
-      }
-    }
-    for (int64_t j = 0; j < dh; ++j) out[j] /= den;
-  }
-}
-
-// fast_weight: one session's W [H, dh, d_phi] absorbs q|k|v|beta by the delta rule.
-FW_VECTOR_KERNEL
-void FastWeightRow(const float* __restrict pr, float* __restrict W_all, int64_t H, int64_t dh,
-                   int64_t nu, float eps, float* __restrict x, float* __restrict fq,
-                   float* __restrict fk, float* __restrict y) {
-  const int64_t d = H * dh, dphi = 2 * nu * dh;
-  for (int64_t hd = 0; hd < H; ++hd) {
-    const float* v = pr + 2 * d + hd * dh;
-    const float beta = Sigmoid(pr[3 * d + hd]);
-    Dpfp(pr + hd * dh, dh, nu, eps, x, fq);
-    Dpfp(pr + d + hd * dh, dh, nu, eps, x, fk);
-    for (int64_t i = 0; i < dh; ++i) {
-      float* __restrict Wi = W_all + (hd * dh + i) * dphi;
-      float retrieved = 0;
-#pragma omp simd reduction(+ : retrieved)
-      for (int64_t j = 0; j < dphi; ++j) retrieved += Wi[j] * fk[j];
-      const float delta = beta * (v[i] - retrieved);
-      float acc = 0;
-#pragma omp simd reduction(+ : acc)
-      for (int64_t j = 0; j < dphi; ++j) {
-        Wi[j] = Wi[j] + delta * fk[j];
-        acc += Wi[j] * fq[j];
-      }
-      y[hd * dh + i] = acc;
-    }
-  }
 }
 
 // Indices of the k largest of s[0..n), largest first, ties toward the lower index (the
@@ -259,14 +116,13 @@ struct NativeStep::Layer {
   std::vector<float> conv_w[3];  // [K, d]: the conv weight [d, K] transposed
   const float* conv_b[3] = {nullptr, nullptr, nullptr};
   const float *o_w, *o_b;
-  std::vector<float> decay;  // aft: w = exp(time_decay)
-  const float* time_first = nullptr;
+  std::unique_ptr<NativeMixer> mixer;
   bool pkm = false;
   const float *up_w = nullptr, *up_b = nullptr, *down_w = nullptr, *down_b = nullptr;
   const float *query_w = nullptr, *keys = nullptr, *values = nullptr;
   std::vector<float> bn_mean, bn_denominator, bn_w, bn_b;  // denominator = sqrt(var + eps)
-  int mixer_state = -1;                                    // index in State::tensors: S | W | wkv
-  int z_state = -1;                                        // linear_attention's z
+  int mixer_state = -1;  // index in State::tensors of the mixer's first state tensor
+  int mixer_states = 0;  // how many it has (consecutive)
   int conv_state = -1;
 };
 
@@ -298,10 +154,11 @@ absl::StatusOr<std::unique_ptr<NativeStep>> NativeStep::Create(const Model& mode
       }
       return -1;
     };
-    const char* names[3] = {"q", "k", "v"};
-    if (c.architecture == Architecture::kAft) names[0] = "r";
     for (int i = 0; i < c.n_layers; ++i) {
       Layer l;
+      const Mixer& mixer = model.mixer(i);
+      const auto names = mixer.ProjectionNames();
+      l.mixer = mixer.MakeNative();
       const std::string p = absl::StrCat("blocks.", i, ".");
       l.norm1_w = weight(p + "norm1.weight");
       l.norm1_b = weight(p + "norm1.bias");
@@ -320,23 +177,16 @@ absl::StatusOr<std::unique_ptr<NativeStep>> NativeStep::Create(const Model& mode
           l.conv_b[j] = weight(absl::StrCat(p, "mixer.", names[j], "_conv.bias"));
         }
       }
-      if (c.architecture == Architecture::kFastWeight) {
-        std::vector<float> w = copy(p + "mixer.beta.weight");
-        l.in_proj.insert(l.in_proj.end(), w.begin(), w.end());
-      }
+      const std::vector<float> extra = l.mixer->ExtraProjection();
+      l.in_proj.insert(l.in_proj.end(), extra.begin(), extra.end());
       l.proj_width = static_cast<int64_t>(l.in_proj.size()) / d;
       l.o_w = weight(p + "mixer.o.weight");
       l.o_b = weight(p + "mixer.o.bias");
-      if (c.architecture == Architecture::kAft) {
-        l.decay = copy(p + "mixer.time_decay");
-        for (float& w : l.decay) w = std::exp(w);
-        l.time_first = weight(p + "mixer.time_first");
-        l.mixer_state = state_index(i, "wkv");
-      } else if (c.architecture == Architecture::kLinearAttention) {
-        l.mixer_state = state_index(i, "S");
-        l.z_state = state_index(i, "z");
-      } else {
-        l.mixer_state = state_index(i, "W");
+      const std::vector<StateTensorSpec> mixer_spec = mixer.StateSpec();
+      l.mixer_state = state_index(i, mixer_spec.front().name.c_str());
+      l.mixer_states = static_cast<int>(mixer_spec.size());
+      if (l.mixer_state < 0 || l.mixer_states > kMaxMixerStates) {
+        return absl::InternalError("native decode step: unexpected mixer state layout");
       }
       if (c.has_dconv()) l.conv_state = state_index(i, "conv");
       l.pkm = c.is_pkm_layer(i);
@@ -426,10 +276,9 @@ absl::Status NativeStep::Absorb(absl::Span<const int64_t> tokens, int64_t steps,
   // Activations of all B·T tokens go through each projection as one matrix; only the
   // recurrences run token by token (per session, in order).
   const int64_t T = steps, N = B * T;
-  const int64_t d = c.d_model, H = c.n_heads, dh = c.d_head(), V = c.vocab_size;
+  const int64_t d = c.d_model, V = c.vocab_size;
   const int64_t K = c.has_dconv() ? c.dconv_kernel : 0;
   const float norm_eps = static_cast<float>(c.norm_eps);
-  const float attn_eps = static_cast<float>(c.attn_eps);
   const int64_t hidden_width = c.ffn == FfnKind::kGeglu ? 2 * static_cast<int64_t>(c.d_ff) : c.d_ff;
   int64_t widest_proj = 0;
   for (const Layer& l : layers_) widest_proj = std::max(widest_proj, l.proj_width);
@@ -456,43 +305,38 @@ absl::Status NativeStep::Absorb(absl::Span<const int64_t> tokens, int64_t steps,
     const int64_t P = l.proj_width;
     LayerNorm(h, N, d, l.norm1_w, l.norm1_b, norm_eps, x);
     Linear(x, N, d, l.in_proj.data(), P, nullptr, proj);
-    float* mixer_base = pool->tensors[l.mixer_state].data_ptr<float>();
-    const int64_t mixer_row = pool->tensors[l.mixer_state].stride(0);
-    float* z_base = l.z_state >= 0 ? pool->tensors[l.z_state].data_ptr<float>() : nullptr;
-    const int64_t z_row = l.z_state >= 0 ? pool->tensors[l.z_state].stride(0) : 0;
+    float* mixer_base[kMaxMixerStates];
+    int64_t mixer_row[kMaxMixerStates];
+    for (int j = 0; j < l.mixer_states; ++j) {
+      mixer_base[j] = pool->tensors[l.mixer_state + j].data_ptr<float>();
+      mixer_row[j] = pool->tensors[l.mixer_state + j].stride(0);
+    }
+    NativeMixer::Tokens batch;
+    batch.proj = proj;
+    batch.proj_width = P;
+    batch.y = y;
+    batch.rows = rows.data();
+    batch.steps = T;
+    batch.state = mixer_base;
+    batch.state_row = mixer_row;
+    const int64_t mixer_scratch = l.mixer->ScratchFloats();
     float* conv_base = l.conv_state >= 0 ? pool->tensors[l.conv_state].data_ptr<float>() : nullptr;
     const int64_t conv_row = l.conv_state >= 0 ? pool->tensors[l.conv_state].stride(0) : 0;
 
     at::parallel_for(0, B, kRowGrain, [&](int64_t begin, int64_t end) {
-      std::vector<float> scratch(static_cast<size_t>(d + 2 * dh + 2 * c.d_phi()));
-      float* saved = scratch.data();
-      float* dpfp_x = saved + d;
-      float* fq = dpfp_x + 2 * dh;
-      float* fk = fq + c.d_phi();
-      for (int64_t i = begin * T; i < end * T; ++i) {
-        float* pr = proj + i * P;
-        float* yr = y + i * d;
-        const int64_t row = rows[i / T];
-        if (K >= 2) {
-          float* conv = conv_base + row * conv_row;  // [3, K-1, d]
+      std::vector<float> scratch(static_cast<size_t>(d + mixer_scratch));
+      if (K >= 2) {  // the dconv of every token first: it does not depend on the mixer
+        float* saved = scratch.data();
+        for (int64_t i = begin * T; i < end * T; ++i) {
+          float* pr = proj + i * P;
+          float* conv = conv_base + rows[i / T] * conv_row;  // [3, K-1, d]
           for (int j = 0; j < 3; ++j) {
             ConvRow(pr + j * d, conv + j * (K - 1) * d, l.conv_w[j].data(), l.conv_b[j], d, K,
                     saved);
           }
         }
-        float* st = mixer_base + row * mixer_row;
-        switch (c.architecture) {
-          case Architecture::kAft:
-            AftRow(pr, st, l.decay.data(), l.time_first, d, yr);
-            break;
-          case Architecture::kLinearAttention:
-            LinearAttentionRow(pr, st, z_base + row * z_row, H, dh, attn_eps, fq, fk, yr);
-            break;
-          case Architecture::kFastWeight:
-            FastWeightRow(pr, st, H, dh, c.dpfp_nu, attn_eps, dpfp_x, fq, fk, yr);
-            break;
-        }
       }
+      l.mixer->Absorb(batch, begin, end, scratch.data() + d);  // one call per layer and task
     });
     Linear(y, N, d, l.o_w, d, l.o_b, x);
     AddInPlace(h, x, N * d);
