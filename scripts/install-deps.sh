@@ -16,7 +16,7 @@ BUILD_PACKAGES=(
   libtorch-dev libopenblas0-openmp libblas-dev
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev prometheus-cpp-dev
-  nlohmann-json3-dev libssl-dev libhiredis-dev libcli11-dev
+  nlohmann-json3-dev libssl-dev libhiredis-dev libcli11-dev libboost-dev
 )
 # The tests, benchmarks and tools on top of that. The container engine (Podman with
 # runc, a local debian:12 base made by mmdebstrap, DNS on compose networks by the
