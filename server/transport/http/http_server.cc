@@ -208,7 +208,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void set_caller(Caller caller) { caller_ = std::move(caller); }
   void set_route(std::string route) { route_ = std::move(route); }
   void set_model(const std::string& model) { model_ = Capped(model); }
-  bool client_gone() const { return client_gone_; }
+  // Thread-safe (polled by the core as is_cancelled).
+  bool client_gone() const { return client_gone_.load(); }
   // Called (on the strand) when the client goes away while the request is served.
   void set_on_client_gone(std::function<void()> fn) { on_client_gone_ = std::move(fn); }
 
@@ -529,7 +530,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool streaming_ = false;
   bool monitoring_ = false;
   bool resume_after_monitor_ = false;
-  bool client_gone_ = false;
+  std::atomic<bool> client_gone_{false};
   bool discard_after_reply_ = false;
   size_t discarded_ = 0;
   std::vector<char> discard_buffer_;
@@ -860,10 +861,8 @@ class GenerateJob : public GenerateObserver, public std::enable_shared_from_this
              {"usage", usage}};
       if (!request_.params.session_id.empty()) out["session_id"] = request_.params.session_id;
     }
-    if (!request_.stream) {
-      conn_->ReplyJson(200, std::move(out));
-    } else {
-      std::string events;
+    std::string events;
+    if (request_.stream) {
       if (!tail.empty()) events += DeltaEvent(tail, nullptr);
       if (endpoint_ == OpenAiEndpoint::kResponses) {
         events += Event("response.output_text.done", {{"item_id", MessageId()},
@@ -891,9 +890,24 @@ class GenerateJob : public GenerateObserver, public std::enable_shared_from_this
         }
         events += "data: [DONE]\n\n";
       }
-      conn_->EndStream(events, absl::StatusCode::kOk);
     }
-    if (!request_.store) DropOwnedSession();
+    auto answer = [self = shared_from_this(), out = std::move(out), events = std::move(events)] {
+      if (self->request_.stream) {
+        self->conn_->EndStream(events, absl::StatusCode::kOk);
+      } else {
+        self->conn_->ReplyJson(200, out);
+      }
+    };
+    if (request_.store || !session_owned_) {
+      answer();
+      return;
+    }
+    // store: false: the session is gone before the client hears of the response.
+    session_owned_ = false;
+    server_->core_->DeleteSession(conn_->caller(), request_.params.session_id,
+                                  [conn = conn_, answer](absl::StatusOr<bool>) {
+                                    conn->Post([answer](Connection&) { answer(); });
+                                  });
   }
 
   void DropOwnedSession() {
@@ -951,7 +965,9 @@ void HttpServer::Impl::Handle(const std::shared_ptr<Connection>& conn) {
   }
   while (path.size() > 1 && path.back() == '/') path.pop_back();
   const http::verb method = req.method();
-  const std::string method_name(req.method_string());
+  // Unknown methods are one label value (metrics cardinality).
+  const std::string method_name =
+      method == http::verb::unknown ? "OTHER" : std::string(http::to_string(method));
   conn->set_route(absl::StrCat(method_name, " ",
                                path.rfind("/fwserve/", 0) == 0 || path.rfind("/v1/", 0) == 0 ||
                                        path == "/health" || path == "/ready"
@@ -1043,6 +1059,7 @@ void HttpServer::Impl::Handle(const std::shared_ptr<Connection>& conn) {
   } else if (parts.size() >= 3 && parts[2] == "sessions") {
     return Sessions(conn, parts, query);
   }
+  conn->set_route("(other)");
   conn->ReplyError(absl::NotFoundError(absl::StrCat("no route ", method_name, " ", Capped(path))));
 }
 
@@ -1289,6 +1306,7 @@ void HttpServer::Impl::Sessions(const std::shared_ptr<Connection>& conn,
     });
     return;
   }
+  conn->set_route("(other)");
   conn->ReplyError(absl::NotFoundError("no such sessions route"));
 }
 
