@@ -16,7 +16,7 @@ BUILD_PACKAGES=(
   libtorch-dev libopenblas0-openmp libblas-dev
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev prometheus-cpp-dev
-  nlohmann-json3-dev libssl-dev libhiredis-dev libcli11-dev
+  nlohmann-json3-dev libssl-dev libhiredis-dev libcli11-dev libboost-dev
 )
 # The tests, benchmarks and tools on top of that. The container engine (Podman with
 # runc, a local debian:12 base made by mmdebstrap, DNS on compose networks by the
@@ -27,7 +27,7 @@ PACKAGES=(
   python3 git clang-format
   clang libclang-rt-14-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  prometheus python3-grpcio python3-protobuf curl
+  prometheus python3-grpcio python3-protobuf curl nodejs
   redis-server haproxy
   podman runc mmdebstrap golang-github-containernetworking-plugin-dnsname
   podman-compose yamllint
@@ -46,6 +46,24 @@ fi
 SUDO=""
 if [[ "$(id -u)" -ne 0 ]]; then SUDO="sudo"; fi
 
+# The official openai npm client of tests/openai_client, at the version its committed
+# package-lock.json pins (npm ci; nothing is fetched when that version is installed).
+# Debian's nodejs; npm from Debian's npm package unless the nodejs build ships one.
+install_openai_client() {
+  [[ "${1:-}" == "--build" ]] && return 0
+  if ! command -v npm >/dev/null; then
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends npm
+  fi
+  local dir want have
+  dir="$(cd "$(dirname "$0")/../tests/openai_client" && pwd)"
+  want=$(node -p "require('$dir/package-lock.json').packages['node_modules/openai'].version")
+  have=$(node -p "try { require('$dir/node_modules/openai/package.json').version } catch (e) { '' }")
+  if [[ "$want" != "$have" ]]; then
+    echo "install-deps: npm ci in tests/openai_client (openai $want)"
+    (cd "$dir" && npm ci --no-audit --no-fund)
+  fi
+}
+
 missing=()
 for pkg in "${PACKAGES[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed"; then
@@ -55,9 +73,11 @@ done
 
 if [[ ${#missing[@]} -eq 0 ]]; then
   echo "install-deps: all ${#PACKAGES[@]} packages already installed"
+  install_openai_client "$@"
   exit 0
 fi
 
 echo "install-deps: installing ${missing[*]}"
 $SUDO apt-get update -qq
 DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+install_openai_client "$@"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The README's serve command: installs the Debian packages, builds, and starts the
 # fwserve gRPC server with the shipped default model (models/pretrained/aft-shakespeare)
-# on 127.0.0.1:50051, metrics on http://127.0.0.1:9464/metrics.
+# on 127.0.0.1:50051, the OpenAI-compatible HTTP API on http://127.0.0.1:8000
+# (docs/http.md), metrics on http://127.0.0.1:9464/metrics.
 #
 # Sessions are durable by default: they are written through to a dir: session store
 # under the state directory, $FWSERVE_STATE_DIR, else $XDG_STATE_HOME/fwserve, else
@@ -20,4 +21,8 @@ if [[ " $* " != *" --session-store"* && " $* " != *" --session-dir"* ]]; then
   store_args=(--session-store "dir:$state_dir/sessions")
   echo "serve.sh: sessions are stored in $state_dir/sessions (--session-store=dir:...)" >&2
 fi
-exec ./build/server/fwserve "${store_args[@]}" "$@"
+http_args=()
+if [[ " $* " != *" --http-listen"* ]]; then
+  http_args=(--http-listen 127.0.0.1:8000)
+fi
+exec ./build/server/fwserve "${store_args[@]}" "${http_args[@]}" "$@"

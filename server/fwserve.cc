@@ -21,16 +21,29 @@
 #include "common/cli_util.h"
 #include "models/blas_check.h"
 #include "models/file_util.h"
-#include "server/core/core.h"
 #include "server/base/log.h"
+#include "server/core/core.h"
 #include "server/metrics/metrics.h"
 #include "server/sessions/session_seal.h"
 #include "server/tenancy/tenants.h"
 #include "server/transport/grpc/api_key_authenticator.h"
 #include "server/transport/grpc/grpc_server.h"
+#include "server/transport/http/http_server.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
           "HOST:PORT for the gRPC API (port 0 picks a free port and logs it)");
+ABSL_FLAG(std::string, http_listen, "",
+          "HOST:PORT for the OpenAI-compatible HTTP API (docs/http.md); empty (the default) "
+          "turns it off; port 0 picks a free port and logs it");
+ABSL_FLAG(int64_t, http_max_body_bytes, int64_t{4} << 20,
+          "largest HTTP request body in bytes (session imports are the big ones); larger gets "
+          "413");
+ABSL_FLAG(absl::Duration, http_idle_timeout, absl::Seconds(60),
+          "an HTTP connection with no request in progress, or whose client does not read a "
+          "write, is closed after this long");
+ABSL_FLAG(std::vector<std::string>, http_cors_origins, {},
+          "comma-separated origins allowed to call the HTTP API from a browser (CORS), or '*' "
+          "for any; empty (the default) sends no CORS headers");
 ABSL_FLAG(std::vector<std::string>, model, {},
           "checkpoint directory to serve; repeat the flag (or give a comma-separated list) "
           "for several models. The first is the default model; a model is named after its "
@@ -289,6 +302,31 @@ int main(int argc, char** argv) {
 
   auto server = fwserve::GrpcServer::Start(server_options, core->get());
   if (!server.ok()) return Fail(std::string(server.status().message()));
+  std::unique_ptr<fwserve::HttpServer> http;
+  if (const std::string http_listen = absl::GetFlag(FLAGS_http_listen); !http_listen.empty()) {
+    fwserve::HttpServerOptions http_options;
+    http_options.listen = http_listen;
+    http_options.max_body_bytes = absl::GetFlag(FLAGS_http_max_body_bytes);
+    http_options.idle_timeout = absl::GetFlag(FLAGS_http_idle_timeout);
+    http_options.cors_origins = absl::GetFlag(FLAGS_http_cors_origins);
+    http_options.tenants = tenants.get();
+    http_options.metrics = metrics.get();
+    auto started = fwserve::HttpServer::Start(http_options, core->get());
+    if (!started.ok()) {
+      (*server)->Shutdown();
+      return Fail(std::string(started.status().message()));
+    }
+    http = std::move(*started);
+    fwserve::Log(fwserve::LogLevel::kInfo, absl::StrCat("HTTP API (OpenAI-compatible) on ",
+                                                        http_listen, " (port ", http->port(), ")"));
+    if (tenants == nullptr && !IsLoopbackListen(http_listen)) {
+      fwserve::Log(fwserve::LogLevel::kWarning,
+                   absl::StrCat("--http-listen=", http_listen,
+                                " is reachable from other machines, and there is no "
+                                "--api-keys-file: anyone who reaches it can read, change and "
+                                "delete every session (docs/security.md)"));
+    }
+  }
   fwserve::Log(fwserve::LogLevel::kInfo,
                absl::StrCat("fwserve listening on ", server_options.listen, " (port ",
                             (*server)->port(), ")",
@@ -316,7 +354,19 @@ int main(int argc, char** argv) {
       fwserve::LogLevel::kInfo,
       absl::StrCat("received ", signal_number == SIGTERM ? "SIGTERM" : "SIGINT",
                    "; draining (up to ", absl::FormatDuration(server_options.drain_timeout), ")"));
-  (*server)->Shutdown();
+  // Both transports stop taking work, the core drains and ends what remains, the
+  // transports stop, then the core (docs/serving.md, "Graceful shutdown").
+  (*server)->BeginShutdown();
+  if (http != nullptr) http->BeginShutdown();
+  (*core)->BeginShutdown();
+  const bool idle = (*core)->WaitIdle(absl::Now() + server_options.drain_timeout);
+  if (!idle) {
+    fwserve::Log(fwserve::LogLevel::kWarning, "drain timeout passed; ending the remaining streams");
+  }
+  (*core)->EndAllWork();
+  (*server)->StopServing(idle);
+  if (http != nullptr) http->Stop(idle ? absl::ZeroDuration() : absl::Seconds(5));
+  (*core)->Stop();
   fwserve::Log(fwserve::LogLevel::kInfo, "fwserve stopped");
   return 0;
 }

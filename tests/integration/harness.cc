@@ -65,7 +65,8 @@ int FreeLoopbackPort() {
 
 std::unique_ptr<Harness> Harness::Start(fwserve::CoreOptions core_options,
                                         fwserve::GrpcServerOptions server_options,
-                                        bool expose_metrics) {
+                                        bool expose_metrics,
+                                        std::optional<fwserve::HttpServerOptions> http) {
   auto harness = std::make_unique<Harness>();
   harness->metrics_ = fwserve::Metrics::Create();
   if (expose_metrics) harness->StartExposer();
@@ -84,6 +85,15 @@ std::unique_ptr<Harness> Harness::Start(fwserve::CoreOptions core_options,
   EXPECT_TRUE(server.ok()) << server.status();
   if (!server.ok()) return nullptr;
   harness->server_ = std::move(*server);
+  harness->drain_timeout_ = server_options.drain_timeout;
+  if (http.has_value()) {
+    http->listen = "127.0.0.1:0";
+    http->metrics = harness->metrics_.get();
+    auto started = fwserve::HttpServer::Start(*http, harness->core_.get());
+    EXPECT_TRUE(started.ok()) << started.status();
+    if (!started.ok()) return nullptr;
+    harness->http_ = std::move(*started);
+  }
   fwserve::ClientOptions client_options;
   client_options.target = harness->target();
   client_options.deadline = absl::Seconds(30);
@@ -112,7 +122,20 @@ void Harness::StartExposer() {
 Harness::~Harness() { Shutdown(); }
 
 void Harness::Shutdown() {
-  if (server_ != nullptr) server_->Shutdown();
+  if (server_ == nullptr) return;
+  if (http_ == nullptr) {
+    server_->Shutdown();
+    return;
+  }
+  // Two transports: server/fwserve.cc's order.
+  server_->BeginShutdown();
+  http_->BeginShutdown();
+  core_->BeginShutdown();
+  const bool idle = core_->WaitIdle(absl::Now() + drain_timeout_);
+  core_->EndAllWork();
+  server_->StopServing(idle);
+  http_->Stop(idle ? absl::ZeroDuration() : absl::Seconds(5));
+  core_->Stop();
 }
 
 fwserve::v1::GenerateRequest GreedyRequest(const std::string& prompt, int max_tokens,

@@ -6,6 +6,7 @@
 #include <prometheus/exposer.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -13,6 +14,7 @@
 #include "server/core/core.h"
 #include "server/metrics/metrics.h"
 #include "server/transport/grpc/grpc_server.h"
+#include "server/transport/http/http_server.h"
 
 namespace fwtest {
 
@@ -39,10 +41,11 @@ class Harness {
  public:
   // Starts a server over `core_options` (model_dirs must be set) with metrics, and a
   // /metrics exposer on a free loopback port if `expose_metrics` (its shutdown takes
-  // about 2 s: civetweb's poll interval).
-  static std::unique_ptr<Harness> Start(fwserve::CoreOptions core_options,
-                                        fwserve::GrpcServerOptions server_options = {},
-                                        bool expose_metrics = false);
+  // about 2 s: civetweb's poll interval). With `http`, also the HTTP API on a free
+  // loopback port (its listen is replaced; see http_port()).
+  static std::unique_ptr<Harness> Start(
+      fwserve::CoreOptions core_options, fwserve::GrpcServerOptions server_options = {},
+      bool expose_metrics = false, std::optional<fwserve::HttpServerOptions> http = std::nullopt);
   ~Harness();
 
   fwserve::Client& client() { return *client_; }
@@ -53,6 +56,10 @@ class Harness {
   // Graceful shutdown (drain, persist). Idempotent.
   void Shutdown();
   fwserve::GrpcServer& server() { return *server_; }
+  // Only with an HTTP listener.
+  fwserve::HttpServer& http() { return *http_; }
+  int http_port() const { return http_ != nullptr ? http_->port() : 0; }
+  fwserve::Core& core() { return *core_; }
 
  private:
   void StartExposer();
@@ -62,6 +69,8 @@ class Harness {
   int metrics_port_ = 0;
   std::unique_ptr<fwserve::Core> core_;
   std::unique_ptr<fwserve::GrpcServer> server_;
+  std::unique_ptr<fwserve::HttpServer> http_;
+  absl::Duration drain_timeout_;
   std::unique_ptr<fwserve::Client> client_;
 };
 

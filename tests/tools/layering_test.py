@@ -23,14 +23,17 @@ ALLOWED = {
                     "server/tenancy", "server/base", "server/api", "server/metrics"},
     "server/transport/grpc": {"server/core", "server/tenancy", "server/base", "server/api",
                               "server/metrics"},
+    "server/transport/http": {"server/core", "server/tenancy", "server/base", "server/api",
+                              "server/metrics"},
     # main: wiring only, may include any library.
-    "server": {"server/transport/grpc", "server/core", "server/engine", "server/sessions",
-               "server/sessions/store", "server/tenancy", "server/base", "server/api",
-               "server/metrics"},
+    "server": {"server/transport/grpc", "server/transport/http", "server/core", "server/engine",
+               "server/sessions", "server/sessions/store", "server/tenancy", "server/base",
+               "server/api", "server/metrics"},
 }
 # Folders that must build without LibTorch (their CMake targets do not link it).
 TORCH_FREE = {"server/base", "server/api", "server/metrics", "server/sessions/store",
-              "server/sessions", "server/tenancy", "server/transport/grpc", "server"}
+              "server/sessions", "server/tenancy", "server/transport/grpc",
+              "server/transport/http", "server"}
 TORCH_INCLUDE = re.compile(r'#include\s*[<"](torch/|ATen/|c10/)')
 SERVER_INCLUDE = re.compile(r'#include\s*"(server/[^"]+)"')
 

@@ -552,23 +552,34 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const GrpcServerOp
 
 GrpcServer::~GrpcServer() { Shutdown(); }
 
-void GrpcServer::Shutdown() {
-  if (server_ == nullptr || shut_down_.exchange(true)) return;
+void GrpcServer::BeginShutdown() {
+  if (server_ == nullptr || began_shutdown_.exchange(true)) return;
   grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService();
   health->SetServingStatus("", false);
   health->SetServingStatus(kServiceName, false);
   service_->BeginShutdown();
-  core_->BeginShutdown();
-  const absl::Time deadline = absl::Now() + options_.drain_timeout;
-  const bool idle = core_->WaitIdle(deadline);
-  if (!idle) Log(LogLevel::kWarning, "drain timeout passed; ending the remaining streams");
-  core_->EndAllWork();
+}
+
+void GrpcServer::StopServing(bool idle) {
+  if (server_ == nullptr || stopped_.exchange(true)) return;
+  BeginShutdown();
   // Nothing in flight: stop at once (an idle connected client must not hold the exit).
   // Else streams end as soon as their in-flight write returns, and a client that
   // stopped reading is cancelled by the gRPC deadline below.
   server_->Shutdown(std::chrono::system_clock::now() +
                     (idle ? std::chrono::seconds(0) : std::chrono::seconds(5)));
   server_->Wait();
+}
+
+void GrpcServer::Shutdown() {
+  if (server_ == nullptr || stopped_.load() || shut_down_.exchange(true)) return;
+  BeginShutdown();
+  core_->BeginShutdown();
+  const absl::Time deadline = absl::Now() + options_.drain_timeout;
+  const bool idle = core_->WaitIdle(deadline);
+  if (!idle) Log(LogLevel::kWarning, "drain timeout passed; ending the remaining streams");
+  core_->EndAllWork();
+  StopServing(idle);
   core_->Stop();
 }
 

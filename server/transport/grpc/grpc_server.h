@@ -83,10 +83,21 @@ class GrpcServer {
   // The bound port (useful with port 0).
   int port() const { return port_; }
 
-  // Graceful shutdown: health NOT_SERVING and new calls refused; in-flight work gets
-  // drain_timeout; what remains is ended; the gRPC server stops; the core persists its
-  // sessions and stops. Blocks until done. Idempotent.
+  // Graceful shutdown when this is the only transport: health NOT_SERVING and new
+  // calls refused; in-flight work gets drain_timeout; what remains is ended; the gRPC
+  // server stops; the core persists its sessions and stops. Blocks until done.
+  // Idempotent. It is BeginShutdown, the core's BeginShutdown/WaitIdle/EndAllWork,
+  // StopServing and the core's Stop.
   void Shutdown();
+
+  // The transport's own steps, for an owner that interleaves several transports with
+  // the core's (server/fwserve.cc):
+  // Health NOT_SERVING; new calls get UNAVAILABLE. Returns at once. Idempotent.
+  void BeginShutdown();
+  // After Core::EndAllWork: stops the gRPC server (at once if `idle`, else giving
+  // streams 5 s to end after their write) and waits for it. Idempotent; Shutdown()
+  // does nothing after it.
+  void StopServing(bool idle);
 
   class Service;  // implementation (grpc_server.cc)
 
@@ -98,7 +109,9 @@ class GrpcServer {
   std::unique_ptr<Service> service_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
-  std::atomic<bool> shut_down_{false};
+  std::atomic<bool> shut_down_{false};       // Shutdown() called
+  std::atomic<bool> began_shutdown_{false};  // BeginShutdown() called
+  std::atomic<bool> stopped_{false};         // StopServing() called
 };
 
 }  // namespace fwserve

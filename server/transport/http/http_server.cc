@@ -1,0 +1,1434 @@
+#include "server/transport/http/http_server.h"
+
+#include <atomic>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/strand.hpp>
+#include <boost/asio/write.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <cstdio>
+#include <deque>
+#include <functional>
+#include <map>
+#include <optional>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "absl/synchronization/mutex.h"
+#include "server/base/log.h"
+#include "server/transport/http/openai_api.h"
+
+namespace fwserve {
+namespace {
+
+namespace net = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using tcp = net::ip::tcp;
+using json = nlohmann::json;
+
+constexpr char kResponsePrefix[] = "resp_";
+constexpr char kConversationPrefix[] = "conv_";
+// Bytes a connection may read ahead (pipelined requests) while a request is served.
+constexpr size_t kMaxReadAhead = 64 << 10;
+// After a 413, the rest of the body is read and dropped (so that the client sees the
+// answer instead of a reset), up to this many bytes.
+constexpr size_t kMaxDiscardBytes = size_t{64} << 20;
+
+int64_t UnixSeconds(absl::Time t) { return absl::ToUnixSeconds(t); }
+int64_t NowSeconds() { return absl::ToUnixSeconds(absl::Now()); }
+
+json SessionJson(const SessionRecord& r) {
+  return json{{"id", r.id},
+              {"object", "fwserve.session"},
+              {"model", r.model},
+              {"tokens", r.tokens},
+              {"state_bytes", r.state_bytes},
+              {"created", UnixSeconds(r.created)},
+              {"created_unix_ms", absl::ToUnixMillis(r.created)},
+              {"last_used_unix_ms", absl::ToUnixMillis(r.last_used)},
+              {"busy", r.busy},
+              {"resident", r.resident},
+              {"stored", r.stored}};
+}
+
+json ConversationJson(const SessionRecord& r) {
+  return json{{"id", kConversationPrefix + r.id},
+              {"object", "conversation"},
+              {"created_at", UnixSeconds(r.created)},
+              {"metadata", json::object()},
+              {"fwserve_session", SessionJson(r)}};
+}
+
+// %XX and '+' decoding of a query value.
+std::string UrlDecode(absl::string_view in) {
+  std::string out;
+  for (size_t i = 0; i < in.size(); ++i) {
+    if (in[i] == '+') {
+      out += ' ';
+    } else if (in[i] == '%' && i + 2 < in.size() && absl::ascii_isxdigit(in[i + 1]) &&
+               absl::ascii_isxdigit(in[i + 2])) {
+      out += static_cast<char>(std::stoi(std::string(in.substr(i + 1, 2)), nullptr, 16));
+      i += 2;
+    } else {
+      out += in[i];
+    }
+  }
+  return out;
+}
+
+// The session id a prefixed id names ("resp_<id>" / "conv_<id>"); nullopt if `id` lacks
+// the prefix.
+std::optional<std::string> Unprefixed(absl::string_view id, absl::string_view prefix) {
+  if (!absl::ConsumePrefix(&id, prefix) || id.empty()) return std::nullopt;
+  return std::string(id);
+}
+
+// Client-supplied names in log lines: at most this many bytes.
+std::string Capped(absl::string_view s) {
+  return s.size() <= 128 ? std::string(s) : absl::StrCat(s.substr(0, 128), "...");
+}
+
+std::string ChunkFrame(absl::string_view data) {
+  char size[24];
+  std::snprintf(size, sizeof(size), "%zx\r\n", data.size());
+  return absl::StrCat(size, data, "\r\n");
+}
+
+std::string SseData(const json& value) { return absl::StrCat("data: ", Dump(value), "\n\n"); }
+
+// The text of a byte-level token (the tokenizer of every model so far).
+std::string TokenText(int64_t id) {
+  return id >= 0 && id < 256 ? std::string(1, static_cast<char>(id)) : std::string();
+}
+
+}  // namespace
+
+class Connection;
+
+class HttpServer::Impl {
+ public:
+  Impl(const HttpServerOptions& options, Core* core)
+      : options_(options),
+        core_(core),
+        metrics_(options.metrics != nullptr ? options.metrics : Metrics::Null()),
+        acceptor_(ioc_),
+        work_(net::make_work_guard(ioc_)) {}
+
+  absl::Status Listen();
+  void Accept();
+  void BeginShutdown();
+  void Stop(absl::Duration grace);
+
+  // Routing (on the connection's strand).
+  void Handle(const std::shared_ptr<Connection>& conn);
+
+  // Stream accounting: accepted by the core until OnFinish.
+  void StreamAccepted() {
+    absl::MutexLock lock(&mu_);
+    ++streams_in_engine_;
+  }
+  void StreamFinished() {
+    absl::MutexLock lock(&mu_);
+    --streams_in_engine_;
+  }
+  void AddConnection(uint64_t id, std::weak_ptr<Connection> conn) {
+    absl::MutexLock lock(&mu_);
+    connections_[id] = std::move(conn);
+  }
+  void RemoveConnection(uint64_t id) {
+    absl::MutexLock lock(&mu_);
+    connections_.erase(id);
+  }
+
+  const HttpServerOptions options_;
+  Core* const core_;
+  Metrics* const metrics_;  // never null
+  // Declared before ioc_: handlers destroyed with the io_context release connections,
+  // which unregister themselves here.
+  absl::Mutex mu_;
+  int64_t streams_in_engine_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<uint64_t, std::weak_ptr<Connection>> connections_ ABSL_GUARDED_BY(mu_);
+  bool stopped_ ABSL_GUARDED_BY(mu_) = false;
+  net::io_context ioc_;
+  tcp::acceptor acceptor_;
+  net::executor_work_guard<net::io_context::executor_type> work_;
+  std::vector<std::thread> threads_;
+  int port_ = 0;
+  std::atomic<bool> shutting_down_{false};
+  std::atomic<uint64_t> next_id_{1};
+
+ private:
+  // Route handlers; each answers through conn->Reply... exactly once.
+  void Models(const std::shared_ptr<Connection>& conn);
+  void Generate(const std::shared_ptr<Connection>& conn, OpenAiEndpoint endpoint);
+  void GetResponse(const std::shared_ptr<Connection>& conn, const std::string& id, bool remove);
+  void CreateConversation(const std::shared_ptr<Connection>& conn);
+  void Conversation(const std::shared_ptr<Connection>& conn, const std::string& id, bool remove);
+  void Sessions(const std::shared_ptr<Connection>& conn, const std::vector<std::string>& parts,
+                const std::string& query);
+};
+
+// One TCP connection. Everything but Post/Close runs on its strand.
+class Connection : public std::enable_shared_from_this<Connection> {
+ public:
+  Connection(tcp::socket socket, HttpServer::Impl* server)
+      : socket_(std::move(socket)),
+        timer_(socket_.get_executor()),
+        server_(server),
+        id_(server->next_id_.fetch_add(1)) {}
+  ~Connection() { server_->RemoveConnection(id_); }
+
+  void Run() {
+    server_->AddConnection(id_, weak_from_this());
+    Post([](Connection& c) { c.DoRead(); });
+  }
+
+  // Runs `fn` on the strand (from any thread).
+  void Post(std::function<void(Connection&)> fn) {
+    net::post(socket_.get_executor(),
+              [self = shared_from_this(), fn = std::move(fn)] { fn(*self); });
+  }
+  // Closes the socket (from any thread): pending operations fail.
+  void Close() {
+    Post([](Connection& c) { c.CloseSocket(); });
+  }
+
+  // --- the request being served (strand) ---
+  const http::request<http::string_body>& request() const { return request_; }
+  const Caller& caller() const { return caller_; }
+  void set_caller(Caller caller) { caller_ = std::move(caller); }
+  void set_route(std::string route) { route_ = std::move(route); }
+  void set_model(const std::string& model) { model_ = Capped(model); }
+  // Thread-safe (polled by the core as is_cancelled).
+  bool client_gone() const { return client_gone_.load(); }
+  // Called (on the strand) when the client goes away while the request is served.
+  void set_on_client_gone(std::function<void()> fn) { on_client_gone_ = std::move(fn); }
+
+  // Answers the request (from any thread).
+  void ReplyJson(int status, json body, absl::StatusCode code = absl::StatusCode::kOk) {
+    Post([status, body = std::move(body), code](Connection& c) {
+      c.WriteReply(status, Dump(body), "application/json", {}, code, {});
+    });
+  }
+  void ReplyError(const absl::Status& error) {
+    const int status = HttpStatusOf(error);
+    std::vector<std::pair<std::string, std::string>> headers;
+    if (status == 429) headers.emplace_back("Retry-After", "1");
+    Post([status, body = Dump(ErrorJson(error, status)), error, headers](Connection& c) {
+      c.WriteReply(status, body, "application/json", headers, error.code(), error.message());
+    });
+  }
+  void ReplyBinary(std::string body, std::vector<std::pair<std::string, std::string>> headers) {
+    Post([body = std::move(body), headers = std::move(headers)](Connection& c) mutable {
+      c.WriteReply(200, std::move(body), "application/octet-stream", headers, absl::StatusCode::kOk,
+                   {});
+    });
+  }
+
+  // --- streaming (strand) ---
+  // Sends the header of a chunked text/event-stream response.
+  void BeginStream() {
+    streaming_ = true;
+    std::string header =
+        "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+        "Cache-Control: no-cache\r\nX-Accel-Buffering: no\r\n"
+        "Transfer-Encoding: chunked\r\n";
+    for (const auto& [name, value] : CorsHeaders())
+      absl::StrAppend(&header, name, ": ", value, "\r\n");
+    if (!keep_alive_) header += "Connection: close\r\n";
+    header += "\r\n";
+    Enqueue(std::move(header), nullptr);
+  }
+  // Sends `data` as one chunk; `done(ok)` when written.
+  void StreamWrite(absl::string_view data, std::function<void(bool)> done) {
+    Enqueue(ChunkFrame(data), std::move(done));
+  }
+  // The last chunk; the connection then serves the next request or closes.
+  void EndStream(absl::string_view data, absl::StatusCode code) {
+    std::string bytes = data.empty() ? "" : ChunkFrame(data);
+    bytes += "0\r\n\r\n";
+    Finished(200, code, {});
+    Enqueue(std::move(bytes), [self = shared_from_this()](bool ok) {
+      self->streaming_ = false;
+      if (ok && self->keep_alive_ && !self->client_gone_) {
+        self->NextRequest();
+      } else {
+        self->CloseSocket();
+      }
+    });
+  }
+
+ private:
+  void DoRead() {
+    if (closed_) return;
+    replied_ = false;
+    start_ = absl::Now();
+    parser_.emplace();
+    parser_->body_limit(static_cast<uint64_t>(server_->options_.max_body_bytes));
+    parser_->header_limit(static_cast<uint32_t>(server_->options_.max_header_bytes));
+    ArmTimer();
+    http::async_read(
+        socket_, buffer_, *parser_,
+        [self = shared_from_this()](beast::error_code ec, size_t) { self->OnRead(ec); });
+  }
+
+  void OnRead(beast::error_code ec) {
+    DisarmTimer();
+    if (ec == http::error::body_limit) {
+      keep_alive_ = false;
+      route_ = "payload_too_large";
+      discard_after_reply_ = true;
+      WriteError(413,
+                 absl::InvalidArgumentError(
+                     absl::StrCat("the request body is larger than --http-max-body-bytes (",
+                                  server_->options_.max_body_bytes, " bytes)")),
+                 absl::StatusCode::kInvalidArgument);
+      return;
+    }
+    if (ec == http::error::header_limit) {
+      keep_alive_ = false;
+      route_ = "headers_too_large";
+      WriteError(431, absl::InvalidArgumentError("the request headers are too large"),
+                 absl::StatusCode::kInvalidArgument);
+      return;
+    }
+    if (ec) {
+      if (ec != http::error::end_of_stream && ec != net::error::eof &&
+          ec != net::error::operation_aborted && ec != net::error::connection_reset &&
+          buffer_.size() > 0) {
+        keep_alive_ = false;
+        route_ = "bad_request";
+        WriteError(400, absl::InvalidArgumentError("malformed HTTP request"),
+                   absl::StatusCode::kInvalidArgument);
+        return;
+      }
+      CloseSocket();
+      return;
+    }
+    request_ = parser_->release();
+    keep_alive_ = request_.keep_alive() && !server_->shutting_down_.load();
+    origin_ = std::string(request_[http::field::origin]);
+    start_ = absl::Now();
+    route_ = "other";
+    model_.clear();
+    caller_ = Caller{};
+    client_gone_ = false;
+    on_client_gone_ = nullptr;
+    StartMonitor();
+    server_->Handle(shared_from_this());
+  }
+
+  // While a request is served, a read notices the client going away (and keeps any
+  // pipelined bytes for the next request).
+  void StartMonitor() {
+    if (monitoring_ || buffer_.size() >= kMaxReadAhead) return;
+    monitoring_ = true;
+    socket_.async_read_some(buffer_.prepare(4096), [self = shared_from_this()](beast::error_code ec,
+                                                                               size_t n) {
+      self->monitoring_ = false;
+      if (!ec) {
+        self->buffer_.commit(n);
+        if (self->resume_after_monitor_) {
+          self->resume_after_monitor_ = false;
+          self->DoRead();
+        } else {
+          self->StartMonitor();
+        }
+        return;
+      }
+      if (ec == net::error::operation_aborted && self->resume_after_monitor_ && !self->closed_) {
+        self->resume_after_monitor_ = false;
+        self->DoRead();
+        return;
+      }
+      self->client_gone_ = true;
+      if (self->on_client_gone_) {
+        auto fn = std::move(self->on_client_gone_);
+        self->on_client_gone_ = nullptr;
+        fn();
+      }
+    });
+  }
+
+  // After an answer: the next request (the monitor read is stopped first).
+  void NextRequest() {
+    on_client_gone_ = nullptr;
+    if (monitoring_) {
+      resume_after_monitor_ = true;
+      beast::error_code ignored;
+      socket_.cancel(ignored);
+    } else {
+      DoRead();
+    }
+  }
+
+  std::vector<std::pair<std::string, std::string>> CorsHeaders() const {
+    std::vector<std::pair<std::string, std::string>> out;
+    const auto& origins = server_->options_.cors_origins;
+    if (origins.empty() || origin_.empty()) return out;
+    bool any = false, listed = false;
+    for (const std::string& o : origins) {
+      any |= o == "*";
+      listed |= o == origin_;
+    }
+    if (!any && !listed) return out;
+    out.emplace_back("Access-Control-Allow-Origin", any ? "*" : origin_);
+    if (!any) out.emplace_back("Vary", "Origin");
+    out.emplace_back("Access-Control-Allow-Methods", "GET, POST, DELETE, OPTIONS");
+    out.emplace_back("Access-Control-Allow-Headers", "Authorization, Content-Type");
+    out.emplace_back("Access-Control-Max-Age", "600");
+    return out;
+  }
+
+ public:
+  void WriteError(int status, const absl::Status& error, absl::StatusCode code) {
+    WriteReply(status, Dump(ErrorJson(error, status)), "application/json", {}, code,
+               error.message());
+  }
+
+  // Strand only: writes a complete answer.
+  void WriteReply(int status, std::string body, const char* content_type,
+                  const std::vector<std::pair<std::string, std::string>>& headers,
+                  absl::StatusCode code, absl::string_view error) {
+    if (closed_ || replied_) return;
+    replied_ = true;
+    auto res =
+        std::make_shared<http::response<http::string_body>>(static_cast<http::status>(status), 11);
+    res->set(http::field::server, "fwserve");
+    if (!body.empty() || status != 204) res->set(http::field::content_type, content_type);
+    for (const auto& [name, value] : headers) res->set(name, value);
+    for (const auto& [name, value] : CorsHeaders()) res->set(name, value);
+    res->body() = std::move(body);
+    res->keep_alive(keep_alive_ && !server_->shutting_down_.load());
+    res->prepare_payload();
+    Finished(status, code, error);
+    ArmTimer();
+    http::async_write(socket_, *res,
+                      [self = shared_from_this(), res](beast::error_code ec, size_t) {
+                        self->DisarmTimer();
+                        if (ec) return self->CloseSocket();
+                        if (self->discard_after_reply_) return self->Discard();
+                        if (!res->keep_alive() || self->client_gone_) return self->CloseSocket();
+                        self->NextRequest();
+                      });
+  }
+
+ private:
+  // The metric and the log line of the request.
+  void Finished(int status, absl::StatusCode code, absl::string_view error) {
+    const double seconds = absl::ToDoubleSeconds(absl::Now() - start_);
+    server_->metrics_->ObserveRequest(route_, model_, static_cast<int>(code), seconds);
+    server_->metrics_->ObserveTenantRequest(caller_.tenant, route_, static_cast<int>(code));
+    const LogLevel level = status < 400 ? LogLevel::kInfo : LogLevel::kWarning;
+    if (LogEnabled(level)) {
+      Log(level, absl::StrCat("http request route=\"", route_,
+                              "\" tenant=", caller_.tenant.empty() ? "-" : caller_.tenant,
+                              " model=", model_.empty() ? "-" : model_, " status=", status,
+                              " latency_ms=", static_cast<int64_t>(seconds * 1000),
+                              error.empty() ? "" : absl::StrCat(" error=\"", error, "\"")));
+    }
+  }
+
+  // After a 413: half-close, then read and drop what the client still sends.
+  void Discard() {
+    beast::error_code ignored;
+    socket_.shutdown(tcp::socket::shutdown_send, ignored);
+    discard_buffer_.resize(64 << 10);
+    ArmTimer(absl::Seconds(5));
+    ReadAndDrop();
+  }
+  void ReadAndDrop() {
+    socket_.async_read_some(net::buffer(discard_buffer_),
+                            [self = shared_from_this()](beast::error_code ec, size_t n) {
+                              self->discarded_ += n;
+                              if (ec || self->discarded_ > kMaxDiscardBytes) {
+                                return self->CloseSocket();
+                              }
+                              self->ReadAndDrop();
+                            });
+  }
+
+  void Enqueue(std::string bytes, std::function<void(bool)> done) {
+    queue_.push_back({std::move(bytes), std::move(done)});
+    if (!writing_) WriteNext();
+  }
+  void WriteNext() {
+    if (queue_.empty()) return;
+    writing_ = true;
+    if (closed_) {
+      // Fail every queued write in order.
+      auto pending = std::move(queue_.front());
+      queue_.pop_front();
+      writing_ = false;
+      if (pending.done) pending.done(false);
+      WriteNext();
+      return;
+    }
+    ArmTimer();
+    net::async_write(socket_, net::buffer(queue_.front().bytes),
+                     [self = shared_from_this()](beast::error_code ec, size_t) {
+                       self->DisarmTimer();
+                       auto pending = std::move(self->queue_.front());
+                       self->queue_.pop_front();
+                       self->writing_ = false;
+                       if (ec) self->CloseSocket();
+                       if (pending.done) pending.done(!ec);
+                       self->WriteNext();
+                     });
+  }
+
+  void ArmTimer(absl::Duration timeout = absl::ZeroDuration()) {
+    if (timeout == absl::ZeroDuration()) timeout = server_->options_.idle_timeout;
+    const uint64_t generation = ++timer_generation_;
+    timer_.expires_after(absl::ToChronoMilliseconds(timeout));
+    timer_.async_wait([self = shared_from_this(), generation](beast::error_code ec) {
+      if (!ec && generation == self->timer_generation_) self->CloseSocket();
+    });
+  }
+  void DisarmTimer() {
+    ++timer_generation_;
+    timer_.cancel();
+  }
+
+ public:
+  void CloseSocket() {
+    if (closed_) return;
+    closed_ = true;
+    beast::error_code ignored;
+    timer_.cancel();
+    socket_.shutdown(tcp::socket::shutdown_both, ignored);
+    socket_.close(ignored);
+  }
+
+ private:
+  struct PendingWrite {
+    std::string bytes;
+    std::function<void(bool)> done;
+  };
+
+  tcp::socket socket_;
+  net::steady_timer timer_;
+  HttpServer::Impl* const server_;
+  const uint64_t id_;
+  // Strand-confined state (never touched from another thread).
+  beast::flat_buffer buffer_;
+  std::optional<http::request_parser<http::string_body>> parser_;
+  http::request<http::string_body> request_;
+  std::string origin_;
+  bool keep_alive_ = false;
+  bool replied_ = false;
+  bool closed_ = false;
+  bool streaming_ = false;
+  bool monitoring_ = false;
+  bool resume_after_monitor_ = false;
+  std::atomic<bool> client_gone_{false};
+  bool discard_after_reply_ = false;
+  size_t discarded_ = 0;
+  std::vector<char> discard_buffer_;
+  std::function<void()> on_client_gone_;
+  std::deque<PendingWrite> queue_;
+  bool writing_ = false;
+  uint64_t timer_generation_ = 0;
+  Caller caller_;
+  std::string route_;
+  std::string model_;
+  absl::Time start_;
+
+  friend class HttpServer::Impl;
+};
+
+namespace {
+
+// One generation (completions, chat or responses), streamed or not. The engine calls
+// OnStart (inside StartGenerate, on the strand), OnChunk and OnFinish; everything they
+// carry is posted to the connection's strand, where all the job's state lives.
+class GenerateJob : public GenerateObserver, public std::enable_shared_from_this<GenerateJob> {
+ public:
+  GenerateJob(HttpServer::Impl* server, std::shared_ptr<Connection> conn, OpenAiEndpoint endpoint,
+              OpenAiGenerateRequest request, std::string model_name)
+      : server_(server),
+        conn_(std::move(conn)),
+        endpoint_(endpoint),
+        request_(std::move(request)),
+        model_(std::move(model_name)),
+        filter_(request_.params.stop),
+        created_(NowSeconds()) {
+    static std::atomic<uint64_t> counter{1};
+    id_number_ = counter.fetch_add(1);
+  }
+
+  // For responses: the session generated on; `owned` = made for this request (deleted
+  // with store:false).
+  void set_session(std::string session_id, bool owned) {
+    request_.params.session_id = std::move(session_id);
+    session_owned_ = owned;
+  }
+
+  // On the strand: hands the work to the core.
+  void Start() {
+    GenerateParams params = request_.params;
+    if (endpoint_ == OpenAiEndpoint::kResponses && !request_.params.session_id.empty()) {
+      params.model.clear();  // the session's model
+    } else {
+      params.model = request_.model;
+    }
+    auto gone = gone_;
+    if (conn_->client_gone()) gone->store(true);
+    params.is_cancelled = [gone] { return gone->load(); };
+    self_ = shared_from_this();
+    conn_->set_on_client_gone([self = shared_from_this()] { self->ClientGone(); });
+    absl::Status started = server_->core_->StartGenerate(conn_->caller(), std::move(params), this);
+    if (!started.ok()) {
+      self_.reset();
+      conn_->set_on_client_gone(nullptr);
+      DropOwnedSession();
+      conn_->ReplyError(started);
+      return;
+    }
+    server_->StreamAccepted();
+    if (request_.stream) {
+      conn_->BeginStream();
+      StreamOpening();
+    }
+  }
+
+  void OnStart(std::shared_ptr<GenerateControl> control) override { control_ = std::move(control); }
+
+  void OnChunk(GenerateChunk chunk) override {
+    conn_->Post([self = shared_from_this(), chunk = std::move(chunk)](Connection&) mutable {
+      self->HandleChunk(std::move(chunk));
+    });
+  }
+
+  void OnFinish(absl::Status status, GenerateSummary summary) override {
+    std::shared_ptr<GenerateJob> self = std::move(self_);
+    conn_->Post([self, status, summary = std::move(summary)](Connection&) mutable {
+      self->HandleFinish(status, std::move(summary));
+    });
+    server_->StreamFinished();
+  }
+
+ private:
+  std::string Id() const {
+    switch (endpoint_) {
+      case OpenAiEndpoint::kCompletions:
+        return absl::StrCat("cmpl-", id_number_);
+      case OpenAiEndpoint::kChat:
+        return absl::StrCat("chatcmpl-", id_number_);
+      case OpenAiEndpoint::kResponses:
+        break;
+    }
+    return kResponsePrefix + request_.params.session_id;
+  }
+  std::string MessageId() const { return absl::StrCat("msg_", id_number_); }
+
+  void ClientGone() {
+    gone_->store(true);
+    if (control_ != nullptr && !finished_) control_->Cancel();
+  }
+
+  json Logprobs(const GenerateChunk& chunk) const {
+    if (endpoint_ == OpenAiEndpoint::kCompletions) {
+      json tokens = json::array(), values = json::array();
+      for (size_t i = 0; i < chunk.token_ids.size(); ++i) {
+        tokens.push_back(TokenText(chunk.token_ids[i]));
+        values.push_back(i < chunk.logprobs.size() ? chunk.logprobs[i] : 0.0f);
+      }
+      return json{{"tokens", tokens}, {"token_logprobs", values}, {"top_logprobs", nullptr}};
+    }
+    json content = json::array();
+    for (size_t i = 0; i < chunk.token_ids.size(); ++i) {
+      content.push_back({{"token", TokenText(chunk.token_ids[i])},
+                         {"logprob", i < chunk.logprobs.size() ? chunk.logprobs[i] : 0.0f},
+                         {"bytes", json::array({chunk.token_ids[i]})},
+                         {"top_logprobs", json::array()}});
+    }
+    return json{{"content", content}};
+  }
+
+  json ResponseObject(const char* status, const std::string& text, const json& usage) const {
+    json output = json::array();
+    if (std::string(status) == "completed" || std::string(status) == "incomplete") {
+      output.push_back({{"type", "message"},
+                        {"id", MessageId()},
+                        {"status", "completed"},
+                        {"role", "assistant"},
+                        {"content", json::array({{{"type", "output_text"},
+                                                  {"text", text},
+                                                  {"annotations", json::array()},
+                                                  {"logprobs", json::array()}}})}});
+    }
+    json r = {{"id", Id()},
+              {"object", "response"},
+              {"created_at", created_},
+              {"status", status},
+              {"error", nullptr},
+              {"incomplete_details", nullptr},
+              {"instructions",
+               request_.instructions.empty() ? json(nullptr) : json(request_.instructions)},
+              {"max_output_tokens", request_.params.max_tokens},
+              {"model", model_},
+              {"output", output},
+              {"parallel_tool_calls", false},
+              {"previous_response_id", request_.previous_response_id.empty()
+                                           ? json(nullptr)
+                                           : json(request_.previous_response_id)},
+              {"store", request_.store},
+              {"temperature", request_.params.sampling.temperature},
+              {"top_p", request_.params.sampling.top_p},
+              {"text", {{"format", {{"type", "text"}}}}},
+              {"tool_choice", "none"},
+              {"tools", json::array()},
+              {"truncation", "disabled"},
+              {"usage", usage},
+              {"metadata", json::object()}};
+    if (!request_.conversation.empty()) {
+      r["conversation"] = {{"id", kConversationPrefix + request_.params.session_id}};
+    }
+    return r;
+  }
+
+  // Responses streaming: one event.
+  std::string Event(const char* type, json data) {
+    data["type"] = type;
+    data["sequence_number"] = sequence_number_++;
+    return absl::StrCat("event: ", type, "\n", SseData(data));
+  }
+
+  json Chunk(json choice_delta, const json& logprobs) const {
+    json choice = {{"index", 0}, {"logprobs", logprobs}, {"finish_reason", nullptr}};
+    if (endpoint_ == OpenAiEndpoint::kChat) {
+      choice["delta"] = std::move(choice_delta);
+    } else {
+      choice["text"] = std::move(choice_delta);
+    }
+    json chunk = {{"id", Id()},
+                  {"object", endpoint_ == OpenAiEndpoint::kChat ? "chat.completion.chunk"
+                                                                : "text_completion"},
+                  {"created", created_},
+                  {"model", model_},
+                  {"choices", json::array({choice})}};
+    if (request_.include_usage) chunk["usage"] = nullptr;
+    return chunk;
+  }
+
+  // The first events of a stream (before any text).
+  void StreamOpening() {
+    std::string data;
+    if (endpoint_ == OpenAiEndpoint::kChat) {
+      data = SseData(Chunk({{"role", "assistant"}, {"content", ""}}, nullptr));
+    } else if (endpoint_ == OpenAiEndpoint::kResponses) {
+      json in_progress = ResponseObject("in_progress", "", nullptr);
+      data = Event("response.created", {{"response", in_progress}});
+      data += Event("response.in_progress", {{"response", in_progress}});
+      data += Event("response.output_item.added", {{"output_index", 0},
+                                                   {"item",
+                                                    {{"type", "message"},
+                                                     {"id", MessageId()},
+                                                     {"status", "in_progress"},
+                                                     {"role", "assistant"},
+                                                     {"content", json::array()}}}});
+      data += Event(
+          "response.content_part.added",
+          {{"item_id", MessageId()},
+           {"output_index", 0},
+           {"content_index", 0},
+           {"part", {{"type", "output_text"}, {"text", ""}, {"annotations", json::array()}}}});
+    }
+    if (!data.empty()) conn_->StreamWrite(data, nullptr);
+  }
+
+  // A text delta as the endpoint's event.
+  std::string DeltaEvent(const std::string& text, const GenerateChunk* chunk) {
+    const json logprobs = request_.logprobs && chunk != nullptr ? Logprobs(*chunk) : json(nullptr);
+    switch (endpoint_) {
+      case OpenAiEndpoint::kChat:
+        return SseData(Chunk({{"content", text}}, logprobs));
+      case OpenAiEndpoint::kCompletions:
+        return SseData(Chunk(text, logprobs));
+      case OpenAiEndpoint::kResponses:
+        break;
+    }
+    return Event("response.output_text.delta", {{"item_id", MessageId()},
+                                                {"output_index", 0},
+                                                {"content_index", 0},
+                                                {"delta", text},
+                                                {"logprobs", json::array()}});
+  }
+
+  void HandleChunk(GenerateChunk chunk) {
+    if (finished_) return;
+    const std::string text = filter_.Push(chunk.text);
+    if (request_.logprobs) {
+      for (size_t i = 0; i < chunk.token_ids.size(); ++i) {
+        token_ids_.push_back(chunk.token_ids[i]);
+        logprobs_.push_back(i < chunk.logprobs.size() ? chunk.logprobs[i] : 0.0f);
+      }
+    }
+    if (!request_.stream || (text.empty() && !request_.logprobs)) {
+      text_ += text;
+      control_->WriteDone(!conn_->client_gone());
+      return;
+    }
+    text_ += text;
+    conn_->StreamWrite(DeltaEvent(text, &chunk), [self = shared_from_this()](bool ok) {
+      if (!self->finished_) self->control_->WriteDone(ok);
+    });
+  }
+
+  json Usage(const GenerateSummary& s) const {
+    const int64_t cached =
+        std::max<int64_t>(0, s.session_tokens - s.prompt_tokens - s.generated_tokens);
+    if (endpoint_ == OpenAiEndpoint::kResponses) {
+      return {{"input_tokens", s.prompt_tokens},
+              {"input_tokens_details", {{"cached_tokens", cached}}},
+              {"output_tokens", s.generated_tokens},
+              {"output_tokens_details", {{"reasoning_tokens", 0}}},
+              {"total_tokens", s.prompt_tokens + s.generated_tokens}};
+    }
+    return {{"prompt_tokens", s.prompt_tokens},
+            {"completion_tokens", s.generated_tokens},
+            {"total_tokens", s.prompt_tokens + s.generated_tokens},
+            {"prompt_tokens_details", {{"cached_tokens", cached}}}};
+  }
+
+  void HandleFinish(absl::Status status, GenerateSummary summary) {
+    finished_ = true;
+    conn_->set_on_client_gone(nullptr);
+    if (status.ok() && summary.reason == FinishReason::kCancelled && conn_->client_gone()) {
+      status = absl::CancelledError("the client went away");
+    }
+    if (!status.ok()) {
+      DropOwnedSession();
+      if (!request_.stream) {
+        conn_->ReplyError(status);
+        return;
+      }
+      const int http_status = HttpStatusOf(status);
+      json error = ErrorJson(status, http_status);
+      std::string event;
+      if (endpoint_ == OpenAiEndpoint::kResponses) {
+        json e = error["error"];
+        event =
+            Event("error", {{"code", e["code"]}, {"message", e["message"]}, {"param", e["param"]}});
+      } else {
+        event = SseData(error);
+      }
+      conn_->EndStream(event, status.code());
+      return;
+    }
+    std::string tail = filter_.Push(summary.trailing_text);
+    tail += filter_.Finish();
+    text_ += tail;
+    const char* finish_reason = filter_.stopped() ? "stop" : FinishReasonName(summary.reason);
+    const json usage = Usage(summary);
+    json out;
+    if (endpoint_ == OpenAiEndpoint::kResponses) {
+      out = ResponseObject("completed", text_, usage);
+      if (summary.reason == FinishReason::kLength && !filter_.stopped()) {
+        out["status"] = "incomplete";
+        out["incomplete_details"] = {{"reason", "max_output_tokens"}};
+      }
+    } else {
+      json choice = {{"index", 0}, {"finish_reason", finish_reason}};
+      json logprobs = nullptr;
+      if (request_.logprobs) {
+        GenerateChunk all;
+        all.token_ids = token_ids_;
+        all.logprobs = logprobs_;
+        logprobs = Logprobs(all);
+      }
+      choice["logprobs"] = logprobs;
+      if (endpoint_ == OpenAiEndpoint::kChat) {
+        choice["message"] = {{"role", "assistant"}, {"content", text_}, {"refusal", nullptr}};
+      } else {
+        choice["text"] = text_;
+      }
+      out = {{"id", Id()},
+             {"object", endpoint_ == OpenAiEndpoint::kChat ? "chat.completion" : "text_completion"},
+             {"created", created_},
+             {"model", model_},
+             {"choices", json::array({choice})},
+             {"usage", usage}};
+      if (!request_.params.session_id.empty()) out["session_id"] = request_.params.session_id;
+    }
+    std::string events;
+    if (request_.stream) {
+      if (!tail.empty()) events += DeltaEvent(tail, nullptr);
+      if (endpoint_ == OpenAiEndpoint::kResponses) {
+        events += Event("response.output_text.done", {{"item_id", MessageId()},
+                                                      {"output_index", 0},
+                                                      {"content_index", 0},
+                                                      {"text", text_},
+                                                      {"logprobs", json::array()}});
+        const json& item = out["output"][0];
+        events += Event("response.content_part.done", {{"item_id", MessageId()},
+                                                       {"output_index", 0},
+                                                       {"content_index", 0},
+                                                       {"part", item["content"][0]}});
+        events += Event("response.output_item.done", {{"output_index", 0}, {"item", item}});
+        events += Event(out["status"] == "completed" ? "response.completed" : "response.incomplete",
+                        {{"response", out}});
+      } else {
+        json last = Chunk(endpoint_ == OpenAiEndpoint::kChat ? json::object() : json(""), nullptr);
+        last["choices"][0]["finish_reason"] = finish_reason;
+        events += SseData(last);
+        if (request_.include_usage) {
+          json usage_chunk = Chunk(nullptr, nullptr);
+          usage_chunk["choices"] = json::array();
+          usage_chunk["usage"] = usage;
+          events += SseData(usage_chunk);
+        }
+        events += "data: [DONE]\n\n";
+      }
+    }
+    auto answer = [self = shared_from_this(), out = std::move(out), events = std::move(events)] {
+      if (self->request_.stream) {
+        self->conn_->EndStream(events, absl::StatusCode::kOk);
+      } else {
+        self->conn_->ReplyJson(200, out);
+      }
+    };
+    if (request_.store || !session_owned_) {
+      answer();
+      return;
+    }
+    // store: false: the session is gone before the client hears of the response.
+    session_owned_ = false;
+    server_->core_->DeleteSession(conn_->caller(), request_.params.session_id,
+                                  [conn = conn_, answer](absl::StatusOr<bool>) {
+                                    conn->Post([answer](Connection&) { answer(); });
+                                  });
+  }
+
+  void DropOwnedSession() {
+    if (!session_owned_) return;
+    session_owned_ = false;
+    server_->core_->DeleteSession(conn_->caller(), request_.params.session_id,
+                                  [](absl::StatusOr<bool>) {});
+  }
+
+  HttpServer::Impl* const server_;
+  const std::shared_ptr<Connection> conn_;
+  const OpenAiEndpoint endpoint_;
+  OpenAiGenerateRequest request_;
+  const std::string model_;
+  StopFilter filter_;
+  const int64_t created_;
+  uint64_t id_number_ = 0;
+  bool session_owned_ = false;
+  // Set before StartGenerate; released by OnFinish: the core holds the job as a raw
+  // observer until then.
+  std::shared_ptr<GenerateJob> self_;
+  const std::shared_ptr<std::atomic<bool>> gone_ = std::make_shared<std::atomic<bool>>(false);
+  // Strand-confined.
+  std::shared_ptr<GenerateControl> control_;
+  bool finished_ = false;
+  std::string text_;
+  std::vector<int64_t> token_ids_;
+  std::vector<float> logprobs_;
+  int64_t sequence_number_ = 0;
+};
+
+// Parses a JSON body; errors are 400 naming the problem.
+absl::StatusOr<json> ParseBody(const std::string& body, bool empty_ok) {
+  if (body.empty() && empty_ok) return json::object();
+  json parsed = json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (parsed.is_discarded()) {
+    return FieldError("", "the request body is not valid JSON");
+  }
+  if (!parsed.is_object()) return FieldError("", "the request body must be a JSON object");
+  return parsed;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------
+// Routing
+
+void HttpServer::Impl::Handle(const std::shared_ptr<Connection>& conn) {
+  const auto& req = conn->request();
+  absl::string_view target(req.target().data(), req.target().size());
+  std::string path(target.substr(0, target.find('?')));
+  std::string query;
+  if (target.find('?') != absl::string_view::npos) {
+    query = std::string(target.substr(target.find('?') + 1));
+  }
+  while (path.size() > 1 && path.back() == '/') path.pop_back();
+  const http::verb method = req.method();
+  // Unknown methods are one label value (metrics cardinality).
+  const std::string method_name =
+      method == http::verb::unknown ? "OTHER" : std::string(http::to_string(method));
+  conn->set_route(absl::StrCat(method_name, " ",
+                               path.rfind("/fwserve/", 0) == 0 || path.rfind("/v1/", 0) == 0 ||
+                                       path == "/health" || path == "/ready"
+                                   ? path
+                                   : std::string("(other)")));
+
+  if (method == http::verb::options) {
+    conn->Post(
+        [](Connection& c) { c.WriteReply(204, "", "text/plain", {}, absl::StatusCode::kOk, {}); });
+    return;
+  }
+  if (path == "/health" && method == http::verb::get) {
+    conn->ReplyJson(200, {{"status", "ok"}});
+    return;
+  }
+  if (path == "/ready" && method == http::verb::get) {
+    if (shutting_down_.load()) {
+      conn->ReplyJson(503, {{"status", "shutting_down"}}, absl::StatusCode::kUnavailable);
+    } else {
+      conn->ReplyJson(200, {{"status", "ready"}, {"models", core_->ListModels().size()}});
+    }
+    return;
+  }
+  std::vector<std::string> parts = absl::StrSplit(path, '/', absl::SkipEmpty());
+  const bool api =
+      !parts.empty() &&
+      (parts[0] == "v1" || (parts[0] == "fwserve" && parts.size() > 1 && parts[1] == "v1"));
+  if (!api) {
+    conn->ReplyError(absl::NotFoundError(absl::StrCat("no route ", Capped(path))));
+    return;
+  }
+  // Routes with their id segments normalised for the metric label.
+  if (parts.size() >= 3 && (parts[1] == "responses" || parts[1] == "conversations")) {
+    conn->set_route(absl::StrCat(method_name, " /v1/", parts[1], "/{id}"));
+  } else if (parts.size() >= 4 && parts[2] == "sessions" && parts[3] != "import") {
+    conn->set_route(absl::StrCat(method_name, " /fwserve/v1/sessions/{id}",
+                                 parts.size() > 4 ? "/" + parts[4] : ""));
+  }
+  if (shutting_down_.load()) {
+    conn->ReplyError(absl::UnavailableError("the server is shutting down"));
+    return;
+  }
+  if (options_.tenants != nullptr) {
+    const auto auth_header = req[http::field::authorization];
+    const absl::string_view auth(auth_header.data(), auth_header.size());
+    absl::StatusOr<std::string> tenant =
+        absl::UnauthenticatedError("no API key: send the header 'Authorization: Bearer <key>'");
+    if (!auth.empty()) {
+      if (auth.size() > 7 && absl::EqualsIgnoreCase(auth.substr(0, 7), "bearer ")) {
+        tenant = options_.tenants->TenantOfKey(absl::StripAsciiWhitespace(auth.substr(7)));
+      } else {
+        tenant = absl::UnauthenticatedError("the Authorization header must be 'Bearer <key>'");
+      }
+    }
+    if (!tenant.ok()) {
+      metrics_->CountRefused("unauthenticated");
+      conn->ReplyError(tenant.status());
+      return;
+    }
+    conn->set_caller(Caller{*tenant});
+  }
+  const bool get = method == http::verb::get, post = method == http::verb::post,
+             del = method == http::verb::delete_;
+  if (parts[0] == "v1") {
+    const std::string& what = parts.size() > 1 ? parts[1] : "";
+    if (parts.size() == 2 && what == "models" && get) return Models(conn);
+    if (parts.size() == 3 && what == "models" && get) {
+      auto d = core_->DescribeModel(parts[2]);
+      if (!d.ok()) return conn->ReplyError(d.status());
+      return conn->ReplyJson(
+          200, {{"id", d->name}, {"object", "model"}, {"created", 0}, {"owned_by", "fwserve"}});
+    }
+    if (parts.size() == 2 && what == "completions" && post) {
+      return Generate(conn, OpenAiEndpoint::kCompletions);
+    }
+    if (parts.size() == 3 && what == "chat" && parts[2] == "completions" && post) {
+      return Generate(conn, OpenAiEndpoint::kChat);
+    }
+    if (parts.size() == 2 && what == "responses" && post) {
+      return Generate(conn, OpenAiEndpoint::kResponses);
+    }
+    if (parts.size() == 3 && what == "responses" && (get || del)) {
+      return GetResponse(conn, parts[2], del);
+    }
+    if (parts.size() == 2 && what == "conversations" && post) return CreateConversation(conn);
+    if (parts.size() == 3 && what == "conversations" && (get || del)) {
+      return Conversation(conn, parts[2], del);
+    }
+  } else if (parts.size() >= 3 && parts[2] == "sessions") {
+    return Sessions(conn, parts, query);
+  }
+  conn->set_route("(other)");
+  conn->ReplyError(absl::NotFoundError(absl::StrCat("no route ", method_name, " ", Capped(path))));
+}
+
+void HttpServer::Impl::Models(const std::shared_ptr<Connection>& conn) {
+  json data = json::array();
+  for (const ModelDescription& d : core_->ListModels()) {
+    data.push_back({{"id", d.name},
+                    {"object", "model"},
+                    {"created", 0},
+                    {"owned_by", "fwserve"},
+                    {"fwserve",
+                     {{"default", d.is_default},
+                      {"architecture", d.architecture},
+                      {"parameters", d.parameters},
+                      {"state_bytes_per_session", d.state_bytes_per_session},
+                      {"vocab_size", d.vocab_size}}}});
+  }
+  conn->ReplyJson(200, {{"object", "list"}, {"data", data}});
+}
+
+void HttpServer::Impl::Generate(const std::shared_ptr<Connection>& conn, OpenAiEndpoint endpoint) {
+  absl::StatusOr<json> body = ParseBody(conn->request().body(), false);
+  if (!body.ok()) return conn->ReplyError(body.status());
+  // The model decides the chat template; an unknown one is 404 before anything else.
+  std::string model_field;
+  if (auto m = body->find("model"); m != body->end() && m->is_string()) {
+    model_field = m->get<std::string>();
+  }
+  absl::StatusOr<ModelDescription> model = core_->DescribeModel(model_field);
+  if (!model.ok()) {
+    absl::Status error = model.status();
+    if (error.code() == absl::StatusCode::kNotFound) {
+      error = absl::NotFoundError(
+          absl::StrCat("the model '", Capped(model_field), "' does not exist (GET /v1/models)"));
+    }
+    return conn->ReplyError(error);
+  }
+  conn->set_model(model->name);
+  absl::StatusOr<OpenAiGenerateRequest> request = ParseGenerateRequest(
+      *body, endpoint, ChatTemplateOf(model->config_json), options_.default_max_tokens);
+  if (!request.ok()) return conn->ReplyError(request.status());
+  if (endpoint != OpenAiEndpoint::kResponses) {
+    auto job =
+        std::make_shared<GenerateJob>(this, conn, endpoint, std::move(*request), model->name);
+    job->Start();
+    return;
+  }
+  // Responses: the session to generate on.
+  const std::string previous = request->previous_response_id;
+  const std::string conversation = request->conversation;
+  auto job = std::make_shared<GenerateJob>(this, conn, endpoint, std::move(*request), model->name);
+  auto start_on = [conn, job](absl::StatusOr<SessionRecord> session, bool owned) {
+    if (!session.ok()) return conn->ReplyError(session.status());
+    conn->Post([job, id = session->id, owned](Connection&) {
+      job->set_session(id, owned);
+      job->Start();
+    });
+  };
+  if (!previous.empty()) {
+    std::optional<std::string> id = Unprefixed(previous, kResponsePrefix);
+    if (!id.has_value()) {
+      return conn->ReplyError(FieldError("previous_response_id",
+                                         absl::StrCat("'previous_response_id' must be 'resp_...', "
+                                                      "got '",
+                                                      Capped(previous), "'")));
+    }
+    core_->ForkSession(conn->caller(), *id, [start_on](absl::StatusOr<SessionRecord> r) {
+      start_on(std::move(r), true);
+    });
+  } else if (!conversation.empty()) {
+    std::optional<std::string> id = Unprefixed(conversation, kConversationPrefix);
+    SessionRecord record;
+    record.id = id.value_or(conversation);
+    start_on(record, false);
+  } else {
+    core_->CreateSession(
+        conn->caller(), model->name, "",
+        [start_on](absl::StatusOr<SessionRecord> r) { start_on(std::move(r), true); },
+        [conn] { return conn->client_gone(); });
+  }
+}
+
+void HttpServer::Impl::GetResponse(const std::shared_ptr<Connection>& conn, const std::string& id,
+                                   bool remove) {
+  std::optional<std::string> session = Unprefixed(id, kResponsePrefix);
+  if (!session.has_value()) {
+    return conn->ReplyError(absl::NotFoundError(absl::StrCat("no response '", Capped(id), "'")));
+  }
+  if (remove) {
+    core_->DeleteSession(conn->caller(), *session, [conn, id](absl::StatusOr<bool> r) {
+      if (!r.ok()) return conn->ReplyError(r.status());
+      conn->ReplyJson(200, {{"id", id}, {"object", "response.deleted"}, {"deleted", true}});
+    });
+    return;
+  }
+  core_->GetSession(conn->caller(), *session, [conn, id](absl::StatusOr<SessionRecord> r) {
+    if (!r.ok()) return conn->ReplyError(r.status());
+    // The core keeps no output text with a session: the response's metadata only.
+    conn->ReplyJson(200, {{"id", id},
+                          {"object", "response"},
+                          {"created_at", UnixSeconds(r->created)},
+                          {"status", "completed"},
+                          {"model", r->model},
+                          {"output", json::array()},
+                          {"usage", nullptr},
+                          {"fwserve_session", SessionJson(*r)}});
+  });
+}
+
+void HttpServer::Impl::CreateConversation(const std::shared_ptr<Connection>& conn) {
+  absl::StatusOr<json> body = ParseBody(conn->request().body(), true);
+  if (!body.ok()) return conn->ReplyError(body.status());
+  std::string model_name;
+  const json* items = nullptr;
+  for (auto it = body->begin(); it != body->end(); ++it) {
+    if (it.value().is_null()) continue;
+    if (it.key() == "model" && it.value().is_string()) {
+      model_name = it.value().get<std::string>();
+    } else if (it.key() == "items") {
+      items = &it.value();
+    } else if (it.key() == "metadata" && it.value().is_object()) {
+    } else {
+      return conn->ReplyError(FieldError(
+          it.key(), absl::StrCat("unknown or malformed field '", Capped(it.key()), "'")));
+    }
+  }
+  absl::StatusOr<ModelDescription> model = core_->DescribeModel(model_name);
+  if (!model.ok()) return conn->ReplyError(model.status());
+  conn->set_model(model->name);
+  std::string prefix;
+  if (items != nullptr && !(items->is_array() && items->empty())) {
+    absl::StatusOr<std::string> rendered =
+        RenderChat(*items, ChatTemplateOf(model->config_json), "items", false);
+    if (!rendered.ok()) return conn->ReplyError(rendered.status());
+    prefix = std::move(*rendered);
+  }
+  core_->CreateSession(
+      conn->caller(), model->name, std::move(prefix),
+      [conn](absl::StatusOr<SessionRecord> r) {
+        if (!r.ok()) return conn->ReplyError(r.status());
+        conn->ReplyJson(200, ConversationJson(*r));
+      },
+      [conn] { return conn->client_gone(); });
+}
+
+void HttpServer::Impl::Conversation(const std::shared_ptr<Connection>& conn, const std::string& id,
+                                    bool remove) {
+  const std::string session = Unprefixed(id, kConversationPrefix).value_or(id);
+  if (remove) {
+    core_->DeleteSession(conn->caller(), session, [conn, id](absl::StatusOr<bool> r) {
+      if (!r.ok()) return conn->ReplyError(r.status());
+      conn->ReplyJson(200, {{"id", id}, {"object", "conversation.deleted"}, {"deleted", true}});
+    });
+    return;
+  }
+  core_->GetSession(conn->caller(), session, [conn](absl::StatusOr<SessionRecord> r) {
+    if (!r.ok()) return conn->ReplyError(r.status());
+    conn->ReplyJson(200, ConversationJson(*r));
+  });
+}
+
+void HttpServer::Impl::Sessions(const std::shared_ptr<Connection>& conn,
+                                const std::vector<std::string>& parts, const std::string& query) {
+  const http::verb method = conn->request().method();
+  std::map<std::string, std::string> params;
+  for (absl::string_view pair : absl::StrSplit(query, '&', absl::SkipEmpty())) {
+    std::pair<std::string, std::string> kv = absl::StrSplit(pair, absl::MaxSplits('=', 1));
+    params[UrlDecode(kv.first)] = UrlDecode(kv.second);
+  }
+  auto session_reply = [conn](absl::StatusOr<SessionRecord> r) {
+    if (!r.ok()) return conn->ReplyError(r.status());
+    conn->ReplyJson(200, SessionJson(*r));
+  };
+  const Caller& caller = conn->caller();
+  if (parts.size() == 3 && method == http::verb::post) {  // create
+    absl::StatusOr<json> body = ParseBody(conn->request().body(), true);
+    if (!body.ok()) return conn->ReplyError(body.status());
+    std::string model, prefix;
+    for (auto it = body->begin(); it != body->end(); ++it) {
+      if (it.value().is_null()) continue;
+      if ((it.key() != "model" && it.key() != "prefix") || !it.value().is_string()) {
+        return conn->ReplyError(
+            FieldError(it.key(), absl::StrCat("'", Capped(it.key()),
+                                              "': expected 'model' and 'prefix', "
+                                              "both strings")));
+      }
+      (it.key() == "model" ? model : prefix) = it.value().get<std::string>();
+    }
+    conn->set_model(model);
+    core_->CreateSession(caller, model, std::move(prefix), session_reply,
+                         [conn] { return conn->client_gone(); });
+    return;
+  }
+  if (parts.size() == 3 && method == http::verb::get) {  // list
+    ListSessionsParams list;
+    list.model = params["model"];
+    list.page_token = params["page_token"];
+    if (!params["page_size"].empty() && !absl::SimpleAtoi(params["page_size"], &list.page_size)) {
+      return conn->ReplyError(FieldError("page_size", "'page_size' must be an integer"));
+    }
+    if (list.page_size < 0) {
+      return conn->ReplyError(FieldError(
+          "page_size", absl::StrCat("'page_size' must not be negative, got ", list.page_size)));
+    }
+    if (!list.model.empty()) {
+      if (auto m = core_->DescribeModel(list.model); !m.ok()) return conn->ReplyError(m.status());
+    }
+    core_->ListSessions(caller, std::move(list), [conn](absl::StatusOr<SessionList> r) {
+      if (!r.ok()) return conn->ReplyError(r.status());
+      json data = json::array();
+      for (const SessionRecord& s : r->sessions) data.push_back(SessionJson(s));
+      conn->ReplyJson(200, {{"object", "list"},
+                            {"data", data},
+                            {"next_page_token", r->next_page_token},
+                            {"has_more", !r->next_page_token.empty()}});
+    });
+    return;
+  }
+  if (parts.size() == 4 && parts[3] == "import" && method == http::verb::post) {
+    conn->set_model(params["model"]);
+    core_->ImportSession(caller, params["model"], conn->request().body(), session_reply);
+    return;
+  }
+  if (parts.size() == 4 && method == http::verb::get) {
+    core_->GetSession(caller, parts[3], session_reply);
+    return;
+  }
+  if (parts.size() == 4 && method == http::verb::delete_) {
+    core_->DeleteSession(caller, parts[3], [conn, id = parts[3]](absl::StatusOr<bool> r) {
+      if (!r.ok()) return conn->ReplyError(r.status());
+      conn->ReplyJson(200, {{"id", id}, {"object", "fwserve.session.deleted"}, {"deleted", true}});
+    });
+    return;
+  }
+  if (parts.size() == 5 && parts[4] == "fork" && method == http::verb::post) {
+    core_->ForkSession(caller, parts[3], session_reply);
+    return;
+  }
+  if (parts.size() == 5 && parts[4] == "export" && method == http::verb::get) {
+    core_->ExportSession(caller, parts[3], [conn](absl::StatusOr<ExportResult> r) {
+      if (!r.ok()) return conn->ReplyError(r.status());
+      conn->ReplyBinary(std::move(r->blob), {{"X-Fwserve-Model", r->model},
+                                             {"X-Fwserve-Tokens", std::to_string(r->tokens)}});
+    });
+    return;
+  }
+  conn->set_route("(other)");
+  conn->ReplyError(absl::NotFoundError("no such sessions route"));
+}
+
+// ---------------------------------------------------------------------------------------
+// Lifecycle
+
+absl::Status HttpServer::Impl::Listen() {
+  const std::string& listen = options_.listen;
+  const size_t colon = listen.rfind(':');
+  int port = -1;
+  if (colon == std::string::npos || !absl::SimpleAtoi(listen.substr(colon + 1), &port) ||
+      port < 0 || port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--http-listen must be HOST:PORT, got '", Capped(listen), "'"));
+  }
+  std::string host = listen.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  if (host.empty()) host = "0.0.0.0";
+  if (host == "localhost") host = "127.0.0.1";
+  beast::error_code ec;
+  const net::ip::address address = net::ip::make_address(host, ec);
+  if (ec) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--http-listen: '", Capped(host), "' is not an IP address"));
+  }
+  const tcp::endpoint endpoint(address, static_cast<uint16_t>(port));
+  acceptor_.open(endpoint.protocol(), ec);
+  if (!ec) acceptor_.set_option(net::socket_base::reuse_address(true), ec);
+  if (!ec) acceptor_.bind(endpoint, ec);
+  if (!ec) acceptor_.listen(net::socket_base::max_listen_connections, ec);
+  if (ec) {
+    return absl::UnavailableError(
+        absl::StrCat("--http-listen: cannot listen on '", Capped(listen), "': ", ec.message()));
+  }
+  port_ = acceptor_.local_endpoint().port();
+  return absl::OkStatus();
+}
+
+void HttpServer::Impl::Accept() {
+  acceptor_.async_accept(net::make_strand(ioc_), [this](beast::error_code ec, tcp::socket socket) {
+    if (ec) {
+      if (ec == net::error::operation_aborted || !acceptor_.is_open()) return;
+      Log(LogLevel::kWarning, absl::StrCat("http accept: ", ec.message()));
+    } else {
+      std::make_shared<Connection>(std::move(socket), this)->Run();
+    }
+    Accept();
+  });
+}
+
+void HttpServer::Impl::BeginShutdown() {
+  if (shutting_down_.exchange(true)) return;
+  net::post(ioc_, [this] {
+    beast::error_code ignored;
+    acceptor_.close(ignored);
+  });
+}
+
+void HttpServer::Impl::Stop(absl::Duration grace) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopped_) return;
+    stopped_ = true;
+  }
+  BeginShutdown();
+  auto no_streams = [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return streams_in_engine_ == 0; };
+  std::vector<std::shared_ptr<Connection>> open;
+  {
+    absl::MutexLock lock(&mu_);
+    mu_.AwaitWithTimeout(absl::Condition(&no_streams), grace);
+    for (auto& [id, weak] : connections_) {
+      if (auto c = weak.lock()) open.push_back(std::move(c));
+    }
+  }
+  // Every connection closes: writes in flight fail, so the core ends those streams.
+  for (auto& c : open) c->Close();
+  open.clear();
+  {
+    absl::MutexLock lock(&mu_);
+    if (!mu_.AwaitWithTimeout(absl::Condition(&no_streams), absl::Seconds(30))) {
+      Log(LogLevel::kError, "http: streams still open in the core after 30 s");
+    }
+  }
+  work_.reset();
+  ioc_.stop();
+  for (std::thread& t : threads_) t.join();
+  threads_.clear();
+}
+
+HttpServer::HttpServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+HttpServer::~HttpServer() { Stop(absl::ZeroDuration()); }
+
+int HttpServer::port() const { return impl_->port_; }
+
+void HttpServer::BeginShutdown() { impl_->BeginShutdown(); }
+
+void HttpServer::Stop(absl::Duration grace) { impl_->Stop(grace); }
+
+absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const HttpServerOptions& options,
+                                                              Core* core) {
+  if (options.threads < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("http threads must be >= 1, got ", options.threads));
+  }
+  if (options.max_body_bytes < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--http-max-body-bytes must be >= 1, got ", options.max_body_bytes));
+  }
+  if (options.idle_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat("--http-idle-timeout must be > 0, got ",
+                                                   absl::FormatDuration(options.idle_timeout)));
+  }
+  auto impl = std::make_unique<Impl>(options, core);
+  if (absl::Status listening = impl->Listen(); !listening.ok()) return listening;
+  impl->Accept();
+  for (int i = 0; i < options.threads; ++i) {
+    impl->threads_.emplace_back([ioc = &impl->ioc_] { ioc->run(); });
+  }
+  return std::unique_ptr<HttpServer>(new HttpServer(std::move(impl)));
+}
+
+}  // namespace fwserve

@@ -1,0 +1,689 @@
+// The HTTP API (server/transport/http) on a real in-process server (tests/integration/
+// harness.h, HTTP on a free loopback port), driven by a small Boost.Beast client: every
+// endpoint, SSE streams, errors, API keys, CORS, a client that disconnects mid-stream,
+// and stop strings stripped across chunk edges.
+#include <gtest/gtest.h>
+
+#include <boost/asio/connect.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <chrono>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "server/tenancy/tenants.h"
+#include "server/transport/http/openai_api.h"
+#include "tests/integration/harness.h"
+
+namespace fwtest {
+namespace {
+
+namespace net = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using tcp = net::ip::tcp;
+using json = nlohmann::json;
+
+std::string ModelDir() {
+  return std::string(FWSERVE_SOURCE_DIR) + "/models/pretrained/aft-shakespeare";
+}
+
+struct Reply {
+  int status = 0;
+  std::string body;
+  std::map<std::string, std::string> headers;  // lowercase names
+  json Json() const { return json::parse(body, nullptr, false); }
+};
+
+// One HTTP/1.1 connection (keep-alive), synchronous.
+class HttpClient {
+ public:
+  explicit HttpClient(int port) : socket_(ioc_) {
+    tcp::resolver resolver(ioc_);
+    net::connect(socket_, resolver.resolve("127.0.0.1", std::to_string(port)));
+  }
+
+  Reply Send(http::verb method, const std::string& target, const std::string& body = "",
+             const std::map<std::string, std::string>& headers = {}) {
+    Write(method, target, body, headers);
+    http::response_parser<http::string_body> parser;
+    parser.body_limit(64 << 20);
+    beast::error_code ec;
+    http::read(socket_, buffer_, parser, ec);
+    Reply out;
+    if (ec) {
+      out.status = -1;
+      out.body = ec.message();
+      return out;
+    }
+    out.status = parser.get().result_int();
+    out.body = parser.get().body();
+    for (const auto& field : parser.get()) {
+      std::string name(field.name_string());
+      for (char& c : name) c = static_cast<char>(std::tolower(c));
+      out.headers[name] = std::string(field.value());
+    }
+    return out;
+  }
+
+  void Write(http::verb method, const std::string& target, const std::string& body,
+             const std::map<std::string, std::string>& headers = {}) {
+    http::request<http::string_body> req{method, target, 11};
+    req.set(http::field::host, "127.0.0.1");
+    if (!body.empty()) req.set(http::field::content_type, "application/json");
+    for (const auto& [name, value] : headers) req.set(name, value);
+    req.body() = body;
+    req.prepare_payload();
+    http::write(socket_, req);
+  }
+
+  // Reads a streamed response until `enough(body so far)` or the end; returns the body.
+  std::string ReadStreamUntil(const std::function<bool(const std::string&)>& enough) {
+    http::response_parser<http::string_body> parser;
+    parser.body_limit(64 << 20);
+    beast::error_code ec;
+    http::read_header(socket_, buffer_, parser, ec);
+    while (!ec && !parser.is_done() && !enough(parser.get().body())) {
+      http::read_some(socket_, buffer_, parser, ec);
+    }
+    return parser.get().body();
+  }
+
+  void Close() {
+    beast::error_code ignored;
+    socket_.shutdown(tcp::socket::shutdown_both, ignored);
+    socket_.close(ignored);
+  }
+
+ private:
+  net::io_context ioc_;
+  tcp::socket socket_;
+  beast::flat_buffer buffer_;
+};
+
+Reply Get(int port, const std::string& target,
+          const std::map<std::string, std::string>& headers = {}) {
+  return HttpClient(port).Send(http::verb::get, target, "", headers);
+}
+Reply Post(int port, const std::string& target, const json& body,
+           const std::map<std::string, std::string>& headers = {}) {
+  return HttpClient(port).Send(http::verb::post, target, body.dump(), headers);
+}
+Reply Delete(int port, const std::string& target) {
+  return HttpClient(port).Send(http::verb::delete_, target);
+}
+
+// SSE: the data payloads of a stream, in order (and the event names, if any).
+struct Sse {
+  std::vector<std::string> data;
+  std::vector<std::string> events;
+};
+Sse ParseSse(const std::string& body) {
+  Sse out;
+  for (absl::string_view block : absl::StrSplit(body, "\n\n", absl::SkipEmpty())) {
+    for (absl::string_view line : absl::StrSplit(block, '\n')) {
+      if (absl::ConsumePrefix(&line, "data: ")) out.data.emplace_back(line);
+      if (absl::ConsumePrefix(&line, "event: ")) out.events.emplace_back(line);
+    }
+  }
+  return out;
+}
+
+// The text of chat/completions chunks.
+std::string StreamedText(const Sse& sse, bool chat) {
+  std::string text;
+  for (const std::string& d : sse.data) {
+    if (d == "[DONE]") continue;
+    json chunk = json::parse(d);
+    if (!chunk.contains("choices") || chunk["choices"].empty()) continue;
+    const json& choice = chunk["choices"][0];
+    if (chat) {
+      if (choice["delta"].contains("content")) text += choice["delta"]["content"];
+    } else {
+      text += choice["text"].get<std::string>();
+    }
+  }
+  return text;
+}
+
+void ExpectOpenAiError(const Reply& reply, int status, const std::string& param) {
+  EXPECT_EQ(reply.status, status) << reply.body;
+  json body = reply.Json();
+  ASSERT_TRUE(body.contains("error")) << reply.body;
+  for (const char* key : {"message", "type", "param", "code"}) {
+    EXPECT_TRUE(body["error"].contains(key)) << key << " missing: " << reply.body;
+  }
+  if (!param.empty()) {
+    EXPECT_EQ(body["error"]["param"], param) << reply.body;
+  }
+}
+
+class HttpTest : public ::testing::Test {
+ protected:
+  static fwserve::CoreOptions Options() {
+    fwserve::CoreOptions options;
+    options.model_dirs = {ModelDir()};
+    return options;
+  }
+  void StartServer(fwserve::HttpServerOptions http = {}, fwserve::CoreOptions options = Options()) {
+    server_ = Harness::Start(std::move(options), {}, false, http);
+    ASSERT_NE(server_, nullptr);
+    port_ = server_->http_port();
+  }
+  void SetUp() override {
+    if (!ManualStart()) StartServer();
+  }
+  virtual bool ManualStart() const { return false; }
+
+  // Greedy text of a throwaway completion.
+  std::string Greedy(const std::string& prompt, int max_tokens) {
+    Reply r = Post(port_, "/v1/completions",
+                   {{"prompt", prompt}, {"max_tokens", max_tokens}, {"temperature", 0}});
+    EXPECT_EQ(r.status, 200) << r.body;
+    return r.Json()["choices"][0]["text"];
+  }
+  json CreateSession(const std::string& prefix) {
+    Reply r = Post(port_, "/fwserve/v1/sessions", {{"prefix", prefix}});
+    EXPECT_EQ(r.status, 200) << r.body;
+    return r.Json();
+  }
+  int64_t SessionTokens(const std::string& id) {
+    Reply r = Get(port_, "/fwserve/v1/sessions/" + id);
+    EXPECT_EQ(r.status, 200) << r.body;
+    return r.Json()["tokens"];
+  }
+
+  std::unique_ptr<Harness> server_;
+  int port_ = 0;
+};
+
+TEST_F(HttpTest, HealthReadyAndModels) {
+  EXPECT_EQ(Get(port_, "/health").status, 200);
+  EXPECT_EQ(Get(port_, "/ready").status, 200);
+  Reply models = Get(port_, "/v1/models");
+  ASSERT_EQ(models.status, 200) << models.body;
+  json body = models.Json();
+  EXPECT_EQ(body["object"], "list");
+  ASSERT_EQ(body["data"].size(), 1u);
+  EXPECT_EQ(body["data"][0]["id"], "aft-shakespeare");
+  EXPECT_EQ(body["data"][0]["object"], "model");
+  EXPECT_EQ(body["data"][0]["owned_by"], "fwserve");
+  EXPECT_TRUE(body["data"][0].contains("created"));
+  EXPECT_EQ(Get(port_, "/v1/models/aft-shakespeare").status, 200);
+  ExpectOpenAiError(Get(port_, "/v1/models/nope"), 404, "");
+  ExpectOpenAiError(Get(port_, "/nowhere"), 404, "");
+}
+
+TEST_F(HttpTest, CompletionMatchesGrpcGreedy) {
+  Reply r = Post(
+      port_, "/v1/completions",
+      {{"model", "aft-shakespeare"}, {"prompt", "ROMEO:"}, {"max_tokens", 24}, {"temperature", 0}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  json body = r.Json();
+  EXPECT_EQ(body["object"], "text_completion");
+  EXPECT_EQ(body["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(body["usage"]["completion_tokens"], 24);
+  EXPECT_EQ(body["usage"]["prompt_tokens"], 6);
+  EXPECT_EQ(body["usage"]["total_tokens"], 30);
+  auto grpc = server_->client().Generate(GreedyRequest("ROMEO:", 24));
+  ASSERT_TRUE(grpc.ok()) << grpc.status();
+  EXPECT_EQ(body["choices"][0]["text"], grpc->text);
+}
+
+TEST_F(HttpTest, StreamedCompletionEqualsUnary) {
+  const std::string expected = Greedy("JULIET:", 30);
+  Reply r = Post(port_, "/v1/completions",
+                 {{"prompt", "JULIET:"},
+                  {"max_tokens", 30},
+                  {"temperature", 0},
+                  {"stream", true},
+                  {"stream_options", {{"include_usage", true}}}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.headers["content-type"], "text/event-stream");
+  Sse sse = ParseSse(r.body);
+  ASSERT_GE(sse.data.size(), 3u);
+  EXPECT_EQ(sse.data.back(), "[DONE]");
+  EXPECT_EQ(StreamedText(sse, false), expected);
+  json usage_chunk = json::parse(sse.data[sse.data.size() - 2]);
+  EXPECT_TRUE(usage_chunk["choices"].empty());
+  EXPECT_EQ(usage_chunk["usage"]["completion_tokens"], 30);
+  json last = json::parse(sse.data[sse.data.size() - 3]);
+  EXPECT_EQ(last["choices"][0]["finish_reason"], "length");
+}
+
+TEST_F(HttpTest, ChatUsesTheTemplateAndSessionKeepsTheTurn) {
+  json session = CreateSession("");
+  const std::string id = session["id"];
+  Reply r = Post(port_, "/v1/chat/completions",
+                 {{"messages", {{{"role", "user"}, {"content", "Hi"}}}},
+                  {"max_tokens", 5},
+                  {"temperature", 0},
+                  {"session_id", id}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  json body = r.Json();
+  EXPECT_EQ(body["object"], "chat.completion");
+  EXPECT_EQ(body["choices"][0]["message"]["role"], "assistant");
+  const std::string prompt = "USER:\nHi\n\nASSISTANT:\n";
+  EXPECT_EQ(body["usage"]["prompt_tokens"], prompt.size());
+  EXPECT_EQ(SessionTokens(id), static_cast<int64_t>(prompt.size()) + 5);
+  // The same text as a completion of the rendered prompt.
+  EXPECT_EQ(body["choices"][0]["message"]["content"], Greedy(prompt, 5));
+  // The next turn: only the new messages; cached_tokens = the session before it.
+  Reply next = Post(port_, "/v1/chat/completions",
+                    {{"messages", {{{"role", "user"}, {"content", "More"}}}},
+                     {"max_tokens", 3},
+                     {"session_id", id}});
+  ASSERT_EQ(next.status, 200) << next.body;
+  EXPECT_EQ(next.Json()["usage"]["prompt_tokens_details"]["cached_tokens"], prompt.size() + 5);
+}
+
+TEST_F(HttpTest, ChatStreamsWithRoleFirstAndUsageLast) {
+  Reply r = Post(port_, "/v1/chat/completions",
+                 {{"messages",
+                   {{{"role", "system"}, {"content", "Be brief."}},
+                    {{"role", "user"},
+                     {"content",
+                      [] {
+                        json parts = json::array();
+                        parts.push_back({{"type", "text"}, {"text", "Hi"}});
+                        return parts;
+                      }()}}}},
+                  {"max_completion_tokens", 12},
+                  {"temperature", 0},
+                  {"stream", true},
+                  {"stream_options", {{"include_usage", true}}}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  Sse sse = ParseSse(r.body);
+  ASSERT_GE(sse.data.size(), 4u);
+  json first = json::parse(sse.data[0]);
+  EXPECT_EQ(first["object"], "chat.completion.chunk");
+  EXPECT_EQ(first["choices"][0]["delta"]["role"], "assistant");
+  EXPECT_EQ(sse.data.back(), "[DONE]");
+  json usage = json::parse(sse.data[sse.data.size() - 2]);
+  EXPECT_TRUE(usage["choices"].empty());
+  EXPECT_EQ(usage["usage"]["completion_tokens"], 12);
+  EXPECT_EQ(StreamedText(sse, true), Greedy("SYSTEM:\nBe brief.\n\nUSER:\nHi\n\nASSISTANT:\n", 12));
+}
+
+TEST_F(HttpTest, StopStringIsStrippedAcrossChunksAndKeptInTheSession) {
+  const std::string prompt = "KING:";
+  const std::string full = Greedy(prompt, 40);
+  ASSERT_GE(full.size(), 20u);
+  const std::string stop = full.substr(10, 3);
+  const std::string expected = full.substr(0, full.find(stop));
+  for (bool stream : {false, true}) {
+    SCOPED_TRACE(stream ? "streamed" : "unary");
+    const std::string id = CreateSession(prompt)["id"];
+    Reply r = Post(port_, "/v1/chat/completions",
+                   {{"messages", json::array()}, {"max_tokens", 40}, {"temperature", 0}});
+    ExpectOpenAiError(r, 400, "messages");  // an empty turn
+    r = Post(port_, "/v1/completions",
+             {{"prompt", ""},
+              {"session_id", id},
+              {"max_tokens", 40},
+              {"temperature", 0},
+              {"stop", {stop, "\x01never"}},
+              {"stream", stream}});
+    ASSERT_EQ(r.status, 200) << r.body;
+    std::string text;
+    if (stream) {
+      Sse sse = ParseSse(r.body);
+      text = StreamedText(sse, false);
+      // Every delta is stop-free: the partial match was held back.
+      for (const std::string& d : sse.data) {
+        if (d != "[DONE]") {
+          EXPECT_EQ(d.find(stop), std::string::npos);
+        }
+      }
+      EXPECT_EQ(json::parse(sse.data[sse.data.size() - 2])["choices"][0]["finish_reason"], "stop");
+    } else {
+      text = r.Json()["choices"][0]["text"];
+      EXPECT_EQ(r.Json()["choices"][0]["finish_reason"], "stop");
+    }
+    EXPECT_EQ(text, expected);
+    // The session holds the stop string.
+    EXPECT_EQ(SessionTokens(id),
+              static_cast<int64_t>(prompt.size() + expected.size() + stop.size()));
+  }
+}
+
+TEST(StopFilterTest, HoldsBackPartialMatches) {
+  fwserve::StopFilter filter({"END", "xy"});
+  EXPECT_EQ(filter.Push("abcE"), "abc");
+  EXPECT_EQ(filter.Push("N"), "");
+  EXPECT_EQ(filter.Push("d x"), "ENd ");
+  EXPECT_EQ(filter.Push("z"), "xz");
+  EXPECT_EQ(filter.Push("fooEN"), "foo");
+  EXPECT_EQ(filter.Push("Dtail"), "");
+  EXPECT_TRUE(filter.stopped());
+  EXPECT_EQ(filter.Finish(), "");
+  fwserve::StopFilter open({"END"});
+  EXPECT_EQ(open.Push("xE"), "x");
+  EXPECT_EQ(open.Finish(), "E");
+}
+
+TEST_F(HttpTest, LogprobsAndSeed) {
+  json request = {{"messages", {{{"role", "user"}, {"content", "Hi"}}}},
+                  {"max_tokens", 6},
+                  {"temperature", 1},
+                  {"seed", 7},
+                  {"logprobs", true}};
+  Reply a = Post(port_, "/v1/chat/completions", request);
+  Reply b = Post(port_, "/v1/chat/completions", request);
+  ASSERT_EQ(a.status, 200) << a.body;
+  EXPECT_EQ(a.Json()["choices"][0]["message"]["content"],
+            b.Json()["choices"][0]["message"]["content"]);
+  const json body = a.Json();
+  const json& content = body["choices"][0]["logprobs"]["content"];
+  ASSERT_EQ(content.size(), 6u);
+  for (const json& t : content) EXPECT_LE(t["logprob"].get<double>(), 0.0);
+  ExpectOpenAiError(
+      Post(port_, "/v1/chat/completions",
+           {{"messages", {{{"role", "user"}, {"content", "Hi"}}}}, {"top_logprobs", 3}}),
+      400, "top_logprobs");
+}
+
+TEST_F(HttpTest, ErrorsNameTheField) {
+  HttpClient client(port_);
+  Reply bad = client.Send(http::verb::post, "/v1/chat/completions", "{not json");
+  ExpectOpenAiError(bad, 400, "");
+  const json messages = {{{"role", "user"}, {"content", "Hi"}}};
+  ExpectOpenAiError(
+      Post(port_, "/v1/chat/completions", {{"messages", messages}, {"temperature", "hot"}}), 400,
+      "temperature");
+  ExpectOpenAiError(Post(port_, "/v1/chat/completions", {{"messages", "Hi"}}), 400, "messages");
+  ExpectOpenAiError(Post(port_, "/v1/chat/completions", {{"messages", messages}, {"n", 2}}), 400,
+                    "n");
+  ExpectOpenAiError(
+      Post(port_, "/v1/chat/completions", {{"messages", messages}, {"frequency_penalty", 0.5}}),
+      400, "frequency_penalty");
+  ExpectOpenAiError(
+      Post(port_, "/v1/chat/completions", {{"messages", messages}, {"bogus_field", 1}}), 400,
+      "bogus_field");
+  ExpectOpenAiError(Post(port_, "/v1/completions", {{"prompt", "x"}, {"max_tokens", -1}}), 400,
+                    "max_tokens");
+  ExpectOpenAiError(Post(port_, "/v1/completions", {{"max_tokens", 1}}), 400, "prompt");
+  Reply unknown = Post(port_, "/v1/chat/completions", {{"messages", messages}, {"model", "nope"}});
+  ExpectOpenAiError(unknown, 404, "");
+  // A value the core refuses: 400 with its message.
+  Reply hot = Post(port_, "/v1/completions", {{"prompt", "x"}, {"temperature", 1000}});
+  ExpectOpenAiError(hot, 400, "");
+  EXPECT_NE(hot.Json()["error"]["message"].get<std::string>().find("temperature"),
+            std::string::npos);
+  ExpectOpenAiError(Post(port_, "/v1/completions",
+                         {{"prompt", "x"}, {"session_id", "00000000000000000000000000000000"}}),
+                    404, "");
+  ExpectOpenAiError(Get(port_, "/v1/responses/resp_00000000000000000000000000000000"), 404, "");
+}
+
+TEST_F(HttpTest, OversizedBodyIs413AndTheConnectionAnswers) {
+  HttpClient client(port_);
+  const std::string body = absl::StrCat("{\"prompt\": \"", std::string(5 << 20, 'a'), "\"}");
+  Reply r = client.Send(http::verb::post, "/v1/completions", body);
+  ExpectOpenAiError(r, 413, "");
+  EXPECT_EQ(Get(port_, "/health").status, 200);
+}
+
+TEST_F(HttpTest, KeepAliveServesSeveralRequests) {
+  HttpClient client(port_);
+  for (int i = 0; i < 3; ++i) {
+    Reply r = client.Send(http::verb::post, "/v1/completions",
+                          json{{"prompt", "A"}, {"max_tokens", 2}, {"stream", i == 1}}.dump());
+    EXPECT_EQ(r.status, 200) << r.body;
+  }
+  EXPECT_EQ(client.Send(http::verb::get, "/health").status, 200);
+}
+
+TEST_F(HttpTest, SessionsApi) {
+  json a = CreateSession("To be");
+  EXPECT_EQ(a["tokens"], 5);
+  const std::string id = a["id"];
+  CreateSession("or not");
+  Reply page = Get(port_, "/fwserve/v1/sessions?page_size=1");
+  ASSERT_EQ(page.status, 200) << page.body;
+  EXPECT_EQ(page.Json()["data"].size(), 1u);
+  const std::string token = page.Json()["next_page_token"];
+  ASSERT_FALSE(token.empty());
+  Reply rest = Get(port_, "/fwserve/v1/sessions?page_size=10&page_token=" + token);
+  ASSERT_EQ(rest.status, 200) << rest.body;
+  EXPECT_EQ(rest.Json()["data"].size(), 1u);
+  ExpectOpenAiError(Get(port_, "/fwserve/v1/sessions?page_size=-1"), 400, "page_size");
+
+  Reply fork = Post(port_, "/fwserve/v1/sessions/" + id + "/fork", json::object());
+  ASSERT_EQ(fork.status, 200) << fork.body;
+  EXPECT_NE(fork.Json()["id"], id);
+  EXPECT_EQ(fork.Json()["tokens"], 5);
+
+  Reply blob = Get(port_, "/fwserve/v1/sessions/" + id + "/export");
+  ASSERT_EQ(blob.status, 200);
+  EXPECT_EQ(blob.headers["content-type"], "application/octet-stream");
+  EXPECT_EQ(blob.headers["x-fwserve-tokens"], "5");
+  Reply imported =
+      HttpClient(port_).Send(http::verb::post, "/fwserve/v1/sessions/import", blob.body,
+                             {{"Content-Type", "application/octet-stream"}});
+  ASSERT_EQ(imported.status, 200) << imported.body;
+  EXPECT_EQ(imported.Json()["tokens"], 5);
+  // The imported state continues like the original.
+  const std::string imported_id = imported.Json()["id"];
+  json next = {{"prompt", ","}, {"max_tokens", 8}, {"temperature", 0}};
+  next["session_id"] = id;
+  Reply from_original = Post(port_, "/v1/completions", next);
+  next["session_id"] = imported_id;
+  Reply from_import = Post(port_, "/v1/completions", next);
+  EXPECT_EQ(from_original.Json()["choices"][0]["text"], from_import.Json()["choices"][0]["text"]);
+
+  EXPECT_EQ(Delete(port_, "/fwserve/v1/sessions/" + id).status, 200);
+  ExpectOpenAiError(Get(port_, "/fwserve/v1/sessions/" + id), 404, "");
+}
+
+TEST_F(HttpTest, ResponsesContinueByPreviousResponseId) {
+  Reply first = Post(port_, "/v1/responses",
+                     {{"input", "Hello"}, {"max_output_tokens", 6}, {"temperature", 0}});
+  ASSERT_EQ(first.status, 200) << first.body;
+  json r1 = first.Json();
+  EXPECT_EQ(r1["object"], "response");
+  const std::string id1 = r1["id"];
+  ASSERT_EQ(id1.rfind("resp_", 0), 0u);
+  EXPECT_EQ(r1["output"][0]["content"][0]["type"], "output_text");
+  EXPECT_EQ(r1["usage"]["input_tokens_details"]["cached_tokens"], 0);
+  const int64_t tokens1 = SessionTokens(id1.substr(5));
+  EXPECT_EQ(tokens1, r1["usage"]["total_tokens"].get<int64_t>());
+
+  Reply second = Post(port_, "/v1/responses",
+                      {{"input", "Again"},
+                       {"max_output_tokens", 4},
+                       {"previous_response_id", id1},
+                       {"temperature", 0}});
+  ASSERT_EQ(second.status, 200) << second.body;
+  json r2 = second.Json();
+  EXPECT_NE(r2["id"], id1);
+  EXPECT_EQ(r2["previous_response_id"], id1);
+  EXPECT_EQ(r2["usage"]["input_tokens_details"]["cached_tokens"], tokens1);
+  // The earlier response is unchanged: branching from it again gives the same text.
+  EXPECT_EQ(SessionTokens(id1.substr(5)), tokens1);
+  Reply again = Post(port_, "/v1/responses",
+                     {{"input", "Again"},
+                      {"max_output_tokens", 4},
+                      {"previous_response_id", id1},
+                      {"temperature", 0}});
+  EXPECT_EQ(again.Json()["output"][0]["content"][0]["text"], r2["output"][0]["content"][0]["text"]);
+
+  // store:false leaves nothing behind.
+  Reply unstored = Post(
+      port_, "/v1/responses",
+      {{"input", "x"}, {"max_output_tokens", 2}, {"store", false}, {"previous_response_id", id1}});
+  ASSERT_EQ(unstored.status, 200) << unstored.body;
+  ExpectOpenAiError(Get(port_, "/v1/responses/" + unstored.Json()["id"].get<std::string>()), 404,
+                    "");
+
+  Reply got = Get(port_, "/v1/responses/" + id1);
+  ASSERT_EQ(got.status, 200) << got.body;
+  EXPECT_EQ(got.Json()["fwserve_session"]["tokens"], tokens1);
+  EXPECT_EQ(Delete(port_, "/v1/responses/" + id1).status, 200);
+  ExpectOpenAiError(Get(port_, "/v1/responses/" + id1), 404, "");
+  ExpectOpenAiError(
+      Post(port_, "/v1/responses", {{"input", "x"}, {"previous_response_id", "nope"}}), 400,
+      "previous_response_id");
+  ExpectOpenAiError(Post(port_, "/v1/responses", {{"input", "x"}, {"tools", {{{"type", "x"}}}}}),
+                    400, "tools");
+}
+
+TEST_F(HttpTest, ResponsesStreamEvents) {
+  Reply r = Post(port_, "/v1/responses",
+                 {{"input", {{{"role", "user"}, {"content", "Hi"}}}},
+                  {"instructions", "Answer."},
+                  {"max_output_tokens", 8},
+                  {"temperature", 0},
+                  {"stream", true}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  Sse sse = ParseSse(r.body);
+  ASSERT_EQ(sse.events.size(), sse.data.size());
+  ASSERT_GE(sse.events.size(), 6u);
+  EXPECT_EQ(sse.events.front(), "response.created");
+  EXPECT_TRUE(sse.events.back() == "response.completed" ||
+              sse.events.back() == "response.incomplete");
+  std::string deltas, done_text;
+  for (size_t i = 0; i < sse.data.size(); ++i) {
+    json event = json::parse(sse.data[i]);
+    EXPECT_EQ(event["sequence_number"], i);
+    EXPECT_EQ(event["type"], sse.events[i]);
+    if (sse.events[i] == "response.output_text.delta") deltas += event["delta"];
+    if (sse.events[i] == "response.output_text.done") done_text = event["text"];
+  }
+  EXPECT_EQ(deltas, done_text);
+  EXPECT_EQ(deltas, Greedy("SYSTEM:\nAnswer.\n\nUSER:\nHi\n\nASSISTANT:\n", 8));
+}
+
+TEST_F(HttpTest, Conversations) {
+  Reply created =
+      Post(port_, "/v1/conversations", {{"items", {{{"role", "user"}, {"content", "Hi"}}}}});
+  ASSERT_EQ(created.status, 200) << created.body;
+  const std::string id = created.Json()["id"];
+  ASSERT_EQ(id.rfind("conv_", 0), 0u);
+  EXPECT_EQ(created.Json()["object"], "conversation");
+  const int64_t before = SessionTokens(id.substr(5));
+  EXPECT_EQ(before, static_cast<int64_t>(std::string("USER:\nHi\n\n").size()));
+  Reply turn = Post(port_, "/v1/responses",
+                    {{"input", "More"}, {"conversation", id}, {"max_output_tokens", 3}});
+  ASSERT_EQ(turn.status, 200) << turn.body;
+  EXPECT_EQ(turn.Json()["usage"]["input_tokens_details"]["cached_tokens"], before);
+  EXPECT_EQ(turn.Json()["conversation"]["id"], id);
+  EXPECT_GT(SessionTokens(id.substr(5)), before);
+  EXPECT_EQ(Get(port_, "/v1/conversations/" + id).status, 200);
+  EXPECT_EQ(Delete(port_, "/v1/conversations/" + id).status, 200);
+  ExpectOpenAiError(Get(port_, "/v1/conversations/" + id), 404, "");
+}
+
+// The engine's decode steps are slowed so that a stream lasts long enough to be cut.
+class SlowHttpTest : public HttpTest {
+ protected:
+  bool ManualStart() const override { return true; }
+  void SetUp() override {
+    fwserve::CoreOptions options = Options();
+    options.before_decode_step_for_testing = [](const std::function<bool()>& ending) {
+      if (!ending()) std::this_thread::sleep_for(std::chrono::milliseconds(4));
+    };
+    StartServer({}, options);
+  }
+};
+
+TEST_F(SlowHttpTest, DisconnectMidStreamCancelsAndTheSessionHoldsWhatWasSent) {
+  const std::string prompt = "HAMLET:";
+  const std::string id = CreateSession(prompt)["id"];
+  {
+    HttpClient client(port_);
+    client.Write(http::verb::post, "/v1/completions",
+                 json{{"prompt", ""},
+                      {"session_id", id},
+                      {"max_tokens", 1000},
+                      {"temperature", 0},
+                      {"stream", true}}
+                     .dump());
+    std::string seen = client.ReadStreamUntil(
+        [](const std::string& body) { return ParseSse(body).data.size() >= 4; });
+    // The session is busy while the stream runs: a second request gets 409.
+    ExpectOpenAiError(Post(port_, "/v1/completions", {{"prompt", "x"}, {"session_id", id}}), 409,
+                      "");
+    client.Close();
+  }
+  // The stream is cancelled well before its 1000 tokens.
+  int64_t tokens = 0;
+  for (int i = 0; i < 200; ++i) {
+    Reply r = Get(port_, "/fwserve/v1/sessions/" + id);
+    if (r.status == 200 && !r.Json()["busy"].get<bool>()) {
+      tokens = r.Json()["tokens"];
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  const int64_t generated = tokens - static_cast<int64_t>(prompt.size());
+  ASSERT_GE(generated, 3);
+  EXPECT_LT(generated, 500);
+  // What the session holds is exactly the greedy continuation's first `generated`
+  // tokens: continuing it gives the reference's next tokens.
+  const std::string reference = Greedy(prompt, static_cast<int>(generated) + 6);
+  Reply next = Post(port_, "/v1/completions",
+                    {{"prompt", ""}, {"session_id", id}, {"max_tokens", 6}, {"temperature", 0}});
+  ASSERT_EQ(next.status, 200) << next.body;
+  EXPECT_EQ(next.Json()["choices"][0]["text"], reference.substr(static_cast<size_t>(generated)));
+}
+
+class AuthHttpTest : public HttpTest {
+ protected:
+  bool ManualStart() const override { return true; }
+  void SetUp() override {
+    auto tenants = fwserve::Tenants::FromText(
+        absl::StrCat("sha256:", fwserve::Sha256Hex("key-a"), " tenant=alpha\n"));
+    ASSERT_TRUE(tenants.ok()) << tenants.status();
+    tenants_ = std::move(*tenants);
+    fwserve::HttpServerOptions http;
+    http.tenants = tenants_.get();
+    http.cors_origins = {"http://ui.example"};
+    fwserve::CoreOptions options = Options();
+    options.tenants = tenants_.get();
+    StartServer(http, options);
+  }
+  std::unique_ptr<fwserve::Tenants> tenants_;
+};
+
+TEST_F(AuthHttpTest, BearerKeysAndCors) {
+  EXPECT_EQ(Get(port_, "/health").status, 200);  // probes stay open
+  ExpectOpenAiError(Get(port_, "/v1/models"), 401, "");
+  ExpectOpenAiError(Get(port_, "/v1/models", {{"Authorization", "Bearer wrong"}}), 401, "");
+  ExpectOpenAiError(Get(port_, "/v1/models", {{"Authorization", "Basic a2V5LWE="}}), 401, "");
+  Reply ok = Get(port_, "/v1/models",
+                 {{"Authorization", "Bearer key-a"}, {"Origin", "http://ui.example"}});
+  EXPECT_EQ(ok.status, 200) << ok.body;
+  EXPECT_EQ(ok.headers["access-control-allow-origin"], "http://ui.example");
+  Reply other = Get(port_, "/v1/models",
+                    {{"Authorization", "Bearer key-a"}, {"Origin", "http://evil.example"}});
+  EXPECT_EQ(other.headers.count("access-control-allow-origin"), 0u);
+  Reply preflight = HttpClient(port_).Send(http::verb::options, "/v1/chat/completions", "",
+                                           {{"Origin", "http://ui.example"}});
+  EXPECT_EQ(preflight.status, 204);
+  EXPECT_EQ(preflight.headers["access-control-allow-origin"], "http://ui.example");
+  EXPECT_NE(preflight.headers["access-control-allow-headers"].find("Authorization"),
+            std::string::npos);
+  // A session belongs to its tenant.
+  Reply created =
+      Post(port_, "/fwserve/v1/sessions", {{"prefix", "a"}}, {{"Authorization", "Bearer key-a"}});
+  EXPECT_EQ(created.status, 200) << created.body;
+}
+
+TEST_F(HttpTest, ShutdownAnswers503OnOpenConnections) {
+  HttpClient client(port_);
+  EXPECT_EQ(client.Send(http::verb::get, "/ready").status, 200);
+  server_->http().BeginShutdown();
+  // (The answer closes the connection: no new requests during a drain.)
+  EXPECT_EQ(client.Send(http::verb::get, "/ready").status, 503);
+  server_->Shutdown();
+}
+
+}  // namespace
+}  // namespace fwtest

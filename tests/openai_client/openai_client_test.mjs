@@ -1,0 +1,121 @@
+// The official `openai` npm package (pinned by package-lock.json, installed by
+// scripts/install-deps.sh with `npm ci`) against a real fwserve with --http-listen:
+// streams a chat completion, and continues a response by previous_response_id.
+//
+// Usage: node openai_client_test.mjs FWSERVE_BINARY MODEL_DIR
+import { spawn } from "node:child_process";
+import net from "node:net";
+import assert from "node:assert/strict";
+import OpenAI from "openai";
+
+const [fwserve, model] = process.argv.slice(2);
+
+function freePort() {
+  return new Promise((resolve, reject) => {
+    const server = net.createServer();
+    server.listen(0, "127.0.0.1", () => {
+      const { port } = server.address();
+      server.close(() => resolve(port));
+    });
+    server.on("error", reject);
+  });
+}
+
+async function waitHealthy(base, child) {
+  for (let i = 0; i < 300; i++) {
+    if (child.exitCode !== null) throw new Error(`fwserve exited with ${child.exitCode}`);
+    try {
+      const r = await fetch(`${base}/health`);
+      if (r.ok) return;
+    } catch {}
+    await new Promise((r) => setTimeout(r, 100));
+  }
+  throw new Error("fwserve did not become healthy");
+}
+
+const port = await freePort();
+const base = `http://127.0.0.1:${port}`;
+let log = "";
+const child = spawn(fwserve, ["--listen", "127.0.0.1:0", "--metrics-listen", "", "--model", model,
+                              "--http-listen", `127.0.0.1:${port}`, "--threads", "1"],
+                    { stdio: ["ignore", "ignore", "pipe"] });
+child.stderr.on("data", (d) => { log += d; });
+try {
+  await waitHealthy(base, child);
+  const client = new OpenAI({ baseURL: `${base}/v1`, apiKey: "unused", maxRetries: 0 });
+
+  const models = await client.models.list();
+  assert.equal(models.data[0].id, "aft-shakespeare");
+
+  // A streamed chat completion.
+  const stream = await client.chat.completions.create({
+    model: "aft-shakespeare",
+    messages: [{ role: "user", content: "Good morrow" }],
+    max_tokens: 24,
+    temperature: 0,
+    stream: true,
+    stream_options: { include_usage: true },
+  });
+  let text = "";
+  let deltas = 0;
+  let usage = null;
+  let finish = null;
+  for await (const chunk of stream) {
+    if (chunk.usage) usage = chunk.usage;
+    const choice = chunk.choices[0];
+    if (!choice) continue;
+    if (choice.delta?.content) { text += choice.delta.content; deltas++; }
+    if (choice.finish_reason) finish = choice.finish_reason;
+  }
+  assert.ok(deltas >= 1, "no content deltas");
+  assert.equal(finish, "length");
+  assert.equal(usage.completion_tokens, 24);
+  const unary = await client.chat.completions.create({
+    model: "aft-shakespeare",
+    messages: [{ role: "user", content: "Good morrow" }],
+    max_tokens: 24,
+    temperature: 0,
+  });
+  assert.equal(unary.choices[0].message.content, text);
+
+  // A response continued by previous_response_id: the state is reused.
+  const first = await client.responses.create({
+    model: "aft-shakespeare", input: "Good morrow", max_output_tokens: 16, temperature: 0,
+  });
+  assert.ok(first.id.startsWith("resp_"));
+  assert.equal(typeof first.output_text, "string");
+  const second = await client.responses.create({
+    model: "aft-shakespeare", input: "And then?", max_output_tokens: 8,
+    previous_response_id: first.id,
+  });
+  assert.equal(second.previous_response_id, first.id);
+  assert.equal(second.usage.input_tokens_details.cached_tokens, first.usage.total_tokens);
+
+  // Streamed responses events through the SDK.
+  const events = [];
+  const rstream = await client.responses.create({
+    model: "aft-shakespeare", input: "Speak", max_output_tokens: 8, stream: true,
+    previous_response_id: second.id,
+  });
+  for await (const event of rstream) events.push(event);
+  assert.equal(events[0].type, "response.created");
+  assert.ok(["response.completed", "response.incomplete"].includes(events.at(-1).type));
+  events.forEach((e, i) => assert.equal(e.sequence_number, i));
+
+  // Errors in OpenAI's shape become the SDK's typed errors.
+  await assert.rejects(
+    client.chat.completions.create({ model: "nope", messages: [{ role: "user", content: "x" }] }),
+    (e) => e instanceof OpenAI.NotFoundError);
+  await assert.rejects(
+    client.chat.completions.create({ messages: [{ role: "user", content: "x" }], n: 2 }),
+    (e) => e instanceof OpenAI.BadRequestError && e.param === "n");
+  console.log(`PASS: openai npm client: ${deltas} chat deltas, ` +
+              `response ${second.id} continued with ${second.usage.input_tokens_details.cached_tokens} cached tokens`);
+} catch (e) {
+  console.error(log);
+  throw e;
+} finally {
+  child.kill("SIGTERM");
+  const code = await new Promise((r) => child.exitCode !== null ? r(child.exitCode) : child.on("exit", r));
+  if (code !== 0) { console.error(`fwserve exited with ${code}`); process.exitCode = 1; }
+}
