@@ -3,15 +3,11 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
-#include <limits>
 #include <optional>
 #include <set>
-#include <thread>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "models/blas_check.h"
 #include "models/checkpoint.h"
 #include "models/state_codec.h"
@@ -163,7 +159,7 @@ class CoreImpl : public Core {
  public:
   CoreImpl(const CoreOptions& options, std::unique_ptr<SessionStore> store)
       : options_(options),
-        metrics_(options.metrics != nullptr ? options.metrics : Metrics::Null()),
+        metrics_(Metrics::OrNull(options.metrics)),
         clock_(options.clock != nullptr ? options.clock : Clock::Real()),
         quotas_(options.tenants, clock_, metrics_),
         directory_(MakeSessionDirectory(DirectoryOptions(options, std::move(store)))),
@@ -733,7 +729,7 @@ absl::StatusOr<std::unique_ptr<Core>> Core::Create(const CoreOptions& options) {
                      absl::FormatDuration(options.session_store_timeout),
                      ": one slow renewal can lose a running request's lease"));
   }
-  Metrics* metrics = options.metrics != nullptr ? options.metrics : Metrics::Null();
+  Metrics* metrics = Metrics::OrNull(options.metrics);
   store_options.observer = [metrics](const char* op, absl::Duration took,
                                      const absl::Status& status) {
     metrics->ObserveSessionStoreOperation(op, StoreOutcome(status), absl::ToDoubleSeconds(took));

@@ -77,6 +77,8 @@ class Metrics {
   // An implementation that records nothing: what every layer gets when metrics are
   // off, so that no caller checks for null. Process-wide, never destroyed.
   static Metrics* Null();
+  // `metrics`, or Null() when it is null: what each layer keeps, so that none checks.
+  static Metrics* OrNull(Metrics* metrics) { return metrics != nullptr ? metrics : Null(); }
   // Registers a model: sets fwserve_model_info and returns its series. Never nullptr.
   // Registering a name again returns its existing series unchanged.
   virtual ModelMetrics* AddModel(const ModelInfoLabels& info) = 0;

@@ -13,7 +13,7 @@ class ApiKeyAuthenticator : public Authenticator {
  public:
   // Neither is owned; `metrics` null = Metrics::Null().
   ApiKeyAuthenticator(const Tenants* tenants, Metrics* metrics)
-      : tenants_(tenants), metrics_(metrics != nullptr ? metrics : Metrics::Null()) {}
+      : tenants_(tenants), metrics_(Metrics::OrNull(metrics)) {}
 
   // A bearer key, when sent, decides alone (a wrong key is refused even with a mapped
   // certificate). UNAUTHENTICATED messages say what is missing or wrong, never echo

@@ -54,7 +54,7 @@ class GrpcServer::Service : public v1::Fwserve::CallbackService {
   Service(Core* core, const GrpcServerOptions& options)
       : core_(core),
         options_(options),
-        metrics_(options.metrics != nullptr ? options.metrics : Metrics::Null()) {
+        metrics_(Metrics::OrNull(options.metrics)) {
     if (options_.writer_thread_from_streams > 0) {
       writer_ = std::make_unique<WriterThread>("fwserve-writer");
     }

@@ -119,7 +119,7 @@ class HttpServer::Impl {
   Impl(const HttpServerOptions& options, Core* core)
       : options_(options),
         core_(core),
-        metrics_(options.metrics != nullptr ? options.metrics : Metrics::Null()),
+        metrics_(Metrics::OrNull(options.metrics)),
         acceptor_(ioc_),
         work_(net::make_work_guard(ioc_)) {}
 
