@@ -28,6 +28,7 @@ PACKAGES=(
   clang libclang-rt-14-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   prometheus python3-grpcio python3-protobuf curl nodejs
+  chromium chromium-driver python3-selenium
   redis-server haproxy
   podman runc mmdebstrap golang-github-containernetworking-plugin-dnsname
   podman-compose yamllint

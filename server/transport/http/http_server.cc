@@ -25,6 +25,7 @@
 #include "absl/synchronization/mutex.h"
 #include "server/base/log.h"
 #include "server/transport/http/openai_api.h"
+#include "server/transport/http/playground.h"
 
 namespace fwserve {
 namespace {
@@ -970,13 +971,28 @@ void HttpServer::Impl::Handle(const std::shared_ptr<Connection>& conn) {
       method == http::verb::unknown ? "OTHER" : std::string(http::to_string(method));
   conn->set_route(absl::StrCat(method_name, " ",
                                path.rfind("/fwserve/", 0) == 0 || path.rfind("/v1/", 0) == 0 ||
-                                       path == "/health" || path == "/ready"
+                                       path == "/health" || path == "/ready" || path == "/"
                                    ? path
                                    : std::string("(other)")));
 
   if (method == http::verb::options) {
     conn->Post(
         [](Connection& c) { c.WriteReply(204, "", "text/plain", {}, absl::StatusCode::kOk, {}); });
+    return;
+  }
+  if (path == "/" && method == http::verb::get) {
+    // The playground is static and open: the page asks for an API key itself when the
+    // server has keys, and sends it only to this origin.
+    conn->Post([](Connection& c) {
+      c.WriteReply(200, std::string(PlaygroundHtml()), "text/html; charset=utf-8",
+                   {{"Cache-Control", "no-cache"},
+                    {"X-Content-Type-Options", "nosniff"},
+                    {"Content-Security-Policy",
+                     "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
+                     "connect-src 'self'; img-src 'self' data: blob:; base-uri 'none'; "
+                     "form-action 'none'; frame-ancestors 'none'"}},
+                   absl::StatusCode::kOk, {});
+    });
     return;
   }
   if (path == "/health" && method == http::verb::get) {

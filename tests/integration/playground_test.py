@@ -1,0 +1,189 @@
+#!/usr/bin/env python3
+"""The web playground in a real browser: Debian's chromium + chromedriver (headless),
+driven by python3-selenium, against the real fwserve binary with its HTTP port on
+loopback. Loads the page, sends a prompt, checks that the reply streamed (at least two
+deltas arrived before the end), continues, forks from the first reply and continues
+there (the fork reads no history again: cached_tokens > 0), exports the session, fails
+on any browser console error, and saves a screenshot as the test's artefact. A second
+server with API keys checks that the page asks for the key and sends it.
+
+Usage: playground_test.py --fwserve PATH --model DIR --proto-dir DIR --screenshot PNG
+"""
+import argparse
+import hashlib
+import json
+import os
+import re
+import shutil
+import sys
+import tempfile
+import time
+import unittest
+import urllib.request
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
+from fwserve_process import add_server_arguments, start_server, stop_server  # noqa: E402
+
+from selenium import webdriver  # noqa: E402
+from selenium.webdriver.chrome.service import Service  # noqa: E402
+from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
+
+ARGS = None
+
+
+def start_http_server(work, name, extra=()):
+    """Starts fwserve with --http-listen on a port of its choosing; returns (process, base)."""
+    log_path = os.path.join(work, name + ".log")
+    process, _ = start_server(ARGS.fwserve, ARGS.model, log_path,
+                              extra=["--http-listen", "127.0.0.1:0", *extra])
+    with open(log_path, "rb") as log:
+        match = re.search(rb"HTTP API \(OpenAI-compatible\) on \S+ \(port (\d+)\)", log.read())
+    if match is None:
+        stop_server(process)
+        raise AssertionError("fwserve did not log its HTTP port")
+    return process, "http://127.0.0.1:%d" % int(match.group(1))
+
+
+def start_browser(work):
+    options = webdriver.ChromeOptions()
+    options.binary_location = "/usr/bin/chromium"
+    for argument in ("--headless=new", "--no-sandbox", "--disable-gpu",
+                     "--disable-dev-shm-usage", "--window-size=1280,860",
+                     f"--user-data-dir={work}/chromium"):
+        options.add_argument(argument)
+    options.add_experimental_option(
+        "prefs", {"download.default_directory": f"{work}/downloads",
+                  "download.prompt_for_download": False})
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    return webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)
+
+
+def console_errors(driver):
+    return [entry for entry in driver.get_log("browser")
+            if entry.get("level") in ("SEVERE", "ERROR")]
+
+
+class PlaygroundTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.work = tempfile.mkdtemp(prefix="fwserve-playground-")
+        cls.server, cls.base = start_http_server(cls.work, "server")
+        try:
+            cls.driver = start_browser(cls.work)
+        except Exception:
+            stop_server(cls.server)
+            raise
+
+    @classmethod
+    def tearDownClass(cls):
+        try:
+            cls.driver.quit()
+        finally:
+            stop_server(cls.server)
+            shutil.rmtree(cls.work, ignore_errors=True)
+
+    def send(self, text, requests_before):
+        prompt = self.driver.find_element(By.ID, "prompt")
+        prompt.clear()
+        prompt.send_keys(text)
+        self.driver.find_element(By.ID, "send").click()
+        WebDriverWait(self.driver, 60).until(
+            lambda d: d.find_element(By.ID, "error").text != "" or d.execute_script(
+                "const r = window.fwPlayground.requests;"
+                "return r.length > arguments[0] && r[r.length - 1].completed !== null;",
+                requests_before))
+        self.assertEqual(self.driver.find_element(By.ID, "error").text, "")
+        return self.driver.execute_script(
+            "const r = window.fwPlayground.requests; return r[r.length - 1];")
+
+    def test_page_is_self_contained(self):
+        with urllib.request.urlopen(self.base + "/", timeout=10) as response:
+            self.assertEqual(response.status, 200)
+            self.assertEqual(response.headers["Content-Type"], "text/html; charset=utf-8")
+            policy = response.headers["Content-Security-Policy"]
+            page = response.read().decode()
+        # Nothing is fetched from elsewhere: the policy allows only this origin.
+        self.assertIn("connect-src 'self'", policy)
+        self.assertIn("default-src 'none'", policy)
+        self.assertNotRegex(page, r"(src|href)=\"https?://")
+
+    def test_streams_forks_continues_and_exports(self):
+        self.driver.get(self.base + "/")
+        WebDriverWait(self.driver, 30).until(
+            lambda d: len(d.find_elements(By.CSS_SELECTOR, "#model option")) > 0)
+        self.driver.find_element(By.ID, "max-tokens").clear()
+        self.driver.find_element(By.ID, "max-tokens").send_keys("120")
+
+        first = self.send("ROMEO:", 0)
+        deltas = first["deltas"]
+        self.assertGreaterEqual(len(deltas), 2, "the reply did not stream: " + json.dumps(first))
+        # At least two deltas arrived before the request ended.
+        self.assertLess(deltas[1]["at"], first["completed"])
+        self.assertGreater(first["usage"]["output_tokens"], 0)
+        self.assertEqual(first["usage"]["input_tokens_details"]["cached_tokens"], 0)
+        text = "".join(d["text"] for d in deltas)
+        self.assertIn(text.strip(), self.driver.find_element(By.ID, "log").text)
+        WebDriverWait(self.driver, 10).until(
+            lambda d: d.find_element(By.ID, "state-bytes").text != "–")
+        state_bytes = int(re.sub(r"\D", "", self.driver.find_element(By.ID, "state-bytes").text))
+        self.assertGreater(state_bytes, 0)
+        self.assertRegex(self.driver.find_element(By.ID, "tokens-per-second").text,
+                         r"^\d+ tok/s$")
+
+        second = self.send(" What light", 1)
+        # Continuing a stored response reads no history again: every token of the first
+        # turn is already in the state.
+        first_total = first["usage"]["input_tokens"] + first["usage"]["output_tokens"]
+        self.assertEqual(second["usage"]["input_tokens_details"]["cached_tokens"], first_total)
+
+        # Fork from the first reply and continue from there: a new branch.
+        forks = self.driver.find_elements(By.CSS_SELECTOR, "button.fork")
+        self.assertEqual(len(forks), 2)
+        forks[0].click()
+        self.assertIn(first["responseId"], self.driver.find_element(By.ID, "branch").text)
+        branch = self.send(" JULIET:", 2)
+        # The branch continues the first reply's session, not the second's.
+        self.assertEqual(branch["usage"]["input_tokens_details"]["cached_tokens"], first_total)
+        self.assertNotIn(branch["responseId"], (first["responseId"], second["responseId"]))
+        self.assertEqual(self.driver.find_element(By.ID, "cached-tokens").text, str(first_total))
+
+        self.driver.find_element(By.ID, "export").click()
+        WebDriverWait(self.driver, 20).until(
+            lambda d: d.execute_script("return window.fwPlayground.exportedBytes || 0") > 0)
+
+        self.driver.save_screenshot(ARGS.screenshot)
+        self.assertTrue(os.path.getsize(ARGS.screenshot) > 0)
+        self.assertEqual(console_errors(self.driver), [], "browser console errors")
+
+    def test_asks_for_the_key_on_a_keyed_server(self):
+        keys = os.path.join(self.work, "keys.txt")
+        digest = hashlib.sha256(b"playground-key-1").hexdigest()
+        with open(keys, "w") as f:
+            f.write(f"sha256:{digest} tenant=alice\n")
+        os.chmod(keys, 0o600)
+        server, base = start_http_server(self.work, "keyed", extra=["--api-keys-file", keys])
+        try:
+            self.driver.get(base + "/")
+            # Without a key the model list is refused, and the page says so.
+            WebDriverWait(self.driver, 20).until(
+                lambda d: "could not list models" in d.find_element(By.ID, "error").text)
+            self.driver.get_log("browser")  # the 401 is an expected console error
+            self.driver.find_element(By.ID, "api-key").send_keys("playground-key-1")
+            self.driver.find_element(By.ID, "model").click()  # blur: the key's change event
+            WebDriverWait(self.driver, 20).until(
+                lambda d: len(d.find_elements(By.CSS_SELECTOR, "#model option")) > 0)
+            self.assertEqual(self.driver.find_element(By.ID, "error").text, "")
+            reply = self.send("ROMEO:", 0)
+            self.assertGreater(reply["usage"]["output_tokens"], 0)
+            self.assertEqual(console_errors(self.driver), [], "browser console errors")
+        finally:
+            stop_server(server)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    add_server_arguments(parser)
+    parser.add_argument("--screenshot", required=True)
+    ARGS, rest = parser.parse_known_args()
+    unittest.main(argv=[sys.argv[0]] + rest)
