@@ -399,6 +399,13 @@ class CoreImpl : public Core {
     if (absl::Status queued = SubmitOrRelease(*engine, item); !queued.ok()) done(queued);
   }
 
+  absl::Status Readiness() const override {
+    if (directory_->registry().indexing()) {
+      return absl::UnavailableError("the session store is still being indexed");
+    }
+    return absl::OkStatus();
+  }
+
   void GetSession(const Caller& caller, const std::string& session_id,
                   Callback<SessionRecord> done) override {
     if (absl::Status valid = ValidateSessionId(session_id); !valid.ok()) return done(valid);

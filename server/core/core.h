@@ -151,6 +151,12 @@ class Core {
   virtual void ListSessions(const Caller& caller, ListSessionsParams params,
                             Callback<SessionList> done) = 0;
 
+  // Whether new work can be served in full: OK once every model is loaded (always, once
+  // the core exists) and the session store's index is complete; UNAVAILABLE while a
+  // local store is still being indexed at start-up (a request for a session not indexed
+  // yet would get UNAVAILABLE). For readiness probes. Thread-safe, never blocks.
+  virtual absl::Status Readiness() const = 0;
+
   // Graceful shutdown, in this order (the transport interleaves its own steps):
   // 1. BeginShutdown: new work is refused with UNAVAILABLE; accepted work goes on.
   virtual void BeginShutdown() = 0;

@@ -1002,6 +1002,9 @@ void HttpServer::Impl::Handle(const std::shared_ptr<Connection>& conn) {
   if (path == "/ready" && method == http::verb::get) {
     if (shutting_down_.load()) {
       conn->ReplyJson(503, {{"status", "shutting_down"}}, absl::StatusCode::kUnavailable);
+    } else if (absl::Status ready = core_->Readiness(); !ready.ok()) {
+      conn->ReplyJson(503, {{"status", "starting"}, {"reason", std::string(ready.message())}},
+                      ready.code());
     } else {
       conn->ReplyJson(200, {{"status", "ready"}, {"models", core_->ListModels().size()}});
     }
