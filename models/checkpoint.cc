@@ -47,7 +47,11 @@ std::string Fingerprint(const ModelConfig& config,
                         const std::map<std::string, torch::Tensor>& float32_weights) {
   Sha256 sha;
   sha.Update(std::string("fwserve-model-fingerprint-v1\n"));
-  sha.Update(ModelConfigToJson(config));
+  // Serving metadata (the chat template) does not change what the weights compute.
+  ModelConfig architecture_only = config;
+  architecture_only.chat_message_template.clear();
+  architecture_only.chat_generation_prompt.clear();
+  sha.Update(ModelConfigToJson(architecture_only));
   for (const auto& [name, tensor] : float32_weights) {
     torch::Tensor t = tensor.detach().to(torch::kCPU, torch::kFloat32).contiguous();
     sha.Update(name.c_str(), name.size() + 1);

@@ -88,8 +88,40 @@ const std::set<std::string>& KnownKeys() {
       "d_model",        "n_layers",     "n_heads",      "d_ff",      "ffn",
       "dconv_kernel",   "dpfp_nu",      "norm_eps",     "attn_eps",  "tie_embeddings",
       "pkm_layers",     "pkm_heads",    "pkm_num_keys", "pkm_topk",  "pkm_dim_key",
-      "pkm_bn_eps"};
+      "pkm_bn_eps",     "chat_template"};
   return *keys;
+}
+
+// The optional "chat_template": {"message": "...{content}...", "generation_prompt": "..."}.
+absl::Status ReadChatTemplate(const json& j, ModelConfig* c) {
+  auto it = j.find("chat_template");
+  if (it == j.end()) return absl::OkStatus();
+  if (!it->is_object()) {
+    return KeyError("chat_template",
+                    "must be an object {\"message\": ..., \"generation_prompt\": ...}");
+  }
+  for (const auto& item : it->items()) {
+    if (item.key() != "message" && item.key() != "generation_prompt") {
+      return KeyError("chat_template", absl::StrCat("has unknown key '", item.key().substr(0, 64),
+                                                    "' (expected message, generation_prompt)"));
+    }
+    if (!item.value().is_string()) {
+      return KeyError("chat_template", absl::StrCat("'", item.key(), "' must be a string"));
+    }
+    if (item.value().get_ref<const std::string&>().size() > 1024) {
+      return KeyError("chat_template",
+                      absl::StrCat("'", item.key(), "' is longer than 1024 bytes"));
+    }
+  }
+  if (!it->contains("message") || !it->contains("generation_prompt")) {
+    return KeyError("chat_template", "needs both 'message' and 'generation_prompt'");
+  }
+  c->chat_message_template = (*it)["message"].get<std::string>();
+  c->chat_generation_prompt = (*it)["generation_prompt"].get<std::string>();
+  if (c->chat_message_template.find("{content}") == std::string::npos) {
+    return KeyError("chat_template", "'message' must contain {content}");
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -249,6 +281,7 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text) {
   if (!(s = ReadInt(j, "pkm_topk", false, &c.pkm_topk)).ok()) return s;
   if (!(s = ReadInt(j, "pkm_dim_key", false, &c.pkm_dim_key)).ok()) return s;
   if (!(s = ReadDouble(j, "pkm_bn_eps", &c.pkm_bn_eps)).ok()) return s;
+  if (!(s = ReadChatTemplate(j, &c)).ok()) return s;
   if (!(s = c.Validate()).ok()) return s;
   return c;
 }
@@ -279,6 +312,10 @@ std::string ModelConfigToJson(const ModelConfig& c) {
     j["pkm_topk"] = c.pkm_topk;
     j["pkm_dim_key"] = c.pkm_dim_key;
     j["pkm_bn_eps"] = c.pkm_bn_eps;
+  }
+  if (c.has_chat_template()) {
+    j["chat_template"] = {{"message", c.chat_message_template},
+                          {"generation_prompt", c.chat_generation_prompt}};
   }
   return j.dump(2) + "\n";
 }

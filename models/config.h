@@ -47,6 +47,14 @@ struct ModelConfig {
   int pkm_dim_key = 128;        // d_k, even
   double pkm_bn_eps = 1e-5;
 
+  // Serving metadata, not architecture (an fwserve extension of the contract; see
+  // docs/http.md "Chat template"): how the HTTP API renders chat messages into a prompt.
+  // `chat_message_template` contains "{content}" and may contain "{role}"; empty = the
+  // server's default template. Not part of the model's fingerprint.
+  std::string chat_message_template;
+  std::string chat_generation_prompt;  // only meaningful with a message template
+  bool has_chat_template() const { return !chat_message_template.empty(); }
+
   int d_head() const { return n_heads > 0 ? d_model / n_heads : 0; }
   bool has_dconv() const { return dconv_kernel >= 2; }
   // Width of the DPFP feature map (fast_weight only).

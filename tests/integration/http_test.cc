@@ -17,6 +17,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "models/config.h"
 #include "server/tenancy/tenants.h"
 #include "server/transport/http/openai_api.h"
 #include "tests/integration/harness.h"
@@ -351,6 +352,32 @@ TEST_F(HttpTest, StopStringIsStrippedAcrossChunksAndKeptInTheSession) {
     EXPECT_EQ(SessionTokens(id),
               static_cast<int64_t>(prompt.size() + expected.size() + stop.size()));
   }
+}
+
+// A model's config.json template reaches the renderer the way the server passes it: parsed,
+// re-serialised (ModelDescription::config_json), then read by ChatTemplateOf.
+TEST(ChatTemplateTest, ConfigTemplateRendersChat) {
+  auto config = fwmodel::ParseModelConfig(
+      R"({"format_version": 1, "architecture": "aft", "d_model": 8, "n_layers": 1, "n_heads": 2,
+          "chat_template": {"message": "[{role}] {content}\n", "generation_prompt": "[ASSISTANT] "}})");
+  ASSERT_TRUE(config.ok()) << config.status();
+  const fwserve::ChatTemplate chat_template =
+      fwserve::ChatTemplateOf(fwmodel::ModelConfigToJson(*config));
+  auto rendered =
+      fwserve::RenderChat(nlohmann::json::parse(R"([{"role": "system", "content": "Be brief."},
+                                {"role": "user", "content": "Hail"}])"),
+                          chat_template, "messages");
+  ASSERT_TRUE(rendered.ok()) << rendered.status();
+  EXPECT_EQ(*rendered, "[SYSTEM] Be brief.\n[USER] Hail\n[ASSISTANT] ");
+  // No template in the config: the documented default.
+  auto plain = fwmodel::ParseModelConfig(
+      R"({"format_version": 1, "architecture": "aft", "d_model": 8, "n_layers": 1, "n_heads": 2})");
+  ASSERT_TRUE(plain.ok());
+  auto by_default =
+      fwserve::RenderChat(nlohmann::json::parse(R"([{"role": "user", "content": "Hail"}])"),
+                          fwserve::ChatTemplateOf(fwmodel::ModelConfigToJson(*plain)), "messages");
+  ASSERT_TRUE(by_default.ok());
+  EXPECT_EQ(*by_default, "USER:\nHail\n\nASSISTANT:\n");
 }
 
 TEST(StopFilterTest, HoldsBackPartialMatches) {

@@ -111,6 +111,38 @@ INSTANTIATE_TEST_SUITE_P(
             "'tie_embeddings' must be true or false"},
         BadCase{
             R"({"format_version": 1, "architecture": "aft", "d_model": 8, "n_layers": 1, "n_heads": 2, "d_ff": 0})",
-            "'d_ff' must be positive"}));
+            "'d_ff' must be positive"},
+        BadCase{
+            R"({"format_version": 1, "architecture": "aft", "d_model": 8, "n_layers": 1, "n_heads": 2, "chat_template": "ROLE: x"})",
+            "'chat_template' must be an object"},
+        BadCase{
+            R"({"format_version": 1, "architecture": "aft", "d_model": 8, "n_layers": 1, "n_heads": 2, "chat_template": {"message": "{role}:", "generation_prompt": "A:"}})",
+            "'chat_template' 'message' must contain {content}"},
+        BadCase{
+            R"({"format_version": 1, "architecture": "aft", "d_model": 8, "n_layers": 1, "n_heads": 2, "chat_template": {"message": "{content}", "prompt": "A:"}})",
+            "'chat_template' has unknown key 'prompt'"},
+        BadCase{
+            R"({"format_version": 1, "architecture": "aft", "d_model": 8, "n_layers": 1, "n_heads": 2, "chat_template": {"message": "{content}"}})",
+            "needs both 'message' and 'generation_prompt'"},
+        BadCase{
+            R"({"format_version": 1, "architecture": "aft", "d_model": 8, "n_layers": 1, "n_heads": 2, "chat_template": {"message": "{content}", "generation_prompt": 7}})",
+            "'generation_prompt' must be a string"}));
+
+TEST(ConfigTest, ChatTemplateRoundTrips) {
+  auto c = ParseModelConfig(
+      R"({"format_version": 1, "architecture": "aft", "d_model": 8, "n_layers": 1, "n_heads": 2,
+          "chat_template": {"message": "<{role}> {content}\n", "generation_prompt": "<ASSISTANT> "}})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->chat_message_template, "<{role}> {content}\n");
+  EXPECT_EQ(c->chat_generation_prompt, "<ASSISTANT> ");
+  auto again = ParseModelConfig(fwmodel::ModelConfigToJson(*c));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->chat_message_template, c->chat_message_template);
+  EXPECT_EQ(again->chat_generation_prompt, c->chat_generation_prompt);
+  // Without one, the canonical JSON has no chat_template key (old fingerprints hold).
+  auto plain = ParseModelConfig(kMinimal);
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ(fwmodel::ModelConfigToJson(*plain).find("chat_template"), std::string::npos);
+}
 
 }  // namespace
