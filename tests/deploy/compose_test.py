@@ -3,7 +3,9 @@ on the shared redis:// session store and HAProxy, all in containers of the fwser
 image and of deploy/docker/Dockerfile.stack (both built by build-image.sh).
 
 Brings the stack up with `docker compose` or podman-compose (deploy/docker/engine.sh),
-waits for HAProxy to see the three replicas UP, runs a greedy conversation through the
+waits for HAProxy to see the three replicas UP (gRPC and HTTP backends), checks the
+OpenAI-compatible HTTP API through the proxy (GET /v1/models, a streamed chat
+completion), runs a greedy conversation through the
 proxy whose turns land on several replicas (their request logs), forks it, kills one
 replica container (SIGKILL), continues the conversation through the proxy (the turn
 must equal the fork's, taken before the kill), and tears everything down (`down -v`).
@@ -12,6 +14,7 @@ Usage: compose_test.py --repo DIR --fwctl PATH [--keep]
 Exit 77 (ctest SKIP_RETURN_CODE) when no container engine can run here.
 """
 import argparse
+import json
 import os
 import re
 import subprocess
@@ -19,6 +22,7 @@ import sys
 import tempfile
 import time
 import unittest
+import urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -42,12 +46,14 @@ class StackProxy(Haproxy):
 
 
 class Stack:
-    def __init__(self, project, port, stats_port):
+    def __init__(self, project, port, http_port, stats_port):
         self.project = project
         self.compose_file = os.path.join(ARGS.repo, "deploy", "compose.yaml")
         self.env = dict(os.environ, FWSERVE_IMAGE=IMAGE, FWSERVE_STACK_IMAGE=STACK_IMAGE,
-                        FWSERVE_PORT=str(port), FWSERVE_STATS_PORT=str(stats_port))
+                        FWSERVE_PORT=str(port), FWSERVE_HTTP_PORT=str(http_port),
+                        FWSERVE_STATS_PORT=str(stats_port))
         self.target = "127.0.0.1:%d" % port
+        self.http = "http://127.0.0.1:%d" % http_port
 
     def compose(self, *args, timeout=300, check_rc=True):
         argv = [ENGINE.script, "compose", "-p", self.project, "-f", self.compose_file]
@@ -91,26 +97,43 @@ class ComposeTest(unittest.TestCase):
         timings.append(("images", time.monotonic() - start))
 
         stats_port = free_port()
-        stack = Stack("fwserve-ctest-%d" % os.getpid(), free_port(), stats_port)
+        stack = Stack("fwserve-ctest-%d" % os.getpid(), free_port(), free_port(), stats_port)
         STACKS.append(stack)
         STACKS_SEEN.append(stack)
         t = time.monotonic()
         stack.compose("up", "-d")
         proxy = StackProxy(stats_port)
         deadline = time.monotonic() + 120
-        states = {}
-        while time.monotonic() < deadline:
-            try:
-                states = proxy.servers()
-            except OSError:
-                states = {}
-            if len(states) == 3 and all(s[0] == "UP" for s in states.values()):
-                break
-            time.sleep(1)
-        check(len(states) == 3 and all(s[0] == "UP" for s in states.values()),
-              "HAProxy does not see 3 replicas UP: %s" % states)
+        for backend in ("fwserve", "fwserve_http"):  # gRPC health; GET /ready
+            states = {}
+            while time.monotonic() < deadline:
+                try:
+                    states = proxy.servers(backend)
+                except OSError:
+                    states = {}
+                if len(states) == 3 and all(s[0] == "UP" for s in states.values()):
+                    break
+                time.sleep(1)
+            check(len(states) == 3 and all(s[0] == "UP" for s in states.values()),
+                  "HAProxy does not see 3 replicas UP in backend %s: %s" % (backend, states))
         check("SERVING" in fwctl(stack.target, "health"), "not SERVING through HAProxy")
         timings.append(("up", time.monotonic() - t))
+
+        # The OpenAI-compatible HTTP API through HAProxy's HTTP front door.
+        with urllib.request.urlopen(stack.http + "/v1/models", timeout=30) as response:
+            models = [m["id"] for m in json.loads(response.read())["data"]]
+        check("aft-shakespeare" in models, "GET /v1/models through HAProxy: %s" % models)
+        request = urllib.request.Request(
+            stack.http + "/v1/chat/completions", headers={"Content-Type": "application/json"},
+            data=json.dumps({"stream": True, "max_tokens": 16, "temperature": 0, "messages": [
+                {"role": "user", "content": "Good morrow"}]}).encode())
+        with urllib.request.urlopen(request, timeout=60) as response:
+            check(response.headers.get("Content-Type", "").startswith("text/event-stream"),
+                  "streamed chat through HAProxy: Content-Type %s" % response.headers.get(
+                      "Content-Type"))
+            events = [line.strip() for line in response if line.startswith(b"data: ")]
+        check(len(events) >= 2 and events[-1] == b"data: [DONE]",
+              "streamed chat through HAProxy: events %s" % events[-3:])
 
         # A greedy conversation through the proxy: round robin puts its turns on
         # different replicas, each reading the session from Redis.

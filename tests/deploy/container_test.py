@@ -2,8 +2,10 @@
 
 Builds the image with deploy/docker/build-image.sh (a clean export of the tree), then:
 a container with a read-only root filesystem, as uid 10001, a named session volume;
-health SERVING (fwctl from the host, and the image's own HEALTHCHECK); a greedy
-generate with fwctl from the host; a session with one turn, forked; SIGTERM stops the
+health SERVING (fwctl from the host, and the image's own HEALTHCHECK); the HTTP API on
+the published port 8000 (GET /health, /ready, /v1/models, a greedy /v1/completions,
+counted on /metrics); a greedy generate with fwctl from the host; a session with one
+turn, forked; SIGTERM stops the
 container (exit 0, drained); a new container on the same volume continues the session,
 whose next greedy turn must equal the fork's (taken before the stop).
 
@@ -13,12 +15,14 @@ Environment: FWSERVE_IMAGE_SOURCE=worktree|head (build-image.sh --source),
 FWSERVE_CONTAINER_ENGINE=docker|podman (skip the detection).
 """
 import argparse
+import json
 import os
 import subprocess
 import sys
 import tempfile
 import time
 import unittest
+import urllib.error
 import urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
@@ -62,15 +66,40 @@ def wait_serving(container, target, timeout_s=180):
 
 def start_container(name, volume):
     """Runs the image as it ships (its USER and CMD), with a read-only root, /tmp on a
-    tmpfs and the sessions on `volume`; returns (gRPC target, metrics port)."""
+    tmpfs and the sessions on `volume`; returns (gRPC target, HTTP port, metrics port)."""
     ENGINE.container(name)
-    grpc_port, metrics_port = free_port(), free_port()
+    grpc_port, http_port, metrics_port = free_port(), free_port(), free_port()
     ENGINE.run(["run", "-d", "--name", name, "--read-only", "--tmpfs", "/tmp",
-                "-p", "127.0.0.1:%d:50051" % grpc_port, "-p", "127.0.0.1:%d:9464" % metrics_port,
+                "-p", "127.0.0.1:%d:50051" % grpc_port, "-p", "127.0.0.1:%d:8000" % http_port,
+                "-p", "127.0.0.1:%d:9464" % metrics_port,
                 "-v", "%s:/var/lib/fwserve/sessions" % volume, TAG])
     target = "127.0.0.1:%d" % grpc_port
     wait_serving(name, target)
-    return target, metrics_port
+    # fwserve opens the HTTP port just after the gRPC one.
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            last = http_json(http_port, "/health", timeout=5)
+            if last[0] == 200:
+                break
+        except (OSError, ValueError) as error:  # refused or reset before it listens
+            last = error
+        check(time.monotonic() < deadline, "GET /health on port %d: %s\n%s" % (
+            http_port, last, ENGINE.logs(name)))
+        time.sleep(0.5)
+    return target, http_port, metrics_port
+
+
+def http_json(port, path, body=None, timeout=60):
+    """(status, parsed JSON body) of GET path, or POST with the JSON `body`."""
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request("http://127.0.0.1:%d%s" % (port, path), data=data,
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read() or b"null")
 
 
 class ContainerTest(unittest.TestCase):
@@ -93,7 +122,7 @@ class ContainerTest(unittest.TestCase):
         ENGINE.run(["volume", "create", volume])
         first = "fwserve-ctest-a-%d" % os.getpid()
         t = time.monotonic()
-        target, metrics_port = start_container(first, volume)
+        target, http_port, metrics_port = start_container(first, volume)
         steps.append(("start+SERVING", time.monotonic() - t))
 
         # OpenBLAS, not the reference BLAS (20x slower), is what LibTorch loaded.
@@ -116,10 +145,28 @@ class ContainerTest(unittest.TestCase):
             while ENGINE.inspect(first, "{{.State.Health.Status}}") != "healthy":
                 check(time.monotonic() < deadline, "docker health never 'healthy'")
                 time.sleep(2)
-        # Metrics are published too.
+        # The HTTP API (the image's CMD has --http-listen=0.0.0.0:8000) on its published
+        # port: the probes, the model list and a greedy completion.
+        status, body = http_json(http_port, "/health")
+        check(status == 200 and body == {"status": "ok"}, "GET /health: %s %s" % (status, body))
+        status, body = http_json(http_port, "/ready")
+        check(status == 200 and body.get("status") == "ready" and body.get("models", 0) >= 1,
+              "GET /ready: %s %s" % (status, body))
+        status, body = http_json(http_port, "/v1/models")
+        models = [m.get("id") for m in (body or {}).get("data", [])]
+        check(status == 200 and "aft-shakespeare" in models, "GET /v1/models: %s %s" % (
+            status, body))
+        status, body = http_json(http_port, "/v1/completions", {
+            "prompt": "ROMEO:", "max_tokens": 16, "temperature": 0})
+        choices = (body or {}).get("choices") or [{}]
+        check(status == 200 and choices[0].get("text"), "POST /v1/completions: %s %s" % (
+            status, body))
+        # Metrics are published too, the HTTP requests among them.
         with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % metrics_port,
                                     timeout=10) as response:
-            check(b"fwserve_" in response.read(), "no fwserve_ series on /metrics")
+            exposition = response.read()
+        check(b"fwserve_" in exposition, "no fwserve_ series on /metrics")
+        check(b'rpc="GET /v1/models"' in exposition, "no GET /v1/models requests on /metrics")
 
         # A greedy generate from the host.
         out = fwctl(target, "generate", "--temperature", "0", "--max-tokens", "24", "--quiet",
@@ -151,11 +198,14 @@ class ContainerTest(unittest.TestCase):
         # exactly as its fork did.
         second = "fwserve-ctest-b-%d" % os.getpid()
         t = time.monotonic()
-        target, _ = start_container(second, volume)
+        target, http_port, _ = start_container(second, volume)
         steps.append(("restart+SERVING", time.monotonic() - t))
         got = fwctl(target, "session", "get", session)
         check(session in got.stdout, "session %s missing after restart: %s" % (session,
                                                                                 got.stdout))
+        status, body = http_json(http_port, "/fwserve/v1/sessions/%s" % session)
+        check(status == 200 and (body or {}).get("id") == session,
+              "GET /fwserve/v1/sessions/%s after restart: %s %s" % (session, status, body))
         after = fwctl(target, "generate", "--session", session, "--temperature", "0",
                       "--max-tokens", "24", "--quiet", "\nROMEO:").stdout
         check(after == expected, "continued session differs after restart:\n%r\n%r" % (

@@ -6,13 +6,21 @@ with yamllint, and checks the rendered objects (ctest label "deploy"):
   readOnlyRootFilesystem, allowPrivilegeEscalation: false, capabilities drop ALL and
   seccomp RuntimeDefault (container or pod level);
 - fwserve: every --flag in its args is a flag of the real binary (`fwserve --help`);
-  the gRPC probes and the "grpc"/"metrics" container ports are --listen's and
-  --metrics-listen's ports; terminationGracePeriodSeconds exceeds the preStop sleep plus
+  the "grpc", "http" and "metrics" container ports are --listen's, --http-listen's and
+  --metrics-listen's ports; readiness is an HTTP GET of /ready on the http port,
+  startup a GET of /ready or /health there or the gRPC health check on --listen's port,
+  liveness a GET of /health or the gRPC health check (never /ready);
+  terminationGracePeriodSeconds exceeds the preStop sleep plus
   --drain-timeout plus a margin to persist sessions; every file flag points into a
   mounted Secret that holds that file;
 - every Secret and ConfigMap referenced (volumes, env, envFrom) is in the render, with
   the referenced key; every $(VAR) in args is defined; Services, the PDB, the
   NetworkPolicy and the HPA select or target objects of the render;
+- the front doors: a ClusterIP Service of the fwserve pods has ports to "grpc" and to
+  "http"; a NetworkPolicy of those pods admits both; every GRPCRoute/HTTPRoute sends
+  to a port of a Service of the render whose target is "grpc"/"http"; with a GRPCRoute
+  there is an HTTPRoute too, and their hostnames do not overlap (the Gateway API
+  rejects a GRPCRoute and an HTTPRoute with a common hostname on one listener);
 - the store decides the shape: dir: means one replica, strategy Recreate, a mounted
   PersistentVolumeClaim of the render, no autoscaler; redis:// means several replicas,
   an HPA on cpu and on a pods metric, a headless Service, and a Redis StatefulSet with
@@ -195,15 +203,40 @@ def check_fwserve(c, where, obj, pod_spec, container, flags_known, by_kind):
             where, flag))
     ports = {p.get("name"): p["containerPort"] for p in container.get("ports", [])}
     listen, metrics = flags.get("listen"), flags.get("metrics-listen")
+    http = flags.get("http-listen")
     if c.expect(listen is not None, "%s: no --listen" % where):
         c.expect(not listen.startswith("127."), "%s: --listen=%s is loopback only" % (where,
                                                                                    listen))
         c.expect(ports.get("grpc") == port_of(listen), "%s: port grpc %s != --listen %s" % (
             where, ports.get("grpc"), listen))
-        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-            grpc = container.get(probe, {}).get("grpc")
-            c.expect(grpc is not None and grpc.get("port") in (port_of(listen), "grpc"),
-                     "%s: %s is not a gRPC probe on the --listen port" % (where, probe))
+    if c.expect(http, "%s: no --http-listen (the OpenAI-compatible HTTP API)" % where):
+        c.expect(not http.startswith("127."), "%s: --http-listen=%s is loopback only" % (
+            where, http))
+        c.expect(ports.get("http") == port_of(http), "%s: port http %s != --http-listen %s" % (
+            where, ports.get("http"), http))
+
+    def probe_is(probe, grpc_ok, http_paths):
+        """The probe is the gRPC health check on --listen's port (if grpc_ok), or an
+        HTTP GET of one of http_paths on --http-listen's port."""
+        spec = container.get(probe, {})
+        if "grpc" in spec:
+            return grpc_ok and listen is not None and spec["grpc"].get("port") in (
+                port_of(listen), "grpc")
+        get = spec.get("httpGet")
+        if get is not None:
+            return (http is not None and get.get("port") in (port_of(http), "http")
+                    and get.get("path") in http_paths and get.get("scheme", "HTTP") == "HTTP")
+        return False
+
+    c.expect(probe_is("readinessProbe", False, ("/ready",)),
+             "%s: readinessProbe is not an HTTP GET of /ready on the --http-listen port "
+             "(503 from SIGTERM on)" % where)
+    c.expect(probe_is("startupProbe", True, ("/ready", "/health")),
+             "%s: startupProbe is neither a GET of /ready or /health on the --http-listen "
+             "port nor a gRPC probe on the --listen port" % where)
+    c.expect(probe_is("livenessProbe", True, ("/health",)),
+             "%s: livenessProbe is neither a GET of /health on the --http-listen port nor a "
+             "gRPC probe on the --listen port" % where)
     if c.expect(metrics, "%s: no --metrics-listen" % where):
         c.expect(ports.get("metrics") == port_of(metrics), "%s: port metrics %s != "
                  "--metrics-listen %s" % (where, ports.get("metrics"), metrics))
@@ -311,6 +344,67 @@ def check_selectors(c, objects, by_kind):
              "no PodMonitor or ServiceMonitor")
 
 
+def hostnames_overlap(a, b):
+    """Whether two routes' hostname lists share a hostname (empty: every hostname)."""
+    if not a or not b:
+        return True
+
+    def match(x, y):  # "*.example.com" covers "a.example.com" and "*.a.example.com"
+        return x == y or any(w.startswith("*.") and v.endswith(w[1:])
+                             for w, v in ((x, y), (y, x)))
+    return any(match(x, y) for x in a for y in b)
+
+
+def check_front_doors(c, objects, by_kind, template, container):
+    """The gRPC and HTTP ports reach the fwserve pods: Service, NetworkPolicy, routes."""
+    labels = template["metadata"].get("labels", {})
+    numbers = {p.get("name"): p["containerPort"] for p in container.get("ports", [])}
+
+    def is_port(value, name):
+        return value is not None and value in (name, numbers.get(name))
+
+    services = {n: s for n, s in by_kind.get("Service", {}).items()
+                if selects(s["spec"].get("selector"), labels)}
+    cluster_ip = [s for s in services.values() if s["spec"].get("clusterIP") != "None"]
+    for name in ("grpc", "http"):
+        c.expect(any(is_port(p.get("targetPort", p["port"]), name)
+                     for s in cluster_ip for p in s["spec"]["ports"]),
+                 "no ClusterIP Service of the fwserve pods has a port to container port %s"
+                 % name)
+        c.expect(any(is_port(p.get("port"), name)
+                     for np in by_kind.get("NetworkPolicy", {}).values()
+                     if selects(np["spec"].get("podSelector", {}).get("matchLabels"), labels)
+                     for rule in np["spec"].get("ingress", [])
+                     for p in rule.get("ports", [])),
+                 "no NetworkPolicy of the fwserve pods admits port %s" % name)
+    routes = {kind: by_kind.get(kind, {}) for kind in ("GRPCRoute", "HTTPRoute")}
+    for kind, target in (("GRPCRoute", "grpc"), ("HTTPRoute", "http")):
+        for name, route in routes[kind].items():
+            for rule in route["spec"].get("rules", []):
+                for ref in rule.get("backendRefs", []):
+                    service = services.get(ref["name"]) if ref.get("kind", "Service") == (
+                        "Service") else None
+                    ports = [p for p in (service or {}).get("spec", {}).get("ports", [])
+                             if p["port"] == ref.get("port")]
+                    c.expect(bool(ports) and is_port(ports[0].get("targetPort",
+                                                                  ports[0]["port"]), target),
+                             "%s %s: backendRef %s:%s is not a port of a fwserve Service "
+                             "to container port %s" % (kind, name, ref["name"],
+                                                       ref.get("port"), target))
+    if routes["GRPCRoute"]:
+        c.expect(bool(routes["HTTPRoute"]), "a GRPCRoute but no HTTPRoute for the HTTP API")
+    for g_name, g in routes["GRPCRoute"].items():
+        for h_name, h in routes["HTTPRoute"].items():
+            parents = {p["name"] for p in g["spec"].get("parentRefs", [])} & {
+                p["name"] for p in h["spec"].get("parentRefs", [])}
+            c.expect(not parents or not hostnames_overlap(g["spec"].get("hostnames"),
+                                                          h["spec"].get("hostnames")),
+                     "GRPCRoute %s and HTTPRoute %s share parent %s and a hostname (%s, %s): "
+                     "the Gateway API rejects one of them" % (
+                         g_name, h_name, sorted(parents), g["spec"].get("hostnames"),
+                         h["spec"].get("hostnames")))
+
+
 def check_overlay(overlay, rendered, flags_known):
     c = Checker(os.path.basename(overlay.rstrip("/")))
     objects = [o for o in yaml.safe_load_all(rendered) if o]
@@ -329,6 +423,7 @@ def check_overlay(overlay, rendered, flags_known):
                 fwserve_seen = True
                 flags = check_fwserve(c, where, obj, pod_spec, container, flags_known, by_kind)
                 check_shape(c, objects, by_kind, obj, flags, container)
+                check_front_doors(c, objects, by_kind, template, container)
     c.expect(fwserve_seen, "no fwserve container in the render")
     check_selectors(c, objects, by_kind)
     return c

@@ -351,7 +351,11 @@ class Haproxy(Proc):
         self.stats_port = free_port()
         self.config = haproxy_config(shipped_config, len(replicas),
                                      os.path.join(work_dir, "haproxy.cfg"))
+        # The HTTP front door too (the replicas here serve gRPC only): on a free port,
+        # not the file's default :8000.
+        self.http_port = free_port()
         env = dict(os.environ, FWSERVE_HAPROXY_BIND="127.0.0.1:%d" % self.port,
+                   FWSERVE_HAPROXY_HTTP_BIND="127.0.0.1:%d" % self.http_port,
                    FWSERVE_HAPROXY_STATS="127.0.0.1:%d" % self.stats_port)
         for i, replica in enumerate(replicas, 1):
             env["FWSERVE_REPLICA_%d" % i] = replica
@@ -369,17 +373,19 @@ class Haproxy(Proc):
     def target(self):
         return "127.0.0.1:%d" % self.port
 
-    def _server_rows(self):
-        """{server name: its row of the stats page's CSV}, the fwserve backend's servers."""
+    def _server_rows(self, backend="fwserve"):
+        """{server name: its row of the stats page's CSV}, the servers of `backend`
+        ("fwserve": gRPC; "fwserve_http": the HTTP API)."""
         text = urllib.request.urlopen("http://127.0.0.1:%d/stats;csv" % self.stats_port,
                                       timeout=10).read().decode()
         rows = csv.DictReader(io.StringIO(text.lstrip("# ")))
         return {r["svname"]: r for r in rows
-                if r["svname"] not in ("FRONTEND", "BACKEND") and r["pxname"] == "fwserve"}
+                if r["svname"] not in ("FRONTEND", "BACKEND") and r["pxname"] == backend}
 
-    def servers(self):
+    def servers(self, backend="fwserve"):
         """{server name: (status, check_status)} from the stats page's CSV."""
-        return {name: (r["status"], r["check_status"]) for name, r in self._server_rows().items()}
+        return {name: (r["status"], r["check_status"])
+                for name, r in self._server_rows(backend).items()}
 
     def current_streams(self, name):
         """Requests haproxy has forwarded to server `name` and not seen answered (the
@@ -387,12 +393,12 @@ class Haproxy(Proc):
         row = self._server_rows().get(name)
         return int(row["scur"] or 0) if row is not None else 0
 
-    def wait_servers(self, want, timeout_s=20):
+    def wait_servers(self, want, timeout_s=20, backend="fwserve"):
         """Waits until each named server's status is want[name] ("UP", "DOWN"). Returns
         the last states seen (the caller asserts)."""
         deadline = time.time() + timeout_s
         while True:
-            states = self.servers()
+            states = self.servers(backend)
             if all(states.get(name, ("?",))[0] == status for name, status in want.items()):
                 return states
             if time.time() > deadline:
