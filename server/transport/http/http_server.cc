@@ -429,7 +429,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
     const double seconds = absl::ToDoubleSeconds(absl::Now() - start_);
     server_->metrics_->ObserveRequest(route_, model_, static_cast<int>(code), seconds);
     server_->metrics_->ObserveTenantRequest(caller_.tenant, route_, static_cast<int>(code));
-    const LogLevel level = status < 400 ? LogLevel::kInfo : LogLevel::kWarning;
+    // Probes answer every few seconds per checker: their successes only at debug level.
+    const bool probe = route_ == "GET /health" || route_ == "GET /ready";
+    const LogLevel level = status >= 400 ? LogLevel::kWarning
+                           : probe       ? LogLevel::kDebug
+                                         : LogLevel::kInfo;
     if (LogEnabled(level)) {
       Log(level, absl::StrCat("http request route=\"", route_,
                               "\" tenant=", caller_.tenant.empty() ? "-" : caller_.tenant,
