@@ -6,6 +6,7 @@
 #   crash_test.py     durable sessions survive kill -9 (--session-store dir:)
 #   replicas_test.py  several replicas on one Redis behind HAProxy (redis://)
 #   api_keys_test.py  API keys on the real binary (SIGHUP, warnings, log hygiene)
+#   http_durable_test.py  previous_response_id across a restart (dir:) and replicas (redis://)
 function(fwserve_add_process_test name script case)
   add_test(NAME ${name}
            COMMAND ${FWSERVE_SYSTEM_PYTHON3} ${PROJECT_SOURCE_DIR}/tests/integration/${script}
@@ -32,4 +33,13 @@ endforeach()
 # warning, log hygiene).
 foreach(case sighup_revokes_a_key open_listen_warns log_lines_are_safe)
   fwserve_add_process_test(api_keys_${case} api_keys_test.py ApiKeysTest.test_${case})
+endforeach()
+
+# http_durable_test.py: POST /v1/responses with previous_response_id continues exactly
+# after a SIGTERM restart and a kill -9 on a dir: store, and across two replicas on one
+# Redis; store: false leaves no session. About 5 s each.
+foreach(case dir_restart dir_kill9 redis_replicas)
+  fwserve_add_process_test(http_durable_${case} http_durable_test.py
+                           HttpDurableTest.test_${case})
+  set_tests_properties(http_durable_${case} PROPERTIES TIMEOUT 120)
 endforeach()
