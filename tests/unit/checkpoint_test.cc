@@ -2,7 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <filesystem>
+#include <map>
 
 #include "absl/strings/str_cat.h"
 #include "models/file_util.h"
@@ -441,6 +443,60 @@ TEST(StateCodecTest, TheChecksumCoversTheMetadata) {
     EXPECT_NE(decoded.status().message().find("checksum"), std::string::npos) << decoded.status();
     EXPECT_FALSE(fwmodel::PeekStateMetadata(altered).ok()) << to;
   }
+}
+
+// A version-1 blob (its checksum did not cover the token count) is refused by its version,
+// even when its checksum is valid by today's rule: an old or downgraded blob never
+// imports. The blob here is a current one relabelled "1" with its checksum recomputed.
+TEST(StateCodecTest, RefusesVersionOneBlobs) {
+  torch::NoGradGuard no_grad;
+  auto config = fwtest::TinyConfig(Architecture::kAft, FfnKind::kRelu, 0);
+  fwmodel::Model model = fwtest::RandomModel(config, 4, torch::kFloat32);
+  fwmodel::State s = model.InitialState(1);
+  auto logits = model.Forward(fwtest::RandomTokens(1, 5, 256, 3), &s);
+  ASSERT_TRUE(logits.ok());
+  auto bytes = fwmodel::EncodeStateRow(model, "aaaa", s, 0, 5, (*logits)[0][4]);
+  ASSERT_TRUE(bytes.ok());
+  auto metadata = fwmodel::PeekStateMetadata(*bytes);
+  ASSERT_TRUE(metadata.ok()) << metadata.status();
+  ASSERT_EQ((*metadata)["version"], "2");
+
+  // The header is 8 bytes of length, then JSON, then the data section.
+  uint64_t header_size = 0;
+  std::memcpy(&header_size, bytes->data(), 8);
+  const std::string data = bytes->substr(8 + header_size);
+  std::map<std::string, std::string> relabelled = *metadata;
+  relabelled["version"] = "1";
+  std::string covered;  // the checksum rule of state_codec.cc
+  for (const auto& [key, value] : relabelled) {
+    if (key == "sha256") continue;
+    covered.append(key).push_back('\0');
+    covered.append(value).push_back('\0');
+  }
+  covered.push_back('\0');
+  covered += data;
+  std::string v1 = *bytes;
+  for (const auto& [from, to] : std::vector<std::pair<std::string, std::string>>{
+           {"\"version\":\"2\"", "\"version\":\"1\""},
+           {(*metadata)["sha256"], fwmodel::Sha256Hex(covered)}}) {
+    const size_t at = v1.find(from);
+    ASSERT_NE(at, std::string::npos) << from;
+    v1.replace(at, from.size(), to);
+  }
+  ASSERT_NE(v1, *bytes);
+  auto decoded = fwmodel::DecodeStateRow(model, "aaaa", v1);
+  ASSERT_FALSE(decoded.ok());
+  EXPECT_EQ(decoded.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(decoded.status().message().find("unsupported version '1'"), std::string::npos)
+      << decoded.status();
+  auto peeked = fwmodel::PeekStateMetadata(v1);
+  ASSERT_FALSE(peeked.ok());
+  EXPECT_NE(peeked.status().message().find("unsupported version '1'"), std::string::npos);
+  // The same bytes relabelled back to "2" decode: only the version refused it.
+  std::string back = v1;
+  back.replace(back.find("\"version\":\"1\""), 13, "\"version\":\"2\"");
+  back.replace(back.find(fwmodel::Sha256Hex(covered)), 64, (*metadata)["sha256"]);
+  EXPECT_TRUE(fwmodel::DecodeStateRow(model, "aaaa", back).ok());
 }
 
 }  // namespace
