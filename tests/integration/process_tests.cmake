@@ -43,3 +43,8 @@ foreach(case dir_restart dir_kill9 redis_replicas)
                            HttpDurableTest.test_${case})
   set_tests_properties(http_durable_${case} PROPERTIES TIMEOUT 120)
 endforeach()
+
+# Documented promises proven on the real binary (issue 28), one file per group; each
+# file registers its own cases with fwserve_add_process_test.
+include(${CMAKE_CURRENT_LIST_DIR}/promises_tenancy_tests.cmake)
+include(${CMAKE_CURRENT_LIST_DIR}/promises_flags_tests.cmake)

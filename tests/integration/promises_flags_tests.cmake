@@ -1,0 +1,1 @@
+# Filled by the flags/fwctl/memory promise tests (issue 28).

@@ -1,0 +1,1 @@
+# Filled by the tenancy/durability/metrics promise tests (issue 28).
