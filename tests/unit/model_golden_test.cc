@@ -71,6 +71,9 @@ struct PkmWeights {
 struct Weights {
   Mat embed, head, proj[3], o, beta, up, down, conv_w[3];
   Vec n1w, n1b, n2w, n2b, nfw, nfb, ob, up_b, down_b, conv_b[3], time_decay, time_first;
+  // geglu's up projection: [2f, d] and [2f] (rows f.. are the gate).
+  Mat up2;
+  Vec up2_b;
   PkmWeights pkm;
 };
 
@@ -98,6 +101,8 @@ Weights MakeWeights() {
   w.down_b = MakeVector(kD, 1.2, 0.1);
   w.time_decay = MakeVector(kD, 1.3, 1.0, -0.5);
   w.time_first = MakeVector(kD, 1.4, 0.5);
+  w.up2 = MakeMatrix(2 * kFf, kD, 6.5, 0.9);
+  w.up2_b = MakeVector(2 * kFf, 1.15, 0.2);
   return w;
 }
 
@@ -124,10 +129,10 @@ void RoundToFloat(Vec& v) {
 }
 void RoundAll(Weights& w) {
   for (Mat* m : {&w.embed, &w.head, &w.proj[0], &w.proj[1], &w.proj[2], &w.o, &w.beta, &w.up,
-                 &w.down, &w.conv_w[0], &w.conv_w[1], &w.conv_w[2]})
+                 &w.down, &w.conv_w[0], &w.conv_w[1], &w.conv_w[2], &w.up2})
     RoundToFloat(*m);
   for (Vec* v : {&w.n1w, &w.n1b, &w.n2w, &w.n2b, &w.nfw, &w.nfb, &w.ob, &w.up_b, &w.down_b,
-                 &w.conv_b[0], &w.conv_b[1], &w.conv_b[2], &w.time_decay, &w.time_first})
+                 &w.conv_b[0], &w.conv_b[1], &w.conv_b[2], &w.time_decay, &w.time_first, &w.up2_b})
     RoundToFloat(*v);
 }
 
@@ -225,7 +230,7 @@ fwmodel::Model BuildModel(const Weights& w, const fwmodel::ModelConfig& c) {
   const char* names[3] = {aft ? "r" : "q", "k", "v"};
   std::map<std::string, torch::Tensor> t;
   t["embed.weight"] = ToTensor(w.embed);
-  t["head.weight"] = ToTensor(w.head);
+  if (!c.tie_embeddings) t["head.weight"] = ToTensor(w.head);
   t["norm_f.weight"] = ToTensor(w.nfw);
   t["norm_f.bias"] = ToTensor(w.nfb);
   t["blocks.0.norm1.weight"] = ToTensor(w.n1w);
@@ -255,8 +260,9 @@ fwmodel::Model BuildModel(const Weights& w, const fwmodel::ModelConfig& c) {
         ToTensor(w.pkm.keys).view({c.pkm_heads, c.pkm_num_keys, 2, c.pkm_dim_key / 2});
     t["blocks.0.ffn.values.weight"] = ToTensor(w.pkm.values);
   } else {
-    t["blocks.0.ffn.up.weight"] = ToTensor(w.up);
-    t["blocks.0.ffn.up.bias"] = ToTensor(w.up_b);
+    const bool geglu = c.ffn == FfnKind::kGeglu;
+    t["blocks.0.ffn.up.weight"] = ToTensor(geglu ? w.up2 : w.up);
+    t["blocks.0.ffn.up.bias"] = ToTensor(geglu ? w.up2_b : w.up_b);
     t["blocks.0.ffn.down.weight"] = ToTensor(w.down);
     t["blocks.0.ffn.down.bias"] = ToTensor(w.down_b);
   }
@@ -366,11 +372,26 @@ std::vector<Vec> ReferenceLogits(const Weights& w, const fwmodel::ModelConfig& c
     if (c.is_pkm_layer(0)) {
       x = Add(x, ReferencePkm(w.pkm, c, ffn_in));
     } else {
-      Vec u = Add(MatVec(w.up, ffn_in), w.up_b);
-      for (double& v : u) v = v > 0 ? v * v : 0.0;
+      // The contract's FFN formulas, one by one.
+      Vec u;
+      if (c.ffn == FfnKind::kGeglu) {
+        const Vec both = Add(MatVec(w.up2, ffn_in), w.up2_b);
+        u.resize(kFf);
+        for (int i = 0; i < kFf; ++i) {
+          const double gate = both[kFf + i];
+          u[i] = both[i] * 0.5 * gate * (1.0 + std::erf(gate / std::sqrt(2.0)));
+        }
+      } else {
+        u = Add(MatVec(w.up, ffn_in), w.up_b);
+        for (double& v : u) {
+          v = v > 0 ? v : 0.0;
+          if (c.ffn == FfnKind::kSquaredRelu) v = v * v;
+        }
+      }
       x = Add(x, Add(MatVec(w.down, u), w.down_b));
     }
-    logits[t] = MatVec(w.head, LayerNorm(x, w.nfw, w.nfb, c.norm_eps));
+    // A tied head reuses the embedding matrix.
+    logits[t] = MatVec(c.tie_embeddings ? w.embed : w.head, LayerNorm(x, w.nfw, w.nfb, c.norm_eps));
   }
   return logits;
 }
@@ -412,6 +433,68 @@ INSTANTIATE_TEST_SUITE_P(PerMixer, GoldenTest,
                          [](const auto& info) {
                            return absl::StrCat(fwmodel::ArchitectureName(info.param.first), "_nu",
                                                info.param.second);
+                         });
+
+// The FFN kinds and the tied head against their own direct formulas (the test above
+// covers squared_relu with a separate head): relu, geglu (exact erf gelu, gate in the
+// second half of up), and tie_embeddings (head = embed), for every mixer.
+struct FfnCase {
+  FfnKind ffn;
+  bool tied;
+};
+class FfnGoldenTest : public testing::TestWithParam<std::tuple<Architecture, FfnCase>> {};
+
+TEST_P(FfnGoldenTest, LogitsMatchDirectFormulas) {
+  torch::NoGradGuard no_grad;
+  fwmodel::ModelConfig config = GoldenConfig(std::get<0>(GetParam()), 1);
+  config.ffn = std::get<1>(GetParam()).ffn;
+  config.tie_embeddings = std::get<1>(GetParam()).tied;
+  Weights w = MakeWeights();
+  RoundAll(w);
+  fwmodel::Model model = BuildModel(w, config);
+  const std::vector<int64_t> tokens = {87, 104, 101, 114, 101, 102, 111, 114, 101, 63};
+  const std::vector<Vec> expected = ReferenceLogits(w, config, tokens);
+  // The reference tells the variants apart: the untied head for a tied case, else
+  // another FFN formula, gives clearly different logits.
+  fwmodel::ModelConfig other = config;
+  if (config.tie_embeddings) {
+    other.tie_embeddings = false;
+  } else {
+    other.ffn = config.ffn == FfnKind::kRelu ? FfnKind::kSquaredRelu : FfnKind::kRelu;
+  }
+  const std::vector<Vec> wrong = ReferenceLogits(w, other, tokens);
+
+  fwmodel::State seq_state = model.InitialState(1);
+  auto seq = model.Forward(torch::tensor(tokens).unsqueeze(0), &seq_state);
+  ASSERT_TRUE(seq.ok()) << seq.status();
+  fwmodel::State step_state = model.InitialState(1);
+  double max_diff = 0, distinct = 0;
+  for (size_t t = 0; t < tokens.size(); ++t) {
+    auto step = model.Step(torch::tensor({tokens[t]}), &step_state);
+    ASSERT_TRUE(step.ok());
+    for (int v = 0; v < kVocab; ++v) {
+      max_diff = std::max(max_diff, std::abs((*seq)[0][t][v].item<double>() - expected[t][v]));
+      max_diff = std::max(max_diff, std::abs((*step)[0][v].item<double>() - expected[t][v]));
+      distinct = std::max(distinct, std::abs(wrong[t][v] - expected[t][v]));
+    }
+  }
+  EXPECT_LE(max_diff, 1e-9);
+  EXPECT_GT(distinct, 1e-3);
+}
+
+INSTANTIATE_TEST_SUITE_P(PerMixer, FfnGoldenTest,
+                         testing::Combine(testing::Values(Architecture::kLinearAttention,
+                                                          Architecture::kFastWeight,
+                                                          Architecture::kAft),
+                                          testing::Values(FfnCase{FfnKind::kRelu, false},
+                                                          FfnCase{FfnKind::kGeglu, false},
+                                                          FfnCase{FfnKind::kSquaredRelu, true},
+                                                          FfnCase{FfnKind::kGeglu, true})),
+                         [](const auto& info) {
+                           const FfnCase ffn = std::get<1>(info.param);
+                           return absl::StrCat(fwmodel::ArchitectureName(std::get<0>(info.param)),
+                                               "_", fwmodel::FfnKindName(ffn.ffn),
+                                               ffn.tied ? "_tied" : "");
                          });
 
 // The same check with the block's FFN a product-key memory, for every mixer: a
