@@ -1,5 +1,6 @@
 // fwbench: the load generator for fwserve. For each concurrency level C it runs C client
-// threads, each issuing Generate requests back to back, and reports aggregate output
+// streams, each issuing Generate requests back to back (over gRPC or the HTTP API, see
+// "Protocols"), and reports aggregate output
 // tokens/s, requests/s, time to first token (TTFT) and inter-token latency (ITL)
 // percentiles, and errors by status code. docs/benchmarks.md ("Serving (fwbench)") shows
 // how it is run; scripts/bench-serving.sh runs the standard sweep.
@@ -14,7 +15,7 @@
 // end of the window the requests still running are cancelled (not counted as errors), so
 // every level starts from an idle server.
 //
-// Clients. All threads share one fwserve::Client (thread-safe by contract). Separate
+// Clients (gRPC). All threads share one fwserve::Client (thread-safe by contract). Separate
 // Clients would not give separate connections anyway: gRPC channels with the same target
 // and arguments share one subchannel (its global subchannel pool), and client.h does not
 // expose channel arguments. So every level runs over one HTTP/2 connection, as a server
@@ -31,6 +32,38 @@
 // grows and every request ends with a write-through to the server's session store.
 // "END" is the time from a request's last token to its final message: with a durable
 // store, the write-through happens there.
+//
+// Protocols (--protocol grpc,http): the same workload over gRPC (the client library,
+// --target) or over the OpenAI-compatible HTTP API (--http-target, docs/http.md): each
+// request is a POST /v1/completions with "stream": true and
+// stream_options.include_usage, read as server-sent events. With both, every level runs
+// once per protocol, one right after the other (gRPC, HTTP, gRPC, HTTP, ... with
+// --repeat), and the HTTP levels are compared with the gRPC level of the same repeat,
+// concurrency and context ("HTTP/gRPC" lines, "protocol_ratios" in the JSON).
+// The HTTP mode mirrors the gRPC mode step for step: sessions through
+// /fwserve/v1/sessions (create with a prefix, fork, delete), generation on a session with
+// the completions extension field session_id, the same prompt, max_tokens, temperature
+// and seeds, the same window rules. Differences, by construction:
+//   - Client structure: gRPC runs a thread per stream over one HTTP/2 connection; HTTP
+//     runs every stream on one asio thread (asynchronous Boost.Beast), each stream on its
+//     own keep-alive HTTP/1.1 connection (opened before the window; reopened only if the
+//     server closes it or the bench cancels a request).
+//   - Tokens: an SSE chunk carries text, not token ids. A chunk counts as many tokens as
+//     its text has bytes (exact for the bytes tokenizer, which every model uses so far,
+//     while the output is valid UTF-8; an invalid byte arrives as U+FFFD, 3 bytes);
+//     the final usage chunk's completion_tokens then corrects the request's total
+//     (the correction is counted when the usage chunk arrives, and reported as
+//     "usage_token_correction"), so tokens/s is exact; ITL and TTFT are per SSE chunk as
+//     they are per gRPC message.
+//   - Cancellation at the end of the window closes the request's connection (the HTTP
+//     API has no other way to cancel a stream).
+//   - Errors are keyed "HTTP <status>" (a refused request), "SSE error <code>" (an error
+//     event after the stream began), "connection: ..." (transport), "incomplete stream".
+//
+// Per-request overhead: every level reports the latency of its completed requests
+// ("request_ms", send to the last byte) and, with --server-pid, the server's CPU time per
+// completed request; `--max-tokens 1 --prompt-bytes 1` at --concurrency 1,64 makes that
+// the cost of a minimal request in each protocol.
 //
 // Server-side numbers (optional): --metrics-target scrapes the server's Prometheus
 // endpoint at both ends of the window (decode steps, mean batch size, share of the
@@ -61,6 +94,11 @@
 #include <thread>
 #include <vector>
 
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
+
 #include "absl/flags/flag.h"
 #include "absl/flags/usage.h"
 #include "absl/status/status.h"
@@ -71,11 +109,19 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "bench/fwbench_http.h"
 #include "client/client.h"
 #include "common/cli_util.h"
 #include "nlohmann/json.hpp"
 
 ABSL_FLAG(std::string, target, "127.0.0.1:50051", "HOST:PORT of the fwserve gRPC API");
+ABSL_FLAG(std::string, http_target, "127.0.0.1:8000",
+          "HOST:PORT of the fwserve HTTP API (fwserve --http-listen), for --protocol http");
+ABSL_FLAG(std::vector<std::string>, protocol, std::vector<std::string>({"grpc"}),
+          "comma-separated: grpc (the client library, --target), http (streamed POST "
+          "/v1/completions with server-sent events, --http-target), or grpc,http: every "
+          "level runs once per protocol, back to back, and HTTP is reported as a ratio of "
+          "gRPC");
 ABSL_FLAG(std::string, model, "", "model name; empty = the server's default model");
 ABSL_FLAG(std::vector<std::string>, concurrency, std::vector<std::string>({"1", "8", "32", "128"}),
           "comma-separated concurrency levels (client streams issuing requests back to back)");
@@ -333,25 +379,41 @@ struct Config {
 struct StreamResult {
   std::vector<double> ttft_ms;
   std::vector<double> itl_ms;
-  std::vector<double> finish_ms;  // last token -> final message, completed requests
+  std::vector<double> finish_ms;   // last token -> final message, completed requests
+  std::vector<double> request_ms;  // sent -> final message, completed requests of the window
   std::vector<double> session_create_ms;
   int64_t tokens = 0;              // token messages' tokens inside the window
   int64_t requests_completed = 0;  // OK inside the window
   int64_t requests_started = 0;    // started inside the window
   int64_t measured_done = 0;       // completed requests that started inside the window
   int64_t context_tokens_seen = -1;
-  std::map<std::string, int64_t> errors;         // inside the window
+  int64_t usage_token_correction = 0;     // HTTP: usage's tokens minus the chunks' text bytes
+  std::map<std::string, int64_t> errors;  // inside the window
   std::map<std::string, int64_t> warmup_errors;  // before it
   std::string setup_error;
   std::vector<std::string> trace;  // with --trace: one JSON line per request
 };
 
-// One level: `concurrency` streams against one server, shared by the worker threads.
+enum class Protocol { kGrpc, kHttp };
+
+const char* ProtocolName(Protocol p) { return p == Protocol::kGrpc ? "grpc" : "http"; }
+
+// Where the HTTP API is: resolved once, before any level.
+struct HttpTarget {
+  fwbench::Endpoints endpoints;
+  std::string host;  // HOST:PORT, the Host header
+};
+
+// One level: `concurrency` streams against one server. gRPC: a worker thread per stream,
+// all sharing `client`. HTTP: every stream on one io_context thread, each on its own
+// keep-alive connection to `http`.
 class Level {
  public:
-  Level(fwserve::Client* client, const Config& config, int concurrency, int context_tokens,
-        int repeat)
-      : client_(client),
+  Level(Protocol protocol, fwserve::Client* client, const HttpTarget* http, const Config& config,
+        int concurrency, int context_tokens, int repeat)
+      : protocol_(protocol),
+        client_(client),
+        http_(http),
         config_(config),
         concurrency_(concurrency),
         context_tokens_(context_tokens),
@@ -369,8 +431,23 @@ class Level {
     fwserve::GenerateStream* stream = nullptr;  // the request in flight
   };
 
+  class HttpStream;  // one stream of the HTTP mode (defined below)
+  struct HttpLoad;
+
   void Worker(int index);
   void Work(int index);
+  // HTTP mode: starts the io thread and every stream's set-up; Go() starts their loops;
+  // StopHttp() cancels the generations in flight, waits for the streams to end and
+  // deletes the sessions they left (blocking).
+  void StartHttp();
+  void GoHttp();
+  void StopHttp();
+  // Counts one finished request's common numbers (both protocols): the window's
+  // completed requests and their latencies, and the end of a --requests-per-stream window.
+  void CountCompleted(StreamResult& r, bool in_window, int64_t sent, int64_t last, int64_t done);
+  // With --trace: one JSON line for a request started inside the window.
+  void TraceRequest(StreamResult& r, int index, int64_t sent, const std::string& status,
+                    double ttft_ms, const std::vector<double>& gaps_ms) const;
   // Counts an error into the window's or the warm-up's tally by when it happened; after
   // the window, errors are the bench's own cancellations and are not counted.
   void Record(StreamResult& r, int64_t t, const std::string& key) {
@@ -396,7 +473,10 @@ class Level {
     return status;
   }
 
+  const Protocol protocol_;
   fwserve::Client* const client_;
+  const HttpTarget* const http_;
+  std::unique_ptr<HttpLoad> http_load_;
   const Config& config_;
   const int concurrency_;
   const int context_tokens_;
@@ -423,6 +503,34 @@ void Level::CancelAll() {
     std::lock_guard<std::mutex> lock(slot.mu);
     if (slot.stream != nullptr) slot.stream->Cancel();
   }
+}
+
+void Level::CountCompleted(StreamResult& r, bool in_window, int64_t sent, int64_t last,
+                           int64_t done) {
+  if (done < begin_ns_ || done >= end_ns_.load()) return;
+  ++r.requests_completed;
+  if (last >= 0) r.finish_ms.push_back(static_cast<double>(done - last) * 1e-6);
+  if (!in_window) return;
+  r.request_ms.push_back(static_cast<double>(done - sent) * 1e-6);
+  ++r.measured_done;
+  if (config_.requests_per_stream > 0 && r.measured_done >= config_.requests_per_stream) {
+    EndWindowAt(done);
+  }
+}
+
+void Level::TraceRequest(StreamResult& r, int index, int64_t sent, const std::string& status,
+                         double ttft_ms, const std::vector<double>& gaps_ms) const {
+  nlohmann::ordered_json line;
+  line["protocol"] = ProtocolName(protocol_);
+  line["concurrency"] = concurrency_;
+  line["context_tokens"] = context_tokens_;
+  line["repeat"] = repeat_;
+  line["stream"] = index;
+  line["start_ms"] = static_cast<double>(sent - begin_ns_) * 1e-6;
+  line["status"] = status;
+  line["ttft_ms"] = ttft_ms;
+  line["itl_ms"] = gaps_ms;
+  r.trace.push_back(line.dump());
 }
 
 void Level::Worker(int index) {
@@ -534,30 +642,12 @@ void Level::Work(int index) {
     // Cancelled by the end of the window (by this thread or CancelAll): not an error.
     const bool ended_by_window = done >= end_ns_.load() || Stopped();
     if (status.ok()) {
-      if (done >= begin_ns_ && done < end_ns_.load()) {
-        ++r.requests_completed;
-        if (last >= 0) r.finish_ms.push_back(static_cast<double>(done - last) * 1e-6);
-        if (in_window) {
-          ++r.measured_done;
-          if (config_.requests_per_stream > 0 && r.measured_done >= config_.requests_per_stream) {
-            EndWindowAt(done);
-          }
-        }
-      }
+      CountCompleted(r, in_window, sent, last, done);
     } else if (!(ended_by_window && status.code() == absl::StatusCode::kCancelled)) {
       Record(r, done, absl::StatusCodeToString(status.code()));
     }
     if (config_.trace && in_window) {
-      nlohmann::ordered_json line;
-      line["concurrency"] = concurrency_;
-      line["context_tokens"] = context_tokens_;
-      line["repeat"] = repeat_;
-      line["stream"] = index;
-      line["start_ms"] = static_cast<double>(sent - begin_ns_) * 1e-6;
-      line["status"] = absl::StatusCodeToString(status.code());
-      line["ttft_ms"] = ttft_ms;
-      line["itl_ms"] = gaps_ms;
-      r.trace.push_back(line.dump());
+      TraceRequest(r, index, sent, absl::StatusCodeToString(status.code()), ttft_ms, gaps_ms);
     }
     if (!fork.empty()) {
       if (absl::Status deleted = DeleteSoon(fork); !deleted.ok()) {
@@ -571,6 +661,393 @@ void Level::Work(int index) {
     }
   }
   if (!base_session.empty()) (void)DeleteSoon(base_session);
+}
+
+// ---- HTTP mode ----
+
+namespace net = boost::asio;
+namespace http = boost::beast::http;
+
+// A request body as JSON text; invalid UTF-8 is replaced, never thrown on.
+std::string JsonText(const nlohmann::json& value) {
+  return value.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+// The body of an HTTP reply, capped for an error message.
+std::string Excerpt(const std::string& body) {
+  return body.size() <= 200 ? body : absl::StrCat(body.substr(0, 200), "...");
+}
+
+struct Level::HttpLoad {
+  net::io_context io;
+  net::executor_work_guard<net::io_context::executor_type> guard{io.get_executor()};
+  std::vector<std::shared_ptr<HttpStream>> streams;
+  std::thread thread;
+};
+
+// One stream of the HTTP mode: Level::Work()'s loop as a state machine on the io thread,
+// step for step (see the file comment for the differences). Set-up: connect, and create
+// the stream's session (with --context-tokens or --sessions); then the barrier; then per
+// request: fork the session (--context-tokens without --sessions), generate (POST
+// /v1/completions, streamed), delete the fork, next, until the level stops. Every
+// method runs on the io thread; the Level's shared state is read as Work() reads it.
+class Level::HttpStream : public std::enable_shared_from_this<HttpStream> {
+ public:
+  HttpStream(Level* level, int index, net::io_context& io)
+      : level_(level),
+        config_(level->config_),
+        index_(index),
+        r_(level->results_[index]),
+        timer_(io),
+        conn_(std::make_shared<fwbench::HttpConnection>(io, level->http_->endpoints,
+                                                        level->http_->host)) {}
+
+  void Setup();
+  // After the barrier.
+  void Go() {
+    if (!r_.setup_error.empty()) return Finish();
+    Next();
+  }
+  // After stop_: cancels the generation in flight, as Level::CancelAll() cancels a gRPC
+  // stream (fork and delete calls in flight complete).
+  void Cancel() {
+    if (!generating_) return;
+    closed_by_us_ = true;
+    conn_->Close();
+  }
+  // Sessions still to delete once the stream has ended (the base session, a fork whose
+  // delete the stop pre-empted).
+  const std::vector<std::string>& leftovers() const { return leftovers_; }
+
+ private:
+  using Reply = std::function<void(int status, const std::string& body, const std::string& error)>;
+
+  // One request on the stream's connection, its reply collected.
+  void Call(http::verb method, const std::string& target, std::string body, Reply done) {
+    auto status = std::make_shared<int>(0);
+    auto reply = std::make_shared<std::string>();
+    fwbench::HttpConnection::Handlers handlers;
+    handlers.on_header = [status](int s) { *status = s; };
+    handlers.on_body = [reply](absl::string_view bytes) {
+      reply->append(bytes.data(), bytes.size());
+    };
+    handlers.on_done = [status, reply, done = std::move(done)](const std::string& error) {
+      done(*status, *reply, error);
+    };
+    conn_->Request(method, target, std::move(body), std::move(handlers));
+  }
+  void After(std::chrono::milliseconds delay, std::function<void()> then) {
+    timer_.expires_after(delay);
+    timer_.async_wait([self = shared_from_this(),
+                       then = std::move(then)](const boost::system::error_code&) { then(); });
+  }
+  void SetupDone() {
+    std::lock_guard<std::mutex> lock(level_->setup_mu_);
+    if (--level_->setup_pending_ == 0) level_->setup_cv_.notify_all();
+  }
+  void Next();
+  void Generate(std::string fork);
+  void OnBody(absl::string_view bytes);
+  void OnEvent(absl::string_view data, int64_t now);
+  void OnGenerateDone(const std::string& error);
+  void DeleteFork(std::string fork, int attempt, std::function<void()> then);
+  void Finish() {
+    if (!base_session_.empty()) leftovers_.push_back(base_session_);
+    base_session_.clear();
+    level_->live_workers_.fetch_sub(1);
+  }
+
+  Level* const level_;
+  const Config& config_;
+  const int index_;
+  StreamResult& r_;
+  net::steady_timer timer_;
+  const std::shared_ptr<fwbench::HttpConnection> conn_;
+  std::string base_session_;
+  std::vector<std::string> leftovers_;
+  int64_t next_request_ = 0;  // the request number i of Work()'s loop (seeds)
+
+  // The generation in flight.
+  bool generating_ = false;
+  std::string fork_;
+  int64_t sent_ = 0;
+  bool in_window_ = false;
+  int status_ = 0;
+  std::string error_body_;
+  fwbench::SseParser sse_;
+  fwbench::ChunkFields fields_;
+  int64_t last_ = -1;
+  int64_t tokens_in_events_ = 0;
+  bool saw_done_ = false;
+  bool closed_by_us_ = false;
+  std::string stream_error_;
+  double ttft_ms_ = -1;
+  std::vector<double> gaps_ms_;
+};
+
+void Level::HttpStream::Setup() {
+  conn_->Connect([self = shared_from_this()](const std::string& error) {
+    if (!error.empty()) {
+      self->r_.setup_error = error;
+      return self->SetupDone();
+    }
+    if (self->level_->context_tokens_ == 0 && !self->config_.sessions) return self->SetupDone();
+    nlohmann::json body;
+    if (!self->config_.model.empty()) body["model"] = self->config_.model;
+    body["prefix"] = TextOfLength(self->config_.text, static_cast<size_t>(self->index_) * 977,
+                                  self->level_->context_tokens_);
+    const int64_t t0 = NowNs();
+    self->Call(
+        http::verb::post, "/fwserve/v1/sessions", JsonText(body),
+        [self, t0](int status, const std::string& reply, const std::string& error) {
+          if (!error.empty() || status != 200) {
+            self->r_.setup_error = absl::StrCat(
+                "CreateSession: ",
+                error.empty() ? absl::StrCat("HTTP ", status, " ", Excerpt(reply)) : error);
+            return self->SetupDone();
+          }
+          const nlohmann::json session =
+              nlohmann::json::parse(reply, nullptr, /*allow_exceptions=*/false);
+          if (!session.is_object() || !session.contains("id") || !session["id"].is_string()) {
+            self->r_.setup_error = "CreateSession: no id in " + Excerpt(reply);
+            return self->SetupDone();
+          }
+          self->r_.session_create_ms.push_back(static_cast<double>(NowNs() - t0) * 1e-6);
+          self->base_session_ = session["id"].get<std::string>();
+          self->r_.context_tokens_seen = session.value("tokens", int64_t{-1});
+          self->SetupDone();
+        });
+  });
+}
+
+void Level::HttpStream::Next() {
+  if (level_->Stopped()) return Finish();
+  if (config_.sessions || base_session_.empty()) return Generate("");
+  Call(http::verb::post, absl::StrCat("/fwserve/v1/sessions/", base_session_, "/fork"), "",
+       [self = shared_from_this()](int status, const std::string& reply, const std::string& error) {
+         nlohmann::json copy;
+         if (error.empty() && status == 200) {
+           copy = nlohmann::json::parse(reply, nullptr, /*allow_exceptions=*/false);
+         }
+         if (!copy.is_object() || !copy.contains("id") || !copy["id"].is_string()) {
+           ++self->next_request_;  // as Work()'s `continue`
+           self->level_->Record(
+               self->r_, NowNs(),
+               absl::StrCat("ForkSession ", error.empty() ? absl::StrCat("HTTP ", status)
+                                                          : std::string("connection")));
+           return self->After(std::chrono::milliseconds(10), [self] { self->Next(); });
+         }
+         self->Generate(copy["id"].get<std::string>());
+       });
+}
+
+void Level::HttpStream::Generate(std::string fork) {
+  const int64_t i = next_request_++;
+  if (level_->Stopped()) {
+    if (!fork.empty()) leftovers_.push_back(fork);
+    return Finish();
+  }
+  nlohmann::json body;
+  if (!config_.model.empty()) body["model"] = config_.model;
+  body["prompt"] = config_.prompt;
+  body["max_tokens"] = config_.max_tokens;
+  body["temperature"] = config_.temperature;
+  if (config_.seed >= 0) {
+    body["seed"] = static_cast<uint64_t>(config_.seed) +
+                   1000003ULL * static_cast<uint64_t>(index_) + static_cast<uint64_t>(i);
+  }
+  body["stream"] = true;
+  body["stream_options"] = {{"include_usage", true}};
+  if (config_.sessions) {
+    body["session_id"] = base_session_;
+  } else if (!fork.empty()) {
+    body["session_id"] = fork;
+  }
+  std::string text = JsonText(body);
+
+  fork_ = std::move(fork);
+  status_ = 0;
+  error_body_.clear();
+  sse_.Reset();
+  last_ = -1;
+  tokens_in_events_ = 0;
+  saw_done_ = false;
+  closed_by_us_ = false;
+  stream_error_.clear();
+  ttft_ms_ = -1;
+  gaps_ms_.clear();
+  generating_ = true;
+  sent_ = NowNs();
+  in_window_ = sent_ >= level_->begin_ns_ && sent_ < level_->end_ns_.load();
+  if (in_window_) ++r_.requests_started;
+  fwbench::HttpConnection::Handlers handlers;
+  auto self = shared_from_this();
+  handlers.on_header = [self](int status) { self->status_ = status; };
+  handlers.on_body = [self](absl::string_view bytes) { self->OnBody(bytes); };
+  handlers.on_done = [self](const std::string& error) { self->OnGenerateDone(error); };
+  conn_->Request(http::verb::post, "/v1/completions", std::move(text), std::move(handlers));
+}
+
+void Level::HttpStream::OnBody(absl::string_view bytes) {
+  const int64_t now = NowNs();
+  if (now >= level_->end_ns_.load()) {
+    // The window is over: cancel, as Work() does.
+    if (!closed_by_us_) {
+      closed_by_us_ = true;
+      conn_->Close();
+    }
+    return;
+  }
+  if (status_ != 200) {
+    if (error_body_.size() < 4096) error_body_.append(bytes.data(), bytes.size());
+    return;
+  }
+  sse_.Feed(bytes, [this, now](absl::string_view data) { OnEvent(data, now); });
+}
+
+void Level::HttpStream::OnEvent(absl::string_view data, int64_t now) {
+  if (data == "[DONE]") {
+    saw_done_ = true;
+    return;
+  }
+  if (!fields_.Parse(data)) {
+    if (stream_error_.empty()) stream_error_ = "bad SSE JSON";
+    return;
+  }
+  if (fields_.is_error) {
+    stream_error_ = "SSE error " + fields_.error_code;
+    return;
+  }
+  const int64_t begin = level_->begin_ns_;
+  if (fields_.text_bytes > 0) {
+    const int64_t n = fields_.text_bytes;
+    tokens_in_events_ += n;
+    if (now >= begin) {
+      // As Work(): the chunk's first token waited the gap since the previous chunk, the
+      // others arrived with it.
+      r_.tokens += n;
+      int64_t same_chunk = n - 1;
+      if (last_ < 0) {
+        ttft_ms_ = static_cast<double>(now - sent_) * 1e-6;
+        if (in_window_) r_.ttft_ms.push_back(ttft_ms_);
+      } else {
+        gaps_ms_.push_back(static_cast<double>(now - last_) * 1e-6);
+        r_.itl_ms.push_back(gaps_ms_.back());
+      }
+      for (; same_chunk > 0; --same_chunk) {
+        gaps_ms_.push_back(0.0);
+        r_.itl_ms.push_back(0.0);
+      }
+    }
+    last_ = now;
+  }
+  if (fields_.completion_tokens >= 0 && now >= begin) {
+    const int64_t correction = fields_.completion_tokens - tokens_in_events_;
+    r_.tokens += correction;
+    r_.usage_token_correction += correction;
+  }
+}
+
+void Level::HttpStream::OnGenerateDone(const std::string& error) {
+  generating_ = false;
+  const int64_t done = NowNs();
+  const bool ok = error.empty() && status_ == 200 && saw_done_ && stream_error_.empty();
+  std::string key;
+  if (!ok) {
+    if (status_ != 0 && status_ != 200) {
+      key = absl::StrCat("HTTP ", status_);
+    } else if (!stream_error_.empty()) {
+      key = stream_error_;
+    } else if (closed_by_us_) {
+      key = "CANCELLED";
+    } else if (!error.empty()) {
+      key = "connection: " + error;
+    } else {
+      key = "incomplete stream";
+    }
+  }
+  // Cancelled by the end of the window (here or by Cancel()): not an error.
+  const bool ended_by_window = done >= level_->end_ns_.load() || level_->Stopped();
+  if (ok) {
+    level_->CountCompleted(r_, in_window_, sent_, last_, done);
+  } else if (!(ended_by_window && closed_by_us_)) {
+    level_->Record(r_, done, key);
+  }
+  if (config_.trace && in_window_) {
+    level_->TraceRequest(r_, index_, sent_, ok ? "OK" : key, ttft_ms_, gaps_ms_);
+  }
+  // Do not spin on a server that refuses work.
+  const bool pause = !ok && !ended_by_window;
+  auto next = [self = shared_from_this(), pause] {
+    if (pause) return self->After(std::chrono::milliseconds(10), [self] { self->Next(); });
+    self->Next();
+  };
+  std::string fork = std::move(fork_);
+  fork_.clear();
+  if (fork.empty()) return next();
+  if (level_->Stopped()) {
+    leftovers_.push_back(std::move(fork));
+    return next();
+  }
+  DeleteFork(std::move(fork), 0, std::move(next));
+}
+
+// DELETE, retried while the session is still busy (409), as Level::DeleteSoon().
+void Level::HttpStream::DeleteFork(std::string fork, int attempt, std::function<void()> then) {
+  const std::string target = absl::StrCat("/fwserve/v1/sessions/", fork);
+  Call(http::verb::delete_, target, "",
+       [self = shared_from_this(), fork = std::move(fork), attempt, then = std::move(then)](
+           int status, const std::string&, const std::string& error) mutable {
+         if (error.empty() && status == 409 && attempt + 1 < 500) {
+           return self->After(std::chrono::milliseconds(2),
+                              [self, fork = std::move(fork), attempt, then = std::move(then)] {
+                                self->DeleteFork(fork, attempt + 1, then);
+                              });
+         }
+         if (!error.empty() || status != 200) {
+           self->level_->Record(
+               self->r_, NowNs(),
+               absl::StrCat("DeleteSession ", error.empty() ? absl::StrCat("HTTP ", status)
+                                                            : std::string("connection")));
+         }
+         then();
+       });
+}
+
+void Level::StartHttp() {
+  http_load_ = std::make_unique<HttpLoad>();
+  HttpLoad& load = *http_load_;
+  for (int i = 0; i < concurrency_; ++i) {
+    load.streams.push_back(std::make_shared<HttpStream>(this, i, load.io));
+  }
+  for (auto& stream : load.streams) net::post(load.io, [stream] { stream->Setup(); });
+  load.thread = std::thread([&load] { load.io.run(); });
+}
+
+void Level::GoHttp() {
+  HttpLoad& load = *http_load_;
+  for (auto& stream : load.streams) net::post(load.io, [stream] { stream->Go(); });
+  load.guard.reset();  // run() returns once every stream has ended
+}
+
+void Level::StopHttp() {
+  HttpLoad& load = *http_load_;
+  net::post(load.io, [&load] {
+    for (auto& stream : load.streams) stream->Cancel();
+  });
+  load.thread.join();
+  // The sessions left behind, deleted one by one (as Work() deletes its base session).
+  for (auto& stream : load.streams) {
+    for (const std::string& id : stream->leftovers()) {
+      for (int attempt = 0; attempt < 500; ++attempt) {
+        auto reply = fwbench::HttpCall(http_->endpoints, http_->host, http::verb::delete_,
+                                       absl::StrCat("/fwserve/v1/sessions/", id));
+        if (!reply.ok() || reply->status != 409) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      }
+    }
+  }
+  http_load_.reset();
 }
 
 struct ServerSnapshot {
@@ -600,8 +1077,12 @@ nlohmann::ordered_json Level::Run(const std::string& metrics_target, int server_
   setup_pending_ = concurrency_;
   live_workers_ = concurrency_;
   std::vector<std::thread> threads;
-  threads.reserve(concurrency_);
-  for (int i = 0; i < concurrency_; ++i) threads.emplace_back([this, i] { Worker(i); });
+  if (protocol_ == Protocol::kGrpc) {
+    threads.reserve(concurrency_);
+    for (int i = 0; i < concurrency_; ++i) threads.emplace_back([this, i] { Worker(i); });
+  } else {
+    StartHttp();
+  }
   {
     std::unique_lock<std::mutex> lock(setup_mu_);
     setup_cv_.wait(lock, [this] { return setup_pending_ == 0; });
@@ -613,6 +1094,7 @@ nlohmann::ordered_json Level::Run(const std::string& metrics_target, int server_
     go_ = true;
     setup_cv_.notify_all();
   }
+  if (protocol_ == Protocol::kHttp) GoHttp();
   const std::optional<std::vector<double>> load_before = LoadAverage();
   std::this_thread::sleep_for(std::chrono::nanoseconds(std::max<int64_t>(0, begin_ns_ - NowNs())));
   const ServerSnapshot first = Snapshot(metrics_target, server_pid);
@@ -623,8 +1105,12 @@ nlohmann::ordered_json Level::Run(const std::string& metrics_target, int server_
   }
   const ServerSnapshot last = Snapshot(metrics_target, server_pid);
   stop_ = true;
-  CancelAll();
-  for (std::thread& t : threads) t.join();
+  if (protocol_ == Protocol::kGrpc) {
+    CancelAll();
+    for (std::thread& t : threads) t.join();
+  } else {
+    StopHttp();
+  }
   const std::optional<std::vector<double>> load_after = LoadAverage();
 
   // Merge.
@@ -635,6 +1121,8 @@ nlohmann::ordered_json Level::Run(const std::string& metrics_target, int server_
     all.ttft_ms.insert(all.ttft_ms.end(), r.ttft_ms.begin(), r.ttft_ms.end());
     all.itl_ms.insert(all.itl_ms.end(), r.itl_ms.begin(), r.itl_ms.end());
     all.finish_ms.insert(all.finish_ms.end(), r.finish_ms.begin(), r.finish_ms.end());
+    all.request_ms.insert(all.request_ms.end(), r.request_ms.begin(), r.request_ms.end());
+    all.usage_token_correction += r.usage_token_correction;
     all.session_create_ms.insert(all.session_create_ms.end(), r.session_create_ms.begin(),
                                  r.session_create_ms.end());
     all.tokens += r.tokens;
@@ -649,6 +1137,7 @@ nlohmann::ordered_json Level::Run(const std::string& metrics_target, int server_
   const double window_s = static_cast<double>(end_ns_.load() - begin_ns_) * 1e-9;
 
   nlohmann::ordered_json out;
+  out["protocol"] = ProtocolName(protocol_);
   out["repeat"] = repeat_;
   out["concurrency"] = concurrency_;
   out["context_tokens"] = context_tokens_;
@@ -666,11 +1155,21 @@ nlohmann::ordered_json Level::Run(const std::string& metrics_target, int server_
   out["ttft_ms"] = Summary(all.ttft_ms);
   out["itl_ms"] = Summary(all.itl_ms);
   out["finish_ms"] = Summary(all.finish_ms);
+  // Completed requests that started inside the window: sent -> final message (HTTP: the
+  // end of the response).
+  out["request_ms"] = Summary(all.request_ms);
+  if (protocol_ == Protocol::kHttp) out["usage_token_correction"] = all.usage_token_correction;
   out["errors"] = all.errors;
   out["warmup_errors"] = all.warmup_errors;
   if (!setup_errors.empty()) out["setup_errors"] = setup_errors;
   const double measured_s = static_cast<double>(last.at_ns - first.at_ns) * 1e-9;
   out["bench_cpu_fraction"] = (last.self_cpu - first.self_cpu) / measured_s;
+  // Per-request cost: CPU time per request completed inside the window (the window and
+  // the CPU interval are the same up to the two snapshots' timing).
+  const double completed = static_cast<double>(all.requests_completed);
+  if (completed > 0) {
+    out["bench_cpu_ms_per_request"] = (last.self_cpu - first.self_cpu) * 1e3 / completed;
+  }
   if (load_before) out["loadavg_before"] = *load_before;
   if (load_after) out["loadavg_after"] = *load_after;
   if (server_pid > 0 && !first.thread_cpu.empty()) {
@@ -686,6 +1185,7 @@ nlohmann::ordered_json Level::Run(const std::string& metrics_target, int server_
     nlohmann::ordered_json threads_json = nlohmann::ordered_json::array();
     for (const auto& [fraction, name] : busy) threads_json.push_back({{name, fraction}});
     out["server_cpu_fraction"] = total / measured_s;
+    if (completed > 0) out["server_cpu_ms_per_request"] = total * 1e3 / completed;
     // Busiest first; under load the busiest is the engine thread (model steps, sampling).
     out["server_cpu_fraction_by_thread"] = threads_json;
     out["server_busiest_thread_cpu_fraction"] = busy.empty() ? 0.0 : busy.front().first;
@@ -727,10 +1227,11 @@ std::string HumanCount(double v) {
 
 void PrintTable(const std::vector<nlohmann::ordered_json>& levels) {
   std::printf(
-      "%3s %5s %7s %7s %8s %7s | %7s %7s %7s | %6s %6s %6s %6s | %6s %6s | %5s %5s %5s %5s %5s | "
-      "%s\n",
-      "rep", "C", "context", "req/s", "tok/s", "tok/s/C", "TTFTp50", "p90", "p99", "ITLp50", "p90",
-      "p99", "mean", "ENDp50", "p99", "batch", "step%", "srv%", "top%", "cli%", "errors");
+      "%5s %3s %5s %7s %7s %8s %7s | %7s %7s %7s | %6s %6s %6s %6s | %6s %6s | %6s %6s | %5s %5s "
+      "%5s %5s %5s | %s\n",
+      "proto", "rep", "C", "context", "req/s", "tok/s", "tok/s/C", "TTFTp50", "p90", "p99",
+      "ITLp50", "p90", "p99", "mean", "ENDp50", "p99", "REQp50", "p99", "batch", "step%", "srv%",
+      "top%", "cli%", "errors");
   for (const auto& l : levels) {
     std::string errors;
     for (const auto& [code, n] : l["errors"].items()) {
@@ -748,9 +1249,10 @@ void PrintTable(const std::vector<nlohmann::ordered_json>& levels) {
       top = absl::StrFormat("%.0f", 100 * l["server_busiest_thread_cpu_fraction"].get<double>());
     }
     std::printf(
-        "%3d %5d %7d %7s %8s %7s | %7s %7s %7s | %6s %6s %6s %6s | %6s %6s | %5s %5s %5s %5s "
-        "%5.0f | %s\n",
-        l["repeat"].get<int>(), l["concurrency"].get<int>(), l["context_tokens"].get<int>(),
+        "%5s %3d %5d %7d %7s %8s %7s | %7s %7s %7s | %6s %6s %6s %6s | %6s %6s | %6s %6s | %5s %5s "
+        "%5s %5s %5.0f | %s\n",
+        l["protocol"].get<std::string>().c_str(), l["repeat"].get<int>(),
+        l["concurrency"].get<int>(), l["context_tokens"].get<int>(),
         HumanCount(l["requests_per_s"].get<double>()).c_str(),
         HumanCount(l["output_tokens_per_s"].get<double>()).c_str(),
         HumanCount(l["output_tokens_per_s_per_stream"].get<double>()).c_str(),
@@ -758,8 +1260,9 @@ void PrintTable(const std::vector<nlohmann::ordered_json>& levels) {
         Ms(l["ttft_ms"], "p99").c_str(), Ms(l["itl_ms"], "p50").c_str(),
         Ms(l["itl_ms"], "p90").c_str(), Ms(l["itl_ms"], "p99").c_str(),
         Ms(l["itl_ms"], "mean").c_str(), Ms(l["finish_ms"], "p50").c_str(),
-        Ms(l["finish_ms"], "p99").c_str(), batch.c_str(), step.c_str(), server.c_str(), top.c_str(),
-        100 * l["bench_cpu_fraction"].get<double>(), errors.c_str());
+        Ms(l["finish_ms"], "p99").c_str(), Ms(l["request_ms"], "p50").c_str(),
+        Ms(l["request_ms"], "p99").c_str(), batch.c_str(), step.c_str(), server.c_str(),
+        top.c_str(), 100 * l["bench_cpu_fraction"].get<double>(), errors.c_str());
   }
   std::fflush(stdout);
 }
@@ -772,7 +1275,7 @@ nlohmann::ordered_json Ratios(const std::vector<nlohmann::ordered_json>& levels)
     const nlohmann::ordered_json* by_c = nullptr;
     const nlohmann::ordered_json* by_context = nullptr;
     for (const auto& b : levels) {
-      if (b["repeat"] != l["repeat"]) continue;
+      if (b["repeat"] != l["repeat"] || b["protocol"] != l["protocol"]) continue;
       if (b["context_tokens"] == l["context_tokens"] &&
           (by_c == nullptr || b["concurrency"] < (*by_c)["concurrency"])) {
         by_c = &b;
@@ -783,6 +1286,7 @@ nlohmann::ordered_json Ratios(const std::vector<nlohmann::ordered_json>& levels)
       }
     }
     nlohmann::ordered_json r;
+    r["protocol"] = l["protocol"];
     r["repeat"] = l["repeat"];
     r["concurrency"] = l["concurrency"];
     r["context_tokens"] = l["context_tokens"];
@@ -799,9 +1303,117 @@ nlohmann::ordered_json Ratios(const std::vector<nlohmann::ordered_json>& levels)
       r["itl_mean_ratio"] =
           l["itl_ms"]["mean"].get<double>() / (*by_context)["itl_ms"]["mean"].get<double>();
     }
-    if (r.size() > 3) out.push_back(r);
+    if (r.size() > 4) out.push_back(r);
   }
   return out;
+}
+
+// A level's number at `path` ("output_tokens_per_s", or "ttft_ms/p50"); nullopt when the
+// level does not have it.
+std::optional<double> LevelNumber(const nlohmann::ordered_json& level, const std::string& path) {
+  const nlohmann::ordered_json* at = &level;
+  for (absl::string_view part : absl::StrSplit(path, '/')) {
+    auto it = at->find(std::string(part));
+    if (it == at->end()) return std::nullopt;
+    at = &*it;
+  }
+  if (!at->is_number()) return std::nullopt;
+  return at->get<double>();
+}
+
+struct ComparedNumber {
+  const char* name;   // in the JSON
+  const char* path;   // in a level
+  const char* label;  // in the text output
+};
+constexpr ComparedNumber kCompared[] = {
+    {"output_tokens_per_s", "output_tokens_per_s", "tok/s"},
+    {"requests_per_s", "requests_per_s", "req/s"},
+    {"ttft_p50", "ttft_ms/p50", "TTFT p50"},
+    {"itl_mean", "itl_ms/mean", "ITL mean"},
+    {"request_p50", "request_ms/p50", "request p50"},
+    {"request_p99", "request_ms/p99", "request p99"},
+    {"server_cpu_ms_per_request", "server_cpu_ms_per_request", "server CPU/request"},
+    {"bench_cpu_ms_per_request", "bench_cpu_ms_per_request", "client CPU/request"},
+};
+
+// HTTP against gRPC: each HTTP level divided by the gRPC level of the same repeat,
+// concurrency and context (they ran back to back), number by number (kCompared);
+// "per_repeat" holds every pair, "summary" the median, minimum and maximum over the
+// repeats of each (concurrency, context). Empty unless both protocols ran.
+nlohmann::ordered_json ProtocolRatios(const std::vector<nlohmann::ordered_json>& levels) {
+  nlohmann::ordered_json per_repeat = nlohmann::ordered_json::array();
+  std::map<std::pair<int, int>, std::map<std::string, std::vector<double>>> by_level;
+  for (const auto& h : levels) {
+    if (h["protocol"] != "http") continue;
+    for (const auto& g : levels) {
+      if (g["protocol"] != "grpc" || g["repeat"] != h["repeat"] ||
+          g["concurrency"] != h["concurrency"] || g["context_tokens"] != h["context_tokens"]) {
+        continue;
+      }
+      nlohmann::ordered_json r;
+      r["repeat"] = h["repeat"];
+      r["concurrency"] = h["concurrency"];
+      r["context_tokens"] = h["context_tokens"];
+      auto& samples = by_level[{h["concurrency"].get<int>(), h["context_tokens"].get<int>()}];
+      for (const ComparedNumber& n : kCompared) {
+        const std::optional<double> a = LevelNumber(h, n.path), b = LevelNumber(g, n.path);
+        if (!a || !b || *b <= 0) continue;
+        r[n.name] = *a / *b;
+        samples[n.name].push_back(*a / *b);
+      }
+      if (r.size() > 3) per_repeat.push_back(r);
+    }
+  }
+  nlohmann::ordered_json summary = nlohmann::ordered_json::array();
+  for (auto& [key, samples] : by_level) {
+    if (samples.empty()) continue;
+    nlohmann::ordered_json s;
+    s["concurrency"] = key.first;
+    s["context_tokens"] = key.second;
+    for (const ComparedNumber& n : kCompared) {
+      auto it = samples.find(n.name);
+      if (it == samples.end()) continue;
+      std::vector<double>& v = it->second;
+      std::sort(v.begin(), v.end());
+      const size_t m = v.size() / 2;
+      const double median = v.size() % 2 == 1 ? v[m] : (v[m - 1] + v[m]) / 2;
+      s[n.name] = {{"median", median}, {"min", v.front()}, {"max", v.back()}, {"n", v.size()}};
+    }
+    summary.push_back(s);
+  }
+  nlohmann::ordered_json out;
+  if (per_repeat.empty()) return out;
+  out["per_repeat"] = per_repeat;
+  out["summary"] = summary;
+  return out;
+}
+
+void PrintProtocolRatios(const nlohmann::ordered_json& ratios) {
+  if (ratios.empty()) return;
+  for (const auto& r : ratios["per_repeat"]) {
+    std::string line = absl::StrFormat("HTTP/gRPC rep %d C=%d context=%d:", r["repeat"].get<int>(),
+                                       r["concurrency"].get<int>(), r["context_tokens"].get<int>());
+    for (const ComparedNumber& n : kCompared) {
+      if (!r.contains(n.name)) continue;
+      absl::StrAppend(&line, absl::StrFormat(" %s %.3fx;", n.label, r[n.name].get<double>()));
+    }
+    std::printf("%s\n", line.c_str());
+  }
+  for (const auto& s : ratios["summary"]) {
+    std::string line =
+        absl::StrFormat("HTTP/gRPC C=%d context=%d, median (range):", s["concurrency"].get<int>(),
+                        s["context_tokens"].get<int>());
+    for (const ComparedNumber& n : kCompared) {
+      if (!s.contains(n.name)) continue;
+      const auto& v = s[n.name];
+      absl::StrAppend(&line, absl::StrFormat(" %s %.3fx (%.3f-%.3f, n=%d);", n.label,
+                                             v["median"].get<double>(), v["min"].get<double>(),
+                                             v["max"].get<double>(), v["n"].get<int>()));
+    }
+    std::printf("%s\n", line.c_str());
+  }
+  std::fflush(stdout);
 }
 
 std::string CpuModel() {
@@ -845,8 +1457,9 @@ absl::StatusOr<std::vector<int>> ParseList(const std::vector<std::string>& items
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "load generator for fwserve: Generate throughput, TTFT and inter-token latency per "
-      "concurrency level.\n"
-      "Usage: fwbench [--target HOST:PORT] [--concurrency 1,8,32,128] [--duration 10s] "
+      "concurrency level, over gRPC and/or the OpenAI-compatible HTTP API.\n"
+      "Usage: fwbench [--protocol grpc|http|grpc,http] [--target HOST:PORT] "
+      "[--http-target HOST:PORT] [--concurrency 1,8,32,128] [--duration 10s] "
       "[--context-tokens N,...] [--json FILE] [flags]");
   const std::string command_line = fwserve::QuotedCommandLine(argc, argv);
   std::vector<std::string> positional = fwserve::ParseFlagsAllowingDashes(argc, argv);
@@ -856,6 +1469,22 @@ int main(int argc, char** argv) {
   if (!concurrency.ok()) return Fail(std::string(concurrency.status().message()));
   auto contexts = ParseList(absl::GetFlag(FLAGS_context_tokens), 0, "context-tokens");
   if (!contexts.ok()) return Fail(std::string(contexts.status().message()));
+  std::vector<Protocol> protocols;
+  for (const std::string& name : absl::GetFlag(FLAGS_protocol)) {
+    Protocol p;
+    if (name == "grpc") {
+      p = Protocol::kGrpc;
+    } else if (name == "http") {
+      p = Protocol::kHttp;
+    } else {
+      return Fail("--protocol: '" + name + "' is not grpc or http");
+    }
+    if (std::find(protocols.begin(), protocols.end(), p) == protocols.end()) protocols.push_back(p);
+  }
+  if (protocols.empty()) return Fail("--protocol is empty");
+  auto uses = [&](Protocol p) {
+    return std::find(protocols.begin(), protocols.end(), p) != protocols.end();
+  };
 
   Config config;
   config.model = absl::GetFlag(FLAGS_model);
@@ -898,22 +1527,79 @@ int main(int argc, char** argv) {
     config.prompt = TextOfLength(config.text, 0, static_cast<size_t>(bytes));
   }
 
+  const absl::Time give_up = absl::Now() + absl::GetFlag(FLAGS_connect_timeout);
   fwserve::ClientOptions options;
   options.target = absl::GetFlag(FLAGS_target);
-  auto client = fwserve::Client::Connect(options);
-  if (!client.ok()) return Fail(std::string(client.status().message()));
-  const absl::Time give_up = absl::Now() + absl::GetFlag(FLAGS_connect_timeout);
-  while (true) {
-    auto healthy = (*client)->Health();
-    if (healthy.ok() && *healthy) break;
-    if (absl::Now() >= give_up) {
-      return Fail(absl::StrCat("server at ", options.target, " is not healthy: ",
-                               healthy.ok() ? "NOT_SERVING" : healthy.status().ToString()));
+  std::unique_ptr<fwserve::Client> client;
+  nlohmann::ordered_json model_json;
+  if (uses(Protocol::kGrpc)) {
+    auto connected = fwserve::Client::Connect(options);
+    if (!connected.ok()) return Fail(std::string(connected.status().message()));
+    client = std::move(*connected);
+    while (true) {
+      auto healthy = client->Health();
+      if (healthy.ok() && *healthy) break;
+      if (absl::Now() >= give_up) {
+        return Fail(absl::StrCat("server at ", options.target, " is not healthy: ",
+                                 healthy.ok() ? "NOT_SERVING" : healthy.status().ToString()));
+      }
+      absl::SleepFor(absl::Milliseconds(200));
     }
-    absl::SleepFor(absl::Milliseconds(200));
+    auto model = client->DescribeModel(config.model);
+    if (!model.ok()) return Fail("DescribeModel: " + model.status().ToString());
+    model_json["name"] = model->name();
+    model_json["architecture"] = model->architecture();
+    model_json["parameters"] = model->parameters();
+    model_json["state_bytes_per_session"] = model->state_bytes_per_session();
+    model_json["fingerprint"] = model->fingerprint();
   }
-  auto model = (*client)->DescribeModel(config.model);
-  if (!model.ok()) return Fail("DescribeModel: " + model.status().ToString());
+  const std::string http_target_flag = absl::GetFlag(FLAGS_http_target);
+  HttpTarget http_target;
+  if (uses(Protocol::kHttp)) {
+    auto endpoints = fwbench::Resolve(http_target_flag);
+    if (!endpoints.ok()) return Fail("--http-target: " + endpoints.status().ToString());
+    http_target.endpoints = *endpoints;
+    http_target.host = http_target_flag;
+    // GET /ready until 200 (models loaded, serving).
+    while (true) {
+      auto ready =
+          fwbench::HttpCall(http_target.endpoints, http_target.host, boost::beast::http::verb::get,
+                            "/ready", "", absl::Seconds(10));
+      if (ready.ok() && ready->status == 200) break;
+      if (absl::Now() >= give_up) {
+        return Fail(absl::StrCat("HTTP API at ", http_target_flag, " is not ready: ",
+                                 ready.ok() ? absl::StrCat("HTTP ", ready->status, " ", ready->body)
+                                            : ready.status().ToString()));
+      }
+      absl::SleepFor(absl::Milliseconds(200));
+    }
+    if (!uses(Protocol::kGrpc)) {
+      // The model as GET /v1/models describes it (no fingerprint there).
+      auto models = fwbench::HttpCall(http_target.endpoints, http_target.host,
+                                      boost::beast::http::verb::get, "/v1/models");
+      if (!models.ok() || models->status != 200) {
+        return Fail("GET /v1/models: " + (models.ok() ? absl::StrCat("HTTP ", models->status)
+                                                      : models.status().ToString()));
+      }
+      const nlohmann::json list = nlohmann::json::parse(models->body, nullptr, false);
+      if (list.is_object() && list.contains("data") && list["data"].is_array()) {
+        for (const auto& m : list["data"]) {
+          const nlohmann::json ext = m.value("fwserve", nlohmann::json::object());
+          const bool match = config.model.empty() ? ext.value("default", false)
+                                                  : m.value("id", "") == config.model;
+          if (!match) continue;
+          model_json["name"] = m.value("id", "");
+          model_json["architecture"] = ext.value("architecture", "");
+          model_json["parameters"] = ext.value("parameters", int64_t{0});
+          model_json["state_bytes_per_session"] = ext.value("state_bytes_per_session", int64_t{0});
+        }
+      }
+      if (model_json.empty()) {
+        return Fail("GET /v1/models: no model " +
+                    (config.model.empty() ? std::string("marked default") : config.model));
+      }
+    }
+  }
 
   const std::string metrics_target = absl::GetFlag(FLAGS_metrics_target);
   const int server_pid = absl::GetFlag(FLAGS_server_pid);
@@ -932,7 +1618,11 @@ int main(int argc, char** argv) {
   if (auto load = LoadAverage()) machine["loadavg_at_start"] = *load;
   report["machine"] = machine;
   nlohmann::ordered_json flags;
+  std::vector<std::string> protocol_names;
+  for (Protocol p : protocols) protocol_names.push_back(ProtocolName(p));
+  flags["protocol"] = protocol_names;
   flags["target"] = options.target;
+  flags["http_target"] = http_target_flag;
   flags["model"] = config.model;
   flags["concurrency"] = *concurrency;
   flags["context_tokens"] = *contexts;
@@ -949,20 +1639,22 @@ int main(int argc, char** argv) {
   flags["server_pid"] = server_pid;
   flags["trace"] = trace_path;
   report["flags"] = flags;
-  nlohmann::ordered_json model_json;
-  model_json["name"] = model->name();
-  model_json["architecture"] = model->architecture();
-  model_json["parameters"] = model->parameters();
-  model_json["state_bytes_per_session"] = model->state_bytes_per_session();
-  model_json["fingerprint"] = model->fingerprint();
   report["model"] = model_json;
 
+  std::string where;
+  for (Protocol p : protocols) {
+    absl::StrAppend(&where, where.empty() ? "" : " and ",
+                    p == Protocol::kGrpc ? "gRPC " + options.target
+                                         : "HTTP " + http_target_flag + " (SSE /v1/completions)");
+  }
   std::printf(
       "fwbench: %s, model %s (%s, %lld parameters), %d cores; max_tokens %d, prompt %zu bytes, "
       "temperature %.2f; %s per level after %s warmup\n",
-      options.target.c_str(), model->name().c_str(), model->architecture().c_str(),
-      static_cast<long long>(model->parameters()), std::thread::hardware_concurrency(),
-      config.max_tokens, config.prompt.size(), config.temperature,
+      where.c_str(), model_json["name"].get<std::string>().c_str(),
+      model_json["architecture"].get<std::string>().c_str(),
+      static_cast<long long>(model_json["parameters"].get<int64_t>()),
+      std::thread::hardware_concurrency(), config.max_tokens, config.prompt.size(),
+      config.temperature,
       config.requests_per_stream > 0
           ? absl::StrCat(config.requests_per_stream, " requests per stream").c_str()
           : absl::FormatDuration(config.duration).c_str(),
@@ -973,19 +1665,23 @@ int main(int argc, char** argv) {
   for (int rep = 0; rep < repeats; ++rep) {
     for (int c : *concurrency) {
       for (int context : *contexts) {
-        Level level(client->get(), config, c, context, rep);
-        levels.push_back(level.Run(metrics_target, server_pid));
-        for (const std::string& line : level.trace()) trace_out << line << "\n";
-        std::fprintf(stderr, "fwbench: done C=%d context=%d (%s tokens/s)\n", c, context,
-                     HumanCount(levels.back()["output_tokens_per_s"].get<double>()).c_str());
+        for (Protocol p : protocols) {
+          Level level(p, client.get(), &http_target, config, c, context, rep);
+          levels.push_back(level.Run(metrics_target, server_pid));
+          for (const std::string& line : level.trace()) trace_out << line << "\n";
+          std::fprintf(stderr, "fwbench: done %s C=%d context=%d (%s tokens/s)\n", ProtocolName(p),
+                       c, context,
+                       HumanCount(levels.back()["output_tokens_per_s"].get<double>()).c_str());
+        }
       }
     }
   }
   PrintTable(levels);
   const nlohmann::ordered_json ratios = Ratios(levels);
   for (const auto& r : ratios) {
-    std::string line = absl::StrFormat("rep %d C=%d context=%d:", r["repeat"].get<int>(),
-                                       r["concurrency"].get<int>(), r["context_tokens"].get<int>());
+    std::string line = absl::StrFormat(
+        "%s rep %d C=%d context=%d:", r["protocol"].get<std::string>(), r["repeat"].get<int>(),
+        r["concurrency"].get<int>(), r["context_tokens"].get<int>());
     if (r.contains("output_tokens_per_s_ratio")) {
       absl::StrAppend(&line, absl::StrFormat(" tok/s %.2fx of C=%d;",
                                              r["output_tokens_per_s_ratio"].get<double>(),
@@ -1000,8 +1696,12 @@ int main(int argc, char** argv) {
     std::printf("%s\n", line.c_str());
   }
 
+  const nlohmann::ordered_json protocol_ratios = ProtocolRatios(levels);
+  PrintProtocolRatios(protocol_ratios);
+
   report["levels"] = levels;
   report["ratios"] = ratios;
+  if (!protocol_ratios.empty()) report["protocol_ratios"] = protocol_ratios;
   report["finished_at"] = UtcNow();
   const std::string json_path = absl::GetFlag(FLAGS_json);
   if (!json_path.empty()) {

@@ -8,13 +8,24 @@
 # writes the JSON results, the printed tables and a machine note into OUT_DIR, and stops
 # the server with SIGTERM.
 #
+# With `http` as the first argument it runs the HTTP/SSE vs gRPC comparison instead: the
+# server also gets --http-listen on a free port, and fwbench --protocol grpc,http runs
+#   (c) streaming: HTTP_CONCURRENCY (64) streams, 128-token requests, ROUNDS (3) rounds of
+#       gRPC then HTTP (A,B,A,B,...); fwbench prints each round's HTTP/gRPC ratio (tokens/s,
+#       requests/s, TTFT, ITL, request latency, CPU per request) and their median and range;
+#   (d) per-request overhead: minimal requests (--max-tokens 1, a 1-byte prompt) in a
+#       closed loop at OVERHEAD_CONCURRENCY (1,64), ROUNDS rounds: requests/s, request
+#       latency p50/p99 and the server's CPU time per request, per protocol.
+#
 # Usage: scripts/bench-serving.sh [OUT_DIR] [extra fwbench flags...]
-#   OUT_DIR defaults to /tmp/fwbench-results.
+#        scripts/bench-serving.sh http [OUT_DIR] [extra fwbench flags...]
+#   OUT_DIR defaults to /tmp/fwbench-results (/tmp/fwbench-http-results for `http`).
 # Environment:
 #   MODEL=DIR          checkpoint to serve (default: the server's default model)
 #   DURATION=10s       measured time per level;  WARMUP=2s  unmeasured time before it
 #   CONCURRENCY=1,8,32,128   levels of run (a)
 #   CONTEXT_CONCURRENCY=1,8  levels of run (b);  CONTEXTS=100,4000  its context lengths
+#   HTTP_CONCURRENCY=64  ROUNDS=3  OVERHEAD_CONCURRENCY=1,64   runs (c) and (d)
 #   SERVER_FLAGS="..." extra fwserve flags (e.g. "--threads 1 --batch-wait 1ms")
 #   METRICS=1          turn the server's /metrics on (free port) so that fwbench reports
 #                      engine statistics (mean batch size, share of time in the model step)
@@ -30,7 +41,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-OUT_DIR=${1:-/tmp/fwbench-results}
+MODE=sweep
+if [[ "${1:-}" == http ]]; then
+  MODE=http
+  shift
+fi
+DEFAULT_OUT_DIR=/tmp/fwbench-results
+if [[ $MODE == http ]]; then DEFAULT_OUT_DIR=/tmp/fwbench-http-results; fi
+OUT_DIR=${1:-$DEFAULT_OUT_DIR}
 if [[ $# -gt 0 ]]; then shift; fi
 BUILD_DIR=${BUILD_DIR:-build}
 JOBS=${JOBS:-2}
@@ -39,6 +57,9 @@ WARMUP=${WARMUP:-2s}
 CONCURRENCY=${CONCURRENCY:-1,8,32,128}
 CONTEXT_CONCURRENCY=${CONTEXT_CONCURRENCY:-1,8}
 CONTEXTS=${CONTEXTS:-100,4000}
+HTTP_CONCURRENCY=${HTTP_CONCURRENCY:-64}
+ROUNDS=${ROUNDS:-3}
+OVERHEAD_CONCURRENCY=${OVERHEAD_CONCURRENCY:-1,64}
 mkdir -p "$OUT_DIR"
 
 # Build (a no-op when up to date).
@@ -78,6 +99,14 @@ if [[ "${METRICS:-0}" == 1 ]]; then
 else
   server_args+=(--metrics-listen "")
 fi
+if [[ $MODE == http ]]; then
+  HTTP_PORT=$(free_port)
+  while [[ "$HTTP_PORT" == "$PORT" || "$HTTP_PORT" == "${METRICS_PORT:-}" ]]; do
+    HTTP_PORT=$(free_port)
+  done
+  server_args+=(--http-listen "127.0.0.1:$HTTP_PORT")
+  bench_extra+=(--http-target "127.0.0.1:$HTTP_PORT")
+fi
 if [[ -n "${MODEL:-}" ]]; then server_args+=(--model "$MODEL"); fi
 # shellcheck disable=SC2206  # SERVER_FLAGS is split on purpose
 if [[ -n "${SERVER_FLAGS:-}" ]]; then server_args+=($SERVER_FLAGS); fi
@@ -110,7 +139,9 @@ for i in $(seq 1 600); do
     cat "$SERVER_LOG" >&2
     exit 1
   fi
-  if ! port_is_free "$PORT"; then break; fi
+  if ! port_is_free "$PORT" && { [[ $MODE != http ]] || ! port_is_free "$HTTP_PORT"; }; then
+    break
+  fi
   if [[ $i == 600 ]]; then
     echo "fwserve did not listen on port $PORT within 60 s" >&2
     exit 1
@@ -131,13 +162,24 @@ LABEL=${LABEL:-"tree $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(
 common=(--target "127.0.0.1:$PORT" --duration "$DURATION" --warmup "$WARMUP"
         --server-pid "$SERVER_PID" --label "$LABEL" "${bench_extra[@]}")
 
-echo "== (a) concurrency sweep: $CONCURRENCY" >&2
-"$FWBENCH" "${common[@]}" --concurrency "$CONCURRENCY" --json "$OUT_DIR/concurrency.json" "$@" |
-  tee "$OUT_DIR/concurrency.txt"
+if [[ $MODE == http ]]; then
+  echo "== (c) HTTP/SSE vs gRPC streaming: $HTTP_CONCURRENCY streams, $ROUNDS rounds" >&2
+  "$FWBENCH" "${common[@]}" --protocol grpc,http --concurrency "$HTTP_CONCURRENCY" \
+    --repeat "$ROUNDS" --json "$OUT_DIR/http-vs-grpc.json" "$@" | tee "$OUT_DIR/http-vs-grpc.txt"
 
-echo "== (b) context comparison: contexts $CONTEXTS at concurrency $CONTEXT_CONCURRENCY" >&2
-"$FWBENCH" "${common[@]}" --concurrency "$CONTEXT_CONCURRENCY" --context-tokens "$CONTEXTS" \
-  --json "$OUT_DIR/context.json" "$@" | tee "$OUT_DIR/context.txt"
+  echo "== (d) per-request overhead: max_tokens 1 at concurrency $OVERHEAD_CONCURRENCY" >&2
+  "$FWBENCH" "${common[@]}" --protocol grpc,http --concurrency "$OVERHEAD_CONCURRENCY" \
+    --max-tokens 1 --prompt-bytes 1 --repeat "$ROUNDS" --json "$OUT_DIR/overhead.json" "$@" |
+    tee "$OUT_DIR/overhead.txt"
+else
+  echo "== (a) concurrency sweep: $CONCURRENCY" >&2
+  "$FWBENCH" "${common[@]}" --concurrency "$CONCURRENCY" --json "$OUT_DIR/concurrency.json" "$@" |
+    tee "$OUT_DIR/concurrency.txt"
+
+  echo "== (b) context comparison: contexts $CONTEXTS at concurrency $CONTEXT_CONCURRENCY" >&2
+  "$FWBENCH" "${common[@]}" --concurrency "$CONTEXT_CONCURRENCY" --context-tokens "$CONTEXTS" \
+    --json "$OUT_DIR/context.json" "$@" | tee "$OUT_DIR/context.txt"
+fi
 
 echo "uptime after: $(uptime)" >>"$OUT_DIR/machine.txt"
 stop_server

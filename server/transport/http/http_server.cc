@@ -1376,6 +1376,10 @@ void HttpServer::Impl::Accept() {
       if (ec == net::error::operation_aborted || !acceptor_.is_open()) return;
       Log(LogLevel::kWarning, absl::StrCat("http accept: ", ec.message()));
     } else {
+      // SSE chunks are small writes: without TCP_NODELAY each stream's first chunk waits
+      // for the client's delayed ACK of the headers (about 40 ms).
+      beast::error_code ignored;
+      socket.set_option(tcp::no_delay(true), ignored);
       std::make_shared<Connection>(std::move(socket), this)->Run();
     }
     Accept();
