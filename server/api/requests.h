@@ -11,6 +11,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "models/sampler.h"
 #include "server/api/session_record.h"
 
@@ -51,6 +52,10 @@ struct GenerateParams {
   // Polled before the request starts and between prefill chunks (may be null): true =
   // the caller is gone, and the request ends without effect.
   std::function<bool()> is_cancelled;
+  // The caller's deadline (the gRPC call's). A request that the queue's expected wait
+  // says cannot start before it is refused at once with DEADLINE_EXCEEDED and a retry
+  // hint, instead of queueing to die (docs/serving.md "Overload").
+  absl::Time deadline = absl::InfiniteFuture();
 };
 
 enum class FinishReason { kLength, kStop, kCancelled, kShutdown };

@@ -6,6 +6,7 @@
 #include <optional>
 #include <set>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "models/blas_check.h"
@@ -243,6 +244,11 @@ class CoreImpl : public Core {
 
   absl::Status StartGenerate(const Caller& caller, GenerateParams params,
                              GenerateObserver* observer) override {
+    // Overload: refused before any per-request work (docs/serving.md "Overload").
+    if (absl::Status early = EarlyRefusal(params.model, params.session_id, params.deadline);
+        !early.ok()) {
+      return early;
+    }
     if (absl::Status valid = ValidateText("prompt", params.prompt); !valid.ok()) return valid;
     if (absl::Status valid = params.sampling.Validate(); !valid.ok()) return valid;
     if (params.max_tokens < 0 || params.max_tokens > options_.max_tokens) {
@@ -527,7 +533,10 @@ class CoreImpl : public Core {
   // caller answers, so its lease is free by the time the client hears.
   absl::Status SubmitOrRelease(Engine* engine, std::unique_ptr<WorkItem>& item) {
     absl::Status queued = engine->Submit(item);
-    if (!queued.ok()) item.reset();
+    if (!queued.ok()) {
+      CountRefusal(queued);
+      item.reset();
+    }
     return queued;
   }
 
@@ -593,6 +602,7 @@ class CoreImpl : public Core {
     }
     if (bind) bind(*engine, w);
     absl::Status queued = (*engine)->Submit(pending.item);
+    if (!queued.ok()) CountRefusal(queued);
     if (!queued.ok() && pending.returned) {
       AnswerWorkItem(*pending.item, queued);
       return absl::OkStatus();
@@ -668,6 +678,35 @@ class CoreImpl : public Core {
     const std::shared_ptr<StoreTicket> ticket_;
     GenerateObserver* const inner_;
   };
+
+  // The engine's lock-free admission check for a Generate, when its engine is known
+  // without claiming anything: a throwaway stream's, or a session's when one model is
+  // served. Counts the refusal by reason (fwserve_requests_refused_total).
+  absl::Status EarlyRefusal(const std::string& model, const std::string& session_id,
+                            absl::Time deadline) {
+    Engine* engine = nullptr;
+    if (session_id.empty() || engines_.size() == 1) {
+      auto found = FindEngine(session_id.empty() ? model : "");
+      if (!found.ok()) return absl::OkStatus();  // answered by the checks that follow
+      engine = *found;
+    } else {
+      return absl::OkStatus();
+    }
+    absl::Status refused = engine->CheckAdmission(deadline);
+    if (!refused.ok()) CountRefusal(refused);
+    return refused;
+  }
+
+  // Counts an engine's refusal (queue full, tenant's queue share, deadline).
+  void CountRefusal(const absl::Status& refused) {
+    if (refused.code() == absl::StatusCode::kDeadlineExceeded) {
+      metrics_->CountRefused("deadline");
+    } else if (refused.code() == absl::StatusCode::kResourceExhausted) {
+      metrics_->CountRefused(absl::StrContains(refused.message(), "its share of the queue")
+                                 ? "tenant_queue_share"
+                                 : "queue_full");
+    }
+  }
 
   // A new session of the caller's tenant (Create, Fork, Import): refused at its
   // max_sessions quota.

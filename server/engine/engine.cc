@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "models/blas_check.h"
 #include "server/base/log.h"
+#include "server/base/retry_delay.h"
 #include "server/base/session_id.h"
 
 namespace fwserve {
@@ -175,11 +176,65 @@ void Engine::PrefillThreadLoop() {
   }
 }
 
+namespace {
+
+// The retry hint when no drain rate has been measured yet.
+constexpr absl::Duration kUnmeasuredRetryDelay = absl::Seconds(1);
+constexpr absl::Duration kMinRetryDelay = absl::Milliseconds(10);
+constexpr absl::Duration kMaxRetryDelay = absl::Seconds(30);
+
+}  // namespace
+
+absl::Duration Engine::ExpectedQueueWait() const {
+  const int64_t ahead = published_queued_.load(std::memory_order_relaxed) + 1 -
+                        published_free_slots_.load(std::memory_order_relaxed);
+  // Unmeasured: no claim (a deadline is never refused on a guess).
+  return DrainEstimate::WaitFor(ahead, published_drain_rate_.load(std::memory_order_relaxed),
+                                absl::ZeroDuration());
+}
+
+absl::Duration Engine::RetryDelay() const {
+  const int64_t ahead =
+      std::max<int64_t>(1, published_queued_.load(std::memory_order_relaxed) -
+                               published_free_slots_.load(std::memory_order_relaxed));
+  const absl::Duration wait = DrainEstimate::WaitFor(
+      ahead, published_drain_rate_.load(std::memory_order_relaxed), kUnmeasuredRetryDelay);
+  return std::clamp(wait, kMinRetryDelay, kMaxRetryDelay);
+}
+
+absl::Status Engine::DeadlineRefusal(absl::Time deadline) const {
+  if (deadline == absl::InfiniteFuture()) return absl::OkStatus();
+  const absl::Duration wait = ExpectedQueueWait();
+  if (absl::Now() + wait <= deadline) return absl::OkStatus();
+  return WithRetryDelay(absl::DeadlineExceededError(absl::StrCat(
+                            "model '", name_,
+                            "' cannot start this request before its deadline: the queue's "
+                            "expected wait is ",
+                            absl::FormatDuration(absl::Trunc(wait, absl::Milliseconds(1))))),
+                        std::clamp(wait, kMinRetryDelay, kMaxRetryDelay));
+}
+
+absl::Status Engine::CheckAdmission(absl::Time deadline) const {
+  const int64_t queued = published_queued_.load(std::memory_order_relaxed);
+  if (queued >= options_.max_queued_requests) {
+    return WithRetryDelay(absl::ResourceExhaustedError(absl::StrCat(
+                              "the queue of model '", name_, "' is full (--max-queued-requests=",
+                              options_.max_queued_requests, "); retry later")),
+                          RetryDelay());
+  }
+  return DeadlineRefusal(deadline);
+}
+
 absl::Status Engine::Submit(std::unique_ptr<WorkItem>& item) {
+  if (item->kind == WorkItem::Kind::kGenerate) {
+    if (absl::Status late = DeadlineRefusal(item->generate.deadline); !late.ok()) return late;
+  }
   absl::MutexLock lock(&mu_);
   if (draining_) return absl::UnavailableError("the server is shutting down");
   absl::Status queued = queue_.Push(item);
-  if (queued.ok()) wake_.Signal();
+  if (!queued.ok()) return WithRetryDelay(std::move(queued), RetryDelay());
+  published_queued_.store(queue_.size(), std::memory_order_relaxed);
+  wake_.Signal();
   return queued;
 }
 
@@ -309,6 +364,11 @@ Engine::IterationWork Engine::WaitForWork() {
   queue_.TakeAdmissible(
       active, end_all_, [this] { return RunningByTenant(); }, work.admitted);
   active_tasks_ = active;  // WaitIdle must not see admitted work as idle
+  drain_.Tick(absl::Now(), active >= options_.max_active_streams);
+  published_queued_.store(queue_.size(), std::memory_order_relaxed);
+  published_free_slots_.store(std::max<int64_t>(0, options_.max_active_streams - active),
+                              std::memory_order_relaxed);
+  published_drain_rate_.store(drain_.rate(), std::memory_order_relaxed);
   work.end_all = end_all_;
   if (end_all_) end_all_applied_ = true;
   work.stop = stop_;
@@ -484,6 +544,7 @@ void Engine::Admit(std::unique_ptr<WorkItem> item) {
       return StartLoad(std::move(item));
     }
     if (IsStreamKind(kind)) {
+      metrics_->ObserveQueueWait(absl::ToDoubleSeconds(absl::Now() - item->arrival));
       auto task = std::make_unique<Task>();
       admitted = task.get();
       task->item = std::move(item);
@@ -798,6 +859,7 @@ void Engine::SampleAndEmit() {
 
 std::unique_ptr<WorkItem> Engine::TakeTask(Task& t) {
   std::unique_ptr<WorkItem> item = std::move(t.item);
+  drain_.StreamEnded();
   if (item->kind == WorkItem::Kind::kGenerate) tasks_by_stream_.erase(item->stream_id);
   tasks_.remove_if([&t](const std::unique_ptr<Task>& p) { return p.get() == &t; });
   return item;

@@ -42,6 +42,7 @@
 #include "server/api/requests.h"
 #include "server/base/clock.h"
 #include "server/engine/admission_queue.h"
+#include "server/engine/drain_estimate.h"
 #include "server/engine/engine_options.h"
 #include "server/engine/residency.h"
 #include "server/engine/state_pool.h"
@@ -118,9 +119,18 @@ class Engine {
   const std::string& fingerprint() const { return fingerprint_; }
   uint64_t NewStreamId() { return next_stream_id_.fetch_add(1); }
 
-  // Queues `item`. RESOURCE_EXHAUSTED when the queue is full, UNAVAILABLE when draining;
-  // on error the item is returned untouched through `item` (callbacks not called).
+  // Queues `item`. RESOURCE_EXHAUSTED when the queue is full, DEADLINE_EXCEEDED when a
+  // Generate could not start before its deadline (GenerateParams::deadline) by the
+  // queue's expected wait, UNAVAILABLE when draining; the first two carry a retry delay
+  // (server/base/retry_delay.h). On error the item is returned untouched through `item`
+  // (callbacks not called).
   absl::Status Submit(std::unique_ptr<WorkItem>& item);
+  // The same refusals as Submit's, decided from published counts without the lock,
+  // before any per-request work (docs/serving.md "Overload"): the cheap early answer.
+  // OK does not promise that Submit accepts. Thread-safe, never blocks.
+  absl::Status CheckAdmission(absl::Time deadline) const;
+  // How long a stream queued now is expected to wait before it starts. Thread-safe.
+  absl::Duration ExpectedQueueWait() const;
   void PostWriteDone(uint64_t stream_id, bool ok);
   void PostCancel(uint64_t stream_id);
 
@@ -166,6 +176,12 @@ class Engine {
   bool HasImmediateWorkLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Streams running per tenant (AdmissionQueue's fair share). Engine thread.
   absl::flat_hash_map<std::string, int64_t> RunningByTenant() const;
+  // The retry hint of a refusal: how long until the streams queued now have started
+  // (at least 10 ms, at most 30 s; 1 s while unmeasured). Thread-safe.
+  absl::Duration RetryDelay() const;
+  // DEADLINE_EXCEEDED (with a retry delay) when a stream queued now would start after
+  // `deadline`; OK for InfiniteFuture. Thread-safe.
+  absl::Status DeadlineRefusal(absl::Time deadline) const;
   bool IdleLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ApplyEvent(const Event& event);
   void Admit(std::unique_ptr<WorkItem> item);
@@ -294,11 +310,18 @@ class Engine {
   bool end_all_applied_ ABSL_GUARDED_BY(mu_) = false;
   // The prefill thread finished the in-flight job.
   bool prefill_done_ ABSL_GUARDED_BY(mu_) = false;
+  // Published for CheckAdmission and ExpectedQueueWait (written under mu_ by the engine
+  // thread, read anywhere): items queued, stream slots free, streams ending per second
+  // while saturated (0 = not measured yet).
+  std::atomic<int64_t> published_queued_{0};
+  std::atomic<int64_t> published_free_slots_{0};
+  std::atomic<double> published_drain_rate_{0};
   // Mirrors of engine-thread counts, for WaitIdle and the admission check.
   int64_t active_tasks_ ABSL_GUARDED_BY(mu_) = 0;
   bool immediate_work_ ABSL_GUARDED_BY(mu_) = false;
 
   // Engine-thread state.
+  DrainEstimate drain_;
   StatePool pool_;
   // The decode step (engine thread) and prefill chunks (prefill thread).
   Stepper stepper_;

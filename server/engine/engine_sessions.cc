@@ -561,6 +561,7 @@ void Engine::PublishGauges() {
     queued = queue_.size();
   }
   metrics_->SetQueuedRequests(queued);
+  metrics_->SetExpectedQueueWait(absl::ToDoubleSeconds(ExpectedQueueWait()));
   metrics_->SetActiveStreams(static_cast<int64_t>(tasks_.size()));
   metrics_->SetSessions(static_cast<int64_t>(resident_.size()), registry_->CountNotResident(name_),
                         pool_.slots_in_use() * state_bytes_);

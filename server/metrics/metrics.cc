@@ -132,6 +132,8 @@ struct ModelFamilies {
   Family<Histogram>& prefill_chunk_duration;
   Family<Histogram>& prefill_chunk_tokens;
   Family<Gauge>& queued;
+  Family<Gauge>& expected_queue_wait;
+  Family<Histogram>& queue_wait;
   Family<Gauge>& active_streams;
   Family<Gauge>& sessions;
   Family<Gauge>& state_bytes;
@@ -161,6 +163,8 @@ class PrometheusModelMetrics final : public ModelMetrics {
         prefill_chunk_tokens_(
             f.prefill_chunk_tokens.Add({{"model", model}}, Buckets(kPrefillTokensBuckets))),
         queued_(f.queued.Add({{"model", model}})),
+        expected_queue_wait_(f.expected_queue_wait.Add({{"model", model}})),
+        queue_wait_(f.queue_wait.Add({{"model", model}}, Buckets(kTtftBuckets))),
         active_streams_(f.active_streams.Add({{"model", model}})),
         sessions_resident_(f.sessions.Add({{"model", model}, {"state", "resident"}})),
         sessions_spilled_(f.sessions.Add({{"model", model}, {"state", "spilled"}})),
@@ -190,6 +194,8 @@ class PrometheusModelMetrics final : public ModelMetrics {
     prefill_chunk_duration_.Observe(seconds);
   }
   void SetQueuedRequests(int64_t count) override { queued_.Set(static_cast<double>(count)); }
+  void SetExpectedQueueWait(double seconds) override { expected_queue_wait_.Set(seconds); }
+  void ObserveQueueWait(double seconds) override { queue_wait_.Observe(seconds); }
   void SetActiveStreams(int64_t count) override { active_streams_.Set(static_cast<double>(count)); }
   void SetSessions(int64_t resident, int64_t spilled, int64_t resident_state_bytes) override {
     sessions_resident_.Set(static_cast<double>(resident));
@@ -228,6 +234,8 @@ class PrometheusModelMetrics final : public ModelMetrics {
   Histogram& prefill_chunk_duration_;
   Histogram& prefill_chunk_tokens_;
   Gauge& queued_;
+  Gauge& expected_queue_wait_;
+  Histogram& queue_wait_;
   Gauge& active_streams_;
   Gauge& sessions_resident_;
   Gauge& sessions_spilled_;
@@ -255,6 +263,8 @@ class NullModelMetrics final : public ModelMetrics {
   void ObserveDecodeStep(int64_t, double) override {}
   void ObservePrefillChunk(int64_t, double) override {}
   void SetQueuedRequests(int64_t) override {}
+  void SetExpectedQueueWait(double) override {}
+  void ObserveQueueWait(double) override {}
   void SetActiveStreams(int64_t) override {}
   void SetSessions(int64_t, int64_t, int64_t) override {}
   void SetStateMemoryUsage(int64_t, int64_t) override {}
@@ -466,6 +476,16 @@ class PrometheusMetrics final : public Metrics {
                 .Help("Work items waiting in the engine queue.")
                 .Register(*registry_),
             prometheus::BuildGauge()
+                .Name("fwserve_engine_expected_queue_wait_seconds")
+                .Help("How long a stream queued now is expected to wait before it starts (from "
+                      "how fast streams end while every slot is taken); the basis of retry hints "
+                      "and deadline admission.")
+                .Register(*registry_),
+            prometheus::BuildHistogram()
+                .Name("fwserve_engine_queue_wait_seconds")
+                .Help("How long each admitted stream waited in the engine queue.")
+                .Register(*registry_),
+            prometheus::BuildGauge()
                 .Name("fwserve_engine_active_streams")
                 .Help("Streams being served by the engine.")
                 .Register(*registry_),
@@ -526,11 +546,13 @@ class PrometheusMetrics final : public Metrics {
                                    "(op=acquire) or was lost before a write (commit, delete, "
                                    "renew).")
                              .Register(*registry_)),
-        refused_(prometheus::BuildCounter()
-                     .Name("fwserve_requests_refused_total")
-                     .Help("Requests refused before they reached a model, by reason: "
-                           "unauthenticated, quota_sessions, quota_streams, quota_tokens.")
-                     .Register(*registry_)),
+        refused_(
+            prometheus::BuildCounter()
+                .Name("fwserve_requests_refused_total")
+                .Help("Requests refused before they reached a model, by reason: "
+                      "unauthenticated, quota_sessions, quota_streams, quota_tokens, queue_full, "
+                      "tenant_queue_share, deadline.")
+                .Register(*registry_)),
         tenant_requests_(prometheus::BuildCounter()
                              .Name("fwserve_tenant_requests_total")
                              .Help("Finished RPCs by tenant (configured names only), method "
@@ -544,8 +566,8 @@ class PrometheusMetrics final : public Metrics {
                             .Name("fwserve_tenant_active_streams")
                             .Help("Generate streams of each tenant, running or queued.")
                             .Register(*registry_)) {
-    for (const char* reason :
-         {"unauthenticated", "quota_sessions", "quota_streams", "quota_tokens"}) {
+    for (const char* reason : {"unauthenticated", "quota_sessions", "quota_streams", "quota_tokens",
+                               "queue_full", "tenant_queue_share", "deadline"}) {
       refused_.Add({{"reason", reason}});
     }
     prometheus::BuildGauge()

@@ -41,6 +41,11 @@ class ModelMetrics {
   virtual void ObservePrefillChunk(int64_t tokens, double seconds) = 0;
   // Work items waiting in the engine queue / streams being served.
   virtual void SetQueuedRequests(int64_t count) = 0;
+  // How long a stream queued now is expected to wait before it starts (the retry hint
+  // and deadline admission use it; docs/serving.md "Overload").
+  virtual void SetExpectedQueueWait(double seconds) = 0;
+  // How long an admitted stream waited in the queue.
+  virtual void ObserveQueueWait(double seconds) = 0;
   virtual void SetActiveStreams(int64_t count) = 0;
   // Sessions of this model with state in the pool / only in the session store, and the bytes of
   // resident state (sessions in the pool, including throwaway ones in use).
