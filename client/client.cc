@@ -3,14 +3,23 @@
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
+#include <atomic>
+#include <optional>
+#include <random>
 #include <thread>
 #include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "google/rpc/error_details.pb.h"
+#include "google/rpc/status.pb.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 
 namespace fwserve {
@@ -38,15 +47,102 @@ absl::Status FromGrpc(const grpc::Status& status) {
   return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
 }
 
-class GrpcGenerateStream : public GenerateStream {
+// The server's retry hint on an overload refusal: the `grpc-retry-pushback-ms` trailer
+// (what is left of the hint after the server held the refusal), else the RetryInfo in the
+// rich error details. nullopt: no hint, or the server says not to retry.
+std::optional<absl::Duration> OverloadHint(const grpc::Status& status,
+                                           const grpc::ClientContext& context) {
+  if (status.error_code() != grpc::StatusCode::RESOURCE_EXHAUSTED) return std::nullopt;
+  const auto& trailers = context.GetServerTrailingMetadata();
+  if (auto it = trailers.find("grpc-retry-pushback-ms"); it != trailers.end()) {
+    int64_t ms = 0;
+    if (!absl::SimpleAtoi(absl::string_view(it->second.data(), it->second.size()), &ms) || ms < 0) {
+      return std::nullopt;
+    }
+    return absl::Milliseconds(ms);
+  }
+  google::rpc::Status details;
+  if (status.error_details().empty() || !details.ParseFromString(status.error_details())) {
+    return std::nullopt;
+  }
+  for (const auto& detail : details.details()) {
+    google::rpc::RetryInfo retry;
+    if (detail.UnpackTo(&retry)) {
+      return absl::Seconds(retry.retry_delay().seconds()) +
+             absl::Nanoseconds(retry.retry_delay().nanos());
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+// The overload retry rule of ClientOptions::max_overload_retries: the budget (gRPC's
+// retryThrottling) and the backoff. Thread-safe.
+class OverloadRetries {
  public:
-  GrpcGenerateStream(std::unique_ptr<grpc::ClientContext> context, v1::Fwserve::Stub* stub,
-                     const v1::GenerateRequest& request)
-      : context_(std::move(context)), reader_(stub->Generate(context_.get(), request)) {}
+  explicit OverloadRetries(const ClientOptions& options)
+      : options_(options), random_(std::random_device{}()) {}
+
+  // A call was answered without an overload refusal.
+  void Succeeded() {
+    absl::MutexLock lock(&mu_);
+    tokens_ = std::min(kMaxTokens, tokens_ + kTokenRatio);
+  }
+  // A call was refused with `hint` on its `attempt`-th retry (0 = the first try). Waits
+  // and returns true if it should be retried; false to return the refusal.
+  // `cancelled` (may be null) ends the wait early with false.
+  bool WaitToRetry(int attempt, absl::Duration hint, const std::function<bool()>& cancelled) {
+    absl::Duration wait;
+    {
+      absl::MutexLock lock(&mu_);
+      tokens_ = std::max(0.0, tokens_ - 1);
+      if (attempt >= options_.max_overload_retries || tokens_ <= kMaxTokens / 2) return false;
+      const absl::Duration base =
+          std::min(options_.overload_backoff * (int64_t{1} << std::min(attempt, 20)),
+                   std::max(options_.max_backoff, options_.overload_backoff));
+      std::uniform_real_distribution<double> unit(0.0, 1.0);
+      wait = hint + base * unit(random_);
+    }
+    if (options_.retry_wait_for_testing) {
+      options_.retry_wait_for_testing(wait);
+      return cancelled == nullptr || !cancelled();
+    }
+    const absl::Time until = absl::Now() + wait;
+    while (absl::Now() < until) {
+      if (cancelled != nullptr && cancelled()) return false;
+      absl::SleepFor(std::min(until - absl::Now(), absl::Milliseconds(20)));
+    }
+    return cancelled == nullptr || !cancelled();
+  }
+
+ private:
+  static constexpr double kMaxTokens = 10;
+  static constexpr double kTokenRatio = 0.1;
+  const ClientOptions& options_;  // the owning Client's
+  absl::Mutex mu_;
+  double tokens_ ABSL_GUARDED_BY(mu_) = kMaxTokens;
+  std::mt19937_64 random_ ABSL_GUARDED_BY(mu_);
+};
+
+namespace {
+
+// A Generate call, retried after an overload refusal (before its first message).
+class RetryingGenerateStream : public GenerateStream {
+ public:
+  using NewContextFn = std::function<std::unique_ptr<grpc::ClientContext>()>;
+  RetryingGenerateStream(NewContextFn new_context, v1::Fwserve::Stub* stub,
+                         v1::GenerateRequest request, std::shared_ptr<OverloadRetries> retries)
+      : new_context_(std::move(new_context)),
+        stub_(stub),
+        request_(std::move(request)),
+        retries_(std::move(retries)) {
+    StartAttempt();
+  }
 
   // A stream dropped before Finish() is cancelled and finished here, so that the call
   // ends (and the server lets go of its session) as soon as the caller is done with it.
-  ~GrpcGenerateStream() override {
+  ~RetryingGenerateStream() override {
     if (!finished_) {
       Cancel();
       v1::GenerateResponse ignored;
@@ -56,7 +152,28 @@ class GrpcGenerateStream : public GenerateStream {
     }
   }
 
-  bool Next(v1::GenerateResponse* message) override { return reader_->Read(message); }
+  bool Next(v1::GenerateResponse* message) override {
+    while (true) {
+      if (reader_->Read(message)) {
+        if (!received_) retries_->Succeeded();
+        received_ = true;
+        return true;
+      }
+      if (received_ || finished_) return false;
+      // Ended before its first message: a refusal may be retried.
+      const grpc::Status status = reader_->Finish();
+      const std::optional<absl::Duration> hint = OverloadHint(status, *context_);
+      if (!hint.has_value() || cancelled_.load() ||
+          !retries_->WaitToRetry(attempt_, *hint, [this] { return cancelled_.load(); })) {
+        finished_ = true;
+        status_ = FromGrpc(status);
+        if (status.ok()) retries_->Succeeded();
+        return false;
+      }
+      ++attempt_;
+      StartAttempt();
+    }
+  }
 
   absl::Status Finish() override {
     if (!finished_) {
@@ -66,11 +183,33 @@ class GrpcGenerateStream : public GenerateStream {
     return status_;
   }
 
-  void Cancel() override { context_->TryCancel(); }
+  void Cancel() override {
+    cancelled_.store(true);
+    absl::MutexLock lock(&context_mu_);
+    context_->TryCancel();
+  }
 
  private:
+  void StartAttempt() {
+    std::unique_ptr<grpc::ClientContext> context = new_context_();
+    auto reader = stub_->Generate(context.get(), request_);
+    absl::MutexLock lock(&context_mu_);
+    // The previous attempt's reader is finished; its context can go.
+    reader_ = std::move(reader);
+    context_ = std::move(context);
+    if (cancelled_.load()) context_->TryCancel();
+  }
+
+  const NewContextFn new_context_;
+  v1::Fwserve::Stub* const stub_;
+  const v1::GenerateRequest request_;
+  const std::shared_ptr<OverloadRetries> retries_;
+  absl::Mutex context_mu_;  // Cancel (any thread) against StartAttempt
   std::unique_ptr<grpc::ClientContext> context_;
   std::unique_ptr<grpc::ClientReader<v1::GenerateResponse>> reader_;
+  std::atomic<bool> cancelled_{false};
+  int attempt_ = 0;
+  bool received_ = false;
   bool finished_ = false;
   absl::Status status_;
 };
@@ -132,7 +271,8 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
 Client::Client(ClientOptions options, std::shared_ptr<grpc::Channel> channel)
     : options_(std::move(options)),
       channel_(std::move(channel)),
-      stub_(v1::Fwserve::NewStub(channel_)) {}
+      stub_(v1::Fwserve::NewStub(channel_)),
+      overload_retries_(std::make_shared<OverloadRetries>(options_)) {}
 
 Client::~Client() = default;
 
@@ -147,12 +287,21 @@ std::unique_ptr<grpc::ClientContext> Client::NewContext(absl::Duration deadline)
   return context;
 }
 
-absl::Status Client::Call(bool idempotent,
-                          const std::function<absl::Status(grpc::ClientContext*)>& call) const {
+absl::Status Client::Call(
+    bool idempotent,
+    const std::function<absl::Status(grpc::ClientContext*, grpc::Status*)>& call) const {
   absl::Duration backoff = options_.initial_backoff;
-  for (int attempt = 0;; ++attempt) {
+  for (int attempt = 0, overload_attempt = 0;; ++attempt) {
     auto context = NewContext(options_.deadline);
-    absl::Status status = call(context.get());
+    grpc::Status grpc_status;
+    absl::Status status = call(context.get(), &grpc_status);
+    // An overload refusal did nothing on the server: any call may be retried.
+    if (const std::optional<absl::Duration> hint = OverloadHint(grpc_status, *context);
+        hint.has_value()) {
+      if (overload_retries_->WaitToRetry(overload_attempt++, *hint, nullptr)) continue;
+      return status;
+    }
+    overload_retries_->Succeeded();
     if (!idempotent || status.code() != absl::StatusCode::kUnavailable ||
         attempt >= options_.max_retries) {
       return status;
@@ -167,8 +316,9 @@ absl::Status Client::Call(bool idempotent,
 }
 
 std::unique_ptr<GenerateStream> Client::StartGenerate(const v1::GenerateRequest& request) {
-  return std::make_unique<GrpcGenerateStream>(NewContext(options_.generate_deadline), stub_.get(),
-                                              request);
+  return std::make_unique<RetryingGenerateStream>(
+      [this] { return NewContext(options_.generate_deadline); }, stub_.get(), request,
+      overload_retries_);
 }
 
 absl::StatusOr<GenerateResult> Client::Generate(
@@ -199,11 +349,13 @@ absl::StatusOr<GenerateResult> Client::Generate(
   return result;
 }
 
-#define FWSERVE_UNARY(idempotent, method, request, response_type)            \
-  response_type response;                                                    \
-  absl::Status status = Call(idempotent, [&](grpc::ClientContext* context) { \
-    return FromGrpc(stub_->method(context, request, &response));             \
-  });                                                                        \
+#define FWSERVE_UNARY(idempotent, method, request, response_type)                     \
+  response_type response;                                                             \
+  absl::Status status =                                                               \
+      Call(idempotent, [&](grpc::ClientContext* context, grpc::Status* grpc_status) { \
+        *grpc_status = stub_->method(context, request, &response);                    \
+        return FromGrpc(*grpc_status);                                                \
+      });                                                                             \
   if (!status.ok()) return status;
 
 absl::StatusOr<v1::ScoreResponse> Client::Score(const v1::ScoreRequest& request) {
@@ -305,8 +457,9 @@ absl::StatusOr<bool> Client::Health(const std::string& service) {
   grpc::health::v1::HealthCheckRequest request;
   request.set_service(service);
   grpc::health::v1::HealthCheckResponse response;
-  absl::Status status = Call(true, [&](grpc::ClientContext* context) {
-    return FromGrpc(stub->Check(context, request, &response));
+  absl::Status status = Call(true, [&](grpc::ClientContext* context, grpc::Status* grpc_status) {
+    *grpc_status = stub->Check(context, request, &response);
+    return FromGrpc(*grpc_status);
   });
   if (!status.ok()) return status;
   return response.status() == grpc::health::v1::HealthCheckResponse::SERVING;

@@ -61,6 +61,16 @@ struct ClientOptions {
   int max_retries = 3;
   absl::Duration initial_backoff = absl::Milliseconds(100);
   absl::Duration max_backoff = absl::Seconds(2);
+  // Retries of any call the server refused for overload (RESOURCE_EXHAUSTED with a retry
+  // hint: the `grpc-retry-pushback-ms` trailer, else a google.rpc.RetryInfo detail;
+  // docs/serving.md "Overload"). Such a call did nothing on the server, so every kind is
+  // retried, a Generate before its first message included. Each retry waits the hint
+  // plus a jitter drawn uniformly from [0, b), b doubling from overload_backoff up to
+  // max_backoff. A retry budget shared by the client's calls (gRPC's retryThrottling
+  // rule: 10 tokens, -1 per overload refusal, +0.1 per success, retries only above 5)
+  // stops retries while most calls are refused. 0 = return the refusal at once.
+  int max_overload_retries = 3;
+  absl::Duration overload_backoff = absl::Milliseconds(50);
   // Test-only; empty = sleep. How the client waits out each backoff before a retry:
   // tests record the backoffs, or start a server during one, instead of timing calls.
   std::function<void(absl::Duration backoff)> retry_wait_for_testing;
@@ -88,6 +98,8 @@ class GenerateStream {
   // Destroying a stream before Finish() cancels it too.
   virtual void Cancel() = 0;
 };
+
+class OverloadRetries;
 
 class Client {
  public:
@@ -140,12 +152,17 @@ class Client {
   std::unique_ptr<grpc::ClientContext> NewContext(absl::Duration deadline) const;
   // Runs `call` (one attempt with a fresh context), retrying on UNAVAILABLE if
   // `idempotent`.
-  absl::Status Call(bool idempotent,
-                    const std::function<absl::Status(grpc::ClientContext*)>& call) const;
+  // Also retries any call refused for overload (max_overload_retries). `call` returns
+  // its status both ways (the grpc::Status carries the retry hint).
+  absl::Status Call(
+      bool idempotent,
+      const std::function<absl::Status(grpc::ClientContext*, grpc::Status*)>& call) const;
 
   ClientOptions options_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Fwserve::Stub> stub_;
+  // The overload retry budget and backoff (client.cc); shared by every call.
+  std::shared_ptr<OverloadRetries> overload_retries_;
 };
 
 }  // namespace fwserve

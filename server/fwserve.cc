@@ -123,6 +123,11 @@ ABSL_FLAG(std::string, session_key_file, "",
           "signature. Default: blobs are not signed");
 ABSL_FLAG(int32_t, max_streams_per_connection, 256,
           "HTTP/2 streams (calls) one client connection may have open at once");
+ABSL_FLAG(absl::Duration, max_refusal_delay, absl::Milliseconds(250),
+          "an overload refusal (queue full) is answered after its retry hint, at most this "
+          "long and never past the call's deadline, so that clients retrying at once cannot "
+          "spend the server's CPU on refusals (docs/serving.md \"Overload\"); 0 = answer at "
+          "once");
 ABSL_FLAG(int64_t, grpc_memory_quota_bytes, int64_t{2} << 30,
           "memory gRPC may use for all connections' buffers, in bytes (0 = no bound)");
 ABSL_FLAG(int32_t, writer_thread_from_streams, 8,
@@ -235,6 +240,12 @@ int main(int argc, char** argv) {
   server_options.grpc_memory_quota_bytes = absl::GetFlag(FLAGS_grpc_memory_quota_bytes);
   if (server_options.max_streams_per_connection < 1) {
     return Fail("--max-streams-per-connection must be >= 1");
+  }
+  server_options.max_refusal_delay = absl::GetFlag(FLAGS_max_refusal_delay);
+  if (server_options.max_refusal_delay < absl::ZeroDuration() ||
+      server_options.max_refusal_delay > absl::Seconds(10)) {
+    return Fail(absl::StrCat("--max-refusal-delay must be in [0s, 10s], got ",
+                             absl::FormatDuration(server_options.max_refusal_delay)));
   }
   server_options.writer_thread_from_streams = absl::GetFlag(FLAGS_writer_thread_from_streams);
   if (server_options.writer_thread_from_streams < 0) {

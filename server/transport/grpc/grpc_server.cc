@@ -1,9 +1,12 @@
 #include "server/transport/grpc/grpc_server.h"
 
+#include <grpcpp/alarm.h>
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
 
+#include <algorithm>
+#include <chrono>
 #include <mutex>
 #include <optional>
 
@@ -11,6 +14,7 @@
 #include "absl/synchronization/mutex.h"
 #include "fwserve/v1/fwserve.grpc.pb.h"
 #include "server/base/log.h"
+#include "server/base/retry_delay.h"
 #include "server/transport/grpc/proto_conversion.h"
 #include "server/transport/grpc/status_mapping.h"
 #include "server/transport/grpc/writer_thread.h"
@@ -52,15 +56,14 @@ std::string CappedName(const std::string& name) {
 class GrpcServer::Service : public v1::Fwserve::CallbackService {
  public:
   Service(Core* core, const GrpcServerOptions& options)
-      : core_(core),
-        options_(options),
-        metrics_(Metrics::OrNull(options.metrics)) {
+      : core_(core), options_(options), metrics_(Metrics::OrNull(options.metrics)) {
     if (options_.writer_thread_from_streams > 0) {
       writer_ = std::make_unique<WriterThread>("fwserve-writer");
     }
   }
 
   void BeginShutdown() { shutting_down_.store(true); }
+  absl::Duration max_refusal_delay() const { return options_.max_refusal_delay; }
 
   // Accounting of one call: the request metric and the structured log line.
   class CallRecord {
@@ -126,9 +129,11 @@ class GrpcServer::Service : public v1::Fwserve::CallbackService {
 
   // A unary call finished by a core callback: `fill` writes the response.
   template <typename Result, typename Fill>
-  Callback<Result> UnaryDone(grpc::ServerUnaryReactor* reactor, std::shared_ptr<CallRecord> record,
+  Callback<Result> UnaryDone(grpc::CallbackServerContext* context,
+                             grpc::ServerUnaryReactor* reactor, std::shared_ptr<CallRecord> record,
                              Fill fill) {
-    return [reactor, record, fill](absl::StatusOr<Result> result) {
+    return [context, reactor, record, fill](absl::StatusOr<Result> result) {
+      AddRetryPushback(context, result.status());
       grpc::Status status = ToGrpcStatus(result.status());
       if (result.ok()) fill(*result);
       record->Done(status);
@@ -140,6 +145,7 @@ class GrpcServer::Service : public v1::Fwserve::CallbackService {
                                       std::shared_ptr<CallRecord> record,
                                       const absl::Status& status) {
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    AddRetryPushback(context, status);
     const grpc::Status grpc_status = ToGrpcStatus(status);
     record->Done(grpc_status);
     reactor->Finish(grpc_status);
@@ -161,7 +167,7 @@ class GrpcServer::Service : public v1::Fwserve::CallbackService {
         *caller,
         ScoreParams{request->model(), request->session_id(), request->text(),
                     [context] { return context->IsCancelled(); }},
-        UnaryDone<ScoreResult>(reactor, record, [response, record](ScoreResult& result) {
+        UnaryDone<ScoreResult>(context, reactor, record, [response, record](ScoreResult& result) {
           double total = 0;
           for (double v : result.logprobs) total += v;
           response->mutable_token_ids()->Add(result.token_ids.begin(), result.token_ids.end());
@@ -184,7 +190,7 @@ class GrpcServer::Service : public v1::Fwserve::CallbackService {
     if (!caller.ok()) return FinishNow(context, record, caller.status());
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
     core_->CreateSession(*caller, request->model(), request->prefix(),
-                         UnaryDone<SessionRecord>(reactor, record,
+                         UnaryDone<SessionRecord>(context, reactor, record,
                                                   [response, record](SessionRecord& r) {
                                                     record->set_model(r.model);
                                                     record->set_session(r.id);
@@ -206,7 +212,7 @@ class GrpcServer::Service : public v1::Fwserve::CallbackService {
     // the handler returns it is allowed.
     core_->GetSession(
         *caller, request->session_id(),
-        UnaryDone<SessionRecord>(reactor, record, [response, record](SessionRecord& r) {
+        UnaryDone<SessionRecord>(context, reactor, record, [response, record](SessionRecord& r) {
           record->set_model(r.model);
           ToProto(r, response);
         }));
@@ -237,7 +243,7 @@ class GrpcServer::Service : public v1::Fwserve::CallbackService {
     // As in GetSession, `done` may run before this returns.
     core_->ListSessions(
         *caller, std::move(params),
-        UnaryDone<SessionList>(reactor, record, [response](SessionList& list) {
+        UnaryDone<SessionList>(context, reactor, record, [response](SessionList& list) {
           response->mutable_sessions()->Reserve(static_cast<int>(list.sessions.size()));
           for (const SessionRecord& r : list.sessions) {
             ToProto(r, response->add_sessions());
@@ -255,7 +261,7 @@ class GrpcServer::Service : public v1::Fwserve::CallbackService {
     if (!caller.ok()) return FinishNow(context, record, caller.status());
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
     core_->DeleteSession(*caller, request->session_id(),
-                         UnaryDone<bool>(reactor, record, [](bool) {}));
+                         UnaryDone<bool>(context, reactor, record, [](bool) {}));
     return reactor;
   }
 
@@ -268,7 +274,7 @@ class GrpcServer::Service : public v1::Fwserve::CallbackService {
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
     core_->ForkSession(
         *caller, request->session_id(),
-        UnaryDone<SessionRecord>(reactor, record, [response, record](SessionRecord& r) {
+        UnaryDone<SessionRecord>(context, reactor, record, [response, record](SessionRecord& r) {
           record->set_model(r.model);
           ToProto(r, response);
         }));
@@ -284,7 +290,7 @@ class GrpcServer::Service : public v1::Fwserve::CallbackService {
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
     core_->ExportSession(
         *caller, request->session_id(),
-        UnaryDone<ExportResult>(reactor, record, [response, record](ExportResult& r) {
+        UnaryDone<ExportResult>(context, reactor, record, [response, record](ExportResult& r) {
           record->set_model(r.model);
           response->set_blob(std::move(r.blob));
           response->set_model(r.model);
@@ -302,7 +308,7 @@ class GrpcServer::Service : public v1::Fwserve::CallbackService {
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
     core_->ImportSession(
         *caller, request->model(), request->blob(),
-        UnaryDone<SessionRecord>(reactor, record, [response, record](SessionRecord& r) {
+        UnaryDone<SessionRecord>(context, reactor, record, [response, record](SessionRecord& r) {
           record->set_model(r.model);
           record->set_session(r.id);
           ToProto(r, response);
@@ -373,11 +379,29 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse>,
     service_->GenerateOpened();
   }
 
-  void FailNow(const absl::Status& status) {
+  // Answers a refusal before the stream began. An overload refusal (RESOURCE_EXHAUSTED
+  // with a retry delay) is answered after min(its delay, --max-refusal-delay, the time
+  // left to the call's deadline): a client that retries at once then cannot spin the
+  // server on refusals; the pushback trailer says what is left of the delay.
+  void FailNow(grpc::CallbackServerContext* context, const absl::Status& status) {
     finishing_ = true;
+    const std::optional<absl::Duration> delay = RetryDelayOf(status);
+    absl::Duration hold = absl::ZeroDuration();
+    if (status.code() == absl::StatusCode::kResourceExhausted && delay.has_value()) {
+      const absl::Duration to_deadline =
+          absl::FromChrono(context->deadline()) - absl::Now() - absl::Milliseconds(20);
+      hold = std::max(absl::ZeroDuration(),
+                      std::min({*delay, service_->max_refusal_delay(), to_deadline}));
+    }
+    AddRetryPushback(context, status, hold);
     const grpc::Status grpc_status = ToGrpcStatus(status);
     record_->Done(grpc_status);
-    Finish(grpc_status);
+    if (hold <= absl::ZeroDuration()) {
+      Finish(grpc_status);
+      return;
+    }
+    refusal_alarm_.Set(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(hold),
+                       [this, grpc_status](bool) { Finish(grpc_status); });
   }
 
   void OnStart(std::shared_ptr<GenerateControl> stream) override {
@@ -456,6 +480,9 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse>,
     return stream_;
   }
 
+  // Answers a paced refusal (FailNow) when it fires.
+  grpc::Alarm refusal_alarm_;
+
   // Finish counts as a write: with a write in flight it waits for OnWriteDone (the
   // engine can end a stream mid-write only when it fails).
   void FinishAfterWrite(const grpc::Status& status) {
@@ -489,17 +516,22 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* GrpcServer::Service::Generate(
   auto* reactor = new GenerateReactor(this, record);
   absl::StatusOr<Caller> caller = Admit(context, *record);
   if (!caller.ok()) {
-    reactor->FailNow(caller.status());
+    reactor->FailNow(context, caller.status());
     return reactor;
   }
   GenerateParams params = FromProto(*request);
   params.is_cancelled = [context] { return context->IsCancelled(); };
+  // No deadline reads as a time far ahead: only a real one is passed on.
+  if (const auto deadline = context->deadline();
+      deadline < std::chrono::system_clock::now() + std::chrono::hours(24 * 365)) {
+    params.deadline = absl::FromChrono(deadline);
+  }
   if (params.model.empty()) {
     if (auto model = core_->DescribeModel(""); model.ok()) record->set_model(model->name);
   }
   if (absl::Status started = core_->StartGenerate(*caller, std::move(params), reactor);
       !started.ok()) {
-    reactor->FailNow(started);
+    reactor->FailNow(context, started);
   }
   return reactor;
 }

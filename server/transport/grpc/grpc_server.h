@@ -55,6 +55,11 @@ struct GrpcServerOptions {
   // HTTP/2 streams one connection may have open at once (gRPC's
   // GRPC_ARG_MAX_CONCURRENT_STREAMS); further calls wait in the client.
   int max_streams_per_connection = 256;
+  // An overload refusal of a Generate (RESOURCE_EXHAUSTED with a retry delay) is
+  // answered after its retry delay, at most this long and never past the call's
+  // deadline, so that a client retrying at once cannot make the server spend its CPU on
+  // refusals (docs/serving.md "Overload"). Zero: refusals are answered at once.
+  absl::Duration max_refusal_delay = absl::Milliseconds(250);
   // Memory gRPC itself may use for all connections (buffers, messages in flight),
   // bytes; past it gRPC refuses new work. 0 = no bound.
   int64_t grpc_memory_quota_bytes = int64_t{2} << 30;

@@ -24,6 +24,7 @@
 #include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "server/base/log.h"
+#include "server/base/retry_delay.h"
 #include "server/transport/http/openai_api.h"
 #include "server/transport/http/playground.h"
 
@@ -223,7 +224,16 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void ReplyError(const absl::Status& error) {
     const int status = HttpStatusOf(error);
     std::vector<std::pair<std::string, std::string>> headers;
-    if (status == 429) headers.emplace_back("Retry-After", "1");
+    // The retry hint (server/base/retry_delay.h): Retry-After in whole seconds (HTTP),
+    // retry-after-ms exactly (read by OpenAI's clients); 1 s on a 429 without one.
+    if (const std::optional<absl::Duration> delay = RetryDelayOf(error); delay.has_value()) {
+      headers.emplace_back("Retry-After",
+                           absl::StrCat(std::max<int64_t>(
+                               1, absl::ToInt64Seconds(absl::Ceil(*delay, absl::Seconds(1))))));
+      headers.emplace_back("retry-after-ms", absl::StrCat(absl::ToInt64Milliseconds(*delay)));
+    } else if (status == 429) {
+      headers.emplace_back("Retry-After", "1");
+    }
     Post([status, body = Dump(ErrorJson(error, status)), error, headers](Connection& c) {
       c.WriteReply(status, body, "application/json", headers, error.code(), error.message());
     });
