@@ -172,8 +172,9 @@ class HttpTest : public ::testing::Test {
     options.model_dirs = {ModelDir()};
     return options;
   }
-  void StartServer(fwserve::HttpServerOptions http = {}, fwserve::CoreOptions options = Options()) {
-    server_ = Harness::Start(std::move(options), {}, false, http);
+  void StartServer(fwserve::HttpServerOptions http = {}, fwserve::CoreOptions options = Options(),
+                   bool expose_metrics = false) {
+    server_ = Harness::Start(std::move(options), {}, expose_metrics, http);
     ASSERT_NE(server_, nullptr);
     port_ = server_->http_port();
   }
@@ -455,6 +456,59 @@ TEST_F(HttpTest, OversizedBodyIs413AndTheConnectionAnswers) {
   Reply r = client.Send(http::verb::post, "/v1/completions", body);
   ExpectOpenAiError(r, 413, "");
   EXPECT_EQ(Get(port_, "/health").status, 200);
+}
+
+TEST_F(HttpTest, DeeplyNestedBodyIsAnErrorNotACrash) {
+  // Quoting the value in the error once recursed per level and overflowed the stack
+  // (found by the http_request fuzz target's deep_nesting seed).
+  const size_t depth = size_t{1} << 20;
+  const std::string body =
+      absl::StrCat("{\"prompt\": ", std::string(depth, '['), std::string(depth, ']'), "}");
+  HttpClient client(port_);
+  Reply r = client.Send(http::verb::post, "/v1/completions", body);
+  ExpectOpenAiError(r, 400, "prompt");
+  EXPECT_NE(r.Json()["error"]["message"].get<std::string>().find("[[[..."), std::string::npos)
+      << r.body;
+  EXPECT_EQ(Get(port_, "/health").status, 200);
+}
+
+TEST(OpenAiApiTest, RouteLabelsAreTemplates) {
+  auto label = [](const std::string& method, const std::string& target) {
+    return fwserve::RouteLabel(method, fwserve::SplitTarget(target));
+  };
+  EXPECT_EQ(label("POST", "/v1/chat/completions/"), "POST /v1/chat/completions");
+  EXPECT_EQ(label("GET", "/v1/models/some-model"), "GET /v1/models/{model}");
+  EXPECT_EQ(label("GET", "/v1//responses/resp_1?x=y"), "GET /v1/responses/{id}");
+  EXPECT_EQ(label("GET", "/fwserve/v1/sessions/abc/export"),
+            "GET /fwserve/v1/sessions/{id}/export");
+  EXPECT_EQ(label("POST", "/fwserve/v1/sessions/import?model=m"),
+            "POST /fwserve/v1/sessions/import");
+  EXPECT_EQ(label("GET", "/health"), "GET /health");
+  EXPECT_EQ(label("GET", "/"), "GET /");  // the playground
+  for (const char* other : {"/index.html", "/fwserve/anything", "/v1/models/a/b", "/v1", "/healthz"}) {
+    EXPECT_EQ(label("GET", other), "GET (other)") << other;
+  }
+}
+
+// Route labels on a live server: the client's path never becomes a label value.
+class MetricsHttpTest : public HttpTest {
+ protected:
+  bool ManualStart() const override { return true; }
+};
+
+TEST_F(MetricsHttpTest, RouteLabelsNeverHoldThePath) {
+  StartServer({}, Options(), /*expose_metrics=*/true);
+  EXPECT_EQ(Get(port_, "/v1/models/no-such-model-1").status, 404);
+  EXPECT_EQ(Get(port_, "/fwserve/unknown-path-2").status, 404);
+  EXPECT_EQ(Get(port_, "/v1/unknown-path-3/x").status, 404);
+  EXPECT_EQ(Get(port_, "/health").status, 200);
+  Reply scrape = Get(server_->metrics_port(), "/metrics");
+  ASSERT_EQ(scrape.status, 200);
+  EXPECT_NE(scrape.body.find("rpc=\"GET /v1/models/{model}\""), std::string::npos);
+  EXPECT_NE(scrape.body.find("rpc=\"GET /health\""), std::string::npos);
+  for (const char* path : {"no-such-model-1", "unknown-path-2", "unknown-path-3"}) {
+    EXPECT_EQ(scrape.body.find(path), std::string::npos) << path;
+  }
 }
 
 TEST_F(HttpTest, KeepAliveServesSeveralRequests) {

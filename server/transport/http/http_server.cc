@@ -16,11 +16,8 @@
 #include <thread>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/strings/ascii.h"
-#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "server/base/log.h"
@@ -68,23 +65,6 @@ json ConversationJson(const SessionRecord& r) {
               {"created_at", UnixSeconds(r.created)},
               {"metadata", json::object()},
               {"fwserve_session", SessionJson(r)}};
-}
-
-// %XX and '+' decoding of a query value.
-std::string UrlDecode(absl::string_view in) {
-  std::string out;
-  for (size_t i = 0; i < in.size(); ++i) {
-    if (in[i] == '+') {
-      out += ' ';
-    } else if (in[i] == '%' && i + 2 < in.size() && absl::ascii_isxdigit(in[i + 1]) &&
-               absl::ascii_isxdigit(in[i + 2])) {
-      out += static_cast<char>(std::stoi(std::string(in.substr(i + 1, 2)), nullptr, 16));
-      i += 2;
-    } else {
-      out += in[i];
-    }
-  }
-  return out;
 }
 
 // The session id a prefixed id names ("resp_<id>" / "conv_<id>"); nullopt if `id` lacks
@@ -954,17 +934,6 @@ class GenerateJob : public GenerateObserver, public std::enable_shared_from_this
   int64_t sequence_number_ = 0;
 };
 
-// Parses a JSON body; errors are 400 naming the problem.
-absl::StatusOr<json> ParseBody(const std::string& body, bool empty_ok) {
-  if (body.empty() && empty_ok) return json::object();
-  json parsed = json::parse(body, nullptr, /*allow_exceptions=*/false);
-  if (parsed.is_discarded()) {
-    return FieldError("", "the request body is not valid JSON");
-  }
-  if (!parsed.is_object()) return FieldError("", "the request body must be a JSON object");
-  return parsed;
-}
-
 }  // namespace
 
 // ---------------------------------------------------------------------------------------
@@ -972,22 +941,15 @@ absl::StatusOr<json> ParseBody(const std::string& body, bool empty_ok) {
 
 void HttpServer::Impl::Handle(const std::shared_ptr<Connection>& conn) {
   const auto& req = conn->request();
-  absl::string_view target(req.target().data(), req.target().size());
-  std::string path(target.substr(0, target.find('?')));
-  std::string query;
-  if (target.find('?') != absl::string_view::npos) {
-    query = std::string(target.substr(target.find('?') + 1));
-  }
-  while (path.size() > 1 && path.back() == '/') path.pop_back();
+  const RequestTarget target =
+      SplitTarget(absl::string_view(req.target().data(), req.target().size()));
+  const std::string& path = target.path;
+  const std::vector<std::string>& parts = target.parts;
   const http::verb method = req.method();
   // Unknown methods are one label value (metrics cardinality).
   const std::string method_name =
       method == http::verb::unknown ? "OTHER" : std::string(http::to_string(method));
-  conn->set_route(absl::StrCat(method_name, " ",
-                               path.rfind("/fwserve/", 0) == 0 || path.rfind("/v1/", 0) == 0 ||
-                                       path == "/health" || path == "/ready" || path == "/"
-                                   ? path
-                                   : std::string("(other)")));
+  conn->set_route(RouteLabel(method_name, target));
 
   if (method == http::verb::options) {
     conn->Post(
@@ -1024,7 +986,6 @@ void HttpServer::Impl::Handle(const std::shared_ptr<Connection>& conn) {
     }
     return;
   }
-  std::vector<std::string> parts = absl::StrSplit(path, '/', absl::SkipEmpty());
   const bool api =
       !parts.empty() &&
       (parts[0] == "v1" || (parts[0] == "fwserve" && parts.size() > 1 && parts[1] == "v1"));
@@ -1032,29 +993,16 @@ void HttpServer::Impl::Handle(const std::shared_ptr<Connection>& conn) {
     conn->ReplyError(absl::NotFoundError(absl::StrCat("no route ", Capped(path))));
     return;
   }
-  // Routes with their id segments normalised for the metric label.
-  if (parts.size() >= 3 && (parts[1] == "responses" || parts[1] == "conversations")) {
-    conn->set_route(absl::StrCat(method_name, " /v1/", parts[1], "/{id}"));
-  } else if (parts.size() >= 4 && parts[2] == "sessions" && parts[3] != "import") {
-    conn->set_route(absl::StrCat(method_name, " /fwserve/v1/sessions/{id}",
-                                 parts.size() > 4 ? "/" + parts[4] : ""));
-  }
   if (shutting_down_.load()) {
     conn->ReplyError(absl::UnavailableError("the server is shutting down"));
     return;
   }
   if (options_.tenants != nullptr) {
     const auto auth_header = req[http::field::authorization];
-    const absl::string_view auth(auth_header.data(), auth_header.size());
-    absl::StatusOr<std::string> tenant =
-        absl::UnauthenticatedError("no API key: send the header 'Authorization: Bearer <key>'");
-    if (!auth.empty()) {
-      if (auth.size() > 7 && absl::EqualsIgnoreCase(auth.substr(0, 7), "bearer ")) {
-        tenant = options_.tenants->TenantOfKey(absl::StripAsciiWhitespace(auth.substr(7)));
-      } else {
-        tenant = absl::UnauthenticatedError("the Authorization header must be 'Bearer <key>'");
-      }
-    }
+    const absl::StatusOr<std::string> key =
+        BearerKey(absl::string_view(auth_header.data(), auth_header.size()));
+    const absl::StatusOr<std::string> tenant =
+        key.ok() ? options_.tenants->TenantOfKey(*key) : key.status();
     if (!tenant.ok()) {
       metrics_->CountRefused("unauthenticated");
       conn->ReplyError(tenant.status());
@@ -1090,7 +1038,7 @@ void HttpServer::Impl::Handle(const std::shared_ptr<Connection>& conn) {
       return Conversation(conn, parts[2], del);
     }
   } else if (parts.size() >= 3 && parts[2] == "sessions") {
-    return Sessions(conn, parts, query);
+    return Sessions(conn, parts, target.query);
   }
   conn->set_route("(other)");
   conn->ReplyError(absl::NotFoundError(absl::StrCat("no route ", method_name, " ", Capped(path))));
@@ -1257,11 +1205,7 @@ void HttpServer::Impl::Conversation(const std::shared_ptr<Connection>& conn, con
 void HttpServer::Impl::Sessions(const std::shared_ptr<Connection>& conn,
                                 const std::vector<std::string>& parts, const std::string& query) {
   const http::verb method = conn->request().method();
-  std::map<std::string, std::string> params;
-  for (absl::string_view pair : absl::StrSplit(query, '&', absl::SkipEmpty())) {
-    std::pair<std::string, std::string> kv = absl::StrSplit(pair, absl::MaxSplits('=', 1));
-    params[UrlDecode(kv.first)] = UrlDecode(kv.second);
-  }
+  std::map<std::string, std::string> params = ParseQuery(query);
   auto session_reply = [conn](absl::StatusOr<SessionRecord> r) {
     if (!r.ok()) return conn->ReplyError(r.status());
     conn->ReplyJson(200, SessionJson(*r));

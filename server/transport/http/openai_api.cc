@@ -7,8 +7,11 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/cord.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 
 namespace fwserve {
 namespace {
@@ -18,10 +21,58 @@ using json = nlohmann::json;
 constexpr char kParamPayload[] = "type.fwserve/http.param";
 
 // Client-supplied text echoed in an error: at most this many bytes.
+constexpr size_t kQuotedBytes = 64;
+// Deeper nesting is elided ("[...]", "{...}"): a body may nest millions of levels, and
+// Dump recurses once per level. A value shorter than kQuotedBytes nests at most half as
+// deep, so it is rendered whole.
+constexpr int kQuotedDepth = 32;
+
+// Appends `value`'s JSON text to `out`, nesting below `depth` more levels elided,
+// stopping early once `out` is longer than kQuotedBytes. Recurses at most kQuotedDepth
+// levels.
+void AppendQuoted(const json& value, int depth, std::string* out) {
+  if (!value.is_structured()) {
+    *out += Dump(value);
+    return;
+  }
+  const bool array = value.is_array();
+  if (depth == 0 && !value.empty()) {
+    *out += array ? "[...]" : "{...}";
+    return;
+  }
+  *out += array ? '[' : '{';
+  bool first = true;
+  for (auto it = value.begin(); it != value.end() && out->size() <= kQuotedBytes; ++it) {
+    if (!first) *out += ',';
+    first = false;
+    if (!array) *out += Dump(it.key()) + ":";
+    AppendQuoted(it.value(), depth - 1, out);
+  }
+  *out += array ? ']' : '}';
+}
+
 std::string Quoted(const json& value) {
-  std::string text = Dump(value);
-  if (text.size() > 64) text = absl::StrCat(text.substr(0, 64), "...");
+  std::string text;
+  AppendQuoted(value, kQuotedDepth, &text);
+  if (text.size() > kQuotedBytes) text = absl::StrCat(text.substr(0, kQuotedBytes), "...");
   return text;
+}
+
+// %XX and '+' decoding of a query key or value.
+std::string UrlDecode(absl::string_view in) {
+  std::string out;
+  for (size_t i = 0; i < in.size(); ++i) {
+    if (in[i] == '+') {
+      out += ' ';
+    } else if (in[i] == '%' && i + 2 < in.size() && absl::ascii_isxdigit(in[i + 1]) &&
+               absl::ascii_isxdigit(in[i + 2])) {
+      out += static_cast<char>(std::stoi(std::string(in.substr(i + 1, 2)), nullptr, 16));
+      i += 2;
+    } else {
+      out += in[i];
+    }
+  }
+  return out;
 }
 
 absl::Status TypeError(const std::string& field, absl::string_view expected, const json& value) {
@@ -206,6 +257,73 @@ json ErrorJson(const absl::Status& status, int http_status) {
 
 std::string Dump(const json& value) {
   return value.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+absl::StatusOr<json> ParseBody(const std::string& body, bool empty_ok) {
+  if (body.empty() && empty_ok) return json::object();
+  json parsed = json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (parsed.is_discarded()) {
+    return FieldError("", "the request body is not valid JSON");
+  }
+  if (!parsed.is_object()) return FieldError("", "the request body must be a JSON object");
+  return parsed;
+}
+
+RequestTarget SplitTarget(absl::string_view target) {
+  RequestTarget out;
+  const size_t question = target.find('?');
+  out.path = std::string(target.substr(0, question));
+  if (question != absl::string_view::npos) out.query = std::string(target.substr(question + 1));
+  while (out.path.size() > 1 && out.path.back() == '/') out.path.pop_back();
+  out.parts = absl::StrSplit(out.path, '/', absl::SkipEmpty());
+  return out;
+}
+
+std::map<std::string, std::string> ParseQuery(absl::string_view query) {
+  std::map<std::string, std::string> params;
+  for (absl::string_view pair : absl::StrSplit(query, '&', absl::SkipEmpty())) {
+    std::pair<std::string, std::string> kv = absl::StrSplit(pair, absl::MaxSplits('=', 1));
+    params[UrlDecode(kv.first)] = UrlDecode(kv.second);
+  }
+  return params;
+}
+
+absl::StatusOr<std::string> BearerKey(absl::string_view authorization) {
+  if (authorization.empty()) {
+    return absl::UnauthenticatedError("no API key: send the header 'Authorization: Bearer <key>'");
+  }
+  if (authorization.size() > 7 && absl::EqualsIgnoreCase(authorization.substr(0, 7), "bearer ")) {
+    return std::string(absl::StripAsciiWhitespace(authorization.substr(7)));
+  }
+  return absl::UnauthenticatedError("the Authorization header must be 'Bearer <key>'");
+}
+
+std::string RouteLabel(absl::string_view method, const RequestTarget& target) {
+  const std::vector<std::string>& parts = target.parts;
+  const size_t n = parts.size();
+  const char* route = "(other)";
+  if (target.path == "/health" || target.path == "/ready") {
+    route = target.path == "/health" ? "/health" : "/ready";
+  } else if (target.path == "/") {
+    route = "/";  // the web playground
+  } else if (n >= 2 && parts[0] == "v1") {
+    const std::string& what = parts[1];
+    if (n == 2 && what == "models") route = "/v1/models";
+    if (n == 3 && what == "models") route = "/v1/models/{model}";
+    if (n == 2 && what == "completions") route = "/v1/completions";
+    if (n == 3 && what == "chat" && parts[2] == "completions") route = "/v1/chat/completions";
+    if (n == 2 && what == "responses") route = "/v1/responses";
+    if (n == 3 && what == "responses") route = "/v1/responses/{id}";
+    if (n == 2 && what == "conversations") route = "/v1/conversations";
+    if (n == 3 && what == "conversations") route = "/v1/conversations/{id}";
+  } else if (n >= 3 && parts[0] == "fwserve" && parts[1] == "v1" && parts[2] == "sessions") {
+    if (n == 3) route = "/fwserve/v1/sessions";
+    if (n == 4 && parts[3] == "import") route = "/fwserve/v1/sessions/import";
+    if (n == 4 && parts[3] != "import") route = "/fwserve/v1/sessions/{id}";
+    if (n == 5 && parts[4] == "fork") route = "/fwserve/v1/sessions/{id}/fork";
+    if (n == 5 && parts[4] == "export") route = "/fwserve/v1/sessions/{id}/export";
+  }
+  return absl::StrCat(method, " ", route);
 }
 
 ChatTemplate ChatTemplateOf(const std::string& config_json) {

@@ -1,10 +1,13 @@
 // The OpenAI-compatible request vocabulary: JSON bodies of /v1/completions,
 // /v1/chat/completions and /v1/responses mapped to the core's GenerateParams, the chat
-// template, the stop-string filter, and OpenAI-shaped errors. Pure functions, no I/O
-// (a seam for a fuzz target). Torch-free.
+// template, the stop-string filter, OpenAI-shaped errors, and the pure steps of routing
+// (the request target, its query, the Authorization header, the metrics label). Pure
+// functions, no I/O (the seam of the http_request fuzz target, tests/fuzz). Torch-free;
+// its own library, fwserve_openai_api.
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -22,10 +25,11 @@ absl::Status FieldError(absl::string_view field, absl::string_view message);
 // The "param" a status carries (FieldError), or empty.
 std::string ParamOf(const absl::Status& status);
 
-// The one mapping from a status to an HTTP status code: INVALID_ARGUMENT 400,
-// UNAUTHENTICATED 401, PERMISSION_DENIED 403, NOT_FOUND 404, ABORTED 409 (session busy),
-// FAILED_PRECONDITION 400, RESOURCE_EXHAUSTED 429, UNAVAILABLE 503, DEADLINE_EXCEEDED 504,
-// CANCELLED 499, anything else 500.
+// The one mapping from a status to an HTTP status code: OK 200; INVALID_ARGUMENT,
+// FAILED_PRECONDITION and OUT_OF_RANGE 400; UNAUTHENTICATED 401; PERMISSION_DENIED 403;
+// NOT_FOUND 404; ABORTED (session busy) and ALREADY_EXISTS 409; RESOURCE_EXHAUSTED 429;
+// CANCELLED 499; UNIMPLEMENTED 501; UNAVAILABLE 503; DEADLINE_EXCEEDED 504; anything
+// else 500.
 int HttpStatusOf(const absl::Status& status);
 
 // {"error": {"message", "type", "param", "code"}} (all four present; param and code may
@@ -33,7 +37,42 @@ int HttpStatusOf(const absl::Status& status);
 nlohmann::json ErrorJson(const absl::Status& status, int http_status);
 
 // The JSON text of `value`; invalid UTF-8 is replaced by U+FFFD, never thrown on.
+// Recursive: only for values whose nesting the server bounds (client-supplied values
+// reach error messages through a depth-bounded rendering instead).
 std::string Dump(const nlohmann::json& value);
+
+// A request body as a JSON object (an empty body is {} when `empty_ok`). Errors are
+// INVALID_ARGUMENT with no param (400): not JSON, or not an object.
+absl::StatusOr<nlohmann::json> ParseBody(const std::string& body, bool empty_ok);
+
+// A request target ("/v1/x?k=v") as the router reads it.
+struct RequestTarget {
+  // Before the first '?', trailing slashes removed ("/" stays "/").
+  std::string path;
+  // After the first '?' (empty without one), not decoded.
+  std::string query;
+  // The non-empty '/'-separated segments of `path` (routing uses these: "/v1//models"
+  // is /v1/models).
+  std::vector<std::string> parts;
+};
+RequestTarget SplitTarget(absl::string_view target);
+
+// The query's '&'-separated "key=value" pairs (no '=': an empty value), '+' and %XX
+// decoded (a '%' without two hex digits stays); a repeated key keeps its last value.
+std::map<std::string, std::string> ParseQuery(absl::string_view query);
+
+// The key of an "Authorization: Bearer <key>" header value: the scheme is
+// case-insensitive, ASCII whitespace around the key is dropped (the key may be empty,
+// which no tenant has). UNAUTHENTICATED for an empty header, another scheme or a bare
+// "Bearer ".
+absl::StatusOr<std::string> BearerKey(absl::string_view authorization);
+
+// The metrics label of a request: "`method` <route>", the route being the template of
+// the documented route the path names, ids as {id} or {model} (e.g. "GET
+// /fwserve/v1/sessions/{id}/export"), "(other)" for any other path. Whether the method
+// fits the route is left to the router. Apart from `method` (the caller bounds it), the
+// label is one of a fixed set: a client cannot grow the series set.
+std::string RouteLabel(absl::string_view method, const RequestTarget& target);
 
 // How chat messages become a prompt (docs/http.md). Each message renders as `message`
 // with "{role}" (upper-cased, e.g. USER) and "{content}" substituted; then
