@@ -418,6 +418,13 @@ class CoreImpl : public Core {
     directory_->Get(caller.tenant, session_id, std::move(done));
   }
 
+  void GetSessionOutput(const Caller& caller, const std::string& session_id,
+                        Callback<SessionOutput> done) override {
+    SessionOperation(
+        WorkItem::Kind::kReadOutput, caller, session_id,
+        [&](WorkItem& item) { item.on_output = done; }, [&](absl::Status s) { done(s); });
+  }
+
   void ListSessions(const Caller& caller, ListSessionsParams params,
                     Callback<SessionList> done) override {
     if (params.page_size < 0) {
@@ -643,6 +650,9 @@ class CoreImpl : public Core {
         break;
       case WorkItem::Kind::kDelete:
         w.on_delete = EndClaimFirst(ticket, std::move(w.on_delete));
+        break;
+      case WorkItem::Kind::kReadOutput:
+        w.on_output = EndClaimFirst(ticket, std::move(w.on_output));
         break;
       default:
         break;

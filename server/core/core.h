@@ -146,6 +146,13 @@ class Core {
   // `done` like the rest (on a store thread, or at once on the calling thread).
   virtual void GetSession(const Caller& caller, const std::string& session_id,
                           Callback<SessionRecord> done) = 0;
+  // The session and the text its last committed Generate produced (LastOutput in
+  // server/api/session_record.h), with every store: a session that is not resident is
+  // read from the store (not made resident). It takes the session's lease while it
+  // reads, like ExportSession: ABORTED while a request holds the session; NOT_FOUND
+  // for an unknown session or another tenant's.
+  virtual void GetSessionOutput(const Caller& caller, const std::string& session_id,
+                                Callback<SessionOutput> done) = 0;
   // The caller's sessions only. INVALID_ARGUMENT for a negative page_size or a
   // malformed page_token.
   virtual void ListSessions(const Caller& caller, ListSessionsParams params,

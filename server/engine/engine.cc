@@ -883,6 +883,8 @@ void Engine::FinishTask(Task& t, FinishReason reason) {
   GenerateSummary summary;
   summary.reason = reason;
   summary.trailing_text = t.stream.FinishText();
+  // What the client received; the session keeps it if this request commits.
+  LastOutput output = t.stream.output();
   summary.prompt_tokens = rollback ? 0 : static_cast<int64_t>(t.prefilled);
   summary.generated_tokens = t.stream.confirmed();
   summary.session_tokens = tokens;
@@ -936,6 +938,7 @@ void Engine::FinishTask(Task& t, FinishReason reason) {
     return answer(absl::OkStatus());
   }
   r.last_used = now;
+  if (item->kind == WorkItem::Kind::kGenerate) r.last_output = std::move(output);
   item->session_id = id;
   // Write-through: the caller hears of the change only once the store holds it.
   WriteThrough(id, slot, tokens, r.created, now, item->ticket,
@@ -969,6 +972,7 @@ void Engine::FailTask(Task& t, absl::Status status) {
   const std::string id = t.session_id;
   const int slot = t.slot;
   const int64_t tokens = t.tokens;
+  LastOutput output = t.stream.output();         // the streamed chunks' text
   std::unique_ptr<WorkItem> item = TakeTask(t);  // `t` is gone
   if (item->kind == WorkItem::Kind::kCreate) {
     if (!id.empty()) {
@@ -990,6 +994,7 @@ void Engine::FailTask(Task& t, absl::Status status) {
   const absl::Time now = clock_->Now();
   it->second.tokens = tokens;
   it->second.last_used = now;
+  it->second.last_output = std::move(output);
   std::shared_ptr<WorkItem> shared(std::move(item));
   WriteThrough(id, it->second.slot, tokens, it->second.created, now, shared->ticket,
                [this, shared, id, tokens, now, status](absl::Status written) {

@@ -5,8 +5,8 @@
 // transports see server/core/core.h only.
 //
 // Files: engine.cc holds the loop, admission, prefill, decode and sampling;
-// engine_sessions.cc the session operations (create/fork/export/import/delete),
-// residency (load, release, evict), write-through and housekeeping.
+// engine_sessions.cc the session operations (create/fork/export/import/delete, reading
+// the last output), residency (load, release, evict), write-through and housekeeping.
 //
 // Durability (docs/sessions.md): a request that changes a session answers its caller
 // only after the session store holds the new state; the session's lease is held until
@@ -50,6 +50,7 @@
 #include "server/engine/stream_task.h"
 #include "server/metrics/metrics.h"
 #include "server/sessions/session_directory.h"
+#include "server/sessions/session_labels.h"
 #include "server/sessions/session_registry.h"
 #include "server/sessions/store_executor.h"
 
@@ -64,7 +65,9 @@ void LimitIntraOpThreads(int32_t threads);
 // from submission until the engine answers them (and, for a change, until the store
 // holds it).
 struct WorkItem {
-  enum class Kind { kGenerate, kScore, kCreate, kFork, kExport, kImport, kDelete };
+  // kReadOutput: the session's last output (Core::GetSessionOutput); like kExport it
+  // holds the lease while it reads, and changes nothing.
+  enum class Kind { kGenerate, kScore, kCreate, kFork, kExport, kImport, kDelete, kReadOutput };
   Kind kind = Kind::kGenerate;
   std::string session_id;
   // The caller's tenant: owns the sessions this item creates (Caller::tenant).
@@ -83,6 +86,7 @@ struct WorkItem {
   Callback<ScoreResult> on_score;
   Callback<SessionRecord> on_session;
   Callback<ExportResult> on_export;
+  Callback<SessionOutput> on_output;
   Callback<bool> on_delete;
   // kScore, kCreate: polled between prefill chunks; may be null.
   std::function<bool()> is_cancelled;
@@ -241,19 +245,23 @@ class Engine {
   void WriteThrough(const std::string& id, int slot, int64_t tokens, absl::Time created,
                     absl::Time last_used, std::shared_ptr<StoreTicket> ticket,
                     std::function<void(absl::Status)> then);
-  // A new session made by fork or import, in `slot`: registered busy, stored, then
-  // answered.
+  // A new session made by fork or import, in `slot`, with the source's last output:
+  // registered busy, stored, then answered.
   void CommitNewSession(std::unique_ptr<WorkItem> item, int slot, int64_t tokens,
-                        const char* operation);
-  // Store thread (or the engine thread at exit): encodes a session's row and puts it
-  // in the store, timing a success and logging and counting a failure.
+                        LastOutput last_output, const char* operation);
+  // Store thread (or the engine thread at exit): encodes a session's row with its
+  // `labels` (their model is this engine's) and puts it in the store, timing a success
+  // and logging and counting a failure.
   // Returns the stored version (shared store; 0 otherwise).
   // `new_tag`: the tag a shared store gives a created session (a commit's tag is its
   // ticket's token).
-  absl::StatusOr<int64_t> StoreRow(const std::string& id, const std::string& tenant,
-                                   const fwmodel::State& row, const torch::Tensor& logits,
-                                   int64_t tokens, absl::Time created, absl::Time last_used,
-                                   StoreTicket* ticket, const std::string& new_tag = "");
+  absl::StatusOr<int64_t> StoreRow(const StoredSessionLabels& labels, const fwmodel::State& row,
+                                   const torch::Tensor& logits, int64_t tokens, StoreTicket* ticket,
+                                   const std::string& new_tag = "");
+  // The last output the labels of `item.loaded` carry (a stored state, or an import's
+  // blob). A malformed label fails the item: INVALID_ARGUMENT for an import's blob,
+  // DATA_LOSS (logged) for a stored state, as an unreadable state would.
+  absl::StatusOr<LastOutput> LoadedLastOutput(const WorkItem& item) const;
   // Store thread: deletes `id` from the store (fenced by `ticket` with a shared
   // store), logging and counting a failure.
   absl::Status DeleteFromStore(const std::string& id, StoreTicket* ticket);

@@ -1,6 +1,7 @@
 // Engine: session operations (create is a stream task in engine.cc; fork, export,
-// import and delete here), residency in the StatePool, write-through to the session
-// store, and housekeeping (TTL, memory reclaim, retrying failed writes).
+// import, delete and reading the last output here), residency in the StatePool,
+// write-through to the session store, and housekeeping (TTL, memory reclaim, retrying
+// failed writes).
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
@@ -37,6 +38,9 @@ void AnswerWorkItem(WorkItem& w, absl::Status status) {
       break;
     case WorkItem::Kind::kDelete:
       w.on_delete(status);
+      break;
+    case WorkItem::Kind::kReadOutput:
+      w.on_output(status);
       break;
   }
 }
@@ -163,12 +167,15 @@ void Engine::WriteThrough(const std::string& id, int slot, int64_t tokens, absl:
   torch::Tensor logits = tokens > 0 ? pool_.CopyLogits(slot) : torch::Tensor();
   // The tag of the version this write makes (a shared store tracks versions).
   const std::string new_tag = directory_->NewVersionTag(ticket.get());
-  auto resident = resident_.find(id);
-  std::string tenant = resident != resident_.end() ? resident->second.tenant : std::string();
-  RunStoreJob([this, id, tenant = std::move(tenant), row, logits, tokens, created, last_used,
-               ticket, new_tag, then = std::move(then)]() -> std::function<void()> {
+  StoredSessionLabels labels{id, name_, "", created, last_used};
+  if (auto resident = resident_.find(id); resident != resident_.end()) {
+    labels.tenant = resident->second.tenant;
+    labels.last_output = resident->second.last_output;
+  }
+  RunStoreJob([this, id, labels = std::move(labels), row, logits, tokens, ticket, new_tag,
+               then = std::move(then)]() -> std::function<void()> {
     const absl::StatusOr<int64_t> version =
-        StoreRow(id, tenant, *row, logits, tokens, created, last_used, ticket.get(), new_tag);
+        StoreRow(labels, *row, logits, tokens, ticket.get(), new_tag);
     return [this, id, then, version, new_tag] {
       if (policy_.shared) {
         auto it = resident_.find(id);
@@ -187,26 +194,27 @@ void Engine::WriteThrough(const std::string& id, int slot, int64_t tokens, absl:
   });
 }
 
-absl::StatusOr<int64_t> Engine::StoreRow(const std::string& id, const std::string& tenant,
+absl::StatusOr<int64_t> Engine::StoreRow(const StoredSessionLabels& labels,
                                          const fwmodel::State& row, const torch::Tensor& logits,
-                                         int64_t tokens, absl::Time created, absl::Time last_used,
-                                         StoreTicket* ticket, const std::string& new_tag) {
+                                         int64_t tokens, StoreTicket* ticket,
+                                         const std::string& new_tag) {
+  const std::string& id = labels.id;
   const absl::Time start = absl::Now();
   absl::StatusOr<int64_t> version = int64_t{0};
   try {
     auto blob = fwmodel::EncodeStateRow(model_, fingerprint_, row, 0, tokens, logits,
-                                        ToStoredLabels({id, name_, tenant, created, last_used}));
+                                        ToStoredLabels(labels));
     if (!blob.ok()) {
       version = blob.status();
     } else {
       SessionWrite write;
       write.id = id;
       write.model = name_;
-      write.tenant = tenant;
+      write.tenant = labels.tenant;
       write.blob = std::move(*blob);
       write.tokens = tokens;
-      write.created = created;
-      write.last_used = last_used;
+      write.created = labels.created;
+      write.last_used = labels.last_used;
       write.ticket = ticket;
       write.tag = new_tag;
       version = directory_->WriteState(write);
@@ -242,7 +250,7 @@ absl::Status Engine::DeleteFromStore(const std::string& id, StoreTicket* ticket)
 }
 
 void Engine::CommitNewSession(std::unique_ptr<WorkItem> item, int slot, int64_t tokens,
-                              const char* operation) {
+                              LastOutput last_output, const char* operation) {
   const absl::Time now = clock_->Now();
   SessionRecord record;
   record.id = NewSessionId();
@@ -258,6 +266,7 @@ void Engine::CommitNewSession(std::unique_ptr<WorkItem> item, int slot, int64_t 
   }
   resident_[record.id] = ResidentSession{slot, tokens, now, now, false};
   resident_[record.id].tenant = record.tenant;
+  resident_[record.id].last_output = std::move(last_output);
   auto new_lease = std::make_shared<SessionLease>(std::move(*lease));
   std::shared_ptr<WorkItem> shared(std::move(item));
   WriteThrough(record.id, slot, tokens, now, now, /*ticket=*/nullptr,
@@ -297,8 +306,9 @@ void Engine::RunSessionOperation(std::unique_ptr<WorkItem>& item) {
       pool_.CopySlot(src.slot, *slot);
       src.last_used = now;  // a use: restarts the idle clock
       const int64_t tokens = src.tokens;
+      LastOutput last_output = src.last_output;
       item->lease.ReleaseUsed(now);
-      return CommitNewSession(std::move(item), *slot, tokens, "forked");
+      return CommitNewSession(std::move(item), *slot, tokens, std::move(last_output), "forked");
     }
     case WorkItem::Kind::kExport: {
       auto slot = EnsureResident(*item);
@@ -308,33 +318,37 @@ void Engine::RunSessionOperation(std::unique_ptr<WorkItem>& item) {
       const int64_t tokens = r.tokens;
       auto row = std::make_shared<fwmodel::State>(pool_.CopyRow(*slot));
       torch::Tensor logits = tokens > 0 ? pool_.CopyLogits(*slot) : torch::Tensor();
+      // The owner goes into the blob as information only: an import never trusts it.
+      // The last output goes along (an import of the blob takes it).
+      std::map<std::string, std::string> labels = {{"x-model", name_}, {"x-tenant", r.tenant}};
+      AddLastOutputLabels(r.last_output, &labels);
       item->lease.ReleaseUsed(now);
       std::shared_ptr<WorkItem> shared(std::move(item));
-      // Encoding (a checksum over the state) and sealing run off the engine thread. The
-      // owner goes into the blob as information only: an import never trusts it.
-      return RunStoreJob(
-          [this, shared, row, logits, tokens, tenant = r.tenant]() -> std::function<void()> {
-            absl::StatusOr<std::string> blob = absl::InternalError("export failed");
-            try {
-              blob = fwmodel::EncodeStateRow(model_, fingerprint_, *row, 0, tokens, logits,
-                                             {{"x-model", name_}, {"x-tenant", tenant}});
-              if (blob.ok() && options_.sealer != nullptr) {
-                blob = options_.sealer->Seal(std::move(*blob));
-              }
-            } catch (const std::exception& e) {
-              Log(LogLevel::kError, absl::StrCat("model ", name_, ": export failed: ", e.what()));
-            }
-            return [this, shared, blob = std::move(blob), tokens]() mutable {
-              if (!blob.ok()) return shared->on_export(blob.status());
-              metrics_->CountSessionOperation("exported");
-              shared->on_export(ExportResult{std::move(*blob), name_, tokens});
-            };
-          });
+      // Encoding (a checksum over the state) and sealing run off the engine thread.
+      return RunStoreJob([this, shared, row, logits, tokens,
+                          labels = std::move(labels)]() -> std::function<void()> {
+        absl::StatusOr<std::string> blob = absl::InternalError("export failed");
+        try {
+          blob = fwmodel::EncodeStateRow(model_, fingerprint_, *row, 0, tokens, logits, labels);
+          if (blob.ok() && options_.sealer != nullptr) {
+            blob = options_.sealer->Seal(std::move(*blob));
+          }
+        } catch (const std::exception& e) {
+          Log(LogLevel::kError, absl::StrCat("model ", name_, ": export failed: ", e.what()));
+        }
+        return [this, shared, blob = std::move(blob), tokens]() mutable {
+          if (!blob.ok()) return shared->on_export(blob.status());
+          metrics_->CountSessionOperation("exported");
+          shared->on_export(ExportResult{std::move(*blob), name_, tokens});
+        };
+      });
     }
     case WorkItem::Kind::kImport: {
       if (absl::Status room = registry_->CheckCapacity(); !room.ok()) {
         return FailItem(std::move(item), room);
       }
+      auto last_output = LoadedLastOutput(*item);
+      if (!last_output.ok()) return FailItem(std::move(item), last_output.status());
       auto slot = AllocateSlot();
       if (!slot.ok()) return FailItem(std::move(item), slot.status());
       const fwmodel::DecodedState& decoded = *item->loaded;
@@ -342,7 +356,25 @@ void Engine::RunSessionOperation(std::unique_ptr<WorkItem>& item) {
                    decoded.tokens > 0 ? decoded.next_logits : torch::Tensor());
       const int64_t tokens = decoded.tokens;
       item->loaded.reset();
-      return CommitNewSession(std::move(item), *slot, tokens, "imported");
+      return CommitNewSession(std::move(item), *slot, tokens, std::move(*last_output), "imported");
+    }
+    case WorkItem::Kind::kReadOutput: {
+      // A session that is not resident is read from its loaded copy, which is then
+      // dropped: reading takes no slot (and so never fails for want of memory).
+      SessionOutput answer;
+      if (auto it = resident_.find(id); it != resident_.end()) {
+        answer.output = it->second.last_output;
+      } else {
+        auto last_output = LoadedLastOutput(*item);
+        if (!last_output.ok()) return FailItem(std::move(item), last_output.status());
+        answer.output = std::move(*last_output);
+        item->loaded.reset();
+      }
+      item->lease.Release();  // read only: not a use of the session
+      auto record = registry_->Get(id);
+      if (!record.ok()) return FailItem(std::move(item), record.status());
+      answer.session = std::move(*record);
+      return item->on_output(std::move(answer));
     }
     case WorkItem::Kind::kDelete: {
       auto finish = [this, id](std::unique_ptr<WorkItem> w) {
@@ -390,6 +422,8 @@ absl::StatusOr<int> Engine::EnsureResident(WorkItem& item) {
   }
   auto record = registry_->Get(id);
   if (!record.ok()) return record.status();
+  auto last_output = LoadedLastOutput(item);
+  if (!last_output.ok()) return last_output.status();
   auto slot = AllocateSlot();
   if (!slot.ok()) return slot.status();
   const fwmodel::DecodedState& decoded = *item.loaded;
@@ -402,12 +436,26 @@ absl::StatusOr<int> Engine::EnsureResident(WorkItem& item) {
                                   false,
                                   version,
                                   item.ticket != nullptr ? item.ticket->tag : std::string(),
-                                  record->tenant};
+                                  record->tenant,
+                                  std::move(*last_output)};
   item.loaded.reset();
   registry_->SetResident(id, true, version);
   if (item.ticket != nullptr) metrics_->CountSessionCacheLookup(false);
   metrics_->CountSessionOperation("restored");
   return *slot;
+}
+
+absl::StatusOr<LastOutput> Engine::LoadedLastOutput(const WorkItem& item) const {
+  auto last_output = ParseLastOutputLabels(item.loaded->labels);
+  if (last_output.ok()) return last_output;
+  if (item.kind == WorkItem::Kind::kImport) {
+    return absl::InvalidArgumentError(absl::StrCat("blob: ", last_output.status().message()));
+  }
+  Log(LogLevel::kError,
+      absl::StrCat("model ", name_, ": session ", item.session_id,
+                   ": stored state unreadable: ", last_output.status().message()));
+  return absl::DataLossError(
+      absl::StrCat("session_id '", item.session_id, "': its saved state could not be restored"));
 }
 
 absl::StatusOr<int> Engine::AllocateSlot() {
@@ -538,9 +586,9 @@ void Engine::StoreUnstoredAtExit() {
     const ResidentSession& r = it->second;
     try {
       const absl::Status status =
-          StoreRow(id, r.tenant, pool_.CopyRow(r.slot),
-                   r.tokens > 0 ? pool_.CopyLogits(r.slot) : torch::Tensor(), r.tokens, r.created,
-                   r.last_used, /*ticket=*/nullptr)
+          StoreRow({id, name_, r.tenant, r.created, r.last_used, r.last_output},
+                   pool_.CopyRow(r.slot), r.tokens > 0 ? pool_.CopyLogits(r.slot) : torch::Tensor(),
+                   r.tokens, /*ticket=*/nullptr)
               .status();
       status.ok() ? ++saved : ++failed;
     } catch (const std::exception&) {  // from the row copies

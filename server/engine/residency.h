@@ -9,6 +9,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/time/time.h"
+#include "server/api/session_record.h"
 
 namespace fwserve {
 
@@ -22,6 +23,9 @@ struct ResidentSession {
   int64_t version = 0;      // shared store: the store's version this copy holds
   std::string tag = {};     // and that version's tag
   std::string tenant = {};  // the owner (SessionRecord::tenant)
+  // What the last committed Generate produced; written through with the state (its
+  // labels) and read by GetSessionOutput.
+  LastOutput last_output = {};
 };
 
 using ResidentSessions = absl::flat_hash_map<std::string, ResidentSession>;

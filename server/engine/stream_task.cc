@@ -36,6 +36,7 @@ GenerateChunk StreamTask::TakeChunkForWrite() {
   std::swap(decoder_before_inflight_, decoder_before_unsent_);
   inflight_tokens_ = static_cast<int64_t>(unsent_.token_ids.size());
   write_in_flight_ = true;
+  inflight_text_ = unsent_.text;
   GenerateChunk chunk = std::move(unsent_);
   unsent_ = GenerateChunk();
   return chunk;
@@ -45,6 +46,8 @@ void StreamTask::ConfirmWrite() {
   write_in_flight_ = false;
   confirmed_ += inflight_tokens_;
   inflight_tokens_ = 0;
+  output_.Append(inflight_text_);
+  inflight_text_.clear();
 }
 
 StreamTask::RollbackPoint StreamTask::DropUnconfirmed() {
@@ -58,8 +61,15 @@ StreamTask::RollbackPoint StreamTask::DropUnconfirmed() {
   }
   write_in_flight_ = false;
   inflight_tokens_ = 0;
+  inflight_text_.clear();
   unsent_ = GenerateChunk();
   return point;
+}
+
+std::string StreamTask::FinishText() {
+  std::string rest = decoder_.Finish();
+  output_.Append(rest);
+  return rest;
 }
 
 }  // namespace fwserve

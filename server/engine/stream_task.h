@@ -16,6 +16,7 @@
 #include "absl/time/time.h"
 #include "models/tokenizer.h"
 #include "server/api/requests.h"
+#include "server/api/session_record.h"
 
 namespace fwserve {
 
@@ -60,8 +61,12 @@ class StreamTask {
   // Forgets every unconfirmed token (in flight or unsent) and restores the decoder to
   // before the first of them; returns the point whose saved state the caller restores.
   RollbackPoint DropUnconfirmed();
-  // The rest of the text (an incomplete final character as U+FFFD).
-  std::string FinishText() { return decoder_.Finish(); }
+  // The rest of the text (an incomplete final character as U+FFFD); it ends output().
+  // Call it once, after DropUnconfirmed if the stream was cut.
+  std::string FinishText();
+  // The text of the confirmed tokens, as the client received it (their chunks' text,
+  // bounded by LastOutput::kMaxBytes), then FinishText's once it was called.
+  const LastOutput& output() const { return output_; }
 
   // Sampling is over: a stop string was generated or max_tokens were sampled.
   bool done_sampling() const { return stop_hit_ || sampled_ >= limits_.max_tokens; }
@@ -86,6 +91,8 @@ class StreamTask {
   bool write_in_flight_ = false;
   int64_t inflight_tokens_ = 0;
   GenerateChunk unsent_;
+  std::string inflight_text_;  // the text of the chunk in flight
+  LastOutput output_;
   absl::Time unsent_since_;
   // The decoder before the chunk in flight / before the unsent chunk.
   fwmodel::Utf8StreamDecoder decoder_before_inflight_;

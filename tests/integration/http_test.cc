@@ -20,6 +20,7 @@
 #include "models/config.h"
 #include "server/tenancy/tenants.h"
 #include "server/transport/http/openai_api.h"
+#include "tests/common/redis_server.h"
 #include "tests/integration/harness.h"
 
 namespace fwtest {
@@ -163,6 +164,37 @@ void ExpectOpenAiError(const Reply& reply, int status, const std::string& param)
   if (!param.empty()) {
     EXPECT_EQ(body["error"]["param"], param) << reply.body;
   }
+}
+
+// The text of a response object's one message.
+std::string OutputText(const json& response) {
+  return response["output"][0]["content"][0]["text"].get<std::string>();
+}
+
+// The concatenated deltas of a streamed response, checked against its
+// response.output_text.done event.
+std::string StreamedResponseText(const std::string& body) {
+  Sse sse = ParseSse(body);
+  std::string deltas, done_text;
+  for (size_t i = 0; i < sse.data.size() && i < sse.events.size(); ++i) {
+    json event = json::parse(sse.data[i]);
+    if (sse.events[i] == "response.output_text.delta") deltas += event["delta"];
+    if (sse.events[i] == "response.output_text.done") done_text = event["text"];
+  }
+  EXPECT_EQ(deltas, done_text);
+  return deltas;
+}
+
+// GET /v1/responses/{id} until the store's indexing is done (503 before), at most 10 s.
+Reply GetIndexed(int port, const std::string& target,
+                 const std::map<std::string, std::string>& headers = {}) {
+  Reply r;
+  for (int i = 0; i < 500; ++i) {
+    r = Get(port, target, headers);
+    if (r.status != 503) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return r;
 }
 
 class HttpTest : public ::testing::Test {
@@ -615,6 +647,102 @@ TEST_F(HttpTest, ResponsesContinueByPreviousResponseId) {
                     400, "tools");
 }
 
+TEST_F(HttpTest, GetResponseReturnsTheTextThePostReturned) {
+  Reply first = Post(port_, "/v1/responses",
+                     {{"input", "Hello"}, {"max_output_tokens", 12}, {"temperature", 0}});
+  ASSERT_EQ(first.status, 200) << first.body;
+  const json r1 = first.Json();
+  const std::string id1 = r1["id"];
+  const std::string text1 = OutputText(r1);
+  ASSERT_FALSE(text1.empty());
+  Reply got1 = Get(port_, "/v1/responses/" + id1);
+  ASSERT_EQ(got1.status, 200) << got1.body;
+  const json g1 = got1.Json();
+  EXPECT_EQ(g1["id"], id1);
+  EXPECT_EQ(g1["object"], "response");
+  EXPECT_EQ(g1["status"], "completed");
+  EXPECT_EQ(g1["model"], r1["model"]);
+  ASSERT_EQ(g1["output"].size(), 1u);
+  // The same message as the POST's: its id, role and text.
+  EXPECT_EQ(g1["output"][0]["id"], r1["output"][0]["id"]);
+  EXPECT_EQ(g1["output"][0]["type"], "message");
+  EXPECT_EQ(g1["output"][0]["role"], "assistant");
+  EXPECT_EQ(g1["output"][0]["status"], "completed");
+  EXPECT_EQ(g1["output"][0]["content"][0]["type"], "output_text");
+  EXPECT_EQ(g1["output"][0]["content"][0]["annotations"], json::array());
+  EXPECT_EQ(OutputText(g1), text1);
+  EXPECT_EQ(g1["fwserve_output_truncated"], false);
+  EXPECT_TRUE(g1["usage"].is_null());
+
+  // A continuation's GET has its own text only; the earlier response keeps its own.
+  Reply second = Post(port_, "/v1/responses",
+                      {{"input", "Again"},
+                       {"max_output_tokens", 7},
+                       {"previous_response_id", id1},
+                       {"temperature", 0}});
+  ASSERT_EQ(second.status, 200) << second.body;
+  const std::string id2 = second.Json()["id"];
+  const std::string text2 = OutputText(second.Json());
+  Reply got2 = Get(port_, "/v1/responses/" + id2);
+  ASSERT_EQ(got2.status, 200) << got2.body;
+  EXPECT_EQ(OutputText(got2.Json()), text2);
+  EXPECT_EQ(OutputText(Get(port_, "/v1/responses/" + id1).Json()), text1);
+
+  // Streamed: the GET has the deltas' text.
+  Reply streamed = Post(port_, "/v1/responses",
+                        {{"input", "Once more"},
+                         {"max_output_tokens", 9},
+                         {"previous_response_id", id1},
+                         {"temperature", 0},
+                         {"stream", true}});
+  ASSERT_EQ(streamed.status, 200) << streamed.body;
+  const std::string text3 = StreamedResponseText(streamed.body);
+  ASSERT_FALSE(text3.empty());
+  Sse sse = ParseSse(streamed.body);
+  const json completed = json::parse(sse.data.back());
+  const std::string id3 = completed["response"]["id"];
+  EXPECT_NE(id3, id1);
+  Reply got3 = Get(port_, "/v1/responses/" + id3);
+  ASSERT_EQ(got3.status, 200) << got3.body;
+  EXPECT_EQ(OutputText(got3.Json()), text3);
+  EXPECT_EQ(got3.Json()["output"][0]["id"], completed["response"]["output"][0]["id"]);
+
+  // A conversation's response names the conversation's session: its latest turn.
+  Reply conversation = Post(port_, "/v1/conversations", json::object());
+  ASSERT_EQ(conversation.status, 200) << conversation.body;
+  const std::string conv = conversation.Json()["id"];
+  Reply turn = Post(port_, "/v1/responses",
+                    {{"input", "Hi"}, {"conversation", conv}, {"max_output_tokens", 5}});
+  ASSERT_EQ(turn.status, 200) << turn.body;
+  EXPECT_EQ(OutputText(Get(port_, "/v1/responses/" + turn.Json()["id"].get<std::string>()).Json()),
+            OutputText(turn.Json()));
+
+  // A fork and an export/import carry the output along; a new session has none.
+  const std::string session1 = id1.substr(5);
+  Reply fork = Post(port_, "/fwserve/v1/sessions/" + session1 + "/fork", json::object());
+  ASSERT_EQ(fork.status, 200) << fork.body;
+  EXPECT_EQ(
+      OutputText(Get(port_, "/v1/responses/resp_" + fork.Json()["id"].get<std::string>()).Json()),
+      text1);
+  Reply blob = Get(port_, "/fwserve/v1/sessions/" + session1 + "/export");
+  ASSERT_EQ(blob.status, 200);
+  Reply imported =
+      HttpClient(port_).Send(http::verb::post, "/fwserve/v1/sessions/import", blob.body,
+                             {{"Content-Type", "application/octet-stream"}});
+  ASSERT_EQ(imported.status, 200) << imported.body;
+  EXPECT_EQ(
+      OutputText(
+          Get(port_, "/v1/responses/resp_" + imported.Json()["id"].get<std::string>()).Json()),
+      text1);
+  const std::string fresh = CreateSession("Hi")["id"];
+  EXPECT_EQ(OutputText(Get(port_, "/v1/responses/resp_" + fresh).Json()), "");
+
+  // Deleted: gone.
+  EXPECT_EQ(Delete(port_, "/v1/responses/" + id1).status, 200);
+  ExpectOpenAiError(Get(port_, "/v1/responses/" + id1), 404, "");
+  EXPECT_EQ(OutputText(Get(port_, "/v1/responses/" + id2).Json()), text2);
+}
+
 TEST_F(HttpTest, ResponsesStreamEvents) {
   Reply r = Post(port_, "/v1/responses",
                  {{"input", {{{"role", "user"}, {"content", "Hi"}}}},
@@ -688,9 +816,11 @@ TEST_F(SlowHttpTest, DisconnectMidStreamCancelsAndTheSessionHoldsWhatWasSent) {
                      .dump());
     std::string seen = client.ReadStreamUntil(
         [](const std::string& body) { return ParseSse(body).data.size() >= 4; });
-    // The session is busy while the stream runs: a second request gets 409.
+    // The session is busy while the stream runs: a second request gets 409, and so does
+    // reading its last output (which takes the session's lease briefly).
     ExpectOpenAiError(Post(port_, "/v1/completions", {{"prompt", "x"}, {"session_id", id}}), 409,
                       "");
+    ExpectOpenAiError(Get(port_, "/v1/responses/resp_" + id), 409, "");
     client.Close();
   }
   // The stream is cancelled well before its 1000 tokens.
@@ -709,6 +839,10 @@ TEST_F(SlowHttpTest, DisconnectMidStreamCancelsAndTheSessionHoldsWhatWasSent) {
   // What the session holds is exactly the greedy continuation's first `generated`
   // tokens: continuing it gives the reference's next tokens.
   const std::string reference = Greedy(prompt, static_cast<int>(generated) + 6);
+  // Its last output is what the client was sent before it went away.
+  Reply output = Get(port_, "/v1/responses/resp_" + id);
+  ASSERT_EQ(output.status, 200) << output.body;
+  EXPECT_EQ(OutputText(output.Json()), reference.substr(0, static_cast<size_t>(generated)));
   Reply next = Post(port_, "/v1/completions",
                     {{"prompt", ""}, {"session_id", id}, {"max_tokens", 6}, {"temperature", 0}});
   ASSERT_EQ(next.status, 200) << next.body;
@@ -720,7 +854,8 @@ class AuthHttpTest : public HttpTest {
   bool ManualStart() const override { return true; }
   void SetUp() override {
     auto tenants = fwserve::Tenants::FromText(
-        absl::StrCat("sha256:", fwserve::Sha256Hex("key-a"), " tenant=alpha\n"));
+        absl::StrCat("sha256:", fwserve::Sha256Hex("key-a"), " tenant=alpha\n",
+                     "sha256:", fwserve::Sha256Hex("key-b"), " tenant=beta\n"));
     ASSERT_TRUE(tenants.ok()) << tenants.status();
     tenants_ = std::move(*tenants);
     fwserve::HttpServerOptions http;
@@ -755,6 +890,120 @@ TEST_F(AuthHttpTest, BearerKeysAndCors) {
   Reply created =
       Post(port_, "/fwserve/v1/sessions", {{"prefix", "a"}}, {{"Authorization", "Bearer key-a"}});
   EXPECT_EQ(created.status, 200) << created.body;
+}
+
+TEST_F(AuthHttpTest, AResponseIsItsTenants) {
+  const std::map<std::string, std::string> alpha = {{"Authorization", "Bearer key-a"}};
+  const std::map<std::string, std::string> beta = {{"Authorization", "Bearer key-b"}};
+  Reply posted = Post(port_, "/v1/responses", {{"input", "Hi"}, {"max_output_tokens", 5}}, alpha);
+  ASSERT_EQ(posted.status, 200) << posted.body;
+  const std::string id = posted.Json()["id"];
+  Reply own = Get(port_, "/v1/responses/" + id, alpha);
+  ASSERT_EQ(own.status, 200) << own.body;
+  EXPECT_EQ(OutputText(own.Json()), OutputText(posted.Json()));
+  // To another tenant it does not exist: not readable, not deletable.
+  ExpectOpenAiError(Get(port_, "/v1/responses/" + id, beta), 404, "");
+  ExpectOpenAiError(HttpClient(port_).Send(http::verb::delete_, "/v1/responses/" + id, "", beta),
+                    404, "");
+  ExpectOpenAiError(Get(port_, "/v1/responses/" + id), 401, "");
+  EXPECT_EQ(Get(port_, "/v1/responses/" + id, alpha).status, 200);
+}
+
+// Over a dir: store: a response's text survives a restart, and reading it does not make
+// its session resident.
+TEST_F(HttpTest, GetResponseAfterARestartWithADirStore) {
+  fwserve::CoreOptions options = Options();
+  options.session_store = "dir:" + MakeTempDir("http-responses");
+  server_.reset();
+  StartServer({}, options);
+  Reply posted = Post(port_, "/v1/responses",
+                      {{"input", "Hello"}, {"max_output_tokens", 10}, {"temperature", 0}});
+  ASSERT_EQ(posted.status, 200) << posted.body;
+  const std::string id = posted.Json()["id"];
+  const std::string text = OutputText(posted.Json());
+  Reply streamed = Post(port_, "/v1/responses",
+                        {{"input", "More"},
+                         {"max_output_tokens", 6},
+                         {"previous_response_id", id},
+                         {"stream", true}});
+  ASSERT_EQ(streamed.status, 200) << streamed.body;
+  const std::string streamed_text = StreamedResponseText(streamed.body);
+  const std::string streamed_id =
+      json::parse(ParseSse(streamed.body).data.back())["response"]["id"];
+
+  server_.reset();
+  StartServer({}, options);
+  Reply got = GetIndexed(port_, "/v1/responses/" + id);
+  ASSERT_EQ(got.status, 200) << got.body;
+  EXPECT_EQ(OutputText(got.Json()), text);
+  EXPECT_EQ(got.Json()["fwserve_session"]["resident"], false);
+  Reply got_streamed = GetIndexed(port_, "/v1/responses/" + streamed_id);
+  ASSERT_EQ(got_streamed.status, 200) << got_streamed.body;
+  EXPECT_EQ(OutputText(got_streamed.Json()), streamed_text);
+  // Continuing it after the restart works, and its own output replaces nothing else's.
+  Reply next = Post(port_, "/v1/responses",
+                    {{"input", "And?"}, {"max_output_tokens", 4}, {"previous_response_id", id}});
+  ASSERT_EQ(next.status, 200) << next.body;
+  EXPECT_EQ(OutputText(Get(port_, "/v1/responses/" + next.Json()["id"].get<std::string>()).Json()),
+            OutputText(next.Json()));
+  EXPECT_EQ(OutputText(Get(port_, "/v1/responses/" + id).Json()), text);
+}
+
+// Two replicas (HTTP on both) on one real redis-server.
+class RedisHttpTest : public HttpTest {
+ protected:
+  bool ManualStart() const override { return true; }
+  void SetUp() override {
+    auto redis = fwserve::RedisServer::Start();
+    ASSERT_TRUE(redis.ok()) << redis.status();
+    redis_ = std::move(*redis);
+    fwserve::CoreOptions options = Options();
+    options.session_store = redis_->spec();
+    StartServer({}, options);
+    other_ = Harness::Start(options, {}, false, fwserve::HttpServerOptions{});
+    ASSERT_NE(other_, nullptr);
+  }
+  // The servers stop before redis-server does.
+  void TearDown() override {
+    other_.reset();
+    server_.reset();
+  }
+  std::unique_ptr<fwserve::RedisServer> redis_;
+  std::unique_ptr<Harness> other_;
+};
+
+TEST_F(RedisHttpTest, GetResponseOnAnotherReplica) {
+  const int other = other_->http_port();
+  Reply posted = Post(port_, "/v1/responses",
+                      {{"input", "Hello"}, {"max_output_tokens", 10}, {"temperature", 0}});
+  ASSERT_EQ(posted.status, 200) << posted.body;
+  const std::string id = posted.Json()["id"];
+  Reply got = Get(other, "/v1/responses/" + id);
+  ASSERT_EQ(got.status, 200) << got.body;
+  EXPECT_EQ(OutputText(got.Json()), OutputText(posted.Json()));
+  // A continuation made on the other replica is read back on the first.
+  Reply next = Post(other, "/v1/responses",
+                    {{"input", "And?"}, {"max_output_tokens", 4}, {"previous_response_id", id}});
+  ASSERT_EQ(next.status, 200) << next.body;
+  Reply next_here = Get(port_, "/v1/responses/" + next.Json()["id"].get<std::string>());
+  ASSERT_EQ(next_here.status, 200) << next_here.body;
+  EXPECT_EQ(OutputText(next_here.Json()), OutputText(next.Json()));
+  EXPECT_EQ(OutputText(Get(port_, "/v1/responses/" + id).Json()), OutputText(posted.Json()));
+  // A conversation turn on one replica replaces the text the other one reads (its
+  // cached copy is stale and reloaded).
+  Reply conversation = Post(port_, "/v1/conversations", json::object());
+  ASSERT_EQ(conversation.status, 200) << conversation.body;
+  const std::string conv = conversation.Json()["id"];
+  for (int turn = 0; turn < 2; ++turn) {
+    Reply said = Post(turn == 0 ? port_ : other, "/v1/responses",
+                      {{"input", turn == 0 ? "Hi" : "Bye"},
+                       {"conversation", conv},
+                       {"max_output_tokens", 5 + turn}});
+    ASSERT_EQ(said.status, 200) << said.body;
+    Reply read = Get(turn == 0 ? other : port_, "/v1/responses/resp_" + conv.substr(5));
+    ASSERT_EQ(read.status, 200) << read.body;
+    EXPECT_EQ(OutputText(read.Json()), OutputText(said.Json())) << "turn " << turn;
+  }
 }
 
 TEST_F(HttpTest, ShutdownAnswers503OnOpenConnections) {

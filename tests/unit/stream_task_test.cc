@@ -1,6 +1,7 @@
 // StreamTask without a model or an engine: stop strings across token and chunk edges,
-// max tokens, the lookahead bound, flush timing, and the rollback point a failed write
-// or a cancellation returns to (with the text decoder put back too).
+// max tokens, the lookahead bound, flush timing, the rollback point a failed write
+// or a cancellation returns to (with the text decoder put back too), and the output
+// text the session keeps.
 #include "server/engine/stream_task.h"
 
 #include <string>
@@ -132,6 +133,43 @@ TEST(StreamTaskTest, TheDecoderIsRolledBackWithTheTokens) {
   EXPECT_EQ(stream.TakeChunkForWrite().text, "\xC3\xA9");
   EXPECT_EQ(stream.DropUnconfirmed(), StreamTask::RollbackPoint::kBeforeInflight);
   EXPECT_EQ(stream.FinishText(), "\xEF\xBF\xBD");  // U+FFFD for the lone lead byte
+}
+
+TEST(StreamTaskTest, TheOutputIsTheConfirmedChunksTextThenTheTrailingText) {
+  StreamTask stream(Limits(/*max_tokens=*/100));
+  stream.AddSampled('a', 0, kT0);
+  stream.AddSampled(0xC3, 0, kT0);  // the first byte of "é": held back by the decoder
+  EXPECT_EQ(stream.TakeChunkForWrite().text, "a");
+  EXPECT_EQ(stream.output().text, "");  // in flight: not the client's yet
+  stream.ConfirmWrite();
+  EXPECT_EQ(stream.output().text, "a");
+  stream.AddSampled(0xA9, 0, kT0);
+  (void)stream.TakeChunkForWrite();  // "é" in flight
+  stream.AddSampled('z', 0, kT0);    // unsent
+  (void)stream.DropUnconfirmed();    // the write failed: "é" and "z" never arrived
+  EXPECT_EQ(stream.output().text, "a");
+  // The trailing text (the lone lead byte as U+FFFD) ends the output, as it ends the
+  // text the client receives.
+  EXPECT_EQ(stream.FinishText(), "\xEF\xBF\xBD");
+  EXPECT_EQ(stream.output().text, "a\xEF\xBF\xBD");
+  EXPECT_FALSE(stream.output().truncated);
+}
+
+TEST(StreamTaskTest, TheOutputKeepsItsFirstBytesAndSaysItWasCut) {
+  const size_t max = LastOutput::kMaxBytes;
+  StreamTask stream(Limits(/*max_tokens=*/static_cast<int64_t>(max) + 10));
+  // All but one byte of the bound in ASCII, then "é" (two bytes): it does not fit whole
+  // and is left out rather than split.
+  for (size_t i = 0; i + 1 < max; ++i) stream.AddSampled('x', 0, kT0);
+  stream.AddSampled(0xC3, 0, kT0);
+  stream.AddSampled(0xA9, 0, kT0);
+  stream.AddSampled('y', 0, kT0);
+  (void)stream.TakeChunkForWrite();
+  stream.ConfirmWrite();
+  EXPECT_EQ(stream.output().text, std::string(max - 1, 'x'));
+  EXPECT_TRUE(stream.output().truncated);
+  EXPECT_EQ(stream.FinishText(), "");
+  EXPECT_EQ(stream.output().text.size(), max - 1);
 }
 
 TEST(StreamTaskTest, LogprobsAreKeptOnlyWhenAsked) {

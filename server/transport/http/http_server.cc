@@ -92,6 +92,61 @@ std::string TokenText(int64_t id) {
   return id >= 0 && id < 256 ? std::string(1, static_cast<char>(id)) : std::string();
 }
 
+// The one message of the response on `session_id`: its id is derived from the session,
+// like the response's, so that GET /v1/responses/{id} names it as the POST did.
+std::string ResponseMessageId(const std::string& session_id) { return "msg_" + session_id; }
+
+// The OpenAI response object of the response on `session_id` ("resp_<session>"), built
+// the same way by POST /v1/responses (`request`: what it asked for) and by GET
+// /v1/responses/{id} (`request` null: the request's parameters are not kept, and are
+// null). A "completed" or "incomplete" response has one assistant message with `text`.
+json ResponseJson(const std::string& session_id, int64_t created_at, const char* status,
+                  const std::string& model, const std::string& text, const json& usage,
+                  const OpenAiGenerateRequest* request) {
+  json output = json::array();
+  if (std::string(status) == "completed" || std::string(status) == "incomplete") {
+    output.push_back({{"type", "message"},
+                      {"id", ResponseMessageId(session_id)},
+                      {"status", "completed"},
+                      {"role", "assistant"},
+                      {"content", json::array({{{"type", "output_text"},
+                                                {"text", text},
+                                                {"annotations", json::array()},
+                                                {"logprobs", json::array()}}})}});
+  }
+  json r = {
+      {"id", kResponsePrefix + session_id},
+      {"object", "response"},
+      {"created_at", created_at},
+      {"status", status},
+      {"error", nullptr},
+      {"incomplete_details", nullptr},
+      {"instructions", request == nullptr || request->instructions.empty()
+                           ? json(nullptr)
+                           : json(request->instructions)},
+      {"max_output_tokens", request != nullptr ? json(request->params.max_tokens) : json(nullptr)},
+      {"model", model},
+      {"output", output},
+      {"parallel_tool_calls", false},
+      {"previous_response_id", request == nullptr || request->previous_response_id.empty()
+                                   ? json(nullptr)
+                                   : json(request->previous_response_id)},
+      {"store", request == nullptr || request->store},
+      {"temperature",
+       request != nullptr ? json(request->params.sampling.temperature) : json(nullptr)},
+      {"top_p", request != nullptr ? json(request->params.sampling.top_p) : json(nullptr)},
+      {"text", {{"format", {{"type", "text"}}}}},
+      {"tool_choice", "none"},
+      {"tools", json::array()},
+      {"truncation", "disabled"},
+      {"usage", usage},
+      {"metadata", json::object()}};
+  if (request != nullptr && !request->conversation.empty()) {
+    r["conversation"] = {{"id", kConversationPrefix + session_id}};
+  }
+  return r;
+}
+
 }  // namespace
 
 class Connection;
@@ -624,7 +679,8 @@ class GenerateJob : public GenerateObserver, public std::enable_shared_from_this
     }
     return kResponsePrefix + request_.params.session_id;
   }
-  std::string MessageId() const { return absl::StrCat("msg_", id_number_); }
+  // Responses only.
+  std::string MessageId() const { return ResponseMessageId(request_.params.session_id); }
 
   void ClientGone() {
     gone_->store(true);
@@ -651,45 +707,8 @@ class GenerateJob : public GenerateObserver, public std::enable_shared_from_this
   }
 
   json ResponseObject(const char* status, const std::string& text, const json& usage) const {
-    json output = json::array();
-    if (std::string(status) == "completed" || std::string(status) == "incomplete") {
-      output.push_back({{"type", "message"},
-                        {"id", MessageId()},
-                        {"status", "completed"},
-                        {"role", "assistant"},
-                        {"content", json::array({{{"type", "output_text"},
-                                                  {"text", text},
-                                                  {"annotations", json::array()},
-                                                  {"logprobs", json::array()}}})}});
-    }
-    json r = {{"id", Id()},
-              {"object", "response"},
-              {"created_at", created_},
-              {"status", status},
-              {"error", nullptr},
-              {"incomplete_details", nullptr},
-              {"instructions",
-               request_.instructions.empty() ? json(nullptr) : json(request_.instructions)},
-              {"max_output_tokens", request_.params.max_tokens},
-              {"model", model_},
-              {"output", output},
-              {"parallel_tool_calls", false},
-              {"previous_response_id", request_.previous_response_id.empty()
-                                           ? json(nullptr)
-                                           : json(request_.previous_response_id)},
-              {"store", request_.store},
-              {"temperature", request_.params.sampling.temperature},
-              {"top_p", request_.params.sampling.top_p},
-              {"text", {{"format", {{"type", "text"}}}}},
-              {"tool_choice", "none"},
-              {"tools", json::array()},
-              {"truncation", "disabled"},
-              {"usage", usage},
-              {"metadata", json::object()}};
-    if (!request_.conversation.empty()) {
-      r["conversation"] = {{"id", kConversationPrefix + request_.params.session_id}};
-    }
-    return r;
+    return ResponseJson(request_.params.session_id, created_, status, model_, text, usage,
+                        &request_);
   }
 
   // Responses streaming: one event.
@@ -1136,17 +1155,15 @@ void HttpServer::Impl::GetResponse(const std::shared_ptr<Connection>& conn, cons
     });
     return;
   }
-  core_->GetSession(conn->caller(), *session, [conn, id](absl::StatusOr<SessionRecord> r) {
+  // The session keeps the text its last Generate produced (what the POST answered); the
+  // request's parameters, its usage and why it ended are not kept.
+  core_->GetSessionOutput(conn->caller(), *session, [conn](absl::StatusOr<SessionOutput> r) {
     if (!r.ok()) return conn->ReplyError(r.status());
-    // The core keeps no output text with a session: the response's metadata only.
-    conn->ReplyJson(200, {{"id", id},
-                          {"object", "response"},
-                          {"created_at", UnixSeconds(r->created)},
-                          {"status", "completed"},
-                          {"model", r->model},
-                          {"output", json::array()},
-                          {"usage", nullptr},
-                          {"fwserve_session", SessionJson(*r)}});
+    json out = ResponseJson(r->session.id, UnixSeconds(r->session.created), "completed",
+                            r->session.model, r->output.text, nullptr, nullptr);
+    out["fwserve_output_truncated"] = r->output.truncated;
+    out["fwserve_session"] = SessionJson(r->session);
+    conn->ReplyJson(200, out);
   });
 }
 
