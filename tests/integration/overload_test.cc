@@ -1,0 +1,329 @@
+// Overload behaviour on a real in-process server (docs/serving.md "Overload"): the
+// refusal's retry hint in both gRPC forms, the client library's backoff (it waits at
+// least the hint), admission by deadline, refusals counted by reason, and one tenant's
+// storm leaving another's requests unrefused. Counts and events decide, never elapsed
+// time (the one timing fact is a lower bound: the client's waits).
+#include <grpcpp/grpcpp.h>
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/time/clock.h"
+#include "fwserve/v1/fwserve.grpc.pb.h"
+#include "google/rpc/error_details.pb.h"
+#include "google/rpc/status.pb.h"
+#include "gtest/gtest.h"
+#include "models/checkpoint.h"
+#include "server/tenancy/tenants.h"
+#include "server/transport/grpc/api_key_authenticator.h"
+#include "tests/integration/harness.h"
+
+namespace fwserve {
+namespace {
+
+using fwtest::GreedyRequest;
+using fwtest::Harness;
+
+bool WaitUntilBusy(Client& client, const std::string& id) {
+  for (int i = 0; i < 2000; ++i) {
+    auto info = client.GetSession(id);
+    if (info.ok() && info->busy()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return false;
+}
+
+class OverloadTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    model_dir_ = new std::string(fwtest::MakeTempDir("overload-model") + "/aft");
+    fwtest::WriteTinyCheckpoint(*model_dir_, "aft", 5);
+  }
+  static void TearDownTestSuite() { delete model_dir_; }
+
+  static CoreOptions Options(int64_t active, int64_t queued) {
+    CoreOptions options;
+    options.model_dirs = {*model_dir_};
+    options.max_tokens = 10000000;
+    options.max_active_streams = active;
+    options.max_queued_requests = queued;
+    return options;
+  }
+
+  // Fills a server of one stream slot and one queue place: an endless stream runs and a
+  // request on a session waits (its lease shows it arrived). Returns both streams.
+  struct Filled {
+    std::unique_ptr<GenerateStream> running;
+    std::unique_ptr<GenerateStream> queued;
+  };
+  static Filled Fill(Harness& server) {
+    Filled filled;
+    auto session = server.client().CreateSession("", "b");
+    EXPECT_TRUE(session.ok());
+    filled.running = server.client().StartGenerate(GreedyRequest("a", 10000000));
+    v1::GenerateResponse message;
+    EXPECT_TRUE(filled.running->Next(&message));
+    filled.queued = server.client().StartGenerate(GreedyRequest("", 3, session->session_id()));
+    EXPECT_TRUE(WaitUntilBusy(server.client(), session->session_id()));
+    return filled;
+  }
+  static void Drain(Filled& filled) {
+    v1::GenerateResponse message;
+    filled.running->Cancel();
+    while (filled.running->Next(&message)) {
+    }
+    while (filled.queued->Next(&message)) {
+    }
+  }
+
+  static std::string* model_dir_;
+};
+std::string* OverloadTest::model_dir_ = nullptr;
+
+// The raw call, as any gRPC client sees it: RESOURCE_EXHAUSTED with the pushback
+// trailer and a RetryInfo detail; with --max-refusal-delay 0 the two say the same.
+TEST_F(OverloadTest, RefusalCarriesPushbackAndRetryInfo) {
+  GrpcServerOptions server_options;
+  server_options.max_refusal_delay = absl::ZeroDuration();
+  auto server = Harness::Start(Options(1, 1), server_options);
+  ASSERT_NE(server, nullptr);
+  Filled filled = Fill(*server);
+
+  auto channel = grpc::CreateChannel(server->target(), grpc::InsecureChannelCredentials());
+  auto stub = v1::Fwserve::NewStub(channel);
+  grpc::ClientContext context;
+  auto reader = stub->Generate(&context, GreedyRequest("c", 5));
+  v1::GenerateResponse message;
+  EXPECT_FALSE(reader->Read(&message));
+  const grpc::Status status = reader->Finish();
+  ASSERT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << status.error_message();
+  EXPECT_TRUE(absl::StrContains(status.error_message(), "--max-queued-requests"));
+
+  const auto& trailers = context.GetServerTrailingMetadata();
+  auto pushback = trailers.find("grpc-retry-pushback-ms");
+  ASSERT_NE(pushback, trailers.end());
+  int64_t pushback_ms = -1;
+  ASSERT_TRUE(absl::SimpleAtoi(std::string(pushback->second.data(), pushback->second.size()),
+                               &pushback_ms));
+  google::rpc::Status details;
+  ASSERT_TRUE(details.ParseFromString(status.error_details()));
+  EXPECT_EQ(details.code(), static_cast<int>(grpc::StatusCode::RESOURCE_EXHAUSTED));
+  ASSERT_EQ(details.details_size(), 1);
+  google::rpc::RetryInfo retry;
+  ASSERT_TRUE(details.details(0).UnpackTo(&retry));
+  const int64_t retry_ms =
+      retry.retry_delay().seconds() * 1000 + retry.retry_delay().nanos() / 1000000;
+  // Nothing has drained yet: the unmeasured hint, 1 s, in both forms.
+  EXPECT_EQ(retry_ms, 1000);
+  EXPECT_EQ(pushback_ms, 1000);
+  Drain(filled);
+}
+
+// A held refusal: the pushback is what is left of the hint after the hold.
+TEST_F(OverloadTest, HeldRefusalPushesBackTheRest) {
+  GrpcServerOptions server_options;
+  server_options.max_refusal_delay = absl::Milliseconds(300);
+  auto server = Harness::Start(Options(1, 1), server_options);
+  ASSERT_NE(server, nullptr);
+  Filled filled = Fill(*server);
+  auto stub = v1::Fwserve::NewStub(
+      grpc::CreateChannel(server->target(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  const absl::Time sent = absl::Now();
+  auto reader = stub->Generate(&context, GreedyRequest("c", 5));
+  v1::GenerateResponse message;
+  EXPECT_FALSE(reader->Read(&message));
+  const grpc::Status status = reader->Finish();
+  const absl::Duration answered_after = absl::Now() - sent;
+  ASSERT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  const auto& trailers = context.GetServerTrailingMetadata();
+  auto pushback = trailers.find("grpc-retry-pushback-ms");
+  ASSERT_NE(pushback, trailers.end());
+  EXPECT_EQ(std::string(pushback->second.data(), pushback->second.size()), "700");
+  // Held at least the 300 ms (a lower bound: a slow machine only makes it later).
+  EXPECT_GE(answered_after, absl::Milliseconds(300));
+  Drain(filled);
+}
+
+// The client library waits at least the hint before each retry, with jitter on top, and
+// gives up after max_overload_retries; the server saw every attempt.
+TEST_F(OverloadTest, ClientRetriesAfterTheHint) {
+  GrpcServerOptions server_options;
+  server_options.max_refusal_delay = absl::ZeroDuration();
+  auto server = Harness::Start(Options(1, 1), server_options);
+  ASSERT_NE(server, nullptr);
+  Filled filled = Fill(*server);
+
+  std::vector<absl::Duration> waits;
+  ClientOptions options;
+  options.target = server->target();
+  options.max_overload_retries = 3;
+  options.overload_backoff = absl::Milliseconds(50);
+  options.retry_wait_for_testing = [&waits](absl::Duration wait) { waits.push_back(wait); };
+  auto client = Client::Connect(options);
+  ASSERT_TRUE(client.ok());
+  absl::Status refused = (*client)->Generate(GreedyRequest("c", 5)).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted);
+  ASSERT_EQ(waits.size(), 3u);
+  for (size_t i = 0; i < waits.size(); ++i) {
+    // The hint (1 s, unmeasured) plus a jitter below 50 ms * 2^i.
+    EXPECT_GE(waits[i], absl::Seconds(1)) << i;
+    EXPECT_LT(waits[i], absl::Seconds(1) + absl::Milliseconds(50) * (1 << i)) << i;
+  }
+
+  // Unary calls too: a session operation refused for a full queue is retried the same.
+  waits.clear();
+  EXPECT_EQ((*client)->CreateSession("", "x").status().code(),
+            absl::StatusCode::kResourceExhausted);
+  // The budget (10 tokens, -1 per refusal, retries only above 5): 4 refusals so far,
+  // so this call's first refusal leaves 5 and it is not retried.
+  EXPECT_EQ(waits.size(), 0u);
+
+  // Without retries the refusal comes back at once.
+  ClientOptions once = options;
+  once.max_overload_retries = 0;
+  waits.clear();
+  auto impatient = Client::Connect(once);
+  ASSERT_TRUE(impatient.ok());
+  EXPECT_EQ((*impatient)->Generate(GreedyRequest("c", 5)).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(waits.empty());
+  Drain(filled);
+}
+
+// A request that the queue's measured drain says cannot start before its deadline is
+// refused by admission at once (its own message, not a deadline that ran out in the queue).
+TEST_F(OverloadTest, DeadlineAdmission) {
+  auto server = Harness::Start(Options(1, 64));
+  ASSERT_NE(server, nullptr);
+  // Saturate the one slot with streams of about a tenth of a second, 8 at a time, so that
+  // the drain is measured and 7 wait: the expected wait is far beyond 150 ms.
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> load;
+  for (int i = 0; i < 8; ++i) {
+    load.emplace_back([&] {
+      while (!stop.load()) (void)server->client().Generate(GreedyRequest("a", 2000));
+    });
+  }
+  // Until a 150 ms deadline is refused by admission (up to 300 tries: a hang guard).
+  absl::Status refused;
+  auto stub = v1::Fwserve::NewStub(
+      grpc::CreateChannel(server->target(), grpc::InsecureChannelCredentials()));
+  for (int attempt = 0; attempt < 300; ++attempt) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(150));
+    auto reader = stub->Generate(&context, GreedyRequest("c", 5));
+    v1::GenerateResponse message;
+    while (reader->Read(&message)) {
+    }
+    const grpc::Status status = reader->Finish();
+    if (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED &&
+        absl::StrContains(status.error_message(),
+                          "cannot start this request before its deadline")) {
+      refused = absl::DeadlineExceededError(status.error_message());
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  stop.store(true);
+  for (auto& thread : load) thread.join();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kDeadlineExceeded) << refused;
+  EXPECT_TRUE(absl::StrContains(refused.message(), "expected wait")) << refused;
+}
+
+// One tenant's storm: past its half of the queue it is refused; the other tenant, well
+// within its share, is never refused and every one of its requests completes.
+TEST_F(OverloadTest, AStormStaysWithItsTenant) {
+  constexpr char kKeyA[] = "key-of-storm-0123456789";
+  constexpr char kKeyB[] = "key-of-calm-01234567890";
+  auto tenants = Tenants::FromText("sha256:" + Sha256Hex(kKeyA) + " tenant=storm\n" +
+                                   "sha256:" + Sha256Hex(kKeyB) + " tenant=calm\n");
+  ASSERT_TRUE(tenants.ok());
+  ApiKeyAuthenticator authenticator(tenants->get(), nullptr);
+  CoreOptions options = Options(2, 8);
+  options.tenants = tenants->get();
+  GrpcServerOptions server_options;
+  server_options.authenticator = &authenticator;
+  server_options.max_refusal_delay = absl::ZeroDuration();
+  auto server = Harness::Start(options, server_options);
+  ASSERT_NE(server, nullptr);
+
+  auto connect = [&](const char* key) {
+    ClientOptions client_options;
+    client_options.target = server->target();
+    client_options.auth_token = key;
+    client_options.max_overload_retries = 0;  // see every refusal
+    return std::move(*Client::Connect(client_options));
+  };
+  std::unique_ptr<Client> storm = connect(kKeyA), calm = connect(kKeyB);
+  // The storm: 2 endless streams run, then 12 more arrive, of which 4 fit its share.
+  std::vector<std::unique_ptr<GenerateStream>> running;
+  for (int i = 0; i < 2; ++i) {
+    running.push_back(storm->StartGenerate(GreedyRequest("s", 10000000)));
+    v1::GenerateResponse message;
+    ASSERT_TRUE(running.back()->Next(&message));
+  }
+  std::atomic<int> storm_refused{0}, storm_share_refusals{0};
+  std::vector<std::unique_ptr<GenerateStream>> storm_queued;
+  std::vector<std::thread> storm_threads;
+  std::mutex mu;
+  for (int i = 0; i < 12; ++i) {
+    storm_threads.emplace_back([&] {
+      auto stream = storm->StartGenerate(GreedyRequest("s", 20));
+      v1::GenerateResponse message;
+      if (stream->Next(&message)) {
+        std::lock_guard<std::mutex> lock(mu);
+        storm_queued.push_back(std::move(stream));
+        return;
+      }
+      absl::Status status = stream->Finish();
+      if (status.code() == absl::StatusCode::kResourceExhausted) {
+        ++storm_refused;
+        if (absl::StrContains(status.message(), "its share of the queue")) ++storm_share_refusals;
+      } else {
+        // Queued behind the running streams: stays open until they end.
+        std::lock_guard<std::mutex> lock(mu);
+        storm_queued.push_back(std::move(stream));
+      }
+    });
+  }
+  // Wait (events, not time) until 8 storm requests were refused: 12 - its share of 4.
+  for (int i = 0; i < 3000 && storm_refused.load() < 8; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(storm_refused.load(), 8);
+  EXPECT_EQ(storm_share_refusals.load(), 8);
+  // The calm tenant, mid-storm: both requests accepted and completed in full.
+  std::vector<absl::StatusOr<GenerateResult>> calm_results(2);
+  std::vector<std::thread> calm_threads;
+  for (int i = 0; i < 2; ++i) {
+    calm_threads.emplace_back([&, i] { calm_results[i] = calm->Generate(GreedyRequest("c", 10)); });
+  }
+  // Let them through: end the storm's endless streams (fair share admits calm first).
+  for (auto& stream : running) stream->Cancel();
+  for (auto& thread : calm_threads) thread.join();
+  for (const auto& result : calm_results) {
+    ASSERT_TRUE(result.ok()) << result.status();
+    EXPECT_EQ(result->usage.generated_tokens(), 10);
+  }
+  for (auto& thread : storm_threads) thread.join();
+  v1::GenerateResponse message;
+  for (auto& stream : running) {
+    while (stream->Next(&message)) {
+    }
+  }
+  for (auto& stream : storm_queued) {
+    while (stream->Next(&message)) {
+    }
+  }
+}
+
+}  // namespace
+}  // namespace fwserve
