@@ -122,6 +122,11 @@ ABSL_FLAG(std::vector<std::string>, protocol, std::vector<std::string>({"grpc"})
           "/v1/completions with server-sent events, --http-target), or grpc,http: every "
           "level runs once per protocol, back to back, and HTTP is reported as a ratio of "
           "gRPC");
+ABSL_FLAG(std::string, client, "retrying",
+          "how the gRPC client meets overload refusals: retrying (the client library's default: "
+          "waits the server's retry hint plus exponential jitter, under a retry budget) or "
+          "naive (no retries in the library; the stream sends its next request 10 ms after a "
+          "refusal, as a careless client would)");
 ABSL_FLAG(std::string, model, "", "model name; empty = the server's default model");
 ABSL_FLAG(std::vector<std::string>, concurrency, std::vector<std::string>({"1", "8", "32", "128"}),
           "comma-separated concurrency levels (client streams issuing requests back to back)");
@@ -1530,6 +1535,12 @@ int main(int argc, char** argv) {
   const absl::Time give_up = absl::Now() + absl::GetFlag(FLAGS_connect_timeout);
   fwserve::ClientOptions options;
   options.target = absl::GetFlag(FLAGS_target);
+  const std::string client_behavior = absl::GetFlag(FLAGS_client);
+  if (client_behavior == "naive") {
+    options.max_overload_retries = 0;
+  } else if (client_behavior != "retrying") {
+    return Fail(absl::StrCat("--client must be retrying or naive, got '", client_behavior, "'"));
+  }
   std::unique_ptr<fwserve::Client> client;
   nlohmann::ordered_json model_json;
   if (uses(Protocol::kGrpc)) {
@@ -1635,6 +1646,7 @@ int main(int argc, char** argv) {
   flags["text_file"] = text_file;
   flags["temperature"] = config.temperature;
   flags["seed"] = config.seed;
+  flags["client"] = absl::GetFlag(FLAGS_client);
   flags["metrics_target"] = metrics_target;
   flags["server_pid"] = server_pid;
   flags["trace"] = trace_path;

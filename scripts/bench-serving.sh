@@ -17,8 +17,17 @@
 #       closed loop at OVERHEAD_CONCURRENCY (1,64), ROUNDS rounds: requests/s, request
 #       latency p50/p99 and the server's CPU time per request, per protocol.
 #
+# With `overload` as the first argument it measures goodput under overload
+# (docs/serving.md "Overload"): the server runs with OVERLOAD_SERVER_FLAGS
+# (--max-active-streams 16 --max-queued-requests 16), and fwbench runs
+#   (e) ROUNDS (3) rounds, each the levels OVERLOAD_LEVELS (16,32,128: 1x, 2x and 8x the
+#       16 slots) with the retrying client, then the same with the naive one;
+#       tokens/s of completed streams is the goodput, TTFT p99 of admitted requests, and
+#       the refusals by code.
+#
 # Usage: scripts/bench-serving.sh [OUT_DIR] [extra fwbench flags...]
 #        scripts/bench-serving.sh http [OUT_DIR] [extra fwbench flags...]
+#        scripts/bench-serving.sh overload [OUT_DIR] [extra fwbench flags...]
 #   OUT_DIR defaults to /tmp/fwbench-results (/tmp/fwbench-http-results for `http`).
 # Environment:
 #   MODEL=DIR          checkpoint to serve (default: the server's default model)
@@ -42,12 +51,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 MODE=sweep
-if [[ "${1:-}" == http ]]; then
-  MODE=http
+if [[ "${1:-}" == http || "${1:-}" == overload ]]; then
+  MODE=$1
   shift
 fi
 DEFAULT_OUT_DIR=/tmp/fwbench-results
 if [[ $MODE == http ]]; then DEFAULT_OUT_DIR=/tmp/fwbench-http-results; fi
+if [[ $MODE == overload ]]; then DEFAULT_OUT_DIR=/tmp/fwbench-overload-results; fi
+OVERLOAD_LEVELS=${OVERLOAD_LEVELS:-16,32,128}
+OVERLOAD_SERVER_FLAGS=${OVERLOAD_SERVER_FLAGS:-"--max-active-streams 16 --max-queued-requests 16"}
 OUT_DIR=${1:-$DEFAULT_OUT_DIR}
 if [[ $# -gt 0 ]]; then shift; fi
 BUILD_DIR=${BUILD_DIR:-build}
@@ -110,6 +122,8 @@ fi
 if [[ -n "${MODEL:-}" ]]; then server_args+=(--model "$MODEL"); fi
 # shellcheck disable=SC2206  # SERVER_FLAGS is split on purpose
 if [[ -n "${SERVER_FLAGS:-}" ]]; then server_args+=($SERVER_FLAGS); fi
+# shellcheck disable=SC2206  # split on purpose
+if [[ $MODE == overload ]]; then server_args+=($OVERLOAD_SERVER_FLAGS); fi
 
 if [[ "${BASELINE:-0}" == 1 ]]; then
   # Same checkpoint as the server: MODEL, else fwserve's default (the shipped aft-shakespeare).
@@ -162,7 +176,16 @@ LABEL=${LABEL:-"tree $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(
 common=(--target "127.0.0.1:$PORT" --duration "$DURATION" --warmup "$WARMUP"
         --server-pid "$SERVER_PID" --label "$LABEL" "${bench_extra[@]}")
 
-if [[ $MODE == http ]]; then
+if [[ $MODE == overload ]]; then
+  for round in $(seq 1 "$ROUNDS"); do
+    for client in retrying naive; do
+      echo "== (e) overload round $round, $client client: levels $OVERLOAD_LEVELS" >&2
+      "$FWBENCH" "${common[@]}" --client "$client" --concurrency "$OVERLOAD_LEVELS" \
+        --json "$OUT_DIR/overload-$round-$client.json" "$@" |
+        tee "$OUT_DIR/overload-$round-$client.txt"
+    done
+  done
+elif [[ $MODE == http ]]; then
   echo "== (c) HTTP/SSE vs gRPC streaming: $HTTP_CONCURRENCY streams, $ROUNDS rounds" >&2
   "$FWBENCH" "${common[@]}" --protocol grpc,http --concurrency "$HTTP_CONCURRENCY" \
     --repeat "$ROUNDS" --json "$OUT_DIR/http-vs-grpc.json" "$@" | tee "$OUT_DIR/http-vs-grpc.txt"
