@@ -4,8 +4,10 @@
 #include <prometheus/registry.h>
 #include <pthread.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -171,9 +173,25 @@ int Fail(const std::string& message) {
   return 2;
 }
 
+// LibTorch's OpenMP worker threads (libgomp) spin between parallel regions by default,
+// taking CPU from the engine's own threads, the transports and, on a shared machine,
+// the clients. Waiting passively measured 1.14x-1.57x the tokens/s at 64 streams and
+// 1.2x at 1 stream (docs/benchmarks.md, "OpenMP wait policy"). libgomp reads
+// OMP_WAIT_POLICY when it is loaded, before main: so when the variable is unset,
+// fwserve executes itself again, once, with OMP_WAIT_POLICY=PASSIVE (same pid,
+// arguments and environment otherwise). Set the variable (e.g. ACTIVE) to keep it.
+// Returns only if nothing was re-executed.
+void ReexecWithPassiveOpenMpWaits(char** argv) {
+  if (std::getenv("OMP_WAIT_POLICY") != nullptr) return;
+  if (setenv("OMP_WAIT_POLICY", "PASSIVE", /*overwrite=*/0) != 0) return;
+  execv("/proc/self/exe", argv);
+  // exec failed (no /proc): go on with libgomp's default policy.
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  ReexecWithPassiveOpenMpWaits(argv);
   absl::SetProgramUsageMessage(
       "serves recurrent-state language models over gRPC (fwserve.v1.Fwserve).\n"
       "Usage: fwserve [--listen HOST:PORT] [--model DIR]... [--session-store dir:PATH] [flags]\n"
