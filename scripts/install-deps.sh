@@ -21,7 +21,7 @@ BUILD_PACKAGES=(
 # The tests, benchmarks and tools on top of that. The container engine (Podman with
 # runc, a local debian:12 base made by mmdebstrap, DNS on compose networks by the
 # dnsname plugin), podman-compose and yamllint are for the container and Kubernetes
-# tests (tests/deploy/, deploy/README.md).
+# tests (tests/deploy/, deploy/README.md); kubectl is added below.
 PACKAGES=(
   "${BUILD_PACKAGES[@]}"
   python3 git clang-format
@@ -42,6 +42,13 @@ elif [[ "${1:-}" == "--bench" ]]; then
 elif [[ $# -gt 0 ]]; then
   echo "usage: $0 [--build | --bench]" >&2
   exit 2
+fi
+# kubectl renders deploy/k8s for the Kubernetes check (tests/deploy/k8s_check.py):
+# Debian's kubernetes-client (kubectl 1.20 with kustomize v2.0.3) unless a kubectl is
+# already on PATH (other kubectl packages, e.g. Kubernetes' own "kubectl", also ship
+# /usr/bin/kubectl; kubectl 1.20 and 1.32 render the same objects, deploy/README.md).
+if [[ "${1:-}" != "--build" ]] && ! command -v kubectl >/dev/null; then
+  PACKAGES+=(kubernetes-client)
 fi
 
 SUDO=""

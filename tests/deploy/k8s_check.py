@@ -26,10 +26,17 @@ with yamllint, and checks the rendered objects (ctest label "deploy"):
   an HPA on cpu and on a pods metric, a headless Service, and a Redis StatefulSet with
   append-only persistence (or an external URL).
 
+The kustomizations are written for kustomize v2.0.3 (built into Debian 12's kubectl
+1.20, package kubernetes-client) and render the same objects with newer kustomize; the
+checks do not depend on what differs between versions: the order of the objects, the
+generated Secrets' name hashes, and the wrapping of base64 data (kustomize v5 breaks it
+into 70-column lines, v2.0.3 writes one long line, which the render's lint allows).
+
 Usage: k8s_check.py --repo DIR --fwserve PATH [--kubectl PATH] [--yamllint PATH] OVERLAY...
 Exit 77 (ctest SKIP_RETURN_CODE) when kubectl is not installed.
 """
 import argparse
+import json
 import os
 import re
 import shutil
@@ -81,6 +88,24 @@ def known_flags(fwserve):
     out = subprocess.run([fwserve, "--helpfull"], capture_output=True, text=True)
     names = set(re.findall(r"^\s+--([a-z0-9_]+) ", out.stdout + out.stderr, re.M))
     return {name.replace("_", "-") for name in names}
+
+
+def kubectl_version(kubectl):
+    """'kubectl v1.32.4, kustomize v5.5.0' (kubectl before 1.21 does not report its
+    kustomize, v2.0.3 in every such release)."""
+    out = subprocess.run([kubectl, "version", "--client", "-o", "json"],
+                         capture_output=True, text=True)
+    try:
+        info = json.loads(out.stdout)
+    except ValueError:
+        return "kubectl of unknown version (%s)" % (out.stderr.strip() or out.stdout.strip())
+    version = info.get("clientVersion", {}).get("gitVersion", "?")
+    kustomize = info.get("kustomizeVersion")
+    if not kustomize:
+        minor = re.match(r"v1\.(\d+)\.", version)
+        kustomize = "v2.0.3 (built into kubectl < 1.21)" if minor and int(
+            minor.group(1)) < 21 else "unknown"
+    return "kubectl %s, kustomize %s" % (version, kustomize)
 
 
 def selects(selector, labels):
@@ -273,9 +298,11 @@ def check_shape(c, objects, by_kind, deployment, flags, container):
     env = {e["name"]: e for e in container.get("env", [])}
     for var in re.findall(r"\$\(([A-Za-z_0-9]+)\)", store):
         ref = env.get(var, {}).get("valueFrom", {}).get("secretKeyRef")
-        if ref and ref["name"] in by_kind.get("Secret", {}):
+        data = by_kind.get("Secret", {}).get(ref["name"], {}).get("data", {}) if ref else {}
+        if ref and ref["key"] in data:  # else check_references reports a missing key
             import base64
-            store = base64.b64decode(by_kind["Secret"][ref["name"]]["data"][ref["key"]]).decode()
+            # b64decode skips the newlines of kustomize v5's wrapped values.
+            store = base64.b64decode(data[ref["key"]]).decode()
     replicas = deployment["spec"].get("replicas", 1)
     hpas = [h for h in by_kind.get("HorizontalPodAutoscaler", {}).values()
             if h["spec"]["scaleTargetRef"]["name"] == deployment["metadata"]["name"]]
@@ -439,8 +466,9 @@ def main():
     args = parser.parse_args()
     if not args.kubectl or not os.path.exists(args.kubectl):
         print("k8s_check: SKIPPED: kubectl is not installed (it renders the kustomizations;"
-              " not a Debian 12 package)")
+              " Debian's kubernetes-client suffices: scripts/install-deps.sh)")
         sys.exit(SKIP_CODE)
+    print("k8s_check: %s (%s)" % (kubectl_version(args.kubectl), args.kubectl))
     problems, checks = [], 0
     k8s = os.path.join(args.repo, "deploy", "k8s")
     config = os.path.join(k8s, ".yamllint")
@@ -454,6 +482,11 @@ def main():
         if lint.returncode != 0:
             problems.append("yamllint of deploy/k8s and deploy/compose.yaml:\n" + lint.stdout
                             + lint.stderr)
+    # The renders are kustomize's formatting, not ours: a Secret's base64 value may be one
+    # long line (kustomize v2.0.3).
+    render_config = ("{extends: %s, rules: {line-length: {max: 110, "
+                     "allow-non-breakable-inline-mappings: true}}}" % json.dumps(config))
+    warnings = []
     flags_known = known_flags(args.fwserve)
     if len(flags_known) < 10:
         problems.append("could not read the flags of %s" % args.fwserve)
@@ -465,8 +498,13 @@ def main():
         if render.returncode != 0:
             problems.append("kubectl kustomize %s: %s" % (path, render.stderr))
             continue
+        # Newer kustomize warns that `bases:` and patchesJson6902 are deprecated (kept
+        # for v2.0.3): shown once, not failures.
+        for line in render.stderr.splitlines():
+            if line.strip() and line.strip() not in warnings:
+                warnings.append(line.strip())
         if args.yamllint:
-            lint = subprocess.run([args.yamllint, "--strict", "-c", config, "-"],
+            lint = subprocess.run([args.yamllint, "--strict", "-d", render_config, "-"],
                                   input=render.stdout, capture_output=True, text=True)
             checks += 1
             if lint.returncode != 0:
@@ -476,6 +514,9 @@ def main():
         problems += result.problems
         print("%s: %d objects checked" % (overlay, len([o for o in yaml.safe_load_all(
             render.stdout) if o])))
+    for warning in warnings:
+        print("kubectl kustomize warned (expected from kustomize v4+; the syntax is kept "
+              "for v2.0.3, do not `kustomize edit fix`): " + warning.lstrip("# "))
     for problem in problems:
         print("FAIL " + problem)
     print("%d passed, %d failed" % (checks - len(problems), len(problems)))
