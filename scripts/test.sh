@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The README's test command: installs the Debian packages, builds, and runs the whole
-# ctest suite. .ci/run runs exactly this.
+# ctest suite. .ci/run runs exactly this. Then lists the tests that skipped themselves
+# (exit 77 where a tool, an engine or a device is missing) as "skipped: N tests: ...";
+# with FWSERVE_NO_SKIPS=1 in the environment, a skipped test fails the run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
@@ -15,6 +17,52 @@ if [[ -z "$found" || "$found" -lt "$MIN_TESTS" ]]; then
   echo "scripts/test.sh: ctest lists ${found:-no} tests, fewer than the suite's $MIN_TESTS" >&2
   exit 1
 fi
-ctest --test-dir build --output-on-failure --parallel "$(nproc)" --timeout 600 --no-tests=error
+junit="$PWD/build/ctest-junit.xml"
+rm -f "$junit"
+status=0
+ctest --test-dir build --output-on-failure --parallel "$(nproc)" --timeout 600 --no-tests=error \
+  --output-junit "$junit" || status=$?
 done_at=$(date +%s)
 echo "build: $((built - start)) s, tests: $((done_at - built)) s"
+# The skipped tests (SKIP_RETURN_CODE or SKIP_REGULAR_EXPRESSION) from ctest's JUnit
+# report: a <testcase> with a <skipped> element (DISABLED tests have none), one per
+# line as "NAME: REASON" (the test's first output line that mentions a skip).
+report=0
+skipped=$(python3 - "$junit" <<'PY'
+import sys
+import xml.etree.ElementTree as ET
+try:
+    cases = list(ET.parse(sys.argv[1]).getroot().iter("testcase"))
+except (OSError, ET.ParseError) as error:
+    print("no JUnit report from ctest (%s)" % error)
+    sys.exit(3)
+for case in cases:
+    skipped = case.find("skipped")
+    if skipped is None:
+        continue
+    lines = [line.strip() for line in (case.findtext("system-out") or "").splitlines()]
+    reason = next((line for line in lines if "skip" in line.lower()), "") or next(
+        (line for line in reversed(lines) if line), skipped.get("message", ""))
+    print("%s: %s" % (case.get("name"), reason[:160]))
+PY
+) || report=$?
+if [[ "$report" -ne 0 ]]; then
+  count=unknown
+  echo "skipped: unknown: $skipped"
+elif [[ -n "$skipped" ]]; then
+  mapfile -t lines <<<"$skipped"
+  count=${#lines[@]}
+  names=$(cut -d: -f1 <<<"$skipped" | paste -sd,)
+  echo "skipped: $count tests: ${names//,/, }"
+  printf '  %s\n' "${lines[@]}"
+else
+  count=0
+  echo "skipped: 0 tests"
+fi
+if [[ "$status" -ne 0 ]]; then
+  exit "$status"
+fi
+if [[ "$count" != 0 && "${FWSERVE_NO_SKIPS:-}" == "1" ]]; then
+  echo "scripts/test.sh: FWSERVE_NO_SKIPS=1, and tests were skipped ($count)" >&2
+  exit 1
+fi
