@@ -21,11 +21,14 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "client/fwctl/cli.h"
 #include "client/fwctl/commands.h"
 #include "client/fwctl/interrupts.h"
+#include "client/fwctl/io.h"
 #include "client/fwctl/options.h"
 
 namespace fwctl {
@@ -226,6 +229,11 @@ int Run(const std::vector<std::string>& args) {
   }
   if (!value_error.empty()) return UsageError(command->label(), value_error);
   if (absl::Status status = ResolveClientOptions(&program.global()); !status.ok()) {
+    // A file that cannot be read (--api-key-file) is a local error (exit 1), as for
+    // --tls-ca; anything else about the options is a usage error (exit 2).
+    if (status.code() == absl::StatusCode::kNotFound) {
+      return LocalError(absl::StrCat("--api-key-file: ", status.message()));
+    }
     return UsageError(command->label(), std::string(status.message()));
   }
   if (surplus.has_value()) {
