@@ -2,7 +2,7 @@
 """fwctl end to end: the real fwserve binary (shipped model, port 0) driven by the real
 fwctl binary, checking outputs and exit codes, including Ctrl-C (SIGINT) mid-stream.
 
-Usage: fwctl_test.py --fwctl PATH --fwserve PATH --model DIR [--example PATH]
+Usage: fwctl_test.py --fwctl PATH --fwserve PATH --model DIR --fwmodel PATH [--example PATH]
                      [unittest args]
 """
 import argparse
@@ -30,6 +30,16 @@ def fwctl(*args, stdin=None, target=True, timeout=60, env=None):
     result = subprocess.run(command, input=stdin, capture_output=True, timeout=timeout,
                             env=env)
     return result.returncode, result.stdout, result.stderr.decode(errors="replace")
+
+
+def cuda_usable(binary):
+    """Whether `binary` can use CUDA, found without asking it: it links a CUDA LibTorch
+    (libtorch_cuda / libc10_cuda among its shared libraries) and the machine has an
+    NVIDIA device (/dev/nvidiactl)."""
+    libraries = subprocess.run(["ldd", binary], capture_output=True, text=True,
+                               timeout=60).stdout
+    cuda_libtorch = re.search(r"lib(torch|c10)_cuda", libraries) is not None
+    return cuda_libtorch and os.path.exists("/dev/nvidiactl")
 
 
 class Pump:
@@ -263,15 +273,72 @@ class FwctlTest(unittest.TestCase):
             self.assertEqual(int(row[1]), int(token))
             self.assertAlmostEqual(float(row[2]), logprob, places=3)
 
+    def generated_tokens(self, *args):
+        """Runs `fwctl generate --json ARGS`; returns (text bytes, token ids, usage)."""
+        out, _ = self.ok("generate", "--json", *args)
+        messages = [json.loads(line) for line in out.decode().splitlines()]
+        text = "".join(m.get("text", "") for m in messages).encode()
+        tokens = [int(t) for m in messages for t in m.get("token_ids", [])]
+        return text, tokens, messages[-1].get("usage", {})
+
     def test_sampling_flags_reach_the_server(self):
-        # Greedy ignores the seed; top-k 1 is greedy too.
-        greedy, _ = self.ok("generate", "--temperature", "0", "--max-tokens", "30", "Hark")
-        top1, _ = self.ok("generate", "--top-k", "1", "--seed", "9", "--max-tokens", "30", "Hark")
-        self.assertEqual(greedy, top1)
-        out, _ = self.ok("generate", "--top-p", "0.9", "--min-p", "0.05",
-                         "--repetition-penalty", "1.3", "--repetition-window", "16", "--seed",
-                         "1", "--max-tokens", "30", "Hark")
-        self.assertGreater(len(out), 0)
+        n = 30
+        # Greedy (temperature 0): deterministic, the seed does not matter, exactly
+        # --max-tokens tokens, and the same text as the offline path (fwmodel generate,
+        # no server) computes from the same checkpoint.
+        greedy, tokens, usage = self.generated_tokens("--temperature", "0", "--seed", "1",
+                                                      "--max-tokens", str(n), "Hark")
+        self.assertEqual(len(tokens), n)
+        self.assertEqual(usage["generated_tokens"], str(n))
+        self.assertEqual(greedy, bytes(tokens))  # the byte tokenizer: one byte a token
+        again, _ = self.ok("generate", "--temperature", "0", "--seed", "2", "--max-tokens",
+                           str(n), "Hark")
+        self.assertEqual(again, greedy)
+        offline = subprocess.run(
+            [ARGS.fwmodel, "generate", ARGS.model, "--prompt", "Hark", "--max_tokens", str(n),
+             "--temperature", "0"], capture_output=True, timeout=120)
+        self.assertEqual(offline.returncode, 0, offline.stderr)
+        self.assertEqual(offline.stdout, b"Hark" + greedy + b"\n")
+
+        # Sampling at temperature 1 with seed 9 is not greedy (this model, this prompt);
+        # each filter that keeps only the top token makes the same request greedy again.
+        sampled, _ = self.ok("generate", "--seed", "9", "--max-tokens", str(n), "Hark")
+        self.assertNotEqual(sampled, greedy)
+        for flags in (["--top-k", "1"], ["--top-p", "0.000001"], ["--min-p", "1"]):
+            out, _ = self.ok("generate", *flags, "--seed", "9", "--max-tokens", str(n), "Hark")
+            self.assertEqual(out, greedy, flags)
+        # A seed reproduces a sampled output exactly (all flags together); another seed
+        # gives another output; --max-tokens bounds the length exactly.
+        flags = ["--top-p", "0.9", "--min-p", "0.05", "--repetition-penalty", "1.3",
+                 "--repetition-window", "16", "--max-tokens", str(n), "Hark"]
+        one, tokens_one, usage = self.generated_tokens("--seed", "1", *flags)
+        self.assertEqual(len(tokens_one), n)
+        self.assertEqual(usage["generated_tokens"], str(n))
+        self.assertEqual(self.generated_tokens("--seed", "1", *flags)[:2], (one, tokens_one))
+        self.assertNotEqual(self.generated_tokens("--seed", "2", *flags)[1], tokens_one)
+        for count in (1, 7):
+            _, tokens, _ = self.generated_tokens("--seed", "3", "--max-tokens", str(count), "x")
+            self.assertEqual(len(tokens), count)
+
+        # --repetition-penalty over --repetition-window (prompt and output): at the
+        # strongest penalty (10), greedy output on this model repeats none of the last W
+        # tokens, for W = 16 and W = 4, while plain greedy does within 4; and with W = 4 it
+        # does repeat within 16 (the window is 4, not more).
+        def repeats(prompt, out, window):
+            toks = list(prompt) + list(out)
+            return [i for i in range(len(prompt), len(toks))
+                    if toks[i] in toks[max(0, i - window):i]]
+
+        plain, _ = self.ok("generate", "--temperature", "0", "--max-tokens", "60", "Hark")
+        self.assertTrue(repeats(b"Hark", plain, 4), plain)
+        for window in (16, 4):
+            out, _ = self.ok("generate", "--temperature", "0", "--repetition-penalty", "10",
+                             "--repetition-window", str(window), "--max-tokens", "60", "Hark")
+            self.assertEqual(len(out), 60, out)
+            self.assertEqual(repeats(b"Hark", out, window), [], (window, out))
+            if window == 4:
+                self.assertTrue(repeats(b"Hark", out, 16), out)
+
         code, _, err = fwctl("generate", "--top-p", "1.5", "--max-tokens", "3", "x")
         self.assertEqual(code, 1)
         self.assertIn("INVALID_ARGUMENT", err)
@@ -441,13 +508,25 @@ class FwctlTest(unittest.TestCase):
             finally:
                 stop_server(process)
 
-    def test_fwserve_refuses_cuda_on_a_cpu_build_and_bad_devices(self):
-        # docs/serving.md: --device cuda is compile-guarded and refuses cleanly on a CPU
-        # LibTorch (this suite's build): a message naming the flag, and a failed start.
+    def test_fwserve_refuses_cuda_without_cuda_and_bad_devices(self):
+        # docs/serving.md: --device cuda is compile-guarded and refuses cleanly where
+        # LibTorch has no usable CUDA device (a CPU LibTorch, or no GPU): a message
+        # naming the flag, and a failed start. Where both are there, it serves.
+        usable = cuda_usable(ARGS.fwserve)
+        print("\nCUDA LibTorch and an NVIDIA device: %s" % usable)
         for device, message in [
-                ("cuda", "--device=cuda, but this LibTorch build has no usable CUDA device"),
-                ("cuda:0", "--device=cuda, but this LibTorch build has no usable CUDA device"),
+                ("cuda", None if usable else
+                 "--device=cuda, but this LibTorch build has no usable CUDA device"),
+                ("cuda:0", None if usable else
+                 "--device=cuda, but this LibTorch build has no usable CUDA device"),
                 ("gpu", "--device must be cpu, cuda or cuda:N, got 'gpu'")]:
+            if message is None:
+                with tempfile.TemporaryDirectory() as tmp:
+                    process, _ = start_server(ARGS.fwserve, ARGS.model,
+                                              os.path.join(tmp, "fwserve.log"),
+                                              extra=("--device", device))
+                    stop_server(process)
+                continue
             result = subprocess.run(
                 [ARGS.fwserve, "--listen", "127.0.0.1:0", "--metrics-listen", "",
                  "--model", ARGS.model, "--device", device],
@@ -779,6 +858,7 @@ def main():
     parser.add_argument("--example", default=None)
     parser.add_argument("--fwserve", required=True)
     parser.add_argument("--model", required=True)
+    parser.add_argument("--fwmodel", required=True)
     ARGS, rest = parser.parse_known_args()
     with tempfile.TemporaryDirectory() as tmp:
         log_path = os.path.join(tmp, "fwserve.log")

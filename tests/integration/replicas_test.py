@@ -668,7 +668,11 @@ class ReplicasTest(unittest.TestCase):
                              % replica.name)
 
     # --------------------------------------------------------------- redis down
-    def assert_store_unavailable(self, call, what, deadline_s=5.0, within_s=3.5):
+    def assert_store_unavailable(self, call, what, deadline_s=60.0):
+        """`call(deadline)` fails with the server's UNAVAILABLE "session store
+        unavailable": the server gave up on the store by itself, within
+        --session-store-timeout (the client's generous deadline, DEADLINE_EXCEEDED, only
+        catches a hang)."""
         start = time.time()
         with self.assertRaises(grpc.RpcError, msg=what) as raised:
             call(deadline_s)
@@ -677,8 +681,6 @@ class ReplicasTest(unittest.TestCase):
         self.assertEqual(error.code(), grpc.StatusCode.UNAVAILABLE,
                          "%s: %s" % (what, error.details()))
         self.assertIn(STORE_UNAVAILABLE, error.details() or "", what)
-        self.assertLess(took, within_s, "%s: the failure took %.2f s (deadline %.0f s)"
-                        % (what, took, deadline_s))
         return took, error.details()
 
     def test_redis_down(self):
@@ -716,7 +718,9 @@ class ReplicasTest(unittest.TestCase):
             return tokens
 
         def recover(what):
-            """Waits until session requests work again; returns the seconds it took."""
+            """Waits until session requests work again; returns the seconds it took.
+            (60 s only catches a replica that never reconnects: the backoff is 50 ms
+            to 2 s.)"""
             start = time.time()
             c = conversations[0]
             while True:
@@ -725,7 +729,7 @@ class ReplicasTest(unittest.TestCase):
                     return time.time() - start
                 except grpc.RpcError as error:
                     if (error.code() != grpc.StatusCode.UNAVAILABLE
-                            or time.time() > start + 10):
+                            or time.time() > start + 60):
                         raise AssertionError("%s: not back after %.1f s: %s %s" % (
                             what, time.time() - start, error.code().name, error.details()))
                     time.sleep(0.1)
@@ -745,18 +749,15 @@ class ReplicasTest(unittest.TestCase):
                 took, details = self.assert_store_unavailable(
                     create_call, "%s: CreateSession" % phase)
                 observed.append("%s CreateSession: %.2f s" % (phase, took))
+                # GetSession (busy is any replica's lease, in Redis) and ListSessions
+                # (the store's index) need the store too.
                 for name, call in (
-                        ("GetSession", lambda: stub.GetSession(pb.GetSessionRequest(
-                            session_id=conversations[1].session_id), timeout=5)),
-                        ("ListSessions", lambda: stub.ListSessions(
-                            pb.ListSessionsRequest(), timeout=5))):
-                    start = time.time()
-                    try:
-                        call()
-                        observed.append("%s %s: OK" % (phase, name))
-                    except grpc.RpcError as error:
-                        observed.append("%s %s: %s in %.2f s" % (
-                            phase, name, error.code().name, time.time() - start))
+                        ("GetSession", lambda deadline: stub.GetSession(pb.GetSessionRequest(
+                            session_id=conversations[1].session_id), timeout=deadline)),
+                        ("ListSessions", lambda deadline: stub.ListSessions(
+                            pb.ListSessionsRequest(), timeout=deadline))):
+                    took, _ = self.assert_store_unavailable(call, "%s: %s" % (phase, name))
+                    observed.append("%s %s: UNAVAILABLE in %.2f s" % (phase, name, took))
                 self.assertEqual(throwaway(), throwaway_ref,
                                  "%s: a throwaway Generate" % phase)
             finally:
@@ -768,7 +769,7 @@ class ReplicasTest(unittest.TestCase):
 
         aborted = 0
         for c in conversations:
-            deadline = time.time() + 10
+            deadline = time.time() + 60  # leftover leases expire after 3 s; catches a hang
             while c.done < len(c.prompts):
                 try:
                     run_turn(stub, c)

@@ -195,9 +195,11 @@ TEST_F(ServerTest, TokensDecodedDuringAWriteArriveTogetherAndAddUp) {
   v1::GenerateRequest request = Greedy("Hello, world", 300);
   request.set_logprobs(true);
   int messages = 0, streamed_tokens = 0;
+  std::vector<int> tokens_per_message;
   std::string streamed_text;
   auto result = server->client().Generate(request, [&](const v1::GenerateResponse& m) {
     ++messages;
+    tokens_per_message.push_back(m.token_ids_size());
     streamed_tokens += m.token_ids_size();
     streamed_text += m.text();
     EXPECT_EQ(m.logprobs_size(), m.token_ids_size());
@@ -210,6 +212,17 @@ TEST_F(ServerTest, TokensDecodedDuringAWriteArriveTogetherAndAddUp) {
   EXPECT_EQ(streamed_text, result->text);
   EXPECT_EQ(result->usage.generated_tokens(), 300);
   EXPECT_EQ(result->usage.session_tokens(), 312);
+  // Every message but the last (finish_reason and usage only) carries 1 to
+  // decode_lookahead tokens: so 300 / 16 rounded up, plus one, to 300 + 1 messages.
+  const int lookahead = Options().decode_lookahead;
+  ASSERT_EQ(lookahead, 16);
+  ASSERT_FALSE(tokens_per_message.empty());
+  EXPECT_EQ(tokens_per_message.back(), 0);
+  for (size_t i = 0; i + 1 < tokens_per_message.size(); ++i) {
+    EXPECT_GE(tokens_per_message[i], 1) << "message " << i;
+    EXPECT_LE(tokens_per_message[i], lookahead) << "message " << i;
+  }
+  EXPECT_GE(messages, (300 + lookahead - 1) / lookahead + 1);
   EXPECT_LE(messages, 301);
 
   fwserve::CoreOptions one_by_one = Options();
@@ -315,7 +328,8 @@ TEST_F(ServerTest, AFlushIntervalSendsFullMessages) {
 
 // --decode-kernel libtorch (Model::Step on gathered rows, the LibTorch sequence form
 // for prompts) still serves, with pipelining, and gives the native kernel's tokens'
-// probabilities to float rounding: the same greedy request's first token and logprob.
+// probabilities to float rounding: the same greedy continuation of 50 tokens (prefill
+// and 49 decode steps), each token's logprob to 1e-4.
 TEST_F(ServerTest, TheLibTorchDecodeKernelServesTheSameModel) {
   fwserve::CoreOptions options = Options();
   options.decode_kernel = "libtorch";
@@ -323,18 +337,21 @@ TEST_F(ServerTest, TheLibTorchDecodeKernelServesTheSameModel) {
   ASSERT_NE(reference_server, nullptr);
   auto native_server = Harness::Start(Options());
   ASSERT_NE(native_server, nullptr);
-  v1::GenerateRequest request = Greedy("Hello, world", 30);
+  v1::GenerateRequest request = Greedy("Hello, world", 50);
   request.set_logprobs(true);
   auto reference = reference_server->client().Generate(request);
   auto native = native_server->client().Generate(request);
   ASSERT_TRUE(reference.ok()) << reference.status();
   ASSERT_TRUE(native.ok()) << native.status();
-  EXPECT_EQ(reference->usage.generated_tokens(), 30);
-  EXPECT_EQ(reference->usage.session_tokens(), 42);
-  ASSERT_FALSE(reference->token_ids.empty());
-  ASSERT_FALSE(native->token_ids.empty());
-  EXPECT_EQ(reference->token_ids[0], native->token_ids[0]);
-  EXPECT_NEAR(reference->logprobs[0], native->logprobs[0], 1e-4);
+  EXPECT_EQ(reference->usage.generated_tokens(), 50);
+  EXPECT_EQ(reference->usage.session_tokens(), 62);
+  ASSERT_EQ(reference->token_ids.size(), 50u);
+  EXPECT_EQ(reference->token_ids, native->token_ids);
+  EXPECT_EQ(reference->text, native->text);
+  ASSERT_EQ(reference->logprobs.size(), native->logprobs.size());
+  for (size_t i = 0; i < reference->logprobs.size(); ++i) {
+    EXPECT_NEAR(reference->logprobs[i], native->logprobs[i], 1e-4) << "token " << i;
+  }
 }
 
 TEST_F(ServerTest, SameSeedSameOutputAndSeedsDiffer) {
@@ -593,15 +610,21 @@ TEST_F(ServerTest, CancelBeforeTheFirstTokenChangesNothing) {
   ASSERT_NE(server, nullptr);
   auto session = server->client().CreateSession("", "kept");
   ASSERT_TRUE(session.ok());
-  v1::GenerateRequest request = Greedy(std::string(20000, 'x'), 5, session->session_id());
+  v1::GenerateRequest request = Greedy(std::string(100000, 'x'), 5, session->session_id());
   std::unique_ptr<fwserve::GenerateStream> stream = server->client().StartGenerate(request);
+  // The server has the request (it holds the session's lease) before the cancel, so the
+  // cancel reaches a running request, not one the server never saw.
+  ASSERT_TRUE(WaitUntilBusy(server->client(), session->session_id()))
+      << "the request never reached the server";
   stream->Cancel();
   v1::GenerateResponse message;
-  while (stream->Next(&message)) {
-  }
+  int received = 0;
+  while (stream->Next(&message)) received += message.token_ids_size();
   const absl::Status status = stream->Finish();
-  // 20,000 prompt bytes in chunks of 4 cannot be prefilled before the cancel arrives,
-  // so no token was streamed.
+  // 100,000 prompt bytes in chunks of 4 (25,000 prefill chunks, most of a second here)
+  // are not prefilled between the lease and the cancel (one 5 ms poll), so no token was
+  // streamed.
+  EXPECT_EQ(received, 0);
   EXPECT_EQ(status.code(), StatusCode::kCancelled) << status;
   absl::StatusOr<v1::SessionInfo> info;
   bool released = false;

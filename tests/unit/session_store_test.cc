@@ -11,6 +11,7 @@
 #include <fstream>
 #include <set>
 
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "server/base/clock.h"
 #include "server/sessions/store/dir_session_store.h"
@@ -269,17 +270,39 @@ TEST(StoreExecutorTest, RunsEveryJobAndDrainsOnDestruction) {
   std::atomic<int> ran{0};
   {
     StoreExecutor executor(2);
+    EXPECT_EQ(executor.pending(), 0);
+    // Both threads held by a gated job each, so that the jobs after them stay queued.
     absl::Notification gate;
-    executor.Run([&] {
-      gate.WaitForNotification();
-      ++ran;
-    });
+    absl::Mutex mu;
+    int started = 0;
+    for (int i = 0; i < 2; ++i) {
+      executor.Run([&] {
+        {
+          absl::MutexLock lock(&mu);
+          ++started;
+        }
+        gate.WaitForNotification();
+        ++ran;
+      });
+    }
+    bool both_started;
+    {
+      absl::MutexLock lock(&mu);
+      both_started = mu.AwaitWithTimeout(
+          absl::Condition(+[](int* n) { return *n == 2; }, &started), absl::Seconds(30));
+    }
+    if (!both_started) {
+      gate.Notify();  // let the destructor drain
+      FAIL() << "the two gated jobs never both ran";
+    }
+    EXPECT_EQ(executor.pending(), 2);  // running
     for (int i = 0; i < 100; ++i) executor.Run([&] { ++ran; });
-    EXPECT_GE(executor.pending(), 1);
     executor.Run([] { throw std::runtime_error("a job that throws is logged, not fatal"); });
+    EXPECT_EQ(executor.pending(), 103);  // 2 running, 101 queued: none could run
+    EXPECT_EQ(ran.load(), 0);
     gate.Notify();
   }
-  EXPECT_EQ(ran.load(), 101);
+  EXPECT_EQ(ran.load(), 102);
 }
 
 }  // namespace
