@@ -21,14 +21,14 @@ The contract under test (docs/sessions.md):
 
 Tests (unittest; select one by name, e.g. CrashTest.test_crash_loop):
   test_kill9_under_load       500 idle sessions + 16 sessions under Generate load, kill -9
-  test_crash_loop             20+ start / random mix of RPCs / kill -9 cycles
+  test_crash_loop             20 start / random mix of RPCs / kill -9 cycles
   test_store_write_failure    RLIMIT_FSIZE on the running server, then recovery
 
 Usage: crash_test.py --fwserve PATH --model DIR --proto-dir DIR [TEST ...]
 Debugging flags: --legacy-session-dir (the old --session-dir DIR flag), --graceful
 (SIGTERM and a wait instead of SIGKILL, so that a server that saves sessions only on
 shutdown passes: it checks the client side of the tests), --keep (keep the work
-directories), --seed N (the crash loop's random choices).
+directories), --seed N (the crash loop's random choices; default 1, printed).
 Run it with Debian's /usr/bin/python3 (python3-grpcio, python3-protobuf).
 """
 import argparse
@@ -422,7 +422,7 @@ class CrashTest(unittest.TestCase):
 
     # ---------------------------------------------------------------------- crash loop
     def test_crash_loop(self):
-        min_kills, budget_s, workers = 20, 150.0, 3
+        kills, workers = 20, 3  # a count, not a time budget (ctest's timeout catches a hang)
         rng = random.Random(ARGS.seed)
         server = self.server()
         lock = threading.Lock()
@@ -563,7 +563,7 @@ class CrashTest(unittest.TestCase):
             free[:] = sorted(counts)
 
         start = time.time()
-        while totals["kills"] < min_kills and time.time() < start + budget_s:
+        while totals["kills"] < kills:
             stub = server.start()
             verify(stub)
             killed = threading.Event()
@@ -590,8 +590,6 @@ class CrashTest(unittest.TestCase):
         self.assertFalse(problems, "%d problems, the first: %s"
                          % (len(problems), "; ".join(problems[:10])))
         self.assertEqual(totals["lost"], 0)
-        self.assertGreaterEqual(totals["kills"], min_kills,
-                                "fewer kills than wanted within %.0f s" % budget_s)
         self.assertGreater(totals["checked"], 100, "too few session checks to mean much")
 
     # ---------------------------------------------------------- store write failure
@@ -704,16 +702,15 @@ def main():
     ensure_grpc()
     parser = argparse.ArgumentParser()
     add_server_arguments(parser)
-    parser.add_argument("--seed", type=int, default=None,
-                        help="crash loop seed (default: random, printed)")
+    parser.add_argument("--seed", type=int, default=1,
+                        help="crash loop seed (default 1; printed; any other value to explore)")
     parser.add_argument("--legacy-session-dir", action="store_true",
                         help="debugging: the old --session-dir flag")
     parser.add_argument("--graceful", action="store_true",
                         help="debugging: SIGTERM instead of SIGKILL")
     ARGS, rest = parser.parse_known_args()
-    if ARGS.seed is None:
-        ARGS.seed = random.randrange(1 << 30)
-    print("crash_test: seed %d" % ARGS.seed)
+    print("crash_test: seed %d (--seed N to repeat or vary the crash loop's choices)"
+          % ARGS.seed)
     with tempfile.TemporaryDirectory() as tmp:
         grpc, pb, pb_grpc = load_stubs(ARGS.proto_dir, os.path.join(tmp, "stubs"), ARGS.protoc)
         program = unittest.main(argv=[sys.argv[0]] + rest, exit=False, verbosity=2)

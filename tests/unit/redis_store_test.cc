@@ -203,21 +203,29 @@ TEST_F(RedisStoreTest, ACommitAfterTheLeaseExpiredAndWasTakenIsRefused) {
 }
 
 TEST_F(RedisStoreTest, RenewKeepsALeaseAlivePastItsTtl) {
+  // Redis's own clock expires leases, so the test reads the lease key's remaining time
+  // (PTTL) instead of racing renewals against a short TTL.
   const std::string id = Create(*store_);
   const absl::Duration ttl = absl::Milliseconds(1000);
   auto grant = store_->AcquireLease(id, ttl, 0, "");
   ASSERT_TRUE(grant.ok());
-  const absl::Time start = absl::Now();
-  while (absl::Now() - start < absl::Milliseconds(2500)) {
-    absl::SleepFor(absl::Milliseconds(200));
-    ASSERT_TRUE(store_->RenewLease(id, grant->token, ttl).ok());
-  }
+  auto pttl = [&] { return std::stoll(*redis_->Command({"PTTL", store_->LeaseKey(id)})); };
+  EXPECT_GT(pttl(), 0);
+  EXPECT_LE(pttl(), 1000);
+  // A renewal sets the lease's time to the new TTL: it now outlives the first one.
+  ASSERT_TRUE(store_->RenewLease(id, grant->token, absl::Seconds(60)).ok());
+  EXPECT_GT(pttl(), 1000);
+  absl::SleepFor(absl::Milliseconds(1500));  // past the first TTL: still held
   EXPECT_EQ(store_->AcquireLease(id, kLease, 0, "").status().code(), absl::StatusCode::kAborted);
+  ASSERT_TRUE(store_->RenewLease(id, grant->token, ttl).ok());
+  EXPECT_LE(pttl(), 1000);
   auto wrong = store_->RenewLease(id, NewSessionId(), ttl);
   EXPECT_EQ(wrong.code(), absl::StatusCode::kAborted);
   EXPECT_TRUE(absl::StrContains(wrong.message(), "lost its lease")) << wrong;
-  // Without renewals it lapses.
-  absl::SleepFor(absl::Milliseconds(1500));
+  // Without renewals it lapses (waited for as an event; 30 s only catches a hang).
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (pttl() != -2 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(20));
+  EXPECT_EQ(pttl(), -2) << "the lease key never expired";
   EXPECT_EQ(store_->RenewLease(id, grant->token, ttl).code(), absl::StatusCode::kAborted);
   EXPECT_TRUE(store_->AcquireLease(id, kLease, 0, "").ok());
 }
