@@ -190,3 +190,7 @@ json.dump({
 }, open(sys.argv[1], "w"), indent=1)
 EOF
 say "built ${targets[*]} in $((end - build_start)) s (all: $((end - start)) s); $build/gpu-build.json"
+# The unpacked prefix lives inside .gpu-kit: a checkout that carries .gpu-kit to a GPU
+# machine must not carry it too (64 MiB in all).
+say "note: $root holds $(du -sh "$root" | cut -f1); remove it (or rerun kit.sh) before" \
+  "carrying .gpu-kit anywhere"
