@@ -23,9 +23,15 @@ prints the mean NLL in nats/token; with --fwmodel PATH it also runs
 `PATH score DIR --text-file ... --json` on the same bytes and fails (exit 1) when
 the two differ by more than --check-tol.
 
+--device cuda (or cuda:N) runs the same eager code on a GPU (PyTorch 2.x: the weights
+are moved there and torch.set_default_device puts every tensor made afterwards there;
+each timed part ends with torch.cuda.synchronize()). The default is cpu.
+
 Usage:
   python3 bench/pytorch_baseline.py models/pretrained/aft-shakespeare \
       --modes batch1,sequential16,batch64 --tokens 128 --threads 2
+  python3 bench/pytorch_baseline.py models/pretrained/aft-shakespeare \
+      --device cuda --modes batch1,batch64,batch1024 --tokens 128
   python3 bench/pytorch_baseline.py models/pretrained/aft-shakespeare \
       --check /work/shared/data/tinyshakespeare.txt --fwmodel build/tools/fwmodel
 """
@@ -271,11 +277,15 @@ class State:
 
 
 class RecurrentLM:
-    def __init__(self, model_dir):
+    def __init__(self, model_dir, device="cpu"):
         self.name = os.path.basename(os.path.normpath(model_dir))
         cfg = self.cfg = load_config(model_dir)
         w = read_safetensors(os.path.join(model_dir, "model.safetensors"),
                              expected_tensors(cfg))
+        if device != "cpu":
+            # The checkpoint is read on the CPU; everything from here on lives on device.
+            w = {name: t.to(device) for name, t in w.items()}
+            torch.set_default_device(device)
         self.arch, self.d, self.H = cfg["architecture"], cfg["d_model"], cfg["n_heads"]
         self.dh, self.K, self.nu = self.d // self.H, cfg["dconv_kernel"], cfg["dpfp_nu"]
         self.dphi = 2 * self.nu * self.dh
@@ -470,11 +480,19 @@ def absorb(model, st, tokens):
     return logits
 
 
+def sync():
+    """Waits for the GPU's queued work (CUDA runs asynchronously); nothing on the CPU."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
 def timed_generate(model, st, logits, n):
     """n greedy tokens per stream (argmax, then the step absorbing it); seconds taken."""
+    sync()
     start = time.perf_counter()
     for _ in range(n):
         logits = model.step(st, logits.argmax(1))
+    sync()
     return time.perf_counter() - start
 
 
@@ -497,7 +515,8 @@ def run_mode(model, mode, args):
     return {"model": model.name, "mode": mode, "batch": batch,
             "tokens_per_second": round(batch * steps / seconds, 1),
             "ms_per_step": round(1000 * seconds / steps, 4),
-            "threads": torch.get_num_threads(), "tokens": args.tokens, "streams": batch * sessions}
+            "threads": torch.get_num_threads(), "tokens": args.tokens, "streams": batch * sessions,
+            "device": args.device}
 
 
 def check(model, args):
@@ -536,6 +555,7 @@ def main():
     ap.add_argument("--tokens", type=int, default=128, help="generated tokens per stream")
     ap.add_argument("--warmup", type=int, default=16, help="untimed steps before each mode")
     ap.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
+    ap.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
     ap.add_argument("--check", metavar="TEXTFILE", help="score TEXTFILE's first bytes")
     ap.add_argument("--check-bytes", type=int, default=2000)
     ap.add_argument("--fwmodel", metavar="PATH", help="compare --check with `PATH score`")
@@ -548,7 +568,7 @@ def main():
         modes = ["batch1"]
     torch.set_num_threads(args.threads)
     with torch.inference_mode():
-        model = RecurrentLM(args.model_dir)
+        model = RecurrentLM(args.model_dir, args.device)
         ok = check(model, args) if args.check else True
         for mode in modes:
             print(json.dumps(run_mode(model, mode, args)), flush=True)

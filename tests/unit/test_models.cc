@@ -31,7 +31,7 @@ fwmodel::ModelConfig WithPkm(fwmodel::ModelConfig config, int layer) {
 }
 
 fwmodel::Model RandomModel(const fwmodel::ModelConfig& config, uint64_t seed,
-                           torch::ScalarType dtype, double scale) {
+                           torch::ScalarType dtype, double scale, torch::Device device) {
   auto generator = at::detail::createCPUGenerator(seed);
   std::map<std::string, torch::Tensor> weights;
   for (const auto& [name, shape] : fwmodel::ExpectedWeightShapes(config)) {
@@ -44,6 +44,7 @@ fwmodel::Model RandomModel(const fwmodel::ModelConfig& config, uint64_t seed,
   }
   fwmodel::ModelOptions options;
   options.dtype = dtype;
+  options.device = device;
   options.attention_chunk = 5;  // small chunks: exercise the carry between chunks
   options.aft_chunk = 3;
   auto model = fwmodel::Model::Create(config, weights, options);

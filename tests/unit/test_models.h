@@ -20,9 +20,10 @@ fwmodel::ModelConfig WithPkm(fwmodel::ModelConfig config, int layer = 1);
 
 // Model with all weights drawn i.i.d. normal with standard deviation `scale`
 // (LayerNorm weights around 1; batch-norm running variances in [0.5, ~2]).
-// Deterministic in seed.
+// Deterministic in seed; the same weights on every `device`.
 fwmodel::Model RandomModel(const fwmodel::ModelConfig& config, uint64_t seed,
-                           torch::ScalarType dtype = torch::kFloat64, double scale = 0.5);
+                           torch::ScalarType dtype = torch::kFloat64, double scale = 0.5,
+                           torch::Device device = torch::kCPU);
 
 // One configuration of the form-equivalence tests (and of the native step's): every
 // architecture x ffn x dconv (0, 3), nu in {1, 3} for fast_weight, plus a PKM block

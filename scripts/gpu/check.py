@@ -1,0 +1,646 @@
+#!/usr/bin/env python3
+"""The GPU machine's checks (issue 26); scripts/gpu/check.sh runs this. See docs/gpu.md.
+
+Writes OUT_DIR/report.md and OUT_DIR/report.json (plus the raw outputs beside them):
+  machine      nvidia-smi, the versions used (compiler, CMake, nvcc, PyTorch, LibTorch, protoc)
+  model_tests  fwserve_model_tests: the CUDA equivalence cases (CUDA logits and log-probs
+               equal the CPU reference within 1e-4 relative, every architecture incl. PKM,
+               sequence and recurrent form, TF32 off) and, with CHECK_MODEL_TESTS=all
+               (the default), every other model test (ctest, in parallel)
+  serving      fwserve --device DEVICE beside fwserve --device cpu, every shipped model:
+               a greedy generation; Score equal to the CPU server's; a session round trip
+               (create, generate, fork, export, import onto the CPU server, Score of the
+               session's continuation equal on both, export from the CPU server, import back)
+  fwbench      tokens/s, ITL p50/p99, TTFT and GPU memory per stream at each level of
+               streams; a 64 KB prefill (session create with a 65536-byte prefix)
+  baseline     bench/pytorch_baseline.py --device DEVICE at batch sizes equal to the levels
+DEVICE is cuda when nvidia-smi sees a GPU and the build's LibTorch has CUDA, else cpu:
+then the report says so, the CUDA cases are "needs a CUDA run", and the rest runs on CPU.
+
+Environment: BUILD_DIR (build-gpu), CHECK_MODEL_TESTS (all | cuda | none),
+CHECK_STREAMS (default 1,16,64,256,1024 on CUDA, 1,16 on CPU), CHECK_DURATION (10s on
+CUDA, 3s on CPU), CHECK_BENCH_MODEL (aft-shakespeare), CHECK_TOKENS (baseline tokens, 128).
+Exit status: 0 when no check failed (skipped ones do not fail), 1 otherwise.
+"""
+import datetime
+import glob
+import hashlib
+import json
+import os
+import re
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TOLERANCE = 1e-4
+
+
+def run(argv, timeout=600, env=None, **kw):
+    """subprocess.run with text output; never raises on a non-zero exit or a timeout."""
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
+                              env=env, **kw)
+    except subprocess.TimeoutExpired as e:
+        return subprocess.CompletedProcess(argv, 124, e.stdout or "", (e.stderr or "") +
+                                           "\n(timed out after %d s)" % timeout)
+    except OSError as e:
+        return subprocess.CompletedProcess(argv, 127, "", str(e))
+
+
+def first_line(argv):
+    r = run(argv, timeout=60)
+    text = (r.stdout or r.stderr).strip()
+    return text.splitlines()[0] if r.returncode == 0 and text else None
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Report:
+    def __init__(self, out):
+        self.out = out
+        self.data = {"started_at": datetime.datetime.utcnow().strftime("%Y-%m-%dT%H:%M:%SZ"),
+                     "checks": []}
+
+    def check(self, section, name, status, detail="", **data):
+        assert status in ("pass", "fail", "skip", "needs a CUDA run", "info")
+        entry = {"section": section, "name": name, "status": status, "detail": detail}
+        entry.update(data)
+        self.data["checks"].append(entry)
+        print("check.sh: [%s] %s: %s%s" % (status, section, name,
+                                           (" — " + detail) if detail else ""), flush=True)
+        return entry
+
+    def failed(self):
+        return [c for c in self.data["checks"] if c["status"] == "fail"]
+
+
+# ---------------------------------------------------------------------------------------
+# Machine and versions.
+
+def machine(rep, build_info):
+    out = rep.out
+    smi = shutil.which("nvidia-smi")
+    gpu = None
+    if smi:
+        r = run([smi], timeout=60)
+        with open(os.path.join(out, "nvidia-smi.txt"), "w") as f:
+            f.write(r.stdout + r.stderr)
+        q = run([smi, "--query-gpu=name,driver_version,memory.total,compute_cap",
+                 "--format=csv,noheader"], timeout=60)
+        if r.returncode == 0 and q.returncode == 0 and q.stdout.strip():
+            name, driver, memory, cap = [x.strip() for x in q.stdout.splitlines()[0].split(",")]
+            gpu = {"name": name, "driver": driver, "memory": memory, "compute_cap": cap}
+    torch_py = run([sys.executable, "-c",
+                    "import json, torch; print(json.dumps({'version': torch.__version__, "
+                    "'cuda': torch.version.cuda, 'cudnn': torch.backends.cudnn.version(), "
+                    "'cxx11_abi': bool(torch._C._GLIBCXX_USE_CXX11_ABI), "
+                    "'cuda_available': torch.cuda.is_available()}))"], timeout=120)
+    versions = {
+        "uname": " ".join(os.uname()),
+        "g++": first_line(["g++", "--version"]),
+        "cmake": first_line(["cmake", "--version"]),
+        "nvcc": None,
+        "python3": sys.version.split()[0],
+        "python3 torch": json.loads(torch_py.stdout) if torch_py.returncode == 0 else None,
+        "build (scripts/gpu/build.sh)": build_info,
+    }
+    nvcc = (build_info or {}).get("cuda_nvcc") or shutil.which("nvcc")
+    if nvcc:
+        r = run([nvcc, "--version"], timeout=60)
+        m = re.search(r"release [0-9.]+, V[0-9.]+", r.stdout)
+        versions["nvcc"] = m.group(0) if m else None
+    sums = os.path.join(REPO, ".gpu-kit", "SHA256SUMS")
+    if os.path.exists(sums):
+        versions["kit SHA256SUMS sha256"] = hashlib.sha256(open(sums, "rb").read()).hexdigest()
+    git = run(["git", "-C", REPO, "rev-parse", "HEAD"], timeout=30)
+    versions["tree"] = git.stdout.strip() if git.returncode == 0 else "(no git here)"
+    rep.data["gpu"] = gpu
+    rep.data["versions"] = versions
+    torch_cuda = (build_info or {}).get("torch_cuda")
+    if gpu and torch_cuda:
+        device = "cuda"
+        rep.check("machine", "GPU", "pass", "%s, driver %s, %s, compute capability %s; LibTorch "
+                  "CUDA %s" % (gpu["name"], gpu["driver"], gpu["memory"], gpu["compute_cap"],
+                               torch_cuda))
+    elif gpu:
+        device = "cpu"
+        rep.check("machine", "GPU", "fail", "nvidia-smi sees %s, but the LibTorch fwserve was "
+                  "built against has no CUDA (%s)" % (gpu["name"], (build_info or {}).get(
+                      "torch_from")))
+    else:
+        device = "cpu"
+        rep.check("machine", "GPU", "needs a CUDA run",
+                  "no GPU on this machine (%s): the CUDA checks are skipped; the CPU parts run"
+                  % ("nvidia-smi fails" if smi else "no nvidia-smi"))
+    rep.data["device"] = device
+    return device
+
+
+# ---------------------------------------------------------------------------------------
+# Model tests.
+
+def model_tests(rep, build, device):
+    which = os.environ.get("CHECK_MODEL_TESTS", "all")
+    binary = os.path.join(build, "tests", "fwserve_model_tests")
+    if which == "none":
+        rep.check("model_tests", "fwserve_model_tests", "skip", "CHECK_MODEL_TESTS=none")
+        return
+    if not os.path.exists(binary):
+        rep.check("model_tests", "fwserve_model_tests", "fail", "%s is missing" % binary)
+        return
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    # The CUDA equivalence cases: the test binary itself, for its per-case differences.
+    json_path = os.path.join(rep.out, "model-tests-cuda.json")
+    start = time.monotonic()
+    r = run([binary, "--gtest_filter=*CudaEquivalence*", "--gtest_output=json:" + json_path],
+            timeout=1800, env=env)
+    seconds = round(time.monotonic() - start, 1)
+    with open(os.path.join(rep.out, "model-tests-cuda.log"), "w") as f:
+        f.write(r.stdout + r.stderr)
+    counts = {"tests": 0, "passed": 0, "failed": 0, "skipped": 0}
+    failed_names = []
+    try:
+        doc = json.load(open(json_path))
+        for suite in doc.get("testsuites", []):
+            for t in suite.get("testsuite", []):
+                counts["tests"] += 1
+                if t.get("failures"):
+                    counts["failed"] += 1
+                    failed_names.append("%s.%s" % (suite["name"], t["name"]))
+                elif t.get("result") == "SKIPPED":
+                    counts["skipped"] += 1
+                else:
+                    counts["passed"] += 1
+    except (OSError, ValueError):
+        pass
+    diffs = []
+    for m in re.finditer(r"^cuda-vs-cpu (\S+) max_rel_logits=(\S+) max_rel_logprobs=(\S+)$",
+                         r.stdout, re.M):
+        diffs.append({"case": m.group(1), "max_rel_logits": float(m.group(2)),
+                      "max_rel_logprobs": float(m.group(3))})
+    detail = "%(tests)d cases: %(passed)d passed, %(failed)d failed, %(skipped)d skipped" % counts
+    detail += " in %s s" % seconds
+    if r.returncode != 0 or counts["failed"] or counts["tests"] == 0:
+        status = "fail"
+        detail += "; exit %d%s" % (r.returncode, (": " + ", ".join(failed_names[:10]))
+                                    if failed_names else "")
+    elif counts["skipped"] == counts["tests"]:
+        status = "needs a CUDA run"
+        detail += " (no usable CUDA device in this LibTorch build)"
+    else:
+        status = "pass"
+    if diffs:
+        worst = max(diffs, key=lambda d: max(d["max_rel_logits"], d["max_rel_logprobs"]))
+        detail += "; largest CUDA-CPU difference %.3g (%s), tolerance %g" % (
+            max(worst["max_rel_logits"], worst["max_rel_logprobs"]), worst["case"], TOLERANCE)
+    rep.check("model_tests", "CUDA equivalence", status, detail, counts=counts, seconds=seconds,
+              cuda_vs_cpu=diffs)
+
+    if which != "all":
+        return
+    # Every other model test (fwserve_model_tests, fwserve_core_tests), through ctest in
+    # parallel as the suite runs them.
+    ctest = shutil.which("ctest")
+    if not ctest:
+        rep.check("model_tests", "the other model tests", "skip", "no ctest here")
+        return
+    start = time.monotonic()
+    r = run([ctest, "--test-dir", build, "--output-on-failure", "--parallel",
+             str(os.cpu_count() or 2), "-E", "CudaEquivalence", "--timeout", "900"],
+            timeout=3600, env=env)
+    seconds = round(time.monotonic() - start, 1)
+    with open(os.path.join(rep.out, "model-tests-other.log"), "w") as f:
+        f.write(r.stdout + r.stderr)
+    m = re.search(r"(\d+)% tests passed, (\d+) tests failed out of (\d+)", r.stdout)
+    if m and r.returncode == 0:
+        rep.check("model_tests", "the other model tests", "pass",
+                  "%s tests passed (ctest, %d jobs) in %s s" % (m.group(3), os.cpu_count() or 2,
+                                                                seconds))
+    else:
+        failed = re.findall(r"^\s*\d+ - (\S+) \(Failed\)", r.stdout, re.M)
+        rep.check("model_tests", "the other model tests", "fail",
+                  "ctest exit %d%s in %s s%s" % (
+                      r.returncode, (": %s of %s failed" % (m.group(2), m.group(3))) if m else "",
+                      seconds, (": " + ", ".join(failed[:10])) if failed else ""))
+
+
+# ---------------------------------------------------------------------------------------
+# Servers.
+
+class Server:
+    def __init__(self, rep, build, device, models, key_file, name):
+        self.port, self.metrics_port = free_port(), free_port()
+        self.device, self.name = device, name
+        self.log_path = os.path.join(rep.out, "fwserve-%s.log" % name)
+        self.argv = [os.path.join(build, "server", "fwserve"), "--device", device,
+                     "--listen", "127.0.0.1:%d" % self.port,
+                     "--metrics-listen", "127.0.0.1:%d" % self.metrics_port,
+                     "--session-key-file", key_file, "--log-level", "warning",
+                     "--max-active-streams", "1024", "--max-queued-requests", "4096",
+                     "--max-streams-per-connection", "4096"]
+        for m in models:
+            self.argv += ["--model", m]
+        self.log = open(self.log_path, "w")
+        self.proc = subprocess.Popen(self.argv, stdout=self.log, stderr=subprocess.STDOUT)
+        self.fwctl = os.path.join(build, "client", "fwctl")
+
+    def target(self):
+        return "127.0.0.1:%d" % self.port
+
+    def wait_healthy(self, seconds=300):
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                return False
+            if self.ctl(["health"], timeout=10).returncode == 0:
+                return True
+            time.sleep(0.5)
+        return False
+
+    def ctl(self, args, timeout=300):
+        return run([self.fwctl, "--target", self.target(), "--retries", "0"] + args,
+                   timeout=timeout)
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+
+
+def scores_close(a, b):
+    """max |a - b| of two Score replies' logprobs, and whether it is within tolerance."""
+    la, lb = a.get("logprobs", []), b.get("logprobs", [])
+    if len(la) != len(lb) or not la:
+        return float("inf"), False
+    diff = max(abs(x - y) for x, y in zip(la, lb))
+    return diff, diff <= TOLERANCE
+
+
+def score(server, text, model, session=None):
+    args = ["score", "--json", "--model", model]
+    if session:
+        args += ["--session", session]
+    r = server.ctl(args + ["--", text])
+    if r.returncode != 0:
+        raise RuntimeError("%s score: exit %d: %s" % (server.name, r.returncode, r.stderr.strip()))
+    return json.loads(r.stdout)
+
+
+def ctl_ok(server, args, what):
+    r = server.ctl(args)
+    if r.returncode != 0:
+        raise RuntimeError("%s %s: exit %d: %s" % (server.name, what, r.returncode,
+                                                   r.stderr.strip()))
+    return r.stdout.strip()
+
+
+def serving(rep, build, device, models, text):
+    key = os.path.join(rep.out, "tmp", "session.key")
+    os.makedirs(os.path.dirname(key), exist_ok=True)
+    with open(key, "w") as f:
+        f.write(secrets.token_hex(32) + "\n")
+    os.chmod(key, 0o600)
+    dev = Server(rep, build, device, models, key, "device-" + device)
+    dev.role = "under test"
+    cpu = Server(rep, build, "cpu", models, key, "cpu")
+    cpu.role = "reference"
+    servers = [dev, cpu]
+    try:
+        for s in servers:
+            start = time.monotonic()
+            what = "fwserve %s (--device %s) starts" % (s.role, s.device)
+            if not s.wait_healthy():
+                rep.check("serving", what, "fail",
+                          "not healthy; log %s: %s" % (s.log_path,
+                                                       open(s.log_path).read()[-2000:]))
+                return None, servers
+            rep.check("serving", what, "pass",
+                      "healthy in %.1f s with %d models" % (time.monotonic() - start,
+                                                            len(models)))
+        names = [os.path.basename(m) for m in models]
+        score_text = text[:256]
+        for name in names:
+            # A greedy generation on each server.
+            gen = {}
+            for s in servers:
+                r = s.ctl(["generate", "--model", name, "--temperature", "0", "--max-tokens",
+                           "48", "--quiet", "--", "ROMEO:"])
+                gen[s.name] = (r.returncode, r.stdout)
+            rc, out = gen[dev.name]
+            same = gen[dev.name] == gen[cpu.name]
+            rep.check("serving", "%s: generation on %s" % (name, device),
+                      "pass" if rc == 0 and out else "fail",
+                      "%d bytes; greedy text %s the CPU server's" % (
+                          len(out), "equals" if same else "differs from"),
+                      text=out, cpu_text=gen[cpu.name][1])
+            # Score equal to the CPU server's.
+            try:
+                a, b = score(dev, score_text, name), score(cpu, score_text, name)
+                diff, ok = scores_close(a, b)
+                rep.check("serving", "%s: Score on %s equals CPU" % (name, device),
+                          "pass" if ok else "fail",
+                          "%d tokens, max |Δ logprob| %.3g (tolerance %g)" % (
+                              len(a.get("logprobs", [])), diff, TOLERANCE), max_abs_diff=diff)
+            except (RuntimeError, ValueError) as e:
+                rep.check("serving", "%s: Score on %s equals CPU" % (name, device), "fail", str(e))
+            # Session round trip.
+            try:
+                sid = ctl_ok(dev, ["session", "create", "--model", name, "--prefix",
+                                   "KING RICHARD III:\\n"], "session create")
+                ctl_ok(dev, ["generate", "--session", sid, "--temperature", "0",
+                             "--max-tokens", "16", "--quiet", "--", "Now is the"], "generate")
+                fork = ctl_ok(dev, ["session", "fork", sid], "session fork")
+                blob = os.path.join(rep.out, "tmp", "%s-%s.session" % (name, device))
+                ctl_ok(dev, ["session", "export", fork, blob], "session export")
+                on_cpu = ctl_ok(cpu, ["session", "import", "--model", name, blob],
+                                "session import")
+                cont = text[300:428]
+                a = score(dev, cont, name, session=fork)
+                b = score(cpu, cont, name, session=on_cpu)
+                diff1, ok1 = scores_close(a, b)
+                back_blob = blob + ".back"
+                ctl_ok(cpu, ["session", "export", on_cpu, back_blob], "session export")
+                back = ctl_ok(dev, ["session", "import", "--model", name, back_blob],
+                              "session import")
+                c = score(dev, cont, name, session=back)
+                diff2, ok2 = scores_close(a, c)
+                orig = score(dev, cont, name, session=sid)
+                diff3, ok3 = scores_close(a, orig)
+                ok = ok1 and ok2 and ok3
+                rep.check("serving", "%s: session round trip %s -> cpu -> %s" % (
+                    name, device, device), "pass" if ok else "fail",
+                    "create, generate, fork, export (%d bytes), import on cpu, export, import "
+                    "back; Score of a continuation: fork vs its cpu import %.3g, vs the import "
+                    "back %.3g, vs the original session %.3g (tolerance %g)" % (
+                        os.path.getsize(blob), diff1, diff2, diff3, TOLERANCE),
+                    max_abs_diff={"cpu_import": diff1, "import_back": diff2, "original": diff3})
+            except (RuntimeError, ValueError, OSError) as e:
+                rep.check("serving", "%s: session round trip" % name, "fail", str(e))
+        return dev, servers
+    except Exception:
+        for s in servers:
+            s.stop()
+        raise
+
+
+# ---------------------------------------------------------------------------------------
+# Benchmarks.
+
+def rounded(v, digits=4):
+    """v to `digits` significant digits (None stays None)."""
+    return None if v is None else float("%.*g" % (digits, v))
+
+
+class GpuMemory(threading.Thread):
+    """Samples the GPU memory nvidia-smi reports for one process, every 0.25 s."""
+
+    def __init__(self, pid):
+        super().__init__(daemon=True)
+        self.pid, self.peak, self.stop_flag = pid, 0, threading.Event()
+        self.smi = shutil.which("nvidia-smi")
+
+    def read(self):
+        if not self.smi:
+            return None
+        r = run([self.smi, "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                timeout=30)
+        for line in r.stdout.splitlines():
+            parts = [x.strip() for x in line.split(",")]
+            if len(parts) == 2 and parts[0] == str(self.pid) and parts[1].isdigit():
+                return int(parts[1])
+        return None
+
+    def run(self):
+        while not self.stop_flag.is_set():
+            v = self.read()
+            if v is not None:
+                self.peak = max(self.peak, v)
+            time.sleep(0.25)
+
+
+def bench(rep, build, device, server, models, text):
+    model = os.environ.get("CHECK_BENCH_MODEL", "aft-shakespeare")
+    cuda = device == "cuda"
+    levels = [int(x) for x in os.environ.get(
+        "CHECK_STREAMS", "1,16,64,256,1024" if cuda else "1,16").split(",")]
+    duration = os.environ.get("CHECK_DURATION", "10s" if cuda else "3s")
+    fwbench = os.path.join(build, "bench", "fwbench")
+    state_bytes = None
+    r = server.ctl(["models"])
+    for line in r.stdout.splitlines():
+        cols = line.split()
+        if cols and cols[0] == model and len(cols) >= 6 and cols[-2].isdigit():
+            state_bytes = int(cols[-2])
+    mem = GpuMemory(server.proc.pid) if cuda else None
+    idle = mem.read() if mem else None
+    rows = []
+    for c in levels:
+        json_path = os.path.join(rep.out, "fwbench-%d.json" % c)
+        if mem:
+            mem = GpuMemory(server.proc.pid)
+            mem.start()
+        start = time.monotonic()
+        r = run([fwbench, "--target", server.target(), "--model", model, "--concurrency",
+                 str(c), "--duration", duration, "--warmup", "2s" if cuda else "1s",
+                 "--max_tokens", "128", "--json", json_path,
+                 "--metrics_target", "127.0.0.1:%d" % server.metrics_port,
+                 "--server_pid", str(server.proc.pid), "--label", "scripts/gpu/check.sh"],
+                timeout=900)
+        if mem:
+            mem.stop_flag.set()
+            mem.join()
+        with open(os.path.join(rep.out, "fwbench-%d.log" % c), "w") as f:
+            f.write(r.stdout + r.stderr)
+        row = {"streams": c, "exit": r.returncode, "seconds": round(time.monotonic() - start, 1)}
+        try:
+            level = json.load(open(json_path))["levels"][0]
+            row.update({
+                "tokens_per_s": round(level["output_tokens_per_s"], 1),
+                "itl_p50_ms": rounded(level["itl_ms"].get("p50")),
+                "itl_p99_ms": rounded(level["itl_ms"].get("p99")),
+                "ttft_p50_ms": rounded(level["ttft_ms"].get("p50")),
+                "errors": level.get("errors"),
+                "mean_batch_size": rounded((level.get("server_engine") or {}).get("mean_batch_size")),
+                "mean_step_ms": rounded((level.get("server_engine") or {}).get("mean_step_ms")),
+            })
+        except (OSError, ValueError, KeyError, IndexError) as e:
+            row["error"] = "no result (%s): %s" % (e, r.stderr.strip()[-500:])
+        if mem and idle is not None and mem.peak:
+            row["gpu_mib_peak"] = mem.peak
+            row["gpu_mib_per_stream"] = round((mem.peak - idle) / c, 3)
+        rows.append(row)
+        ok = r.returncode == 0 and "tokens_per_s" in row and not row.get("errors")
+        rep.check("fwbench", "%d streams on %s" % (c, device), "pass" if ok else "fail",
+                  ", ".join("%s %s" % (k, v) for k, v in row.items() if k != "streams"))
+    rep.data["fwbench"] = {"model": model, "device": device, "duration": duration,
+                           "state_bytes_per_session": state_bytes, "gpu_mib_idle": idle,
+                           "levels": rows}
+
+    # A 64 KB prefill: a session created with a 65536-byte prefix (bench/prefill_bench.sh).
+    prefix = text.replace("\\", "")[:65536]
+    times = []
+    for _ in range(3):
+        start = time.monotonic()
+        r = server.ctl(["session", "create", "--model", model, "--prefix", prefix], timeout=600)
+        if r.returncode != 0:
+            rep.check("fwbench", "64 KB prefill on %s" % device, "fail", r.stderr.strip()[-500:])
+            break
+        times.append(time.monotonic() - start)
+        server.ctl(["session", "rm", r.stdout.strip()])
+    if len(times) == 3:
+        best = min(times)
+        rep.data["prefill_64k"] = {"bytes": len(prefix), "seconds": [round(t, 3) for t in times],
+                                   "tokens_per_s_best": round(len(prefix) / best)}
+        rep.check("fwbench", "64 KB prefill on %s" % device, "pass",
+                  "%d tokens: %s s (best %.0f tokens/s)" % (
+                      len(prefix), ", ".join("%.2f" % t for t in times), len(prefix) / best))
+
+
+def baseline(rep, device):
+    model = os.environ.get("CHECK_BENCH_MODEL", "aft-shakespeare")
+    levels = [int(x) for x in os.environ.get(
+        "CHECK_STREAMS", "1,16,64,256,1024" if device == "cuda" else "1,16").split(",")]
+    probe = run([sys.executable, "-c", "import torch"], timeout=120)
+    if probe.returncode != 0:
+        rep.check("baseline", "PyTorch eager baseline on %s" % device, "skip",
+                  "python3 has no torch here")
+        return
+    argv = [sys.executable, os.path.join(REPO, "bench", "pytorch_baseline.py"),
+            os.path.join(REPO, "models", "pretrained", model), "--device", device,
+            "--modes", ",".join("batch%d" % c for c in levels),
+            "--tokens", os.environ.get("CHECK_TOKENS", "128"), "--threads", str(os.cpu_count())]
+    r = run(argv, timeout=1800)
+    with open(os.path.join(rep.out, "pytorch-baseline.jsonl"), "w") as f:
+        f.write(r.stdout)
+    with open(os.path.join(rep.out, "pytorch-baseline.log"), "w") as f:
+        f.write(r.stderr)
+    rows = []
+    for line in r.stdout.splitlines():
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            pass
+    rep.data["baseline"] = {"model": model, "device": device, "rows": rows}
+    rep.check("baseline", "PyTorch eager baseline on %s" % device,
+              "pass" if r.returncode == 0 and rows else "fail",
+              "; ".join("batch %d: %.0f tokens/s, %.3f ms/step" % (
+                  x["batch"], x["tokens_per_second"], x["ms_per_step"]) for x in rows)
+              or r.stderr.strip()[-500:])
+
+
+# ---------------------------------------------------------------------------------------
+# The report.
+
+def write_markdown(rep):
+    d = rep.data
+    lines = ["# fwserve GPU check (scripts/gpu/check.sh)", "",
+             "Started %s; device **%s**%s." % (
+                 d["started_at"], d.get("device"),
+                 "" if d.get("gpu") else " — no GPU on this machine: the CUDA checks need a "
+                 "CUDA run"), ""]
+    if d.get("gpu"):
+        g = d["gpu"]
+        lines += ["GPU: %s, driver %s, %s, compute capability %s." % (
+            g["name"], g["driver"], g["memory"], g["compute_cap"]), ""]
+    lines += ["## Checks", "", "| section | check | status | detail |", "|---|---|---|---|"]
+    for c in d["checks"]:
+        lines.append("| %s | %s | %s | %s |" % (c["section"], c["name"], c["status"],
+                                                c["detail"].replace("|", "\\|")))
+    fb = d.get("fwbench")
+    if fb:
+        lines += ["", "## fwbench (%s, %s, %s per level)" % (fb["model"], fb["device"],
+                                                             fb["duration"]), "",
+                  "State per session: %s bytes. %s" % (
+                      fb["state_bytes_per_session"],
+                      "GPU memory per stream: the server's peak over the level (nvidia-smi) "
+                      "less its idle %s MiB, / streams." % fb["gpu_mib_idle"]
+                      if fb["gpu_mib_idle"] is not None else "GPU memory: not measured (no GPU)."),
+                  "",
+                  "| streams | tokens/s | ITL p50 ms | ITL p99 ms | TTFT p50 ms | mean batch | "
+                  "GPU MiB/stream | PyTorch eager tokens/s (batch = streams) |",
+                  "|---|---|---|---|---|---|---|---|"]
+        base = {x["batch"]: x for x in (d.get("baseline") or {}).get("rows", [])}
+
+        def fmt(v, f="%.3g"):
+            return "—" if v is None else (f % v if isinstance(v, float) else str(v))
+        for row in fb["levels"]:
+            b = base.get(row["streams"])
+            lines.append("| %d | %s | %s | %s | %s | %s | %s | %s |" % (
+                row["streams"], fmt(row.get("tokens_per_s"), "%.0f"), fmt(row.get("itl_p50_ms")),
+                fmt(row.get("itl_p99_ms")), fmt(row.get("ttft_p50_ms")),
+                fmt(row.get("mean_batch_size")), fmt(row.get("gpu_mib_per_stream")),
+                fmt(b["tokens_per_second"], "%.0f") if b else "—"))
+    if d.get("prefill_64k"):
+        p = d["prefill_64k"]
+        lines += ["", "64 KB prefill: %d tokens in %s s (best %d tokens/s)." % (
+            p["bytes"], ", ".join(str(t) for t in p["seconds"]), p["tokens_per_s_best"])]
+    diffs = [c for c in d["checks"] if c.get("cuda_vs_cpu")]
+    if diffs:
+        lines += ["", "## CUDA vs CPU, per case (largest difference / (1 + max |logit|))", "",
+                  "| case | logits | log-probs |", "|---|---|---|"]
+        for c in diffs:
+            for x in c["cuda_vs_cpu"]:
+                lines.append("| %s | %.3g | %.3g |" % (x["case"], x["max_rel_logits"],
+                                                      x["max_rel_logprobs"]))
+    lines += ["", "## Versions", "", "```", json.dumps(d.get("versions"), indent=1), "```", ""]
+    with open(os.path.join(rep.out, "report.md"), "w") as f:
+        f.write("\n".join(lines))
+
+
+def main():
+    if len(sys.argv) != 2 or sys.argv[1].startswith("-"):
+        print(__doc__, file=sys.stderr)
+        return 2
+    out = os.path.abspath(sys.argv[1])
+    os.makedirs(out, exist_ok=True)
+    rep = Report(out)
+    build = os.path.abspath(os.environ.get("BUILD_DIR", os.path.join(REPO, "build-gpu")))
+    info_path = os.path.join(build, "gpu-build.json")
+    build_info = json.load(open(info_path)) if os.path.exists(info_path) else None
+    if build_info is None:
+        rep.check("machine", "build", "fail", "no %s: run scripts/gpu/build.sh first" % info_path)
+    start = time.monotonic()
+    device = machine(rep, build_info)
+    model_tests(rep, build, device)
+    models = sorted(os.path.dirname(p) for p in
+                    glob.glob(os.path.join(REPO, "models", "pretrained", "*", "config.json")))
+    # The default model first (fwserve's first --model is its default).
+    models.sort(key=lambda m: os.path.basename(m) != "aft-shakespeare")
+    text = open(os.path.join(REPO, "models", "data", "tinyshakespeare.txt"),
+                encoding="utf-8", errors="replace").read(200000)
+    servers = []
+    try:
+        dev, servers = serving(rep, build, device, models, text)
+        if dev:
+            bench(rep, build, device, dev, models, text)
+    finally:
+        for s in servers:
+            s.stop()
+    baseline(rep, device)
+    rep.data["seconds"] = round(time.monotonic() - start, 1)
+    rep.data["failed"] = [c["section"] + ": " + c["name"] for c in rep.failed()]
+    with open(os.path.join(out, "report.json"), "w") as f:
+        json.dump(rep.data, f, indent=1)
+    write_markdown(rep)
+    shutil.rmtree(os.path.join(out, "tmp"), ignore_errors=True)
+    print("check.sh: %d checks, %d failed, in %.0f s; %s/report.md, report.json" % (
+        len(rep.data["checks"]), len(rep.failed()), rep.data["seconds"], out))
+    return 1 if rep.failed() else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

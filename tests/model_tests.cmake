@@ -1,0 +1,35 @@
+# The LibTorch unit tests, included by tests/CMakeLists.txt (also alone, with
+# FWSERVE_MODEL_TESTS_ONLY: scripts/gpu/build.sh on the GPU machine).
+
+# Helpers shared by the LibTorch tests (small random models).
+add_library(fwserve_test_util STATIC unit/test_models.cc)
+target_include_directories(fwserve_test_util PUBLIC ${PROJECT_SOURCE_DIR})
+target_compile_options(fwserve_test_util PRIVATE ${FWSERVE_WARNINGS})
+target_link_libraries(fwserve_test_util PUBLIC fwserve_models GTest::gtest)
+target_precompile_headers(fwserve_test_util REUSE_FROM fwserve_models)
+
+# LibTorch unit tests.
+add_executable(fwserve_model_tests
+  unit/model_equivalence_test.cc
+  unit/model_golden_test.cc
+  unit/checkpoint_test.cc
+  unit/trainer_test.cc
+  unit/pretrained_test.cc
+  unit/native_step_test.cc
+  unit/model_cuda_test.cc
+)
+target_compile_options(fwserve_model_tests PRIVATE ${FWSERVE_WARNINGS})
+target_link_libraries(fwserve_model_tests PRIVATE fwserve_test_util GTest::gtest_main)
+target_precompile_headers(fwserve_model_tests REUSE_FROM fwserve_models)
+target_compile_definitions(fwserve_model_tests PRIVATE
+  FWSERVE_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
+gtest_discover_tests(fwserve_model_tests DISCOVERY_TIMEOUT 120
+                     PROPERTIES LABELS unit ENVIRONMENT OMP_NUM_THREADS=1)
+
+# The serving core's LibTorch pieces that need no server (StatePool).
+add_executable(fwserve_core_tests unit/state_pool_test.cc)
+target_compile_options(fwserve_core_tests PRIVATE ${FWSERVE_WARNINGS})
+target_link_libraries(fwserve_core_tests PRIVATE fwserve_engine fwserve_test_util GTest::gtest_main)
+target_precompile_headers(fwserve_core_tests REUSE_FROM fwserve_models)
+gtest_discover_tests(fwserve_core_tests DISCOVERY_TIMEOUT 120
+                     PROPERTIES LABELS unit ENVIRONMENT OMP_NUM_THREADS=1)
