@@ -163,7 +163,7 @@ cmake -S "$repo" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DProtobuf_PROTOC_EXECUTABLE="$root/wrap/protoc" \
   -DGRPC_CPP_PLUGIN="$root/wrap/grpc_cpp_plugin" \
   -DPKG_CONFIG_EXECUTABLE="$root/wrap/pkg-config" \
-  -DFWSERVE_MODEL_TESTS_ONLY=ON -DFWSERVE_BUILD_TESTS=ON -DFWSERVE_BUILD_BENCH=ON \
+  -DFWSERVE_MODEL_TESTS_ONLY=ON -DFWSERVE_BUILD_TESTS=ON -DFWSERVE_BUILD_BENCH=ON -DFWSERVE_CUDA_TESTS=ON \
   "${cuda_args[@]}" > "$build/configure.log" 2>&1 \
   || { tail -40 "$build/configure.log"; die "cmake configure failed ($build/configure.log)"; }
 build_start=$(date +%s)
