@@ -1544,13 +1544,18 @@ TEST_F(ServerTest, HealthAndGracefulShutdown) {
 }
 
 TEST_F(ServerTest, ShutdownWithOnlyAnIdleConnectedClientDoesNotWaitForIt) {
-  auto server = Harness::Start(Options());
+  // It used to wait out the gRPC shutdown deadline for the idle connection: with that
+  // deadline and the drain timeout at 10 minutes, waiting either out is told apart from
+  // a slow machine by far.
+  fwserve::GrpcServerOptions server_options;
+  server_options.drain_timeout = absl::Minutes(10);
+  server_options.stuck_write_timeout = absl::Minutes(10);
+  auto server = Harness::Start(Options(), server_options);
   ASSERT_NE(server, nullptr);
   ASSERT_TRUE(server->client().ListSessions().ok());  // the channel is connected, idle
   const absl::Time start = absl::Now();
   server->Shutdown();
-  // It used to wait out a fixed 5 s gRPC shutdown deadline for the idle connection.
-  EXPECT_LT(absl::Now() - start, absl::Seconds(4));
+  EXPECT_LT(absl::Now() - start, absl::Minutes(2));
 }
 
 TEST_F(ServerTest, DrainTimeoutEndsLongStreamsWithReasonShutdown) {

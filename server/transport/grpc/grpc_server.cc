@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "fwserve/v1/fwserve.grpc.pb.h"
 #include "server/base/log.h"
 #include "server/base/retry_delay.h"
@@ -597,9 +598,9 @@ void GrpcServer::StopServing(bool idle) {
   BeginShutdown();
   // Nothing in flight: stop at once (an idle connected client must not hold the exit).
   // Else streams end as soon as their in-flight write returns, and a client that
-  // stopped reading is cancelled by the gRPC deadline below.
-  server_->Shutdown(std::chrono::system_clock::now() +
-                    (idle ? std::chrono::seconds(0) : std::chrono::seconds(5)));
+  // stopped reading is cancelled at stuck_write_timeout.
+  server_->Shutdown(absl::ToChronoTime(
+      absl::Now() + (idle ? absl::ZeroDuration() : options_.stuck_write_timeout)));
   server_->Wait();
 }
 

@@ -71,6 +71,10 @@ struct GrpcServerOptions {
   int writer_thread_from_streams = 8;
   // How long Shutdown() lets in-flight work finish before ending it.
   absl::Duration drain_timeout = absl::Seconds(30);
+  // After the drain: how long the gRPC server waits for writes still in flight (a client
+  // that stopped reading) before cancelling them. Not waited when nothing is in flight:
+  // an idle connected client never holds the exit.
+  absl::Duration stuck_write_timeout = absl::Seconds(5);
   // Not owned; null = no authentication (every caller is the anonymous tenant "").
   // The health service and reflection never ask it (probes stay open).
   Authenticator* authenticator = nullptr;
