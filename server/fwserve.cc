@@ -81,6 +81,11 @@ ABSL_FLAG(int64_t, max_state_memory_bytes, int64_t{1} << 30,
           "budget for recurrent state resident in memory, in bytes, over all models");
 ABSL_FLAG(int32_t, max_queued_requests, 1024,
           "requests waiting per model; beyond it the server answers RESOURCE_EXHAUSTED");
+ABSL_FLAG(absl::Duration, max_queue_wait, absl::ZeroDuration(),
+          "the longest a request should wait in a model's queue (e.g. 100ms): once the "
+          "server has measured how fast streams finish, the queue holds only what starts "
+          "within it, and more is refused with RESOURCE_EXHAUSTED and a retry hint; 0 = "
+          "only --max-queued-requests bounds the queue");
 ABSL_FLAG(int32_t, max_active_streams, 256,
           "Generate/Score/CreateSession requests each model serves at once (more wait in "
           "its queue)");
@@ -317,6 +322,7 @@ int main(int argc, char** argv) {
   core_options.max_sessions = absl::GetFlag(FLAGS_max_sessions);
   core_options.max_state_memory_bytes = absl::GetFlag(FLAGS_max_state_memory_bytes);
   core_options.max_queued_requests = absl::GetFlag(FLAGS_max_queued_requests);
+  core_options.max_queue_wait = absl::GetFlag(FLAGS_max_queue_wait);
   core_options.max_active_streams = absl::GetFlag(FLAGS_max_active_streams);
   core_options.prefill_chunk_tokens = absl::GetFlag(FLAGS_prefill_chunk_tokens);
   core_options.session_ttl = absl::GetFlag(FLAGS_session_ttl);

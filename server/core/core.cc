@@ -91,6 +91,7 @@ std::string ModelNameOf(const std::string& dir) {
 EngineOptions ToEngineOptions(const CoreOptions& o) {
   EngineOptions e;
   e.max_queued_requests = o.max_queued_requests;
+  e.max_queue_wait = o.max_queue_wait;
   e.max_active_streams = o.max_active_streams;
   e.prefill_chunk_tokens = o.prefill_chunk_tokens;
   e.batch_wait = o.batch_wait;
@@ -119,6 +120,10 @@ absl::Status ValidateCoreOptions(const CoreOptions& o) {
         positive("--max-active-streams", o.max_active_streams),
         positive("--prefill-chunk-tokens", o.prefill_chunk_tokens)}) {
     if (!s.ok()) return s;
+  }
+  if (o.max_queue_wait < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max-queue-wait must be >= 0, got ", absl::FormatDuration(o.max_queue_wait)));
   }
   if (o.session_ttl <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("--session-ttl must be positive");
@@ -714,6 +719,8 @@ class CoreImpl : public Core {
     } else if (refused.code() == absl::StatusCode::kResourceExhausted) {
       metrics_->CountRefused(absl::StrContains(refused.message(), "its share of the queue")
                                  ? "tenant_queue_share"
+                             : absl::StrContains(refused.message(), "--max-queue-wait")
+                                 ? "queue_wait"
                                  : "queue_full");
     }
   }

@@ -63,6 +63,9 @@ struct CoreOptions {
   int64_t max_state_memory_bytes = int64_t{1} << 30;
   // Work items waiting for each model's engine; beyond it RESOURCE_EXHAUSTED.
   int32_t max_queued_requests = 1024;
+  // The longest a stream should wait in a model's queue: the queue holds only what its
+  // measured drain rate starts within it (EngineOptions::max_queue_wait). 0 = no bound.
+  absl::Duration max_queue_wait = absl::ZeroDuration();
   // Generate/Score requests each engine serves at once; more wait in the queue.
   int32_t max_active_streams = 256;
   // Tokens of one prompt absorbed per engine iteration (sequence form); bounds how

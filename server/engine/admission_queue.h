@@ -4,7 +4,8 @@
 //
 // Rules (docs/serving.md, "Admission"):
 // - Push refuses at once (RESOURCE_EXHAUSTED, naming the flag) when the queue holds
-//   max_queued items, or when the item's tenant already has half of them queued.
+//   its capacity (max_queued, or less: Push's `capacity`), or when the item's tenant
+//   already has half of that queued.
 // - Work that is not a stream (session operations) never waits for a stream slot.
 // - Stream slots (max_active_streams) go, one at a time, to the tenant with the fewest
 //   streams running, ties to the tenant served least recently, then to the oldest
@@ -25,6 +26,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 
 namespace fwserve {
 
@@ -33,6 +35,8 @@ struct AdmissionOptions {
   std::string model;
   // Items waiting at most (--max-queued-requests); beyond it Push refuses.
   int64_t max_queued = 1024;
+  // Named in refusals when Push's capacity is below max_queued (--max-queue-wait).
+  absl::Duration max_queue_wait = absl::ZeroDuration();
   // Streams running at once (--max-active-streams).
   int64_t max_active_streams = 256;
 };
@@ -49,22 +53,24 @@ class AdmissionQueue {
       : options_(std::move(options)), is_stream_(std::move(is_stream)) {}
 
   // Queues `item`, or refuses it with RESOURCE_EXHAUSTED and leaves it in `item`.
-  absl::Status Push(std::unique_ptr<Item>& item) {
-    if (static_cast<int64_t>(queue_.size()) >= options_.max_queued) {
+  // `capacity`: the items the queue may hold now, at most max_queued (0 = max_queued).
+  absl::Status Push(std::unique_ptr<Item>& item, int64_t capacity = 0) {
+    capacity = capacity > 0 ? std::min(capacity, options_.max_queued) : options_.max_queued;
+    if (static_cast<int64_t>(queue_.size()) >= capacity) {
       return absl::ResourceExhaustedError(
-          absl::StrCat("the queue of model '", options_.model,
-                       "' is full (--max-queued-requests=", options_.max_queued, "); retry later"));
+          absl::StrCat("the queue of model '", options_.model, "' is full (", CapacityText(capacity),
+                       "); retry later"));
     }
     if (!item->tenant.empty()) {
       // One tenant may hold at most half the queue: the rest stays open to the others.
-      const int64_t share = std::max<int64_t>(1, options_.max_queued / 2);
+      const int64_t share = std::max<int64_t>(1, capacity / 2);
       int64_t queued = 0;
       for (const auto& waiting : queue_) queued += waiting->tenant == item->tenant ? 1 : 0;
       if (queued >= share) {
         return absl::ResourceExhaustedError(absl::StrCat(
             "tenant '", item->tenant, "' has ", queued, " requests queued for model '",
-            options_.model, "', its share of the queue (half of --max-queued-requests=",
-            options_.max_queued, "); retry later"));
+            options_.model, "', its share of the queue (half of ", CapacityText(capacity),
+            "); retry later"));
       }
     }
     queue_.push_back(std::move(item));
@@ -132,6 +138,15 @@ class AdmissionQueue {
   int64_t size() const { return static_cast<int64_t>(queue_.size()); }
 
  private:
+  // The flag behind a capacity, for refusals.
+  std::string CapacityText(int64_t capacity) const {
+    if (capacity < options_.max_queued) {
+      return absl::StrCat(capacity, " requests, what drains within --max-queue-wait=",
+                          absl::FormatDuration(options_.max_queue_wait));
+    }
+    return absl::StrCat("--max-queued-requests=", options_.max_queued);
+  }
+
   const AdmissionOptions options_;
   const IsStream is_stream_;
   std::deque<std::unique_ptr<Item>> queue_;

@@ -3,6 +3,7 @@
 #include <pthread.h>
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
@@ -89,7 +90,8 @@ Engine::Engine(std::string name, fwmodel::LoadedModel loaded, const EngineOption
       metrics_(context.metrics),
       state_bytes_(model_.state_bytes_per_session()),
       vocab_(model_.config().vocab_size),
-      queue_(AdmissionOptions{name_, options.max_queued_requests, options.max_active_streams},
+      queue_(AdmissionOptions{name_, options.max_queued_requests, options.max_queue_wait,
+                              options.max_active_streams},
              [](const WorkItem& item) { return IsStreamKind(item.kind); }),
       pool_(model_, options.max_state_memory_bytes / std::max<int64_t>(1, state_bytes_),
             context.budget),
@@ -214,12 +216,25 @@ absl::Status Engine::DeadlineRefusal(absl::Time deadline) const {
                         std::clamp(wait, kMinRetryDelay, kMaxRetryDelay));
 }
 
+int64_t Engine::QueueCapacity() const {
+  const int64_t limit = options_.max_queued_requests;
+  const double rate = published_drain_rate_.load(std::memory_order_relaxed);
+  if (options_.max_queue_wait <= absl::ZeroDuration() || rate <= 0) return limit;
+  const double drains = std::ceil(rate * absl::ToDoubleSeconds(options_.max_queue_wait));
+  return std::clamp<int64_t>(static_cast<int64_t>(std::min<double>(drains, limit)), 2, limit);
+}
+
 absl::Status Engine::CheckAdmission(absl::Time deadline) const {
   const int64_t queued = published_queued_.load(std::memory_order_relaxed);
-  if (queued >= options_.max_queued_requests) {
+  const int64_t capacity = QueueCapacity();
+  if (queued >= capacity) {
+    const std::string why =
+        capacity < options_.max_queued_requests
+            ? absl::StrCat(capacity, " requests, what drains within --max-queue-wait=",
+                           absl::FormatDuration(options_.max_queue_wait))
+            : absl::StrCat("--max-queued-requests=", options_.max_queued_requests);
     return WithRetryDelay(absl::ResourceExhaustedError(absl::StrCat(
-                              "the queue of model '", name_, "' is full (--max-queued-requests=",
-                              options_.max_queued_requests, "); retry later")),
+                              "the queue of model '", name_, "' is full (", why, "); retry later")),
                           RetryDelay());
   }
   return DeadlineRefusal(deadline);
@@ -231,7 +246,7 @@ absl::Status Engine::Submit(std::unique_ptr<WorkItem>& item) {
   }
   absl::MutexLock lock(&mu_);
   if (draining_) return absl::UnavailableError("the server is shutting down");
-  absl::Status queued = queue_.Push(item);
+  absl::Status queued = queue_.Push(item, QueueCapacity());
   if (!queued.ok()) return WithRetryDelay(std::move(queued), RetryDelay());
   published_queued_.store(queue_.size(), std::memory_order_relaxed);
   wake_.Signal();

@@ -183,6 +183,9 @@ class Engine {
   // The retry hint of a refusal: how long until the streams queued now have started
   // (at least 10 ms, at most 30 s; 1 s while unmeasured). Thread-safe.
   absl::Duration RetryDelay() const;
+  // The items the queue may hold now: max_queued_requests, or with max_queue_wait what
+  // drains within it at the measured rate (at least 2). Thread-safe.
+  int64_t QueueCapacity() const;
   // DEADLINE_EXCEEDED (with a retry delay) when a stream queued now would start after
   // `deadline`; OK for InfiniteFuture. Thread-safe.
   absl::Status DeadlineRefusal(absl::Time deadline) const;

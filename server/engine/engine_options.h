@@ -16,6 +16,10 @@ struct EngineOptions {
   // Work items waiting for the engine (--max-queued-requests); beyond it
   // RESOURCE_EXHAUSTED.
   int64_t max_queued_requests = 1024;
+  // The longest a stream should wait in the queue (--max-queue-wait): once the engine
+  // has measured how fast its slots free up, the queue holds only what drains within
+  // it (at least 2 items, at most max_queued_requests). Zero = no such bound.
+  absl::Duration max_queue_wait = absl::ZeroDuration();
   // Generate/Score/CreateSession streams served at once (--max-active-streams).
   int64_t max_active_streams = 256;
   // Tokens of one prompt absorbed per prefill job (--prefill-chunk-tokens).

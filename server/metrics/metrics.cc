@@ -551,7 +551,7 @@ class PrometheusMetrics final : public Metrics {
                 .Name("fwserve_requests_refused_total")
                 .Help("Requests refused before they reached a model, by reason: "
                       "unauthenticated, quota_sessions, quota_streams, quota_tokens, queue_full, "
-                      "tenant_queue_share, deadline.")
+                      "queue_wait, tenant_queue_share, deadline.")
                 .Register(*registry_)),
         tenant_requests_(prometheus::BuildCounter()
                              .Name("fwserve_tenant_requests_total")
@@ -567,7 +567,7 @@ class PrometheusMetrics final : public Metrics {
                             .Help("Generate streams of each tenant, running or queued.")
                             .Register(*registry_)) {
     for (const char* reason : {"unauthenticated", "quota_sessions", "quota_streams", "quota_tokens",
-                               "queue_full", "tenant_queue_share", "deadline"}) {
+                               "queue_full", "queue_wait", "tenant_queue_share", "deadline"}) {
       refused_.Add({{"reason", reason}});
     }
     prometheus::BuildGauge()

@@ -85,6 +85,41 @@ TEST_F(AdmissionQueueTest, OneTenantMayHoldAtMostHalfTheQueue) {
   for (int i = 0; i < 4; ++i) EXPECT_TRUE(Push(open, "").ok());
 }
 
+TEST_F(AdmissionQueueTest, ACapacityBelowTheFlagBoundsTheQueueAndTheTenantShare) {
+  AdmissionOptions options;
+  options.model = "m";
+  options.max_queued = 100;
+  options.max_queue_wait = absl::Milliseconds(50);
+  AdmissionQueue<FakeItem> queue(options, [](const FakeItem& item) { return item.stream; });
+  auto push = [&](std::string tenant, int64_t capacity) {
+    auto item = std::make_unique<FakeItem>();
+    item->tenant = std::move(tenant);
+    return queue.Push(item, capacity);
+  };
+  // Capacity 4 (what drains within --max-queue-wait): tenant a gets half of it.
+  ASSERT_TRUE(push("a", 4).ok());
+  ASSERT_TRUE(push("a", 4).ok());
+  absl::Status share = push("a", 4);
+  EXPECT_EQ(share.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(share.message().find("its share of the queue (half of 4 requests, what drains "
+                                 "within --max-queue-wait=50ms)"),
+            std::string::npos)
+      << share.message();
+  ASSERT_TRUE(push("b", 4).ok());
+  ASSERT_TRUE(push("b", 4).ok());
+  absl::Status full = push("c", 4);
+  EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(full.message().find("is full (4 requests, what drains within --max-queue-wait=50ms)"),
+            std::string::npos)
+      << full.message();
+  // A larger capacity (the drain rate rose) admits again; one above the flag is the flag.
+  EXPECT_TRUE(push("c", 6).ok());
+  EXPECT_EQ(queue.size(), 5);
+  for (int i = 0; i < 95; ++i) ASSERT_TRUE(push("", 1000).ok()) << i;
+  absl::Status flag = push("", 1000);
+  EXPECT_NE(flag.message().find("--max-queued-requests=100"), std::string::npos) << flag.message();
+}
+
 TEST_F(AdmissionQueueTest, OneTenantIsFifoAndStopsAtTheStreamSlots) {
   auto queue = MakeQueue(/*max_queued=*/10, /*max_active=*/3);
   for (int i = 0; i < 5; ++i) ASSERT_TRUE(Push(queue, "").ok());
