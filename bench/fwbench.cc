@@ -102,6 +102,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/usage.h"
 #include "absl/status/status.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -127,6 +128,9 @@ ABSL_FLAG(std::string, client, "retrying",
           "waits the server's retry hint plus exponential jitter, under a retry budget) or "
           "naive (no retries in the library; the stream sends its next request 10 ms after a "
           "refusal, as a careless client would)");
+ABSL_FLAG(std::string, api_key_file, "",
+          "file holding the API key sent with every gRPC call (a server with --api-keys); "
+          "runs one tenant's load, e.g. two fwbench processes for two tenants. gRPC only");
 ABSL_FLAG(std::string, model, "", "model name; empty = the server's default model");
 ABSL_FLAG(std::vector<std::string>, concurrency, std::vector<std::string>({"1", "8", "32", "128"}),
           "comma-separated concurrency levels (client streams issuing requests back to back)");
@@ -1535,6 +1539,14 @@ int main(int argc, char** argv) {
   const absl::Time give_up = absl::Now() + absl::GetFlag(FLAGS_connect_timeout);
   fwserve::ClientOptions options;
   options.target = absl::GetFlag(FLAGS_target);
+  if (const std::string key_file = absl::GetFlag(FLAGS_api_key_file); !key_file.empty()) {
+    std::ifstream in(key_file);
+    std::string key;
+    if (!in || !std::getline(in, key) || absl::StripAsciiWhitespace(key).empty()) {
+      return Fail(absl::StrCat("--api-key-file: cannot read a key from '", key_file, "'"));
+    }
+    options.auth_token = std::string(absl::StripAsciiWhitespace(key));
+  }
   const std::string client_behavior = absl::GetFlag(FLAGS_client);
   if (client_behavior == "naive") {
     options.max_overload_retries = 0;
@@ -1567,6 +1579,10 @@ int main(int argc, char** argv) {
   const std::string http_target_flag = absl::GetFlag(FLAGS_http_target);
   HttpTarget http_target;
   if (uses(Protocol::kHttp)) {
+    if (!options.auth_token.empty()) {
+      return Fail("--api-key-file is sent with gRPC calls only; it cannot be used with "
+                  "--protocol http");
+    }
     auto endpoints = fwbench::Resolve(http_target_flag);
     if (!endpoints.ok()) return Fail("--http-target: " + endpoints.status().ToString());
     http_target.endpoints = *endpoints;

@@ -25,9 +25,17 @@
 #       tokens/s of completed streams is the goodput, TTFT p99 of admitted requests, and
 #       the refusals by code.
 #
+# With `tenants` it measures fairness under a storm (issue 27): the same server flags
+# plus an API keys file with two tenants, storm and light; per round,
+#   (f) light alone at TENANT_LIGHT streams (4: half its fair share of the 16 slots),
+#       then storm at TENANT_STORM streams (128: 8x the slots, the naive client) started
+#       first and light measured beside it: light's refusals and TTFT p99 beside the
+#       storm over alone.
+#
 # Usage: scripts/bench-serving.sh [OUT_DIR] [extra fwbench flags...]
 #        scripts/bench-serving.sh http [OUT_DIR] [extra fwbench flags...]
 #        scripts/bench-serving.sh overload [OUT_DIR] [extra fwbench flags...]
+#        scripts/bench-serving.sh tenants [OUT_DIR] [extra fwbench flags...]
 #   OUT_DIR defaults to /tmp/fwbench-results (/tmp/fwbench-http-results for `http`).
 # Environment:
 #   MODEL=DIR          checkpoint to serve (default: the server's default model)
@@ -51,13 +59,16 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 MODE=sweep
-if [[ "${1:-}" == http || "${1:-}" == overload ]]; then
+if [[ "${1:-}" == http || "${1:-}" == overload || "${1:-}" == tenants ]]; then
   MODE=$1
   shift
 fi
 DEFAULT_OUT_DIR=/tmp/fwbench-results
 if [[ $MODE == http ]]; then DEFAULT_OUT_DIR=/tmp/fwbench-http-results; fi
 if [[ $MODE == overload ]]; then DEFAULT_OUT_DIR=/tmp/fwbench-overload-results; fi
+if [[ $MODE == tenants ]]; then DEFAULT_OUT_DIR=/tmp/fwbench-tenants-results; fi
+TENANT_LIGHT=${TENANT_LIGHT:-4}
+TENANT_STORM=${TENANT_STORM:-128}
 OVERLOAD_LEVELS=${OVERLOAD_LEVELS:-16,32,128}
 OVERLOAD_SERVER_FLAGS=${OVERLOAD_SERVER_FLAGS:-"--max-active-streams 16 --max-queued-requests 16"}
 OUT_DIR=${1:-$DEFAULT_OUT_DIR}
@@ -123,7 +134,16 @@ if [[ -n "${MODEL:-}" ]]; then server_args+=(--model "$MODEL"); fi
 # shellcheck disable=SC2206  # SERVER_FLAGS is split on purpose
 if [[ -n "${SERVER_FLAGS:-}" ]]; then server_args+=($SERVER_FLAGS); fi
 # shellcheck disable=SC2206  # split on purpose
-if [[ $MODE == overload ]]; then server_args+=($OVERLOAD_SERVER_FLAGS); fi
+if [[ $MODE == overload || $MODE == tenants ]]; then server_args+=($OVERLOAD_SERVER_FLAGS); fi
+if [[ $MODE == tenants ]]; then
+  # Two tenants, each key in a file of its own (fwbench --api-key-file).
+  for tenant in storm light; do
+    head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$OUT_DIR/$tenant.key"
+    printf 'sha256:%s tenant=%s\n' "$(tr -d '\n' <"$OUT_DIR/$tenant.key" | sha256sum | cut -c1-64)" \
+      "$tenant"
+  done >"$OUT_DIR/api-keys"
+  server_args+=(--api-keys-file "$OUT_DIR/api-keys")
+fi
 
 if [[ "${BASELINE:-0}" == 1 ]]; then
   # Same checkpoint as the server: MODEL, else fwserve's default (the shipped aft-shakespeare).
@@ -176,7 +196,24 @@ LABEL=${LABEL:-"tree $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(
 common=(--target "127.0.0.1:$PORT" --duration "$DURATION" --warmup "$WARMUP"
         --server-pid "$SERVER_PID" --label "$LABEL" "${bench_extra[@]}")
 
-if [[ $MODE == overload ]]; then
+if [[ $MODE == tenants ]]; then
+  storm_seconds=$(( ${DURATION%s} + ${WARMUP%s} + 4 ))
+  for round in $(seq 1 "$ROUNDS"); do
+    echo "== (f) tenants round $round: light alone at $TENANT_LIGHT streams" >&2
+    "$FWBENCH" "${common[@]}" --api-key-file "$OUT_DIR/light.key" --concurrency "$TENANT_LIGHT" \
+      --json "$OUT_DIR/tenants-$round-alone.json" "$@" | tee "$OUT_DIR/tenants-$round-alone.txt"
+    echo "== (f) tenants round $round: storm at $TENANT_STORM streams, light beside it" >&2
+    "$FWBENCH" --target "127.0.0.1:$PORT" --duration "${storm_seconds}s" --warmup 0s \
+      --label "$LABEL" --client naive --api-key-file "$OUT_DIR/storm.key" \
+      --concurrency "$TENANT_STORM" --seed 7 --json "$OUT_DIR/tenants-$round-storm.json" "$@" \
+      >"$OUT_DIR/tenants-$round-storm.txt" &
+    storm_pid=$!
+    sleep 2
+    "$FWBENCH" "${common[@]}" --api-key-file "$OUT_DIR/light.key" --concurrency "$TENANT_LIGHT" \
+      --json "$OUT_DIR/tenants-$round-beside.json" "$@" | tee "$OUT_DIR/tenants-$round-beside.txt"
+    wait "$storm_pid"
+  done
+elif [[ $MODE == overload ]]; then
   for round in $(seq 1 "$ROUNDS"); do
     for client in retrying naive; do
       echo "== (e) overload round $round, $client client: levels $OVERLOAD_LEVELS" >&2
