@@ -395,10 +395,13 @@ absl::StatusOr<TrainReport> Train(const TrainOptions& options, int64_t stop_afte
       }
       if (!std::isfinite(loss_value) || !std::isfinite(grad_norm)) {
         progress.Message("");
+        // The norm is computed only from a finite loss.
+        const std::string norm = std::isfinite(loss_value) ? absl::StrFormat("%g", grad_norm)
+                                                           : std::string("not computed");
         return absl::FailedPreconditionError(absl::StrFormat(
-            "training diverged at step %d: loss %g, gradient norm %g (lr %g). The last "
+            "training diverged at step %d: loss %g, gradient norm %s (lr %g). The last "
             "checkpoint in %s is intact; lower --lr or raise --warmup_steps and start a new run",
-            step, loss_value, grad_norm, lr, options.out_dir));
+            step, loss_value, norm, lr, options.out_dir));
       }
       auto t3 = Clock::now();
       optimizer.step();

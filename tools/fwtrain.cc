@@ -2,6 +2,7 @@
 // Kill it and run the same command again to resume from the last checkpoint.
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <thread>
 
@@ -81,7 +82,7 @@ absl::Status WriteCard(const fwmodel::TrainOptions& options, const fwmodel::Trai
   const fwmodel::Model& m = loaded->model;
   std::string card = absl::StrFormat(
       "# %s model card\n\n"
-      "Byte-level language model trained on tinyshakespeare with `fwtrain` "
+      "Byte-level language model trained on `%s` with `fwtrain` "
       "(fwserve contract v1).\n\n"
       "| | |\n|---|---|\n"
       "| architecture | %s |\n| parameters | %d |\n| state bytes per session | %d |\n"
@@ -96,6 +97,7 @@ absl::Status WriteCard(const fwmodel::TrainOptions& options, const fwmodel::Trai
       "## Config\n\n```json\n%s```\n\n"
       "## Command\n\n```sh\n%s\n```\n",
       fwmodel::ArchitectureName(m.config().architecture),
+      std::filesystem::path(absl::GetFlag(FLAGS_text)).filename().string(),
       fwmodel::ArchitectureName(m.config().architecture), m.parameter_count(),
       m.state_bytes_per_session(), report.step, report.tokens_seen, report.wall_seconds,
       report.wall_seconds / 60, MachineDescription(), report.train_loss,

@@ -966,7 +966,8 @@ void Engine::FinishTask(Task& t, FinishReason reason) {
                    RemoveSession(id);
                    registry_->Erase(id);
                    item->lease.Forget();
-                   return answer(WriteFailure(id, written, "the new session could not be saved"));
+                   return answer(directory_->ClientError(StoreCall::kCreate, id, written,
+                                                         "the new session could not be saved"));
                  }
                  // dir: the session keeps what was streamed, in memory, and the write is
                  // retried. Shared store: the session keeps its last committed state.

@@ -275,8 +275,8 @@ void Engine::CommitNewSession(std::unique_ptr<WorkItem> item, int slot, int64_t 
                    RemoveSession(record.id);
                    registry_->Erase(record.id);
                    new_lease->Forget();
-                   return shared->on_session(
-                       WriteFailure(record.id, written, "the new session could not be saved"));
+                   return shared->on_session(directory_->ClientError(
+                       StoreCall::kCreate, record.id, written, "the new session could not be saved"));
                  }
                  new_lease->Commit(record.tokens, record.last_used, policy_.durable);
                  metrics_->CountSessionOperation(operation);

@@ -75,6 +75,16 @@ absl::Status ClientStoreError(StoreCall call, const StoreErrorContext& context,
           "session_id '", id,
           "': session store unavailable; this request's result may not have been saved "
           "(GetSession's token count tells); retry later"));
+    case StoreCall::kCreate:
+      if (!context.shared) return LocalStoreFailure(id, what);
+      if (!IsUnreachable(store_status)) {
+        return absl::InternalError(absl::StrCat(
+            "session_id '", id, "': saving the new session failed; see the server log"));
+      }
+      return absl::UnavailableError(
+          absl::StrCat("session_id '", id,
+                       "': session store unavailable; the new session was not created; "
+                       "retry later"));
   }
   return absl::InternalError("session store error; see the server log");
 }

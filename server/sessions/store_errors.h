@@ -16,8 +16,10 @@ enum class StoreCall {
   kLookup,
   // Reading a session's saved state to make it resident.
   kLoad,
-  // Writing a session through (a commit, a new session, a delete).
+  // Writing a session through (a commit, a delete).
   kWrite,
+  // Writing a new session (create, fork, import): on failure it is not created.
+  kCreate,
 };
 
 struct StoreErrorContext {
@@ -40,6 +42,8 @@ struct StoreErrorContext {
 //            other                  UNAVAILABLE "unchanged"         UNAVAILABLE + `what`
 //   kWrite   ABORTED                ABORTED "lost its lease"        UNAVAILABLE + `what`
 //            UNAVAILABLE/DEADLINE   UNAVAILABLE "may not have been saved"
+//            other                  INTERNAL
+//   kCreate  UNAVAILABLE/DEADLINE   UNAVAILABLE "was not created"   UNAVAILABLE + `what`
 //            other                  INTERNAL
 absl::Status ClientStoreError(StoreCall call, const StoreErrorContext& context,
                               absl::string_view id, const absl::Status& store_status,

@@ -189,6 +189,8 @@ class FwtrainTest(unittest.TestCase):
                   % (final_val, validations[-1].group(4), len(self.validation))),
               "card rows: %s" % rows)
         check(" ".join(self.train_argv(out, steps)[1:3]) in card, "the card has no command")
+        check("trained on `%s`" % os.path.basename(self.train_argv(out, steps)[2]) in card,
+              "the card does not name the training text: %s" % card[:300])
 
         # fwserve serves it: its scores of a text and its greedy continuation equal
         # fwmodel's (this tiny model's greedy text is mostly spaces; the scores are not).
@@ -309,11 +311,15 @@ class FwtrainTest(unittest.TestCase):
                                             "1", "--eval_interval", "20"))
         check(run.returncode == 1, "a diverging run exited %d" % run.returncode)
         match = re.search(
-            r"^fwtrain: training diverged at step (\d+): loss (\S+), gradient norm (\S+) "
+            r"^fwtrain: training diverged at step (\d+): loss (\S+), gradient norm "
+            r"(not computed|\S+) "
             r"\(lr 1e\+30\)\. The last checkpoint in (\S+) is intact; lower --lr or raise "
             r"--warmup_steps and start a new run$", run.stderr, re.M)
         check(match, "no divergence message: %r" % run.stderr[-2000:])
-        step, loss, norm = int(match.group(1)), float(match.group(2)), float(match.group(3))
+        step, loss = int(match.group(1)), float(match.group(2))
+        # The norm is computed only from a finite loss: "not computed" after a NaN/Inf one.
+        check((match.group(3) == "not computed") == (not math.isfinite(loss)), match.group(0))
+        norm = float("nan") if match.group(3) == "not computed" else float(match.group(3))
         check(not (math.isfinite(loss) and math.isfinite(norm)),
               "loss %s, norm %s: nothing was NaN/Inf" % (loss, norm))
         check(match.group(4) == out, match.group(0))

@@ -236,6 +236,11 @@ TEST_F(SharedStoreTest, RedisDownIsUnavailableAndRecovers) {
   EXPECT_FALSE(absl::StrContains(turn.status().message(), "127.0.0.1")) << "leaks the host";
   auto create = a->client().CreateSession("", "x");
   EXPECT_EQ(create.status().code(), absl::StatusCode::kUnavailable) << create.status();
+  // A session that was not created is not "a result that may not have been saved".
+  EXPECT_TRUE(absl::StrContains(create.status().message(), "session store unavailable"))
+      << create.status();
+  EXPECT_FALSE(absl::StrContains(create.status().message(), "may not have been saved"))
+      << create.status();
 
   ASSERT_TRUE(redis_->Restart().ok());
   absl::StatusOr<fwserve::GenerateResult> again = absl::UnavailableError("not tried");

@@ -44,6 +44,12 @@ TEST(StoreErrorsTest, EveryCallModeAndCodeMapsToOneClientStatus) {
       {StoreCall::kWrite, false, C::kInternal, C::kUnavailable,
        "the session store failed: WHAT; see the server log"},
       {StoreCall::kWrite, false, C::kAborted, C::kUnavailable, "the session store failed: WHAT"},
+      // New sessions.
+      {StoreCall::kCreate, true, C::kUnavailable, C::kUnavailable, "the new session was not created"},
+      {StoreCall::kCreate, true, C::kDeadlineExceeded, C::kUnavailable, "was not created; retry"},
+      {StoreCall::kCreate, true, C::kInternal, C::kInternal, "saving the new session failed"},
+      {StoreCall::kCreate, false, C::kInternal, C::kUnavailable,
+       "the session store failed: WHAT; see the server log"},
   };
   const std::string id = "0123456789abcdef0123456789abcdef";
   for (const Row& row : table) {
