@@ -86,7 +86,8 @@ class FwctlTest(unittest.TestCase):
         info["tokens"] = int(info["tokens"])
         return info
 
-    def wait_idle(self, session_id, timeout=10):
+    def wait_idle(self, session_id, timeout=60):
+        """The session's info once it is not busy (timeout only catches a hang)."""
         deadline = time.time() + timeout
         while True:
             info = self.session_info(session_id)

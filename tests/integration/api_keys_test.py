@@ -2,8 +2,9 @@
 """API keys on the real fwserve binary (--api-keys-file), with a Python gRPC client that
 sends 'authorization: Bearer <key>' (docs/security.md):
 
-  test_sighup_revokes_a_key    a key removed from the file and SIGHUP: refused within one
-                               second; a stream of another key goes on to its end
+  test_sighup_revokes_a_key    a key removed from the file and SIGHUP: refused by the
+                               first call after the server logs the reload; a stream of
+                               another key goes on to its end
   test_open_listen_warns       --listen on all interfaces without keys logs the warning;
                                with keys it does not
   test_log_lines_are_safe      a model name with a newline and 1 MB long does not forge or
@@ -15,6 +16,7 @@ Run it with Debian's /usr/bin/python3 (python3-grpcio, python3-protobuf).
 import argparse
 import hashlib
 import os
+import re
 import signal
 import sys
 import tempfile
@@ -24,7 +26,8 @@ import unittest
 
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
-from fwserve_process import add_server_arguments, start_server, stop_server  # noqa: E402
+from fwserve_process import (add_server_arguments, start_server, stop_server,  # noqa: E402
+                             wait_for)
 from fwserve_stubs import ensure_grpc, load_stubs, stream_generate  # noqa: E402
 from unittest_run import check, report_and_exit  # noqa: E402
 
@@ -34,6 +37,14 @@ pb = None
 pb_grpc = None
 LOGS = {}
 WORK_DIRS = []
+
+# Deadlines only catch hangs; no outcome depends on how fast anything is.
+RPC_TIMEOUT_S = 60.0
+HANG_S = 60.0
+# server/fwserve.cc logs one of these once it has handled a SIGHUP (after the new key
+# table is in place).
+SIGHUP_HANDLED = re.compile(rb"SIGHUP: (API keys re-read|keeping the previous API keys)"
+                            rb"[^\n]*")
 
 KEY_A = "acme-key-0123456789abcdef"
 KEY_B = "beta-key-0123456789abcdef"
@@ -69,16 +80,17 @@ class ApiKeysTest(unittest.TestCase):
         return process, pb_grpc.FwserveStub(channel), log
 
     def test_sighup_revokes_a_key(self):
-        process, stub, _ = self.start("server", ["--api-keys-file", self.keys])
+        process, stub, log = self.start("server", ["--api-keys-file", self.keys])
         # No key and a wrong key are refused; both keys work.
         for metadata in [(), auth("wrong")]:
             with self.assertRaises(grpc.RpcError) as refused:
-                stub.ListSessions(pb.ListSessionsRequest(), metadata=metadata, timeout=10)
+                stub.ListSessions(pb.ListSessionsRequest(), metadata=metadata,
+                                  timeout=RPC_TIMEOUT_S)
             check(refused.exception.code() == grpc.StatusCode.UNAUTHENTICATED,
                   "expected UNAUTHENTICATED, got %s" % refused.exception.code())
-        stub.ListSessions(pb.ListSessionsRequest(), metadata=auth(KEY_A), timeout=10)
+        stub.ListSessions(pb.ListSessionsRequest(), metadata=auth(KEY_A), timeout=RPC_TIMEOUT_S)
         session = stub.CreateSession(pb.CreateSessionRequest(prefix=b"ROMEO:"),
-                                     metadata=auth(KEY_B), timeout=10)
+                                     metadata=auth(KEY_B), timeout=RPC_TIMEOUT_S)
 
         # A long stream of beta's, running across the reload.
         result = {}
@@ -103,33 +115,41 @@ class ApiKeysTest(unittest.TestCase):
 
         thread = threading.Thread(target=stream)
         thread.start()
-        check(started.wait(60), "beta's stream did not start")
+        check(started.wait(HANG_S), "beta's stream did not start")
 
         with open(self.keys, "w") as f:
             f.write(key_line(KEY_B, "beta"))  # acme's key revoked
         revoked_at = time.monotonic()
         process.send_signal(signal.SIGHUP)
-        refused_after = None
-        while time.monotonic() - revoked_at < 5:
-            try:
-                stub.ListSessions(pb.ListSessionsRequest(), metadata=auth(KEY_A), timeout=10)
-            except grpc.RpcError as error:
-                check(error.code() == grpc.StatusCode.UNAUTHENTICATED,
-                      "expected UNAUTHENTICATED, got %s" % error.code())
-                refused_after = time.monotonic() - revoked_at
-                break
-            time.sleep(0.01)
+
+        def sighup_line():
+            with open(log, "rb") as f:
+                return SIGHUP_HANDLED.search(f.read())
+
+        # The event that decides: the server says it re-read the keys; the very next
+        # call with the revoked key must be refused. (How long that took is printed for
+        # information only; HANG_S only catches a server that never handles SIGHUP.)
+        handled = wait_for(sighup_line, "the server's SIGHUP log line", HANG_S).group(0)
+        reloaded_after = time.monotonic() - revoked_at
+        check(handled.startswith(b"SIGHUP: API keys re-read: 1 tenants (beta)"),
+              "the SIGHUP reload: %r" % handled)
+        with self.assertRaises(grpc.RpcError) as refused:
+            stub.ListSessions(pb.ListSessionsRequest(), metadata=auth(KEY_A),
+                              timeout=RPC_TIMEOUT_S)
+        check(refused.exception.code() == grpc.StatusCode.UNAUTHENTICATED,
+              "the revoked key after the reload: expected UNAUTHENTICATED, got %s"
+              % refused.exception.code())
+        refused_after = time.monotonic() - revoked_at
         thread.join(120)
-        print("\nrevoked key refused %.3f s after SIGHUP; beta's stream: %s tokens"
-              % (refused_after or -1, result.get("tokens")))
-        check(refused_after is not None and refused_after < 1.0,
-              "the revoked key was still accepted %s s after SIGHUP" % refused_after)
+        print("\nkeys re-read %.3f s after SIGHUP, revoked key refused %.3f s after SIGHUP "
+              "(information only); beta's stream: %s tokens"
+              % (reloaded_after, refused_after, result.get("tokens")))
         check("error" not in result, "beta's stream failed: %s" % result.get("error"))
         check(result.get("usage") is not None and result["usage"].generated_tokens == 3000,
               "beta's stream did not run to its end: %s" % result)
         # The session stays beta's and holds the stream's tokens.
         info = stub.GetSession(pb.GetSessionRequest(session_id=session.session_id),
-                               metadata=auth(KEY_B), timeout=10)
+                               metadata=auth(KEY_B), timeout=RPC_TIMEOUT_S)
         check(info.tokens == 6 + 1 + 3000, "session has %d tokens" % info.tokens)
 
     def test_open_listen_warns(self):
@@ -148,13 +168,13 @@ class ApiKeysTest(unittest.TestCase):
         forged = "nomodel\n2026-01-01T00:00:00.000Z INFO forged line" + "x" * (1 << 20)
         with self.assertRaises(grpc.RpcError) as refused:
             stub.DescribeModel(pb.DescribeModelRequest(model=forged), metadata=auth(KEY_A),
-                               timeout=10)
+                               timeout=RPC_TIMEOUT_S)
         check(refused.exception.code() == grpc.StatusCode.NOT_FOUND,
               "expected NOT_FOUND, got %s" % refused.exception.code())
         session = stub.CreateSession(pb.CreateSessionRequest(prefix=b"x"), metadata=auth(KEY_A),
-                                     timeout=10)
+                                     timeout=RPC_TIMEOUT_S)
         stub.GetSession(pb.GetSessionRequest(session_id=session.session_id),
-                        metadata=auth(KEY_A), timeout=10)
+                        metadata=auth(KEY_A), timeout=RPC_TIMEOUT_S)
         with open(log, "rb") as f:
             text = f.read()
         for line in text.splitlines():

@@ -31,7 +31,6 @@ redis-server (scripts/install-deps.sh).
 import argparse
 import json
 import os
-import re
 import shutil
 import signal
 import sys
@@ -44,7 +43,7 @@ import urllib.request
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tools"))
-from fwserve_process import add_server_arguments  # noqa: E402
+from fwserve_process import add_server_arguments, http_port_of  # noqa: E402
 from replica_processes import Processes  # noqa: E402
 from unittest_run import report_and_exit  # noqa: E402
 
@@ -53,7 +52,6 @@ HTTP_TIMEOUT_S = 60.0
 # How long a request naming a stored session may get 503 ("still indexing its session
 # store") after a start.
 INDEXING_RETRY_S = 20.0
-HTTP_PORT = re.compile(r"HTTP API \(OpenAI-compatible\) on \S+ \(port (\d+)\)")
 PROCESSES = {}  # test id -> Processes, for the failure report
 WORK_DIRS = []
 
@@ -131,14 +129,6 @@ def session_tokens(response):
     """The tokens of a response's session after it (as reported in its usage)."""
     usage = response["usage"]
     return usage["input_tokens_details"]["cached_tokens"] + usage["total_tokens"]
-
-
-def http_port_of(proc):
-    """The HTTP port in the log of the fwserve's latest start (--http-listen ...:0)."""
-    match = HTTP_PORT.search(proc.log_text().rsplit("=== ", 1)[-1])
-    if match is None:
-        raise AssertionError("%s: no HTTP API log line:\n%s" % (proc.name, proc.tail()))
-    return int(match.group(1))
 
 
 class HttpDurableTest(unittest.TestCase):

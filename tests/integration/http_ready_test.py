@@ -10,7 +10,6 @@ Usage: http_ready_test.py FWSERVE_BINARY MODEL_DIR
 import http.client
 import json
 import os
-import re
 import shutil
 import sys
 import tempfile
@@ -24,13 +23,11 @@ SESSIONS = 1200
 
 def start(fwserve, model, work, name, store):
     log_path = os.path.join(work, name + ".log")
-    process, _ = start_server(fwserve, model, log_path,
-                              extra=["--http-listen", "127.0.0.1:0", "--session-store",
-                                     "dir:" + store, "--max-sessions", str(SESSIONS * 2)])
-    with open(log_path, "rb") as log:
-        port = int(re.search(rb"HTTP API \(OpenAI-compatible\) on \S+ \(port (\d+)\)",
-                             log.read()).group(1))
-    return process, http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    started = start_server(fwserve, model, log_path,
+                           extra=["--http-listen", "127.0.0.1:0", "--session-store",
+                                  "dir:" + store, "--max-sessions", str(SESSIONS * 2)])
+    return started.process, http.client.HTTPConnection("127.0.0.1", started.http_port,
+                                                       timeout=30)
 
 
 def call(conn, method, path, body=None):

@@ -35,14 +35,12 @@ ARGS = None
 def start_http_server(work, name, extra=()):
     """Starts fwserve with --http-listen on a port of its choosing; returns (process, base)."""
     log_path = os.path.join(work, name + ".log")
-    process, _ = start_server(ARGS.fwserve, ARGS.model, log_path,
-                              extra=["--http-listen", "127.0.0.1:0", *extra])
-    with open(log_path, "rb") as log:
-        match = re.search(rb"HTTP API \(OpenAI-compatible\) on \S+ \(port (\d+)\)", log.read())
-    if match is None:
-        stop_server(process)
+    started = start_server(ARGS.fwserve, ARGS.model, log_path,
+                           extra=["--http-listen", "127.0.0.1:0", *extra])
+    if started.http_port is None:
+        stop_server(started.process)
         raise AssertionError("fwserve did not log its HTTP port")
-    return process, "http://127.0.0.1:%d" % int(match.group(1))
+    return started.process, "http://127.0.0.1:%d" % started.http_port
 
 
 def start_browser(work):

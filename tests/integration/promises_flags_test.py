@@ -96,7 +96,8 @@ sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, os.path.join(HERE, "..", "tools"))
-from fwserve_process import add_server_arguments  # noqa: E402
+from fwserve_process import (add_server_arguments, http_port, listening_port,  # noqa: E402
+                            rpc_error, wait_for)
 from fwserve_stubs import ensure_grpc, load_stubs  # noqa: E402
 from replica_processes import _child_setup, free_port, wait_port  # noqa: E402
 from unittest_run import check, report_and_exit  # noqa: E402
@@ -152,8 +153,6 @@ RPC_TIMEOUT_S = 60.0
 # working correctly never lets it happen, however slow the machine is.
 HANG_S = 60.0
 HOLD_S = 3.0
-LISTENING = re.compile(r"fwserve listening on \S+ \(port (\d+)\)")
-HTTP_PORT = re.compile(r"HTTP API \(OpenAI-compatible\) on \S+ \(port (\d+)\)")
 CAP = 64 << 20  # docs/security.md: the largest request message
 
 
@@ -171,27 +170,6 @@ def auth(key):
 
 def greedy():
     return pb.SamplingParams(temperature=0.0)
-
-
-def rpc_error(call):
-    """The grpc.RpcError that call() raises; AssertionError when it succeeds."""
-    try:
-        result = call()
-    except grpc.RpcError as error:
-        return error
-    raise AssertionError("expected an error, got %r" % (result,))
-
-
-def wait_for(predicate, what, timeout_s=HANG_S):
-    """Polls predicate() until true; AssertionError after timeout_s (a hang)."""
-    deadline = time.time() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.time() > deadline:
-            raise AssertionError("gave up waiting (%.0f s) for %s" % (timeout_s, what))
-        time.sleep(0.05)
 
 
 def non_loopback_ipv4():
@@ -295,9 +273,9 @@ class Server:
         if port == 0:
             deadline = time.time() + HANG_S
             while time.time() < deadline and self.process.poll() is None:
-                match = LISTENING.search(self.text())
-                if match:
-                    self.port = int(match.group(1))
+                port = listening_port(self.text())
+                if port is not None:
+                    self.port = port
                     break
                 time.sleep(0.05)
             else:
@@ -332,9 +310,9 @@ class Server:
         return "127.0.0.1:%d" % self.port
 
     def http_port(self):
-        match = HTTP_PORT.search(self.text())
-        check(match is not None, "no HTTP API log line:\n" + self.text()[-2000:])
-        return int(match.group(1))
+        port = http_port(self.text())
+        check(port is not None, "no HTTP API log line:\n" + self.text()[-2000:])
+        return port
 
     def stop(self):
         """SIGTERM and the drain; returns the exit status ("timeout" if killed)."""

@@ -58,6 +58,7 @@ Run it with Debian's /usr/bin/python3 (python3-grpcio, python3-protobuf); the Re
 tests need redis-server (scripts/install-deps.sh).
 """
 import argparse
+import functools
 import hashlib
 import json
 import os
@@ -75,7 +76,8 @@ sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.join(HERE, "..", "..")
 sys.path.insert(0, os.path.join(HERE, "..", "tools"))
-from fwserve_process import add_server_arguments  # noqa: E402
+import fwserve_process  # noqa: E402
+from fwserve_process import add_server_arguments, http_port_of, rpc_error  # noqa: E402
 from fwserve_stubs import ensure_grpc, load_stubs  # noqa: E402
 from replica_processes import Processes  # noqa: E402
 from unittest_run import check, report_and_exit  # noqa: E402
@@ -117,8 +119,9 @@ RPC_TIMEOUT_S = 60.0
 # Deadlines below only catch hangs; no outcome depends on how fast anything is.
 HANG_S = 30.0
 UNKNOWN_ID = "0123456789abcdef0123456789abcdef"
-HTTP_PORT = re.compile(r"HTTP API \(OpenAI-compatible\) on \S+ \(port (\d+)\)")
 FOUND = re.compile(r"session store \S+: found (\d+) sessions")
+# fwserve_process.wait_for with this file's hang deadline.
+wait_for = functools.partial(fwserve_process.wait_for, timeout_s=HANG_S)
 
 
 def broken(name):
@@ -147,27 +150,6 @@ def generate(stub, key, timeout=RPC_TIMEOUT_S, **fields):
         if message.HasField("usage"):
             last = message
     return tokens, last
-
-
-def rpc_error(call):
-    """The grpc.RpcError that call() raises; AssertionError when it succeeds."""
-    try:
-        result = call()
-    except grpc.RpcError as error:
-        return error
-    raise AssertionError("expected an error, got %r" % (result,))
-
-
-def wait_for(predicate, what, timeout_s=HANG_S):
-    """Polls predicate() until true; AssertionError after timeout_s (a hang)."""
-    deadline = time.time() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.time() > deadline:
-            raise AssertionError("gave up waiting (%.0f s) for %s" % (timeout_s, what))
-        time.sleep(0.05)
 
 
 def series(proc, name, **labels):
@@ -244,12 +226,6 @@ class Http:
 def this_start(proc):
     """The log of the fwserve process's latest start."""
     return proc.log_text().rsplit("=== ", 1)[-1]
-
-
-def http_port_of(proc):
-    match = HTTP_PORT.search(this_start(proc))
-    check(match is not None, "no HTTP API log line:\n" + proc.tail())
-    return int(match.group(1))
 
 
 def wait_indexed(proc):

@@ -62,7 +62,10 @@ grpc = None
 pb = None
 pb_grpc = None
 
+# Deadlines only catch hangs; no outcome depends on how fast anything is (timings are
+# printed for information).
 RPC_TIMEOUT_S = 60.0
+HANG_S = 60.0
 # How long one turn may keep failing (replica killed, its lease still held, haproxy
 # not yet aware) before the test gives up on it.
 TURN_RETRY_S = 30.0
@@ -359,7 +362,7 @@ class ReplicasTest(unittest.TestCase):
     def haproxy(self, replicas):
         proxy = self.procs.haproxy(ARGS.haproxy_config, [r.target for r in replicas])
         want = {"fwserve%d" % (i + 1): "UP" for i in range(len(replicas))}
-        states = proxy.wait_servers(want, timeout_s=20)
+        states = proxy.wait_servers(want, timeout_s=HANG_S)
         self.assertEqual({k: v[0] for k, v in states.items()}, want,
                          "haproxy health checks of running replicas: %s" % states)
         return proxy
@@ -475,10 +478,10 @@ class ReplicasTest(unittest.TestCase):
             time.sleep(0.01)
         # Kill it with turns in flight on it, however fast it serves: freeze it
         # (SIGSTOP), so that what is routed to it stays unanswered, until haproxy has
-        # forwarded at least one turn to it (at most 10 s); then kill -9.
+        # forwarded at least one turn to it (HANG_S only catches a hang); then kill -9.
         victim_done = victim.requests_total(rpc="Generate")
         victim.signal(signal.SIGSTOP)
-        wait_until = time.time() + 10
+        wait_until = time.time() + HANG_S
         while True:
             streaming = proxy.current_streams("fwserve2")
             if streaming >= 1 or time.time() > wait_until:
@@ -488,7 +491,7 @@ class ReplicasTest(unittest.TestCase):
         killed.set()
         killed_at = time.time()
         self.assertGreater(completed[0], 0, "no turn completed before the kill")
-        states = proxy.wait_servers({"fwserve2": "DOWN"}, timeout_s=10)
+        states = proxy.wait_servers({"fwserve2": "DOWN"}, timeout_s=HANG_S)
         down_after = time.time() - killed_at
         self.assertEqual(states["fwserve2"][0], "DOWN",
                          "haproxy's view of the killed replica: %s" % states)
@@ -557,14 +560,17 @@ class ReplicasTest(unittest.TestCase):
         self.assertTrue(first_tokens.wait(30), "replica A streamed nothing")
         self.assertNotIn("code", long_result, "A's Generate ended too soon: %s" % long_result)
 
-        # A second request on the busy session, on the other replica: ABORTED at once.
+        # A second request on the busy session, on the other replica: ABORTED (not
+        # queued behind A's Generate, which runs on for as long as the test needs; the
+        # generous RPC deadline only catches a hang). How long it took is printed for
+        # information only.
         start = time.time()
         with self.assertRaises(grpc.RpcError) as raised:
-            generate(stub_b, session_id=script.session_id, prompt=b"x", max_tokens=1,
-                     sampling=greedy())
+            generate(stub_b, timeout=RPC_TIMEOUT_S, session_id=script.session_id,
+                     prompt=b"x", max_tokens=1, sampling=greedy())
+        aborted_after = time.time() - start
         self.assertEqual(raised.exception.code(), grpc.StatusCode.ABORTED,
                          raised.exception.details())
-        self.assertLess(time.time() - start, 1.0, "ABORTED took too long")
 
         a.signal(signal.SIGSTOP)
         stopped_at = time.time()
@@ -574,11 +580,13 @@ class ReplicasTest(unittest.TestCase):
                 try:
                     tokens, last = generate(stub_b, session_id=script.session_id,
                                             prompt=script.prompts[0], max_tokens=16,
-                                            sampling=greedy(), timeout=10)
+                                            sampling=greedy(), timeout=RPC_TIMEOUT_S)
                     break
                 except grpc.RpcError as error:
+                    # A's lease (1 s) runs out while A is stopped; HANG_S only catches
+                    # a lease that never expires.
                     if (error.code() != grpc.StatusCode.ABORTED
-                            or time.time() > stopped_at + 15):
+                            or time.time() > stopped_at + HANG_S):
                         raise
                     aborted += 1
                     time.sleep(0.1)
@@ -593,10 +601,11 @@ class ReplicasTest(unittest.TestCase):
         continued_at = time.time()
         thread.join(timeout=60)
         self.assertFalse(thread.is_alive(), "A's Generate never ended")
-        print("\nfencing: B got ABORTED %d times, then succeeded %.2f s after A was "
-              "stopped; A's Generate (resumed after %.1f s) ended %.2f s after SIGCONT "
-              "with %s %r after %d tokens streamed"
-              % (aborted, b_done, continued_at - stopped_at,
+        print("\nfencing: B's request on the busy session got ABORTED after %.3f s; B got "
+              "ABORTED %d times, then succeeded %.2f s after A was stopped; A's Generate "
+              "(resumed after %.1f s) ended %.2f s after SIGCONT with %s %r after %d "
+              "tokens streamed"
+              % (aborted_after, aborted, b_done, continued_at - stopped_at,
                  long_result["ended"] - continued_at, long_result["code"],
                  long_result.get("details"), long_result["streamed"]))
         self.assertNotEqual(long_result["code"], "OK",
@@ -711,7 +720,7 @@ class ReplicasTest(unittest.TestCase):
                                       timeout=deadline)
 
         def throwaway():
-            tokens, last = generate(stub, timeout=10, prompt=throwaway_prompt, max_tokens=12,
+            tokens, last = generate(stub, prompt=throwaway_prompt, max_tokens=12,
                                     sampling=greedy())
             self.assertIsNotNone(last)
             self.assertEqual(len(tokens), 12)

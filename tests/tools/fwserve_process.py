@@ -1,17 +1,92 @@
-"""Starting and stopping a real fwserve process for the Python tests.
+"""Starting and stopping a real fwserve process for the Python tests, and the small
+helpers the process tests share.
 
 start_server runs it on a free loopback port (--listen 127.0.0.1:0) with metrics off
 and waits for the "fwserve listening on ... (port N)" log line; stop_server sends
-SIGTERM (graceful drain) and waits.
+SIGTERM (graceful drain) and waits. listening_port/http_port read the ports from a
+server's log text; rpc_error and wait_for are the tests' assertion helpers.
 """
 import re
 import signal
 import subprocess
 import time
 
+# Deadlines in these helpers only catch hangs; no outcome depends on how fast anything is.
+HANG_S = 60.0
+# The log lines with the ports fwserve chose (server/fwserve.cc); the HTTP line, when
+# --http-listen is given, comes before the "listening" line.
+LISTENING = re.compile(r"fwserve listening on \S+ \(port (\d+)\)")
+HTTP_LISTENING = re.compile(r"HTTP API \(OpenAI-compatible\) on \S+ \(port (\d+)\)")
+
+
+def listening_port(text):
+    """The gRPC port in a fwserve log text (str), or None before it is listening."""
+    match = LISTENING.search(text)
+    return int(match.group(1)) if match else None
+
+
+def http_port(text):
+    """The HTTP API port in a fwserve log text (str), or None (no --http-listen)."""
+    match = HTTP_LISTENING.search(text)
+    return int(match.group(1)) if match else None
+
+
+def http_port_of(proc):
+    """The HTTP port in the log of a replica_processes fwserve's latest start (its log
+    is appended to across restarts, each start after a "=== " line); AssertionError
+    when that start logged none."""
+    port = http_port(proc.log_text().rsplit("=== ", 1)[-1])
+    if port is None:
+        raise AssertionError("%s: no HTTP API log line:\n%s" % (proc.name, proc.tail()))
+    return port
+
+
+def rpc_error(call):
+    """The grpc.RpcError that call() raises; AssertionError when it succeeds."""
+    import grpc  # here: the tests import grpc only after fwserve_stubs.ensure_grpc()
+    try:
+        result = call()
+    except grpc.RpcError as error:
+        return error
+    raise AssertionError("expected an error, got %r" % (result,))
+
+
+def wait_for(predicate, what, timeout_s=HANG_S):
+    """Polls predicate() until true and returns its value; AssertionError after
+    timeout_s (a hang)."""
+    deadline = time.time() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.time() > deadline:
+            raise AssertionError("gave up waiting (%.0f s) for %s" % (timeout_s, what))
+        time.sleep(0.05)
+
+
+class Started(tuple):
+    """What start_server returns: the pair (process, "127.0.0.1:PORT"), so that callers
+    unpack it as before, with the ports also by name (http_port: None without
+    --http-listen)."""
+
+    def __new__(cls, process, port, http_port=None):
+        started = super().__new__(cls, (process, "127.0.0.1:%d" % port))
+        started.port = port
+        started.http_port = http_port
+        return started
+
+    @property
+    def process(self):
+        return self[0]
+
+    @property
+    def target(self):
+        return self[1]
+
 
 def start_server(fwserve, model, log_path, extra=()):
-    """Returns (process, "127.0.0.1:PORT"). The server's stderr goes to log_path."""
+    """Returns Started: (process, "127.0.0.1:PORT"), with .http_port when the server
+    logged an HTTP port. The server's stderr goes to log_path."""
     log = open(log_path, "wb")
     process = subprocess.Popen(
         [fwserve, "--listen", "127.0.0.1:0", "--metrics-listen", "", "--model", model,
@@ -20,9 +95,10 @@ def start_server(fwserve, model, log_path, extra=()):
     deadline = time.time() + 60
     while time.time() < deadline:
         with open(log_path, "rb") as f:
-            match = re.search(rb"fwserve listening on \S+ \(port (\d+)\)", f.read())
-        if match:
-            return process, "127.0.0.1:%d" % int(match.group(1))
+            text = f.read().decode(errors="replace")
+        port = listening_port(text)
+        if port is not None:
+            return Started(process, port, http_port(text))
         if process.poll() is not None:
             break
         time.sleep(0.05)
