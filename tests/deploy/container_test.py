@@ -192,7 +192,8 @@ class ContainerTest(unittest.TestCase):
         code = ENGINE.inspect(first, "{{.State.ExitCode}}")
         check(code == "0", "exit code after SIGTERM is %s (137 = killed):\n%s" % (
             code, ENGINE.logs(first)))
-        check(stop_s < 55, "stop took %.0f s (the engine's SIGKILL at 60 s?)" % stop_s)
+        # The exit code tells a drain from the engine's SIGKILL at 60 s; stop_s is reported
+        # with the steps, not judged (a slow machine is not a failure).
 
         # A new container, the same volume: the session is there and continues greedily
         # exactly as its fork did.

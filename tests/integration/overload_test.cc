@@ -4,6 +4,7 @@
 // storm leaving another's requests unrefused. Counts and events decide, never elapsed
 // time (the one timing fact is a lower bound: the client's waits).
 #include <grpcpp/grpcpp.h>
+#include <prometheus/registry.h>
 
 #include <atomic>
 #include <chrono>
@@ -236,6 +237,59 @@ TEST_F(OverloadTest, DeadlineAdmission) {
   for (auto& thread : load) thread.join();
   EXPECT_EQ(refused.code(), absl::StatusCode::kDeadlineExceeded) << refused;
   EXPECT_TRUE(absl::StrContains(refused.message(), "expected wait")) << refused;
+}
+
+// With --max-queue-wait the queue holds only what its measured drain starts within the
+// bound (at least 2): a queue of 64 places is refused at 2, naming the flag, and counted
+// as reason queue_wait.
+TEST_F(OverloadTest, QueueWaitBoundsTheQueue) {
+  CoreOptions options = Options(1, 64);
+  options.max_queue_wait = absl::Milliseconds(1);
+  auto server = Harness::Start(options);
+  ASSERT_NE(server, nullptr);
+  // One slot saturated by streams of about a tenth of a second, 8 at a time: the drain
+  // is measured (about 10 a second), so 1 ms drains less than one stream: capacity 2.
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> load;
+  for (int i = 0; i < 8; ++i) {
+    load.emplace_back([&] {
+      while (!stop.load()) (void)server->client().Generate(GreedyRequest("a", 2000));
+    });
+  }
+  std::string refusal;
+  auto stub = v1::Fwserve::NewStub(
+      grpc::CreateChannel(server->target(), grpc::InsecureChannelCredentials()));
+  for (int attempt = 0; attempt < 300 && refusal.empty(); ++attempt) {  // a hang guard
+    grpc::ClientContext context;
+    auto reader = stub->Generate(&context, GreedyRequest("c", 5));
+    v1::GenerateResponse message;
+    while (reader->Read(&message)) {
+    }
+    const grpc::Status status = reader->Finish();
+    if (status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED &&
+        absl::StrContains(status.error_message(), "--max-queue-wait")) {
+      refusal = status.error_message();
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  }
+  stop.store(true);
+  for (auto& thread : load) thread.join();
+  EXPECT_TRUE(absl::StrContains(
+      refusal, "is full (2 requests, what drains within --max-queue-wait=1ms); retry later"))
+      << refusal;
+  double queue_wait_refusals = 0;
+  for (const auto& family : server->metrics().registry()->Collect()) {
+    if (family.name != "fwserve_requests_refused_total") continue;
+    for (const auto& metric : family.metric) {
+      for (const auto& label : metric.label) {
+        if (label.name == "reason" && label.value == "queue_wait") {
+          queue_wait_refusals = metric.counter.value;
+        }
+      }
+    }
+  }
+  EXPECT_GE(queue_wait_refusals, 1);
 }
 
 // One tenant's storm: past its half of the queue it is refused; the other tenant, well
