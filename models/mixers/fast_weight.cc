@@ -135,8 +135,7 @@ class FastWeight final : public Mixer {
       outputs.push_back(torch::matmul(qc, W.transpose(-1, -2)) + torch::matmul(scores, updates));
       W = W + torch::matmul(updates.transpose(-1, -2), kc);
     }
-    torch::Tensor yh = outputs.size() == 1 ? outputs[0] : torch::cat(outputs, 2);  // [B,H,T,dh]
-    return yh.transpose(1, 2).reshape({B, T, d});
+    return MergeChunkHeads(outputs, B, T, d);
   }
 
   torch::Tensor Step(const torch::Tensor& a, const torch::Tensor proj[3],

@@ -105,8 +105,7 @@ class LinearAttention final : public Mixer {
       S = S + torch::matmul(kc.transpose(-1, -2), vc);
       z = z + kc.sum(2);
     }
-    torch::Tensor yh = outputs.size() == 1 ? outputs[0] : torch::cat(outputs, 2);  // [B,H,T,dh]
-    return yh.transpose(1, 2).reshape({B, T, d});
+    return MergeChunkHeads(outputs, B, T, d);
   }
 
   torch::Tensor Step(const torch::Tensor& a, const torch::Tensor proj[3],

@@ -13,6 +13,12 @@ int64_t Mixer::MacsPerToken() const {
   return 4 * d * d;  // q|r, k, v, o
 }
 
+torch::Tensor MergeChunkHeads(const std::vector<torch::Tensor>& outputs, int64_t batch,
+                              int64_t tokens, int64_t d_model) {
+  torch::Tensor heads = outputs.size() == 1 ? outputs[0] : torch::cat(outputs, 2);
+  return heads.transpose(1, 2).reshape({batch, tokens, d_model});
+}
+
 std::unique_ptr<Mixer> MakeMixer(const ModelConfig& config, const ModelOptions& options) {
   switch (config.architecture) {
     case Architecture::kLinearAttention:

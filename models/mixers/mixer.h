@@ -100,6 +100,11 @@ class Mixer {
   const ModelOptions options_;
 };
 
+// The sequence form's per-head outputs of consecutive chunks ([B, H, n_i, dh], in
+// order) as one [B, T, d] tensor (heads merged). Used by the chunked attention mixers.
+torch::Tensor MergeChunkHeads(const std::vector<torch::Tensor>& outputs, int64_t batch,
+                              int64_t tokens, int64_t d_model);
+
 // The one place that picks a mixer: by config.architecture.
 std::unique_ptr<Mixer> MakeMixer(const ModelConfig& config, const ModelOptions& options = {});
 

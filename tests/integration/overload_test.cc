@@ -58,6 +58,56 @@ class OverloadTest : public ::testing::Test {
     return options;
   }
 
+  // A stub without the client library (no retries): the server's own answers.
+  static std::unique_ptr<v1::Fwserve::Stub> RawStub(Harness& server) {
+    return v1::Fwserve::NewStub(
+        grpc::CreateChannel(server.target(), grpc::InsecureChannelCredentials()));
+  }
+
+  // While alive, keeps the one stream slot of `server` saturated with streams of about
+  // a tenth of a second, 8 at a time, so that the drain rate is measured and 7 wait.
+  class SaturatedSlot {
+   public:
+    explicit SaturatedSlot(Harness& server) {
+      for (int i = 0; i < 8; ++i) {
+        load_.emplace_back([this, &server] {
+          while (!stop_.load()) (void)server.client().Generate(GreedyRequest("a", 2000));
+        });
+      }
+    }
+    ~SaturatedSlot() {
+      stop_.store(true);
+      for (auto& thread : load_) thread.join();
+    }
+
+   private:
+    std::atomic<bool> stop_{false};
+    std::vector<std::thread> load_;
+  };
+
+  // Sends a 5-token Generate (with `deadline` from now, unless zero) every 100 ms until
+  // one ends with `code` and a message containing `text`; returns that message, or ""
+  // after 300 tries (a hang guard).
+  static std::string GenerateUntilRefused(v1::Fwserve::Stub& stub, absl::Duration deadline,
+                                          grpc::StatusCode code, const std::string& text) {
+    for (int attempt = 0; attempt < 300; ++attempt) {
+      grpc::ClientContext context;
+      if (deadline > absl::ZeroDuration()) {
+        context.set_deadline(absl::ToChronoTime(absl::Now() + deadline));
+      }
+      auto reader = stub.Generate(&context, GreedyRequest("c", 5));
+      v1::GenerateResponse message;
+      while (reader->Read(&message)) {
+      }
+      const grpc::Status status = reader->Finish();
+      if (status.error_code() == code && absl::StrContains(status.error_message(), text)) {
+        return status.error_message();
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    return "";
+  }
+
   // Fills a server of one stream slot and one queue place: an endless stream runs and a
   // request on a session waits (its lease shows it arrived). Returns both streams.
   struct Filled {
@@ -97,8 +147,7 @@ TEST_F(OverloadTest, RefusalCarriesPushbackAndRetryInfo) {
   ASSERT_NE(server, nullptr);
   Filled filled = Fill(*server);
 
-  auto channel = grpc::CreateChannel(server->target(), grpc::InsecureChannelCredentials());
-  auto stub = v1::Fwserve::NewStub(channel);
+  auto stub = RawStub(*server);
   grpc::ClientContext context;
   auto reader = stub->Generate(&context, GreedyRequest("c", 5));
   v1::GenerateResponse message;
@@ -134,8 +183,7 @@ TEST_F(OverloadTest, HeldRefusalPushesBackTheRest) {
   auto server = Harness::Start(Options(1, 1), server_options);
   ASSERT_NE(server, nullptr);
   Filled filled = Fill(*server);
-  auto stub = v1::Fwserve::NewStub(
-      grpc::CreateChannel(server->target(), grpc::InsecureChannelCredentials()));
+  auto stub = RawStub(*server);
   grpc::ClientContext context;
   const absl::Time sent = absl::Now();
   auto reader = stub->Generate(&context, GreedyRequest("c", 5));
@@ -204,39 +252,13 @@ TEST_F(OverloadTest, ClientRetriesAfterTheHint) {
 TEST_F(OverloadTest, DeadlineAdmission) {
   auto server = Harness::Start(Options(1, 64));
   ASSERT_NE(server, nullptr);
-  // Saturate the one slot with streams of about a tenth of a second, 8 at a time, so that
-  // the drain is measured and 7 wait: the expected wait is far beyond 150 ms.
-  std::atomic<bool> stop{false};
-  std::vector<std::thread> load;
-  for (int i = 0; i < 8; ++i) {
-    load.emplace_back([&] {
-      while (!stop.load()) (void)server->client().Generate(GreedyRequest("a", 2000));
-    });
-  }
-  // Until a 150 ms deadline is refused by admission (up to 300 tries: a hang guard).
-  absl::Status refused;
-  auto stub = v1::Fwserve::NewStub(
-      grpc::CreateChannel(server->target(), grpc::InsecureChannelCredentials()));
-  for (int attempt = 0; attempt < 300; ++attempt) {
-    grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(150));
-    auto reader = stub->Generate(&context, GreedyRequest("c", 5));
-    v1::GenerateResponse message;
-    while (reader->Read(&message)) {
-    }
-    const grpc::Status status = reader->Finish();
-    if (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED &&
-        absl::StrContains(status.error_message(),
-                          "cannot start this request before its deadline")) {
-      refused = absl::DeadlineExceededError(status.error_message());
-      break;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-  stop.store(true);
-  for (auto& thread : load) thread.join();
-  EXPECT_EQ(refused.code(), absl::StatusCode::kDeadlineExceeded) << refused;
-  EXPECT_TRUE(absl::StrContains(refused.message(), "expected wait")) << refused;
+  // The expected wait of 7 streams of a tenth of a second is far beyond 150 ms.
+  SaturatedSlot load(*server);
+  auto stub = RawStub(*server);
+  const std::string refusal = GenerateUntilRefused(*stub, absl::Milliseconds(150),
+                                                   grpc::StatusCode::DEADLINE_EXCEEDED,
+                                                   "cannot start this request before its deadline");
+  EXPECT_TRUE(absl::StrContains(refusal, "expected wait")) << refusal;
 }
 
 // With --max-queue-wait the queue holds only what its measured drain starts within the
@@ -247,34 +269,11 @@ TEST_F(OverloadTest, QueueWaitBoundsTheQueue) {
   options.max_queue_wait = absl::Milliseconds(1);
   auto server = Harness::Start(options);
   ASSERT_NE(server, nullptr);
-  // One slot saturated by streams of about a tenth of a second, 8 at a time: the drain
-  // is measured (about 10 a second), so 1 ms drains less than one stream: capacity 2.
-  std::atomic<bool> stop{false};
-  std::vector<std::thread> load;
-  for (int i = 0; i < 8; ++i) {
-    load.emplace_back([&] {
-      while (!stop.load()) (void)server->client().Generate(GreedyRequest("a", 2000));
-    });
-  }
-  std::string refusal;
-  auto stub = v1::Fwserve::NewStub(
-      grpc::CreateChannel(server->target(), grpc::InsecureChannelCredentials()));
-  for (int attempt = 0; attempt < 300 && refusal.empty(); ++attempt) {  // a hang guard
-    grpc::ClientContext context;
-    auto reader = stub->Generate(&context, GreedyRequest("c", 5));
-    v1::GenerateResponse message;
-    while (reader->Read(&message)) {
-    }
-    const grpc::Status status = reader->Finish();
-    if (status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED &&
-        absl::StrContains(status.error_message(), "--max-queue-wait")) {
-      refusal = status.error_message();
-    } else {
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    }
-  }
-  stop.store(true);
-  for (auto& thread : load) thread.join();
+  // About 10 streams end a second: 1 ms drains less than one, so the capacity is 2.
+  SaturatedSlot load(*server);
+  auto stub = RawStub(*server);
+  const std::string refusal = GenerateUntilRefused(
+      *stub, absl::ZeroDuration(), grpc::StatusCode::RESOURCE_EXHAUSTED, "--max-queue-wait");
   EXPECT_TRUE(absl::StrContains(
       refusal, "is full (2 requests, what drains within --max-queue-wait=1ms); retry later"))
       << refusal;
