@@ -41,6 +41,23 @@ struct AdmissionOptions {
   int64_t max_active_streams = 256;
 };
 
+// The flag behind a queue capacity (at most options.max_queued), for refusals:
+// --max-queued-requests, or --max-queue-wait when the capacity is below it.
+inline std::string QueueCapacityText(const AdmissionOptions& options, int64_t capacity) {
+  if (capacity < options.max_queued) {
+    return absl::StrCat(capacity, " requests, what drains within --max-queue-wait=",
+                        absl::FormatDuration(options.max_queue_wait));
+  }
+  return absl::StrCat("--max-queued-requests=", options.max_queued);
+}
+
+// RESOURCE_EXHAUSTED for a queue holding `capacity` items, naming the flag behind it.
+inline absl::Status QueueFullError(const AdmissionOptions& options, int64_t capacity) {
+  return absl::ResourceExhaustedError(
+      absl::StrCat("the queue of model '", options.model, "' is full (",
+                   QueueCapacityText(options, capacity), "); retry later"));
+}
+
 template <typename Item>
 class AdmissionQueue {
  public:
@@ -56,21 +73,17 @@ class AdmissionQueue {
   // `capacity`: the items the queue may hold now, at most max_queued (0 = max_queued).
   absl::Status Push(std::unique_ptr<Item>& item, int64_t capacity = 0) {
     capacity = capacity > 0 ? std::min(capacity, options_.max_queued) : options_.max_queued;
-    if (static_cast<int64_t>(queue_.size()) >= capacity) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("the queue of model '", options_.model, "' is full (", CapacityText(capacity),
-                       "); retry later"));
-    }
+    if (static_cast<int64_t>(queue_.size()) >= capacity) return QueueFullError(options_, capacity);
     if (!item->tenant.empty()) {
       // One tenant may hold at most half the queue: the rest stays open to the others.
       const int64_t share = std::max<int64_t>(1, capacity / 2);
       int64_t queued = 0;
       for (const auto& waiting : queue_) queued += waiting->tenant == item->tenant ? 1 : 0;
       if (queued >= share) {
-        return absl::ResourceExhaustedError(absl::StrCat(
-            "tenant '", item->tenant, "' has ", queued, " requests queued for model '",
-            options_.model, "', its share of the queue (half of ", CapacityText(capacity),
-            "); retry later"));
+        return absl::ResourceExhaustedError(
+            absl::StrCat("tenant '", item->tenant, "' has ", queued, " requests queued for model '",
+                         options_.model, "', its share of the queue (half of ",
+                         QueueCapacityText(options_, capacity), "); retry later"));
       }
     }
     queue_.push_back(std::move(item));
@@ -138,15 +151,6 @@ class AdmissionQueue {
   int64_t size() const { return static_cast<int64_t>(queue_.size()); }
 
  private:
-  // The flag behind a capacity, for refusals.
-  std::string CapacityText(int64_t capacity) const {
-    if (capacity < options_.max_queued) {
-      return absl::StrCat(capacity, " requests, what drains within --max-queue-wait=",
-                          absl::FormatDuration(options_.max_queue_wait));
-    }
-    return absl::StrCat("--max-queued-requests=", options_.max_queued);
-  }
-
   const AdmissionOptions options_;
   const IsStream is_stream_;
   std::deque<std::unique_ptr<Item>> queue_;

@@ -90,9 +90,9 @@ Engine::Engine(std::string name, fwmodel::LoadedModel loaded, const EngineOption
       metrics_(context.metrics),
       state_bytes_(model_.state_bytes_per_session()),
       vocab_(model_.config().vocab_size),
-      queue_(AdmissionOptions{name_, options.max_queued_requests, options.max_queue_wait,
-                              options.max_active_streams},
-             [](const WorkItem& item) { return IsStreamKind(item.kind); }),
+      admission_{name_, options.max_queued_requests, options.max_queue_wait,
+                 options.max_active_streams},
+      queue_(admission_, [](const WorkItem& item) { return IsStreamKind(item.kind); }),
       pool_(model_, options.max_state_memory_bytes / std::max<int64_t>(1, state_bytes_),
             context.budget),
       stepper_(model_, options.decode_kernel, name_) {}
@@ -221,22 +221,15 @@ int64_t Engine::QueueCapacity() const {
   const double rate = published_drain_rate_.load(std::memory_order_relaxed);
   if (options_.max_queue_wait <= absl::ZeroDuration() || rate <= 0) return limit;
   const double drains = std::ceil(rate * absl::ToDoubleSeconds(options_.max_queue_wait));
-  return std::clamp<int64_t>(static_cast<int64_t>(std::min<double>(drains, limit)), 2, limit);
+  // At least 2, but never above the flag (which may be 1).
+  return std::min(limit,
+                  std::max<int64_t>(2, static_cast<int64_t>(std::min<double>(drains, limit))));
 }
 
 absl::Status Engine::CheckAdmission(absl::Time deadline) const {
   const int64_t queued = published_queued_.load(std::memory_order_relaxed);
   const int64_t capacity = QueueCapacity();
-  if (queued >= capacity) {
-    const std::string why =
-        capacity < options_.max_queued_requests
-            ? absl::StrCat(capacity, " requests, what drains within --max-queue-wait=",
-                           absl::FormatDuration(options_.max_queue_wait))
-            : absl::StrCat("--max-queued-requests=", options_.max_queued_requests);
-    return WithRetryDelay(absl::ResourceExhaustedError(absl::StrCat(
-                              "the queue of model '", name_, "' is full (", why, "); retry later")),
-                          RetryDelay());
-  }
+  if (queued >= capacity) return WithRetryDelay(QueueFullError(admission_, capacity), RetryDelay());
   return DeadlineRefusal(deadline);
 }
 

@@ -294,6 +294,7 @@ class Engine {
   ModelMetrics* const metrics_;  // never null
   const int64_t state_bytes_;
   const int64_t vocab_;
+  const AdmissionOptions admission_;  // queue_'s; read without the lock by CheckAdmission
 
   std::atomic<uint64_t> next_stream_id_{1};
   std::thread thread_;
