@@ -96,8 +96,8 @@ sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, os.path.join(HERE, "..", "tools"))
-from fwserve_process import (add_server_arguments, http_port, listening_port,  # noqa: E402
-                            rpc_error, wait_for)
+from fwserve_process import (GenerateReader, add_server_arguments, http_port,  # noqa: E402
+                            kill_process_group, listening_port, rpc_error, wait_for)
 from fwserve_stubs import ensure_grpc, load_stubs  # noqa: E402
 from replica_processes import _child_setup, free_port, wait_port  # noqa: E402
 from unittest_run import check, report_and_exit  # noqa: E402
@@ -327,12 +327,7 @@ class Server:
         return self.process.returncode
 
     def kill(self):
-        if self.process.poll() is None:
-            try:
-                os.killpg(self.process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        self.process.wait()
+        kill_process_group(self.process)
         self.pump.join(10)
         self.close()
 
@@ -344,30 +339,6 @@ class Server:
             self.process.stderr.close()
 
 
-class Stream:
-    """A Generate read on a thread until it ends or is cancelled."""
-
-    def __init__(self, stub, key=None, **fields):
-        self.call = stub.Generate(pb.GenerateRequest(**fields), metadata=auth(key),
-                                  timeout=600)
-        self.tokens = []
-        self.error = None
-        self.first = threading.Event()
-        self.done = threading.Event()
-        self.thread = threading.Thread(target=self._read, daemon=True)
-        self.thread.start()
-
-    def _read(self):
-        try:
-            for message in self.call:
-                self.tokens.extend(message.token_ids)
-                self.first.set()
-        except grpc.RpcError as error:
-            self.error = error
-        finally:
-            self.done.set()
-
-
 class ProcessGroup:
     """A bash process group, ended with the test (like a call: .cancel())."""
 
@@ -375,12 +346,7 @@ class ProcessGroup:
         self.process = process
 
     def cancel(self):
-        if self.process.poll() is None:
-            try:
-                os.killpg(self.process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            self.process.wait()
+        kill_process_group(self.process)
 
 
 class PromisesFlagsTest(unittest.TestCase):
@@ -460,7 +426,8 @@ class PromisesFlagsTest(unittest.TestCase):
         return pb_grpc.FwserveStub(self.channel(target, credentials, options))
 
     def stream(self, stub, key=None, **fields):
-        stream = Stream(stub, key, **fields)
+        stream = GenerateReader(stub.Generate(pb.GenerateRequest(**fields), metadata=auth(key),
+                                              timeout=600))
         self.calls.append(stream.call)
         return stream
 

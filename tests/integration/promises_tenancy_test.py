@@ -66,7 +66,6 @@ import re
 import resource
 import sys
 import tempfile
-import threading
 import time
 import unittest
 import urllib.error
@@ -162,38 +161,17 @@ def series(proc, name, **labels):
     return total
 
 
-class Stream:
-    """A Generate read on a thread until it ends or is cancelled."""
+class Stream(fwserve_process.GenerateReader):
+    """A Generate with a tenant's key, read on a thread; cancel() asserts it ends."""
 
     def __init__(self, stub, key, **fields):
-        self.call = stub.Generate(pb.GenerateRequest(**fields), metadata=auth(key))
-        self.tokens = 0
-        self.error = None
-        self.first = threading.Event()
-        self.done = threading.Event()
-        self.thread = threading.Thread(target=self._read, daemon=True)
-        self.thread.start()
-
-    def _read(self):
-        try:
-            for message in self.call:
-                self.tokens += len(message.token_ids)
-                self.first.set()
-        except grpc.RpcError as error:
-            self.error = error
-        finally:
-            self.done.set()
+        super().__init__(stub.Generate(pb.GenerateRequest(**fields), metadata=auth(key)))
 
     def started(self):
-        """Waits until the first tokens arrive or the stream ends; True on tokens."""
-        deadline = time.time() + HANG_S
-        while not self.first.is_set() and not self.done.is_set() and time.time() < deadline:
-            time.sleep(0.01)
-        return self.first.is_set() and self.error is None
+        return super().started(HANG_S)
 
     def cancel(self):
-        self.call.cancel()
-        check(self.done.wait(HANG_S), "a cancelled stream did not end")
+        check(super().cancel(HANG_S), "a cancelled stream did not end")
 
 
 class Http:

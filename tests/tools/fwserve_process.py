@@ -4,11 +4,14 @@ helpers the process tests share.
 start_server runs it on a free loopback port (--listen 127.0.0.1:0) with metrics off
 and waits for the "fwserve listening on ... (port N)" log line; stop_server sends
 SIGTERM (graceful drain) and waits. listening_port/http_port read the ports from a
-server's log text; rpc_error and wait_for are the tests' assertion helpers.
+server's log text; rpc_error and wait_for are the tests' assertion helpers;
+GenerateReader reads a Generate stream on a thread.
 """
+import os
 import re
 import signal
 import subprocess
+import threading
 import time
 
 # Deadlines in these helpers only catch hangs; no outcome depends on how fast anything is.
@@ -49,6 +52,55 @@ def rpc_error(call):
     except grpc.RpcError as error:
         return error
     raise AssertionError("expected an error, got %r" % (result,))
+
+
+def kill_process_group(process):
+    """SIGKILL to the process group led by `process` (started with start_new_session),
+    then reaps it. A process that has already exited is only reaped."""
+    if process.poll() is None:
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    process.wait()
+
+
+class GenerateReader:
+    """A Generate call (its stream of GenerateResponse) read on a thread until it ends
+    or is cancelled: `tokens` (the ids so far), the events `first` (tokens arrived) and
+    `done`, and `error` (the grpc.RpcError it ended with, or None)."""
+
+    def __init__(self, call):
+        self.call = call
+        self.tokens = []
+        self.error = None
+        self.first = threading.Event()
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self):
+        import grpc  # here: the tests import grpc only after fwserve_stubs.ensure_grpc()
+        try:
+            for message in self.call:
+                self.tokens.extend(message.token_ids)
+                self.first.set()
+        except grpc.RpcError as error:
+            self.error = error
+        finally:
+            self.done.set()
+
+    def started(self, timeout_s=HANG_S):
+        """Waits until the first tokens arrive or the stream ends; True on tokens."""
+        deadline = time.time() + timeout_s
+        while not self.first.is_set() and not self.done.is_set() and time.time() < deadline:
+            time.sleep(0.01)
+        return self.first.is_set() and self.error is None
+
+    def cancel(self, timeout_s=HANG_S):
+        """Cancels the call; True when the reader has ended within timeout_s."""
+        self.call.cancel()
+        return self.done.wait(timeout_s)
 
 
 def wait_for(predicate, what, timeout_s=HANG_S):

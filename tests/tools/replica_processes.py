@@ -25,6 +25,8 @@ import subprocess
 import time
 import urllib.request
 
+from fwserve_process import kill_process_group
+
 _LIVE = set()  # every Proc not known to have exited, for the atexit cleanup
 _PR_SET_PDEATHSIG = 1
 try:
@@ -94,12 +96,7 @@ class Proc:
         """SIGKILL to the process group, then reaps."""
         if self.process is None:
             return
-        if self.process.poll() is None:
-            try:
-                os.killpg(self.process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        self.process.wait()
+        kill_process_group(self.process)
         _LIVE.discard(self)
 
     def terminate(self, timeout_s=30):
