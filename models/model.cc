@@ -49,6 +49,9 @@ struct Model::LayerWeights {
   torch::Tensor up_w, up_b, down_w, down_b;
   bool pkm = false;  // product-key memory instead of up/down
   torch::Tensor query_w, bn_w, bn_b, bn_mean, bn_var, keys, values;
+  // PkmCandidatePairs(pkm_topk) as int64 [pairs, 2] on the model's device, made once:
+  // a per-call host-to-device copy would break CUDA Graph capture (models/graphed_step.h).
+  torch::Tensor pkm_pairs;
 };
 
 // ---------------------------------------------------------------------------
@@ -239,6 +242,10 @@ absl::Status Model::BindWeights() {
       w->bn_var = get("ffn.query_norm.running_var");
       w->keys = get("ffn.keys");
       w->values = get("ffn.values.weight");
+      const std::vector<int64_t>& pairs = PkmCandidatePairs(c.pkm_topk);
+      w->pkm_pairs = torch::tensor(pairs, torch::kInt64)
+                         .view({static_cast<int64_t>(pairs.size() / 2), 2})
+                         .to(options_.device);
     } else {
       w->up_w = get("ffn.up.weight");
       w->up_b = get("ffn.up.bias");
@@ -483,15 +490,15 @@ void BestCandidateRows(const T* a, const T* b, const int64_t* pairs, int64_t num
 // m' <= m, n' <= n: each scores at least as much (float addition is monotone) and
 // has a lower candidate index. So it is never among the top k when (m+1)(n+1) > k,
 // ties included, and only the ~k·ln k others are scored. Returns (m, n) of the k
-// best, best first, each [..., k].
+// best, best first, each [..., k]. `pair_tensor`: PkmCandidatePairs(k) as [pairs, 2] on
+// a's device.
 std::pair<torch::Tensor, torch::Tensor> BestCandidates(const torch::Tensor& a,
-                                                       const torch::Tensor& b, int64_t k) {
+                                                       const torch::Tensor& b, int64_t k,
+                                                       const torch::Tensor& pair_tensor) {
   torch::NoGradGuard no_grad;
   const std::vector<int64_t>& pairs = PkmCandidatePairs(k);
   const int64_t num_pairs = static_cast<int64_t>(pairs.size() / 2);
-  torch::Tensor pair_tensor = torch::tensor(pairs, torch::kInt64).view({num_pairs, 2});
   if (!a.device().is_cpu()) {
-    pair_tensor = pair_tensor.to(a.device());
     torch::Tensor m_of = pair_tensor.select(1, 0), n_of = pair_tensor.select(1, 1);
     torch::Tensor candidates =
         a.detach().index_select(-1, m_of) + b.detach().index_select(-1, n_of);
@@ -541,7 +548,7 @@ torch::Tensor Model::PkmFfn(const LayerWeights& w, const torch::Tensor& x, bool 
   torch::Tensor a = sub_score.select(1, 0), b = sub_score.select(1, 1);  // [Hm, N, k]
   torch::Tensor i = sub_index.select(1, 0), j = sub_index.select(1, 1);
   // Candidate m*k + n: score a_m + b_n, slot i_m * n_k + j_n; the k best.
-  auto [best_m, best_n] = BestCandidates(a, b, k);  // [Hm, N, k] each
+  auto [best_m, best_n] = BestCandidates(a, b, k, w.pkm_pairs);  // [Hm, N, k] each
   torch::Tensor weights = torch::softmax(a.gather(-1, best_m) + b.gather(-1, best_n), -1);
   torch::Tensor slots = i.gather(-1, best_m) * nk + j.gather(-1, best_n);
   // One bag per token over all heads' k slots: Σ_h Σ_m w_hm · values[slot_hm].

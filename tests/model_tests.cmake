@@ -16,6 +16,8 @@ add_executable(fwserve_model_tests
   unit/trainer_test.cc
   unit/pretrained_test.cc
   unit/native_step_test.cc
+  unit/graphed_step_test.cc
+  unit/batch_sampler_test.cc
 )
 # The CUDA equivalence cases only where this LibTorch has CUDA: on a CPU LibTorch they
 # could only skip, and under CI a skipped test fails the run (scripts/test.sh).

@@ -1,0 +1,145 @@
+// The batched sampler (models/batch_sampler.h), run on the CPU, draws what the host
+// sampler (models/sampler.h) draws. The same seeds give the same tokens, row by row,
+// over every filter and their combinations, and the same log-probabilities. Each
+// stream's generator is consumed identically, so the streams agree over many rounds.
+#include "models/batch_sampler.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+
+namespace {
+
+using fwserve::RowDraw;
+using fwserve::SampledToken;
+using fwserve::SamplingParams;
+
+constexpr int64_t kVocab = 256;
+
+struct Stream {
+  SamplingParams params;
+  std::vector<int64_t> recent;
+  std::mt19937_64 host_rng, batch_rng;
+};
+
+// 48 streams with parameters from every filter's range, combined.
+std::vector<Stream> MakeStreams() {
+  std::mt19937_64 pick(5);
+  const float temperatures[] = {0.0f, 0.7f, 1.0f, 1.6f};
+  const int32_t top_ks[] = {0, 1, 5, 40, 300};
+  const float top_ps[] = {1.0f, 0.9f, 0.5f, 0.05f};
+  const float min_ps[] = {0.0f, 0.05f, 0.3f};
+  const float penalties[] = {1.0f, 1.3f, 0.8f};
+  std::vector<Stream> streams(48);
+  for (size_t i = 0; i < streams.size(); ++i) {
+    Stream& s = streams[i];
+    s.params.temperature = temperatures[pick() % 4];
+    s.params.top_k = top_ks[pick() % 5];
+    s.params.top_p = top_ps[pick() % 4];
+    s.params.min_p = min_ps[pick() % 3];
+    s.params.repetition_penalty = penalties[pick() % 3];
+    s.params.seed = 1000 + i;
+    s.host_rng.seed(s.params.seed);
+    s.batch_rng.seed(s.params.seed);
+    // Repeats and ids outside the vocabulary, which the penalty skips.
+    for (int j = 0; j < static_cast<int>(pick() % 12); ++j) {
+      s.recent.push_back(j % 5 == 4 ? (j % 2 ? -1 : kVocab + 3)
+                                    : static_cast<int64_t>(pick() % 20));
+    }
+  }
+  return streams;
+}
+
+TEST(BatchSamplerTest, DrawsWhatTheHostSamplerDrawsForTheSameSeeds) {
+  std::vector<Stream> streams = MakeStreams();
+  std::mt19937 logits_rng(3);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  int64_t draws = 0, non_greedy = 0, distinct_tokens = 0;
+  std::vector<bool> seen(kVocab, false);
+  for (int round = 0; round < 40; ++round) {
+    const int64_t rows = static_cast<int64_t>(streams.size());
+    torch::Tensor logits = torch::empty({rows, kVocab}, torch::kFloat32);
+    float* data = logits.data_ptr<float>();
+    for (int64_t i = 0; i < rows * kVocab; ++i) data[i] = normal(logits_rng);
+    // Some non-finite logits (treated as -inf), and exact ties for the top-k boundary.
+    data[3] = std::numeric_limits<float>::quiet_NaN();
+    data[kVocab + 7] = std::numeric_limits<float>::infinity();
+    data[2 * kVocab + 9] = -std::numeric_limits<float>::infinity();
+    data[3 * kVocab + 1] = data[3 * kVocab + 2] = data[3 * kVocab + 5] = 8.0f;
+    std::vector<RowDraw> batch(streams.size());
+    for (size_t r = 0; r < streams.size(); ++r) {
+      batch[r].params = &streams[r].params;
+      batch[r].recent = &streams[r].recent;
+      if (streams[r].params.temperature != 0) {
+        batch[r].uniform = fwserve::CanonicalDraw(streams[r].batch_rng);
+      }
+    }
+    auto sampled = fwserve::SampleRows(logits, batch);
+    ASSERT_TRUE(sampled.ok()) << sampled.status();
+    ASSERT_EQ(sampled->size(), streams.size());
+    for (size_t r = 0; r < streams.size(); ++r) {
+      Stream& s = streams[r];
+      const float* row = data + r * kVocab;
+      const int64_t expected = fwserve::SampleToken(row, kVocab, s.params, s.host_rng, s.recent);
+      const SampledToken& got = (*sampled)[r];
+      ASSERT_EQ(got.token, expected) << "round " << round << ", row " << r;
+      EXPECT_NEAR(got.logprob, fwserve::TokenLogProb(row, kVocab, expected), 1e-5)
+          << "round " << round << ", row " << r;
+      ++draws;
+      non_greedy += s.params.temperature != 0;
+      if (!seen[static_cast<size_t>(got.token)]) ++distinct_tokens;
+      seen[static_cast<size_t>(got.token)] = true;
+      s.recent.push_back(got.token);
+    }
+  }
+  EXPECT_EQ(draws, 40 * 48);
+  EXPECT_GT(non_greedy, 1000);
+  EXPECT_GT(distinct_tokens, 50);  // it samples, not only argmaxes
+  // Each stream's generator is where the host sampler's is.
+  for (Stream& s : streams) EXPECT_EQ(s.host_rng(), s.batch_rng());
+}
+
+TEST(BatchSamplerTest, EdgeRowsFollowTheHostRules) {
+  SamplingParams sample;  // temperature 1
+  SamplingParams greedy;
+  greedy.temperature = 0;
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  torch::Tensor logits = torch::full({3, 4}, -inf);
+  logits[0][2] = nan;                                   // every logit non-finite: id 0
+  logits[1] = torch::tensor({1.0f, 5.0f, 5.0f, 2.0f});  // greedy tie: the lowest id
+  logits[2] = torch::tensor({-inf, 3.0f, -inf, -inf});  // one finite logit: always it
+  std::vector<RowDraw> draws = {
+      {&sample, 0.5, nullptr}, {&greedy, 0, nullptr}, {&sample, 0.999, nullptr}};
+  auto sampled = fwserve::SampleRows(logits, draws);
+  ASSERT_TRUE(sampled.ok()) << sampled.status();
+  EXPECT_EQ((*sampled)[0].token, 0);
+  EXPECT_TRUE(std::isinf((*sampled)[0].logprob));
+  EXPECT_EQ((*sampled)[1].token, 1);
+  EXPECT_NEAR((*sampled)[1].logprob, std::log(1.0 / (std::exp(-4.0) + 2 + std::exp(-3.0))), 1e-6);
+  EXPECT_EQ((*sampled)[2].token, 1);
+  EXPECT_NEAR((*sampled)[2].logprob, 0.0, 1e-7);
+}
+
+TEST(BatchSamplerTest, BadArgumentsAreRefused) {
+  SamplingParams params;
+  std::vector<RowDraw> two = {{&params, 0.1, nullptr}, {&params, 0.2, nullptr}};
+  EXPECT_EQ(fwserve::SampleRows(torch::zeros({3, 8}), two).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(fwserve::SampleRows(torch::zeros({8}), two).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  std::vector<RowDraw> missing = {{nullptr, 0.1, nullptr}};
+  auto refused = fwserve::SampleRows(torch::zeros({1, 8}), missing);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("draw 0 has no sampling params"), std::string::npos);
+  auto empty = fwserve::SampleRows(torch::zeros({0, 8}), {});
+  ASSERT_TRUE(empty.ok());
+  EXPECT_TRUE(empty->empty());
+}
+
+}  // namespace

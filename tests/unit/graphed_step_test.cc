@@ -1,0 +1,173 @@
+// The bucketed decode step (models/graphed_step.h) on the CPU, where it runs eagerly on
+// its fixed buffers: what a CUDA Graph replays. It equals Model::Step row by row on
+// every configuration of the form-equivalence tests (padding, several passes when a
+// batch exceeds the largest bucket), writes no pool row but the stepped ones, and
+// refuses bad input without changing anything. Capture itself needs a CUDA run
+// (scripts/gpu/check.sh); here `captured()` must say false.
+#include "models/graphed_step.h"
+
+#include <gtest/gtest.h>
+
+#include <random>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "tests/unit/test_models.h"
+
+namespace {
+
+using fwmodel::Architecture;
+using fwmodel::FfnKind;
+
+std::string CaseName(const testing::TestParamInfo<fwtest::ConfigCase>& info) {
+  return info.param.Name();
+}
+
+// float64: the same operations as Model::Step on other batch shapes.
+constexpr double kTolerance = 1e-10;
+
+void ExpectNear(const torch::Tensor& a, const torch::Tensor& b, const std::string& what) {
+  ASSERT_EQ(a.sizes(), b.sizes()) << what;
+  const double magnitude = 1.0 + b.abs().max().item<double>();
+  EXPECT_LE(fwtest::MaxAbsDiff(a, b), kTolerance * magnitude) << what;
+}
+
+class GraphedStepTest : public testing::TestWithParam<fwtest::ConfigCase> {};
+
+// Six sessions in a pool of nine rows, buckets {1, 2, 4}: each step a different subset,
+// in a different order, of 1 to 6 sessions (3 pads to 4; 5 and 6 run as 4 + 1 and
+// 4 + 2). Each session is mirrored by a batch-1 state stepped with Model::Step.
+TEST_P(GraphedStepTest, EqualsTheLibTorchStepRowByRow) {
+  torch::NoGradGuard no_grad;
+  const fwmodel::ModelConfig config = GetParam().Config();
+  fwmodel::Model model = fwtest::RandomModel(config, 7, torch::kFloat64);
+  fwmodel::GraphedStepOptions options;
+  options.buckets = {1, 2, 4};
+  auto step = fwmodel::GraphedStep::Create(model, options);
+  ASSERT_TRUE(step.ok()) << step.status();
+  EXPECT_FALSE((*step)->captured());
+  const int64_t capacity = 9, vocab = config.vocab_size;
+  fwmodel::State pool = model.InitialState(capacity);
+  const fwmodel::State fresh = model.InitialState(1);
+  const std::vector<int64_t> session_rows = {6, 0, 3, 8, 1, 2};  // 4, 5 and 7 stay unused
+  std::vector<fwmodel::State> reference;
+  for (size_t s = 0; s < session_rows.size(); ++s) reference.push_back(model.InitialState(1));
+  std::mt19937_64 rng(11);
+  int64_t expected_padding = 0;
+  for (int step_index = 0; step_index < 12; ++step_index) {
+    // Sizes 1..6, each twice.
+    const size_t count = static_cast<size_t>(step_index % 6) + 1;
+    std::vector<int64_t> sessions = {0, 1, 2, 3, 4, 5};
+    std::shuffle(sessions.begin(), sessions.end(), rng);
+    sessions.resize(count);
+    std::vector<int64_t> tokens, rows;
+    for (int64_t s : sessions) {
+      tokens.push_back(static_cast<int64_t>(rng() % static_cast<uint64_t>(vocab)));
+      rows.push_back(session_rows[static_cast<size_t>(s)]);
+    }
+    if (count == 3) ++expected_padding;  // 5 and 6 run as 4 + 1 and 4 + 2: no padding
+    auto logits = (*step)->Step(tokens, rows, &pool);
+    ASSERT_TRUE(logits.ok()) << logits.status();
+    ASSERT_EQ(logits->sizes(), (std::vector<int64_t>{static_cast<int64_t>(count), vocab}));
+    for (size_t i = 0; i < sessions.size(); ++i) {
+      const size_t s = static_cast<size_t>(sessions[i]);
+      auto expected = model.Step(torch::tensor({tokens[i]}, torch::kInt64), &reference[s]);
+      ASSERT_TRUE(expected.ok()) << expected.status();
+      ExpectNear(logits->narrow(0, static_cast<int64_t>(i), 1), *expected,
+                 absl::StrCat("logits, step ", step_index, ", session ", s));
+    }
+  }
+  EXPECT_EQ((*step)->padded_rows(), expected_padding);
+  for (size_t s = 0; s < session_rows.size(); ++s) {
+    for (size_t t = 0; t < pool.tensors.size(); ++t) {
+      ExpectNear(pool.tensors[t].narrow(0, session_rows[s], 1), reference[s].tensors[t],
+                 absl::StrCat("state ", model.state_spec()[t].name, ", session ", s));
+    }
+  }
+  for (int64_t unused : {4, 5, 7}) {
+    for (size_t t = 0; t < pool.tensors.size(); ++t) {
+      EXPECT_TRUE(torch::equal(pool.tensors[t].narrow(0, unused, 1), fresh.tensors[t]))
+          << "row " << unused << " was written";
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllConfigurations, GraphedStepTest,
+                         testing::ValuesIn(fwtest::AllConfigCases()), CaseName);
+
+TEST(GraphedStepBucketsTest, AStepPadsToTheSmallestBucketThatFits) {
+  fwmodel::Model model = fwtest::RandomModel(
+      fwtest::TinyConfig(Architecture::kAft, FfnKind::kSquaredRelu, 0), 1, torch::kFloat32);
+  auto step = fwmodel::GraphedStep::Create(model);  // default buckets 1, 2, 4, ..., 256
+  ASSERT_TRUE(step.ok()) << step.status();
+  EXPECT_EQ((*step)->BucketFor(1), 1);
+  EXPECT_EQ((*step)->BucketFor(3), 4);
+  EXPECT_EQ((*step)->BucketFor(64), 64);
+  EXPECT_EQ((*step)->BucketFor(65), 128);
+  EXPECT_EQ((*step)->BucketFor(256), 256);
+  EXPECT_EQ((*step)->BucketFor(1000), 256);
+  fwmodel::State pool = model.InitialState(300);
+  std::vector<int64_t> tokens(300, 5), rows(300);
+  for (int64_t r = 0; r < 300; ++r) rows[static_cast<size_t>(r)] = 299 - r;
+  // 300 = 256 + 44, the second pass padded to 64.
+  auto logits = (*step)->Step(tokens, rows, &pool);
+  ASSERT_TRUE(logits.ok()) << logits.status();
+  EXPECT_EQ(logits->size(0), 300);
+  EXPECT_EQ((*step)->padded_rows(), 20);
+  // Every session got the same token from the same state: equal logits and states.
+  EXPECT_TRUE(torch::allclose(logits->narrow(0, 0, 1).expand({300, -1}), *logits));
+  for (const torch::Tensor& t : pool.tensors) {
+    EXPECT_TRUE(torch::allclose(t.narrow(0, 0, 1).expand_as(t), t));
+  }
+}
+
+TEST(GraphedStepBucketsTest, BadBucketsAreRefused) {
+  fwmodel::Model model = fwtest::RandomModel(
+      fwtest::TinyConfig(Architecture::kAft, FfnKind::kSquaredRelu, 0), 1, torch::kFloat32);
+  for (const std::vector<int64_t>& buckets :
+       {std::vector<int64_t>{}, {0, 4}, {4, 2}, {2, 2}, {-1}}) {
+    fwmodel::GraphedStepOptions options;
+    options.buckets = buckets;
+    auto step = fwmodel::GraphedStep::Create(model, options);
+    EXPECT_EQ(step.status().code(), absl::StatusCode::kInvalidArgument)
+        << testing::PrintToString(buckets);
+  }
+  fwmodel::GraphedStepOptions options;
+  options.warmup_runs = -1;
+  auto step = fwmodel::GraphedStep::Create(model, options);
+  EXPECT_EQ(step.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(step.status().message().find("warmup_runs must be >= 0, got -1"), std::string::npos);
+}
+
+TEST(GraphedStepInputTest, BadArgumentsAreRefusedAndChangeNothing) {
+  torch::NoGradGuard no_grad;
+  fwmodel::ModelConfig config =
+      fwtest::TinyConfig(Architecture::kFastWeight, FfnKind::kSquaredRelu, 3);
+  fwmodel::Model model = fwtest::RandomModel(config, 3, torch::kFloat32);
+  auto step = fwmodel::GraphedStep::Create(model);
+  ASSERT_TRUE(step.ok());
+  fwmodel::State pool = model.InitialState(4);
+  const fwmodel::State before = pool.Clone();
+  auto refused = [&](std::vector<int64_t> tokens, std::vector<int64_t> rows,
+                     const std::string& message) {
+    absl::Status s = (*step)->Step(tokens, rows, &pool).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << message;
+    EXPECT_NE(s.message().find(message), std::string::npos) << s.message();
+  };
+  refused({1, config.vocab_size}, {0, 1}, absl::StrCat("token ", config.vocab_size));
+  refused({1, -1}, {0, 1}, "token -1 at position 1");
+  refused({1, 2}, {0, 4}, "row 4 at position 1 is outside the pool [0, 4)");
+  refused({1, 2}, {2, 2}, "row 2 appears twice");
+  refused({1, 2}, {0}, "tokens has 2 entries, rows 1");
+  refused({}, {}, "at least one row");
+  for (size_t t = 0; t < pool.tensors.size(); ++t) {
+    EXPECT_TRUE(torch::equal(pool.tensors[t], before.tensors[t]));
+  }
+  fwmodel::State wrong = model.InitialState(4);
+  wrong.tensors[0] = wrong.tensors[0].to(torch::kFloat64);
+  EXPECT_EQ((*step)->Step({1}, {0}, &wrong).status().code(), absl::StatusCode::kInvalidArgument);
+  wrong.tensors.pop_back();
+  EXPECT_EQ((*step)->Step({1}, {0}, &wrong).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
