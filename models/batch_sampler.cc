@@ -8,14 +8,6 @@
 namespace fwserve {
 namespace {
 
-// Per-row parameters as [rows, 1] tensors on `device`.
-torch::Tensor Column(const std::vector<double>& values, torch::ScalarType dtype,
-                     torch::Device device) {
-  return torch::tensor(values, torch::kFloat64)
-      .view({-1, 1})
-      .to(torch::TensorOptions().dtype(dtype).device(device));
-}
-
 // The repetition penalty, in float32 as SampleToken applies it, on `x` [rows, vocab] in
 // place. Rows without a penalty get index 0 and factor 1: an exact no-op.
 void ApplyRepetitionPenalty(absl::Span<const RowDraw> draws, int64_t vocab, torch::Tensor& x) {
@@ -45,7 +37,8 @@ void ApplyRepetitionPenalty(absl::Span<const RowDraw> draws, int64_t vocab, torc
   }
   torch::Tensor idx =
       torch::tensor(index, torch::kInt64).view({rows, static_cast<int64_t>(width)}).to(x.device());
-  torch::Tensor penalty = Column(factor, torch::kFloat32, x.device());
+  torch::Tensor penalty =
+      torch::tensor(factor, torch::kFloat64).view({-1, 1}).to(x.device(), torch::kFloat32);
   torch::Tensor values = x.gather(1, idx);
   x.scatter_(1, idx, torch::where(values > 0, values / penalty, values * penalty));
 }
@@ -58,15 +51,18 @@ double CanonicalDraw(std::mt19937_64& rng) {
 
 absl::StatusOr<std::vector<SampledToken>> SampleRows(const torch::Tensor& logits,
                                                      absl::Span<const RowDraw> draws) {
-  if (!logits.defined() || logits.dim() != 2 ||
-      logits.size(0) != static_cast<int64_t>(draws.size())) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("logits must be [", draws.size(), ", vocab], got ",
-                     logits.defined() ? logits.dim() : 0, " dimensions"));
+  if (!logits.defined() || logits.dim() != 2) {
+    return absl::InvalidArgumentError("logits must be [rows, vocab]");
   }
   for (size_t r = 0; r < draws.size(); ++r) {
     if (draws[r].params == nullptr) {
       return absl::InvalidArgumentError(absl::StrCat("draw ", r, " has no sampling params"));
+    }
+    const int64_t row = draws[r].row;
+    if (row >= logits.size(0) || row < -1 ||
+        (row == -1 && logits.size(0) != static_cast<int64_t>(draws.size()))) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "draw ", r, ": row ", row, " is not a row of logits [", logits.size(0), ", vocab]"));
     }
   }
   std::vector<SampledToken> out(draws.size());
@@ -74,28 +70,38 @@ absl::StatusOr<std::vector<SampledToken>> SampleRows(const torch::Tensor& logits
   try {
     torch::NoGradGuard no_grad;
     const torch::Device device = logits.device();
-    const int64_t rows = logits.size(0), vocab = logits.size(1);
+    const int64_t rows = static_cast<int64_t>(draws.size()), vocab = logits.size(1);
     const double inf = std::numeric_limits<double>::infinity();
-    std::vector<double> temperature, top_k, top_p, min_p, uniform;
-    for (const RowDraw& d : draws) {
+    // The parameters, one column each: [6, rows] float64 in one copy to the device.
+    enum { kTemperature, kTopK, kTopP, kMinP, kUniform, kRow, kColumns };
+    std::vector<double> packed(static_cast<size_t>(kColumns * rows));
+    for (int64_t r = 0; r < rows; ++r) {
+      const RowDraw& d = draws[static_cast<size_t>(r)];
       const SamplingParams& p = *d.params;
-      temperature.push_back(p.temperature);
-      top_k.push_back(p.top_k > 0 && p.top_k < vocab ? p.top_k : vocab);
-      top_p.push_back(p.top_p);
-      min_p.push_back(p.min_p);
-      uniform.push_back(d.uniform);
+      auto at = [&](int column) -> double& {
+        return packed[static_cast<size_t>(column * rows + r)];
+      };
+      at(kTemperature) = p.temperature;
+      at(kTopK) = static_cast<double>(p.top_k > 0 && p.top_k < vocab ? p.top_k : vocab);
+      at(kTopP) = p.top_p;
+      at(kMinP) = p.min_p;
+      at(kUniform) = d.uniform;
+      at(kRow) = static_cast<double>(d.row == -1 ? r : d.row);
     }
-    torch::Tensor raw = logits.to(torch::kFloat32);
+    const torch::Tensor columns =
+        torch::tensor(packed, torch::kFloat64).view({kColumns, rows}).to(device);
+    auto column = [&](int c) { return columns.select(0, c).unsqueeze(1); };  // [rows, 1]
+    torch::Tensor raw =
+        logits.index_select(0, columns.select(0, kRow).to(torch::kInt64)).to(torch::kFloat32);
     torch::Tensor x = raw.clone();
     ApplyRepetitionPenalty(draws, vocab, x);
     x = torch::where(torch::isfinite(x), x, torch::full({}, -inf, x.options()));
     torch::Tensor best = x.argmax(1, /*keepdim=*/true);  // first of equals
     torch::Tensor top = x.gather(1, best);
-    torch::Tensor greedy = Column(temperature, torch::kFloat32, device).eq(0) |
-                           torch::isinf(top);  // SampleToken: argmax
+    torch::Tensor t = column(kTemperature).to(torch::kFloat32);
+    torch::Tensor greedy = t.eq(0) | torch::isinf(top);  // SampleToken: argmax
     // Probabilities relative to the top token, in float32 as SampleToken computes them
     // (a greedy row divides by 1 instead of 0; its probabilities are not used).
-    torch::Tensor t = Column(temperature, torch::kFloat32, device);
     t = torch::where(t.eq(0), torch::ones_like(t), t);
     torch::Tensor probs = ((x - top) / t).exp();
     probs = torch::where(torch::isfinite(x), probs, torch::zeros_like(probs)).to(torch::kFloat64);
@@ -106,12 +112,10 @@ absl::StatusOr<std::vector<SampledToken>> SampleRows(const torch::Tensor& logits
         torch::arange(vocab, torch::dtype(torch::kInt64).device(device)).expand({rows, vocab});
     torch::Tensor rank = torch::empty_like(order).scatter_(1, order, positions);
     // top_k (k = vocab when off), then min_p (the top token has probability 1 here).
-    probs =
-        torch::where(rank < Column(top_k, torch::kInt64, device), probs, torch::zeros_like(probs));
-    probs = torch::where(probs < Column(min_p, torch::kFloat64, device), torch::zeros_like(probs),
-                         probs);
+    probs = torch::where(rank.to(torch::kFloat64) < column(kTopK), probs, torch::zeros_like(probs));
+    probs = torch::where(probs < column(kMinP), torch::zeros_like(probs), probs);
     // top_p: the smallest set of most likely tokens whose share reaches p.
-    torch::Tensor p_col = Column(top_p, torch::kFloat64, device);
+    torch::Tensor p_col = column(kTopP);
     torch::Tensor kept_total = probs.cumsum(1).select(1, vocab - 1).unsqueeze(1);
     torch::Tensor sorted = probs.gather(1, order);
     torch::Tensor share = (sorted / kept_total).cumsum(1);
@@ -121,8 +125,7 @@ absl::StatusOr<std::vector<SampledToken>> SampleRows(const torch::Tensor& logits
     probs = torch::where(p_col.lt(1) & ~keep, torch::zeros_like(probs), probs);
     // Inverse CDF in id order: the first token whose running sum exceeds u · mass.
     torch::Tensor running = probs.cumsum(1);
-    torch::Tensor u =
-        Column(uniform, torch::kFloat64, device) * running.select(1, vocab - 1).unsqueeze(1);
+    torch::Tensor u = column(kUniform) * running.select(1, vocab - 1).unsqueeze(1);
     torch::Tensor positive = probs > 0;
     torch::Tensor hit = (running > u) & positive;
     torch::Tensor first_hit = hit.to(torch::kInt32).argmax(1, /*keepdim=*/true);

@@ -29,6 +29,8 @@ namespace fwserve {
 
 // One row to sample.
 struct RowDraw {
+  // The row of the logits to sample from; -1: the draw's own position.
+  int64_t row = -1;
   const SamplingParams* params = nullptr;  // not owned; outlives the call
   // CanonicalDraw(rng) of the row's stream when params->temperature != 0; else unused.
   double uniform = 0;
@@ -46,9 +48,12 @@ struct SampledToken {
 // std::uniform_real_distribution<double> does.
 double CanonicalDraw(std::mt19937_64& rng);
 
-// Samples row r of `logits` ([rows, vocab], float32, any device) by draws[r]. Returns one
-// SampledToken per row, in order. InvalidArgument when the sizes disagree or a draw
-// has no params. LibTorch errors become Internal. Never throws.
+// Samples, for each draw, its row of `logits` ([rows, vocab], float32, any device).
+// Returns one SampledToken per draw, in order. The draws' parameters go to the device in
+// one copy (a second one when a repetition penalty applies), the results come back in
+// one. InvalidArgument when a draw has no params or its row is outside `logits`, or when
+// draws without a row are not one per row of `logits`. LibTorch errors become
+// Internal. Never throws.
 absl::StatusOr<std::vector<SampledToken>> SampleRows(const torch::Tensor& logits,
                                                      absl::Span<const RowDraw> draws);
 

@@ -88,7 +88,8 @@ int64_t GraphedStep::BucketFor(int64_t n) const {
 }
 
 absl::Status GraphedStep::CheckArguments(absl::Span<const int64_t> tokens,
-                                         absl::Span<const int64_t> rows, const State& pool) const {
+                                         absl::Span<const int64_t> rows, const State& pool,
+                                         const torch::Tensor* row_logits) const {
   if (tokens.empty()) return absl::InvalidArgumentError("a step needs at least one row");
   if (tokens.size() != rows.size()) {
     return absl::InvalidArgumentError(
@@ -112,6 +113,14 @@ absl::Status GraphedStep::CheckArguments(absl::Span<const int64_t> tokens,
     }
   }
   const int64_t vocab = model_.config().vocab_size;
+  if (row_logits != nullptr &&
+      (!row_logits->defined() ||
+       row_logits->sizes().vec() != std::vector<int64_t>{capacity, vocab} ||
+       row_logits->device() != model_.options().device ||
+       row_logits->scalar_type() != torch::kFloat32)) {
+    return absl::InvalidArgumentError(
+        "row_logits must be [pool capacity, vocab] float32 on the model's device");
+  }
   std::vector<int64_t> sorted(rows.begin(), rows.end());
   std::sort(sorted.begin(), sorted.end());
   for (size_t b = 0; b < tokens.size(); ++b) {
@@ -131,17 +140,21 @@ absl::Status GraphedStep::CheckArguments(absl::Span<const int64_t> tokens,
 }
 
 absl::StatusOr<torch::Tensor> GraphedStep::Step(absl::Span<const int64_t> tokens,
-                                                absl::Span<const int64_t> rows, State* pool) {
-  if (absl::Status valid = CheckArguments(tokens, rows, *pool); !valid.ok()) return valid;
+                                                absl::Span<const int64_t> rows, State* pool,
+                                                torch::Tensor* row_logits) {
+  if (absl::Status valid = CheckArguments(tokens, rows, *pool, row_logits); !valid.ok()) {
+    return valid;
+  }
   try {
     torch::NoGradGuard no_grad;
     const size_t largest = static_cast<size_t>(options_.buckets.back());
-    if (tokens.size() <= largest) return RunPass(tokens, rows, pool);
+    if (tokens.size() <= largest) return RunPass(tokens, rows, pool, row_logits);
     // Each pass's logits are the bucket's buffer, overwritten by the next pass: copied.
     std::vector<torch::Tensor> parts;
     for (size_t begin = 0; begin < tokens.size(); begin += largest) {
       const size_t n = std::min(largest, tokens.size() - begin);
-      parts.push_back(RunPass(tokens.subspan(begin, n), rows.subspan(begin, n), pool).clone());
+      parts.push_back(
+          RunPass(tokens.subspan(begin, n), rows.subspan(begin, n), pool, row_logits).clone());
     }
     return torch::cat(parts, 0);
   } catch (const c10::Error& e) {
@@ -150,7 +163,7 @@ absl::StatusOr<torch::Tensor> GraphedStep::Step(absl::Span<const int64_t> tokens
 }
 
 torch::Tensor GraphedStep::RunPass(absl::Span<const int64_t> tokens, absl::Span<const int64_t> rows,
-                                   State* pool) {
+                                   State* pool, torch::Tensor* row_logits) {
   const int64_t n = static_cast<int64_t>(tokens.size());
   const int64_t size = BucketFor(n);
   Bucket& bucket = **std::find_if(buckets_.begin(), buckets_.end(),
@@ -173,7 +186,9 @@ torch::Tensor GraphedStep::RunPass(absl::Span<const int64_t> tokens, absl::Span<
   for (size_t i = 0; i < pool->tensors.size(); ++i) {
     pool->tensors[i].index_copy_(0, written, bucket.output.tensors[i].narrow(0, 0, n));
   }
-  return bucket.logits.narrow(0, 0, n);
+  torch::Tensor logits = bucket.logits.narrow(0, 0, n);
+  if (row_logits != nullptr) row_logits->index_copy_(0, written, logits.to(torch::kFloat32));
+  return logits;
 }
 
 void GraphedStep::Compute(Bucket& bucket) {

@@ -67,11 +67,15 @@ class GraphedStep {
 
   // Row rows[b] of `pool` ([capacity, spec...] per state tensor, on the model's device, in
   // its dtype) absorbs tokens[b], in place. Returns the logits, [n, vocab] on the
-  // model's device: a view that stays valid until the next Step. Validates the sizes,
-  // token ids, rows (distinct, inside the pool) and the pool's layout (InvalidArgument,
-  // nothing changed). LibTorch errors become Internal. Never throws.
+  // model's device: a view that stays valid until the next Step. With `row_logits`
+  // ([capacity, vocab] float32 on the model's device: the pool's next-token logits), row
+  // rows[b] of it gets row b of the logits as well, with no other copy. Validates the
+  // sizes, token ids, rows (distinct, inside the pool) and the layouts of the pool and
+  // `row_logits` (InvalidArgument, nothing changed). LibTorch errors become Internal.
+  // Never throws.
   absl::StatusOr<torch::Tensor> Step(absl::Span<const int64_t> tokens,
-                                     absl::Span<const int64_t> rows, State* pool);
+                                     absl::Span<const int64_t> rows, State* pool,
+                                     torch::Tensor* row_logits = nullptr);
 
   // The bucket a step of n >= 1 rows pads to: the largest bucket when n exceeds it (the
   // step then runs in several passes).
@@ -88,10 +92,10 @@ class GraphedStep {
   struct Bucket;
   GraphedStep(const Model& model, GraphedStepOptions options);
   absl::Status CheckArguments(absl::Span<const int64_t> tokens, absl::Span<const int64_t> rows,
-                              const State& pool) const;
+                              const State& pool, const torch::Tensor* row_logits) const;
   // One pass of at most the largest bucket's rows; returns the bucket's logits [n, vocab].
   torch::Tensor RunPass(absl::Span<const int64_t> tokens, absl::Span<const int64_t> rows,
-                        State* pool);
+                        State* pool, torch::Tensor* row_logits);
   // Runs the model on the bucket's inputs: replay, or eagerly.
   void Compute(Bucket& bucket);
   // Throws c10::Error (caught by Create).

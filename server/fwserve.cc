@@ -105,8 +105,10 @@ ABSL_FLAG(absl::Duration, stream_flush_interval, absl::ZeroDuration(),
           "soon as the previous write returns; at most --decode-lookahead tokens per "
           "message). Trades up to this much latency for less CPU per token");
 ABSL_FLAG(std::string, decode_kernel, "native",
-          "decode step of CPU models: native (fused sgemm, state updated in place) or "
-          "libtorch (the reference Model::Step); CUDA always uses libtorch");
+          "decode step: native (float32 CPU models: fused sgemm, state updated in place; "
+          "on CUDA it means graph), graph (the step on per-batch-size buffers, replayed "
+          "as CUDA Graphs on CUDA, eager on the CPU; sampling on the device) or libtorch "
+          "(the reference Model::Step on gathered rows)");
 ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(30),
           "on SIGTERM/SIGINT, how long in-flight requests may run before they are ended");
 ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9464",

@@ -17,7 +17,9 @@
 #
 # Usage: scripts/gpu/build.sh [--configure-only]
 # Environment: BUILD_DIR (default build-gpu), JOBS (default nproc), TORCH_PREFIX,
-#              TORCH_CUDA_ARCH_LIST (default: the GPU's compute capability).
+#              TORCH_CUDA_ARCH_LIST (default: the GPU's compute capability),
+#              CUDA_GRAPHS (ON; OFF builds the CUDA decode step without CUDA Graph
+#              capture, should models/graphed_step.cc not compile against this LibTorch).
 # The executables carry the kit's library folders as RPATH (not RUNPATH), so they run
 # without LD_LIBRARY_PATH; build-gpu/gpu-build.json records what was used.
 set -euo pipefail
@@ -164,6 +166,7 @@ cmake -S "$repo" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DGRPC_CPP_PLUGIN="$root/wrap/grpc_cpp_plugin" \
   -DPKG_CONFIG_EXECUTABLE="$root/wrap/pkg-config" \
   -DFWSERVE_MODEL_TESTS_ONLY=ON -DFWSERVE_BUILD_TESTS=ON -DFWSERVE_BUILD_BENCH=ON -DFWSERVE_CUDA_TESTS=ON \
+  -DFWSERVE_CUDA_GRAPHS="${CUDA_GRAPHS:-ON}" \
   "${cuda_args[@]}" > "$build/configure.log" 2>&1 \
   || { tail -40 "$build/configure.log"; die "cmake configure failed ($build/configure.log)"; }
 build_start=$(date +%s)

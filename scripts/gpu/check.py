@@ -13,6 +13,10 @@ Writes OUT_DIR/report.md and OUT_DIR/report.json (plus the raw outputs beside th
                session's continuation equal on both, export from the CPU server, import back)
   fwbench      tokens/s, ITL p50/p99, TTFT and GPU memory per stream at each level of
                streams; a 64 KB prefill (session create with a 65536-byte prefix)
+  kernels      the decode kernel the device server uses (on CUDA: "graph", its steps
+               captured as CUDA Graphs, from its log), and an A/B of tokens/s at 64
+               streams against --decode-kernel libtorch (eager Model::Step), 3 rounds
+               alternating, the median ratio and its range
   baseline     bench/pytorch_baseline.py --device DEVICE at batch sizes equal to the levels
 DEVICE is cuda when nvidia-smi sees a GPU and the build's LibTorch has CUDA, else cpu:
 then the report says so, the CUDA cases are "needs a CUDA run", and the rest runs on CPU.
@@ -237,16 +241,16 @@ def model_tests(rep, build, device):
 # Servers.
 
 class Server:
-    def __init__(self, rep, build, device, models, key_file, name):
+    def __init__(self, rep, build, device, models, key_file, name, extra=()):
         self.port, self.metrics_port = free_port(), free_port()
         self.device, self.name = device, name
         self.log_path = os.path.join(rep.out, "fwserve-%s.log" % name)
         self.argv = [os.path.join(build, "server", "fwserve"), "--device", device,
                      "--listen", "127.0.0.1:%d" % self.port,
                      "--metrics-listen", "127.0.0.1:%d" % self.metrics_port,
-                     "--session-key-file", key_file, "--log-level", "warning",
+                     "--session-key-file", key_file, "--log-level", "info",
                      "--max-active-streams", "1024", "--max-queued-requests", "4096",
-                     "--max-streams-per-connection", "4096"]
+                     "--max-streams-per-connection", "4096"] + list(extra)
         for m in models:
             self.argv += ["--model", m]
         self.log = open(self.log_path, "w")
@@ -510,6 +514,66 @@ def bench(rep, build, device, server, models, text):
                       len(prefix), ", ".join("%.2f" % t for t in times), len(prefix) / best))
 
 
+def fwbench_tokens_per_s(rep, build, server, model, streams, duration, label):
+    json_path = os.path.join(rep.out, "tmp", "kernels-%s.json" % label)
+    r = run([os.path.join(build, "bench", "fwbench"), "--target", server.target(), "--model",
+             model, "--concurrency", str(streams), "--duration", duration, "--warmup", "1s",
+             "--max_tokens", "128", "--json", json_path], timeout=600)
+    try:
+        return json.load(open(json_path))["levels"][0]["output_tokens_per_s"]
+    except (OSError, ValueError, KeyError, IndexError):
+        raise RuntimeError("fwbench %s: exit %d: %s" % (label, r.returncode,
+                                                       r.stderr.strip()[-500:]))
+
+
+def kernels(rep, build, device, server, models):
+    """The device server's decode kernel, and its speed against --decode-kernel libtorch."""
+    log = open(server.log_path).read()
+    m = re.search(r"model (\S+): (graph decode step[^\n]*|graph decode step unavailable[^\n]*)",
+                  log)
+    line = m.group(0) if m else None
+    if device == "cuda":
+        ok = line is not None and "captured as CUDA Graphs" in line
+        rep.check("kernels", "decode step on cuda replays CUDA Graphs", "pass" if ok else "fail",
+                  line or "no graph decode step line in %s" % server.log_path)
+    else:
+        rep.check("kernels", "decode step on cuda replays CUDA Graphs", "needs a CUDA run",
+                  "device %s: its default kernel is native" % device)
+    model = os.environ.get("CHECK_BENCH_MODEL", "aft-shakespeare")
+    path = [m for m in models if os.path.basename(m) == model]
+    key = os.path.join(rep.out, "tmp", "session.key")
+    alt = Server(rep, build, device, path, key, "libtorch-" + device,
+                 extra=["--decode-kernel", "libtorch"])
+    try:
+        if not alt.wait_healthy():
+            rep.check("kernels", "--decode-kernel libtorch server starts", "fail",
+                      open(alt.log_path).read()[-2000:])
+            return
+        streams = int(os.environ.get("CHECK_KERNEL_STREAMS", "64"))
+        duration = os.environ.get("CHECK_KERNEL_DURATION", "5s" if device == "cuda" else "2s")
+        rounds = []
+        for i in range(3):
+            default = fwbench_tokens_per_s(rep, build, server, model, streams, duration,
+                                           "default-%d" % i)
+            reference = fwbench_tokens_per_s(rep, build, alt, model, streams, duration,
+                                             "libtorch-%d" % i)
+            rounds.append({"default": round(default, 1), "libtorch": round(reference, 1),
+                           "ratio": round(default / reference, 3) if reference else None})
+        ratios = sorted(r["ratio"] for r in rounds if r["ratio"] is not None)
+        rep.data["kernels"] = {"model": model, "streams": streams, "duration": duration,
+                               "rounds": rounds}
+        rep.check("kernels", "default kernel vs libtorch, %d streams on %s" % (streams, device),
+                  "pass" if len(ratios) == 3 else "fail",
+                  "tokens/s ratio median %.2f (range %.2f-%.2f); rounds %s" % (
+                      ratios[1], ratios[0], ratios[2],
+                      "; ".join("%.0f vs %.0f" % (r["default"], r["libtorch"]) for r in rounds))
+                  if len(ratios) == 3 else "no ratio")
+    except RuntimeError as e:
+        rep.check("kernels", "default kernel vs libtorch on %s" % device, "fail", str(e))
+    finally:
+        alt.stop()
+
+
 def baseline(rep, device):
     model = os.environ.get("CHECK_BENCH_MODEL", "aft-shakespeare")
     levels = [int(x) for x in os.environ.get(
@@ -627,6 +691,7 @@ def main():
         dev, servers = serving(rep, build, device, models, text)
         if dev:
             bench(rep, build, device, dev, models, text)
+            kernels(rep, build, device, dev, models)
     finally:
         for s in servers:
             s.stop()

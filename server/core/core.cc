@@ -122,8 +122,8 @@ absl::Status ValidateCoreOptions(const CoreOptions& o) {
     if (!s.ok()) return s;
   }
   if (o.max_queue_wait < absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--max-queue-wait must be >= 0, got ", absl::FormatDuration(o.max_queue_wait)));
+    return absl::InvalidArgumentError(absl::StrCat("--max-queue-wait must be >= 0, got ",
+                                                   absl::FormatDuration(o.max_queue_wait)));
   }
   if (o.session_ttl <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("--session-ttl must be positive");
@@ -142,9 +142,9 @@ absl::Status ValidateCoreOptions(const CoreOptions& o) {
     return absl::InvalidArgumentError(
         absl::StrCat("--decode-lookahead must be in [1, 4096], got ", o.decode_lookahead));
   }
-  if (o.decode_kernel != "native" && o.decode_kernel != "libtorch") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--decode-kernel must be native or libtorch, got '", o.decode_kernel, "'"));
+  if (o.decode_kernel != "native" && o.decode_kernel != "graph" && o.decode_kernel != "libtorch") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--decode-kernel must be native, graph or libtorch, got '", o.decode_kernel, "'"));
   }
   if (o.session_lease_ttl < absl::Milliseconds(100)) {
     return absl::InvalidArgumentError(
@@ -717,11 +717,10 @@ class CoreImpl : public Core {
     if (refused.code() == absl::StatusCode::kDeadlineExceeded) {
       metrics_->CountRefused("deadline");
     } else if (refused.code() == absl::StatusCode::kResourceExhausted) {
-      metrics_->CountRefused(absl::StrContains(refused.message(), "its share of the queue")
-                                 ? "tenant_queue_share"
-                             : absl::StrContains(refused.message(), "--max-queue-wait")
-                                 ? "queue_wait"
-                                 : "queue_full");
+      metrics_->CountRefused(
+          absl::StrContains(refused.message(), "its share of the queue") ? "tenant_queue_share"
+          : absl::StrContains(refused.message(), "--max-queue-wait")     ? "queue_wait"
+                                                                         : "queue_full");
     }
   }
 

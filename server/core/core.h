@@ -77,9 +77,12 @@ struct CoreOptions {
   absl::Duration batch_wait = absl::Microseconds(300);
   // LibTorch intra-op threads; 0 = leave LibTorch's default.
   int32_t intra_op_threads = 0;
-  // The decode step of float32 CPU models: "native" (models/native_step.h: fused
-  // sgemm projections, state updated in place in the pool) or "libtorch" (Model::Step
-  // on gathered rows, the reference). CUDA and float64 models always use "libtorch".
+  // The decode step: "native" (float32 CPU models, models/native_step.h: fused sgemm
+  // projections, state updated in place in the pool; on a CUDA model it means
+  // "graph"), "graph" (models/graphed_step.h: the step on per-batch-size buffers,
+  // replayed as CUDA Graphs on CUDA and run eagerly on the CPU, with sampling on the
+  // device) or "libtorch" (Model::Step on gathered rows, the reference). What a model
+  // cannot use falls back to "libtorch" (float64 models always do).
   std::string decode_kernel = "native";
   // Decode pipelining: tokens a stream may sample and absorb beyond the last one whose
   // write was confirmed. While a write is in flight the stream keeps decoding; what it

@@ -114,7 +114,7 @@ struct Engine::PrefillJob {
   std::vector<int64_t> piece;
   // Outputs.
   absl::Status status;
-  torch::Tensor last_logits;  // float32 CPU [B, vocab]
+  torch::Tensor last_logits;  // float32 [B, vocab], on the model's device
   std::vector<double> logprobs;
   absl::Duration elapsed;
 };
@@ -831,6 +831,8 @@ void Engine::SampleAndEmit() {
   for (auto& task : tasks_) {
     if (task->phase == Task::Phase::kReadyToSample) ready.push_back(task.get());
   }
+  // The streams that draw a token now: all at once (one batch on the graph kernel).
+  std::vector<Task*> sampling;
   for (Task* t : ready) {
     if (t->item->ticket != nullptr && t->item->ticket->lost.load()) {
       // The lease expired and may be another request's now: this request's write
@@ -847,19 +849,31 @@ void Engine::SampleAndEmit() {
       }
       continue;
     }
-    const GenerateParams& g = t->item->generate;
-    const absl::Time now = absl::Now();
     if (t->stream.starts_chunk()) {
       pool_.SaveRow(t->slot, &t->before_unsent.row);
       t->before_unsent.tokens = t->tokens;
     }
-    const torch::Tensor row_logits = pool_.logits(t->slot);
-    const float* logits = row_logits.data_ptr<float>();
-    const int64_t token = SampleToken(logits, vocab_, g.sampling, t->rng, t->recent);
-    const float logprob =
-        g.logprobs ? static_cast<float>(TokenLogProb(logits, vocab_, token)) : 0.0f;
-    t->stream.AddSampled(token, logprob, now);
-    t->pending_token = token;
+    sampling.push_back(t);
+  }
+  if (sampling.empty()) return;
+  std::vector<Stepper::SampleRequest> requests(sampling.size());
+  for (size_t i = 0; i < sampling.size(); ++i) {
+    Task* t = sampling[i];
+    requests[i] = {t->slot, &t->item->generate.sampling, &t->rng, &t->recent,
+                   t->item->generate.logprobs};
+  }
+  auto sampled = stepper_.Sample(requests, pool_);
+  if (!sampled.ok()) {
+    Log(LogLevel::kError,
+        absl::StrCat("model ", name_, ": sampling failed: ", sampled.status().message()));
+    for (Task* t : sampling) FailTask(*t, absl::InternalError("sampling failed"));
+    return;
+  }
+  const absl::Time now = absl::Now();
+  for (size_t i = 0; i < sampling.size(); ++i) {
+    Task* t = sampling[i];
+    t->stream.AddSampled((*sampled)[i].token, (*sampled)[i].logprob, now);
+    t->pending_token = (*sampled)[i].token;
     t->phase = Task::Phase::kReadyToAbsorb;
     if (!t->stream.write_in_flight() && t->stream.ShouldFlush(now)) Flush(*t);
   }

@@ -28,7 +28,7 @@ struct EngineOptions {
   absl::Duration batch_wait = absl::Microseconds(300);
   // Intra-op threads of the engine and prefill threads; 0 = the libraries' defaults.
   int32_t intra_op_threads = 0;
-  // "native" or "libtorch" (CoreOptions::decode_kernel).
+  // "native", "graph" or "libtorch" (CoreOptions::decode_kernel).
   std::string decode_kernel = "native";
   // Tokens a stream may sample beyond the last confirmed write (--decode-lookahead).
   int32_t decode_lookahead = 16;

@@ -38,7 +38,8 @@ StatePool::StatePool(const fwmodel::Model& model, int64_t max_slots, StateMemory
   fresh_row_ = model_.InitialState(1);
   for (const torch::Tensor& t : fresh_row_.tensors) row_floats_ += t.numel();
   pool_ = model_.InitialState(0);
-  next_logits_ = torch::zeros({0, vocab_}, torch::kFloat32);
+  next_logits_ =
+      torch::zeros({0, vocab_}, torch::dtype(torch::kFloat32).device(model_.options().device));
 }
 
 bool StatePool::Grow() {
@@ -48,7 +49,8 @@ bool StatePool::Grow() {
   for (size_t i = 0; i < pool_.tensors.size(); ++i) {
     pool_.tensors[i] = torch::cat({pool_.tensors[i], extra.tensors[i]}, 0);
   }
-  next_logits_ = torch::cat({next_logits_, torch::zeros({grown - capacity_, vocab_})}, 0);
+  next_logits_ = torch::cat(
+      {next_logits_, torch::zeros({grown - capacity_, vocab_}, next_logits_.options())}, 0);
   for (int64_t s = grown - 1; s >= capacity_; --s) free_slots_.push_back(static_cast<int>(s));
   capacity_ = grown;
   return true;
@@ -107,6 +109,7 @@ void StatePool::CopySlot(int from, int to) {
 }
 
 bool StatePool::IsFlatCpu() const {
+  if (!next_logits_.device().is_cpu()) return false;
   for (const torch::Tensor& t : pool_.tensors) {
     if (!t.device().is_cpu() || t.scalar_type() != torch::kFloat32 || !t.is_contiguous()) {
       return false;
@@ -151,7 +154,8 @@ void StatePool::SetLogits(const std::vector<int64_t>& rows, const float* logits)
 }
 
 void StatePool::SetLogits(const torch::Tensor& rows, const torch::Tensor& logits) {
-  next_logits_.index_copy_(0, rows.cpu(), logits.to(torch::kCPU, torch::kFloat32));
+  next_logits_.index_copy_(0, rows.to(next_logits_.device()),
+                           logits.to(next_logits_.device(), torch::kFloat32));
 }
 
 }  // namespace fwserve

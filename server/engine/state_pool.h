@@ -78,12 +78,18 @@ class StatePool {
   void Scatter(const torch::Tensor& rows, const fwmodel::State& state) {
     pool_.Scatter(rows, state);
   }
-  // float32 CPU [vocab] view of a row's next-token logits.
+  // float32 [vocab] view of a row's next-token logits, on the model's device.
   torch::Tensor logits(int slot) const { return next_logits_[slot]; }
-  // next_logits[rows] := logits ([B, vocab], any device/dtype).
+  // next_logits[rows] := logits ([B, vocab], any device/dtype; rows on any device).
   void SetLogits(const torch::Tensor& rows, const torch::Tensor& logits);
-  // next_logits[rows[b]] := logits[b * vocab .. (b + 1) * vocab) (float32 row-major).
+  // next_logits[rows[b]] := logits[b * vocab .. (b + 1) * vocab) (float32 row-major; a
+  // CPU pool only).
   void SetLogits(const std::vector<int64_t>& rows, const float* logits);
+  // Every row's next-token logits, [capacity, vocab] float32 on the model's device, for
+  // steps that write them in place (fwmodel::GraphedStep). Valid until the next
+  // TryAllocate.
+  torch::Tensor* mutable_logits() { return &next_logits_; }
+  const torch::Tensor& all_logits() const { return next_logits_; }
   // The pool itself ([capacity, ...] per state tensor, contiguous), for steps that
   // update rows in place (fwmodel::NativeStep). Valid until the next TryAllocate.
   fwmodel::State* mutable_state() { return &pool_; }
@@ -96,7 +102,7 @@ class StatePool {
 
  private:
   bool Grow();
-  // Every state tensor is a contiguous float32 CPU [capacity, ...] tensor.
+  // Every state tensor, and the logits, are contiguous float32 CPU tensors.
   bool IsFlatCpu() const;
 
   const fwmodel::Model& model_;
@@ -105,7 +111,7 @@ class StatePool {
   const int64_t vocab_;
   StateMemoryBudget* const budget_;
   fwmodel::State pool_;        // [capacity, ...] per state tensor
-  torch::Tensor next_logits_;  // float32 CPU [capacity, vocab]
+  torch::Tensor next_logits_;  // float32 [capacity, vocab], on the model's device
   fwmodel::State fresh_row_;   // InitialState(1)
   int64_t capacity_ = 0;
   int64_t row_floats_ = 0;  // elements of one row over all state tensors

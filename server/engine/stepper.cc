@@ -11,19 +11,35 @@ namespace fwserve {
 Stepper::Stepper(const fwmodel::Model& model, const std::string& decode_kernel,
                  const std::string& name)
     : model_(model), vocab_(model.config().vocab_size) {
-  if (decode_kernel != "native" || !model_.options().device.is_cpu() ||
-      model_.options().dtype != torch::kFloat32) {
-    return;
-  }
-  auto native = fwmodel::NativeStep::Create(model_);
-  auto native_prefill = fwmodel::NativeStep::Create(model_);
-  if (native.ok() && native_prefill.ok()) {
-    native_step_ = std::move(*native);
-    native_prefill_ = std::move(*native_prefill);
-  } else {
+  const bool cpu_float32 =
+      model_.options().device.is_cpu() && model_.options().dtype == torch::kFloat32;
+  if (decode_kernel == "native" && cpu_float32) {
+    auto native = fwmodel::NativeStep::Create(model_);
+    auto native_prefill = fwmodel::NativeStep::Create(model_);
+    if (native.ok() && native_prefill.ok()) {
+      native_step_ = std::move(*native);
+      native_prefill_ = std::move(*native_prefill);
+      return;
+    }
     Log(LogLevel::kWarning, absl::StrCat("model ", name, ": native decode step unavailable (",
                                          native.status().message(), "); using LibTorch"));
+    return;
   }
+  // A CUDA model takes the graph kernel unless LibTorch's reference was asked for.
+  const bool graph =
+      decode_kernel == "graph" || (decode_kernel == "native" && model_.options().device.is_cuda());
+  if (!graph) return;
+  auto graphed = fwmodel::GraphedStep::Create(model_);
+  if (!graphed.ok()) {
+    Log(LogLevel::kWarning, absl::StrCat("model ", name, ": graph decode step unavailable (",
+                                         graphed.status().message(), "); using LibTorch"));
+    return;
+  }
+  graphed_step_ = std::move(*graphed);
+  Log(LogLevel::kInfo,
+      absl::StrCat("model ", name, ": graph decode step, ", graphed_step_->buckets().size(),
+                   " batch buckets up to ", graphed_step_->buckets().back(),
+                   graphed_step_->captured() ? ", captured as CUDA Graphs" : ", eager"));
 }
 
 absl::Status Stepper::Step(const std::vector<int64_t>& rows, const std::vector<int64_t>& tokens,
@@ -36,6 +52,10 @@ absl::Status Stepper::Step(const std::vector<int64_t>& rows, const std::vector<i
     if (stepped.ok()) pool.SetLogits(rows, step_logits_.data());
     return stepped;
   }
+  if (graphed_step_ != nullptr) {
+    // The rows' states and logits are written on the device; nothing comes back.
+    return graphed_step_->Step(tokens, rows, pool.mutable_state(), pool.mutable_logits()).status();
+  }
   const torch::Device device = model_.options().device;
   torch::Tensor row_index = torch::tensor(rows, torch::kInt64).to(device);
   fwmodel::State state = pool.Gather(row_index);
@@ -44,6 +64,37 @@ absl::Status Stepper::Step(const std::vector<int64_t>& rows, const std::vector<i
   pool.Scatter(row_index, state);
   pool.SetLogits(row_index, *logits);
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<SampledToken>> Stepper::Sample(absl::Span<const SampleRequest> requests,
+                                                          const StatePool& pool) {
+  if (graphed_step_ != nullptr) {
+    std::vector<RowDraw> draws(requests.size());
+    for (size_t i = 0; i < requests.size(); ++i) {
+      const SampleRequest& r = requests[i];
+      draws[i].row = r.slot;
+      draws[i].params = r.params;
+      draws[i].recent = r.recent;
+      // The generator advances as SampleToken's would.
+      if (r.params->temperature != 0) draws[i].uniform = CanonicalDraw(*r.rng);
+    }
+    auto sampled = SampleRows(pool.all_logits(), draws);
+    if (!sampled.ok()) return sampled.status();
+    for (size_t i = 0; i < requests.size(); ++i) {
+      if (!requests[i].logprobs) (*sampled)[i].logprob = 0;
+    }
+    return sampled;
+  }
+  std::vector<SampledToken> sampled(requests.size());
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const SampleRequest& r = requests[i];
+    const torch::Tensor row_logits = pool.logits(r.slot);
+    const float* logits = row_logits.data_ptr<float>();
+    sampled[i].token = SampleToken(logits, vocab_, *r.params, *r.rng, *r.recent);
+    sampled[i].logprob =
+        r.logprobs ? static_cast<float>(TokenLogProb(logits, vocab_, sampled[i].token)) : 0.0f;
+  }
+  return sampled;
 }
 
 absl::StatusOr<torch::Tensor> Stepper::Prefill(const torch::Tensor& tokens, fwmodel::State* state) {
@@ -63,7 +114,7 @@ absl::StatusOr<torch::Tensor> Stepper::Prefill(const torch::Tensor& tokens, fwmo
   }
   auto logits = model_.Forward(tokens, state);
   if (!logits.ok()) return logits.status();
-  return logits->select(1, length - 1).to(torch::kCPU, torch::kFloat32).contiguous();
+  return logits->select(1, length - 1).to(torch::kFloat32).contiguous();
 }
 
 }  // namespace fwserve

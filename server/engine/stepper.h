@@ -1,12 +1,19 @@
 // The model's compute, as the engine uses it: one batched decode step over pool rows,
-// and prefill chunks on private rows. Picks the kernel once, at construction: the
-// native float32 CPU kernels (models/native_step.h: fused sgemm projections, the pool's
-// rows updated in place) where the model allows and "native" was asked for, else
-// LibTorch (Model::Step / Model::Forward on gathered rows: the reference, and the path
-// of CUDA and float64 models).
+// sampling of the next tokens, and prefill chunks on private rows. The kernel is picked
+// once, at construction:
+//   - native: the float32 CPU kernels (models/native_step.h: fused sgemm projections,
+//     the pool's rows updated in place), where the model allows it and "native" was
+//     asked for;
+//   - graph: fwmodel::GraphedStep, the batched step on per-bucket buffers, replayed as
+//     CUDA Graphs on a CUDA model, with sampling on the device (SampleRows). It is the
+//     default for a CUDA model, and can be asked for on the CPU (eager there, same code);
+//   - libtorch: Model::Step / Model::Forward on gathered rows. It is the reference, and
+//     the fallback for anything else (float64, a failed graph setup).
+// Prefill uses the native kernel with `native`, else Model::Forward.
 //
-// Thread-safety: Step runs on the engine thread only, Prefill on the prefill thread
-// only; each has kernels and scratch of its own, so the two may run at once.
+// Thread-safety: Step and Sample run on the engine thread only, Prefill on the prefill
+// thread only. Each has kernels and scratch of its own, so the two threads may run at
+// once.
 #pragma once
 
 #include <cstdint>
@@ -16,37 +23,59 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "models/batch_sampler.h"
+#include "models/graphed_step.h"
 #include "models/model.h"
 #include "models/native_step.h"
+#include "models/sampler.h"
 #include "server/engine/state_pool.h"
 
 namespace fwserve {
 
 class Stepper {
  public:
-  // `decode_kernel`: "native" or "libtorch" (EngineOptions::decode_kernel). `model`
-  // is not owned and outlives this. `name` names the model in log lines.
+  // `decode_kernel`: "native", "graph" or "libtorch" (EngineOptions::decode_kernel).
+  // `model` is not owned and outlives this. `name` names the model in log lines.
   Stepper(const fwmodel::Model& model, const std::string& decode_kernel, const std::string& name);
 
-  // "native" or "libtorch": the kernel in use.
-  const char* kernel() const { return native_step_ != nullptr ? "native" : "libtorch"; }
+  // "native", "graph" or "libtorch": the kernel in use.
+  const char* kernel() const {
+    return native_step_ != nullptr ? "native" : graphed_step_ != nullptr ? "graph" : "libtorch";
+  }
 
   // Engine thread: the rows `rows` of `pool` absorb `tokens` (one each, in the same
   // order) in one batched step, and get their next-token logits.
   absl::Status Step(const std::vector<int64_t>& rows, const std::vector<int64_t>& tokens,
                     StatePool& pool);
 
+  // One stream's next token, drawn from its pool row's logits.
+  struct SampleRequest {
+    int slot = 0;
+    const SamplingParams* params = nullptr;        // not owned
+    std::mt19937_64* rng = nullptr;                // the stream's generator, advanced
+    const std::vector<int64_t>* recent = nullptr;  // for the repetition penalty
+    bool logprobs = false;                         // logprob wanted (else 0)
+  };
+  // Engine thread: samples every request, in order. The graph kernel samples them all
+  // at once on the logits' device (SampleRows: one copy of the parameters there, one of
+  // the results back). The others call SampleToken per row on the host. The tokens are
+  // the same for the same seeds.
+  absl::StatusOr<std::vector<SampledToken>> Sample(absl::Span<const SampleRequest> requests,
+                                                   const StatePool& pool);
+
   // Prefill thread: `tokens` [B, L] are absorbed into `state` (B private rows, in
-  // place). Returns the logits after each row's last token, float32 on the CPU [B,
-  // vocab].
+  // place). Returns the logits after each row's last token, float32 [B, vocab] on the
+  // model's device.
   absl::StatusOr<torch::Tensor> Prefill(const torch::Tensor& tokens, fwmodel::State* state);
 
  private:
   const fwmodel::Model& model_;
   const int64_t vocab_;
-  // Null: LibTorch.
+  // At most one of native_step_ and graphed_step_; neither: LibTorch.
   std::unique_ptr<fwmodel::NativeStep> native_step_;     // engine thread
   std::unique_ptr<fwmodel::NativeStep> native_prefill_;  // prefill thread
+  std::unique_ptr<fwmodel::GraphedStep> graphed_step_;   // engine thread
   std::vector<float> step_logits_;  // [batch, vocab] scratch of the native step
 };
 

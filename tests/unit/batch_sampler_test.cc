@@ -1,7 +1,8 @@
 // The batched sampler (models/batch_sampler.h), run on the CPU, draws what the host
 // sampler (models/sampler.h) draws. The same seeds give the same tokens, row by row,
 // over every filter and their combinations, and the same log-probabilities. Each
-// stream's generator is consumed identically, so the streams agree over many rounds.
+// stream's generator is consumed identically, so the streams agree over many rounds. The
+// rows are picked out of a larger pool of logits by index, as the engine's are.
 #include "models/batch_sampler.h"
 
 #include <gtest/gtest.h>
@@ -79,7 +80,11 @@ TEST(BatchSamplerTest, DrawsWhatTheHostSamplerDrawsForTheSameSeeds) {
         batch[r].uniform = fwserve::CanonicalDraw(streams[r].batch_rng);
       }
     }
-    auto sampled = fwserve::SampleRows(logits, batch);
+    // The rows live in a larger pool, in reverse order after 3 unused rows.
+    torch::Tensor pool = torch::full({rows + 3, kVocab}, 100.0f);
+    for (int64_t r = 0; r < rows; ++r) pool[rows + 2 - r] = logits[r];
+    for (size_t r = 0; r < batch.size(); ++r) batch[r].row = rows + 2 - static_cast<int64_t>(r);
+    auto sampled = fwserve::SampleRows(pool, batch);
     ASSERT_TRUE(sampled.ok()) << sampled.status();
     ASSERT_EQ(sampled->size(), streams.size());
     for (size_t r = 0; r < streams.size(); ++r) {
@@ -115,7 +120,7 @@ TEST(BatchSamplerTest, EdgeRowsFollowTheHostRules) {
   logits[1] = torch::tensor({1.0f, 5.0f, 5.0f, 2.0f});  // greedy tie: the lowest id
   logits[2] = torch::tensor({-inf, 3.0f, -inf, -inf});  // one finite logit: always it
   std::vector<RowDraw> draws = {
-      {&sample, 0.5, nullptr}, {&greedy, 0, nullptr}, {&sample, 0.999, nullptr}};
+      {-1, &sample, 0.5, nullptr}, {-1, &greedy, 0, nullptr}, {-1, &sample, 0.999, nullptr}};
   auto sampled = fwserve::SampleRows(logits, draws);
   ASSERT_TRUE(sampled.ok()) << sampled.status();
   EXPECT_EQ((*sampled)[0].token, 0);
@@ -128,12 +133,18 @@ TEST(BatchSamplerTest, EdgeRowsFollowTheHostRules) {
 
 TEST(BatchSamplerTest, BadArgumentsAreRefused) {
   SamplingParams params;
-  std::vector<RowDraw> two = {{&params, 0.1, nullptr}, {&params, 0.2, nullptr}};
+  std::vector<RowDraw> two = {{-1, &params, 0.1, nullptr}, {-1, &params, 0.2, nullptr}};
   EXPECT_EQ(fwserve::SampleRows(torch::zeros({3, 8}), two).status().code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(fwserve::SampleRows(torch::zeros({8}), two).status().code(),
             absl::StatusCode::kInvalidArgument);
-  std::vector<RowDraw> missing = {{nullptr, 0.1, nullptr}};
+  std::vector<RowDraw> outside = {{3, &params, 0.1, nullptr}};
+  auto bad_row = fwserve::SampleRows(torch::zeros({3, 8}), outside);
+  EXPECT_EQ(bad_row.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad_row.status().message().find("draw 0: row 3 is not a row of logits [3, vocab]"),
+            std::string::npos)
+      << bad_row.status();
+  std::vector<RowDraw> missing = {{-1, nullptr, 0.1, nullptr}};
   auto refused = fwserve::SampleRows(torch::zeros({1, 8}), missing);
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(refused.status().message().find("draw 0 has no sampling params"), std::string::npos);

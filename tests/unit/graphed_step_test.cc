@@ -48,6 +48,8 @@ TEST_P(GraphedStepTest, EqualsTheLibTorchStepRowByRow) {
   EXPECT_FALSE((*step)->captured());
   const int64_t capacity = 9, vocab = config.vocab_size;
   fwmodel::State pool = model.InitialState(capacity);
+  // The pool's next-token logits (float32), written by the step too.
+  torch::Tensor row_logits = torch::zeros({capacity, vocab}, torch::kFloat32);
   const fwmodel::State fresh = model.InitialState(1);
   const std::vector<int64_t> session_rows = {6, 0, 3, 8, 1, 2};  // 4, 5 and 7 stay unused
   std::vector<fwmodel::State> reference;
@@ -66,9 +68,14 @@ TEST_P(GraphedStepTest, EqualsTheLibTorchStepRowByRow) {
       rows.push_back(session_rows[static_cast<size_t>(s)]);
     }
     if (count == 3) ++expected_padding;  // 5 and 6 run as 4 + 1 and 4 + 2: no padding
-    auto logits = (*step)->Step(tokens, rows, &pool);
+    auto logits = (*step)->Step(tokens, rows, &pool, &row_logits);
     ASSERT_TRUE(logits.ok()) << logits.status();
     ASSERT_EQ(logits->sizes(), (std::vector<int64_t>{static_cast<int64_t>(count), vocab}));
+    for (size_t i = 0; i < rows.size(); ++i) {
+      EXPECT_TRUE(
+          torch::allclose(row_logits[rows[i]].to(torch::kFloat64), (*logits)[i], 1e-6, 1e-6))
+          << "row_logits of row " << rows[i];
+    }
     for (size_t i = 0; i < sessions.size(); ++i) {
       const size_t s = static_cast<size_t>(sessions[i]);
       auto expected = model.Step(torch::tensor({tokens[i]}, torch::kInt64), &reference[s]);
@@ -85,6 +92,7 @@ TEST_P(GraphedStepTest, EqualsTheLibTorchStepRowByRow) {
     }
   }
   for (int64_t unused : {4, 5, 7}) {
+    EXPECT_EQ(row_logits[unused].abs().sum().item<double>(), 0.0) << "row_logits " << unused;
     for (size_t t = 0; t < pool.tensors.size(); ++t) {
       EXPECT_TRUE(torch::equal(pool.tensors[t].narrow(0, unused, 1), fresh.tensors[t]))
           << "row " << unused << " was written";
@@ -160,6 +168,9 @@ TEST(GraphedStepInputTest, BadArgumentsAreRefusedAndChangeNothing) {
   refused({1, 2}, {2, 2}, "row 2 appears twice");
   refused({1, 2}, {0}, "tokens has 2 entries, rows 1");
   refused({}, {}, "at least one row");
+  torch::Tensor small_logits = torch::zeros({3, config.vocab_size}, torch::kFloat32);
+  EXPECT_EQ((*step)->Step({1}, {0}, &pool, &small_logits).status().code(),
+            absl::StatusCode::kInvalidArgument);
   for (size_t t = 0; t < pool.tensors.size(); ++t) {
     EXPECT_TRUE(torch::equal(pool.tensors[t], before.tensors[t]));
   }

@@ -1,0 +1,2 @@
+// Empty: LibTorch's CUDA build generates this file (tests/cuda_stub/README.md).
+#pragma once
