@@ -145,6 +145,9 @@ ABSL_FLAG(absl::Duration, warmup, absl::Seconds(2),
           "load applied before each level's window, not measured");
 ABSL_FLAG(int32_t, repeat, 1, "run the whole sweep this many times (to see the noise)");
 ABSL_FLAG(int32_t, max_tokens, 128, "tokens generated per request");
+ABSL_FLAG(int32_t, min_tokens_per_message, 0,
+          "gRPC: each request's StreamOptions.min_tokens_per_message (fewer, fuller "
+          "messages); 0 = the server's default");
 ABSL_FLAG(bool, sessions, false,
           "each stream generates all its requests on one session of its own (which grows); "
           "default: throwaway requests, or forks with --context-tokens");
@@ -373,6 +376,7 @@ std::map<std::string, double> ParseMetrics(const std::string& text) {
 struct Config {
   std::string model;
   int max_tokens = 128;
+  int min_tokens_per_message = 0;
   std::string prompt;
   std::string text;  // source of session prefixes
   double temperature = 0.8;
@@ -575,6 +579,9 @@ void Level::Work(int index) {
   request.set_model(config_.model);
   request.set_prompt(config_.prompt);
   request.set_max_tokens(config_.max_tokens);
+  if (config_.min_tokens_per_message > 0) {
+    request.mutable_stream()->set_min_tokens_per_message(config_.min_tokens_per_message);
+  }
   request.mutable_sampling()->set_temperature(static_cast<float>(config_.temperature));
   fwserve::v1::GenerateResponse message;
   for (int64_t i = 0; !Stopped(); ++i) {
@@ -1498,6 +1505,7 @@ int main(int argc, char** argv) {
   Config config;
   config.model = absl::GetFlag(FLAGS_model);
   config.max_tokens = absl::GetFlag(FLAGS_max_tokens);
+  config.min_tokens_per_message = absl::GetFlag(FLAGS_min_tokens_per_message);
   config.temperature = absl::GetFlag(FLAGS_temperature);
   config.seed = absl::GetFlag(FLAGS_seed);
   config.duration = absl::GetFlag(FLAGS_duration);
@@ -1512,6 +1520,9 @@ int main(int argc, char** argv) {
     if (!trace_out) return Fail("cannot open --trace " + trace_path);
   }
   if (config.max_tokens < 1) return Fail("--max-tokens must be >= 1");
+  if (config.min_tokens_per_message < 0) {
+    return Fail("--min-tokens-per-message must be >= 0");
+  }
   if (config.duration <= absl::ZeroDuration() && config.requests_per_stream <= 0) {
     return Fail("--duration must be positive (or give --requests-per-stream)");
   }
@@ -1580,8 +1591,9 @@ int main(int argc, char** argv) {
   HttpTarget http_target;
   if (uses(Protocol::kHttp)) {
     if (!options.auth_token.empty()) {
-      return Fail("--api-key-file is sent with gRPC calls only; it cannot be used with "
-                  "--protocol http");
+      return Fail(
+          "--api-key-file is sent with gRPC calls only; it cannot be used with "
+          "--protocol http");
     }
     auto endpoints = fwbench::Resolve(http_target_flag);
     if (!endpoints.ok()) return Fail("--http-target: " + endpoints.status().ToString());
@@ -1658,6 +1670,7 @@ int main(int argc, char** argv) {
   flags["warmup_s"] = absl::ToDoubleSeconds(config.warmup);
   flags["repeat"] = repeats;
   flags["max_tokens"] = config.max_tokens;
+  flags["min_tokens_per_message"] = config.min_tokens_per_message;
   flags["prompt_bytes"] = config.prompt.size();
   flags["text_file"] = text_file;
   flags["temperature"] = config.temperature;

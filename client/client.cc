@@ -256,8 +256,11 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   const auto clamp_ms = [](absl::Duration d) {
     return static_cast<int>(std::clamp<int64_t>(absl::ToInt64Milliseconds(d), 1, 120000));
   };
+  // Not GRPC_ARG_MIN_RECONNECT_BACKOFF_MS: gRPC also takes it as the deadline of each
+  // connection attempt (min_connect_timeout, 20 s by default). At 100 ms, a TCP or TLS
+  // handshake on a loaded machine was cut off ("handshaker shutdown") and every
+  // attempt failed.
   arguments.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, clamp_ms(options.initial_backoff));
-  arguments.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, clamp_ms(options.initial_backoff));
   arguments.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS,
                    clamp_ms(std::max(options.max_backoff, options.initial_backoff)));
   auto channel = grpc::CreateCustomChannel(options.target, credentials, arguments);

@@ -49,6 +49,11 @@ struct GenerateParams {
   int32_t max_tokens = 0;
   std::vector<std::string> stop;
   bool logprobs = false;
+  // Per-request message grouping (v1::StreamOptions): a message waits for this many
+  // tokens (0 = the server's --stream-flush-interval rule), at most `max_message_delay`
+  // (zero = no limit when min_tokens_per_message is set, else the server's interval).
+  int32_t min_tokens_per_message = 0;
+  absl::Duration max_message_delay = absl::ZeroDuration();
   // Polled before the request starts and between prefill chunks (may be null): true =
   // the caller is gone, and the request ends without effect.
   std::function<bool()> is_cancelled;

@@ -261,6 +261,18 @@ class CoreImpl : public Core {
                                                      options_.max_tokens, "] (--max-tokens), got ",
                                                      params.max_tokens));
     }
+    if (params.min_tokens_per_message < 0 ||
+        params.min_tokens_per_message > options_.decode_lookahead) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("stream.min_tokens_per_message must be in [0, ", options_.decode_lookahead,
+                       "] (--decode-lookahead), got ", params.min_tokens_per_message));
+    }
+    if (params.max_message_delay < absl::ZeroDuration() ||
+        params.max_message_delay > absl::Seconds(60)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("stream.max_message_delay_ms must be in [0, 60000], got ",
+                       absl::ToInt64Milliseconds(params.max_message_delay)));
+    }
     if (params.repetition_window < 0 || params.repetition_window > kMaxRepetitionWindow) {
       return absl::InvalidArgumentError(absl::StrCat("repetition_window must be in [0, ",
                                                      kMaxRepetitionWindow, "], got ",

@@ -640,8 +640,13 @@ void Engine::AdmitStream(Task& t) {
       t.has_snapshot = true;
     }
     const GenerateParams& g = w.generate;
+    // The request's message grouping, else the server's.
+    const absl::Duration flush_interval =
+        g.max_message_delay > absl::ZeroDuration() ? g.max_message_delay
+        : g.min_tokens_per_message > 0             ? absl::InfiniteDuration()
+                                                   : options_.stream_flush_interval;
     t.stream = StreamTask(StreamLimits{g.max_tokens, g.stop, g.logprobs, options_.decode_lookahead,
-                                       options_.stream_flush_interval});
+                                       flush_interval, g.min_tokens_per_message});
     t.rng.seed(g.sampling.seed);
     t.recent.assign(w.tokens.end() - std::min<size_t>(w.tokens.size(), g.repetition_window),
                     w.tokens.end());

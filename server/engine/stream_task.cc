@@ -27,8 +27,13 @@ bool StreamTask::CanSample() const {
 }
 
 bool StreamTask::ShouldFlush(absl::Time now) const {
+  const int64_t unsent = static_cast<int64_t>(unsent_.token_ids.size());
+  if (done_sampling() || unsent >= limits_.lookahead) return true;
+  if (limits_.min_tokens_per_message > 0) {
+    return unsent >= limits_.min_tokens_per_message ||
+           now - unsent_since_ >= limits_.flush_interval;
+  }
   return limits_.flush_interval <= absl::ZeroDuration() ||
-         static_cast<int64_t>(unsent_.token_ids.size()) >= limits_.lookahead || done_sampling() ||
          now - unsent_since_ >= limits_.flush_interval;
 }
 

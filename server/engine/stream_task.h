@@ -30,8 +30,12 @@ struct StreamLimits {
   bool logprobs = false;
   // Unconfirmed tokens at most (--decode-lookahead), >= 1.
   int64_t lookahead = 16;
-  // How long the unsent tokens may wait for company (--stream-flush-interval).
+  // How long the unsent tokens may wait for company (--stream-flush-interval, or the
+  // request's max_message_delay); InfiniteDuration = until min_tokens_per_message.
   absl::Duration flush_interval = absl::ZeroDuration();
+  // A message waits for this many tokens (0 = for `lookahead` while flush_interval
+  // lasts); in [0, lookahead].
+  int64_t min_tokens_per_message = 0;
 };
 
 class StreamTask {

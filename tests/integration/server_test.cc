@@ -326,6 +326,48 @@ TEST_F(ServerTest, AFlushIntervalSendsFullMessages) {
   EXPECT_EQ(result->token_ids, plain->token_ids);
 }
 
+// A request's StreamOptions: min_tokens_per_message 6 sends 40 tokens in messages of at
+// least 6 (at most --decode-lookahead, 16), the last one excepted, and they are the
+// tokens a plain request gets. Out-of-range values are refused and name the field.
+TEST_F(ServerTest, AMinimumOfTokensPerMessageIsHonoured) {
+  auto server = Harness::Start(Options());
+  ASSERT_NE(server, nullptr);
+  v1::GenerateRequest request = Greedy("Hello, world", 40);
+  request.mutable_stream()->set_min_tokens_per_message(6);
+  std::vector<int> sizes;
+  auto result = server->client().Generate(request, [&](const v1::GenerateResponse& m) {
+    if (m.token_ids_size() > 0) sizes.push_back(m.token_ids_size());
+    return true;
+  });
+  ASSERT_TRUE(result.ok()) << result.status();
+  ASSERT_GE(sizes.size(), 2u);
+  int total = 0;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    total += sizes[i];
+    EXPECT_LE(sizes[i], 16) << "message " << i;
+    if (i + 1 < sizes.size()) {
+      EXPECT_GE(sizes[i], 6) << "message " << i;
+    }
+  }
+  EXPECT_EQ(total, 40);
+  auto plain = server->client().Generate(Greedy("Hello, world", 40));
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ(result->token_ids, plain->token_ids);
+  for (auto [min_tokens, delay_ms, message] :
+       {std::tuple{17, 0,
+                   "stream.min_tokens_per_message must be in [0, 16] "
+                   "(--decode-lookahead), got 17"},
+        std::tuple{-1, 0, "stream.min_tokens_per_message must be in [0, 16]"},
+        std::tuple{4, 60001, "stream.max_message_delay_ms must be in [0, 60000], got 60001"}}) {
+    v1::GenerateRequest bad = Greedy("Hello", 4);
+    bad.mutable_stream()->set_min_tokens_per_message(min_tokens);
+    bad.mutable_stream()->set_max_message_delay_ms(delay_ms);
+    auto refused = server->client().Generate(bad);
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << message;
+    EXPECT_NE(refused.status().message().find(message), std::string::npos) << refused.status();
+  }
+}
+
 // --decode-kernel libtorch (Model::Step on gathered rows, the LibTorch sequence form
 // for prompts) still serves, with pipelining, and gives the native kernel's tokens'
 // probabilities to float rounding: the same greedy continuation of 50 tokens (prefill

@@ -74,6 +74,34 @@ TEST(StreamTaskTest, AStopStringAcrossAChunkHeldByTheFlushIntervalIsFound) {
   EXPECT_TRUE(stream.ShouldFlush(kT0 + absl::Milliseconds(12)));
 }
 
+// A request's min_tokens_per_message (v1::StreamOptions): a message waits for that many
+// tokens, whatever the time, unless the request also bounds the wait; the end of
+// sampling sends what is left.
+TEST(StreamTaskTest, AMinimumOfTokensPerMessageHoldsTokensUntilItIsReached) {
+  StreamLimits limits = Limits(/*max_tokens=*/7, {});
+  limits.min_tokens_per_message = 3;
+  limits.flush_interval = absl::InfiniteDuration();  // no max_message_delay_ms
+  StreamTask stream(limits);
+  stream.AddSampled('a', 0, kT0);
+  stream.AddSampled('b', 0, kT0);
+  EXPECT_FALSE(stream.ShouldFlush(kT0 + absl::Hours(1)));
+  stream.AddSampled('c', 0, kT0);
+  EXPECT_TRUE(stream.ShouldFlush(kT0));
+  EXPECT_EQ(stream.TakeChunkForWrite().text, "abc");
+  stream.ConfirmWrite();
+  for (char c : std::string("defg")) stream.AddSampled(c, 0, kT0);
+  EXPECT_TRUE(stream.done_sampling());
+  EXPECT_TRUE(stream.ShouldFlush(kT0));
+  EXPECT_EQ(stream.TakeChunkForWrite().text, "defg");
+
+  // With max_message_delay_ms 10: a lone token goes after 10 ms.
+  limits.flush_interval = absl::Milliseconds(10);
+  StreamTask bounded(limits);
+  bounded.AddSampled('a', 0, kT0);
+  EXPECT_FALSE(bounded.ShouldFlush(kT0 + absl::Milliseconds(9)));
+  EXPECT_TRUE(bounded.ShouldFlush(kT0 + absl::Milliseconds(10)));
+}
+
 TEST(StreamTaskTest, AStopStringInsideAMultiByteCharacterMatchesBytes) {
   StreamTask stream(Limits(/*max_tokens=*/100, {"\xC3\xA9"}));  // "é"
   SampleAll(stream, "caf\xC3\xA9 au lait");
