@@ -47,6 +47,26 @@ class ServerTest : public ::testing::Test {
     return options;
   }
 
+  // `server` gives `native`'s greedy continuation of "Hello, world": 50 tokens (prefill
+  // and 49 decode steps), the same ids and text, each logprob within 1e-4.
+  static void ExpectTheSameGreedyContinuation(Harness& server, Harness& native) {
+    v1::GenerateRequest request = Greedy("Hello, world", 50);
+    request.set_logprobs(true);
+    auto got = server.client().Generate(request);
+    auto expected = native.client().Generate(request);
+    ASSERT_TRUE(got.ok()) << got.status();
+    ASSERT_TRUE(expected.ok()) << expected.status();
+    EXPECT_EQ(got->usage.generated_tokens(), 50);
+    EXPECT_EQ(got->usage.session_tokens(), 62);
+    ASSERT_EQ(got->token_ids.size(), 50u);
+    EXPECT_EQ(got->token_ids, expected->token_ids);
+    EXPECT_EQ(got->text, expected->text);
+    ASSERT_EQ(got->logprobs.size(), expected->logprobs.size());
+    for (size_t i = 0; i < got->logprobs.size(); ++i) {
+      EXPECT_NEAR(got->logprobs[i], expected->logprobs[i], 1e-4) << "token " << i;
+    }
+  }
+
   static v1::GenerateRequest Greedy(const std::string& prompt, int max_tokens,
                                     const std::string& session_id = "") {
     return fwtest::GreedyRequest(prompt, max_tokens, session_id);
@@ -379,21 +399,7 @@ TEST_F(ServerTest, TheLibTorchDecodeKernelServesTheSameModel) {
   ASSERT_NE(reference_server, nullptr);
   auto native_server = Harness::Start(Options());
   ASSERT_NE(native_server, nullptr);
-  v1::GenerateRequest request = Greedy("Hello, world", 50);
-  request.set_logprobs(true);
-  auto reference = reference_server->client().Generate(request);
-  auto native = native_server->client().Generate(request);
-  ASSERT_TRUE(reference.ok()) << reference.status();
-  ASSERT_TRUE(native.ok()) << native.status();
-  EXPECT_EQ(reference->usage.generated_tokens(), 50);
-  EXPECT_EQ(reference->usage.session_tokens(), 62);
-  ASSERT_EQ(reference->token_ids.size(), 50u);
-  EXPECT_EQ(reference->token_ids, native->token_ids);
-  EXPECT_EQ(reference->text, native->text);
-  ASSERT_EQ(reference->logprobs.size(), native->logprobs.size());
-  for (size_t i = 0; i < reference->logprobs.size(); ++i) {
-    EXPECT_NEAR(reference->logprobs[i], native->logprobs[i], 1e-4) << "token " << i;
-  }
+  ExpectTheSameGreedyContinuation(*reference_server, *native_server);
 }
 
 // --decode-kernel graph (models/graphed_step.h: the CUDA path's bucketed step, eager on
@@ -409,18 +415,7 @@ TEST_F(ServerTest, TheGraphDecodeKernelServesTheSameModel) {
   ASSERT_NE(graph_server, nullptr);
   auto native_server = Harness::Start(Options());
   ASSERT_NE(native_server, nullptr);
-  v1::GenerateRequest greedy = Greedy("Hello, world", 50);
-  greedy.set_logprobs(true);
-  auto graph = graph_server->client().Generate(greedy);
-  auto native = native_server->client().Generate(greedy);
-  ASSERT_TRUE(graph.ok()) << graph.status();
-  ASSERT_TRUE(native.ok()) << native.status();
-  ASSERT_EQ(graph->token_ids.size(), 50u);
-  EXPECT_EQ(graph->token_ids, native->token_ids);
-  ASSERT_EQ(graph->logprobs.size(), native->logprobs.size());
-  for (size_t i = 0; i < graph->logprobs.size(); ++i) {
-    EXPECT_NEAR(graph->logprobs[i], native->logprobs[i], 1e-4) << "token " << i;
-  }
+  ExpectTheSameGreedyContinuation(*graph_server, *native_server);
   auto sampled_on = [&](Harness& server, const std::string& session_id) {
     std::vector<v1::GenerateRequest> requests;
     for (int i = 0; i < 5; ++i) {

@@ -19,17 +19,11 @@ namespace {
 using fwmodel::Architecture;
 using fwmodel::FfnKind;
 
-std::string CaseName(const testing::TestParamInfo<fwtest::ConfigCase>& info) {
-  return info.param.Name();
-}
-
 // float64: the same operations as Model::Step on other batch shapes.
 constexpr double kTolerance = 1e-10;
 
 void ExpectNear(const torch::Tensor& a, const torch::Tensor& b, const std::string& what) {
-  ASSERT_EQ(a.sizes(), b.sizes()) << what;
-  const double magnitude = 1.0 + b.abs().max().item<double>();
-  EXPECT_LE(fwtest::MaxAbsDiff(a, b), kTolerance * magnitude) << what;
+  fwtest::ExpectNearRelative(a, b, kTolerance, what);
 }
 
 class GraphedStepTest : public testing::TestWithParam<fwtest::ConfigCase> {};
@@ -101,7 +95,7 @@ TEST_P(GraphedStepTest, EqualsTheLibTorchStepRowByRow) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllConfigurations, GraphedStepTest,
-                         testing::ValuesIn(fwtest::AllConfigCases()), CaseName);
+                         testing::ValuesIn(fwtest::AllConfigCases()), fwtest::ConfigCaseName);
 
 TEST(GraphedStepBucketsTest, AStepPadsToTheSmallestBucketThatFits) {
   fwmodel::Model model = fwtest::RandomModel(

@@ -16,18 +16,10 @@ namespace {
 using fwmodel::Architecture;
 using fwmodel::FfnKind;
 
-std::string CaseName(const testing::TestParamInfo<fwtest::ConfigCase>& info) {
-  return info.param.Name();
-}
-
 constexpr double kTolerance = 1e-5;
 
-// |a - b| <= kTolerance * (1 + max |b|), elementwise maximum.
 void ExpectNear(const torch::Tensor& a, const torch::Tensor& b, const std::string& what) {
-  ASSERT_EQ(a.sizes(), b.sizes()) << what;
-  const double magnitude = 1.0 + b.abs().max().item<double>();
-  EXPECT_TRUE(torch::isfinite(a).all().item<bool>()) << what;
-  EXPECT_LE(fwtest::MaxAbsDiff(a, b), kTolerance * magnitude) << what;
+  fwtest::ExpectNearRelative(a, b, kTolerance, what);
 }
 
 // Every configuration of the form-equivalence tests.
@@ -129,7 +121,7 @@ TEST_P(NativeStepTest, AbsorbEqualsSteppingTokenByToken) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllConfigurations, NativeStepTest,
-                         testing::ValuesIn(fwtest::AllConfigCases()), CaseName);
+                         testing::ValuesIn(fwtest::AllConfigCases()), fwtest::ConfigCaseName);
 
 TEST(NativeStepInputTest, BadArgumentsAreRefusedAndChangeNothing) {
   torch::NoGradGuard no_grad;

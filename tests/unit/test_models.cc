@@ -57,6 +57,18 @@ torch::Tensor RandomTokens(int64_t batch, int64_t steps, int64_t vocab, uint64_t
   return torch::randint(vocab, {batch, steps}, generator, torch::kInt64);
 }
 
+void ExpectNearRelative(const torch::Tensor& a, const torch::Tensor& b, double tolerance,
+                        const std::string& what) {
+  ASSERT_EQ(a.sizes(), b.sizes()) << what;
+  const double magnitude = 1.0 + b.abs().max().item<double>();
+  EXPECT_TRUE(torch::isfinite(a).all().item<bool>()) << what;
+  EXPECT_LE(MaxAbsDiff(a, b), tolerance * magnitude) << what;
+}
+
+std::string ConfigCaseName(const testing::TestParamInfo<ConfigCase>& info) {
+  return info.param.Name();
+}
+
 double MaxAbsDiff(const torch::Tensor& a, const torch::Tensor& b) {
   return (a.to(torch::kFloat64) - b.to(torch::kFloat64)).abs().max().item<double>();
 }

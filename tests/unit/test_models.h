@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include <gtest/gtest.h>
+
 #include "models/config.h"
 #include "models/model.h"
 
@@ -40,11 +42,18 @@ struct ConfigCase {
   std::string Name() const;
 };
 std::vector<ConfigCase> AllConfigCases();
+// A parameterised test's name for its ConfigCase (its Name()).
+std::string ConfigCaseName(const testing::TestParamInfo<ConfigCase>& info);
 
 // Random token ids in [0, vocab) as int64 [batch, steps].
 torch::Tensor RandomTokens(int64_t batch, int64_t steps, int64_t vocab, uint64_t seed);
 
 // max |a - b| as a double.
 double MaxAbsDiff(const torch::Tensor& a, const torch::Tensor& b);
+
+// Expects a and b of the same shape, a finite, and max |a - b| <= tolerance · (1 + max |b|).
+// `what` names the comparison in the failure message.
+void ExpectNearRelative(const torch::Tensor& a, const torch::Tensor& b, double tolerance,
+                        const std::string& what);
 
 }  // namespace fwtest
