@@ -71,9 +71,12 @@ fwmodel::Model MakePkmModel() {
   return std::move(*fwmodel::Model::InitRandom(c, 1));
 }
 
-void RunNativeStep(benchmark::State& state, const fwmodel::Model& model, int64_t batch) {
+void RunNativeStep(benchmark::State& state, const fwmodel::Model& model, int64_t batch,
+                   bool packed_gemm = true) {
   torch::NoGradGuard no_grad;
-  auto native = fwmodel::NativeStep::Create(model);
+  fwmodel::NativeStepOptions options;
+  options.packed_gemm = packed_gemm;
+  auto native = fwmodel::NativeStep::Create(model, options);
   if (!native.ok()) return state.SkipWithError("native step unavailable");
   fwmodel::State pool = model.InitialState(2 * batch);
   std::vector<int64_t> tokens(static_cast<size_t>(batch), 65), rows;
@@ -91,6 +94,14 @@ void RunNativeStep(benchmark::State& state, const fwmodel::Model& model, int64_t
 void BM_NativeStep(benchmark::State& state) {
   fwmodel::Model model = MakeModel(state.range(0));
   RunNativeStep(state, model, state.range(1));
+  SetLabel(state);
+}
+
+// The same step with every projection on cblas_sgemm (--native-gemm openblas): the
+// baseline of the libxsmm kernels (models/packed_linear.h).
+void BM_NativeStepOpenBlas(benchmark::State& state) {
+  fwmodel::Model model = MakeModel(state.range(0));
+  RunNativeStep(state, model, state.range(1), /*packed_gemm=*/false);
   SetLabel(state);
 }
 
@@ -175,6 +186,9 @@ void BM_PrefillByStep(benchmark::State& state) {
 
 BENCHMARK(BM_Step)->ArgsProduct({{0, 1, 2}, {1, 8, 32, 64, 128}})->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_NativeStep)
+    ->ArgsProduct({{0, 1, 2}, {1, 8, 32, 64, 128}})
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_NativeStepOpenBlas)
     ->ArgsProduct({{0, 1, 2}, {1, 8, 32, 64, 128}})
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_StepPkm)->Arg(1)->Arg(64)->Unit(benchmark::kMicrosecond);

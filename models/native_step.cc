@@ -12,37 +12,15 @@
 #include "absl/strings/str_cat.h"
 #include "models/mixers/mixer.h"
 #include "models/mixers/native_math.h"
+#include "models/packed_linear.h"
 
 namespace fwmodel {
 namespace {
 
 // Rows per task of the per-session loops; below it the loop stays on one thread.
 constexpr int64_t kRowGrain = 8;
-// Below this batch a projection is one sgemv per row: sgemm packs the whole weight
-// matrix on every call, which costs as much as the product itself at batch 1.
-constexpr int64_t kGemvBelow = 4;
 // Most state tensors a mixer has (linear_attention: S and z).
 constexpr int kMaxMixerStates = 4;
-
-// y[rows, out] = x[rows, in] · w[out, in]ᵀ (+ bias[out]). Row-major, contiguous.
-void Linear(const float* x, int64_t rows, int64_t in, const float* w, int64_t out,
-            const float* bias, float* y) {
-  if (rows == 0) return;
-  if (bias != nullptr) {
-    for (int64_t r = 0; r < rows; ++r) std::memcpy(y + r * out, bias, sizeof(float) * out);
-  }
-  if (rows < kGemvBelow) {
-    for (int64_t r = 0; r < rows; ++r) {
-      cblas_sgemv(CblasRowMajor, CblasNoTrans, static_cast<int>(out), static_cast<int>(in), 1.0f, w,
-                  static_cast<int>(in), x + r * in, 1, bias != nullptr ? 1.0f : 0.0f, y + r * out,
-                  1);
-    }
-    return;
-  }
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(rows),
-              static_cast<int>(out), static_cast<int>(in), 1.0f, x, static_cast<int>(in), w,
-              static_cast<int>(in), bias != nullptr ? 1.0f : 0.0f, y, static_cast<int>(out));
-}
 
 // y = LN(x) per row of width d, with weight and bias (biased variance, as torch).
 FW_VECTOR_KERNEL
@@ -111,29 +89,33 @@ void TopK(const float* s, int64_t n, int64_t k, std::vector<int64_t>* order) {
 
 struct NativeStep::Layer {
   const float *norm1_w, *norm1_b, *norm2_w, *norm2_b;
-  std::vector<float> in_proj;  // [q|r, k, v (, beta)] stacked: [3d (+H), d]
+  PackedLinear in_proj;  // [q|r, k, v (, beta)] stacked: [3d (+H), d]
   int64_t proj_width = 0;
   std::vector<float> conv_w[3];  // [K, d]: the conv weight [d, K] transposed
   const float* conv_b[3] = {nullptr, nullptr, nullptr};
-  const float *o_w, *o_b;
+  PackedLinear o;
+  const float* o_b = nullptr;
   std::unique_ptr<NativeMixer> mixer;
   bool pkm = false;
-  const float *up_w = nullptr, *up_b = nullptr, *down_w = nullptr, *down_b = nullptr;
-  const float *query_w = nullptr, *keys = nullptr, *values = nullptr;
+  PackedLinear up, down, query;
+  const float *up_b = nullptr, *down_b = nullptr;
+  const float *keys = nullptr, *values = nullptr;
   std::vector<float> bn_mean, bn_denominator, bn_w, bn_b;  // denominator = sqrt(var + eps)
   int mixer_state = -1;  // index in State::tensors of the mixer's first state tensor
   int mixer_states = 0;  // how many it has (consecutive)
   int conv_state = -1;
 };
 
-NativeStep::NativeStep(const Model& model) : model_(model) {}
+NativeStep::NativeStep(const Model& model, const NativeStepOptions& options)
+    : model_(model), options_(options) {}
 NativeStep::~NativeStep() = default;
 
-absl::StatusOr<std::unique_ptr<NativeStep>> NativeStep::Create(const Model& model) {
+absl::StatusOr<std::unique_ptr<NativeStep>> NativeStep::Create(const Model& model,
+                                                               const NativeStepOptions& options) {
   if (!model.options().device.is_cpu() || model.options().dtype != torch::kFloat32) {
     return absl::FailedPreconditionError("the native decode step needs a float32 model on the CPU");
   }
-  std::unique_ptr<NativeStep> step(new NativeStep(model));
+  std::unique_ptr<NativeStep> step(new NativeStep(model, options));
   const ModelConfig& c = model.config();
   const int64_t d = c.d_model;
   try {
@@ -145,6 +127,10 @@ absl::StatusOr<std::unique_ptr<NativeStep>> NativeStep::Create(const Model& mode
     auto copy = [&](const std::string& name) {
       torch::Tensor t = model.weights().at(name).detach().contiguous();
       return std::vector<float>(t.data_ptr<float>(), t.data_ptr<float>() + t.numel());
+    };
+    auto linear = [&](const std::string& name) {
+      torch::Tensor t = model.weights().at(name).detach().contiguous();
+      return PackedLinear(t.data_ptr<float>(), t.size(0), t.size(1), options.packed_gemm);
     };
     auto state_index = [&](int layer, const char* suffix) {
       const std::string name = absl::StrCat("blocks.", layer, ".", suffix);
@@ -164,9 +150,10 @@ absl::StatusOr<std::unique_ptr<NativeStep>> NativeStep::Create(const Model& mode
       l.norm1_b = weight(p + "norm1.bias");
       l.norm2_w = weight(p + "norm2.weight");
       l.norm2_b = weight(p + "norm2.bias");
+      std::vector<float> in_proj;
       for (int j = 0; j < 3; ++j) {
         std::vector<float> w = copy(absl::StrCat(p, "mixer.", names[j], ".weight"));
-        l.in_proj.insert(l.in_proj.end(), w.begin(), w.end());
+        in_proj.insert(in_proj.end(), w.begin(), w.end());
         if (c.has_dconv()) {
           std::vector<float> w = copy(absl::StrCat(p, "mixer.", names[j], "_conv.weight"));
           const int64_t K = c.dconv_kernel;
@@ -178,9 +165,10 @@ absl::StatusOr<std::unique_ptr<NativeStep>> NativeStep::Create(const Model& mode
         }
       }
       const std::vector<float> extra = l.mixer->ExtraProjection();
-      l.in_proj.insert(l.in_proj.end(), extra.begin(), extra.end());
-      l.proj_width = static_cast<int64_t>(l.in_proj.size()) / d;
-      l.o_w = weight(p + "mixer.o.weight");
+      in_proj.insert(in_proj.end(), extra.begin(), extra.end());
+      l.proj_width = static_cast<int64_t>(in_proj.size()) / d;
+      l.in_proj = PackedLinear(in_proj.data(), l.proj_width, d, options.packed_gemm);
+      l.o = linear(p + "mixer.o.weight");
       l.o_b = weight(p + "mixer.o.bias");
       const std::vector<StateTensorSpec> mixer_spec = mixer.StateSpec();
       l.mixer_state = state_index(i, mixer_spec.front().name.c_str());
@@ -191,7 +179,7 @@ absl::StatusOr<std::unique_ptr<NativeStep>> NativeStep::Create(const Model& mode
       if (c.has_dconv()) l.conv_state = state_index(i, "conv");
       l.pkm = c.is_pkm_layer(i);
       if (l.pkm) {
-        l.query_w = weight(p + "ffn.query.weight");
+        l.query = linear(p + "ffn.query.weight");
         l.keys = weight(p + "ffn.keys");
         l.values = weight(p + "ffn.values.weight");
         l.bn_mean = copy(p + "ffn.query_norm.running_mean");
@@ -200,9 +188,9 @@ absl::StatusOr<std::unique_ptr<NativeStep>> NativeStep::Create(const Model& mode
         l.bn_w = copy(p + "ffn.query_norm.weight");
         l.bn_b = copy(p + "ffn.query_norm.bias");
       } else {
-        l.up_w = weight(p + "ffn.up.weight");
+        l.up = linear(p + "ffn.up.weight");
         l.up_b = weight(p + "ffn.up.bias");
-        l.down_w = weight(p + "ffn.down.weight");
+        l.down = linear(p + "ffn.down.weight");
         l.down_b = weight(p + "ffn.down.bias");
       }
       step->layers_.push_back(std::move(l));
@@ -211,7 +199,7 @@ absl::StatusOr<std::unique_ptr<NativeStep>> NativeStep::Create(const Model& mode
     step->embed_ = weight("embed.weight");
     step->norm_f_w_ = weight("norm_f.weight");
     step->norm_f_b_ = weight("norm_f.bias");
-    step->head_ = weight(c.tie_embeddings ? "embed.weight" : "head.weight");
+    step->head_ = linear(c.tie_embeddings ? "embed.weight" : "head.weight");
   } catch (const std::exception& e) {
     return absl::InternalError(absl::StrCat("native decode step: ", e.what()));
   }
@@ -276,7 +264,7 @@ absl::Status NativeStep::Absorb(absl::Span<const int64_t> tokens, int64_t steps,
   // Activations of all B·T tokens go through each projection as one matrix; only the
   // recurrences run token by token (per session, in order).
   const int64_t T = steps, N = B * T;
-  const int64_t d = c.d_model, V = c.vocab_size;
+  const int64_t d = c.d_model;
   const int64_t K = c.has_dconv() ? c.dconv_kernel : 0;
   const float norm_eps = static_cast<float>(c.norm_eps);
   const int64_t hidden_width = c.ffn == FfnKind::kGeglu ? 2 * static_cast<int64_t>(c.d_ff) : c.d_ff;
@@ -304,7 +292,7 @@ absl::Status NativeStep::Absorb(absl::Span<const int64_t> tokens, int64_t steps,
   for (const Layer& l : layers_) {
     const int64_t P = l.proj_width;
     LayerNorm(h, N, d, l.norm1_w, l.norm1_b, norm_eps, x);
-    Linear(x, N, d, l.in_proj.data(), P, nullptr, proj);
+    l.in_proj.Apply(x, N, nullptr, proj);
     float* mixer_base[kMaxMixerStates];
     int64_t mixer_row[kMaxMixerStates];
     for (int j = 0; j < l.mixer_states; ++j) {
@@ -338,7 +326,7 @@ absl::Status NativeStep::Absorb(absl::Span<const int64_t> tokens, int64_t steps,
       }
       l.mixer->Absorb(batch, begin, end, scratch.data() + d);  // one call per layer and task
     });
-    Linear(y, N, d, l.o_w, d, l.o_b, x);
+    l.o.Apply(y, N, l.o_b, x);
     AddInPlace(h, x, N * d);
 
     LayerNorm(h, N, d, l.norm2_w, l.norm2_b, norm_eps, x);
@@ -347,7 +335,7 @@ absl::Status NativeStep::Absorb(absl::Span<const int64_t> tokens, int64_t steps,
     } else {
       const int64_t f = c.d_ff;
       float* u = hidden_.data();
-      Linear(x, N, d, l.up_w, hidden_width, l.up_b, u);
+      l.up.Apply(x, N, l.up_b, u);
       float* a = act_.data();
       for (int64_t b = 0; b < N; ++b) {
         const float* ub = u + b * hidden_width;
@@ -367,7 +355,7 @@ absl::Status NativeStep::Absorb(absl::Span<const int64_t> tokens, int64_t steps,
             break;
         }
       }
-      Linear(a, N, f, l.down_w, d, l.down_b, y);
+      l.down.Apply(a, N, l.down_b, y);
     }
     AddInPlace(h, y, N * d);
   }
@@ -375,7 +363,7 @@ absl::Status NativeStep::Absorb(absl::Span<const int64_t> tokens, int64_t steps,
   for (int64_t b = 0; b < B; ++b) {
     LayerNorm(h + ((b + 1) * T - 1) * d, 1, d, norm_f_w_, norm_f_b_, norm_eps, x + b * d);
   }
-  Linear(x, B, d, head_, V, nullptr, logits);
+  head_.Apply(x, B, nullptr, logits);
   return absl::OkStatus();
 }
 
@@ -384,7 +372,7 @@ void NativeStep::PkmFfn(const Layer& l, const float* x, int64_t B, float* out) {
   const int64_t d = c.d_model, Hm = c.pkm_heads, nk = c.pkm_num_keys, k = c.pkm_topk,
                 dk = c.pkm_dim_key, half = dk / 2, width = Hm * dk;
   float* q = pkm_query_.data();
-  Linear(x, B, d, l.query_w, width, nullptr, q);
+  l.query.Apply(x, B, nullptr, q);
   for (int64_t b = 0; b < B; ++b) {
     float* qb = q + b * width;
     for (int64_t ch = 0; ch < width; ++ch) {

@@ -1,5 +1,5 @@
 // A native float32 CPU implementation of Model::Step, the contract's recurrent form,
-// for serving: one sgemm per projection group over the whole batch (OpenBLAS), the
+// for serving: one GEMM per projection group over the whole batch (packed_linear.h), the
 // per-token elementwise work (dconv, φ / DPFP, delta rule, AFT's WKV recurrence, layer
 // norms, activations, product-key memory lookups) in tight loops over contiguous
 // memory, and every session's state updated in place in a pool through a row index (no
@@ -22,13 +22,22 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "models/model.h"
+#include "models/packed_linear.h"
 
 namespace fwmodel {
+
+struct NativeStepOptions {
+  // The projections' GEMMs on weights laid out once at load with libxsmm's JIT kernels
+  // (models/packed_linear.h) where the build and CPU have them; false: OpenBLAS's
+  // cblas_sgemm on every call (the server's --native-gemm openblas).
+  bool packed_gemm = true;
+};
 
 class NativeStep {
  public:
   // FailedPrecondition unless the model computes in float32 on the CPU.
-  static absl::StatusOr<std::unique_ptr<NativeStep>> Create(const Model& model);
+  static absl::StatusOr<std::unique_ptr<NativeStep>> Create(const Model& model,
+                                                            const NativeStepOptions& options = {});
 
   // Row rows[b] of every tensor of `pool` (each [capacity, spec shape...], float32,
   // contiguous, on the CPU) absorbs tokens[b], in place; logits [B, vocab] row-major are
@@ -48,20 +57,21 @@ class NativeStep {
 
  private:
   struct Layer;
-  explicit NativeStep(const Model& model);
+  NativeStep(const Model& model, const NativeStepOptions& options);
   absl::Status CheckArguments(absl::Span<const int64_t> tokens, int64_t steps,
                               absl::Span<const int64_t> rows, const State& pool) const;
   // out [B, d] := the product-key memory FFN of x [B, d].
   void PkmFfn(const Layer& layer, const float* x, int64_t B, float* out);
 
   const Model& model_;
+  const NativeStepOptions options_;
   std::vector<Layer> layers_;
   // Contiguous views of the model's weights that the raw pointers below read.
   std::vector<torch::Tensor> kept_;
   const float* embed_ = nullptr;
   const float* norm_f_w_ = nullptr;
   const float* norm_f_b_ = nullptr;
-  const float* head_ = nullptr;  // head.weight, or embed.weight when tied
+  PackedLinear head_;  // head.weight, or embed.weight when tied
   // PkmCandidatePairs(pkm_topk), computed once (empty without PKM blocks).
   std::vector<int64_t> pkm_pairs_;
   // Scratch, sized for the largest batch seen: residual stream, normalised input,

@@ -13,7 +13,7 @@ set -euo pipefail
 # Building fwserve and fwctl (cmake -DFWSERVE_BUILD_TESTS=OFF -DFWSERVE_BUILD_BENCH=OFF).
 BUILD_PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config
-  libtorch-dev libopenblas0-openmp libblas-dev
+  libtorch-dev libopenblas0-openmp libblas-dev libxsmm-dev
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev prometheus-cpp-dev
   nlohmann-json3-dev libssl-dev libhiredis-dev libcli11-dev libboost-dev

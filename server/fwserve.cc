@@ -109,6 +109,11 @@ ABSL_FLAG(std::string, decode_kernel, "native",
           "on CUDA it means graph), graph (the step on per-batch-size buffers, replayed "
           "as CUDA Graphs on CUDA, eager on the CPU; sampling on the device) or libtorch "
           "(the reference Model::Step on gathered rows)");
+ABSL_FLAG(std::string, native_gemm, "libxsmm",
+          "the native decode step's projections: libxsmm (JIT small-GEMM kernels on weights "
+          "laid out once at load; OpenBLAS where libxsmm is not built in or its JIT does "
+          "not serve this CPU, and for products over 256 rows) or openblas (cblas_sgemm, "
+          "which repacks the weights on every call)");
 ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(30),
           "on SIGTERM/SIGINT, how long in-flight requests may run before they are ended");
 ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9464",
@@ -330,6 +335,7 @@ int main(int argc, char** argv) {
   core_options.session_ttl = absl::GetFlag(FLAGS_session_ttl);
   core_options.batch_wait = absl::GetFlag(FLAGS_batch_wait);
   core_options.decode_kernel = absl::GetFlag(FLAGS_decode_kernel);
+  core_options.native_gemm = absl::GetFlag(FLAGS_native_gemm);
   core_options.decode_lookahead = absl::GetFlag(FLAGS_decode_lookahead);
   core_options.stream_flush_interval = absl::GetFlag(FLAGS_stream_flush_interval);
   core_options.intra_op_threads = absl::GetFlag(FLAGS_threads);

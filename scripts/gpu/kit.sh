@@ -32,7 +32,8 @@ kit="$repo/.gpu-kit"
 # toolchain, plus the test and benchmark libraries). BLAS: the native decode step calls
 # cblas_sgemm through libblas.so.3; the kit takes the reference BLAS (libblas3,
 # 0.15 MB) rather than OpenBLAS (6.7 MB): on the GPU machine the CPU path only serves
-# as the reference, never as the measured one.
+# as the reference, never as the measured one. libxsmm-dev is left out for the same
+# reason: without it CMake builds the native step's GEMMs on cblas_sgemm.
 PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libre2-dev libc-ares-dev

@@ -97,6 +97,7 @@ EngineOptions ToEngineOptions(const CoreOptions& o) {
   e.batch_wait = o.batch_wait;
   e.intra_op_threads = o.intra_op_threads;
   e.decode_kernel = o.decode_kernel;
+  e.packed_gemm = o.native_gemm == "libxsmm";
   e.decode_lookahead = o.decode_lookahead;
   e.stream_flush_interval = o.stream_flush_interval;
   e.max_state_memory_bytes = o.max_state_memory_bytes;
@@ -145,6 +146,10 @@ absl::Status ValidateCoreOptions(const CoreOptions& o) {
   if (o.decode_kernel != "native" && o.decode_kernel != "graph" && o.decode_kernel != "libtorch") {
     return absl::InvalidArgumentError(absl::StrCat(
         "--decode-kernel must be native, graph or libtorch, got '", o.decode_kernel, "'"));
+  }
+  if (o.native_gemm != "libxsmm" && o.native_gemm != "openblas") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--native-gemm must be libxsmm or openblas, got '", o.native_gemm, "'"));
   }
   if (o.session_lease_ttl < absl::Milliseconds(100)) {
     return absl::InvalidArgumentError(

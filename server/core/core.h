@@ -84,6 +84,9 @@ struct CoreOptions {
   // device) or "libtorch" (Model::Step on gathered rows, the reference). What a model
   // cannot use falls back to "libtorch" (float64 models always do).
   std::string decode_kernel = "native";
+  // The native kernel's GEMMs (models/packed_linear.h): "libxsmm" (JIT kernels on
+  // weights laid out at load, OpenBLAS where unavailable) or "openblas" (cblas_sgemm).
+  std::string native_gemm = "libxsmm";
   // Decode pipelining: tokens a stream may sample and absorb beyond the last one whose
   // write was confirmed. While a write is in flight the stream keeps decoding; what it
   // samples meanwhile goes out as one chunk when the write returns. 1 = the next token

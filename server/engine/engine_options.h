@@ -30,6 +30,8 @@ struct EngineOptions {
   int32_t intra_op_threads = 0;
   // "native", "graph" or "libtorch" (CoreOptions::decode_kernel).
   std::string decode_kernel = "native";
+  // The native kernel's GEMMs on libxsmm (true) or cblas_sgemm (CoreOptions::native_gemm).
+  bool packed_gemm = true;
   // Tokens a stream may sample beyond the last confirmed write (--decode-lookahead).
   int32_t decode_lookahead = 16;
   // How long a stream's tokens may wait to go out together (--stream-flush-interval).

@@ -8,17 +8,22 @@
 
 namespace fwserve {
 
-Stepper::Stepper(const fwmodel::Model& model, const std::string& decode_kernel,
+Stepper::Stepper(const fwmodel::Model& model, const std::string& decode_kernel, bool packed_gemm,
                  const std::string& name)
     : model_(model), vocab_(model.config().vocab_size) {
   const bool cpu_float32 =
       model_.options().device.is_cpu() && model_.options().dtype == torch::kFloat32;
   if (decode_kernel == "native" && cpu_float32) {
-    auto native = fwmodel::NativeStep::Create(model_);
-    auto native_prefill = fwmodel::NativeStep::Create(model_);
+    fwmodel::NativeStepOptions options;
+    options.packed_gemm = packed_gemm;
+    auto native = fwmodel::NativeStep::Create(model_, options);
+    auto native_prefill = fwmodel::NativeStep::Create(model_, options);
     if (native.ok() && native_prefill.ok()) {
       native_step_ = std::move(*native);
       native_prefill_ = std::move(*native_prefill);
+      Log(LogLevel::kInfo,
+          absl::StrCat("model ", name, ": native decode step, GEMMs on ",
+                       packed_gemm ? fwmodel::PackedLinear::Backend() : "openblas"));
       return;
     }
     Log(LogLevel::kWarning, absl::StrCat("model ", name, ": native decode step unavailable (",

@@ -35,9 +35,11 @@ namespace fwserve {
 
 class Stepper {
  public:
-  // `decode_kernel`: "native", "graph" or "libtorch" (EngineOptions::decode_kernel).
+  // `decode_kernel`: "native", "graph" or "libtorch" (EngineOptions::decode_kernel);
+  // `packed_gemm`: the native kernel's GEMMs on libxsmm (EngineOptions::packed_gemm).
   // `model` is not owned and outlives this. `name` names the model in log lines.
-  Stepper(const fwmodel::Model& model, const std::string& decode_kernel, const std::string& name);
+  Stepper(const fwmodel::Model& model, const std::string& decode_kernel, bool packed_gemm,
+          const std::string& name);
 
   // "native", "graph" or "libtorch": the kernel in use.
   const char* kernel() const {

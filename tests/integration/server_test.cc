@@ -402,6 +402,18 @@ TEST_F(ServerTest, TheLibTorchDecodeKernelServesTheSameModel) {
   ExpectTheSameGreedyContinuation(*reference_server, *native_server);
 }
 
+// --native-gemm openblas (cblas_sgemm on every call, the baseline of the default
+// libxsmm kernels) serves the same model: the same greedy continuation, logprobs to 1e-4.
+TEST_F(ServerTest, TheOpenBlasGemmServesTheSameModel) {
+  fwserve::CoreOptions options = Options();
+  options.native_gemm = "openblas";
+  auto openblas_server = Harness::Start(options);
+  ASSERT_NE(openblas_server, nullptr);
+  auto default_server = Harness::Start(Options());
+  ASSERT_NE(default_server, nullptr);
+  ExpectTheSameGreedyContinuation(*openblas_server, *default_server);
+}
+
 // --decode-kernel graph (models/graphed_step.h: the CUDA path's bucketed step, eager on
 // the CPU, and its batched sampler) serves the native kernel's model: the same greedy
 // tokens with logprobs to 1e-4, and, for the same seeds, the same sampled tokens under

@@ -1,0 +1,53 @@
+// y[rows, out] = x[rows, in] · W[out, in]ᵀ (+ bias[out]) with the weights laid out once
+// at load, for the native step's small fixed-weight projections (rows: the batch, 1 to a
+// few hundred; in, out: the model's widths). OpenBLAS cannot keep a packed operand: its
+// sgemm repacks the weight matrix on every call (`sgemm_incopy`, a fifth of the engine
+// thread's time at 64 streams, docs/benchmarks.md). With libxsmm (Debian's libxsmm-dev,
+// found at build time: FWSERVE_HAVE_LIBXSMM) the product runs as JIT-compiled small-GEMM
+// kernels on Wᵀ stored at load, in chunks of kChunkRows rows; larger products (prefill)
+// and builds or CPUs without libxsmm's JIT go to cblas_sgemm as before.
+//
+// Thread-safety: immutable after construction; Apply may run concurrently on disjoint
+// outputs. Apply computes on the calling thread only when libxsmm serves it.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace fwmodel {
+
+class PackedLinear {
+ public:
+  // Rows per libxsmm kernel call; products of more than kLibxsmmMaxRows rows use
+  // cblas_sgemm (one call that packs W once and may use OpenBLAS's threads).
+  static constexpr int64_t kChunkRows = 64;
+  static constexpr int64_t kLibxsmmMaxRows = 256;
+
+  PackedLinear() = default;
+  // Copies w [out, in] row-major (the caller's buffer may go away). use_libxsmm false:
+  // every product goes to cblas_sgemm (the A/B baseline, --native-gemm openblas).
+  PackedLinear(const float* w, int64_t out, int64_t in, bool use_libxsmm = true);
+
+  // y [rows, out] := x [rows, in] · Wᵀ (+ bias [out] when not null). Row-major,
+  // contiguous, y not aliasing x; rows >= 0.
+  void Apply(const float* x, int64_t rows, const float* bias, float* y) const;
+
+  int64_t in() const { return in_; }
+  int64_t out() const { return out_; }
+  // "libxsmm" when small products run on libxsmm's JIT kernels in this build on this
+  // CPU, else "openblas".
+  static const char* Backend();
+  // Whether this instance runs its small products on libxsmm.
+  bool packed() const { return !transposed_.empty(); }
+
+ private:
+  // y [rows, out] (+)= x · Wᵀ through cblas_sgemm (accumulate: beta 1).
+  void Blas(const float* x, int64_t rows, bool accumulate, float* y) const;
+
+  int64_t in_ = 0;
+  int64_t out_ = 0;
+  std::vector<float> weight_;      // W [out, in], as given (cblas)
+  std::vector<float> transposed_;  // Wᵀ [in, out] row-major: libxsmm's column-major A
+};
+
+}  // namespace fwmodel
