@@ -15,6 +15,7 @@
 //                      baseline: BM_Prefill at the same T
 //   BM_PrefillByStep   baseline: the same prompt fed token by token
 #include <benchmark/benchmark.h>
+#include <cblas.h>
 
 #include "models/model.h"
 #include "models/native_step.h"
@@ -148,11 +149,13 @@ void BM_Prefill(benchmark::State& state) {
   SetLabel(state);
 }
 
-void BM_NativeAbsorb(benchmark::State& state) {
+void RunNativeAbsorb(benchmark::State& state, bool packed_gemm) {
   torch::NoGradGuard no_grad;
   fwmodel::Model model = MakeModel(state.range(0));
   const int64_t steps = state.range(1);
-  auto native = fwmodel::NativeStep::Create(model);
+  fwmodel::NativeStepOptions options;
+  options.packed_gemm = packed_gemm;
+  auto native = fwmodel::NativeStep::Create(model, options);
   if (!native.ok()) return state.SkipWithError("native step unavailable");
   fwmodel::State pool = model.InitialState(1);
   std::vector<int64_t> tokens(static_cast<size_t>(steps)), rows = {0};
@@ -166,6 +169,11 @@ void BM_NativeAbsorb(benchmark::State& state) {
   }
   state.SetItemsProcessed(state.iterations() * steps);
   SetLabel(state);
+}
+
+void BM_NativeAbsorb(benchmark::State& state) { RunNativeAbsorb(state, /*packed_gemm=*/true); }
+void BM_NativeAbsorbOpenBlas(benchmark::State& state) {
+  RunNativeAbsorb(state, /*packed_gemm=*/false);
 }
 
 void BM_PrefillByStep(benchmark::State& state) {
@@ -184,6 +192,21 @@ void BM_PrefillByStep(benchmark::State& state) {
   SetLabel(state);
 }
 
+// This machine's sgemm roof (issue 24's target 3): one n x n x n product through
+// libblas.so.3 (OpenBLAS, its default threads). Counter "flops": FLOP per second.
+void BM_SgemmPeak(benchmark::State& state) {
+  const int n = static_cast<int>(state.range(0));
+  std::vector<float> a(static_cast<size_t>(n) * n, 0.5f), b(a.size(), 0.25f), c(a.size());
+  for (auto _ : state) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(), n,
+                0.0f, c.data(), n);
+    benchmark::DoNotOptimize(c.data());
+  }
+  state.counters["flops"] = benchmark::Counter(
+      2.0 * n * n * n * static_cast<double>(state.iterations()), benchmark::Counter::kIsRate);
+}
+
+BENCHMARK(BM_SgemmPeak)->Arg(2048)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_Step)->ArgsProduct({{0, 1, 2}, {1, 8, 32, 64, 128}})->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_NativeStep)
     ->ArgsProduct({{0, 1, 2}, {1, 8, 32, 64, 128}})
@@ -196,6 +219,7 @@ BENCHMARK(BM_NativeStepPkm)->Arg(1)->Arg(64)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_StepOneByOne)->ArgsProduct({{0, 1, 2}, {8, 32}})->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_Prefill)->ArgsProduct({{0, 1, 2}, {64, 256, 512}})->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_NativeAbsorb)->ArgsProduct({{0, 1, 2}, {256}})->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_NativeAbsorbOpenBlas)->ArgsProduct({{0, 1, 2}, {256}})->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_PrefillByStep)->ArgsProduct({{0, 1, 2}, {64}})->Unit(benchmark::kMicrosecond);
 
 }  // namespace

@@ -105,7 +105,7 @@ ABSL_FLAG(absl::Duration, stream_flush_interval, absl::ZeroDuration(),
           "soon as the previous write returns; at most --decode-lookahead tokens per "
           "message). Trades up to this much latency for less CPU per token");
 ABSL_FLAG(std::string, decode_kernel, "native",
-          "decode step: native (float32 CPU models: fused sgemm, state updated in place; "
+          "decode step: native (float32 CPU models: fused GEMMs, state updated in place; "
           "on CUDA it means graph), graph (the step on per-batch-size buffers, replayed "
           "as CUDA Graphs on CUDA, eager on the CPU; sampling on the device) or libtorch "
           "(the reference Model::Step on gathered rows)");
