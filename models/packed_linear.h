@@ -19,9 +19,12 @@ namespace fwmodel {
 class PackedLinear {
  public:
   // Rows per libxsmm kernel call; products of more than kLibxsmmMaxRows rows use
-  // cblas_sgemm (one call that packs W once and may use OpenBLAS's threads).
+  // cblas_sgemm (one call that packs W once and may use OpenBLAS's threads). 128: a
+  // 256-token prefill chunk through libxsmm (one thread) took the server's 64 KB
+  // prefill from 63k to 49k tokens/s (docs/benchmarks.md); decode batches up to 128
+  // gain.
   static constexpr int64_t kChunkRows = 64;
-  static constexpr int64_t kLibxsmmMaxRows = 256;
+  static constexpr int64_t kLibxsmmMaxRows = 128;
 
   PackedLinear() = default;
   // Copies w [out, in] row-major (the caller's buffer may go away). use_libxsmm false:

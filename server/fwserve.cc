@@ -112,7 +112,7 @@ ABSL_FLAG(std::string, decode_kernel, "native",
 ABSL_FLAG(std::string, native_gemm, "libxsmm",
           "the native decode step's projections: libxsmm (JIT small-GEMM kernels on weights "
           "laid out once at load; OpenBLAS where libxsmm is not built in or its JIT does "
-          "not serve this CPU, and for products over 256 rows) or openblas (cblas_sgemm, "
+          "not serve this CPU, and for products over 128 rows) or openblas (cblas_sgemm, "
           "which repacks the weights on every call)");
 ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(30),
           "on SIGTERM/SIGINT, how long in-flight requests may run before they are ended");
