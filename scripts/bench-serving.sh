@@ -33,7 +33,13 @@
 #       refusals, and its TTFT p99 beside the storm over alone (beside 16 streams the
 #       machine is as busy but the queue is not overloaded: the CPU's share of it).
 #
+# With `ratios` it prints issue 24's ratios in interleaved rounds (sgemm roof, library
+# step, PyTorch loop, fwserve at 64 streams with both GEMM backends; then 1/16/256/1024
+# streams, PyTorch batch 1 and sequential 16, the 64 KB prefill): it runs
+# `scripts/bench_ratios.py --extended` with the remaining arguments (--rounds, --out, ...).
+#
 # Usage: scripts/bench-serving.sh [OUT_DIR] [extra fwbench flags...]
+#        scripts/bench-serving.sh ratios [bench_ratios.py flags...]
 #        scripts/bench-serving.sh http [OUT_DIR] [extra fwbench flags...]
 #        scripts/bench-serving.sh overload [OUT_DIR] [extra fwbench flags...]
 #        scripts/bench-serving.sh tenants [OUT_DIR] [extra fwbench flags...]
@@ -60,6 +66,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 MODE=sweep
+if [[ "${1:-}" == ratios ]]; then
+  shift
+  exec python3 scripts/bench_ratios.py --extended "$@"
+fi
 if [[ "${1:-}" == http || "${1:-}" == overload || "${1:-}" == tenants ]]; then
   MODE=$1
   shift

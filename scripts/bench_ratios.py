@@ -9,18 +9,28 @@ Per round, back to back on the same machine:
      b. the PyTorch eager loop at batch 64 (bench/pytorch_baseline.py, 2 threads);
      c. fwserve serving 64 streams through gRPC (fwbench, 128-token requests), a fresh
         server for each variant: default flags, then --native-gemm openblas.
+  3. with --extended (the rest of issue 24's targets), per architecture: one server with
+     room for 1024 streams (--max-active-streams 1024 --max-queued-requests 4096) and
+     fwbench at 1, 16, 64, 256 and 1024 streams; PyTorch batch 1 and 16 sessions one
+     after another; the server's 64 KB prefill (bench/prefill_bench.sh).
 Then, per architecture, each ratio's value in every round and its median and range:
   target 1  server / library step                     (default flags: >= 0.6)
   target 2  server / PyTorch batch 64                 (>= 1.5)
   target 3  library step's FLOP rate / sgemm roof      (>= 0.5 aft, 0.4 fast_weight)
             library step / PyTorch batch 64            (>= 2)
-  and libxsmm over OpenBLAS for the step and the server (this change's A/B).
+  and libxsmm over OpenBLAS for the step and the server (this change's A/B);
+  with --extended also
+  target 4  64 KB prefill tokens/s (>= 50k aft, 35k fast_weight), and over 1-stream
+            decode tokens/s (>= 8)
+  target 5  256 and 1024 streams' tokens/s over 64 streams' (>= 0.9)
+  target 6  1-stream ITL p50 over PyTorch batch 1's time per token (<= 0.25);
+            16 streams over PyTorch's 16 sessions one after another (>= 10)
 
 Nothing else may run meanwhile (a build, a test suite): the host swings up to 2x
 within minutes, so only ratios within a round mean anything.
 
 Usage: scripts/bench_ratios.py [--rounds 3] [--duration 8s] [--archs aft,fast_weight]
-           [--build-dir build] [--out DIR]
+           [--extended] [--build-dir build] [--out DIR]
 Needs python3-torch (scripts/install-deps.sh --bench) and a build with bench targets.
 Writes OUT/ratios.json and prints Markdown tables.
 """
@@ -63,15 +73,31 @@ def flop_per_token(model_dir):
     return 2 * (layers * per_layer + vocab * d)
 
 
-def pytorch_batch64(python, model_dir, threads):
+def pytorch_modes(python, model_dir, threads, modes):
+    """{mode: pytorch_baseline.py's JSON line} for a comma list of modes."""
     out = subprocess.run(
         [python, os.path.join(REPO, "bench", "pytorch_baseline.py"), model_dir,
-         "--modes", "batch64", "--tokens", "128", "--threads", str(threads)],
+         "--modes", modes, "--tokens", "128", "--threads", str(threads)],
         check=True, capture_output=True, text=True).stdout
+    results = {}
     for line in out.splitlines():
         if line.startswith("{"):
-            return json.loads(line)["tokens_per_second"]
-    raise RuntimeError("pytorch_baseline.py printed no result")
+            result = json.loads(line)
+            results[result["mode"]] = result
+    if sorted(results) != sorted(modes.split(",")):
+        raise RuntimeError("pytorch_baseline.py printed %s for %s" % (sorted(results), modes))
+    return results
+
+
+def prefill(build, model_dir):
+    """Tokens/s of one 64 KB CreateSession prefix (bench/prefill_bench.sh)."""
+    env = dict(os.environ, MODEL=model_dir, KERNELS="native", BUILD_DIR=build)
+    out = subprocess.run([os.path.join(REPO, "bench", "prefill_bench.sh"), "65536", "1"],
+                         check=True, capture_output=True, text=True, env=env).stdout
+    for line in out.splitlines():
+        if "tokens_per_second=" in line:
+            return float(line.rsplit("tokens_per_second=", 1)[1].split()[0])
+    raise RuntimeError("prefill_bench.sh printed no result")
 
 
 def free_port():
@@ -80,7 +106,8 @@ def free_port():
         return s.getsockname()[1]
 
 
-def serve_and_measure(build, model_dir, flags, duration, warmup, out_json):
+def serve_and_measure(build, model_dir, flags, duration, warmup, out_json, concurrency="64"):
+    """fwbench's levels (one per concurrency) against a fresh fwserve."""
     port = free_port()
     server = subprocess.Popen(
         [os.path.join(build, "server", "fwserve"), "--model", model_dir, "--listen",
@@ -100,11 +127,11 @@ def serve_and_measure(build, model_dir, flags, duration, warmup, out_json):
                 time.sleep(0.1)
         subprocess.run(
             [os.path.join(build, "bench", "fwbench"), "--target", "127.0.0.1:%d" % port,
-             "--concurrency", "64", "--duration", duration, "--warmup", warmup,
+             "--concurrency", concurrency, "--duration", duration, "--warmup", warmup,
              "--max_tokens", "128", "--server_pid", str(server.pid), "--json", out_json],
             check=True, stdout=subprocess.DEVNULL)
         with open(out_json) as f:
-            return json.load(f)["levels"][0]["output_tokens_per_s"]
+            return {level["concurrency"]: level for level in json.load(f)["levels"]}
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         try:
@@ -127,6 +154,9 @@ def main():
     ap.add_argument("--build-dir", default=os.path.join(REPO, "build"))
     ap.add_argument("--min-time", type=float, default=2.0, help="model_bench seconds each")
     ap.add_argument("--threads", type=int, default=2, help="PyTorch's threads")
+    ap.add_argument("--extended", action="store_true",
+                    help="also targets 4-6: 1/16/256/1024 streams, PyTorch batch 1 and "
+                    "sequential 16, the 64 KB prefill")
     ap.add_argument("--out", default="/tmp/fwserve-ratios")
     ap.add_argument("--python", default="/usr/bin/python3" if os.path.exists("/usr/bin/python3")
                     else sys.executable, help="a Python with torch (Debian's python3-torch)")
@@ -150,13 +180,28 @@ def main():
             log("round %d: %s: library step, PyTorch, servers" % (r + 1, arch))
             steps = model_bench(args.build_dir, "^BM_NativeStep(OpenBlas)?/%d/64$" % index,
                                 args.min_time)
+            modes = "batch64,batch1,sequential16" if args.extended else "batch64"
+            torch_results = pytorch_modes(args.python, model_dir, args.threads, modes)
             a = {"flop_per_token": flop_per_token(model_dir),
-                 "pytorch": pytorch_batch64(args.python, model_dir, args.threads)}
+                 "pytorch": torch_results["batch64"]["tokens_per_second"]}
             for name, flags, benchmark in VARIANTS:
                 a["step_" + name] = steps["%s/%d/64" % (benchmark, index)]["items_per_second"]
                 a["server_" + name] = serve_and_measure(
                     args.build_dir, model_dir, flags, args.duration, args.warmup,
-                    os.path.join(args.out, "fwbench-%d-%s-%s.json" % (r, arch, name)))
+                    os.path.join(args.out, "fwbench-%d-%s-%s.json" % (r, arch, name)))[
+                        64]["output_tokens_per_s"]
+            if args.extended:
+                levels = serve_and_measure(
+                    args.build_dir, model_dir,
+                    ["--max-active-streams", "1024", "--max-queued-requests", "4096"],
+                    args.duration, args.warmup,
+                    os.path.join(args.out, "fwbench-%d-%s-scale.json" % (r, arch)),
+                    concurrency="1,16,64,256,1024")
+                a["scale"] = {str(c): levels[c]["output_tokens_per_s"] for c in levels}
+                a["itl_p50_1_ms"] = levels[1]["itl_ms"]["p50"]
+                a["pytorch_batch1_ms"] = torch_results["batch1"]["ms_per_step"]
+                a["pytorch_sequential16"] = torch_results["sequential16"]["tokens_per_second"]
+                a["prefill"] = prefill(args.build_dir, model_dir)
             record["archs"][arch] = a
             log("  " + json.dumps(a))
         rounds.append(record)
@@ -175,6 +220,17 @@ def main():
         ("server / library step, both openblas",
          lambda a, p: a["server_openblas"] / a["step_openblas"]),
     ]
+    if args.extended:
+        rows += [
+            ("target 4: 64 KB prefill, thousand tokens/s", lambda a, p: a["prefill"] / 1000),
+            ("target 4: prefill / 1-stream decode", lambda a, p: a["prefill"] / a["scale"]["1"]),
+            ("target 5: 256 streams / 64", lambda a, p: a["scale"]["256"] / a["scale"]["64"]),
+            ("target 5: 1024 streams / 64", lambda a, p: a["scale"]["1024"] / a["scale"]["64"]),
+            ("target 6: 1-stream ITL p50 / PyTorch batch-1 step",
+             lambda a, p: a["itl_p50_1_ms"] / a["pytorch_batch1_ms"]),
+            ("target 6: 16 streams / PyTorch 16 sequential",
+             lambda a, p: a["scale"]["16"] / a["pytorch_sequential16"]),
+        ]
     print("| %d rounds: median (range) | %s |" % (len(rounds), " | ".join(archs)))
     print("|---|%s" % ("---|" * len(archs)))
     for label, ratio in rows:
