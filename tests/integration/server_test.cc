@@ -47,6 +47,18 @@ class ServerTest : public ::testing::Test {
     return options;
   }
 
+  // Starts a server with `options` (into *variant) and one with the defaults (into
+  // *reference), and expects the same greedy continuation from both. Callers return on
+  // HasFatalFailure().
+  void StartBesideTheDefault(const fwserve::CoreOptions& options, std::unique_ptr<Harness>* variant,
+                             std::unique_ptr<Harness>* reference) {
+    *variant = Harness::Start(options);
+    ASSERT_NE(*variant, nullptr);
+    *reference = Harness::Start(Options());
+    ASSERT_NE(*reference, nullptr);
+    ExpectTheSameGreedyContinuation(**variant, **reference);
+  }
+
   // `server` gives `native`'s greedy continuation of "Hello, world": 50 tokens (prefill
   // and 49 decode steps), the same ids and text, each logprob within 1e-4.
   static void ExpectTheSameGreedyContinuation(Harness& server, Harness& native) {
@@ -395,11 +407,8 @@ TEST_F(ServerTest, AMinimumOfTokensPerMessageIsHonoured) {
 TEST_F(ServerTest, TheLibTorchDecodeKernelServesTheSameModel) {
   fwserve::CoreOptions options = Options();
   options.decode_kernel = "libtorch";
-  auto reference_server = Harness::Start(options);
-  ASSERT_NE(reference_server, nullptr);
-  auto native_server = Harness::Start(Options());
-  ASSERT_NE(native_server, nullptr);
-  ExpectTheSameGreedyContinuation(*reference_server, *native_server);
+  std::unique_ptr<Harness> libtorch_server, native_server;
+  StartBesideTheDefault(options, &libtorch_server, &native_server);
 }
 
 // --native-gemm openblas (cblas_sgemm on every call, the baseline of the default
@@ -407,11 +416,8 @@ TEST_F(ServerTest, TheLibTorchDecodeKernelServesTheSameModel) {
 TEST_F(ServerTest, TheOpenBlasGemmServesTheSameModel) {
   fwserve::CoreOptions options = Options();
   options.native_gemm = "openblas";
-  auto openblas_server = Harness::Start(options);
-  ASSERT_NE(openblas_server, nullptr);
-  auto default_server = Harness::Start(Options());
-  ASSERT_NE(default_server, nullptr);
-  ExpectTheSameGreedyContinuation(*openblas_server, *default_server);
+  std::unique_ptr<Harness> openblas_server, default_server;
+  StartBesideTheDefault(options, &openblas_server, &default_server);
 }
 
 // --decode-kernel graph (models/graphed_step.h: the CUDA path's bucketed step, eager on
@@ -423,11 +429,9 @@ TEST_F(ServerTest, TheOpenBlasGemmServesTheSameModel) {
 TEST_F(ServerTest, TheGraphDecodeKernelServesTheSameModel) {
   fwserve::CoreOptions options = Options();
   options.decode_kernel = "graph";
-  auto graph_server = Harness::Start(options);
-  ASSERT_NE(graph_server, nullptr);
-  auto native_server = Harness::Start(Options());
-  ASSERT_NE(native_server, nullptr);
-  ExpectTheSameGreedyContinuation(*graph_server, *native_server);
+  std::unique_ptr<Harness> graph_server, native_server;
+  StartBesideTheDefault(options, &graph_server, &native_server);
+  if (HasFatalFailure()) return;
   auto sampled_on = [&](Harness& server, const std::string& session_id) {
     std::vector<v1::GenerateRequest> requests;
     for (int i = 0; i < 5; ++i) {
