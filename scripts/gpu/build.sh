@@ -40,7 +40,10 @@ for tool in cmake ninja g++ python3 sha256sum tar; do
   command -v "$tool" >/dev/null || die "$tool is missing"
 done
 [[ "$(uname -m)" == x86_64 ]] || die "the kit is amd64; this machine is $(uname -m)"
-glibc=$(ldd --version 2>/dev/null | head -1 | grep -oE '[0-9]+\.[0-9]+$' || echo unknown)
+# getconf prints one line ("glibc 2.36"): no early-closing `head` whose SIGPIPE, under
+# pipefail, once appended "unknown" to the version and broke gpu-build.json.
+glibc=$(getconf GNU_LIBC_VERSION 2>/dev/null | awk '{print $2}')
+glibc=${glibc:-unknown}
 say "machine: $(uname -m), glibc $glibc, $(g++ --version | head -1), cmake" \
   "$(cmake --version | head -1 | awk '{print $3}'), ninja $(ninja --version), $(python3 --version)"
 if [[ "$glibc" != unknown ]] && [[ "$(printf '%s\n2.36\n' "$glibc" | sort -V | head -1)" != 2.36 ]]; then
