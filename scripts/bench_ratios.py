@@ -109,15 +109,21 @@ def free_port():
 def serve_and_measure(build, model_dir, flags, duration, warmup, out_json, concurrency="64"):
     """fwbench's levels (one per concurrency) against a fresh fwserve."""
     port = free_port()
+    # The server's log goes to a file beside the JSON: a pipe nobody drains fills up
+    # (1024 cancelled streams log 1024 warnings) and blocks the engine on its log write.
+    log_path = out_json[:-len(".json")] + "-fwserve.log"
+    log_file = open(log_path, "w")
     server = subprocess.Popen(
         [os.path.join(build, "server", "fwserve"), "--model", model_dir, "--listen",
          "127.0.0.1:%d" % port, "--metrics-listen", "", "--log-level", "warning"] + flags,
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+        stdout=subprocess.DEVNULL, stderr=log_file, start_new_session=True)
+    log_file.close()
     try:
         deadline = time.time() + 60
         while True:
             if server.poll() is not None:
-                raise RuntimeError("fwserve exited: " + server.stderr.read().decode()[-2000:])
+                with open(log_path) as log:
+                    raise RuntimeError("fwserve exited: " + log.read()[-2000:])
             try:
                 socket.create_connection(("127.0.0.1", port), timeout=1).close()
                 break
