@@ -106,8 +106,7 @@ struct NativeStep::Layer {
   int conv_state = -1;
 };
 
-NativeStep::NativeStep(const Model& model, const NativeStepOptions& options)
-    : model_(model), options_(options) {}
+NativeStep::NativeStep(const Model& model) : model_(model) {}
 NativeStep::~NativeStep() = default;
 
 absl::StatusOr<std::unique_ptr<NativeStep>> NativeStep::Create(const Model& model,
@@ -115,21 +114,24 @@ absl::StatusOr<std::unique_ptr<NativeStep>> NativeStep::Create(const Model& mode
   if (!model.options().device.is_cpu() || model.options().dtype != torch::kFloat32) {
     return absl::FailedPreconditionError("the native decode step needs a float32 model on the CPU");
   }
-  std::unique_ptr<NativeStep> step(new NativeStep(model, options));
+  std::unique_ptr<NativeStep> step(new NativeStep(model));
   const ModelConfig& c = model.config();
   const int64_t d = c.d_model;
   try {
+    auto tensor = [&](const std::string& name) {
+      return model.weights().at(name).detach().contiguous();
+    };
     auto weight = [&](const std::string& name) {
-      torch::Tensor t = model.weights().at(name).detach().contiguous();
+      torch::Tensor t = tensor(name);
       step->kept_.push_back(t);
       return t.data_ptr<float>();
     };
     auto copy = [&](const std::string& name) {
-      torch::Tensor t = model.weights().at(name).detach().contiguous();
+      torch::Tensor t = tensor(name);
       return std::vector<float>(t.data_ptr<float>(), t.data_ptr<float>() + t.numel());
     };
     auto linear = [&](const std::string& name) {
-      torch::Tensor t = model.weights().at(name).detach().contiguous();
+      torch::Tensor t = tensor(name);
       return PackedLinear(t.data_ptr<float>(), t.size(0), t.size(1), options.packed_gemm);
     };
     auto state_index = [&](int layer, const char* suffix) {

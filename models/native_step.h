@@ -57,14 +57,13 @@ class NativeStep {
 
  private:
   struct Layer;
-  NativeStep(const Model& model, const NativeStepOptions& options);
+  explicit NativeStep(const Model& model);
   absl::Status CheckArguments(absl::Span<const int64_t> tokens, int64_t steps,
                               absl::Span<const int64_t> rows, const State& pool) const;
   // out [B, d] := the product-key memory FFN of x [B, d].
   void PkmFfn(const Layer& layer, const float* x, int64_t B, float* out);
 
   const Model& model_;
-  const NativeStepOptions options_;
   std::vector<Layer> layers_;
   // Contiguous views of the model's weights that the raw pointers below read.
   std::vector<torch::Tensor> kept_;
