@@ -181,6 +181,7 @@ std::string DefaultModelDir() {
 }
 
 int Fail(const std::string& message) {
+  fwserve::FlushLog();  // after the log lines before it
   std::fprintf(stderr, "fwserve: %s\n", message.c_str());
   return 2;
 }
