@@ -108,8 +108,20 @@ class OverloadTest : public ::testing::Test {
     return "";
   }
 
+  // The engine's queue length as its gauge says (published once a second).
+  static double QueuedRequests(Harness& server) {
+    for (const auto& family : server.metrics().registry()->Collect()) {
+      if (family.name != "fwserve_engine_queued_requests") continue;
+      for (const auto& metric : family.metric) return metric.gauge.value;
+    }
+    return -1;
+  }
+
   // Fills a server of one stream slot and one queue place: an endless stream runs and a
-  // request on a session waits (its lease shows it arrived). Returns both streams.
+  // request on a session waits. Returns both streams once the session's lease shows
+  // the request arrived and the engine's queue gauge shows it queued: an arrival that
+  // was refused (the client library then retries it after the hint) must not leave the
+  // queue place to the test's own request, which would wait forever behind the stream.
   struct Filled {
     std::unique_ptr<GenerateStream> running;
     std::unique_ptr<GenerateStream> queued;
@@ -123,6 +135,15 @@ class OverloadTest : public ::testing::Test {
     EXPECT_TRUE(filled.running->Next(&message));
     filled.queued = server.client().StartGenerate(GreedyRequest("", 3, session->session_id()));
     EXPECT_TRUE(WaitUntilBusy(server.client(), session->session_id()));
+    bool queued = false;
+    for (int i = 0; i < 2000 && !queued; ++i) {  // a hang guard of 10 s, far beyond 2 gauge ticks
+      queued = QueuedRequests(server) == 1;
+      if (!queued) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    if (!queued) {
+      ADD_FAILURE() << "the session's request never showed in the engine's queue";
+      filled.running->Cancel();  // so that no later request waits behind it forever
+    }
     return filled;
   }
   static void Drain(Filled& filled) {
@@ -255,9 +276,9 @@ TEST_F(OverloadTest, DeadlineAdmission) {
   // The expected wait of 7 streams of a tenth of a second is far beyond 150 ms.
   SaturatedSlot load(*server);
   auto stub = RawStub(*server);
-  const std::string refusal = GenerateUntilRefused(*stub, absl::Milliseconds(150),
-                                                   grpc::StatusCode::DEADLINE_EXCEEDED,
-                                                   "cannot start this request before its deadline");
+  const std::string refusal =
+      GenerateUntilRefused(*stub, absl::Milliseconds(150), grpc::StatusCode::DEADLINE_EXCEEDED,
+                           "cannot start this request before its deadline");
   EXPECT_TRUE(absl::StrContains(refusal, "expected wait")) << refusal;
 }
 
