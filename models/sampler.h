@@ -1,6 +1,7 @@
 // Next-token sampling from logits: temperature, top-k, top-p. Torch-free.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <random>
 #include <vector>
@@ -36,6 +37,11 @@ struct SamplingParams {
 // `recent` (may be empty) are the tokens the repetition penalty applies to.
 int64_t SampleToken(const float* logits, int64_t vocab, const SamplingParams& params,
                     std::mt19937_64& rng, const std::vector<int64_t>& recent = {});
+
+// values[i] = exp(values[i]) for i < n; exp(-inf) = 0. On a CPU with AVX2 and FMA, and
+// where glibc's libmvec was found at build time, 4 at a time by libmvec (within 4 ulp
+// of std::exp, about 5x faster); std::exp otherwise.
+void ExpInPlace(double* values, size_t n);
 
 // log softmax(logits)[token] at temperature 1, before any sampling filter: the model's
 // own log-probability of `token`.
