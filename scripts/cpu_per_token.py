@@ -7,10 +7,12 @@ time from /proc/PID/task/*/stat at the start and end of a window inside fwbench'
 measured time. Prints, per thread group (engine loop, prefill, stream writer, gRPC's
 threads, the rest) and for fwbench itself, the cores it used and its microseconds of
 CPU per generated token, and the same for the library's own batched step
-(bench/model_bench BM_NativeStep at batch 64, one thread) measured right before in the
-same round. Rounds interleave: step, server, step, server, ...
+(bench/model_bench BM_NativeStep at batch 64 on one thread, where wall time is CPU time)
+measured right before in the same round, with the server's tokens/s over the step's at
+the default threads (issue 24's target 1). Rounds interleave: step, server, step, ...
 
 Usage: scripts/cpu_per_token.py [--rounds 3] [--archs aft,fast_weight] [--fwserve PATH]
+                                [--server-flags "--threads 1"]
 Needs a built tree (scripts/build.sh) and a quiet machine: this measures CPU shares.
 """
 import argparse
@@ -71,22 +73,27 @@ def group_of(name):
     return "other"
 
 
-def library_step(build, arch):
+def library_step(build, arch, threads=None):
+    """BM_NativeStep at batch 64: tokens/s with the default intra-op threads, or with
+    `threads` (1: its wall time is its CPU time)."""
+    env = dict(os.environ)
+    if threads is not None:
+        env["OMP_NUM_THREADS"] = str(threads)
     out = subprocess.run(
         [os.path.join(build, "bench", "model_bench"),
          "--benchmark_filter=^BM_NativeStep/%d/64$" % ARCH_INDEX[arch],
          "--benchmark_min_time=2", "--benchmark_format=json"],
-        check=True, capture_output=True, text=True).stdout
+        check=True, capture_output=True, text=True, env=env).stdout
     return json.loads(out)["benchmarks"][0]["items_per_second"]
 
 
-def serve(build, fwserve, arch, concurrency, duration, window):
+def serve(build, fwserve, arch, concurrency, duration, window, flags=()):
     model_dir = os.path.join(REPO, "models", "pretrained", arch + "-shakespeare")
     port = free_port()
     log = tempfile.TemporaryFile()
     server = subprocess.Popen(
         [fwserve, "--model", model_dir, "--listen", "127.0.0.1:%d" % port, "--metrics-listen",
-         "", "--log-level", "warning"], stdout=subprocess.DEVNULL, stderr=log,
+         "", "--log-level", "warning"] + list(flags), stdout=subprocess.DEVNULL, stderr=log,
         start_new_session=True)
     try:
         deadline = time.time() + 60
@@ -139,6 +146,7 @@ def main():
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--build-dir", default=os.path.join(REPO, "build"))
     ap.add_argument("--fwserve", default=None, help="the server binary (default: the build's)")
+    ap.add_argument("--server-flags", default="", help="extra fwserve flags, space-separated")
     args = ap.parse_args()
     if args.rounds < 1:
         ap.error("--rounds must be at least 1, got %d" % args.rounds)
@@ -150,10 +158,13 @@ def main():
         rows = []
         for r in range(args.rounds):
             step = library_step(args.build_dir, arch)
-            tokens_per_s, cores = serve(args.build_dir, fwserve, arch, args.concurrency, 12, 8.0)
-            rows.append((step, tokens_per_s, cores))
-            print("%s round %d: step %.0f tok/s, server %.0f tok/s (%.2f), cores %s" %
-                  (arch, r + 1, step, tokens_per_s, tokens_per_s / step,
+            step_one_thread = library_step(args.build_dir, arch, threads=1)
+            tokens_per_s, cores = serve(args.build_dir, fwserve, arch, args.concurrency, 12, 8.0,
+                                        args.server_flags.split())
+            rows.append((step, tokens_per_s, cores, step_one_thread))
+            print("%s round %d: step %.0f tok/s (1 thread %.0f), server %.0f tok/s (%.2f), "
+                  "cores %s" % (arch, r + 1, step, step_one_thread, tokens_per_s,
+                                tokens_per_s / step,
                    " ".join("%s=%.2f" % (p, cores.get(p, 0)) for p in parts)), flush=True)
         med = statistics.median
         print("\n%s, %d streams, median of %d rounds (range):" % (arch, args.concurrency,
@@ -168,9 +179,9 @@ def main():
         total = [sum(row[2].values()) for row in rows]
         print("| all (server + fwbench) | %.2f (%.2f-%.2f) | |" % (med(total), min(total),
                                                                   max(total)))
-        step_us = [1e6 / row[0] for row in rows]
+        step_us = [1e6 / row[3] for row in rows]
         ratio = [row[1] / row[0] for row in rows]
-        print("| library step alone (1 thread) | 1.00 | %.1f (%.1f-%.1f) |" %
+        print("| library step alone, 1 thread | 1.00 | %.1f (%.1f-%.1f) |" %
               (med(step_us), min(step_us), max(step_us)))
         print("server / step tokens/s: %.2f (%.2f-%.2f)\n" % (med(ratio), min(ratio),
                                                              max(ratio)))

@@ -526,7 +526,7 @@ void Engine::DropUnconfirmed(Task& t) {
       break;
   }
   if (point != nullptr && t.slot >= 0) {
-    pool_.RestoreRow(t.slot, point->row);
+    if (!t.session_id.empty()) pool_.RestoreRow(t.slot, point->row);  // see SampleAndEmit
     t.tokens = point->tokens;
   }
   t.pending_token = -1;
@@ -855,7 +855,10 @@ void Engine::SampleAndEmit() {
       continue;
     }
     if (t->stream.starts_chunk()) {
-      pool_.SaveRow(t->slot, &t->before_unsent.row);
+      // Only a session's state outlives the stream: a throwaway stream's rollback point
+      // is its token count alone (copying the state row for every message was a quarter
+      // of the engine thread's time on fast_weight at 64 streams; docs/benchmarks.md).
+      if (!t->session_id.empty()) pool_.SaveRow(t->slot, &t->before_unsent.row);
       t->before_unsent.tokens = t->tokens;
     }
     sampling.push_back(t);
