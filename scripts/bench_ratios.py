@@ -35,6 +35,7 @@ Needs python3-torch (scripts/install-deps.sh --bench) and a build with bench tar
 Writes OUT/ratios.json and prints Markdown tables.
 """
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -106,16 +107,17 @@ def free_port():
         return s.getsockname()[1]
 
 
-def serve_and_measure(build, model_dir, flags, duration, warmup, out_json, concurrency="64"):
-    """fwbench's levels (one per concurrency) against a fresh fwserve."""
+@contextlib.contextmanager
+def running_fwserve(binary, model_dir, flags, log_path):
+    """A fresh fwserve on a free loopback port (metrics off, log level warning), its log in
+    `log_path`; yields (process, port) once it listens, and stops it (SIGTERM) after."""
     port = free_port()
-    # The server's log goes to a file beside the JSON: a pipe nobody drains fills up
-    # (1024 cancelled streams log 1024 warnings) and blocks the engine on its log write.
-    log_path = out_json[:-len(".json")] + "-fwserve.log"
+    # The log goes to a file: a pipe nobody drains could fill up (1024 cancelled streams
+    # log 1024 warnings).
     log_file = open(log_path, "w")
     server = subprocess.Popen(
-        [os.path.join(build, "server", "fwserve"), "--model", model_dir, "--listen",
-         "127.0.0.1:%d" % port, "--metrics-listen", "", "--log-level", "warning"] + flags,
+        [binary, "--model", model_dir, "--listen", "127.0.0.1:%d" % port, "--metrics-listen", "",
+         "--log-level", "warning"] + list(flags),
         stdout=subprocess.DEVNULL, stderr=log_file, start_new_session=True)
     log_file.close()
     try:
@@ -131,13 +133,7 @@ def serve_and_measure(build, model_dir, flags, duration, warmup, out_json, concu
                 if time.time() > deadline:
                     raise RuntimeError("fwserve did not listen within 60 s")
                 time.sleep(0.1)
-        subprocess.run(
-            [os.path.join(build, "bench", "fwbench"), "--target", "127.0.0.1:%d" % port,
-             "--concurrency", concurrency, "--duration", duration, "--warmup", warmup,
-             "--max_tokens", "128", "--server_pid", str(server.pid), "--json", out_json],
-            check=True, stdout=subprocess.DEVNULL)
-        with open(out_json) as f:
-            return {level["concurrency"]: level for level in json.load(f)["levels"]}
+        yield server, port
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         try:
@@ -145,6 +141,20 @@ def serve_and_measure(build, model_dir, flags, duration, warmup, out_json, concu
         except subprocess.TimeoutExpired:
             os.killpg(server.pid, signal.SIGKILL)
             server.wait()
+
+
+def serve_and_measure(build, model_dir, flags, duration, warmup, out_json, concurrency="64"):
+    """fwbench's levels (one per concurrency) against a fresh fwserve."""
+    log_path = out_json[:-len(".json")] + "-fwserve.log"
+    with running_fwserve(os.path.join(build, "server", "fwserve"), model_dir, flags,
+                         log_path) as (server, port):
+        subprocess.run(
+            [os.path.join(build, "bench", "fwbench"), "--target", "127.0.0.1:%d" % port,
+             "--concurrency", concurrency, "--duration", duration, "--warmup", warmup,
+             "--max_tokens", "128", "--server_pid", str(server.pid), "--json", out_json],
+            check=True, stdout=subprocess.DEVNULL)
+        with open(out_json) as f:
+            return {level["concurrency"]: level for level in json.load(f)["levels"]}
 
 
 def summary(values):

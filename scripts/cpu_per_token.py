@@ -18,26 +18,17 @@ Needs a built tree (scripts/build.sh) and a quiet machine: this measures CPU sha
 import argparse
 import json
 import os
-import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ARCH_INDEX = {"linear_attention": 0, "fast_weight": 1, "aft": 2}
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_ratios import ARCH_INDEX, REPO, running_fwserve  # noqa: E402
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 GROUPS = (("engine", ("fwserve-engine",)), ("prefill", ("fwserve-prefill",)),
           ("writer", ("fwserve-writer",)))
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def thread_cpu(pid):
@@ -89,54 +80,30 @@ def library_step(build, arch, threads=None):
 
 def serve(build, fwserve, arch, concurrency, duration, window, flags=()):
     model_dir = os.path.join(REPO, "models", "pretrained", arch + "-shakespeare")
-    port = free_port()
-    log = tempfile.TemporaryFile()
-    server = subprocess.Popen(
-        [fwserve, "--model", model_dir, "--listen", "127.0.0.1:%d" % port, "--metrics-listen",
-         "", "--log-level", "warning"] + list(flags), stdout=subprocess.DEVNULL, stderr=log,
-        start_new_session=True)
-    try:
-        deadline = time.time() + 60
-        while True:
-            if server.poll() is not None:
-                log.seek(0)
-                raise RuntimeError("fwserve exited: " + log.read().decode()[-2000:])
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                if time.time() > deadline:
-                    raise RuntimeError("fwserve did not listen within 60 s")
-                time.sleep(0.1)
-        with tempfile.NamedTemporaryFile(suffix=".json") as result:
-            bench = subprocess.Popen(
-                [os.path.join(build, "bench", "fwbench"), "--target", "127.0.0.1:%d" % port,
-                 "--concurrency", str(concurrency), "--duration", "%ds" % duration,
-                 "--warmup", "2s", "--max_tokens", "128", "--json", result.name],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            # The window: from 1 s into fwbench's measured time to 1 s before its end.
-            time.sleep(3.0)
-            before, bench_before, t0 = thread_cpu(server.pid), process_cpu(bench.pid), time.time()
-            time.sleep(window)
-            after, bench_after, t1 = thread_cpu(server.pid), process_cpu(bench.pid), time.time()
-            if bench.wait() != 0:
-                raise RuntimeError("fwbench failed")
-            level = json.load(open(result.name))["levels"][0]
-        tokens_per_s = level["output_tokens_per_s"]
-        elapsed = t1 - t0
-        cores = {}
-        for name, seconds in after.items():
-            group = group_of(name)
-            cores[group] = cores.get(group, 0.0) + (seconds - before.get(name, 0.0)) / elapsed
-        cores["fwbench"] = (bench_after - bench_before) / elapsed
-        return tokens_per_s, cores
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
+    with tempfile.TemporaryDirectory() as scratch, running_fwserve(
+            fwserve, model_dir, flags, os.path.join(scratch, "fwserve.log")) as (server, port):
+        result = os.path.join(scratch, "fwbench.json")
+        bench = subprocess.Popen(
+            [os.path.join(build, "bench", "fwbench"), "--target", "127.0.0.1:%d" % port,
+             "--concurrency", str(concurrency), "--duration", "%ds" % duration,
+             "--warmup", "2s", "--max_tokens", "128", "--json", result],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        # The window: from 1 s into fwbench's measured time to 1 s before its end.
+        time.sleep(3.0)
+        before, bench_before, t0 = thread_cpu(server.pid), process_cpu(bench.pid), time.time()
+        time.sleep(window)
+        after, bench_after, t1 = thread_cpu(server.pid), process_cpu(bench.pid), time.time()
+        if bench.wait() != 0:
+            raise RuntimeError("fwbench failed")
+        with open(result) as f:
+            tokens_per_s = json.load(f)["levels"][0]["output_tokens_per_s"]
+    elapsed = t1 - t0
+    cores = {}
+    for name, seconds in after.items():
+        group = group_of(name)
+        cores[group] = cores.get(group, 0.0) + (seconds - before.get(name, 0.0)) / elapsed
+    cores["fwbench"] = (bench_after - bench_before) / elapsed
+    return tokens_per_s, cores
 
 
 def main():
