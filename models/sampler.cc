@@ -13,7 +13,7 @@
 #if defined(FWSERVE_HAVE_LIBMVEC)
 #include <immintrin.h>
 // glibc's vector math library (libmvec): exp of 4 doubles, AVX2 (the x86-64 vector ABI).
-extern "C" __m256d _ZGVdN4v_exp(__m256d);
+extern "C" __attribute__((target("avx2"))) __m256d _ZGVdN4v_exp(__m256d);
 #endif
 
 namespace fwserve {
