@@ -81,6 +81,10 @@ ABSL_FLAG(int64_t, max_state_memory_bytes, int64_t{1} << 30,
           "budget for recurrent state resident in memory, in bytes, over all models");
 ABSL_FLAG(int32_t, max_queued_requests, 1024,
           "requests waiting per model; beyond it the server answers RESOURCE_EXHAUSTED");
+ABSL_FLAG(bool, preempt_for_fair_share, false,
+          "with every stream slot taken, a waiting stream of a tenant below its fair share "
+          "of --max-active-streams parks the newest running stream of the tenant furthest "
+          "above it; the parked stream keeps its state and resumes when a slot frees");
 ABSL_FLAG(absl::Duration, max_queue_wait, absl::ZeroDuration(),
           "the longest a request should wait in a model's queue (e.g. 100ms): once the "
           "server has measured how fast streams finish, the queue holds only what starts "
@@ -331,6 +335,7 @@ int main(int argc, char** argv) {
   core_options.max_state_memory_bytes = absl::GetFlag(FLAGS_max_state_memory_bytes);
   core_options.max_queued_requests = absl::GetFlag(FLAGS_max_queued_requests);
   core_options.max_queue_wait = absl::GetFlag(FLAGS_max_queue_wait);
+  core_options.preempt_for_fair_share = absl::GetFlag(FLAGS_preempt_for_fair_share);
   core_options.max_active_streams = absl::GetFlag(FLAGS_max_active_streams);
   core_options.prefill_chunk_tokens = absl::GetFlag(FLAGS_prefill_chunk_tokens);
   core_options.session_ttl = absl::GetFlag(FLAGS_session_ttl);

@@ -92,6 +92,7 @@ EngineOptions ToEngineOptions(const CoreOptions& o) {
   EngineOptions e;
   e.max_queued_requests = o.max_queued_requests;
   e.max_queue_wait = o.max_queue_wait;
+  e.preempt_for_fair_share = o.preempt_for_fair_share;
   e.max_active_streams = o.max_active_streams;
   e.prefill_chunk_tokens = o.prefill_chunk_tokens;
   e.batch_wait = o.batch_wait;

@@ -66,6 +66,8 @@ struct CoreOptions {
   // The longest a stream should wait in a model's queue: the queue holds only what its
   // measured drain rate starts within it (EngineOptions::max_queue_wait). 0 = no bound.
   absl::Duration max_queue_wait = absl::ZeroDuration();
+  // EngineOptions::preempt_for_fair_share (--preempt-for-fair-share).
+  bool preempt_for_fair_share = false;
   // Generate/Score requests each engine serves at once; more wait in the queue.
   int32_t max_active_streams = 256;
   // Tokens of one prompt absorbed per engine iteration (sequence form); bounds how

@@ -147,6 +147,15 @@ class AdmissionQueue {
     return false;
   }
 
+  // The tenants of the streams waiting, oldest first (one entry per stream).
+  std::vector<std::string> WaitingStreamTenants() const {
+    std::vector<std::string> tenants;
+    for (const auto& item : queue_) {
+      if (is_stream_(*item)) tenants.push_back(item->tenant);
+    }
+    return tenants;
+  }
+
   bool empty() const { return queue_.empty(); }
   int64_t size() const { return static_cast<int64_t>(queue_.size()); }
 

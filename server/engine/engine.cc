@@ -6,6 +6,7 @@
 #include <cmath>
 #include <numeric>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "models/blas_check.h"
 #include "server/base/log.h"
@@ -54,6 +55,10 @@ struct Engine::Task {
   RollbackPoint before_unsent;    // valid while stream.has_unsent()
   bool cancelled = false;
   bool shutdown = false;
+  // Preempted for another tenant's fair share (WaitForWork): keeps its slot, state and
+  // stream, but is not stepped or sampled, and does not count as running, until a slot
+  // frees. A cancelled task is never held parked (it must be able to end).
+  bool parked = false;
   // Its rows are on the prefill thread: it must not finish until the job returns.
   bool in_prefill_job = false;
   absl::Time first_token_at = absl::InfinitePast();
@@ -299,12 +304,73 @@ void Engine::Stop() {
 // ---------------------------------------------------------------------------------
 // The loop.
 
+bool Engine::Parked(const Task& t) { return t.parked && !t.cancelled; }
+
 absl::flat_hash_map<std::string, int64_t> Engine::RunningByTenant() const {
   absl::flat_hash_map<std::string, int64_t> running;
   for (const auto& task : tasks_) {
-    if (task->item != nullptr) ++running[task->item->tenant];
+    if (task->item != nullptr && !Parked(*task)) ++running[task->item->tenant];
   }
   return running;
+}
+
+int64_t Engine::ResumeParked(int64_t running) {
+  for (auto& task : tasks_) {
+    if (running >= options_.max_active_streams) break;
+    if (!Parked(*task)) continue;
+    task->parked = false;
+    ++running;
+  }
+  return running;
+}
+
+bool Engine::PreemptForFairShare(int64_t running) {
+  if (running < options_.max_active_streams) return false;
+  const std::vector<std::string> waiting = queue_.WaitingStreamTenants();
+  if (waiting.empty()) return false;
+  // What each tenant holds: its streams running and parked (a tenant is not short of
+  // its share because of its own parked streams, so two tenants never take turns).
+  absl::flat_hash_map<std::string, int64_t> held;
+  for (const auto& task : tasks_) {
+    if (task->item != nullptr) ++held[task->item->tenant];
+  }
+  absl::flat_hash_set<std::string> tenants(waiting.begin(), waiting.end());
+  for (const auto& [tenant, count] : held) tenants.insert(tenant);
+  // The share is max_active_streams / tenants, compared without rounding.
+  const int64_t n = static_cast<int64_t>(tenants.size());
+  const int64_t slots = options_.max_active_streams;
+  // The oldest waiting stream of a tenant below its share, against the newest running
+  // stream of the tenant furthest above it. Only a Generate between tokens is parked
+  // (not one in its prompt's prefill).
+  const std::string* under = nullptr;
+  for (const std::string& tenant : waiting) {
+    if (held[tenant] * n < slots) {
+      under = &tenant;
+      break;
+    }
+  }
+  if (under == nullptr) return false;
+  Task* victim = nullptr;
+  int64_t victim_held = 0;
+  for (auto& task : tasks_) {
+    Task& t = *task;
+    if (Parked(t) || t.cancelled || t.in_prefill_job || t.item == nullptr ||
+        t.item->kind != WorkItem::Kind::kGenerate || t.phase == Task::Phase::kPrefill ||
+        t.phase == Task::Phase::kDraining) {
+      continue;
+    }
+    const int64_t count = held[t.item->tenant];
+    if (count * n <= slots) continue;  // not above its share
+    if (victim == nullptr || count > victim_held ||
+        (count == victim_held && t.item->tenant == victim->item->tenant)) {
+      victim = &t;  // later tasks of the same tenant replace it: the newest is parked
+      victim_held = count;
+    }
+  }
+  if (victim == nullptr) return false;
+  victim->parked = true;
+  metrics_->CountPreempted();
+  return true;
 }
 
 bool Engine::HasImmediateWorkLocked() {
@@ -368,10 +434,26 @@ Engine::IterationWork Engine::WaitForWork() {
   }
   work.events.swap(events_);
   work.continuations.swap(continuations_);
-  int64_t active = static_cast<int64_t>(tasks_.size());
+  // Streams running: the tasks less the parked ones. Parked streams resume first, then
+  // the queue is admitted; then, if a tenant below its fair share still waits behind
+  // full slots, one stream of a tenant above its share is parked for it
+  // (--preempt-for-fair-share, docs/serving.md).
+  int64_t parked = 0;
+  if (end_all_) {
+    for (auto& task : tasks_) task->parked = false;
+  }
+  for (const auto& task : tasks_) parked += Parked(*task) ? 1 : 0;
+  const int64_t before = static_cast<int64_t>(tasks_.size()) - parked;
+  int64_t active = ResumeParked(before);
   queue_.TakeAdmissible(
       active, end_all_, [this] { return RunningByTenant(); }, work.admitted);
-  active_tasks_ = active;  // WaitIdle must not see admitted work as idle
+  if (options_.preempt_for_fair_share && !end_all_ && PreemptForFairShare(active)) {
+    --active;
+    queue_.TakeAdmissible(
+        active, false, [this] { return RunningByTenant(); }, work.admitted);
+  }
+  // WaitIdle must not see admitted (or parked) work as idle.
+  active_tasks_ = static_cast<int64_t>(tasks_.size()) + static_cast<int64_t>(work.admitted.size());
   drain_.Tick(absl::Now(), active >= options_.max_active_streams);
   published_queued_.store(queue_.size(), std::memory_order_relaxed);
   published_free_slots_.store(std::max<int64_t>(0, options_.max_active_streams - active),
@@ -425,7 +507,18 @@ bool Engine::PublishReadiness(bool stop) {
   bool awaiting = false;
   bool ready_to_absorb = false;
   bool immediate = false;
+  int64_t running = 0;
+  bool parked = false;
   for (const auto& task : tasks_) {
+    if (Parked(*task)) {
+      parked = true;
+      continue;
+    }
+    ++running;
+  }
+  if (parked && running < options_.max_active_streams) immediate = true;  // one resumes
+  for (const auto& task : tasks_) {
+    if (Parked(*task)) continue;
     switch (task->phase) {
       case Task::Phase::kBlocked:
         // Joins the next step once a write returns; a draining stream never does.
@@ -777,12 +870,12 @@ void Engine::AbandonPrefillJob() {
 void Engine::RunDecodeStep() {
   std::vector<Task*> batch;
   for (auto& task : tasks_) {
-    if (task->phase == Task::Phase::kReadyToAbsorb) batch.push_back(task.get());
+    if (task->phase == Task::Phase::kReadyToAbsorb && !Parked(*task)) batch.push_back(task.get());
   }
   if (batch.empty()) return;
   // Give streams whose write is still in flight `batch_wait` to join this step.
   bool awaiting = false;
-  for (auto& task : tasks_) awaiting |= task->phase == Task::Phase::kBlocked;
+  for (auto& task : tasks_) awaiting |= task->phase == Task::Phase::kBlocked && !Parked(*task);
   if (awaiting) {
     const absl::Time now = absl::Now();
     if (batch_deadline_ == absl::InfiniteFuture()) {
@@ -834,7 +927,7 @@ void Engine::RunDecodeStep() {
 void Engine::SampleAndEmit() {
   std::vector<Task*> ready;
   for (auto& task : tasks_) {
-    if (task->phase == Task::Phase::kReadyToSample) ready.push_back(task.get());
+    if (task->phase == Task::Phase::kReadyToSample && !Parked(*task)) ready.push_back(task.get());
   }
   // The streams that draw a token now: all at once (one batch on the graph kernel).
   std::vector<Task*> sampling;

@@ -180,6 +180,16 @@ class Engine {
   bool HasImmediateWorkLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Streams running per tenant (AdmissionQueue's fair share). Engine thread.
   absl::flat_hash_map<std::string, int64_t> RunningByTenant() const;
+  // Whether `t` is held parked (Task::parked, and not cancelled).
+  static bool Parked(const Task& t);
+  // Resumes parked streams, oldest first, while fewer than max_active_streams run;
+  // returns the streams running then.
+  int64_t ResumeParked(int64_t running);
+  // With every slot taken (`running`) and a stream of a tenant below its fair share
+  // (max_active_streams over the tenants with streams running or waiting) in the
+  // queue: parks the newest stream of the tenant furthest above its share. True if one
+  // was parked (a slot is then free for TakeAdmissible).
+  bool PreemptForFairShare(int64_t running) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The retry hint of a refusal: how long until the streams queued now have started
   // (at least 10 ms, at most 30 s; 1 s while unmeasured). Thread-safe.
   absl::Duration RetryDelay() const;

@@ -20,6 +20,11 @@ struct EngineOptions {
   // has measured how fast its slots free up, the queue holds only what drains within
   // it (at least 2 items, at most max_queued_requests). Zero = no such bound.
   absl::Duration max_queue_wait = absl::ZeroDuration();
+  // With every stream slot taken, a waiting stream of a tenant below its fair share
+  // (max_active_streams over the tenants with streams) parks the newest running stream
+  // of the tenant furthest above it, which resumes when a slot frees
+  // (--preempt-for-fair-share).
+  bool preempt_for_fair_share = false;
   // Generate/Score/CreateSession streams served at once (--max-active-streams).
   int64_t max_active_streams = 256;
   // Tokens of one prompt absorbed per prefill job (--prefill-chunk-tokens).

@@ -127,6 +127,7 @@ struct ModelFamilies {
   Family<Counter>& generated_tokens;
   Family<Counter>& prompt_tokens_saved;
   Family<Counter>& scored_tokens;
+  Family<Counter>& preempted;
   Family<Histogram>& batch_size;
   Family<Histogram>& step_duration;
   Family<Histogram>& prefill_chunk_duration;
@@ -156,6 +157,7 @@ class PrometheusModelMetrics final : public ModelMetrics {
         generated_tokens_(f.generated_tokens.Add({{"model", model}})),
         prompt_tokens_saved_(f.prompt_tokens_saved.Add({{"model", model}})),
         scored_tokens_(f.scored_tokens.Add({{"model", model}})),
+        preempted_(f.preempted.Add({{"model", model}})),
         batch_size_(f.batch_size.Add({{"model", model}}, Buckets(kBatchSizeBuckets))),
         step_duration_(f.step_duration.Add({{"model", model}}, Buckets(kStepBuckets))),
         prefill_chunk_duration_(
@@ -185,6 +187,7 @@ class PrometheusModelMetrics final : public ModelMetrics {
   void AddGeneratedTokens(int64_t tokens) override { Add(generated_tokens_, tokens); }
   void AddPromptTokensSaved(int64_t tokens) override { Add(prompt_tokens_saved_, tokens); }
   void AddScoredTokens(int64_t tokens) override { Add(scored_tokens_, tokens); }
+  void CountPreempted() override { preempted_.Increment(); }
   void ObserveDecodeStep(int64_t batch_size, double seconds) override {
     batch_size_.Observe(static_cast<double>(batch_size));
     step_duration_.Observe(seconds);
@@ -229,6 +232,7 @@ class PrometheusModelMetrics final : public ModelMetrics {
   Counter& generated_tokens_;
   Counter& prompt_tokens_saved_;
   Counter& scored_tokens_;
+  Counter& preempted_;
   Histogram& batch_size_;
   Histogram& step_duration_;
   Histogram& prefill_chunk_duration_;
@@ -260,6 +264,7 @@ class NullModelMetrics final : public ModelMetrics {
   void AddGeneratedTokens(int64_t) override {}
   void AddPromptTokensSaved(int64_t) override {}
   void AddScoredTokens(int64_t) override {}
+  void CountPreempted() override {}
   void ObserveDecodeStep(int64_t, double) override {}
   void ObservePrefillChunk(int64_t, double) override {}
   void SetQueuedRequests(int64_t) override {}
@@ -454,6 +459,11 @@ class PrometheusMetrics final : public Metrics {
             prometheus::BuildCounter()
                 .Name("fwserve_scored_tokens_total")
                 .Help("Tokens scored by Score.")
+                .Register(*registry_),
+            prometheus::BuildCounter()
+                .Name("fwserve_streams_preempted_total")
+                .Help("Streams parked so that a tenant below its fair share of the stream "
+                      "slots could start (they resume when a slot frees).")
                 .Register(*registry_),
             prometheus::BuildHistogram()
                 .Name("fwserve_engine_batch_size")

@@ -155,6 +155,40 @@ class OverloadTest : public ::testing::Test {
     }
   }
 
+  // Two tenants, storm and calm, each with its API key; a server over `options` that
+  // authenticates them; and a client of each (no overload retries: every refusal shows).
+  static constexpr char kStormKey[] = "key-of-storm-0123456789";
+  static constexpr char kCalmKey[] = "key-of-calm-01234567890";
+  struct TwoTenants {
+    std::unique_ptr<Tenants> tenants;
+    std::unique_ptr<ApiKeyAuthenticator> authenticator;
+    std::unique_ptr<Harness> server;
+    std::unique_ptr<Client> storm, calm;
+  };
+  static TwoTenants StartTwoTenants(CoreOptions options, GrpcServerOptions server_options) {
+    TwoTenants t;
+    auto tenants = Tenants::FromText("sha256:" + Sha256Hex(kStormKey) + " tenant=storm\n" +
+                                     "sha256:" + Sha256Hex(kCalmKey) + " tenant=calm\n");
+    EXPECT_TRUE(tenants.ok());
+    if (!tenants.ok()) return t;
+    t.tenants = std::move(*tenants);
+    t.authenticator = std::make_unique<ApiKeyAuthenticator>(t.tenants.get(), nullptr);
+    options.tenants = t.tenants.get();
+    server_options.authenticator = t.authenticator.get();
+    t.server = Harness::Start(options, server_options);
+    if (t.server == nullptr) return t;
+    auto connect = [&](const char* key) {
+      ClientOptions client_options;
+      client_options.target = t.server->target();
+      client_options.auth_token = key;
+      client_options.max_overload_retries = 0;
+      return std::move(*Client::Connect(client_options));
+    };
+    t.storm = connect(kStormKey);
+    t.calm = connect(kCalmKey);
+    return t;
+  }
+
   static std::string* model_dir_;
 };
 std::string* OverloadTest::model_dir_ = nullptr;
@@ -315,28 +349,12 @@ TEST_F(OverloadTest, QueueWaitBoundsTheQueue) {
 // One tenant's storm: past its half of the queue it is refused; the other tenant, well
 // within its share, is never refused and every one of its requests completes.
 TEST_F(OverloadTest, AStormStaysWithItsTenant) {
-  constexpr char kKeyA[] = "key-of-storm-0123456789";
-  constexpr char kKeyB[] = "key-of-calm-01234567890";
-  auto tenants = Tenants::FromText("sha256:" + Sha256Hex(kKeyA) + " tenant=storm\n" +
-                                   "sha256:" + Sha256Hex(kKeyB) + " tenant=calm\n");
-  ASSERT_TRUE(tenants.ok());
-  ApiKeyAuthenticator authenticator(tenants->get(), nullptr);
-  CoreOptions options = Options(2, 8);
-  options.tenants = tenants->get();
   GrpcServerOptions server_options;
-  server_options.authenticator = &authenticator;
   server_options.max_refusal_delay = absl::ZeroDuration();
-  auto server = Harness::Start(options, server_options);
-  ASSERT_NE(server, nullptr);
-
-  auto connect = [&](const char* key) {
-    ClientOptions client_options;
-    client_options.target = server->target();
-    client_options.auth_token = key;
-    client_options.max_overload_retries = 0;  // see every refusal
-    return std::move(*Client::Connect(client_options));
-  };
-  std::unique_ptr<Client> storm = connect(kKeyA), calm = connect(kKeyB);
+  TwoTenants t = StartTwoTenants(Options(2, 8), server_options);
+  ASSERT_NE(t.server, nullptr);
+  Client* storm = t.storm.get();
+  Client* calm = t.calm.get();
   // The storm: 2 endless streams run, then 12 more arrive, of which 4 fit its share.
   std::vector<std::unique_ptr<GenerateStream>> running;
   for (int i = 0; i < 2; ++i) {
@@ -397,6 +415,65 @@ TEST_F(OverloadTest, AStormStaysWithItsTenant) {
     while (stream->Next(&message)) {
     }
   }
+}
+
+// Fair share by preemption: with the one slot held by tenant storm's endless stream,
+// tenant calm (below its share of 1 slot) does not wait for it to end. The storm's
+// stream is parked, calm's request runs in full, and the storm's stream then resumes
+// where it was: its tokens are those of the same request never interrupted.
+TEST_F(OverloadTest, ATenantBelowItsShareParksAStreamOfTheTenantAboveIt) {
+  CoreOptions options = Options(1, 4);
+  options.preempt_for_fair_share = true;
+  TwoTenants t = StartTwoTenants(options, GrpcServerOptions());
+  ASSERT_NE(t.server, nullptr);
+  Client* storm = t.storm.get();
+  Client* calm = t.calm.get();
+  Harness* server = t.server.get();
+
+  constexpr int kStormTokens = 60;
+  auto endless = storm->StartGenerate(GreedyRequest("s", 10000000));
+  std::vector<int64_t> storm_tokens;
+  v1::GenerateResponse message;
+  ASSERT_TRUE(endless->Next(&message));
+  storm_tokens.assign(message.token_ids().begin(), message.token_ids().end());
+
+  std::atomic<bool> calm_done{false};
+  absl::StatusOr<GenerateResult> calm_result;
+  std::thread calm_thread([&] {
+    calm_result = calm->Generate(GreedyRequest("c", 10));
+    calm_done.store(true);
+  });
+  // A hang guard far beyond the milliseconds this takes: without preemption calm waits
+  // for a stream that never ends, and this fails (then lets it through).
+  for (int i = 0; i < 6000 && !calm_done.load(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_TRUE(calm_done.load()) << "calm waited behind storm's stream";
+  if (!calm_done.load()) endless->Cancel();
+  calm_thread.join();
+  ASSERT_TRUE(calm_result.ok()) << calm_result.status();
+  EXPECT_EQ(calm_result->usage.generated_tokens(), 10);
+
+  // The parked stream resumes and goes on exactly as it would have.
+  while (static_cast<int>(storm_tokens.size()) < kStormTokens && endless->Next(&message)) {
+    storm_tokens.insert(storm_tokens.end(), message.token_ids().begin(), message.token_ids().end());
+  }
+  endless->Cancel();
+  while (endless->Next(&message)) {
+  }
+  ASSERT_GE(static_cast<int>(storm_tokens.size()), kStormTokens);
+  storm_tokens.resize(kStormTokens);
+  auto reference = storm->Generate(GreedyRequest("s", kStormTokens));
+  ASSERT_TRUE(reference.ok()) << reference.status();
+  EXPECT_EQ(storm_tokens, reference->token_ids);
+
+  double preempted = -1;
+  for (const auto& family : server->metrics().registry()->Collect()) {
+    if (family.name == "fwserve_streams_preempted_total") {
+      preempted = family.metric.at(0).counter.value;
+    }
+  }
+  EXPECT_EQ(preempted, 1);
 }
 
 }  // namespace

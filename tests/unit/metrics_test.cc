@@ -109,11 +109,12 @@ TEST(MetricsTest, SeriesExistAtZeroRightAfterAddModel) {
   for (const char* name :
        {"fwserve_prompt_tokens_total", "fwserve_generated_tokens_total",
         "fwserve_prompt_tokens_saved_total", "fwserve_scored_tokens_total",
-        "fwserve_engine_queued_requests", "fwserve_engine_active_streams",
-        "fwserve_session_state_resident_bytes", "fwserve_time_to_first_token_seconds",
-        "fwserve_inter_token_latency_seconds", "fwserve_generation_duration_seconds",
-        "fwserve_engine_batch_size", "fwserve_engine_step_duration_seconds",
-        "fwserve_engine_prefill_chunk_duration_seconds", "fwserve_engine_prefill_chunk_tokens"}) {
+        "fwserve_streams_preempted_total", "fwserve_engine_queued_requests",
+        "fwserve_engine_active_streams", "fwserve_session_state_resident_bytes",
+        "fwserve_time_to_first_token_seconds", "fwserve_inter_token_latency_seconds",
+        "fwserve_generation_duration_seconds", "fwserve_engine_batch_size",
+        "fwserve_engine_step_duration_seconds", "fwserve_engine_prefill_chunk_duration_seconds",
+        "fwserve_engine_prefill_chunk_tokens"}) {
     EXPECT_NE(FindSeries(families, name, {{"model", "m"}}), nullptr) << name;
   }
   for (const char* op :
