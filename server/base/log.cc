@@ -37,6 +37,12 @@ const char* LevelName(LogLevel level) {
   return "INFO";
 }
 
+// One log line: "<RFC3339 time> <LEVEL> <text>\n"; `text` is written as given.
+std::string FormatLine(LogLevel level, absl::string_view text) {
+  return absl::StrCat(absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", absl::Now(), absl::UTCTimeZone()),
+                      " ", LevelName(level), " ", text, "\n");
+}
+
 // The writer thread and the lines waiting for it. One per process, created by the first
 // line and never destroyed (a thread blocked in fwrite at exit must not find its queue
 // gone); exit() first waits up to 5 s for the lines handed over to be written.
@@ -104,9 +110,9 @@ class LogWriter {
       std::string out;
       for (const std::string& line : batch) out += line;
       if (dropped_report > 0) {
-        absl::StrAppend(
-            &out, absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", absl::Now(), absl::UTCTimeZone()),
-            " WARNING ", dropped_report, " log lines dropped: stderr was not read fast enough\n");
+        out += FormatLine(
+            LogLevel::kWarning,
+            absl::StrCat(dropped_report, " log lines dropped: stderr was not read fast enough"));
       }
       std::fwrite(out.data(), 1, out.size(), stderr);
       std::fflush(stderr);
@@ -178,10 +184,7 @@ bool LogEnabled(LogLevel level) { return static_cast<int>(level) >= g_level.load
 
 void Log(LogLevel level, absl::string_view message) {
   if (!LogEnabled(level)) return;
-  std::string line =
-      absl::StrCat(absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", absl::Now(), absl::UTCTimeZone()), " ",
-                   LevelName(level), " ", SafeLogText(message), "\n");
-  LogWriter::Get().Append(std::move(line));
+  LogWriter::Get().Append(FormatLine(level, SafeLogText(message)));
 }
 
 void FlushLog() { (void)LogWriter::Get().Flush(absl::InfiniteDuration()); }
