@@ -438,13 +438,11 @@ Engine::IterationWork Engine::WaitForWork() {
   // the queue is admitted; then, if a tenant below its fair share still waits behind
   // full slots, one stream of a tenant above its share is parked for it
   // (--preempt-for-fair-share, docs/serving.md).
+  // (At shutdown EndAllTasks cancels every task, which ends its parking: Parked().)
   int64_t parked = 0;
-  if (end_all_) {
-    for (auto& task : tasks_) task->parked = false;
-  }
   for (const auto& task : tasks_) parked += Parked(*task) ? 1 : 0;
-  const int64_t before = static_cast<int64_t>(tasks_.size()) - parked;
-  int64_t active = ResumeParked(before);
+  const int64_t running = static_cast<int64_t>(tasks_.size()) - parked;
+  int64_t active = parked > 0 ? ResumeParked(running) : running;
   queue_.TakeAdmissible(
       active, end_all_, [this] { return RunningByTenant(); }, work.admitted);
   if (options_.preempt_for_fair_share && !end_all_ && PreemptForFairShare(active)) {
@@ -515,10 +513,6 @@ bool Engine::PublishReadiness(bool stop) {
       continue;
     }
     ++running;
-  }
-  if (parked && running < options_.max_active_streams) immediate = true;  // one resumes
-  for (const auto& task : tasks_) {
-    if (Parked(*task)) continue;
     switch (task->phase) {
       case Task::Phase::kBlocked:
         // Joins the next step once a write returns; a draining stream never does.
@@ -537,6 +531,7 @@ bool Engine::PublishReadiness(bool stop) {
         immediate = true;
     }
   }
+  if (parked && running < options_.max_active_streams) immediate = true;  // one resumes
   // Absorb at once if nothing else can join the batch; else wait (at most until
   // batch_deadline_) for the streams still writing.
   if (ready_to_absorb && !awaiting) immediate = true;
