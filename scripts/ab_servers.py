@@ -9,28 +9,21 @@ then the median and range of B/A. Copy the baseline binary aside before rebuildi
 Run it on a quiet machine: this host's speed swings, so only ratios within a round count.
 """
 import argparse
-import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_ratios import REPO, running_fwserve  # noqa: E402
+from bench_ratios import REPO, serve_and_measure  # noqa: E402
 
 
 def tokens_per_s(build, binary, model_dir, concurrency, duration, flags):
-    with tempfile.TemporaryDirectory() as scratch, running_fwserve(
-            binary, model_dir, flags, os.path.join(scratch, "fwserve.log")) as (_, port):
-        result = os.path.join(scratch, "fwbench.json")
-        subprocess.run(
-            [os.path.join(build, "bench", "fwbench"), "--target", "127.0.0.1:%d" % port,
-             "--concurrency", str(concurrency), "--duration", duration, "--warmup", "2s",
-             "--max_tokens", "128", "--json", result],
-            check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        with open(result) as f:
-            return json.load(f)["levels"][0]["output_tokens_per_s"]
+    with tempfile.TemporaryDirectory() as scratch:
+        levels = serve_and_measure(build, model_dir, flags, duration, "2s",
+                                   os.path.join(scratch, "fwbench.json"), str(concurrency),
+                                   binary=binary)
+        return levels[concurrency]["output_tokens_per_s"]
 
 
 def main():

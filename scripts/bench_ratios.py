@@ -143,10 +143,12 @@ def running_fwserve(binary, model_dir, flags, log_path):
             server.wait()
 
 
-def serve_and_measure(build, model_dir, flags, duration, warmup, out_json, concurrency="64"):
-    """fwbench's levels (one per concurrency) against a fresh fwserve."""
+def serve_and_measure(build, model_dir, flags, duration, warmup, out_json, concurrency="64",
+                      binary=None):
+    """fwbench's levels (one per concurrency) against a fresh fwserve (`binary`, default
+    the build's)."""
     log_path = out_json[:-len(".json")] + "-fwserve.log"
-    with running_fwserve(os.path.join(build, "server", "fwserve"), model_dir, flags,
+    with running_fwserve(binary or os.path.join(build, "server", "fwserve"), model_dir, flags,
                          log_path) as (server, port):
         subprocess.run(
             [os.path.join(build, "bench", "fwbench"), "--target", "127.0.0.1:%d" % port,
