@@ -148,4 +148,13 @@ fwserve::v1::GenerateRequest GreedyRequest(const std::string& prompt, int max_to
   return request;
 }
 
+double GaugeValue(Harness& harness, const std::string& name) {
+  double total = 0;
+  for (const auto& family : harness.metrics().registry()->Collect()) {
+    if (family.name != name) continue;
+    for (const auto& metric : family.metric) total += metric.gauge.value;
+  }
+  return total;
+}
+
 }  // namespace fwtest

@@ -74,4 +74,7 @@ class Harness {
   std::unique_ptr<fwserve::Client> client_;
 };
 
+// The value of gauge `name` in `harness`'s metrics, summed over its series (0 if none).
+double GaugeValue(Harness& harness, const std::string& name);
+
 }  // namespace fwtest

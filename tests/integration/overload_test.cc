@@ -108,15 +108,6 @@ class OverloadTest : public ::testing::Test {
     return "";
   }
 
-  // The engine's queue length as its gauge says (published once a second).
-  static double QueuedRequests(Harness& server) {
-    for (const auto& family : server.metrics().registry()->Collect()) {
-      if (family.name != "fwserve_engine_queued_requests") continue;
-      for (const auto& metric : family.metric) return metric.gauge.value;
-    }
-    return -1;
-  }
-
   // Fills a server of one stream slot and one queue place: an endless stream runs and a
   // request on a session waits. Returns both streams once the session's lease shows
   // the request arrived and the engine's queue gauge shows it queued: an arrival that
@@ -137,7 +128,8 @@ class OverloadTest : public ::testing::Test {
     EXPECT_TRUE(WaitUntilBusy(server.client(), session->session_id()));
     bool queued = false;
     for (int i = 0; i < 2000 && !queued; ++i) {  // a hang guard of 10 s, far beyond 2 gauge ticks
-      queued = QueuedRequests(server) == 1;
+      // The engine's queue length as its gauge says (published once a second).
+      queued = fwtest::GaugeValue(server, "fwserve_engine_queued_requests") == 1;
       if (!queued) std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
     if (!queued) {

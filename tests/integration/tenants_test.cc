@@ -24,6 +24,7 @@
 namespace fwserve {
 namespace {
 
+using fwtest::GaugeValue;
 using fwtest::GreedyRequest;
 using fwtest::Harness;
 
@@ -312,16 +313,6 @@ TEST_F(TenantsTest, QuotasRefuseAtOnceAndLeaveOtherTenantsAlone) {
       "acme at its quotas\n",
       absl::ToDoubleMilliseconds(idle_before), absl::ToDoubleMilliseconds(idle_after),
       absl::ToDoubleMilliseconds(busy));
-}
-
-// The value of gauge `name` of `harness`'s metrics (summed over its series).
-double GaugeValue(Harness& harness, const std::string& name) {
-  double total = 0;
-  for (const auto& family : harness.metrics().registry()->Collect()) {
-    if (family.name != name) continue;
-    for (const auto& metric : family.metric) total += metric.gauge.value;
-  }
-  return total;
 }
 
 void WaitForGauge(Harness& harness, const std::string& name, double value) {
