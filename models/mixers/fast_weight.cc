@@ -2,6 +2,10 @@
 // delta rule with a per-head write strength β; state W [H, dh, d_phi] per layer.
 #include <algorithm>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 #include "models/mixers/mixer.h"
 #include "models/mixers/native_math.h"
 
@@ -24,54 +28,137 @@ torch::Tensor DpfpFeatures(const torch::Tensor& z, int64_t nu, double eps) {
 FW_VECTOR_KERNEL
 void Dpfp(const float* z, int64_t n, int64_t nu, float eps, float* x, float* out) {
   const int64_t two_n = 2 * n;
+#pragma omp simd
   for (int64_t j = 0; j < n; ++j) {
     x[j] = std::max(z[j], 0.0f);
     x[n + j] = std::max(-z[j], 0.0f);
   }
   float sum = 0;
   for (int64_t i = 1; i <= nu; ++i) {
+    // part[j] = x[j] · x[(j - i) mod 2n]: the wrapped head, then the straight run.
     float* part = out + (i - 1) * two_n;
-    for (int64_t j = 0; j < two_n; ++j) {
-      part[j] = x[j] * x[(j - i + two_n * nu) % two_n];
+    const int64_t wrapped = std::min(i, two_n);
+    for (int64_t j = 0; j < wrapped; ++j) {
+      part[j] = x[j] * x[((j - i) % two_n + two_n) % two_n];
+      sum += part[j];
+    }
+#pragma omp simd reduction(+ : sum)
+    for (int64_t j = wrapped; j < two_n; ++j) {
+      part[j] = x[j] * x[j - i];
       sum += part[j];
     }
   }
   const float den = sum + eps;
+#pragma omp simd
   for (int64_t j = 0; j < two_n * nu; ++j) out[j] /= den;
 }
 
+// One head's delta-rule write and read, fused into one pass over its W [dh, dphi]:
+//   retrieved_i = W_i·fk, delta_i = beta (v_i - retrieved_i), W_i += delta_i fk,
+//   y_i = W_i(new)·fq = W_i(old)·fq + delta_i (fk·fq),
+// so each row of W is read once (both dot products share the load) and written once.
+// `kq` is fk·fq. Rounding differs from the two-pass form by the order of additions only.
+void DeltaHead(float* __restrict W, int64_t dh, int64_t dphi, const float* __restrict fk,
+               const float* __restrict fq, const float* __restrict v, float beta, float kq,
+               float* __restrict y) {
+  for (int64_t i = 0; i < dh; ++i) {
+    float* __restrict Wi = W + i * dphi;
+    float retrieved = 0, read = 0;
+    for (int64_t j = 0; j < dphi; ++j) {
+      retrieved += Wi[j] * fk[j];
+      read += Wi[j] * fq[j];
+    }
+    const float delta = beta * (v[i] - retrieved);
+    for (int64_t j = 0; j < dphi; ++j) Wi[j] += delta * fk[j];
+    y[i] = read + delta * kq;
+  }
+}
+
+#if defined(__x86_64__)
+// DeltaHead with AVX2/FMA: 8 columns a vector, two accumulators per dot product.
+__attribute__((target("avx2,fma"))) void DeltaHeadAvx2(float* __restrict W, int64_t dh,
+                                                       int64_t dphi, const float* __restrict fk,
+                                                       const float* __restrict fq,
+                                                       const float* __restrict v, float beta,
+                                                       float kq, float* __restrict y) {
+  const int64_t vec_end = dphi & ~int64_t{7};
+  for (int64_t i = 0; i < dh; ++i) {
+    float* __restrict Wi = W + i * dphi;
+    __m256 k0 = _mm256_setzero_ps(), k1 = _mm256_setzero_ps();
+    __m256 q0 = _mm256_setzero_ps(), q1 = _mm256_setzero_ps();
+    int64_t j = 0;
+    for (; j + 16 <= vec_end; j += 16) {
+      const __m256 w0 = _mm256_loadu_ps(Wi + j), w1 = _mm256_loadu_ps(Wi + j + 8);
+      k0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(fk + j), k0);
+      k1 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(fk + j + 8), k1);
+      q0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(fq + j), q0);
+      q1 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(fq + j + 8), q1);
+    }
+    if (j < vec_end) {
+      const __m256 w0 = _mm256_loadu_ps(Wi + j);
+      k0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(fk + j), k0);
+      q0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(fq + j), q0);
+      j += 8;
+    }
+    // Both horizontal sums at once: [k, q, k, q] in the low lanes.
+    const __m256 pairs = _mm256_hadd_ps(_mm256_add_ps(k0, k1), _mm256_add_ps(q0, q1));
+    __m128 sums = _mm_add_ps(_mm256_castps256_ps128(pairs), _mm256_extractf128_ps(pairs, 1));
+    sums = _mm_hadd_ps(sums, sums);
+    float retrieved = _mm_cvtss_f32(sums);
+    float read = _mm_cvtss_f32(_mm_shuffle_ps(sums, sums, 1));
+    for (; j < dphi; ++j) {
+      retrieved += Wi[j] * fk[j];
+      read += Wi[j] * fq[j];
+    }
+    const float delta = beta * (v[i] - retrieved);
+    const __m256 delta_v = _mm256_set1_ps(delta);
+    j = 0;
+    for (; j < vec_end; j += 8) {
+      _mm256_storeu_ps(Wi + j,
+                       _mm256_fmadd_ps(delta_v, _mm256_loadu_ps(fk + j), _mm256_loadu_ps(Wi + j)));
+    }
+    for (; j < dphi; ++j) Wi[j] += delta * fk[j];
+    y[i] = read + delta * kq;
+  }
+}
+#endif
+
+using DeltaHeadFn = void (*)(float*, int64_t, int64_t, const float*, const float*, const float*,
+                             float, float, float*);
+
+// The CPU's best DeltaHead, chosen once.
+DeltaHeadFn PickDeltaHead() {
+#if defined(__x86_64__)
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return DeltaHeadAvx2;
+#endif
+  return DeltaHead;
+}
+
 // One session's W [H, dh, d_phi] absorbs q|k|v|beta = pr[0..3d+H) by the delta rule.
-FW_VECTOR_KERNEL
-void FastWeightRow(const float* __restrict pr, float* __restrict W_all, int64_t H, int64_t dh,
-                   int64_t nu, float eps, float* __restrict x, float* __restrict fq,
-                   float* __restrict fk, float* __restrict y) {
+void FastWeightRow(DeltaHeadFn delta_head, const float* __restrict pr, float* __restrict W_all,
+                   int64_t H, int64_t dh, int64_t nu, float eps, float* __restrict x,
+                   float* __restrict fq, float* __restrict fk, float* __restrict y) {
   const int64_t d = H * dh, dphi = 2 * nu * dh;
   for (int64_t hd = 0; hd < H; ++hd) {
-    const float* v = pr + 2 * d + hd * dh;
     const float beta = native::Sigmoid(pr[3 * d + hd]);
     Dpfp(pr + hd * dh, dh, nu, eps, x, fq);
     Dpfp(pr + d + hd * dh, dh, nu, eps, x, fk);
-    for (int64_t i = 0; i < dh; ++i) {
-      float* __restrict Wi = W_all + (hd * dh + i) * dphi;
-      float retrieved = 0;
-#pragma omp simd reduction(+ : retrieved)
-      for (int64_t j = 0; j < dphi; ++j) retrieved += Wi[j] * fk[j];
-      const float delta = beta * (v[i] - retrieved);
-      float acc = 0;
-#pragma omp simd reduction(+ : acc)
-      for (int64_t j = 0; j < dphi; ++j) {
-        Wi[j] = Wi[j] + delta * fk[j];
-        acc += Wi[j] * fq[j];
-      }
-      y[hd * dh + i] = acc;
-    }
+    float kq = 0;
+    for (int64_t j = 0; j < dphi; ++j) kq += fk[j] * fq[j];
+    delta_head(W_all + hd * dh * dphi, dh, dphi, fk, fq, pr + 2 * d + hd * dh, beta, kq,
+               y + hd * dh);
   }
 }
 
 class NativeFastWeight final : public NativeMixer {
  public:
   NativeFastWeight(int64_t H, int64_t dh, int64_t nu, float eps, std::vector<float> beta_w)
-      : H_(H), dh_(dh), nu_(nu), eps_(eps), beta_w_(std::move(beta_w)) {}
+      : H_(H),
+        dh_(dh),
+        nu_(nu),
+        eps_(eps),
+        beta_w_(std::move(beta_w)),
+        delta_head_(PickDeltaHead()) {}
   std::vector<float> ExtraProjection() const override { return beta_w_; }
   int64_t ScratchFloats() const override { return 2 * dh_ + 2 * (2 * nu_ * dh_); }
   void Absorb(const Tokens& t, int64_t begin, int64_t end, float* scratch) const override {
@@ -81,8 +168,8 @@ class NativeFastWeight final : public NativeMixer {
     float* fk = fq + dphi;
     for (int64_t i = begin * t.steps; i < end * t.steps; ++i) {
       const int64_t row = t.rows[i / t.steps];
-      FastWeightRow(t.proj + i * t.proj_width, t.state[0] + row * t.state_row[0], H_, dh_, nu_,
-                    eps_, dpfp_x, fq, fk, t.y + i * d);
+      FastWeightRow(delta_head_, t.proj + i * t.proj_width, t.state[0] + row * t.state_row[0], H_,
+                    dh_, nu_, eps_, dpfp_x, fq, fk, t.y + i * d);
     }
   }
 
@@ -90,6 +177,7 @@ class NativeFastWeight final : public NativeMixer {
   const int64_t H_, dh_, nu_;
   const float eps_;
   const std::vector<float> beta_w_;  // [H, d]
+  const DeltaHeadFn delta_head_;
 };
 
 // ---- Sequence form and step

@@ -123,6 +123,15 @@ TEST_P(NativeStepTest, AbsorbEqualsSteppingTokenByToken) {
 INSTANTIATE_TEST_SUITE_P(AllConfigurations, NativeStepTest,
                          testing::ValuesIn(fwtest::AllConfigCases()), fwtest::ConfigCaseName);
 
+// fast_weight's delta-rule kernel runs 8 features a vector plus a scalar tail: head width
+// 6 gives d_phi 12 (nu 1: one vector and a tail) and 36 (nu 3: two pairs and a tail).
+INSTANTIATE_TEST_SUITE_P(PartialVectors, NativeStepTest,
+                         testing::Values(fwtest::ConfigCase{Architecture::kFastWeight,
+                                                            FfnKind::kSquaredRelu, 3, 1, false, 12},
+                                         fwtest::ConfigCase{Architecture::kFastWeight,
+                                                            FfnKind::kRelu, 0, 3, false, 12}),
+                         fwtest::ConfigCaseName);
+
 TEST(NativeStepInputTest, BadArgumentsAreRefusedAndChangeNothing) {
   torch::NoGradGuard no_grad;
   fwmodel::ModelConfig config =

@@ -75,12 +75,14 @@ double MaxAbsDiff(const torch::Tensor& a, const torch::Tensor& b) {
 
 fwmodel::ModelConfig ConfigCase::Config() const {
   fwmodel::ModelConfig config = TinyConfig(arch, ffn, dconv, nu, /*tie=*/dconv == 0);
+  config.d_model = d_model;
   return pkm ? WithPkm(config) : config;
 }
 
 std::string ConfigCase::Name() const {
   return absl::StrCat(fwmodel::ArchitectureName(arch), "_", fwmodel::FfnKindName(ffn), "_dconv",
-                      dconv, "_nu", nu, pkm ? "_pkm" : "");
+                      dconv, "_nu", nu, pkm ? "_pkm" : "",
+                      d_model == 16 ? "" : absl::StrCat("_d", d_model));
 }
 
 std::vector<ConfigCase> AllConfigCases() {

@@ -36,6 +36,7 @@ struct ConfigCase {
   int dconv;
   int nu;
   bool pkm = false;  // block 1's FFN is a product-key memory
+  int d_model = 16;  // TinyConfig's; others give head widths that are not a multiple of 8
 
   fwmodel::ModelConfig Config() const;
   // For test names: e.g. "aft_geglu_dconv3_nu2_pkm".
