@@ -19,6 +19,9 @@ namespace {
 
 // Rows per task of the per-session loops; below it the loop stays on one thread.
 constexpr int64_t kRowGrain = 8;
+// Rows per task of a projection (a libxsmm kernel call each): smaller products stay on
+// the calling thread.
+constexpr int64_t kGemmRowGrain = 32;
 // Most state tensors a mixer has (linear_attention: S and z).
 constexpr int kMaxMixerStates = 4;
 
@@ -73,6 +76,30 @@ void ConvRow(float* __restrict in, float* __restrict history, const float* __res
 
 // Indices of the k largest of s[0..n), largest first, ties toward the lower index (the
 // contract's top-k; NaN ranks lowest). `order` is scratch [n].
+// f(begin, end) over [0, n) in at most `threads` contiguous tasks of at least `grain`
+// items each, on OpenMP workers beside the calling thread (one task: inline). f must not
+// throw. The team size is explicit, not the calling thread's OpenMP default, so the
+// engine's and the prefill thread's steps can run with different counts.
+template <typename F>
+void ParallelRows(int threads, int64_t n, int64_t grain, const F& f) {
+  const int64_t tasks = std::min<int64_t>(threads, n / std::max<int64_t>(grain, 1));
+  if (tasks <= 1) {
+    f(int64_t{0}, n);
+    return;
+  }
+#pragma omp parallel for num_threads(static_cast <int>(tasks)) schedule(static, 1)
+  for (int64_t task = 0; task < tasks; ++task) f(n * task / tasks, n * (task + 1) / tasks);
+}
+
+// linear.Apply over `rows` rows, split by rows over `threads` (each task writes its own
+// rows of y).
+void ParallelApply(int threads, const PackedLinear& linear, const float* x, int64_t rows,
+                   const float* bias, float* y) {
+  ParallelRows(threads, rows, kGemmRowGrain, [&](int64_t begin, int64_t end) {
+    linear.Apply(x + begin * linear.in(), end - begin, bias, y + begin * linear.out());
+  });
+}
+
 void TopK(const float* s, int64_t n, int64_t k, std::vector<int64_t>* order) {
   order->resize(static_cast<size_t>(n));
   std::iota(order->begin(), order->end(), int64_t{0});
@@ -106,7 +133,9 @@ struct NativeStep::Layer {
   int conv_state = -1;
 };
 
-NativeStep::NativeStep(const Model& model) : model_(model) {}
+NativeStep::NativeStep(const Model& model, int32_t threads) : model_(model), threads_(threads) {}
+
+int NativeStep::Threads() const { return threads_ > 0 ? threads_ : at::get_num_threads(); }
 NativeStep::~NativeStep() = default;
 
 absl::StatusOr<std::unique_ptr<NativeStep>> NativeStep::Create(const Model& model,
@@ -114,7 +143,11 @@ absl::StatusOr<std::unique_ptr<NativeStep>> NativeStep::Create(const Model& mode
   if (!model.options().device.is_cpu() || model.options().dtype != torch::kFloat32) {
     return absl::FailedPreconditionError("the native decode step needs a float32 model on the CPU");
   }
-  std::unique_ptr<NativeStep> step(new NativeStep(model));
+  if (options.threads < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("threads must be >= 0 (0: LibTorch's count), got ", options.threads));
+  }
+  std::unique_ptr<NativeStep> step(new NativeStep(model, options.threads));
   const ModelConfig& c = model.config();
   const int64_t d = c.d_model;
   try {
@@ -266,6 +299,7 @@ absl::Status NativeStep::Absorb(absl::Span<const int64_t> tokens, int64_t steps,
   // Activations of all B·T tokens go through each projection as one matrix; only the
   // recurrences run token by token (per session, in order).
   const int64_t T = steps, N = B * T;
+  const int threads = Threads();
   const int64_t d = c.d_model;
   const int64_t K = c.has_dconv() ? c.dconv_kernel : 0;
   const float norm_eps = static_cast<float>(c.norm_eps);
@@ -294,7 +328,7 @@ absl::Status NativeStep::Absorb(absl::Span<const int64_t> tokens, int64_t steps,
   for (const Layer& l : layers_) {
     const int64_t P = l.proj_width;
     LayerNorm(h, N, d, l.norm1_w, l.norm1_b, norm_eps, x);
-    l.in_proj.Apply(x, N, nullptr, proj);
+    ParallelApply(threads, l.in_proj, x, N, nullptr, proj);
     float* mixer_base[kMaxMixerStates];
     int64_t mixer_row[kMaxMixerStates];
     for (int j = 0; j < l.mixer_states; ++j) {
@@ -313,7 +347,7 @@ absl::Status NativeStep::Absorb(absl::Span<const int64_t> tokens, int64_t steps,
     float* conv_base = l.conv_state >= 0 ? pool->tensors[l.conv_state].data_ptr<float>() : nullptr;
     const int64_t conv_row = l.conv_state >= 0 ? pool->tensors[l.conv_state].stride(0) : 0;
 
-    at::parallel_for(0, B, kRowGrain, [&](int64_t begin, int64_t end) {
+    ParallelRows(threads, B, kRowGrain, [&](int64_t begin, int64_t end) {
       std::vector<float> scratch(static_cast<size_t>(d + mixer_scratch));
       if (K >= 2) {  // the dconv of every token first: it does not depend on the mixer
         float* saved = scratch.data();
@@ -328,7 +362,7 @@ absl::Status NativeStep::Absorb(absl::Span<const int64_t> tokens, int64_t steps,
       }
       l.mixer->Absorb(batch, begin, end, scratch.data() + d);  // one call per layer and task
     });
-    l.o.Apply(y, N, l.o_b, x);
+    ParallelApply(threads, l.o, y, N, l.o_b, x);
     AddInPlace(h, x, N * d);
 
     LayerNorm(h, N, d, l.norm2_w, l.norm2_b, norm_eps, x);
@@ -337,7 +371,7 @@ absl::Status NativeStep::Absorb(absl::Span<const int64_t> tokens, int64_t steps,
     } else {
       const int64_t f = c.d_ff;
       float* u = hidden_.data();
-      l.up.Apply(x, N, l.up_b, u);
+      ParallelApply(threads, l.up, x, N, l.up_b, u);
       float* a = act_.data();
       for (int64_t b = 0; b < N; ++b) {
         const float* ub = u + b * hidden_width;
@@ -357,7 +391,7 @@ absl::Status NativeStep::Absorb(absl::Span<const int64_t> tokens, int64_t steps,
             break;
         }
       }
-      l.down.Apply(a, N, l.down_b, y);
+      ParallelApply(threads, l.down, a, N, l.down_b, y);
     }
     AddInPlace(h, y, N * d);
   }
@@ -365,12 +399,13 @@ absl::Status NativeStep::Absorb(absl::Span<const int64_t> tokens, int64_t steps,
   for (int64_t b = 0; b < B; ++b) {
     LayerNorm(h + ((b + 1) * T - 1) * d, 1, d, norm_f_w_, norm_f_b_, norm_eps, x + b * d);
   }
-  head_.Apply(x, B, nullptr, logits);
+  ParallelApply(threads, head_, x, B, nullptr, logits);
   return absl::OkStatus();
 }
 
 void NativeStep::PkmFfn(const Layer& l, const float* x, int64_t B, float* out) {
   const ModelConfig& c = model_.config();
+  const int threads = Threads();
   const int64_t d = c.d_model, Hm = c.pkm_heads, nk = c.pkm_num_keys, k = c.pkm_topk,
                 dk = c.pkm_dim_key, half = dk / 2, width = Hm * dk;
   float* q = pkm_query_.data();
@@ -393,7 +428,7 @@ void NativeStep::PkmFfn(const Layer& l, const float* x, int64_t B, float* out) {
   }
   const std::vector<int64_t>& pairs = pkm_pairs_;
   const int64_t num_pairs = static_cast<int64_t>(pairs.size() / 2);
-  at::parallel_for(0, B, kRowGrain, [&](int64_t begin, int64_t end) {
+  ParallelRows(threads, B, kRowGrain, [&](int64_t begin, int64_t end) {
     std::vector<int64_t> order1, order2, candidate_order;
     std::vector<float> a(static_cast<size_t>(k)), bsc(static_cast<size_t>(k));
     std::vector<float> candidate(static_cast<size_t>(num_pairs)), weight(static_cast<size_t>(k));

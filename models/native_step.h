@@ -31,6 +31,12 @@ struct NativeStepOptions {
   // (models/packed_linear.h) where the build and CPU have them; false: OpenBLAS's
   // cblas_sgemm on every call (the server's --native-gemm openblas).
   bool packed_gemm = true;
+  // Threads one Step or Absorb call may use (OpenMP workers beside the calling thread),
+  // splitting the projections by rows and the per-session kernels by session; 0:
+  // LibTorch's intra-op count (at::get_num_threads(), --threads) at each call. Each
+  // instance's calls run one at a time, so two instances on two threads (the server's
+  // engine and prefill threads) may be given different counts.
+  int32_t threads = 0;
 };
 
 class NativeStep {
@@ -57,13 +63,16 @@ class NativeStep {
 
  private:
   struct Layer;
-  explicit NativeStep(const Model& model);
+  NativeStep(const Model& model, int32_t threads);
+  // The threads this call may use (NativeStepOptions::threads resolved).
+  int Threads() const;
   absl::Status CheckArguments(absl::Span<const int64_t> tokens, int64_t steps,
                               absl::Span<const int64_t> rows, const State& pool) const;
   // out [B, d] := the product-key memory FFN of x [B, d].
   void PkmFfn(const Layer& layer, const float* x, int64_t B, float* out);
 
   const Model& model_;
+  const int32_t threads_;  // NativeStepOptions::threads
   std::vector<Layer> layers_;
   // Contiguous views of the model's weights that the raw pointers below read.
   std::vector<torch::Tensor> kept_;

@@ -35,6 +35,9 @@ def main():
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--duration", default="8s")
     ap.add_argument("--server-flags", default="", help="extra flags for both, space-separated")
+    ap.add_argument("--a-flags", default="", help="extra flags for A only (e.g. the same binary "
+                    "twice, A without and B with a flag)")
+    ap.add_argument("--b-flags", default="", help="extra flags for B only")
     ap.add_argument("--build-dir", default=os.path.join(REPO, "build"))
     args = ap.parse_args()
     if args.rounds < 1:
@@ -47,9 +50,9 @@ def main():
         ratios = []
         for r in range(args.rounds):
             a = tokens_per_s(args.build_dir, args.a, model_dir, args.concurrency, args.duration,
-                             flags)
+                             flags + args.a_flags.split())
             b = tokens_per_s(args.build_dir, args.b, model_dir, args.concurrency, args.duration,
-                             flags)
+                             flags + args.b_flags.split())
             ratios.append(b / a)
             print("%s round %d: A %.0f  B %.0f  B/A %.3f" % (arch, r + 1, a, b, b / a), flush=True)
         print("%s: B/A median %.3f (%.3f-%.3f)" % (arch, statistics.median(ratios), min(ratios),

@@ -60,7 +60,8 @@ def model_bench(build, pattern, min_time):
         [os.path.join(build, "bench", "model_bench"), "--benchmark_filter=" + pattern,
          "--benchmark_min_time=%g" % min_time, "--benchmark_format=json"],
         check=True, capture_output=True, text=True).stdout
-    return {b["name"]: b for b in json.loads(out)["benchmarks"]}
+    # UseRealTime benchmarks are named "<name>/real_time".
+    return {b["name"].replace("/real_time", ""): b for b in json.loads(out)["benchmarks"]}
 
 
 def flop_per_token(model_dir):
@@ -190,13 +191,13 @@ def main():
     rounds = []
     for r in range(args.rounds):
         log("round %d of %d: sgemm roof" % (r + 1, args.rounds))
-        peak = model_bench(args.build_dir, "^BM_SgemmPeak/2048$", args.min_time)
+        peak = model_bench(args.build_dir, "^BM_SgemmPeak/2048(/real_time)?$", args.min_time)
         record = {"sgemm_flops": peak["BM_SgemmPeak/2048"]["flops"], "archs": {}}
         for arch in archs:
             model_dir = os.path.join(REPO, "models", "pretrained", arch + "-shakespeare")
             index = ARCH_INDEX[arch]
             log("round %d: %s: library step, PyTorch, servers" % (r + 1, arch))
-            steps = model_bench(args.build_dir, "^BM_NativeStep(OpenBlas)?/%d/64$" % index,
+            steps = model_bench(args.build_dir, "^BM_NativeStep(OpenBlas)?/%d/64(/real_time)?$" % index,
                                 args.min_time)
             modes = "batch64,batch1,sequential16" if args.extended else "batch64"
             torch_results = pytorch_modes(args.python, model_dir, args.threads, modes)

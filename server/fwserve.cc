@@ -100,7 +100,12 @@ ABSL_FLAG(absl::Duration, session_ttl, absl::Hours(24),
           "idle sessions are deleted after this long (e.g. 30m, 24h)");
 ABSL_FLAG(absl::Duration, batch_wait, absl::Microseconds(300),
           "how long a decode step may wait for more streams to join its batch");
-ABSL_FLAG(int32_t, threads, 0, "LibTorch intra-op threads; 0 = LibTorch's default");
+ABSL_FLAG(int32_t, threads, 0,
+          "intra-op threads: LibTorch's, and those one decode step of the native kernel may "
+          "use; 0 = LibTorch's default (its count of physical cores)");
+ABSL_FLAG(int32_t, prefill_threads, 0,
+          "threads one prefill chunk of the native kernel may use (its projections split "
+          "by rows, its sessions over tasks); 0 = the CPUs this process may run on");
 ABSL_FLAG(int32_t, decode_lookahead, 16,
           "tokens a stream may decode beyond its last confirmed write; those sampled while "
           "a write is in flight go out as one message when it returns (1..4096)");
@@ -345,6 +350,7 @@ int main(int argc, char** argv) {
   core_options.decode_lookahead = absl::GetFlag(FLAGS_decode_lookahead);
   core_options.stream_flush_interval = absl::GetFlag(FLAGS_stream_flush_interval);
   core_options.intra_op_threads = absl::GetFlag(FLAGS_threads);
+  core_options.prefill_threads = absl::GetFlag(FLAGS_prefill_threads);
   core_options.metrics = metrics.get();
   auto core = fwserve::Core::Create(core_options);
   if (!core.ok()) return Fail(std::string(core.status().message()));

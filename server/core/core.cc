@@ -97,6 +97,7 @@ EngineOptions ToEngineOptions(const CoreOptions& o) {
   e.prefill_chunk_tokens = o.prefill_chunk_tokens;
   e.batch_wait = o.batch_wait;
   e.intra_op_threads = o.intra_op_threads;
+  e.prefill_threads = o.prefill_threads;
   e.decode_kernel = o.decode_kernel;
   e.packed_gemm = o.native_gemm == "libxsmm";
   e.decode_lookahead = o.decode_lookahead;
@@ -133,7 +134,14 @@ absl::Status ValidateCoreOptions(const CoreOptions& o) {
   if (o.batch_wait < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("--batch-wait must not be negative");
   }
-  if (o.intra_op_threads < 0) return absl::InvalidArgumentError("--threads must be >= 0");
+  if (o.intra_op_threads < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--threads must be >= 0, got ", o.intra_op_threads));
+  }
+  if (o.prefill_threads < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--prefill-threads must be >= 0, got ", o.prefill_threads));
+  }
   if (o.stream_flush_interval < absl::ZeroDuration() ||
       o.stream_flush_interval > absl::Seconds(1)) {
     return absl::InvalidArgumentError(

@@ -79,6 +79,9 @@ struct CoreOptions {
   absl::Duration batch_wait = absl::Microseconds(300);
   // LibTorch intra-op threads; 0 = leave LibTorch's default.
   int32_t intra_op_threads = 0;
+  // Threads one native prefill chunk may use (--prefill-threads); 0 = the CPUs this
+  // process may run on.
+  int32_t prefill_threads = 0;
   // The decode step: "native" (float32 CPU models, models/native_step.h: fused sgemm
   // projections, state updated in place in the pool; on a CUDA model it means
   // "graph"), "graph" (models/graphed_step.h: the step on per-batch-size buffers,

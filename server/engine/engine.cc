@@ -100,7 +100,8 @@ Engine::Engine(std::string name, fwmodel::LoadedModel loaded, const EngineOption
       queue_(admission_, [](const WorkItem& item) { return IsStreamKind(item.kind); }),
       pool_(model_, options.max_state_memory_bytes / std::max<int64_t>(1, state_bytes_),
             context.budget),
-      stepper_(model_, options.decode_kernel, options.packed_gemm, name_) {}
+      stepper_(model_, options.decode_kernel, options.packed_gemm, options.intra_op_threads,
+               options.prefill_threads, name_) {}
 
 Engine::~Engine() { Stop(); }
 

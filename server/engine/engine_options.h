@@ -33,6 +33,9 @@ struct EngineOptions {
   absl::Duration batch_wait = absl::Microseconds(300);
   // Intra-op threads of the engine and prefill threads; 0 = the libraries' defaults.
   int32_t intra_op_threads = 0;
+  // Threads one native prefill chunk may use; 0 = the CPUs this process may run on
+  // (--prefill-threads). The decode step's count is intra_op_threads.
+  int32_t prefill_threads = 0;
   // "native", "graph" or "libtorch" (CoreOptions::decode_kernel).
   std::string decode_kernel = "native";
   // The native kernel's GEMMs on libxsmm (true) or cblas_sgemm (CoreOptions::native_gemm).

@@ -1,22 +1,40 @@
 #include "server/engine/stepper.h"
 
+#include <sched.h>
+
+#include <algorithm>
 #include <numeric>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
 #include "server/base/log.h"
 
 namespace fwserve {
+namespace {
+
+// CPUs in this process's affinity mask (what taskset or a cpuset allows; a CPU quota such
+// as a Kubernetes limit does not show here), at least 1.
+int32_t AvailableCpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return static_cast<int32_t>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
+}  // namespace
 
 Stepper::Stepper(const fwmodel::Model& model, const std::string& decode_kernel, bool packed_gemm,
-                 const std::string& name)
+                 int32_t step_threads, int32_t prefill_threads, const std::string& name)
     : model_(model), vocab_(model.config().vocab_size) {
   const bool cpu_float32 =
       model_.options().device.is_cpu() && model_.options().dtype == torch::kFloat32;
   if (decode_kernel == "native" && cpu_float32) {
     fwmodel::NativeStepOptions options;
     options.packed_gemm = packed_gemm;
+    options.threads = step_threads;
     auto native = fwmodel::NativeStep::Create(model_, options);
+    options.threads = prefill_threads > 0 ? prefill_threads : AvailableCpus();
     auto native_prefill = fwmodel::NativeStep::Create(model_, options);
     if (native.ok() && native_prefill.ok()) {
       native_step_ = std::move(*native);

@@ -38,8 +38,9 @@ class Stepper {
   // `decode_kernel`: "native", "graph" or "libtorch" (EngineOptions::decode_kernel);
   // `packed_gemm`: the native kernel's GEMMs on libxsmm (EngineOptions::packed_gemm).
   // `model` is not owned and outlives this. `name` names the model in log lines.
+  // step_threads, prefill_threads: EngineOptions::intra_op_threads and prefill_threads.
   Stepper(const fwmodel::Model& model, const std::string& decode_kernel, bool packed_gemm,
-          const std::string& name);
+          int32_t step_threads, int32_t prefill_threads, const std::string& name);
 
   // "native", "graph" or "libtorch": the kernel in use.
   const char* kernel() const {

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <numeric>
 #include <random>
 #include <vector>
 
@@ -131,6 +132,63 @@ INSTANTIATE_TEST_SUITE_P(PartialVectors, NativeStepTest,
                                          fwtest::ConfigCase{Architecture::kFastWeight,
                                                             FfnKind::kRelu, 0, 3, false, 12}),
                          fwtest::ConfigCaseName);
+
+// Splitting a call over threads (projections by rows, sessions over tasks) changes no
+// result: 3 threads against 1 on the same pool, for a decode step of 70 sessions (two
+// GEMM tasks, three session tasks) and a prefill of 3 sessions x 50 tokens (three GEMM
+// tasks of 50 rows).
+TEST(NativeStepThreadsTest, ThreeThreadsEqualOne) {
+  torch::NoGradGuard no_grad;
+  for (Architecture arch : {Architecture::kFastWeight, Architecture::kAft}) {
+    fwmodel::ModelConfig config = fwtest::TinyConfig(arch, FfnKind::kSquaredRelu, 3);
+    fwmodel::Model model = fwtest::RandomModel(config, 21, torch::kFloat32);
+    fwmodel::NativeStepOptions one, three;
+    one.threads = 1;
+    three.threads = 3;
+    auto serial = fwmodel::NativeStep::Create(model, one);
+    auto parallel = fwmodel::NativeStep::Create(model, three);
+    ASSERT_TRUE(serial.ok() && parallel.ok());
+    const int64_t vocab = config.vocab_size, sessions = 70;
+    fwmodel::State pool_serial = model.InitialState(80);
+    std::mt19937_64 rng(5);
+    std::vector<int64_t> rows(static_cast<size_t>(sessions)), tokens(rows.size());
+    std::iota(rows.begin(), rows.end(), 0);
+    std::shuffle(rows.begin(), rows.end(), rng);
+    for (int64_t& t : tokens) t = static_cast<int64_t>(rng() % static_cast<uint64_t>(vocab));
+    std::vector<int64_t> prompt_rows = {71, 75, 79}, prompt(3 * 50);
+    for (int64_t& t : prompt) t = static_cast<int64_t>(rng() % static_cast<uint64_t>(vocab));
+    // Some history first, so the step reads non-initial states.
+    std::vector<float> warm(static_cast<size_t>(sessions * vocab));
+    ASSERT_TRUE((*serial)->Step(tokens, rows, &pool_serial, warm.data()).ok());
+    fwmodel::State pool_parallel = pool_serial.Clone();
+    std::vector<float> logits_serial(warm.size()), logits_parallel(warm.size());
+    ASSERT_TRUE((*serial)->Step(tokens, rows, &pool_serial, logits_serial.data()).ok());
+    ASSERT_TRUE((*parallel)->Step(tokens, rows, &pool_parallel, logits_parallel.data()).ok());
+    auto as_tensor = [&](std::vector<float>& v, int64_t n) {
+      return torch::from_blob(v.data(), {n, vocab}).clone();
+    };
+    const std::string name = fwmodel::ArchitectureName(arch);
+    ExpectNear(as_tensor(logits_parallel, sessions), as_tensor(logits_serial, sessions),
+               name + ": step logits");
+    ASSERT_TRUE(
+        (*serial)->Absorb(prompt, 50, prompt_rows, &pool_serial, logits_serial.data()).ok());
+    ASSERT_TRUE(
+        (*parallel)->Absorb(prompt, 50, prompt_rows, &pool_parallel, logits_parallel.data()).ok());
+    ExpectNear(as_tensor(logits_parallel, 3), as_tensor(logits_serial, 3),
+               name + ": prefill logits");
+    for (size_t t = 0; t < pool_serial.tensors.size(); ++t) {
+      ExpectNear(pool_parallel.tensors[t], pool_serial.tensors[t],
+                 name + ": state " + model.state_spec()[t].name);
+    }
+  }
+  fwmodel::NativeStepOptions negative;
+  negative.threads = -1;
+  fwmodel::Model model = fwtest::RandomModel(
+      fwtest::TinyConfig(Architecture::kAft, FfnKind::kRelu, 0), 1, torch::kFloat32);
+  absl::Status refused = fwmodel::NativeStep::Create(model, negative).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.message().find("threads must be >= 0"), std::string::npos) << refused;
+}
 
 TEST(NativeStepInputTest, BadArgumentsAreRefusedAndChangeNothing) {
   torch::NoGradGuard no_grad;
