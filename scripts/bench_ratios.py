@@ -2,10 +2,12 @@
 """Issue 24's ratios from one invocation, in interleaved rounds (docs/benchmarks.md).
 
 Per round, back to back on the same machine:
-  1. the sgemm roof: `model_bench` BM_SgemmPeak/2048 (OpenBLAS, its default threads);
+  1. the sgemm roof: `model_bench` BM_SgemmPeak/2048 (OpenBLAS on --threads threads);
   2. per architecture (the shipped aft and fast_weight checkpoints' shapes):
-     a. the library's batch-64 step, both GEMM backends: BM_NativeStep/<arch>/64
-        (libxsmm, the default) and BM_NativeStepOpenBlas/<arch>/64;
+     a. the library's batch-64 step on --threads threads (OMP_NUM_THREADS), both GEMM
+        backends: BM_NativeStep/<arch>/64 (libxsmm, the default) and
+        BM_NativeStepOpenBlas/<arch>/64; and BM_NativeStep on 1 thread, the server
+        engine's count on a machine where LibTorch's default is 1;
      b. the PyTorch eager loop at batch 64 (bench/pytorch_baseline.py, 2 threads);
      c. fwserve serving 64 streams through gRPC (fwbench, 128-token requests), a fresh
         server for each variant: default flags, then --native-gemm openblas.
@@ -15,6 +17,7 @@ Per round, back to back on the same machine:
      after another; the server's 64 KB prefill (bench/prefill_bench.sh).
 Then, per architecture, each ratio's value in every round and its median and range:
   target 1  server / library step                     (default flags: >= 0.6)
+            (and over the 1-thread step, for reference)
   target 2  server / PyTorch batch 64                 (>= 1.5)
   target 3  library step's FLOP rate / sgemm roof      (>= 0.5 aft, 0.4 fast_weight)
             library step / PyTorch batch 64            (>= 2)
@@ -55,11 +58,13 @@ def log(message):
     print(message, file=sys.stderr, flush=True)
 
 
-def model_bench(build, pattern, min_time):
+def model_bench(build, pattern, min_time, threads):
+    """{benchmark name: its JSON record}, run with `threads` intra-op threads."""
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
     out = subprocess.run(
         [os.path.join(build, "bench", "model_bench"), "--benchmark_filter=" + pattern,
          "--benchmark_min_time=%g" % min_time, "--benchmark_format=json"],
-        check=True, capture_output=True, text=True).stdout
+        check=True, capture_output=True, text=True, env=env).stdout
     # UseRealTime benchmarks are named "<name>/real_time".
     return {b["name"].replace("/real_time", ""): b for b in json.loads(out)["benchmarks"]}
 
@@ -172,7 +177,8 @@ def main():
     ap.add_argument("--archs", default="aft,fast_weight")
     ap.add_argument("--build-dir", default=os.path.join(REPO, "build"))
     ap.add_argument("--min-time", type=float, default=2.0, help="model_bench seconds each")
-    ap.add_argument("--threads", type=int, default=2, help="PyTorch's threads")
+    ap.add_argument("--threads", type=int, default=2,
+                    help="threads of PyTorch, the library step and the sgemm roof")
     ap.add_argument("--extended", action="store_true",
                     help="also targets 4-6: 1/16/256/1024 streams, PyTorch batch 1 and "
                     "sequential 16, the 64 KB prefill")
@@ -191,18 +197,24 @@ def main():
     rounds = []
     for r in range(args.rounds):
         log("round %d of %d: sgemm roof" % (r + 1, args.rounds))
-        peak = model_bench(args.build_dir, "^BM_SgemmPeak/2048(/real_time)?$", args.min_time)
+        peak = model_bench(args.build_dir, "^BM_SgemmPeak/2048(/real_time)?$", args.min_time,
+                           args.threads)
         record = {"sgemm_flops": peak["BM_SgemmPeak/2048"]["flops"], "archs": {}}
         for arch in archs:
             model_dir = os.path.join(REPO, "models", "pretrained", arch + "-shakespeare")
             index = ARCH_INDEX[arch]
             log("round %d: %s: library step, PyTorch, servers" % (r + 1, arch))
-            steps = model_bench(args.build_dir, "^BM_NativeStep(OpenBlas)?/%d/64(/real_time)?$" % index,
-                                args.min_time)
+            steps = model_bench(args.build_dir,
+                                "^BM_NativeStep(OpenBlas)?/%d/64(/real_time)?$" % index,
+                                args.min_time, args.threads)
+            one_thread = model_bench(args.build_dir, "^BM_NativeStep/%d/64(/real_time)?$" % index,
+                                     args.min_time, 1)
             modes = "batch64,batch1,sequential16" if args.extended else "batch64"
             torch_results = pytorch_modes(args.python, model_dir, args.threads, modes)
             a = {"flop_per_token": flop_per_token(model_dir),
-                 "pytorch": torch_results["batch64"]["tokens_per_second"]}
+                 "pytorch": torch_results["batch64"]["tokens_per_second"],
+                 "step_libxsmm_1_thread": one_thread["BM_NativeStep/%d/64" % index][
+                     "items_per_second"]}
             for name, flags, benchmark in VARIANTS:
                 a["step_" + name] = steps["%s/%d/64" % (benchmark, index)]["items_per_second"]
                 a["server_" + name] = serve_and_measure(
@@ -230,6 +242,10 @@ def main():
     rows = [
         ("target 1: server / library step (default flags)",
          lambda a, p: a["server_libxsmm"] / a["step_libxsmm"]),
+        ("server / library step on 1 thread",
+         lambda a, p: a["server_libxsmm"] / a["step_libxsmm_1_thread"]),
+        ("library step, %d threads / 1" % args.threads,
+         lambda a, p: a["step_libxsmm"] / a["step_libxsmm_1_thread"]),
         ("target 2: server / PyTorch batch 64", lambda a, p: a["server_libxsmm"] / a["pytorch"]),
         ("target 3: step FLOP rate / sgemm roof",
          lambda a, p: a["step_libxsmm"] * a["flop_per_token"] / p),
@@ -258,14 +274,15 @@ def main():
         print("| %s | %s |" % (label, " | ".join(cells)))
     print()
     print("| round | sgemm roof GFLOP/s | arch | step libxsmm / openblas tok/s | "
-          "PyTorch b64 tok/s | server libxsmm / openblas tok/s |")
-    print("|---|---|---|---|---|---|")
+          "step, 1 thread | PyTorch b64 tok/s | server libxsmm / openblas tok/s |")
+    print("|---|---|---|---|---|---|---|")
     for i, rd in enumerate(rounds):
         for arch in archs:
             a = rd["archs"][arch]
-            print("| %d | %.0f | %s | %.0f / %.0f | %.0f | %.0f / %.0f |" % (
+            print("| %d | %.0f | %s | %.0f / %.0f | %.0f | %.0f | %.0f / %.0f |" % (
                 i + 1, rd["sgemm_flops"] / 1e9, arch, a["step_libxsmm"], a["step_openblas"],
-                a["pytorch"], a["server_libxsmm"], a["server_openblas"]))
+                a["step_libxsmm_1_thread"], a["pytorch"], a["server_libxsmm"],
+                a["server_openblas"]))
 
 
 if __name__ == "__main__":
