@@ -80,7 +80,7 @@ void PackedLinear::Apply(const float* x, int64_t rows, const float* bias, float*
     for (int64_t r = 0; r < rows; ++r) std::memcpy(y + r * out_, bias, sizeof(float) * out_);
   }
 #ifdef FWSERVE_HAVE_LIBXSMM
-  if (!transposed_.empty() && rows <= kLibxsmmMaxRows) {
+  if (!transposed_.empty()) {
     for (int64_t first = 0; first < rows; first += kChunkRows) {
       const int64_t n = std::min(kChunkRows, rows - first);
       const libxsmm_smmfunction kernel = Kernel(out_, n, in_, accumulate);

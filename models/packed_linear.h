@@ -4,8 +4,8 @@
 // sgemm repacks the weight matrix on every call (`sgemm_incopy`, a fifth of the engine
 // thread's time at 64 streams, docs/benchmarks.md). With libxsmm (Debian's libxsmm-dev,
 // found at build time: FWSERVE_HAVE_LIBXSMM) the product runs as JIT-compiled small-GEMM
-// kernels on Wᵀ stored at load, in chunks of kChunkRows rows; larger products (prefill)
-// and builds or CPUs without libxsmm's JIT go to cblas_sgemm as before.
+// kernels on Wᵀ stored at load, in chunks of kChunkRows rows; builds or CPUs without
+// libxsmm's JIT go to cblas_sgemm as before.
 //
 // Thread-safety: immutable after construction; Apply may run concurrently on disjoint
 // outputs. Apply computes on the calling thread only when libxsmm serves it.
@@ -18,13 +18,11 @@ namespace fwmodel {
 
 class PackedLinear {
  public:
-  // Rows per libxsmm kernel call; products of more than kLibxsmmMaxRows rows use
-  // cblas_sgemm (one call that packs W once and may use OpenBLAS's threads). 128: a
-  // 256-token prefill chunk through libxsmm (one thread) took the server's 64 KB
-  // prefill from 63k to 49k tokens/s (docs/benchmarks.md); decode batches up to 128
-  // gain.
+  // Rows per libxsmm kernel call. A product of any number of rows runs as such calls on
+  // the calling thread; the caller splits rows over threads (NativeStep). An earlier cut,
+  // products over 128 rows to cblas_sgemm and its own threads, cost the server 6-7% at
+  // 256 streams once the step was on libxsmm (docs/benchmarks.md).
   static constexpr int64_t kChunkRows = 64;
-  static constexpr int64_t kLibxsmmMaxRows = 128;
 
   PackedLinear() = default;
   // Copies w [out, in] row-major (the caller's buffer may go away). use_libxsmm false:
