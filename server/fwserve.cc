@@ -153,7 +153,7 @@ ABSL_FLAG(absl::Duration, max_refusal_delay, absl::Milliseconds(250),
           "once");
 ABSL_FLAG(int64_t, grpc_memory_quota_bytes, int64_t{2} << 30,
           "memory gRPC may use for all connections' buffers, in bytes (0 = no bound)");
-ABSL_FLAG(int32_t, writer_thread_from_streams, 8,
+ABSL_FLAG(int32_t, writer_thread_from_streams, 1,
           "Generate streams open at once from which messages are started on a writer thread "
           "instead of the engine thread (0 = never)");
 

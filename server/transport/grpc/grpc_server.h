@@ -65,10 +65,11 @@ struct GrpcServerOptions {
   int64_t grpc_memory_quota_bytes = int64_t{2} << 30;
   // Generate streams open at once from which their messages are started on a writer
   // thread instead of the engine thread (0 = never). Below it, the engine sends each
-  // message itself: a stream alone gets its token without a thread hand-off. From it
+  // message itself: no thread hand-off, but no step while a message goes out. From it
   // on, the engine computes the next step while messages go out, and tokens sampled
-  // meanwhile share a message (docs/serving.md, "The engine iteration").
-  int writer_thread_from_streams = 8;
+  // meanwhile share a message (docs/serving.md, "The engine iteration"). 1: even a lone
+  // stream gained 1.12-1.19x tokens/s with no TTFT cost (docs/benchmarks.md).
+  int writer_thread_from_streams = 1;
   // How long Shutdown() lets in-flight work finish before ending it.
   absl::Duration drain_timeout = absl::Seconds(30);
   // After the drain: how long the gRPC server waits for writes still in flight (a client
