@@ -51,6 +51,10 @@ Flags (docs/serving.md "Flags", docs/security.md, docs/sessions.md, docs/metrics
         finds the sessions); both flags at once are refused
   test_session_store_threads     the store runs exactly N "fwserve-store" threads; 0 and
         a non-integer are refused at start-up naming the flag
+  test_prefill_threads           --prefill-threads N: the prefill thread's team is N
+        threads ("fwserve-prefill") after a 300-byte CreateSession; 1 is the prefill
+        thread alone; the default is the CPUs of the affinity mask; -1 and a non-integer
+        are refused at start-up naming the flag
   test_batch_wait                "a decode step may wait up to --batch-wait for streams
         waiting for a write": with --batch-wait 1h a stream stalls behind another whose
         client does not read, and goes on once that one ends; negative and malformed
@@ -133,6 +137,8 @@ BREAKS = {
     "store-threads-default": "test_session_store_threads: --session-store-threads left "
                              "at its default (2)",
     "batch-wait-default": "test_batch_wait: --batch-wait left at its default (300us)",
+    "prefill-threads-default": "test_prefill_threads: --prefill-threads left at its default "
+                               "(the CPU count) where the test gives 3",
     "streams-default": "test_max_streams_per_connection: --max-streams-per-connection "
                        "left at its default (256)",
     "quota-default": "test_grpc_memory_quota_bytes: --grpc-memory-quota-bytes left at its "
@@ -170,6 +176,18 @@ def auth(key):
 
 def greedy():
     return pb.SamplingParams(temperature=0.0)
+
+
+def threads_named(pid, name):
+    """How many threads of process `pid` are named `name` (/proc/PID/task/*/comm)."""
+    names = []
+    for task in os.listdir("/proc/%d/task" % pid):
+        try:
+            with open("/proc/%d/task/%s/comm" % (pid, task)) as f:
+                names.append(f.read().strip())
+        except OSError:
+            pass
+    return names.count(name)
 
 
 def non_loopback_ipv4():
@@ -1023,14 +1041,7 @@ class PromisesFlagsTest(unittest.TestCase):
 
     def test_session_store_threads(self):
         def store_threads(server):
-            names = []
-            for task in os.listdir("/proc/%d/task" % server.pid):
-                try:
-                    with open("/proc/%d/task/%s/comm" % (server.pid, task)) as f:
-                        names.append(f.read().strip())
-                except OSError:
-                    pass
-            return names.count("fwserve-store")
+            return threads_named(server.pid, "fwserve-store")
 
         flags = [] if broken("store-threads-default") else ["--session-store-threads", "5"]
         server = self.start(flags + ["--session-store", "dir:" + self.path("store")])
@@ -1046,6 +1057,25 @@ class PromisesFlagsTest(unittest.TestCase):
                                      "--session-store-threads must be > 0")
         self.assert_refused_at_start(["--session-store-threads", "two"],
                                      "session_store_threads")
+
+    def test_prefill_threads(self):
+        # The prefill thread's OpenMP workers take its name ("fwserve-prefill") and stay
+        # once started. A 300-byte prefix is a 256-token chunk and a 45-token one; the
+        # chunk's projections split into as many tasks as allowed (32 rows at least).
+        def prefill_threads(flags):
+            server = self.start(flags)
+            self.stub(server.target).CreateSession(pb.CreateSessionRequest(prefix=b"x" * 300),
+                                                   timeout=RPC_TIMEOUT_S)
+            return threads_named(server.pid, "fwserve-prefill")
+
+        flags = [] if broken("prefill-threads-default") else ["--prefill-threads", "3"]
+        self.assertEqual(prefill_threads(flags), 3)
+        self.assertEqual(prefill_threads(["--prefill-threads", "1"]), 1)
+        self.assertEqual(prefill_threads([]), len(os.sched_getaffinity(0)),
+                         "the documented default: the CPUs this process may run on")
+        self.assert_refused_at_start(["--prefill-threads", "-1"],
+                                     "--prefill-threads must be >= 0, got -1")
+        self.assert_refused_at_start(["--prefill-threads", "two"], "prefill_threads")
 
     def test_batch_wait(self):
         flags = [] if broken("batch-wait-default") else ["--batch-wait", "1h"]

@@ -3,7 +3,7 @@
 # store and a budget of 3 states: RESOURCE_EXHAUSTED, no session deleted); fwctl's key
 # sources, their precedence, the plaintext-key refusal off loopback, TLS and mutual TLS
 # (x509-cn:), and the README's keyed quickstart run as written; the observable effect
-# of --tls-*, --session-key-file (sealed exports), --session-dir, --session-store-threads,
+# of --tls-*, --session-key-file (sealed exports), --session-dir, --session-store-threads, --prefill-threads,
 # --batch-wait, --max-streams-per-connection, --grpc-memory-quota-bytes, --log-level and
 # the 64 MiB message cap, and the start-up refusal of their bad values. Each case is a
 # few seconds (the longest, the quickstart and the sealed exports, about 5 s); each can
@@ -15,7 +15,7 @@ foreach(case memory_pressure_keeps_unsaved_sessions
              fwctl_plaintext_key_refused_off_loopback fwctl_tls_and_mutual_tls
              readme_keyed_quickstart
              tls_flags session_key_file_seals_exports session_dir_alias
-             session_store_threads batch_wait max_streams_per_connection
+             session_store_threads prefill_threads batch_wait max_streams_per_connection
              grpc_memory_quota_bytes log_level message_size_cap)
   fwserve_add_process_test(promises_flags_${case} promises_flags_test.py
                            PromisesFlagsTest.test_${case} --fwctl $<TARGET_FILE:fwctl>)
