@@ -212,20 +212,40 @@ void BM_SgemmPeak(benchmark::State& state) {
 }
 
 BENCHMARK(BM_SgemmPeak)->Arg(2048)->Unit(benchmark::kMillisecond)->UseRealTime();
-BENCHMARK(BM_Step)->ArgsProduct({{0, 1, 2}, {1, 8, 32, 64, 128}})->Unit(benchmark::kMicrosecond)->UseRealTime();
+BENCHMARK(BM_Step)
+    ->ArgsProduct({{0, 1, 2}, {1, 8, 32, 64, 128}})
+    ->Unit(benchmark::kMicrosecond)
+    ->UseRealTime();
 BENCHMARK(BM_NativeStep)
     ->ArgsProduct({{0, 1, 2}, {1, 8, 32, 64, 128}})
-    ->Unit(benchmark::kMicrosecond)->UseRealTime();
+    ->Unit(benchmark::kMicrosecond)
+    ->UseRealTime();
 BENCHMARK(BM_NativeStepOpenBlas)
     ->ArgsProduct({{0, 1, 2}, {1, 8, 32, 64, 128}})
-    ->Unit(benchmark::kMicrosecond)->UseRealTime();
+    ->Unit(benchmark::kMicrosecond)
+    ->UseRealTime();
 BENCHMARK(BM_StepPkm)->Arg(1)->Arg(64)->Unit(benchmark::kMicrosecond)->UseRealTime();
 BENCHMARK(BM_NativeStepPkm)->Arg(1)->Arg(64)->Unit(benchmark::kMicrosecond)->UseRealTime();
-BENCHMARK(BM_StepOneByOne)->ArgsProduct({{0, 1, 2}, {8, 32}})->Unit(benchmark::kMicrosecond)->UseRealTime();
-BENCHMARK(BM_Prefill)->ArgsProduct({{0, 1, 2}, {64, 256, 512}})->Unit(benchmark::kMicrosecond)->UseRealTime();
-BENCHMARK(BM_NativeAbsorb)->ArgsProduct({{0, 1, 2}, {256}})->Unit(benchmark::kMicrosecond)->UseRealTime();
-BENCHMARK(BM_NativeAbsorbOpenBlas)->ArgsProduct({{0, 1, 2}, {256}})->Unit(benchmark::kMicrosecond)->UseRealTime();
-BENCHMARK(BM_PrefillByStep)->ArgsProduct({{0, 1, 2}, {64}})->Unit(benchmark::kMicrosecond)->UseRealTime();
+BENCHMARK(BM_StepOneByOne)
+    ->ArgsProduct({{0, 1, 2}, {8, 32}})
+    ->Unit(benchmark::kMicrosecond)
+    ->UseRealTime();
+BENCHMARK(BM_Prefill)
+    ->ArgsProduct({{0, 1, 2}, {64, 256, 512}})
+    ->Unit(benchmark::kMicrosecond)
+    ->UseRealTime();
+BENCHMARK(BM_NativeAbsorb)
+    ->ArgsProduct({{0, 1, 2}, {256}})
+    ->Unit(benchmark::kMicrosecond)
+    ->UseRealTime();
+BENCHMARK(BM_NativeAbsorbOpenBlas)
+    ->ArgsProduct({{0, 1, 2}, {256}})
+    ->Unit(benchmark::kMicrosecond)
+    ->UseRealTime();
+BENCHMARK(BM_PrefillByStep)
+    ->ArgsProduct({{0, 1, 2}, {64}})
+    ->Unit(benchmark::kMicrosecond)
+    ->UseRealTime();
 
 }  // namespace
 
