@@ -195,6 +195,13 @@ absl::StatusOr<Model> Model::Create(const ModelConfig& config,
   model.config_ = config;
   model.options_ = options;
   try {
+    // "cuda" names the current CUDA device without its index, while every tensor made
+    // there reports "cuda:N": resolve it once, so that comparing a tensor's device with
+    // options().device (CheckState, the graphed step) means the same device.
+    if (!options.device.has_index() && !options.device.is_cpu()) {
+      model.options_.device =
+          torch::empty({0}, torch::TensorOptions().device(options.device)).device();
+    }
     for (auto& [name, tensor] : weights) {
       model.weights_[name] =
           tensor.detach().to(options.device, options.dtype, /*non_blocking=*/false, /*copy=*/true);
