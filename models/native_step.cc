@@ -74,8 +74,6 @@ void ConvRow(float* __restrict in, float* __restrict history, const float* __res
   std::memcpy(history + (K - 2) * d, saved, sizeof(float) * d);
 }
 
-// Indices of the k largest of s[0..n), largest first, ties toward the lower index (the
-// contract's top-k; NaN ranks lowest). `order` is scratch [n].
 // f(begin, end) over [0, n) in at most `threads` contiguous tasks of at least `grain`
 // items each, on OpenMP workers beside the calling thread (one task: inline). f must not
 // throw. The team size is explicit, not the calling thread's OpenMP default, so the
@@ -87,7 +85,8 @@ void ParallelRows(int threads, int64_t n, int64_t grain, const F& f) {
     f(int64_t{0}, n);
     return;
   }
-#pragma omp parallel for num_threads(static_cast <int>(tasks)) schedule(static, 1)
+  const int team = static_cast<int>(tasks);
+#pragma omp parallel for num_threads(team) schedule(static, 1)
   for (int64_t task = 0; task < tasks; ++task) f(n * task / tasks, n * (task + 1) / tasks);
 }
 
@@ -100,6 +99,8 @@ void ParallelApply(int threads, const PackedLinear& linear, const float* x, int6
   });
 }
 
+// Indices of the k largest of s[0..n), largest first, ties toward the lower index (the
+// contract's top-k; NaN ranks lowest). `order` is scratch [n].
 void TopK(const float* s, int64_t n, int64_t k, std::vector<int64_t>* order) {
   order->resize(static_cast<size_t>(n));
   std::iota(order->begin(), order->end(), int64_t{0});
