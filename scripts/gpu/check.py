@@ -569,7 +569,12 @@ def kernels(rep, build, device, server, models):
                       "; ".join("%.0f vs %.0f" % (r["default"], r["libtorch"]) for r in rounds))
                   if len(ratios) == 3 else "no ratio")
     except RuntimeError as e:
-        rep.check("kernels", "default kernel vs libtorch on %s" % device, "fail", str(e))
+        # The first GPU run lost this server mid-A/B with no log to show why: keep its tail.
+        alive = alt.proc.poll() is None
+        rep.check("kernels", "default kernel vs libtorch on %s" % device, "fail",
+                  "%s; the libtorch server %s; its log ends: %s" % (
+                      e, "is running" if alive else "exited with %s" % alt.proc.returncode,
+                      open(alt.log_path).read()[-1500:]))
     finally:
         alt.stop()
 
