@@ -58,9 +58,12 @@ def log(message):
     print(message, file=sys.stderr, flush=True)
 
 
-def model_bench(build, pattern, min_time, threads):
-    """{benchmark name: its JSON record}, run with `threads` intra-op threads."""
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+def model_bench(build, pattern, min_time, threads=None):
+    """{benchmark name: its JSON record}, run with `threads` intra-op threads (None: the
+    environment's, else LibTorch's default)."""
+    env = dict(os.environ)
+    if threads is not None:
+        env["OMP_NUM_THREADS"] = str(threads)
     out = subprocess.run(
         [os.path.join(build, "bench", "model_bench"), "--benchmark_filter=" + pattern,
          "--benchmark_min_time=%g" % min_time, "--benchmark_format=json"],

@@ -25,7 +25,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_ratios import ARCH_INDEX, REPO, running_fwserve  # noqa: E402
+from bench_ratios import ARCH_INDEX, REPO, model_bench, running_fwserve  # noqa: E402
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 GROUPS = (("engine", ("fwserve-engine",)), ("prefill", ("fwserve-prefill",)),
           ("writer", ("fwserve-writer",)))
@@ -67,15 +67,8 @@ def group_of(name):
 def library_step(build, arch, threads=None):
     """BM_NativeStep at batch 64: tokens/s with the default intra-op threads, or with
     `threads` (1: its wall time is its CPU time)."""
-    env = dict(os.environ)
-    if threads is not None:
-        env["OMP_NUM_THREADS"] = str(threads)
-    out = subprocess.run(
-        [os.path.join(build, "bench", "model_bench"),
-         "--benchmark_filter=^BM_NativeStep/%d/64(/real_time)?$" % ARCH_INDEX[arch],
-         "--benchmark_min_time=2", "--benchmark_format=json"],
-        check=True, capture_output=True, text=True, env=env).stdout
-    return json.loads(out)["benchmarks"][0]["items_per_second"]
+    name = "BM_NativeStep/%d/64" % ARCH_INDEX[arch]
+    return model_bench(build, "^%s(/real_time)?$" % name, 2, threads)[name]["items_per_second"]
 
 
 def serve(build, fwserve, arch, concurrency, duration, window, flags=()):
