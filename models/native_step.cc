@@ -368,7 +368,7 @@ absl::Status NativeStep::Absorb(absl::Span<const int64_t> tokens, int64_t steps,
 
     LayerNorm(h, N, d, l.norm2_w, l.norm2_b, norm_eps, x);
     if (l.pkm) {
-      PkmFfn(l, x, N, y);
+      PkmFfn(l, x, N, threads, y);
     } else {
       const int64_t f = c.d_ff;
       float* u = hidden_.data();
@@ -404,9 +404,8 @@ absl::Status NativeStep::Absorb(absl::Span<const int64_t> tokens, int64_t steps,
   return absl::OkStatus();
 }
 
-void NativeStep::PkmFfn(const Layer& l, const float* x, int64_t B, float* out) {
+void NativeStep::PkmFfn(const Layer& l, const float* x, int64_t B, int threads, float* out) {
   const ModelConfig& c = model_.config();
-  const int threads = Threads();
   const int64_t d = c.d_model, Hm = c.pkm_heads, nk = c.pkm_num_keys, k = c.pkm_topk,
                 dk = c.pkm_dim_key, half = dk / 2, width = Hm * dk;
   float* q = pkm_query_.data();

@@ -68,8 +68,8 @@ class NativeStep {
   int Threads() const;
   absl::Status CheckArguments(absl::Span<const int64_t> tokens, int64_t steps,
                               absl::Span<const int64_t> rows, const State& pool) const;
-  // out [B, d] := the product-key memory FFN of x [B, d].
-  void PkmFfn(const Layer& layer, const float* x, int64_t B, float* out);
+  // out [B, d] := the product-key memory FFN of x [B, d], its rows over `threads`.
+  void PkmFfn(const Layer& layer, const float* x, int64_t B, int threads, float* out);
 
   const Model& model_;
   const int32_t threads_;  // NativeStepOptions::threads
