@@ -90,6 +90,14 @@ ABSL_FLAG(absl::Duration, max_queue_wait, absl::ZeroDuration(),
           "server has measured how fast streams finish, the queue holds only what starts "
           "within it, and more is refused with RESOURCE_EXHAUSTED and a retry hint; 0 = "
           "only --max-queued-requests bounds the queue");
+ABSL_FLAG(absl::Duration, queue_codel_target, absl::ZeroDuration(),
+          "CoDel for a model's queue (e.g. 20ms): once the queue has not been empty for "
+          "--queue-codel-interval (more arrives than the stream slots drain), streams start "
+          "newest first and one that has waited longer than this is refused with "
+          "RESOURCE_EXHAUSTED and a retry hint, so what starts has waited at most this; "
+          "0 = off (first come, first served, nothing shed)");
+ABSL_FLAG(absl::Duration, queue_codel_interval, absl::Milliseconds(100),
+          "how long a model's queue must stay non-empty before --queue-codel-target applies");
 ABSL_FLAG(int32_t, max_active_streams, 256,
           "Generate/Score/CreateSession requests each model serves at once (more wait in "
           "its queue)");
@@ -341,6 +349,8 @@ int main(int argc, char** argv) {
   core_options.max_queued_requests = absl::GetFlag(FLAGS_max_queued_requests);
   core_options.max_queue_wait = absl::GetFlag(FLAGS_max_queue_wait);
   core_options.preempt_for_fair_share = absl::GetFlag(FLAGS_preempt_for_fair_share);
+  core_options.queue_codel_target = absl::GetFlag(FLAGS_queue_codel_target);
+  core_options.queue_codel_interval = absl::GetFlag(FLAGS_queue_codel_interval);
   core_options.max_active_streams = absl::GetFlag(FLAGS_max_active_streams);
   core_options.prefill_chunk_tokens = absl::GetFlag(FLAGS_prefill_chunk_tokens);
   core_options.session_ttl = absl::GetFlag(FLAGS_session_ttl);

@@ -93,6 +93,8 @@ EngineOptions ToEngineOptions(const CoreOptions& o) {
   e.max_queued_requests = o.max_queued_requests;
   e.max_queue_wait = o.max_queue_wait;
   e.preempt_for_fair_share = o.preempt_for_fair_share;
+  e.codel_target = o.queue_codel_target;
+  e.codel_interval = o.queue_codel_interval;
   e.max_active_streams = o.max_active_streams;
   e.prefill_chunk_tokens = o.prefill_chunk_tokens;
   e.batch_wait = o.batch_wait;
@@ -127,6 +129,14 @@ absl::Status ValidateCoreOptions(const CoreOptions& o) {
   if (o.max_queue_wait < absl::ZeroDuration()) {
     return absl::InvalidArgumentError(absl::StrCat("--max-queue-wait must be >= 0, got ",
                                                    absl::FormatDuration(o.max_queue_wait)));
+  }
+  if (o.queue_codel_target < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat("--queue-codel-target must be >= 0, got ",
+                                                   absl::FormatDuration(o.queue_codel_target)));
+  }
+  if (o.queue_codel_interval <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat("--queue-codel-interval must be positive, got ",
+                                                   absl::FormatDuration(o.queue_codel_interval)));
   }
   if (o.session_ttl <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("--session-ttl must be positive");

@@ -66,6 +66,10 @@ struct CoreOptions {
   // The longest a stream should wait in a model's queue: the queue holds only what its
   // measured drain rate starts within it (EngineOptions::max_queue_wait). 0 = no bound.
   absl::Duration max_queue_wait = absl::ZeroDuration();
+  // EngineOptions::codel_target and codel_interval (--queue-codel-target,
+  // --queue-codel-interval): CoDel with adaptive LIFO on each model's queue. 0 = off.
+  absl::Duration queue_codel_target = absl::ZeroDuration();
+  absl::Duration queue_codel_interval = absl::Milliseconds(100);
   // EngineOptions::preempt_for_fair_share (--preempt-for-fair-share).
   bool preempt_for_fair_share = false;
   // Generate/Score requests each engine serves at once; more wait in the queue.

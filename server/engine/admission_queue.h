@@ -10,9 +10,17 @@
 // - Stream slots (max_active_streams) go, one at a time, to the tenant with the fewest
 //   streams running, ties to the tenant served least recently, then to the oldest
 //   request: with one tenant this is FIFO.
+// - With CoDel on (codel_target > 0; "Fail at Scale", Maurer 2015): once the queue has
+//   not been empty for codel_interval (a standing queue: more arrives than the slots
+//   drain), the last tie goes to the newest request instead (adaptive LIFO), and
+//   TakeShed takes out every stream queued longer than codel_target, for the engine to
+//   refuse with a retry hint. A stream that starts has then waited at most the target.
+//   Without a standing queue nothing has waited longer than the interval, and nothing
+//   is shed.
 //
 // `Item` is any type with a `std::string tenant` member; whether an item is a stream
-// is told by the predicate given at construction. Not thread-safe.
+// is told by the predicate given at construction. Times are passed in (`now`), never
+// read. Not thread-safe.
 #pragma once
 
 #include <algorithm>
@@ -39,6 +47,12 @@ struct AdmissionOptions {
   absl::Duration max_queue_wait = absl::ZeroDuration();
   // Streams running at once (--max-active-streams).
   int64_t max_active_streams = 256;
+  // CoDel (--queue-codel-target): under a standing queue the longest a stream may wait
+  // before it is shed; zero = off (FIFO, nothing shed).
+  absl::Duration codel_target = absl::ZeroDuration();
+  // How long the queue must have stayed non-empty to count as standing
+  // (--queue-codel-interval).
+  absl::Duration codel_interval = absl::Milliseconds(100);
 };
 
 // The flag behind a queue capacity (at most options.max_queued), for refusals:
@@ -69,16 +83,18 @@ class AdmissionQueue {
   AdmissionQueue(AdmissionOptions options, IsStream is_stream)
       : options_(std::move(options)), is_stream_(std::move(is_stream)) {}
 
-  // Queues `item`, or refuses it with RESOURCE_EXHAUSTED and leaves it in `item`.
-  // `capacity`: the items the queue may hold now, at most max_queued (0 = max_queued).
-  absl::Status Push(std::unique_ptr<Item>& item, int64_t capacity = 0) {
+  // Queues `item` at time `now`, or refuses it with RESOURCE_EXHAUSTED and leaves it in
+  // `item`. `capacity`: the items the queue may hold now, at most max_queued
+  // (0 = max_queued).
+  absl::Status Push(std::unique_ptr<Item>& item, int64_t capacity = 0,
+                    absl::Time now = absl::InfinitePast()) {
     capacity = capacity > 0 ? std::min(capacity, options_.max_queued) : options_.max_queued;
     if (static_cast<int64_t>(queue_.size()) >= capacity) return QueueFullError(options_, capacity);
     if (!item->tenant.empty()) {
       // One tenant may hold at most half the queue: the rest stays open to the others.
       const int64_t share = std::max<int64_t>(1, capacity / 2);
       int64_t queued = 0;
-      for (const auto& waiting : queue_) queued += waiting->tenant == item->tenant ? 1 : 0;
+      for (const auto& waiting : queue_) queued += waiting.item->tenant == item->tenant ? 1 : 0;
       if (queued >= share) {
         return absl::ResourceExhaustedError(
             absl::StrCat("tenant '", item->tenant, "' has ", queued, " requests queued for model '",
@@ -86,32 +102,38 @@ class AdmissionQueue {
                          QueueCapacityText(options_, capacity), "); retry later"));
       }
     }
-    queue_.push_back(std::move(item));
+    if (queue_.empty()) empty_at_ = now;
+    queue_.push_back(Entry{std::move(item), now});
     return absl::OkStatus();
   }
 
   // Moves the items that may start now into `admitted`, in the order they start.
   // `active` counts the streams running and is raised by each stream admitted. With
   // `admit_all` (shutdown: everything is answered now) every item is taken, oldest first.
+  // `now`: for CoDel's standing-queue test (Standing).
   void TakeAdmissible(int64_t& active, bool admit_all, const RunningByTenant& running_by_tenant,
-                      std::vector<std::unique_ptr<Item>>& admitted) {
+                      std::vector<std::unique_ptr<Item>>& admitted,
+                      absl::Time now = absl::InfinitePast()) {
     int64_t waiting_streams = 0;
-    for (const auto& item : queue_) waiting_streams += is_stream_(*item) ? 1 : 0;
+    for (const auto& entry : queue_) waiting_streams += is_stream_(*entry.item) ? 1 : 0;
     const int64_t room = options_.max_active_streams - active;
     if (admit_all || waiting_streams <= room) {
-      for (auto& item : queue_) {
-        if (is_stream_(*item)) {
+      for (auto& entry : queue_) {
+        if (is_stream_(*entry.item)) {
           ++active;
-          last_admission_[item->tenant] = ++admissions_;
+          last_admission_[entry.item->tenant] = ++admissions_;
         }
-        admitted.push_back(std::move(item));
+        admitted.push_back(std::move(entry.item));
       }
       queue_.clear();
+      empty_at_ = now;
       return;
     }
+    // Decided before anything leaves: taking the queue's items does not end its standing.
+    const bool newest_first = Standing(now);
     for (auto it = queue_.begin(); it != queue_.end();) {
-      if (!is_stream_(**it)) {
-        admitted.push_back(std::move(*it));
+      if (!is_stream_(*it->item)) {
+        admitted.push_back(std::move(it->item));
         it = queue_.erase(it);
       } else {
         ++it;
@@ -125,24 +147,51 @@ class AdmissionQueue {
     for (int64_t slot = 0; slot < room && !queue_.empty(); ++slot) {
       auto chosen = queue_.begin();
       for (auto it = std::next(queue_.begin()); it != queue_.end(); ++it) {
-        const int64_t mine = running[(*it)->tenant], best = running[(*chosen)->tenant];
-        if (mine < best ||
-            (mine == best && served_at((*it)->tenant) < served_at((*chosen)->tenant))) {
+        const std::string& tenant = it->item->tenant;
+        const std::string& best_tenant = chosen->item->tenant;
+        const int64_t mine = running[tenant], best = running[best_tenant];
+        const uint64_t served = served_at(tenant), best_served = served_at(best_tenant);
+        // Queue order is arrival order: a later item wins a full tie only newest-first.
+        if (mine < best || (mine == best && served < best_served) ||
+            (newest_first && mine == best && served == best_served)) {
           chosen = it;
         }
       }
-      ++running[(*chosen)->tenant];
-      last_admission_[(*chosen)->tenant] = ++admissions_;
+      ++running[chosen->item->tenant];
+      last_admission_[chosen->item->tenant] = ++admissions_;
       ++active;
-      admitted.push_back(std::move(*chosen));
+      admitted.push_back(std::move(chosen->item));
       queue_.erase(chosen);
     }
+    if (queue_.empty()) empty_at_ = now;
+  }
+
+  // Whether the queue stands at `now` (CoDel on, and not empty for codel_interval).
+  bool Standing(absl::Time now) const {
+    return options_.codel_target > absl::ZeroDuration() && !queue_.empty() &&
+           now - empty_at_ >= options_.codel_interval;
+  }
+
+  // With a standing queue, moves every stream queued before `now - codel_target` into
+  // `shed`, oldest first (session operations are never shed). Nothing otherwise.
+  void TakeShed(absl::Time now, std::vector<std::unique_ptr<Item>>& shed) {
+    if (!Standing(now)) return;
+    const absl::Time queued_before = now - options_.codel_target;
+    for (auto it = queue_.begin(); it != queue_.end();) {
+      if (it->queued_at < queued_before && is_stream_(*it->item)) {
+        shed.push_back(std::move(it->item));
+        it = queue_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    if (queue_.empty()) empty_at_ = now;
   }
 
   // Whether TakeAdmissible would take something with `active` streams running.
   bool HasAdmissible(int64_t active) const {
-    for (const auto& item : queue_) {
-      if (!is_stream_(*item) || active < options_.max_active_streams) return true;
+    for (const auto& entry : queue_) {
+      if (!is_stream_(*entry.item) || active < options_.max_active_streams) return true;
     }
     return false;
   }
@@ -150,8 +199,8 @@ class AdmissionQueue {
   // The tenants of the streams waiting, oldest first (one entry per stream).
   std::vector<std::string> WaitingStreamTenants() const {
     std::vector<std::string> tenants;
-    for (const auto& item : queue_) {
-      if (is_stream_(*item)) tenants.push_back(item->tenant);
+    for (const auto& entry : queue_) {
+      if (is_stream_(*entry.item)) tenants.push_back(entry.item->tenant);
     }
     return tenants;
   }
@@ -160,9 +209,16 @@ class AdmissionQueue {
   int64_t size() const { return static_cast<int64_t>(queue_.size()); }
 
  private:
+  struct Entry {
+    std::unique_ptr<Item> item;
+    absl::Time queued_at;
+  };
+
   const AdmissionOptions options_;
   const IsStream is_stream_;
-  std::deque<std::unique_ptr<Item>> queue_;
+  std::deque<Entry> queue_;  // arrival order
+  // When the queue was last seen empty (CoDel's standing-queue test).
+  absl::Time empty_at_ = absl::InfinitePast();
   // When each tenant last got a stream slot, in admissions counted from 1.
   absl::flat_hash_map<std::string, uint64_t> last_admission_;
   uint64_t admissions_ = 0;

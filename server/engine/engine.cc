@@ -95,8 +95,12 @@ Engine::Engine(std::string name, fwmodel::LoadedModel loaded, const EngineOption
       metrics_(context.metrics),
       state_bytes_(model_.state_bytes_per_session()),
       vocab_(model_.config().vocab_size),
-      admission_{name_, options.max_queued_requests, options.max_queue_wait,
-                 options.max_active_streams},
+      admission_{name_,
+                 options.max_queued_requests,
+                 options.max_queue_wait,
+                 options.max_active_streams,
+                 options.codel_target,
+                 options.codel_interval},
       queue_(admission_, [](const WorkItem& item) { return IsStreamKind(item.kind); }),
       pool_(model_, options.max_state_memory_bytes / std::max<int64_t>(1, state_bytes_),
             context.budget),
@@ -245,7 +249,7 @@ absl::Status Engine::Submit(std::unique_ptr<WorkItem>& item) {
   }
   absl::MutexLock lock(&mu_);
   if (draining_) return absl::UnavailableError("the server is shutting down");
-  absl::Status queued = queue_.Push(item, QueueCapacity());
+  absl::Status queued = queue_.Push(item, QueueCapacity(), absl::Now());
   if (!queued.ok()) return WithRetryDelay(std::move(queued), RetryDelay());
   published_queued_.store(queue_.size(), std::memory_order_relaxed);
   wake_.Signal();
@@ -395,6 +399,7 @@ void Engine::Loop() {
       for (auto& continuation : work.continuations) continuation();
       if (work.prefill_done) CompletePrefill();
       for (const Event& event : work.events) ApplyEvent(event);
+      ShedAll(work.shed);
       AdmitAll(work.admitted, work.end_all);
       if (work.end_all) EndAllTasks();
       StartPrefill();   // prefill: the next chunk to the prefill thread
@@ -444,12 +449,16 @@ Engine::IterationWork Engine::WaitForWork() {
   for (const auto& task : tasks_) parked += Parked(*task) ? 1 : 0;
   const int64_t running = static_cast<int64_t>(tasks_.size()) - parked;
   int64_t active = parked > 0 ? ResumeParked(running) : running;
+  const absl::Time now = absl::Now();
+  // CoDel (--queue-codel-target): what waited past the target under a standing queue is
+  // refused before the free slots are given out, so what starts has waited at most it.
+  if (!end_all_) queue_.TakeShed(now, work.shed);
   queue_.TakeAdmissible(
-      active, end_all_, [this] { return RunningByTenant(); }, work.admitted);
+      active, end_all_, [this] { return RunningByTenant(); }, work.admitted, now);
   if (options_.preempt_for_fair_share && !end_all_ && PreemptForFairShare(active)) {
     --active;
     queue_.TakeAdmissible(
-        active, false, [this] { return RunningByTenant(); }, work.admitted);
+        active, false, [this] { return RunningByTenant(); }, work.admitted, now);
   }
   // WaitIdle must not see admitted (or parked) work as idle.
   active_tasks_ = static_cast<int64_t>(tasks_.size()) + static_cast<int64_t>(work.admitted.size());
@@ -464,6 +473,23 @@ Engine::IterationWork Engine::WaitForWork() {
   work.prefill_done = prefill_done_;
   prefill_done_ = false;
   return work;
+}
+
+void Engine::ShedAll(std::vector<std::unique_ptr<WorkItem>>& shed) {
+  if (shed.empty()) return;
+  const absl::Time now = absl::Now();
+  const absl::Duration retry = RetryDelay();
+  for (auto& item : shed) {
+    metrics_->CountShed();
+    const absl::Duration waited = absl::Trunc(now - item->arrival, absl::Milliseconds(1));
+    FailItem(std::move(item),
+             WithRetryDelay(absl::ResourceExhaustedError(absl::StrCat(
+                                "model '", name_, "' is overloaded: this request waited ",
+                                absl::FormatDuration(waited),
+                                " in a standing queue, past --queue-codel-target=",
+                                absl::FormatDuration(options_.codel_target), "; retry later")),
+                            retry));
+  }
 }
 
 void Engine::AdmitAll(std::vector<std::unique_ptr<WorkItem>>& admitted, bool end_all) {

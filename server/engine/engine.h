@@ -159,6 +159,8 @@ class Engine {
     std::vector<Event> events;
     std::vector<std::function<void()>> continuations;
     std::vector<std::unique_ptr<WorkItem>> admitted;
+    // Streams shed by CoDel (AdmissionQueue::TakeShed): refused with a retry hint.
+    std::vector<std::unique_ptr<WorkItem>> shed;
     bool end_all = false;
     bool stop = false;
     bool prefill_done = false;
@@ -171,6 +173,9 @@ class Engine {
   void Loop();
   IterationWork WaitForWork();
   void AdmitAll(std::vector<std::unique_ptr<WorkItem>>& admitted, bool end_all);
+  // Refuses each of `shed` with RESOURCE_EXHAUSTED and the queue's retry hint, counted
+  // as fwserve_queue_shed_total.
+  void ShedAll(std::vector<std::unique_ptr<WorkItem>>& shed);
   // Shutdown (EndAllWork): every task is cancelled as SHUTDOWN; those not waiting on a
   // write end now.
   void EndAllTasks();

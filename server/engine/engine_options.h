@@ -20,6 +20,12 @@ struct EngineOptions {
   // has measured how fast its slots free up, the queue holds only what drains within
   // it (at least 2 items, at most max_queued_requests). Zero = no such bound.
   absl::Duration max_queue_wait = absl::ZeroDuration();
+  // CoDel with adaptive LIFO (--queue-codel-target, --queue-codel-interval;
+  // AdmissionQueue): once the queue has not been empty for codel_interval, streams start
+  // newest first and one queued longer than codel_target is refused with a retry hint.
+  // Zero target = off.
+  absl::Duration codel_target = absl::ZeroDuration();
+  absl::Duration codel_interval = absl::Milliseconds(100);
   // With every stream slot taken, a waiting stream of a tenant below its fair share
   // (max_active_streams over the tenants with streams) parks the newest running stream
   // of the tenant furthest above it, which resumes when a slot frees

@@ -128,6 +128,7 @@ struct ModelFamilies {
   Family<Counter>& prompt_tokens_saved;
   Family<Counter>& scored_tokens;
   Family<Counter>& preempted;
+  Family<Counter>& shed;
   Family<Histogram>& batch_size;
   Family<Histogram>& step_duration;
   Family<Histogram>& prefill_chunk_duration;
@@ -158,6 +159,7 @@ class PrometheusModelMetrics final : public ModelMetrics {
         prompt_tokens_saved_(f.prompt_tokens_saved.Add({{"model", model}})),
         scored_tokens_(f.scored_tokens.Add({{"model", model}})),
         preempted_(f.preempted.Add({{"model", model}})),
+        shed_(f.shed.Add({{"model", model}})),
         batch_size_(f.batch_size.Add({{"model", model}}, Buckets(kBatchSizeBuckets))),
         step_duration_(f.step_duration.Add({{"model", model}}, Buckets(kStepBuckets))),
         prefill_chunk_duration_(
@@ -188,6 +190,7 @@ class PrometheusModelMetrics final : public ModelMetrics {
   void AddPromptTokensSaved(int64_t tokens) override { Add(prompt_tokens_saved_, tokens); }
   void AddScoredTokens(int64_t tokens) override { Add(scored_tokens_, tokens); }
   void CountPreempted() override { preempted_.Increment(); }
+  void CountShed() override { shed_.Increment(); }
   void ObserveDecodeStep(int64_t batch_size, double seconds) override {
     batch_size_.Observe(static_cast<double>(batch_size));
     step_duration_.Observe(seconds);
@@ -233,6 +236,7 @@ class PrometheusModelMetrics final : public ModelMetrics {
   Counter& prompt_tokens_saved_;
   Counter& scored_tokens_;
   Counter& preempted_;
+  Counter& shed_;
   Histogram& batch_size_;
   Histogram& step_duration_;
   Histogram& prefill_chunk_duration_;
@@ -265,6 +269,7 @@ class NullModelMetrics final : public ModelMetrics {
   void AddPromptTokensSaved(int64_t) override {}
   void AddScoredTokens(int64_t) override {}
   void CountPreempted() override {}
+  void CountShed() override {}
   void ObserveDecodeStep(int64_t, double) override {}
   void ObservePrefillChunk(int64_t, double) override {}
   void SetQueuedRequests(int64_t) override {}
@@ -464,6 +469,11 @@ class PrometheusMetrics final : public Metrics {
                 .Name("fwserve_streams_preempted_total")
                 .Help("Streams parked so that a tenant below its fair share of the stream "
                       "slots could start (they resume when a slot frees).")
+                .Register(*registry_),
+            prometheus::BuildCounter()
+                .Name("fwserve_queue_shed_total")
+                .Help("Queued streams refused by CoDel (--queue-codel-target): they waited "
+                      "past the target in a standing queue, and got a retry hint.")
                 .Register(*registry_),
             prometheus::BuildHistogram()
                 .Name("fwserve_engine_batch_size")

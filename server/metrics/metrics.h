@@ -37,6 +37,8 @@ class ModelMetrics {
   virtual void AddScoredTokens(int64_t tokens) = 0;
   // A running stream parked for another tenant's fair share (--preempt-for-fair-share).
   virtual void CountPreempted() = 0;
+  // A queued stream refused by CoDel (--queue-codel-target) after it waited.
+  virtual void CountShed() = 0;
   // One batched recurrent step over `batch_size` streams.
   virtual void ObserveDecodeStep(int64_t batch_size, double seconds) = 0;
   // One prefill chunk (sequence form) of `tokens` tokens.

@@ -468,5 +468,68 @@ TEST_F(OverloadTest, ATenantBelowItsShareParksAStreamOfTheTenantAboveIt) {
   EXPECT_EQ(preempted, 1);
 }
 
+// CoDel (--queue-codel-target): behind a stream that never ends, the queue stands, and
+// each request that waited past the target is refused with the retry hint in both gRPC
+// forms and counted; without CoDel they would wait for the stream forever.
+TEST_F(OverloadTest, AStandingQueueShedsWhatWaitedPastTheTarget) {
+  CoreOptions options = Options(1, 8);
+  options.queue_codel_target = absl::Milliseconds(1);
+  options.queue_codel_interval = absl::Milliseconds(20);
+  auto server = Harness::Start(options, GrpcServerOptions());
+  ASSERT_NE(server, nullptr);
+  auto endless = server->client().StartGenerate(GreedyRequest("a", 10000000));
+  v1::GenerateResponse message;
+  ASSERT_TRUE(endless->Next(&message));
+
+  constexpr int kQueued = 3;
+  auto stub = RawStub(*server);
+  std::vector<grpc::Status> statuses(kQueued);
+  std::vector<std::string> pushback(kQueued);
+  std::vector<std::thread> callers;
+  for (int i = 0; i < kQueued; ++i) {
+    callers.emplace_back([&, i] {
+      grpc::ClientContext context;
+      // A hang guard far beyond the milliseconds shedding takes.
+      context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+      auto reader = stub->Generate(&context, GreedyRequest("c", 5));
+      v1::GenerateResponse ignored;
+      while (reader->Read(&ignored)) {
+      }
+      statuses[i] = reader->Finish();
+      const auto& trailers = context.GetServerTrailingMetadata();
+      if (auto it = trailers.find("grpc-retry-pushback-ms"); it != trailers.end()) {
+        pushback[i] = std::string(it->second.data(), it->second.size());
+      }
+    });
+  }
+  for (auto& caller : callers) caller.join();
+  endless->Cancel();
+  while (endless->Next(&message)) {
+  }
+  for (int i = 0; i < kQueued; ++i) {
+    EXPECT_EQ(statuses[i].error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+        << statuses[i].error_message();
+    EXPECT_TRUE(absl::StrContains(statuses[i].error_message(), "--queue-codel-target=1ms"))
+        << statuses[i].error_message();
+    int64_t pushback_ms = -1;
+    EXPECT_TRUE(absl::SimpleAtoi(pushback[i], &pushback_ms)) << "no pushback trailer";
+    EXPECT_GE(pushback_ms, 10);  // the hint's floor
+    google::rpc::Status details;
+    ASSERT_TRUE(details.ParseFromString(statuses[i].error_details()));
+    ASSERT_EQ(details.details_size(), 1);
+    google::rpc::RetryInfo retry;
+    EXPECT_TRUE(details.details(0).UnpackTo(&retry));
+  }
+  double shed = -1;
+  for (const auto& family : server->metrics().registry()->Collect()) {
+    if (family.name == "fwserve_queue_shed_total") shed = family.metric.at(0).counter.value;
+  }
+  EXPECT_EQ(shed, kQueued);
+  // The slot is free again: a request starts and completes.
+  auto after = server->client().Generate(GreedyRequest("d", 3));
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ(after->usage.generated_tokens(), 3);
+}
+
 }  // namespace
 }  // namespace fwserve

@@ -1,6 +1,7 @@
 // The engine's AdmissionQueue without an engine: queue limits, the per-tenant share of
 // the queue, session operations past full stream slots, fair share between tenants and
-// the drain order at shutdown.
+// the drain order at shutdown, CoDel's shedding and newest-first order under a standing
+// queue.
 #include "server/engine/admission_queue.h"
 
 #include <memory>
@@ -194,6 +195,108 @@ TEST_F(AdmissionQueueTest, AdmitAllTakesEverythingOldestFirst) {
   int64_t active = 1;
   EXPECT_EQ(Take(queue, active, {}, /*admit_all=*/true), (std::vector<int>{0, 1, 2}));
   EXPECT_TRUE(queue.empty());
+}
+
+// CoDel: a queue of streams that has not been empty for the interval stands; then what
+// waited past the target is shed, session operations never.
+class CodelQueueTest : public AdmissionQueueTest {
+ protected:
+  AdmissionQueue<FakeItem> MakeCodelQueue(int64_t max_active) {
+    AdmissionOptions options;
+    options.model = "m";
+    options.max_queued = 100;
+    options.max_active_streams = max_active;
+    options.codel_target = absl::Milliseconds(10);
+    options.codel_interval = absl::Milliseconds(100);
+    return AdmissionQueue<FakeItem>(options, [](const FakeItem& item) { return item.stream; });
+  }
+  absl::Status PushAt(AdmissionQueue<FakeItem>& queue, absl::Duration at, std::string tenant = "",
+                      bool stream = true) {
+    auto item = std::make_unique<FakeItem>();
+    item->tenant = std::move(tenant);
+    item->stream = stream;
+    item->id = next_id_++;
+    return queue.Push(item, 0, t0_ + at);
+  }
+  std::vector<int> ShedAt(AdmissionQueue<FakeItem>& queue, absl::Duration at) {
+    std::vector<std::unique_ptr<FakeItem>> shed;
+    queue.TakeShed(t0_ + at, shed);
+    std::vector<int> ids;
+    for (const auto& item : shed) ids.push_back(item->id);
+    return ids;
+  }
+  std::vector<int> TakeAt(AdmissionQueue<FakeItem>& queue, absl::Duration at, int64_t& active,
+                          absl::flat_hash_map<std::string, int64_t> running = {}) {
+    std::vector<std::unique_ptr<FakeItem>> admitted;
+    queue.TakeAdmissible(
+        active, false, [&running] { return running; }, admitted, t0_ + at);
+    std::vector<int> ids;
+    for (const auto& item : admitted) ids.push_back(item->id);
+    return ids;
+  }
+  const absl::Time t0_ = absl::FromUnixSeconds(1'700'000'000);
+};
+
+TEST_F(CodelQueueTest, OnlyAStandingQueueShedsAndOnlyWhatWaitedPastTheTarget) {
+  auto queue = MakeCodelQueue(/*max_active=*/1);
+  const auto ms = [](int n) { return absl::Milliseconds(n); };
+  ASSERT_TRUE(PushAt(queue, ms(0)).ok());                        // 0
+  ASSERT_TRUE(PushAt(queue, ms(1), "", /*stream=*/false).ok());  // 1: a fork
+  ASSERT_TRUE(PushAt(queue, ms(2)).ok());                        // 2
+  ASSERT_TRUE(PushAt(queue, ms(95)).ok());                       // 3
+  EXPECT_FALSE(queue.Standing(t0_ + ms(99)));
+  // Waited 99 ms, far past the target, but the queue does not stand yet: kept.
+  EXPECT_EQ(ShedAt(queue, ms(99)), (std::vector<int>{}));
+  EXPECT_TRUE(queue.Standing(t0_ + ms(100)));
+  // Standing: 0 and 2 waited past 10 ms; 3 (5 ms) stays, and so does the fork.
+  EXPECT_EQ(ShedAt(queue, ms(100)), (std::vector<int>{0, 2}));
+  EXPECT_EQ(queue.size(), 2);
+}
+
+TEST_F(CodelQueueTest, AStandingQueueStartsTheNewestFirstWithinTheFairShare) {
+  auto queue = MakeCodelQueue(/*max_active=*/1);
+  const auto ms = [](int n) { return absl::Milliseconds(n); };
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(PushAt(queue, ms(i), "a").ok());  // 0, 1, 2
+  int64_t active = 0;
+  // Not standing yet: first come, first served.
+  EXPECT_EQ(TakeAt(queue, ms(50), active, {{"a", 0}}), (std::vector<int>{0}));
+  ASSERT_TRUE(PushAt(queue, ms(60), "a").ok());  // 3
+  ASSERT_TRUE(PushAt(queue, ms(61), "b").ok());  // 4
+  ASSERT_TRUE(PushAt(queue, ms(62), "a").ok());  // 5
+  active = 0;
+  // Standing (not empty since 0 ms): the newest, 5, but the fair share comes first, so
+  // tenant b (nothing running) goes before a's newer request.
+  EXPECT_EQ(TakeAt(queue, ms(150), active, {{"a", 1}}), (std::vector<int>{4}));
+  active = 0;
+  EXPECT_EQ(TakeAt(queue, ms(151), active, {{"a", 0}, {"b", 1}}), (std::vector<int>{5}));
+  active = 0;
+  EXPECT_EQ(TakeAt(queue, ms(152), active, {{"a", 0}, {"b", 1}}), (std::vector<int>{3}));
+}
+
+TEST_F(CodelQueueTest, AnEmptiedQueueStandsAgainOnlyAfterAFullInterval) {
+  auto queue = MakeCodelQueue(/*max_active=*/1);
+  const auto ms = [](int n) { return absl::Milliseconds(n); };
+  ASSERT_TRUE(PushAt(queue, ms(0)).ok());  // 0
+  ASSERT_TRUE(PushAt(queue, ms(1)).ok());  // 1
+  int64_t active = 0;
+  EXPECT_EQ(TakeAt(queue, ms(120), active), (std::vector<int>{1}));  // standing: newest
+  EXPECT_EQ(ShedAt(queue, ms(120)), (std::vector<int>{0}));          // and the rest shed
+  EXPECT_TRUE(queue.empty());
+  ASSERT_TRUE(PushAt(queue, ms(130)).ok());  // 2: the queue was empty until 130 ms
+  EXPECT_FALSE(queue.Standing(t0_ + ms(229)));
+  EXPECT_EQ(ShedAt(queue, ms(229)), (std::vector<int>{}));
+  EXPECT_TRUE(queue.Standing(t0_ + ms(230)));
+  EXPECT_EQ(ShedAt(queue, ms(230)), (std::vector<int>{2}));
+}
+
+TEST_F(CodelQueueTest, OffByDefaultNothingStandsOrIsShed) {
+  auto queue = MakeQueue(/*max_queued=*/10, /*max_active=*/1);
+  auto item = std::make_unique<FakeItem>();
+  ASSERT_TRUE(queue.Push(item, 0, t0_).ok());
+  EXPECT_FALSE(queue.Standing(t0_ + absl::Hours(1)));
+  std::vector<std::unique_ptr<FakeItem>> shed;
+  queue.TakeShed(t0_ + absl::Hours(1), shed);
+  EXPECT_TRUE(shed.empty());
 }
 
 }  // namespace

@@ -374,9 +374,10 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse>,
   using Service = GrpcServer::Service;
   using CallRecord = Service::CallRecord;
 
-  // `service` (not owned) outlives the call.
-  GenerateReactor(Service* service, std::shared_ptr<CallRecord> record)
-      : service_(service), record_(std::move(record)) {
+  // `service` (not owned) and `context` (gRPC's) outlive the call.
+  GenerateReactor(Service* service, grpc::CallbackServerContext* context,
+                  std::shared_ptr<CallRecord> record)
+      : service_(service), context_(context), record_(std::move(record)) {
     service_->GenerateOpened();
   }
 
@@ -411,6 +412,7 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse>,
   }
 
   void OnChunk(GenerateChunk chunk) override {
+    chunk_started_.store(true);
     chunk_message_.Clear();
     chunk_message_.set_text(std::move(chunk.text));
     chunk_message_.mutable_token_ids()->Add(chunk.token_ids.begin(), chunk.token_ids.end());
@@ -428,6 +430,10 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse>,
     finishing_ = true;
     record_->set_tokens(summary.prompt_tokens, summary.generated_tokens);
     if (!status.ok()) {
+      // Refused after it was queued (CoDel's shed): the same retry hint as a refusal at
+      // the door. Trailers may be added only while nothing else is in flight, and before
+      // the first chunk only a refusal carries a hint.
+      if (!chunk_started_.load()) AddRetryPushback(context_, status);
       const grpc::Status grpc_status = ToGrpcStatus(status);
       record_->Done(grpc_status);
       FinishAfterWrite(grpc_status);
@@ -498,13 +504,15 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse>,
   }
 
   Service* const service_;
+  grpc::CallbackServerContext* const context_;
   std::shared_ptr<CallRecord> record_;
   absl::Mutex mu_;
   std::shared_ptr<GenerateControl> stream_ ABSL_GUARDED_BY(mu_);
   bool write_in_flight_ ABSL_GUARDED_BY(mu_) = false;
   std::optional<grpc::Status> deferred_finish_ ABSL_GUARDED_BY(mu_);
   std::atomic<bool> finishing_{false};
-  v1::GenerateResponse chunk_message_;  // the one write in flight
+  std::atomic<bool> chunk_started_{false};  // OnChunk was called at least once
+  v1::GenerateResponse chunk_message_;      // the one write in flight
   v1::GenerateResponse final_message_;
 };
 
@@ -514,7 +522,7 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* GrpcServer::Service::Generate(
     grpc::CallbackServerContext* context, const v1::GenerateRequest* request) {
   auto record =
       std::make_shared<CallRecord>(this, "Generate", request->model(), request->session_id());
-  auto* reactor = new GenerateReactor(this, record);
+  auto* reactor = new GenerateReactor(this, context, record);
   absl::StatusOr<Caller> caller = Admit(context, *record);
   if (!caller.ok()) {
     reactor->FailNow(context, caller.status());
