@@ -11,8 +11,9 @@
 //   streams running, ties to the tenant served least recently, then to the oldest
 //   request: with one tenant this is FIFO.
 // - With CoDel on (codel_target > 0; "Fail at Scale", Maurer 2015): once the queue has
-//   not been empty for codel_interval (a standing queue: more arrives than the slots
-//   drain), the last tie goes to the newest request instead (adaptive LIFO), and
+//   not been empty for codel_interval, or has been full within it (a standing queue:
+//   more arrives than the slots drain), the last tie goes to the newest request
+//   instead (adaptive LIFO), and
 //   TakeShed takes out every stream queued longer than codel_target, for the engine to
 //   refuse with a retry hint. A stream that starts has then waited at most the target.
 //   Without a standing queue nothing has waited longer than the interval, and nothing
@@ -89,7 +90,10 @@ class AdmissionQueue {
   absl::Status Push(std::unique_ptr<Item>& item, int64_t capacity = 0,
                     absl::Time now = absl::InfinitePast()) {
     capacity = capacity > 0 ? std::min(capacity, options_.max_queued) : options_.max_queued;
-    if (static_cast<int64_t>(queue_.size()) >= capacity) return QueueFullError(options_, capacity);
+    if (static_cast<int64_t>(queue_.size()) >= capacity) {
+      full_at_ = now;
+      return QueueFullError(options_, capacity);
+    }
     if (!item->tenant.empty()) {
       // One tenant may hold at most half the queue: the rest stays open to the others.
       const int64_t share = std::max<int64_t>(1, capacity / 2);
@@ -104,6 +108,7 @@ class AdmissionQueue {
     }
     if (queue_.empty()) empty_at_ = now;
     queue_.push_back(Entry{std::move(item), now});
+    if (static_cast<int64_t>(queue_.size()) >= capacity) full_at_ = now;
     return absl::OkStatus();
   }
 
@@ -166,10 +171,13 @@ class AdmissionQueue {
     if (queue_.empty()) empty_at_ = now;
   }
 
-  // Whether the queue stands at `now` (CoDel on, and not empty for codel_interval).
+  // Whether the queue stands at `now`: CoDel on, the queue not empty, and either not
+  // empty for codel_interval or full within it. (A queue that sheds what waited past
+  // the target can run empty for a moment under a storm; having been full says the
+  // storm is still there.)
   bool Standing(absl::Time now) const {
     return options_.codel_target > absl::ZeroDuration() && !queue_.empty() &&
-           now - empty_at_ >= options_.codel_interval;
+           (now - empty_at_ >= options_.codel_interval || now - full_at_ < options_.codel_interval);
   }
 
   // With a standing queue, moves every stream queued before `now - codel_target` into
@@ -217,8 +225,9 @@ class AdmissionQueue {
   const AdmissionOptions options_;
   const IsStream is_stream_;
   std::deque<Entry> queue_;  // arrival order
-  // When the queue was last seen empty (CoDel's standing-queue test).
+  // When the queue was last seen empty, and last full (CoDel's standing-queue test).
   absl::Time empty_at_ = absl::InfinitePast();
+  absl::Time full_at_ = absl::InfinitePast();
   // When each tenant last got a stream slot, in admissions counted from 1.
   absl::flat_hash_map<std::string, uint64_t> last_admission_;
   uint64_t admissions_ = 0;

@@ -299,5 +299,29 @@ TEST_F(CodelQueueTest, OffByDefaultNothingStandsOrIsShed) {
   EXPECT_TRUE(shed.empty());
 }
 
+TEST_F(CodelQueueTest, AQueueFullWithinTheIntervalStandsAtOnce) {
+  AdmissionOptions options;
+  options.model = "m";
+  options.max_queued = 2;
+  options.max_active_streams = 1;
+  options.codel_target = absl::Milliseconds(10);
+  options.codel_interval = absl::Milliseconds(100);
+  AdmissionQueue<FakeItem> queue(options, [](const FakeItem& item) { return item.stream; });
+  const auto ms = [](int n) { return absl::Milliseconds(n); };
+  ASSERT_TRUE(PushAt(queue, ms(0)).ok());  // 0
+  EXPECT_FALSE(queue.Standing(t0_ + ms(20)));
+  ASSERT_TRUE(PushAt(queue, ms(20)).ok());  // 1: the queue is full
+  EXPECT_TRUE(queue.Standing(t0_ + ms(21)));
+  EXPECT_EQ(ShedAt(queue, ms(21)), (std::vector<int>{0}));
+  EXPECT_EQ(ShedAt(queue, ms(31)), (std::vector<int>{1}));  // empty now, at 31 ms
+  ASSERT_TRUE(PushAt(queue, ms(40)).ok());                  // 2
+  // Emptied 9 ms ago, but full 20 ms ago: a storm still on. Standing.
+  EXPECT_TRUE(queue.Standing(t0_ + ms(51)));
+  EXPECT_EQ(ShedAt(queue, ms(51)), (std::vector<int>{2}));
+  ASSERT_TRUE(PushAt(queue, ms(130)).ok());  // 3: full 110 ms ago, empty 79 ms ago
+  EXPECT_FALSE(queue.Standing(t0_ + ms(141)));
+  EXPECT_EQ(ShedAt(queue, ms(141)), (std::vector<int>{}));
+}
+
 }  // namespace
 }  // namespace fwserve
