@@ -3,7 +3,7 @@
 
 Usage: scripts/overload_table.py LABEL=DIR [LABEL=DIR ...]
 
-Each DIR holds overload-<round>-<client>.json (fwbench --json, levels 1x, 2x, 8x in that
+A label may be given several times (one DIR per round of an A/B). Each DIR holds overload-<round>-<client>.json (fwbench --json, levels 1x, 2x, 8x in that
 order). Per client, one row per label: the median over the rounds (and range) of goodput
 at 2x and 8x over the same run's 1x level, TTFT p50 at 8x, TTFT p99 at 8x over 1x, and
 refusals per second at 8x. Ratios are taken within one run, never across runs.
@@ -28,11 +28,15 @@ def main(args):
     print("| arm | client | goodput 2x / 1x | goodput 8x / 1x | TTFT p50 at 8x (ms) | "
           "TTFT p99 at 1x (ms) | TTFT p99 8x / 1x | refused/s at 8x | rounds |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    dirs = {}
     for arg in args:
         label, _, directory = arg.partition("=")
+        dirs.setdefault(label, []).append(directory)
+    for label, directories in dirs.items():
         for client in ("retrying", "naive"):
             rows = {k: [] for k in ("g2", "g8", "p50", "p99_1", "p99r", "ref")}
-            files = sorted(glob.glob(os.path.join(directory, f"overload-*-{client}.json")))
+            files = sorted(path for directory in directories for path in
+                           glob.glob(os.path.join(directory, f"overload-*-{client}.json")))
             for path in files:
                 levels = json.load(open(path))["levels"]
                 if len(levels) < 3:

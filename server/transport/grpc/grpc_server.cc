@@ -381,7 +381,8 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse>,
     service_->GenerateOpened();
   }
 
-  // Answers a refusal before the stream began. An overload refusal (RESOURCE_EXHAUSTED
+  // Answers a refusal before the stream began (at the door, or a queued stream shed by
+  // CoDel). An overload refusal (RESOURCE_EXHAUSTED
   // with a retry delay) is answered after min(its delay, --max-refusal-delay, the time
   // left to the call's deadline): a client that retries at once then cannot spin the
   // server on refusals; the pushback trailer says what is left of the delay.
@@ -430,10 +431,12 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse>,
     finishing_ = true;
     record_->set_tokens(summary.prompt_tokens, summary.generated_tokens);
     if (!status.ok()) {
-      // Refused after it was queued (CoDel's shed): the same retry hint as a refusal at
-      // the door. Trailers may be added only while nothing else is in flight, and before
-      // the first chunk only a refusal carries a hint.
-      if (!chunk_started_.load()) AddRetryPushback(context_, status);
+      // Refused after it was queued (CoDel's shed): answered as a refusal at the door,
+      // held and with the retry hint. Before the first chunk nothing else is in flight.
+      if (!chunk_started_.load() && RetryDelayOf(status).has_value()) {
+        FailNow(context_, status);
+        return;
+      }
       const grpc::Status grpc_status = ToGrpcStatus(status);
       record_->Done(grpc_status);
       FinishAfterWrite(grpc_status);
