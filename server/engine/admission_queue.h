@@ -15,7 +15,8 @@
 //   more arrives than the slots drain), the last tie goes to the newest request
 //   instead (adaptive LIFO), and
 //   TakeShed takes out every stream queued longer than codel_target, for the engine to
-//   refuse with a retry hint. A stream that starts has then waited at most the target.
+//   refuse with a retry hint (not those of a tenant below its fair share of the slots).
+//   A stream that starts has then waited at most the target.
 //   Without a standing queue nothing has waited longer than the interval, and nothing
 //   is shed.
 //
@@ -181,12 +182,31 @@ class AdmissionQueue {
   }
 
   // With a standing queue, moves every stream queued before `now - codel_target` into
-  // `shed`, oldest first (session operations are never shed). Nothing otherwise.
-  void TakeShed(absl::Time now, std::vector<std::unique_ptr<Item>>& shed) {
+  // `shed`, oldest first. Never shed: session operations, and the streams of a tenant
+  // running fewer than its fair share of the slots (max_active_streams over the tenants
+  // with streams running or waiting): a storm is shed, not the tenant beside it.
+  void TakeShed(absl::Time now, const RunningByTenant& running_by_tenant,
+                std::vector<std::unique_ptr<Item>>& shed) {
     if (!Standing(now)) return;
     const absl::Time queued_before = now - options_.codel_target;
+    bool any_old = false;
+    for (const auto& entry : queue_) {
+      any_old = any_old || (entry.queued_at < queued_before && is_stream_(*entry.item));
+    }
+    if (!any_old) return;
+    absl::flat_hash_map<std::string, int64_t> running = running_by_tenant();
+    for (const auto& entry : queue_) {
+      if (is_stream_(*entry.item)) running.try_emplace(entry.item->tenant, 0);
+    }
+    int64_t tenants = 0;
+    for (const auto& [tenant, count] : running) {
+      (void)tenant;
+      tenants += count > 0 || Waiting(tenant) ? 1 : 0;
+    }
+    const int64_t share = options_.max_active_streams / std::max<int64_t>(1, tenants);
     for (auto it = queue_.begin(); it != queue_.end();) {
-      if (it->queued_at < queued_before && is_stream_(*it->item)) {
+      if (it->queued_at < queued_before && is_stream_(*it->item) &&
+          running[it->item->tenant] >= share) {
         shed.push_back(std::move(it->item));
         it = queue_.erase(it);
       } else {
@@ -211,6 +231,14 @@ class AdmissionQueue {
       if (is_stream_(*entry.item)) tenants.push_back(entry.item->tenant);
     }
     return tenants;
+  }
+
+  // Whether a stream of `tenant` waits.
+  bool Waiting(const std::string& tenant) const {
+    for (const auto& entry : queue_) {
+      if (entry.item->tenant == tenant && is_stream_(*entry.item)) return true;
+    }
+    return false;
   }
 
   bool empty() const { return queue_.empty(); }

@@ -452,7 +452,9 @@ Engine::IterationWork Engine::WaitForWork() {
   const absl::Time now = absl::Now();
   // CoDel (--queue-codel-target): what waited past the target under a standing queue is
   // refused before the free slots are given out, so what starts has waited at most it.
-  if (!end_all_) queue_.TakeShed(now, work.shed);
+  if (!end_all_)
+    queue_.TakeShed(
+        now, [this] { return RunningByTenant(); }, work.shed);
   queue_.TakeAdmissible(
       active, end_all_, [this] { return RunningByTenant(); }, work.admitted, now);
   if (options_.preempt_for_fair_share && !end_all_ && PreemptForFairShare(active)) {

@@ -218,9 +218,11 @@ class CodelQueueTest : public AdmissionQueueTest {
     item->id = next_id_++;
     return queue.Push(item, 0, t0_ + at);
   }
-  std::vector<int> ShedAt(AdmissionQueue<FakeItem>& queue, absl::Duration at) {
+  std::vector<int> ShedAt(AdmissionQueue<FakeItem>& queue, absl::Duration at,
+                          absl::flat_hash_map<std::string, int64_t> running = {{"", 1}}) {
     std::vector<std::unique_ptr<FakeItem>> shed;
-    queue.TakeShed(t0_ + at, shed);
+    queue.TakeShed(
+        t0_ + at, [&running] { return running; }, shed);
     std::vector<int> ids;
     for (const auto& item : shed) ids.push_back(item->id);
     return ids;
@@ -295,7 +297,12 @@ TEST_F(CodelQueueTest, OffByDefaultNothingStandsOrIsShed) {
   ASSERT_TRUE(queue.Push(item, 0, t0_).ok());
   EXPECT_FALSE(queue.Standing(t0_ + absl::Hours(1)));
   std::vector<std::unique_ptr<FakeItem>> shed;
-  queue.TakeShed(t0_ + absl::Hours(1), shed);
+  queue.TakeShed(
+      t0_ + absl::Hours(1),
+      [] {
+        return absl::flat_hash_map<std::string, int64_t>{{"", 1}};
+      },
+      shed);
   EXPECT_TRUE(shed.empty());
 }
 
@@ -321,6 +328,20 @@ TEST_F(CodelQueueTest, AQueueFullWithinTheIntervalStandsAtOnce) {
   ASSERT_TRUE(PushAt(queue, ms(130)).ok());  // 3: full 110 ms ago, empty 79 ms ago
   EXPECT_FALSE(queue.Standing(t0_ + ms(141)));
   EXPECT_EQ(ShedAt(queue, ms(141)), (std::vector<int>{}));
+}
+
+TEST_F(CodelQueueTest, ATenantBelowItsFairShareIsNeverShed) {
+  auto queue = MakeCodelQueue(/*max_active=*/4);
+  const auto ms = [](int n) { return absl::Milliseconds(n); };
+  ASSERT_TRUE(PushAt(queue, ms(0), "storm").ok());  // 0
+  ASSERT_TRUE(PushAt(queue, ms(1), "calm").ok());   // 1
+  ASSERT_TRUE(PushAt(queue, ms(2), "storm").ok());  // 2
+  // Two tenants, a share of 2 slots each: storm runs 3, calm 1. Storm's old requests
+  // go; calm's, as old, stays.
+  EXPECT_EQ(ShedAt(queue, ms(150), {{"storm", 3}, {"calm", 1}}), (std::vector<int>{0, 2}));
+  EXPECT_EQ(queue.size(), 1);
+  // At its share calm is shed like anyone else.
+  EXPECT_EQ(ShedAt(queue, ms(160), {{"storm", 2}, {"calm", 2}}), (std::vector<int>{1}));
 }
 
 }  // namespace
