@@ -194,16 +194,13 @@ class AdmissionQueue {
       any_old = any_old || (entry.queued_at < queued_before && is_stream_(*entry.item));
     }
     if (!any_old) return;
+    // Every tenant with streams running, and (added at 0) every tenant with one waiting.
     absl::flat_hash_map<std::string, int64_t> running = running_by_tenant();
     for (const auto& entry : queue_) {
       if (is_stream_(*entry.item)) running.try_emplace(entry.item->tenant, 0);
     }
-    int64_t tenants = 0;
-    for (const auto& [tenant, count] : running) {
-      (void)tenant;
-      tenants += count > 0 || Waiting(tenant) ? 1 : 0;
-    }
-    const int64_t share = options_.max_active_streams / std::max<int64_t>(1, tenants);
+    const int64_t share =
+        options_.max_active_streams / std::max<int64_t>(1, static_cast<int64_t>(running.size()));
     for (auto it = queue_.begin(); it != queue_.end();) {
       if (it->queued_at < queued_before && is_stream_(*it->item) &&
           running[it->item->tenant] >= share) {
@@ -231,14 +228,6 @@ class AdmissionQueue {
       if (is_stream_(*entry.item)) tenants.push_back(entry.item->tenant);
     }
     return tenants;
-  }
-
-  // Whether a stream of `tenant` waits.
-  bool Waiting(const std::string& tenant) const {
-    for (const auto& entry : queue_) {
-      if (entry.item->tenant == tenant && is_stream_(*entry.item)) return true;
-    }
-    return false;
   }
 
   bool empty() const { return queue_.empty(); }
