@@ -92,12 +92,14 @@ ABSL_FLAG(absl::Duration, max_queue_wait, absl::ZeroDuration(),
           "only --max-queued-requests bounds the queue");
 ABSL_FLAG(absl::Duration, queue_codel_target, absl::ZeroDuration(),
           "CoDel for a model's queue (e.g. 20ms): once the queue has not been empty for "
-          "--queue-codel-interval (more arrives than the stream slots drain), streams start "
-          "newest first and one that has waited longer than this is refused with "
-          "RESOURCE_EXHAUSTED and a retry hint, so what starts has waited at most this; "
-          "0 = off (first come, first served, nothing shed)");
+          "--queue-codel-interval, or was full within it (more arrives than the stream "
+          "slots drain), streams start newest first and one that has waited longer than "
+          "this is refused with RESOURCE_EXHAUSTED and a retry hint, so what starts has "
+          "waited at most this (a tenant below its fair share of the slots is never "
+          "refused so); 0 = off (first come, first served, nothing shed)");
 ABSL_FLAG(absl::Duration, queue_codel_interval, absl::Milliseconds(100),
-          "how long a model's queue must stay non-empty before --queue-codel-target applies");
+          "how long a model's queue must stay non-empty, or how recently it must have been "
+          "full, for --queue-codel-target to apply");
 ABSL_FLAG(int32_t, max_active_streams, 256,
           "Generate/Score/CreateSession requests each model serves at once (more wait in "
           "its queue)");

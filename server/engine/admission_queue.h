@@ -13,12 +13,10 @@
 // - With CoDel on (codel_target > 0; "Fail at Scale", Maurer 2015): once the queue has
 //   not been empty for codel_interval, or has been full within it (a standing queue:
 //   more arrives than the slots drain), the last tie goes to the newest request
-//   instead (adaptive LIFO), and
-//   TakeShed takes out every stream queued longer than codel_target, for the engine to
-//   refuse with a retry hint (not those of a tenant below its fair share of the slots).
-//   A stream that starts has then waited at most the target.
-//   Without a standing queue nothing has waited longer than the interval, and nothing
-//   is shed.
+//   instead (adaptive LIFO), and TakeShed takes out every stream queued longer than
+//   codel_target, for the engine to refuse with a retry hint (not those of a tenant
+//   below its fair share of the slots). A stream that starts has then waited at most
+//   the target. Without a standing queue nothing is shed.
 //
 // `Item` is any type with a `std::string tenant` member; whether an item is a stream
 // is told by the predicate given at construction. Times are passed in (`now`), never
@@ -52,8 +50,8 @@ struct AdmissionOptions {
   // CoDel (--queue-codel-target): under a standing queue the longest a stream may wait
   // before it is shed; zero = off (FIFO, nothing shed).
   absl::Duration codel_target = absl::ZeroDuration();
-  // How long the queue must have stayed non-empty to count as standing
-  // (--queue-codel-interval).
+  // The queue stands once it has stayed non-empty this long, or while it was full
+  // within it (--queue-codel-interval).
   absl::Duration codel_interval = absl::Milliseconds(100);
 };
 

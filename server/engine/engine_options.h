@@ -21,9 +21,9 @@ struct EngineOptions {
   // it (at least 2 items, at most max_queued_requests). Zero = no such bound.
   absl::Duration max_queue_wait = absl::ZeroDuration();
   // CoDel with adaptive LIFO (--queue-codel-target, --queue-codel-interval;
-  // AdmissionQueue): once the queue has not been empty for codel_interval, streams start
-  // newest first and one queued longer than codel_target is refused with a retry hint.
-  // Zero target = off.
+  // AdmissionQueue): once the queue has not been empty for codel_interval, or was full
+  // within it, streams start newest first and one queued longer than codel_target is
+  // refused with a retry hint. Zero target = off.
   absl::Duration codel_target = absl::ZeroDuration();
   absl::Duration codel_interval = absl::Milliseconds(100);
   // With every stream slot taken, a waiting stream of a tenant below its fair share

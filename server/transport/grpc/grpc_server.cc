@@ -382,21 +382,21 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse>,
   }
 
   // Answers a refusal before the stream began (at the door, or a queued stream shed by
-  // CoDel). An overload refusal (RESOURCE_EXHAUSTED
-  // with a retry delay) is answered after min(its delay, --max-refusal-delay, the time
-  // left to the call's deadline): a client that retries at once then cannot spin the
-  // server on refusals; the pushback trailer says what is left of the delay.
-  void FailNow(grpc::CallbackServerContext* context, const absl::Status& status) {
+  // CoDel). An overload refusal (RESOURCE_EXHAUSTED with a retry delay) is answered
+  // after min(its delay, --max-refusal-delay, the time left to the call's deadline): a
+  // client that retries at once then cannot spin the server on refusals; the pushback
+  // trailer says what is left of the delay.
+  void FailNow(const absl::Status& status) {
     finishing_ = true;
     const std::optional<absl::Duration> delay = RetryDelayOf(status);
     absl::Duration hold = absl::ZeroDuration();
     if (status.code() == absl::StatusCode::kResourceExhausted && delay.has_value()) {
       const absl::Duration to_deadline =
-          absl::FromChrono(context->deadline()) - absl::Now() - absl::Milliseconds(20);
+          absl::FromChrono(context_->deadline()) - absl::Now() - absl::Milliseconds(20);
       hold = std::max(absl::ZeroDuration(),
                       std::min({*delay, service_->max_refusal_delay(), to_deadline}));
     }
-    AddRetryPushback(context, status, hold);
+    AddRetryPushback(context_, status, hold);
     const grpc::Status grpc_status = ToGrpcStatus(status);
     record_->Done(grpc_status);
     if (hold <= absl::ZeroDuration()) {
@@ -434,7 +434,7 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse>,
       // Refused after it was queued (CoDel's shed): answered as a refusal at the door,
       // held and with the retry hint. Before the first chunk nothing else is in flight.
       if (!chunk_started_.load() && RetryDelayOf(status).has_value()) {
-        FailNow(context_, status);
+        FailNow(status);
         return;
       }
       const grpc::Status grpc_status = ToGrpcStatus(status);
@@ -528,7 +528,7 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* GrpcServer::Service::Generate(
   auto* reactor = new GenerateReactor(this, context, record);
   absl::StatusOr<Caller> caller = Admit(context, *record);
   if (!caller.ok()) {
-    reactor->FailNow(context, caller.status());
+    reactor->FailNow(caller.status());
     return reactor;
   }
   GenerateParams params = FromProto(*request);
@@ -543,7 +543,7 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* GrpcServer::Service::Generate(
   }
   if (absl::Status started = core_->StartGenerate(*caller, std::move(params), reactor);
       !started.ok()) {
-    reactor->FailNow(context, started);
+    reactor->FailNow(started);
   }
   return reactor;
 }
