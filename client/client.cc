@@ -332,6 +332,7 @@ absl::StatusOr<GenerateResult> Client::Generate(
   v1::GenerateResponse message;
   while (stream->Next(&message)) {
     result.text += message.text();
+    if (!message.session_id().empty()) result.session_id = message.session_id();
     result.token_ids.insert(result.token_ids.end(), message.token_ids().begin(),
                             message.token_ids().end());
     result.logprobs.insert(result.logprobs.end(), message.logprobs().begin(),

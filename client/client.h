@@ -83,6 +83,9 @@ struct GenerateResult {
   std::vector<float> logprobs;
   v1::FinishReason finish_reason = v1::FINISH_REASON_UNSPECIFIED;
   v1::Usage usage;
+  // The session it ran on (GenerateResponse.session_id): the new one of a fork_from
+  // request; empty for a throwaway or store:false request.
+  std::string session_id;
 };
 
 // Iterator-style Generate: Next() until it returns false, then Finish().

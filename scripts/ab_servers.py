@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""A/B of two fwserve binaries at 64 streams, in interleaved rounds (docs/benchmarks.md).
+"""A/B of two fwserve binaries at 1 and 64 streams, in interleaved rounds (docs/benchmarks.md).
 
-Per architecture and round: binary A under `fwbench --concurrency 64 --duration 8s`
-(128-token requests), then binary B the same way; prints each round's tokens/s and B/A,
-then the median and range of B/A. Copy the baseline binary aside before rebuilding, e.g.
+Per architecture and round: binary A under `fwbench --concurrency 1,64 --duration 8s`
+(128-token requests), then binary B the same way; prints each round's tokens/s and ITL
+p50 at each level with B/A, then the median and range of each B/A. Copy the baseline binary aside before rebuilding, e.g.
   cp build/server/fwserve /tmp/fwserve-before && ninja -C build fwserve &&
   scripts/ab_servers.py /tmp/fwserve-before build/server/fwserve --rounds 3
 Run it on a quiet machine: this host's speed swings, so only ratios within a round count.
@@ -18,12 +18,14 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_ratios import REPO, serve_and_measure  # noqa: E402
 
 
-def tokens_per_s(build, binary, model_dir, concurrency, duration, flags):
+def measure(build, binary, model_dir, concurrency, duration, flags):
+    """{level: (tokens/s, ITL p50 ms)} for the comma-separated `concurrency` levels."""
     with tempfile.TemporaryDirectory() as scratch:
         levels = serve_and_measure(build, model_dir, flags, duration, "2s",
-                                   os.path.join(scratch, "fwbench.json"), str(concurrency),
+                                   os.path.join(scratch, "fwbench.json"), concurrency,
                                    binary=binary)
-        return levels[concurrency]["output_tokens_per_s"]
+        return {c: (level["output_tokens_per_s"], level["itl_ms"].get("p50", float("nan")))
+                for c, level in levels.items()}
 
 
 def main():
@@ -32,7 +34,7 @@ def main():
     ap.add_argument("b", help="the fwserve binary compared with it")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--archs", default="aft,fast_weight")
-    ap.add_argument("--concurrency", type=int, default=64)
+    ap.add_argument("--concurrency", default="1,64", help="comma-separated stream counts")
     ap.add_argument("--duration", default="8s")
     ap.add_argument("--server-flags", default="", help="extra flags for both, space-separated")
     ap.add_argument("--a-flags", default="", help="extra flags for A only (e.g. the same binary "
@@ -47,16 +49,24 @@ def main():
         model_dir = os.path.join(REPO, "models", "pretrained", arch + "-shakespeare")
         if not os.path.isdir(model_dir):
             ap.error("--archs: no shipped model '%s'" % (arch + "-shakespeare"))
-        ratios = []
+        tok_ratios, itl_ratios = {}, {}
         for r in range(args.rounds):
-            a = tokens_per_s(args.build_dir, args.a, model_dir, args.concurrency, args.duration,
-                             flags + args.a_flags.split())
-            b = tokens_per_s(args.build_dir, args.b, model_dir, args.concurrency, args.duration,
-                             flags + args.b_flags.split())
-            ratios.append(b / a)
-            print("%s round %d: A %.0f  B %.0f  B/A %.3f" % (arch, r + 1, a, b, b / a), flush=True)
-        print("%s: B/A median %.3f (%.3f-%.3f)" % (arch, statistics.median(ratios), min(ratios),
-                                                   max(ratios)), flush=True)
+            a = measure(args.build_dir, args.a, model_dir, args.concurrency, args.duration,
+                        flags + args.a_flags.split())
+            b = measure(args.build_dir, args.b, model_dir, args.concurrency, args.duration,
+                        flags + args.b_flags.split())
+            for c in sorted(a):
+                tok_ratios.setdefault(c, []).append(b[c][0] / a[c][0])
+                itl_ratios.setdefault(c, []).append(b[c][1] / a[c][1])
+                print("%s round %d, %d streams: A %.0f tok/s ITL p50 %.3f ms | B %.0f tok/s ITL "
+                      "p50 %.3f ms | B/A tok/s %.3f ITL %.3f" % (
+                          arch, r + 1, c, a[c][0], a[c][1], b[c][0], b[c][1],
+                          tok_ratios[c][-1], itl_ratios[c][-1]), flush=True)
+        for c in sorted(tok_ratios):
+            t, i = tok_ratios[c], itl_ratios[c]
+            print("%s, %d streams: B/A tok/s median %.3f (%.3f-%.3f), ITL p50 median %.3f "
+                  "(%.3f-%.3f)" % (arch, c, statistics.median(t), min(t), max(t),
+                                   statistics.median(i), min(i), max(i)), flush=True)
     return 0
 
 

@@ -40,6 +40,13 @@ struct ModelDescription {
 struct GenerateParams {
   std::string model;       // empty = default
   std::string session_id;  // empty = throwaway
+  // A session to fork (session_id empty): the request runs on a new session that
+  // starts from this one's state, which stays unchanged. One admission, one store
+  // write (docs/sessions.md "Fork and generate"). The new id: GenerateControl::session_id.
+  std::string fork_from;
+  // With fork_from: false = the new session is never stored and is gone when the
+  // request ends (a one-off continuation). Must be true otherwise.
+  bool store = true;
   std::string prompt;
   SamplingParams sampling;
   // Tokens the repetition penalty looks back over (prompt and generated tokens of
@@ -99,6 +106,9 @@ class GenerateObserver {
 class GenerateControl {
  public:
   virtual ~GenerateControl() = default;
+  // The session the request runs on: the new one of a fork_from request (known from
+  // OnStart on), else GenerateParams::session_id (empty for a throwaway).
+  virtual std::string session_id() const = 0;
   // The last OnChunk's message was written (ok) or could not be (stream broken). A
   // token is committed to the session only after its write succeeded.
   virtual void WriteDone(bool ok) = 0;

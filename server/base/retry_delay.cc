@@ -32,4 +32,43 @@ std::optional<absl::Duration> RetryDelayOf(const absl::Status& status) {
   return absl::Milliseconds(ms);
 }
 
+namespace {
+
+constexpr char kRefusalReasonUrl[] = "fwserve.dev/refusal-reason";
+
+}  // namespace
+
+absl::Status WithRefusalReason(absl::Status status, RefusalReason reason) {
+  if (status.ok()) return status;
+  status.SetPayload(kRefusalReasonUrl, absl::Cord(absl::StrCat(static_cast<int>(reason))));
+  return status;
+}
+
+std::optional<RefusalReason> RefusalReasonOf(const absl::Status& status) {
+  auto payload = status.GetPayload(kRefusalReasonUrl);
+  if (!payload.has_value()) return std::nullopt;
+  int value = 0;
+  if (!absl::SimpleAtoi(std::string(*payload), &value) || value < 0 ||
+      value > static_cast<int>(RefusalReason::kShed)) {
+    return std::nullopt;
+  }
+  return static_cast<RefusalReason>(value);
+}
+
+const char* RefusalReasonLabel(RefusalReason reason) {
+  switch (reason) {
+    case RefusalReason::kQueueFull:
+      return "queue_full";
+    case RefusalReason::kQueueWait:
+      return "queue_wait";
+    case RefusalReason::kTenantQueueShare:
+      return "tenant_queue_share";
+    case RefusalReason::kDeadline:
+      return "deadline";
+    case RefusalReason::kShed:
+      return "shed";
+  }
+  return "unknown";
+}
+
 }  // namespace fwserve

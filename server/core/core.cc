@@ -14,6 +14,7 @@
 #include "models/state_codec.h"
 #include "models/tokenizer.h"
 #include "server/base/log.h"
+#include "server/base/retry_delay.h"
 #include "server/base/session_id.h"
 #include "server/base/utf8.h"
 #include "server/engine/engine.h"
@@ -34,6 +35,7 @@ constexpr int32_t kMaxRepetitionWindow = 4096;
 class StreamHandle : public GenerateControl {
  public:
   StreamHandle(Engine* engine, uint64_t id) : engine_(engine), id_(id) {}
+  std::string session_id() const override { return ""; }  // a throwaway stream
   void WriteDone(bool ok) override { engine_->PostWriteDone(id_, ok); }
   void Cancel() override { engine_->PostCancel(id_); }
 
@@ -48,6 +50,8 @@ class StreamHandle : public GenerateControl {
 // is_cancelled (polled at admission); the PostCancel from Bind is only a best effort.
 class LateStreamHandle : public GenerateControl {
  public:
+  explicit LateStreamHandle(std::string session_id) : session_id_(std::move(session_id)) {}
+  std::string session_id() const override { return session_id_; }
   void Bind(Engine* engine, uint64_t id) {
     bool cancel;
     {
@@ -75,6 +79,7 @@ class LateStreamHandle : public GenerateControl {
     return {engine_, id_};
   }
 
+  const std::string session_id_;
   absl::Mutex mu_;
   Engine* engine_ ABSL_GUARDED_BY(mu_) = nullptr;
   uint64_t id_ ABSL_GUARDED_BY(mu_) = 0;
@@ -312,11 +317,31 @@ class CoreImpl : public Core {
             absl::StrCat("stop: each string must be 1 to ", kMaxStopBytes, " bytes"));
       }
     }
-    if (params.session_id.empty() && params.prompt.empty()) {
+    if (!params.fork_from.empty() && !params.session_id.empty()) {
+      return absl::InvalidArgumentError(
+          "fork_from: set either session_id (continue a session) or fork_from (continue a new "
+          "fork of one), not both");
+    }
+    if (!params.store && params.fork_from.empty()) {
+      return absl::InvalidArgumentError(
+          "store: false is for a fork_from request (its new session is then not kept); a "
+          "session's own changes are always stored");
+    }
+    if (params.session_id.empty() && params.fork_from.empty() && params.prompt.empty()) {
       return absl::InvalidArgumentError("prompt: must not be empty without a session_id");
     }
     const std::string model = params.model;
-    const std::string session_id = params.session_id;
+    // The session claimed: the one continued, or the one forked.
+    const std::string session_id = params.fork_from.empty() ? params.session_id : params.fork_from;
+    if (!params.fork_from.empty()) {
+      if (!IsWellFormedSessionId(params.fork_from)) {
+        return absl::InvalidArgumentError(absl::StrCat("fork_from '",
+                                                       params.fork_from.substr(0, 64),
+                                                       "' is not a session id (32 hex digits)"));
+      }
+      if (absl::Status room = registry().CheckCapacity(); !room.ok()) return room;
+      if (absl::Status quota = CheckSessionQuota(caller); !quota.ok()) return quota;
+    }
     Engine* engine = nullptr;
     if (session_id.empty()) {
       auto found = FindEngine(model);
@@ -338,6 +363,7 @@ class CoreImpl : public Core {
     item->kind = WorkItem::Kind::kGenerate;
     item->tenant = caller.tenant;
     item->session_id = session_id;
+    if (!params.fork_from.empty()) item->fork_id = NewSessionId();
     item->tokens = fwmodel::EncodeBytes(params.prompt);
     item->is_cancelled = std::move(params.is_cancelled);
     params.is_cancelled = nullptr;
@@ -354,7 +380,8 @@ class CoreImpl : public Core {
       return absl::OkStatus();
     }
     // The session's engine is known once it is claimed (a shared store names the model).
-    auto handle = std::make_shared<LateStreamHandle>();
+    auto handle = std::make_shared<LateStreamHandle>(item->fork_id.empty() ? item->session_id
+                                                                           : item->fork_id);
     observer->OnStart(handle);
     GenerateObserver* const quota_holder = counted->release();
     absl::Status refused =
@@ -750,13 +777,8 @@ class CoreImpl : public Core {
 
   // Counts an engine's refusal (queue full, tenant's queue share, deadline).
   void CountRefusal(const absl::Status& refused) {
-    if (refused.code() == absl::StatusCode::kDeadlineExceeded) {
-      metrics_->CountRefused("deadline");
-    } else if (refused.code() == absl::StatusCode::kResourceExhausted) {
-      metrics_->CountRefused(
-          absl::StrContains(refused.message(), "its share of the queue") ? "tenant_queue_share"
-          : absl::StrContains(refused.message(), "--max-queue-wait")     ? "queue_wait"
-                                                                         : "queue_full");
+    if (auto reason = RefusalReasonOf(refused); reason.has_value()) {
+      metrics_->CountRefused(RefusalReasonLabel(*reason));
     }
   }
 

@@ -35,6 +35,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "server/base/retry_delay.h"
 
 namespace fwserve {
 
@@ -65,11 +66,14 @@ inline std::string QueueCapacityText(const AdmissionOptions& options, int64_t ca
   return absl::StrCat("--max-queued-requests=", options.max_queued);
 }
 
-// RESOURCE_EXHAUSTED for a queue holding `capacity` items, naming the flag behind it.
+// RESOURCE_EXHAUSTED for a queue holding `capacity` items, naming the flag behind it;
+// its RefusalReason is kQueueWait when --max-queue-wait set the capacity.
 inline absl::Status QueueFullError(const AdmissionOptions& options, int64_t capacity) {
-  return absl::ResourceExhaustedError(
-      absl::StrCat("the queue of model '", options.model, "' is full (",
-                   QueueCapacityText(options, capacity), "); retry later"));
+  return WithRefusalReason(
+      absl::ResourceExhaustedError(absl::StrCat("the queue of model '", options.model,
+                                                "' is full (", QueueCapacityText(options, capacity),
+                                                "); retry later")),
+      capacity < options.max_queued ? RefusalReason::kQueueWait : RefusalReason::kQueueFull);
 }
 
 template <typename Item>
@@ -99,10 +103,12 @@ class AdmissionQueue {
       int64_t queued = 0;
       for (const auto& waiting : queue_) queued += waiting.item->tenant == item->tenant ? 1 : 0;
       if (queued >= share) {
-        return absl::ResourceExhaustedError(
-            absl::StrCat("tenant '", item->tenant, "' has ", queued, " requests queued for model '",
-                         options_.model, "', its share of the queue (half of ",
-                         QueueCapacityText(options_, capacity), "); retry later"));
+        return WithRefusalReason(
+            absl::ResourceExhaustedError(absl::StrCat(
+                "tenant '", item->tenant, "' has ", queued, " requests queued for model '",
+                options_.model, "', its share of the queue (half of ",
+                QueueCapacityText(options_, capacity), "); retry later")),
+            RefusalReason::kTenantQueueShare);
       }
     }
     if (queue_.empty()) empty_at_ = now;

@@ -15,12 +15,10 @@
 
 namespace fwserve {
 
-// A Generate, Score or CreateSession being served. Engine thread only.
+// A Generate, Score or CreateSession being served: the runner's and the caller's side
+// of it (rows, rollback copies, sampling state, the work item). Its phase, stream and
+// flags are the scheduler's (`s`). Engine thread only.
 struct Engine::Task {
-  // kReadyToAbsorb: `pending_token` was sampled and goes into the next decode step.
-  // kBlocked: absorbed, but decode_lookahead tokens are unconfirmed: waits for a write.
-  // kDraining: done sampling (stop, length or cancelled); waits for the last write.
-  enum class Phase { kPrefill, kReadyToSample, kReadyToAbsorb, kBlocked, kDraining };
   // The slot and token count as they were before some token was absorbed (the
   // decoder's point is the StreamTask's).
   struct RollbackPoint {
@@ -28,13 +26,16 @@ struct Engine::Task {
     int64_t tokens = 0;
   };
 
+  TaskId id = 0;
+  ScheduledTask* s = nullptr;  // the scheduler's record; valid until TakeTask
   std::unique_ptr<WorkItem> item;
-  Phase phase = Phase::kPrefill;
   std::string session_id;  // empty for a throwaway (Generate/Score without a session)
   int slot = -1;           // pool row being advanced; -1 for Score (private context)
-  size_t prefilled = 0;    // prompt tokens absorbed so far
   int64_t tokens_before = 0;
   int64_t tokens = 0;  // tokens the slot's state has absorbed
+  // Runs on a session it forked (GenerateParams::fork_from): the session is new, so a
+  // request that keeps nothing (store false, or cut before a token) removes it.
+  bool forked = false;
   // Generate on an existing session: the slot as it was, to undo a request that
   // streamed nothing.
   bool has_snapshot = false;
@@ -47,20 +48,11 @@ struct Engine::Task {
   std::mt19937_64 rng;
   int64_t pending_token = -1;
   std::vector<int64_t> recent;  // prompt + generated, for the repetition penalty
-  // Generate: sampled, sent and confirmed tokens, stop strings, max tokens. A failed
-  // write or a cancellation puts the slot back to the rollback point of the first
-  // unconfirmed token, so the session holds exactly the tokens the client was sent.
-  StreamTask stream{StreamLimits{}};
-  RollbackPoint before_inflight;  // valid while stream.write_in_flight()
-  RollbackPoint before_unsent;    // valid while stream.has_unsent()
-  bool cancelled = false;
-  bool shutdown = false;
-  // Preempted for another tenant's fair share (WaitForWork): keeps its slot, state and
-  // stream, but is not stepped or sampled, and does not count as running, until a slot
-  // frees. A cancelled task is never held parked (it must be able to end).
-  bool parked = false;
-  // Its rows are on the prefill thread: it must not finish until the job returns.
-  bool in_prefill_job = false;
+  // A failed write or a cancellation puts the slot back to the rollback point of the
+  // first unconfirmed token (StreamTask names it), so the session holds exactly the
+  // tokens the client was sent.
+  RollbackPoint before_inflight;  // valid while the stream has a write in flight
+  RollbackPoint before_unsent;    // valid while the stream has unsent tokens
   absl::Time first_token_at = absl::InfinitePast();
   absl::Time last_emit_at;
 };
@@ -74,6 +66,17 @@ constexpr absl::Duration kHousekeepingInterval = absl::Seconds(1);
 bool IsStreamKind(WorkItem::Kind kind) {
   return kind == WorkItem::Kind::kGenerate || kind == WorkItem::Kind::kScore ||
          kind == WorkItem::Kind::kCreate;
+}
+
+TaskKind TaskKindOf(WorkItem::Kind kind) {
+  switch (kind) {
+    case WorkItem::Kind::kScore:
+      return TaskKind::kScore;
+    case WorkItem::Kind::kCreate:
+      return TaskKind::kCreate;
+    default:
+      return TaskKind::kGenerate;
+  }
 }
 
 double Seconds(absl::Time from, absl::Time to) { return absl::ToDoubleSeconds(to - from); }
@@ -102,90 +105,32 @@ Engine::Engine(std::string name, fwmodel::LoadedModel loaded, const EngineOption
                  options.codel_target,
                  options.codel_interval},
       queue_(admission_, [](const WorkItem& item) { return IsStreamKind(item.kind); }),
-      pool_(model_, options.max_state_memory_bytes / std::max<int64_t>(1, state_bytes_),
-            context.budget),
-      stepper_(model_, options.decode_kernel, options.packed_gemm, options.intra_op_threads,
-               options.prefill_threads, name_) {}
+      runner_(model_, options_, context.budget, name_),
+      pool_(runner_.pool()),
+      scheduler_(SchedulerOptions{options.max_active_streams, options.prefill_chunk_tokens,
+                                  options.batch_wait}) {}
 
 Engine::~Engine() { Stop(); }
 
-// A prefill chunk computed off the engine thread. The engine thread fills the inputs
-// (copies of the rows), the prefill thread the outputs; neither touches the other's
-// fields while the job is in flight.
+// A prefill chunk in flight: the scheduler's plan, its tasks and the runner's work.
 struct Engine::PrefillJob {
-  std::vector<Task*> tasks;
+  PrefillChunk chunk;        // the scheduler's plan
+  std::vector<Task*> tasks;  // chunk.tasks' runner side
   size_t length = 0;
-  // Generate / CreateSession: rows of the pool (copied) and their tokens [B, length].
-  torch::Tensor rows;
-  fwmodel::State state;
-  torch::Tensor tokens;
-  // Score: the task's private context and the piece of text.
-  fwmodel::ScoringContext* score_context = nullptr;
-  std::vector<int64_t> piece;
-  // Outputs.
-  absl::Status status;
-  torch::Tensor last_logits;  // float32 [B, vocab], on the model's device
-  std::vector<double> logprobs;
-  absl::Duration elapsed;
+  PrefillWork work;
 };
 
-void LimitIntraOpThreads(int32_t threads) {
-  if (threads > 0) {
-    at::set_num_threads(threads);
-    fwmodel::SetOpenBlasThreads(threads);
-  }
-}
-
 void Engine::Start() {
-  // Named for profilers and top -H (Linux limits names to 15 characters).
-  prefill_thread_ = std::thread([this] {
-    pthread_setname_np(pthread_self(), "fwserve-prefill");
-    PrefillThreadLoop();
+  runner_.StartPrefillThread([this] {
+    absl::MutexLock lock(&mu_);
+    prefill_done_ = true;
+    wake_.Signal();
   });
+  // Named for profilers and top -H (Linux limits names to 15 characters).
   thread_ = std::thread([this] {
     pthread_setname_np(pthread_self(), "fwserve-engine");
     Loop();
   });
-}
-
-void Engine::PrefillThreadLoop() {
-  torch::NoGradGuard no_grad;
-  LimitIntraOpThreads(options_.intra_op_threads);
-  while (true) {
-    PrefillJob* job = nullptr;
-    {
-      absl::MutexLock lock(&prefill_mu_);
-      while (prefill_pending_ == nullptr && !prefill_stop_) prefill_cv_.Wait(&prefill_mu_);
-      if (prefill_pending_ == nullptr) return;
-      job = prefill_pending_;
-      prefill_pending_ = nullptr;
-    }
-    const absl::Time start = absl::Now();
-    try {
-      if (job->score_context != nullptr) {
-        auto logprobs = fwmodel::ScoreTokens(model_, job->piece, job->score_context,
-                                             options_.prefill_chunk_tokens);
-        if (logprobs.ok()) {
-          job->logprobs = std::move(*logprobs);
-        } else {
-          job->status = logprobs.status();
-        }
-      } else {
-        auto logits = stepper_.Prefill(job->tokens, &job->state);
-        if (logits.ok()) {
-          job->last_logits = std::move(*logits);
-        } else {
-          job->status = logits.status();
-        }
-      }
-    } catch (const std::exception& e) {
-      job->status = absl::InternalError(e.what());
-    }
-    job->elapsed = absl::Now() - start;
-    absl::MutexLock lock(&mu_);
-    prefill_done_ = true;
-    wake_.Signal();
-  }
 }
 
 namespace {
@@ -218,12 +163,14 @@ absl::Status Engine::DeadlineRefusal(absl::Time deadline) const {
   if (deadline == absl::InfiniteFuture()) return absl::OkStatus();
   const absl::Duration wait = ExpectedQueueWait();
   if (absl::Now() + wait <= deadline) return absl::OkStatus();
-  return WithRetryDelay(absl::DeadlineExceededError(absl::StrCat(
+  return WithRetryDelay(
+      WithRefusalReason(absl::DeadlineExceededError(absl::StrCat(
                             "model '", name_,
                             "' cannot start this request before its deadline: the queue's "
                             "expected wait is ",
                             absl::FormatDuration(absl::Trunc(wait, absl::Milliseconds(1))))),
-                        std::clamp(wait, kMinRetryDelay, kMaxRetryDelay));
+                        RefusalReason::kDeadline),
+      std::clamp(wait, kMinRetryDelay, kMaxRetryDelay));
 }
 
 int64_t Engine::QueueCapacity() const {
@@ -309,75 +256,6 @@ void Engine::Stop() {
 // ---------------------------------------------------------------------------------
 // The loop.
 
-bool Engine::Parked(const Task& t) { return t.parked && !t.cancelled; }
-
-absl::flat_hash_map<std::string, int64_t> Engine::RunningByTenant() const {
-  absl::flat_hash_map<std::string, int64_t> running;
-  for (const auto& task : tasks_) {
-    if (task->item != nullptr && !Parked(*task)) ++running[task->item->tenant];
-  }
-  return running;
-}
-
-int64_t Engine::ResumeParked(int64_t running) {
-  for (auto& task : tasks_) {
-    if (running >= options_.max_active_streams) break;
-    if (!Parked(*task)) continue;
-    task->parked = false;
-    ++running;
-  }
-  return running;
-}
-
-bool Engine::PreemptForFairShare(int64_t running) {
-  if (running < options_.max_active_streams) return false;
-  const std::vector<std::string> waiting = queue_.WaitingStreamTenants();
-  if (waiting.empty()) return false;
-  // What each tenant holds: its streams running and parked (a tenant is not short of
-  // its share because of its own parked streams, so two tenants never take turns).
-  absl::flat_hash_map<std::string, int64_t> held;
-  for (const auto& task : tasks_) {
-    if (task->item != nullptr) ++held[task->item->tenant];
-  }
-  absl::flat_hash_set<std::string> tenants(waiting.begin(), waiting.end());
-  for (const auto& [tenant, count] : held) tenants.insert(tenant);
-  // The share is max_active_streams / tenants, compared without rounding.
-  const int64_t n = static_cast<int64_t>(tenants.size());
-  const int64_t slots = options_.max_active_streams;
-  // The oldest waiting stream of a tenant below its share, against the newest running
-  // stream of the tenant furthest above it. Only a Generate between tokens is parked
-  // (not one in its prompt's prefill).
-  const std::string* under = nullptr;
-  for (const std::string& tenant : waiting) {
-    if (held[tenant] * n < slots) {
-      under = &tenant;
-      break;
-    }
-  }
-  if (under == nullptr) return false;
-  Task* victim = nullptr;
-  int64_t victim_held = 0;
-  for (auto& task : tasks_) {
-    Task& t = *task;
-    if (Parked(t) || t.cancelled || t.in_prefill_job || t.item == nullptr ||
-        t.item->kind != WorkItem::Kind::kGenerate || t.phase == Task::Phase::kPrefill ||
-        t.phase == Task::Phase::kDraining) {
-      continue;
-    }
-    const int64_t count = held[t.item->tenant];
-    if (count * n <= slots) continue;  // not above its share
-    if (victim == nullptr || count > victim_held ||
-        (count == victim_held && t.item->tenant == victim->item->tenant)) {
-      victim = &t;  // later tasks of the same tenant replace it: the newest is parked
-      victim_held = count;
-    }
-  }
-  if (victim == nullptr) return false;
-  victim->parked = true;
-  metrics_->CountPreempted();
-  return true;
-}
-
 bool Engine::HasImmediateWorkLocked() {
   if (!events_.empty() || !continuations_.empty() || prefill_done_) return true;
   if (end_all_ && !end_all_applied_) return true;
@@ -409,7 +287,9 @@ void Engine::Loop() {
       Log(LogLevel::kError, absl::StrCat("model ", name_, ": engine iteration failed: ", e.what()));
       try {
         AbandonPrefillJob();
-        while (!tasks_.empty()) FailTask(*tasks_.front(), absl::InternalError("the engine failed"));
+        while (!tasks_.empty()) {
+          FailTask(*tasks_.begin()->second, absl::InternalError("the engine failed"));
+        }
       } catch (const std::exception& again) {
         Log(LogLevel::kError, absl::StrCat("model ", name_, ": recovery failed: ", again.what()));
       }
@@ -422,18 +302,13 @@ void Engine::Loop() {
     if (!PublishReadiness(work.stop)) break;
   }
 
-  {
-    absl::MutexLock lock(&prefill_mu_);
-    prefill_stop_ = true;
-    prefill_cv_.Signal();
-  }
-  prefill_thread_.join();
+  runner_.StopPrefillThread();
   StoreUnstoredAtExit();
 }
 
 Engine::IterationWork Engine::WaitForWork() {
   IterationWork work;
-  const absl::Time wait_until = std::min(batch_deadline_, next_housekeeping_);
+  const absl::Time wait_until = std::min(scheduler_.batch_deadline(), next_housekeeping_);
   absl::MutexLock lock(&mu_);
   while (!HasImmediateWorkLocked() && absl::Now() < wait_until) {
     wake_.WaitWithDeadline(&mu_, wait_until);
@@ -445,22 +320,21 @@ Engine::IterationWork Engine::WaitForWork() {
   // full slots, one stream of a tenant above its share is parked for it
   // (--preempt-for-fair-share, docs/serving.md).
   // (At shutdown EndAllTasks cancels every task, which ends its parking: Parked().)
-  int64_t parked = 0;
-  for (const auto& task : tasks_) parked += Parked(*task) ? 1 : 0;
-  const int64_t running = static_cast<int64_t>(tasks_.size()) - parked;
-  int64_t active = parked > 0 ? ResumeParked(running) : running;
+  int64_t active = scheduler_.ResumeParked(scheduler_.Running());
   const absl::Time now = absl::Now();
   // CoDel (--queue-codel-target): what waited past the target under a standing queue is
   // refused before the free slots are given out, so what starts has waited at most it.
   if (!end_all_)
     queue_.TakeShed(
-        now, [this] { return RunningByTenant(); }, work.shed);
+        now, [this] { return scheduler_.RunningByTenant(); }, work.shed);
   queue_.TakeAdmissible(
-      active, end_all_, [this] { return RunningByTenant(); }, work.admitted, now);
-  if (options_.preempt_for_fair_share && !end_all_ && PreemptForFairShare(active)) {
+      active, end_all_, [this] { return scheduler_.RunningByTenant(); }, work.admitted, now);
+  if (options_.preempt_for_fair_share && !end_all_ &&
+      scheduler_.PreemptForFairShare(active, queue_.WaitingStreamTenants())) {
+    metrics_->CountPreempted();
     --active;
     queue_.TakeAdmissible(
-        active, false, [this] { return RunningByTenant(); }, work.admitted, now);
+        active, false, [this] { return scheduler_.RunningByTenant(); }, work.admitted, now);
   }
   // WaitIdle must not see admitted (or parked) work as idle.
   active_tasks_ = static_cast<int64_t>(tasks_.size()) + static_cast<int64_t>(work.admitted.size());
@@ -485,11 +359,13 @@ void Engine::ShedAll(std::vector<std::unique_ptr<WorkItem>>& shed) {
     metrics_->CountShed();
     const absl::Duration waited = absl::Trunc(now - item->arrival, absl::Milliseconds(1));
     FailItem(std::move(item),
-             WithRetryDelay(absl::ResourceExhaustedError(absl::StrCat(
-                                "model '", name_, "' is overloaded: this request waited ",
-                                absl::FormatDuration(waited),
-                                " in a standing queue, past --queue-codel-target=",
-                                absl::FormatDuration(options_.codel_target), "; retry later")),
+             WithRetryDelay(WithRefusalReason(
+                                absl::ResourceExhaustedError(absl::StrCat(
+                                    "model '", name_, "' is overloaded: this request waited ",
+                                    absl::FormatDuration(waited),
+                                    " in a standing queue, past --queue-codel-target=",
+                                    absl::FormatDuration(options_.codel_target), "; retry later")),
+                                RefusalReason::kShed),
                             retry));
   }
 }
@@ -505,69 +381,32 @@ void Engine::AdmitAll(std::vector<std::unique_ptr<WorkItem>>& admitted, bool end
   }
 }
 
-void Engine::EndAllTasks() {
-  for (auto& task : tasks_) {
-    if (!task->cancelled) {
-      task->cancelled = true;
-      task->shutdown = true;
-    }
-  }
-  // Streams not waiting on a write end now; the others when their write returns.
-  // An unfinished CreateSession or Score fails (its result would be partial).
-  std::vector<Task*> ending;
-  for (auto& task : tasks_) {
-    if (!task->stream.write_in_flight() && task->phase != Task::Phase::kReadyToAbsorb &&
-        !task->in_prefill_job) {
-      ending.push_back(task.get());
-    }
-  }
-  for (Task* task : ending) {
-    if (task->item->kind == WorkItem::Kind::kGenerate) {
-      FinishTask(*task, FinishReason::kShutdown);
-    } else {
-      FailTask(*task, absl::UnavailableError("the server is shutting down"));
+void Engine::EndAllTasks() { Apply(scheduler_.CancelAll()); }
+
+void Engine::Apply(const std::vector<Action>& actions) {
+  for (const Action& action : actions) {
+    auto it = tasks_.find(action.id);
+    if (it == tasks_.end()) continue;  // ended by an earlier action
+    Task& task = *it->second;
+    switch (action.kind) {
+      case Action::Kind::kEmit:
+        Deliver(task, action.chunk);
+        break;
+      case Action::Kind::kFinish:
+        FinishTask(task, action.reason);
+        break;
+      case Action::Kind::kFail:
+        FailTask(task, action.status);
+        break;
     }
   }
 }
 
 bool Engine::PublishReadiness(bool stop) {
-  bool awaiting = false;
-  bool ready_to_absorb = false;
-  bool immediate = false;
-  int64_t running = 0;
-  bool parked = false;
-  for (const auto& task : tasks_) {
-    if (Parked(*task)) {
-      parked = true;
-      continue;
-    }
-    ++running;
-    switch (task->phase) {
-      case Task::Phase::kBlocked:
-        // Joins the next step once a write returns; a draining stream never does.
-        awaiting = true;
-        break;
-      case Task::Phase::kDraining:
-        break;  // waits for its last write; nothing to do here until then
-      case Task::Phase::kReadyToAbsorb:
-        ready_to_absorb = true;
-        break;
-      case Task::Phase::kPrefill:
-        // Waiting for the prefill thread is not work for this one.
-        if (prefill_job_ == nullptr) immediate = true;
-        break;
-      default:
-        immediate = true;
-    }
-  }
-  if (parked && running < options_.max_active_streams) immediate = true;  // one resumes
-  // Absorb at once if nothing else can join the batch; else wait (at most until
-  // batch_deadline_) for the streams still writing.
-  if (ready_to_absorb && !awaiting) immediate = true;
-  if (!ready_to_absorb) batch_deadline_ = absl::InfiniteFuture();
+  const Readiness readiness = scheduler_.ReadinessAfterIteration(prefill_job_ != nullptr);
   absl::MutexLock lock(&mu_);
   active_tasks_ = static_cast<int64_t>(tasks_.size());
-  immediate_work_ = immediate;
+  immediate_work_ = readiness.immediate;
   idle_changed_.SignalAll();
   return !(stop && tasks_.empty() && queue_.empty() && store_jobs_ == 0 && continuations_.empty());
 }
@@ -575,46 +414,19 @@ bool Engine::PublishReadiness(bool stop) {
 void Engine::ApplyEvent(const Event& event) {
   auto it = tasks_by_stream_.find(event.stream_id);
   if (it == tasks_by_stream_.end()) return;  // already finished
-  Task& task = *it->second;
-  const FinishReason ended = task.shutdown ? FinishReason::kShutdown : FinishReason::kCancelled;
+  const TaskId id = it->second;
   switch (event.kind) {
     case Event::kWriteOk:
-      if (!task.stream.write_in_flight()) break;
-      task.stream.ConfirmWrite();
-      if (task.cancelled) {
-        // The chunk arrived; what was sampled after it was never sent. A pending token
-        // with nothing unsent was delivered: RunDecodeStep absorbs it, then ends.
-        if (!task.stream.has_unsent() && task.phase == Task::Phase::kReadyToAbsorb) break;
-        FinishTask(task, ended);  // drops the unsent tokens
-        break;
-      }
-      if (task.stream.has_unsent() && task.stream.ShouldFlush(absl::Now())) Flush(task);
-      if (task.phase == Task::Phase::kDraining && !task.stream.write_in_flight()) {
-        FinishTask(task, task.stream.stop_hit() ? FinishReason::kStop : FinishReason::kLength);
-      } else if (task.phase == Task::Phase::kBlocked && task.stream.CanSample()) {
-        task.phase = Task::Phase::kReadyToSample;
-      }
-      break;
+      return Apply(scheduler_.OnWriteDone(id, true, absl::Now()));
     case Event::kWriteFailed:
-      // The client never got the chunk: it and everything after it are undone.
-      task.cancelled = true;
-      if (task.stream.write_in_flight()) FinishTask(task, ended);
-      break;
+      return Apply(scheduler_.OnWriteDone(id, false, absl::Now()));
     case Event::kCancel:
-      task.cancelled = true;
-      if ((task.phase == Task::Phase::kPrefill && !task.in_prefill_job) ||
-          (task.phase == Task::Phase::kReadyToSample && !task.stream.write_in_flight())) {
-        FinishTask(task, FinishReason::kCancelled);
-      }
-      // A write in flight: decided when it returns. Ready to absorb with nothing in
-      // flight: the token was delivered, so it is absorbed first (RunDecodeStep).
-      break;
+      return Apply(scheduler_.OnCancel(id));
   }
 }
 
-void Engine::Flush(Task& t) {
+void Engine::Deliver(Task& t, GenerateChunk chunk) {
   std::swap(t.before_inflight, t.before_unsent);  // reuses the buffers
-  GenerateChunk chunk = t.stream.TakeChunkForWrite();
   const int64_t count = static_cast<int64_t>(chunk.token_ids.size());
   const absl::Time now = absl::Now();
   if (t.first_token_at == absl::InfinitePast()) {
@@ -632,7 +444,7 @@ void Engine::Flush(Task& t) {
 
 void Engine::DropUnconfirmed(Task& t) {
   Task::RollbackPoint* point = nullptr;
-  switch (t.stream.DropUnconfirmed()) {
+  switch (t.s->stream.DropUnconfirmed()) {
     case StreamTask::RollbackPoint::kBeforeInflight:
       point = &t.before_inflight;
       break;
@@ -672,8 +484,10 @@ void Engine::Admit(std::unique_ptr<WorkItem> item) {
       metrics_->ObserveQueueWait(absl::ToDoubleSeconds(absl::Now() - item->arrival));
       auto task = std::make_unique<Task>();
       admitted = task.get();
+      task->id = next_task_id_++;
+      task->s = &scheduler_.Add(task->id, TaskKindOf(kind), item->tenant);
       task->item = std::move(item);
-      tasks_.push_back(std::move(task));
+      tasks_[admitted->id] = std::move(task);
       AdmitStream(*admitted);
     } else {
       RunSessionOperation(item);
@@ -684,12 +498,8 @@ void Engine::Admit(std::unique_ptr<WorkItem> item) {
     if (item != nullptr) {
       FailItem(std::move(item), failed);
     } else if (admitted != nullptr) {
-      for (auto& task : tasks_) {
-        if (task.get() == admitted) {
-          FailTask(*admitted, failed);
-          break;
-        }
-      }
+      auto it = tasks_.find(admitted->id);
+      if (it != tasks_.end()) FailTask(*it->second, failed);
     }
   }
 }
@@ -717,6 +527,47 @@ void Engine::AdmitStream(Task& t) {
     resident_[t.session_id] = ResidentSession{t.slot, 0, now, now, /*in_use=*/true};
     resident_[t.session_id].tenant = w.tenant;
     metrics_->CountSessionOperation("created");
+  } else if (!w.fork_id.empty()) {
+    // Fork and generate (GenerateParams::fork_from): the source's state goes into a new
+    // session's row; the source is released unchanged, and the stream runs on the fork.
+    auto source = EnsureResident(w);
+    if (!source.ok()) return FailTask(t, source.status());
+    if (absl::Status room = registry_->CheckCapacity(); !room.ok()) return FailTask(t, room);
+    resident_[w.session_id].in_use = true;  // keep the source out of eviction
+    auto slot = AllocateSlot();
+    resident_[w.session_id].in_use = false;
+    if (!slot.ok()) return FailTask(t, slot.status());
+    ResidentSession& source_session = resident_[w.session_id];
+    pool_.CopySlot(source_session.slot, *slot);
+    source_session.last_used = now;  // a use: restarts the idle clock
+    const int64_t tokens = source_session.tokens;
+    SessionRecord record;
+    record.id = w.fork_id;
+    record.model = name_;
+    record.tokens = tokens;
+    record.state_bytes = state_bytes_;
+    record.created = record.last_used = now;
+    record.tenant = w.tenant;
+    auto lease = registry_->InsertLeased(record);
+    if (!lease.ok()) {
+      FreeSlot(*slot);
+      return FailTask(t, lease.status());
+    }
+    // The source's lease (and its claim in a shared store) ends now; the new session is
+    // created in the store by its first write (no ticket: version 1).
+    w.lease.ReleaseUsed(now);
+    if (w.ticket != nullptr) {
+      directory_->EndClaimThen(w.ticket, [] {});
+      w.ticket = nullptr;
+    }
+    w.lease = std::move(*lease);
+    w.session_id = t.session_id = record.id;
+    t.slot = *slot;
+    t.tokens_before = t.tokens = tokens;
+    t.forked = true;
+    resident_[record.id] = ResidentSession{*slot, tokens, now, now, /*in_use=*/true};
+    resident_[record.id].tenant = w.tenant;
+    metrics_->CountSessionOperation("forked");
   } else if (!t.session_id.empty()) {
     auto slot = EnsureResident(w);
     if (!slot.ok()) return FailTask(t, slot.status());
@@ -746,12 +597,13 @@ void Engine::AdmitStream(Task& t) {
   if (w.is_cancelled && w.is_cancelled()) {
     return FailTask(t, absl::CancelledError("cancelled by the client"));
   }
+  StreamLimits limits;  // a Score or CreateSession samples nothing
   if (w.kind == WorkItem::Kind::kGenerate) {
     if (w.tokens.empty() && t.tokens == 0) {
       return FailTask(t, absl::InvalidArgumentError(
                              "prompt: must not be empty when the session holds no tokens"));
     }
-    if (!t.session_id.empty()) {
+    if (!t.session_id.empty() && !t.forked) {
       t.snapshot = pool_.CopyRow(t.slot);
       t.snapshot_logits = pool_.CopyLogits(t.slot);
       t.has_snapshot = true;
@@ -762,18 +614,16 @@ void Engine::AdmitStream(Task& t) {
         g.max_message_delay > absl::ZeroDuration() ? g.max_message_delay
         : g.min_tokens_per_message > 0             ? absl::InfiniteDuration()
                                                    : options_.stream_flush_interval;
-    t.stream = StreamTask(StreamLimits{g.max_tokens, g.stop, g.logprobs, options_.decode_lookahead,
-                                       flush_interval, g.min_tokens_per_message});
+    limits = StreamLimits{g.max_tokens,   g.stop,
+                          g.logprobs,     options_.decode_lookahead,
+                          flush_interval, g.min_tokens_per_message};
     t.rng.seed(g.sampling.seed);
     t.recent.assign(w.tokens.end() - std::min<size_t>(w.tokens.size(), g.repetition_window),
                     w.tokens.end());
     metrics_->AddPromptTokensSaved(t.tokens_before);
-    tasks_by_stream_[w.stream_id] = &t;
+    tasks_by_stream_[w.stream_id] = t.id;
   }
-  t.phase = w.tokens.empty() ? Task::Phase::kReadyToSample : Task::Phase::kPrefill;
-  if (t.phase == Task::Phase::kReadyToSample && w.generate.max_tokens == 0) {
-    FinishTask(t, FinishReason::kLength);
-  }
+  Apply(scheduler_.Start(t.id, w.tokens.size(), std::move(limits)));
 }
 
 // ---------------------------------------------------------------------------------
@@ -781,103 +631,74 @@ void Engine::AdmitStream(Task& t) {
 
 void Engine::StartPrefill() {
   if (prefill_job_ != nullptr) return;
-  std::vector<Task*> prefilling, abandoned;
-  for (auto& task : tasks_) {
-    if (task->phase != Task::Phase::kPrefill) continue;
-    const auto& is_cancelled = task->item->is_cancelled;
-    (is_cancelled && is_cancelled() ? abandoned : prefilling).push_back(task.get());
+  // A Score or CreateSession whose caller went away stops before its next chunk.
+  std::vector<Task*> abandoned;
+  for (const ScheduledTask& s : scheduler_.tasks()) {
+    if (s.phase != ScheduledTask::Phase::kPrefill) continue;
+    Task& t = *tasks_.at(s.id);
+    const auto& is_cancelled = t.item->is_cancelled;
+    if (is_cancelled && is_cancelled()) abandoned.push_back(&t);
   }
   for (Task* t : abandoned) FailTask(*t, absl::CancelledError("cancelled by the client"));
-  if (prefilling.empty()) return;
-  const size_t chunk = static_cast<size_t>(options_.prefill_chunk_tokens);
-  auto next_length = [chunk](const Task* t) {
-    return std::min(chunk, t->item->tokens.size() - t->prefilled);
-  };
-  // The lead task goes round robin. Other pool-backed prefills whose next chunk has the
-  // same length join it in one batched Forward (no padding: equal lengths only), up to
-  // `chunk` tokens in all, so one job's work stays bounded.
-  Task* lead = prefilling[prefill_turn_++ % prefilling.size()];
+  std::optional<PrefillChunk> chunk = scheduler_.PlanPrefill();
+  if (!chunk) return;
   auto job = std::make_unique<PrefillJob>();
-  job->length = next_length(lead);
-  job->tasks = {lead};
-  if (lead->item->kind == WorkItem::Kind::kScore) {
-    job->score_context = &lead->score_context;
-    job->piece.assign(lead->item->tokens.begin() + lead->prefilled,
-                      lead->item->tokens.begin() + lead->prefilled + job->length);
+  job->length = chunk->length;
+  for (TaskId id : chunk->tasks) job->tasks.push_back(tasks_.at(id).get());
+  Task* lead = job->tasks.front();
+  const size_t from = lead->s->prefilled;
+  PrefillWork& work = job->work;
+  if (chunk->score) {
+    work.score_context = &lead->score_context;
+    work.piece.assign(lead->item->tokens.begin() + from,
+                      lead->item->tokens.begin() + from + job->length);
   } else {
-    for (Task* other : prefilling) {
-      if ((job->tasks.size() + 1) * job->length > chunk) break;
-      if (other != lead && other->item->kind != WorkItem::Kind::kScore &&
-          next_length(other) == job->length) {
-        job->tasks.push_back(other);
-      }
-    }
     std::vector<int64_t> rows, pieces;
     for (Task* t : job->tasks) {
+      const size_t at = t->s->prefilled;
       rows.push_back(t->slot);
-      pieces.insert(pieces.end(), t->item->tokens.begin() + t->prefilled,
-                    t->item->tokens.begin() + t->prefilled + job->length);
+      pieces.insert(pieces.end(), t->item->tokens.begin() + at,
+                    t->item->tokens.begin() + at + job->length);
     }
     const torch::Device device = model_.options().device;
-    job->rows = torch::tensor(rows, torch::kInt64).to(device);
-    job->state = pool_.Gather(job->rows);
-    job->tokens =
+    work.rows = torch::tensor(rows, torch::kInt64).to(device);
+    work.state = pool_.Gather(work.rows);
+    work.tokens =
         torch::tensor(pieces, torch::kInt64)
             .view({static_cast<int64_t>(job->tasks.size()), static_cast<int64_t>(job->length)})
             .to(device);
   }
-  for (Task* t : job->tasks) t->in_prefill_job = true;
+  job->chunk = std::move(*chunk);
   prefill_job_ = std::move(job);
-  absl::MutexLock lock(&prefill_mu_);
-  prefill_pending_ = prefill_job_.get();
-  prefill_cv_.Signal();
+  runner_.LaunchPrefill(&prefill_job_->work);
 }
 
 void Engine::CompletePrefill() {
   std::unique_ptr<PrefillJob> job = std::move(prefill_job_);
   if (job == nullptr) return;
-  for (Task* t : job->tasks) t->in_prefill_job = false;
-  if (!job->status.ok()) {
+  PrefillWork& work = job->work;
+  if (!work.status.ok()) {
     Log(LogLevel::kError,
-        absl::StrCat("model ", name_, ": prefill failed: ", job->status.message()));
-    for (Task* t : job->tasks) FailTask(*t, absl::InternalError("prefill failed"));
-    return;
+        absl::StrCat("model ", name_, ": prefill failed: ", work.status.message()));
+    return Apply(scheduler_.AfterPrefill(job->chunk, /*ok=*/false));
   }
   const int64_t tokens = static_cast<int64_t>(job->tasks.size() * job->length);
-  const bool score = job->score_context != nullptr;
+  const bool score = work.score_context != nullptr;
   if (score) {
     Task& t = *job->tasks.front();
-    t.score_logprobs.insert(t.score_logprobs.end(), job->logprobs.begin(), job->logprobs.end());
+    t.score_logprobs.insert(t.score_logprobs.end(), work.logprobs.begin(), work.logprobs.end());
   } else {
-    pool_.Scatter(job->rows, job->state);
-    pool_.SetLogits(job->rows, job->last_logits);
+    pool_.Scatter(work.rows, work.state);
+    pool_.SetLogits(work.rows, work.last_logits);
     for (Task* t : job->tasks) t->tokens += static_cast<int64_t>(job->length);
   }
-  metrics_->ObservePrefillChunk(tokens, absl::ToDoubleSeconds(job->elapsed));
+  metrics_->ObservePrefillChunk(tokens, absl::ToDoubleSeconds(work.elapsed));
   if (score) {
     metrics_->AddScoredTokens(tokens);
   } else {
     metrics_->AddPromptTokens(tokens);
   }
-  for (Task* t : job->tasks) {
-    t->prefilled += job->length;
-    const bool generate = t->item->kind == WorkItem::Kind::kGenerate;
-    if (t->cancelled) {
-      // Cancelled or shut down while the chunk ran: a Generate rolls back (nothing was
-      // streamed); a Score or CreateSession fails.
-      if (generate) {
-        FinishTask(*t, t->shutdown ? FinishReason::kShutdown : FinishReason::kCancelled);
-      } else {
-        FailTask(*t, absl::UnavailableError("the server is shutting down"));
-      }
-    } else if (t->prefilled < t->item->tokens.size()) {
-      continue;
-    } else if (generate && t->item->generate.max_tokens > 0) {
-      t->phase = Task::Phase::kReadyToSample;
-    } else {
-      FinishTask(*t, FinishReason::kLength);
-    }
-  }
+  Apply(scheduler_.AfterPrefill(job->chunk, /*ok=*/true));
 }
 
 void Engine::AbandonPrefillJob() {
@@ -887,128 +708,103 @@ void Engine::AbandonPrefillJob() {
     while (!prefill_done_) wake_.Wait(&mu_);
     prefill_done_ = false;
   }
-  for (Task* t : prefill_job_->tasks) t->in_prefill_job = false;
+  for (Task* t : prefill_job_->tasks) t->s->in_prefill_job = false;
   prefill_job_.reset();
 }
 
 void Engine::RunDecodeStep() {
-  std::vector<Task*> batch;
-  for (auto& task : tasks_) {
-    if (task->phase == Task::Phase::kReadyToAbsorb && !Parked(*task)) batch.push_back(task.get());
-  }
-  if (batch.empty()) return;
-  // Give streams whose write is still in flight `batch_wait` to join this step.
-  bool awaiting = false;
-  for (auto& task : tasks_) awaiting |= task->phase == Task::Phase::kBlocked && !Parked(*task);
-  if (awaiting) {
-    const absl::Time now = absl::Now();
-    if (batch_deadline_ == absl::InfiniteFuture()) {
-      batch_deadline_ = now + options_.batch_wait;
-      return;
-    }
-    if (now < batch_deadline_) return;
-  }
-  batch_deadline_ = absl::InfiniteFuture();
+  const std::vector<TaskId> batch_ids = scheduler_.PlanStep(absl::Now());
+  if (batch_ids.empty()) return;
   if (options_.before_decode_step_for_testing) {
     options_.before_decode_step_for_testing([this] {
       absl::MutexLock lock(&mu_);
       return end_all_;
     });
   }
-  const absl::Time start = absl::Now();
-  std::vector<int64_t> rows_vec, tokens_vec;
-  for (Task* t : batch) {
-    rows_vec.push_back(t->slot);
-    tokens_vec.push_back(t->pending_token);
+  std::vector<Task*> batch;
+  StepWork work;
+  for (TaskId id : batch_ids) {
+    Task* t = tasks_.at(id).get();
+    batch.push_back(t);
+    work.rows.push_back(t->slot);
+    work.tokens.push_back(t->pending_token);
   }
-  const absl::Status stepped = stepper_.Step(rows_vec, tokens_vec, pool_);
-  if (!stepped.ok()) {
+  const StepResult stepped = runner_.Wait(runner_.Launch(work));
+  if (!stepped.status.ok()) {
     Log(LogLevel::kError,
-        absl::StrCat("model ", name_, ": decode step failed: ", stepped.message()));
+        absl::StrCat("model ", name_, ": decode step failed: ", stepped.status.message()));
     for (Task* t : batch) FailTask(*t, absl::InternalError("decode step failed"));
     return;
   }
-  metrics_->ObserveDecodeStep(static_cast<int64_t>(batch.size()), Seconds(start, absl::Now()));
+  metrics_->ObserveDecodeStep(static_cast<int64_t>(batch.size()),
+                              absl::ToDoubleSeconds(stepped.elapsed));
   for (Task* t : batch) {
     ++t->tokens;
     t->recent.push_back(t->pending_token);
     const size_t window = static_cast<size_t>(t->item->generate.repetition_window);
     if (t->recent.size() > window) t->recent.erase(t->recent.begin());
     t->pending_token = -1;
-    const bool done = t->stream.done_sampling() || t->cancelled;
-    if (done && t->stream.write_in_flight()) {
-      t->phase = Task::Phase::kDraining;  // ends when the write returns (ApplyEvent)
-    } else if (done) {
-      FinishTask(*t, t->cancelled
-                         ? (t->shutdown ? FinishReason::kShutdown : FinishReason::kCancelled)
-                         : (t->stream.stop_hit() ? FinishReason::kStop : FinishReason::kLength));
-    } else {
-      t->phase = t->stream.CanSample() ? Task::Phase::kReadyToSample : Task::Phase::kBlocked;
-    }
   }
+  Apply(scheduler_.AfterStep(batch_ids));
 }
 
 void Engine::SampleAndEmit() {
-  std::vector<Task*> ready;
-  for (auto& task : tasks_) {
-    if (task->phase == Task::Phase::kReadyToSample && !Parked(*task)) ready.push_back(task.get());
+  // A stream whose lease expired may be another request's now: its write would be
+  // refused, so it stops here (FinishTask answers ABORTED).
+  std::vector<Task*> lost;
+  for (const ScheduledTask& s : scheduler_.tasks()) {
+    if (s.phase != ScheduledTask::Phase::kReadyToSample || s.Parked()) continue;
+    Task& t = *tasks_.at(s.id);
+    if (t.item->ticket != nullptr && t.item->ticket->lost.load()) lost.push_back(&t);
   }
-  // The streams that draw a token now: all at once (one batch on the graph kernel).
+  for (Task* t : lost) FinishTask(*t, FinishReason::kCancelled);
+  std::vector<Action> ended;
+  const std::vector<TaskId> sampling_ids = scheduler_.PlanSample(&ended);
+  Apply(ended);
+  if (sampling_ids.empty()) return;
   std::vector<Task*> sampling;
-  for (Task* t : ready) {
-    if (t->item->ticket != nullptr && t->item->ticket->lost.load()) {
-      // The lease expired and may be another request's now: this request's write
-      // would be refused, so it stops here (FinishTask answers ABORTED).
-      FinishTask(*t, FinishReason::kCancelled);
-      continue;
-    }
-    if (t->cancelled) {
-      // Cancelled while a write is in flight: nothing more is sampled.
-      if (t->stream.write_in_flight()) {
-        t->phase = Task::Phase::kDraining;
-      } else {
-        FinishTask(*t, t->shutdown ? FinishReason::kShutdown : FinishReason::kCancelled);
-      }
-      continue;
-    }
-    if (t->stream.starts_chunk()) {
+  for (TaskId id : sampling_ids) {
+    Task* t = tasks_.at(id).get();
+    sampling.push_back(t);
+    if (t->s->stream.starts_chunk()) {
       // Only a session's state outlives the stream: a throwaway stream's rollback point
       // is its token count alone (copying the state row for every message was a quarter
       // of the engine thread's time on fast_weight at 64 streams; docs/benchmarks.md).
       if (!t->session_id.empty()) pool_.SaveRow(t->slot, &t->before_unsent.row);
       t->before_unsent.tokens = t->tokens;
     }
-    sampling.push_back(t);
   }
-  if (sampling.empty()) return;
-  std::vector<Stepper::SampleRequest> requests(sampling.size());
+  SampleWork work;
+  work.requests.resize(sampling.size());
   for (size_t i = 0; i < sampling.size(); ++i) {
     Task* t = sampling[i];
-    requests[i] = {t->slot, &t->item->generate.sampling, &t->rng, &t->recent,
-                   t->item->generate.logprobs};
+    work.requests[i] = {t->slot, &t->item->generate.sampling, &t->rng, &t->recent,
+                        t->item->generate.logprobs};
   }
-  auto sampled = stepper_.Sample(requests, pool_);
-  if (!sampled.ok()) {
+  const StepResult sampled = runner_.Wait(runner_.Launch(work));
+  if (!sampled.status.ok()) {
     Log(LogLevel::kError,
-        absl::StrCat("model ", name_, ": sampling failed: ", sampled.status().message()));
+        absl::StrCat("model ", name_, ": sampling failed: ", sampled.status.message()));
     for (Task* t : sampling) FailTask(*t, absl::InternalError("sampling failed"));
     return;
   }
-  const absl::Time now = absl::Now();
+  std::vector<int64_t> tokens(sampling.size());
+  std::vector<float> logprobs(sampling.size());
   for (size_t i = 0; i < sampling.size(); ++i) {
-    Task* t = sampling[i];
-    t->stream.AddSampled((*sampled)[i].token, (*sampled)[i].logprob, now);
-    t->pending_token = (*sampled)[i].token;
-    t->phase = Task::Phase::kReadyToAbsorb;
-    if (!t->stream.write_in_flight() && t->stream.ShouldFlush(now)) Flush(*t);
+    tokens[i] = sampled.sampled[i].token;
+    logprobs[i] = sampled.sampled[i].logprob;
+    sampling[i]->pending_token = tokens[i];
   }
+  Apply(scheduler_.AfterSample(sampling_ids, tokens, logprobs, absl::Now()));
 }
 
 std::unique_ptr<WorkItem> Engine::TakeTask(Task& t) {
   std::unique_ptr<WorkItem> item = std::move(t.item);
   drain_.StreamEnded();
   if (item->kind == WorkItem::Kind::kGenerate) tasks_by_stream_.erase(item->stream_id);
-  tasks_.remove_if([&t](const std::unique_ptr<Task>& p) { return p.get() == &t; });
+  const TaskId id = t.id;
+  scheduler_.Remove(id);
+  tasks_.erase(id);  // `t` is gone
   return item;
 }
 
@@ -1021,19 +817,22 @@ void Engine::FinishTask(Task& t, FinishReason reason) {
     DropUnconfirmed(t);
   }
   const absl::Time now = clock_->Now();
-  const bool rollback = t.has_snapshot && t.stream.confirmed() == 0 &&
+  const StreamTask& stream = t.s->stream;
+  const int64_t stream_confirmed = stream.confirmed();
+  const bool rollback = t.has_snapshot && stream.confirmed() == 0 &&
                         (reason == FinishReason::kCancelled || reason == FinishReason::kShutdown);
   if (rollback) RestoreSnapshot(t);
   const std::string id = t.session_id;
   const int slot = t.slot;
   const int64_t tokens = t.tokens;
+  const bool forked = t.forked;
   GenerateSummary summary;
   summary.reason = reason;
-  summary.trailing_text = t.stream.FinishText();
+  summary.trailing_text = t.s->stream.FinishText();
   // What the client received; the session keeps it if this request commits.
-  LastOutput output = t.stream.output();
-  summary.prompt_tokens = rollback ? 0 : static_cast<int64_t>(t.prefilled);
-  summary.generated_tokens = t.stream.confirmed();
+  LastOutput output = stream.output();
+  summary.prompt_tokens = rollback ? 0 : static_cast<int64_t>(t.s->prefilled);
+  summary.generated_tokens = stream.confirmed();
   summary.session_tokens = tokens;
   std::vector<double> logprobs = std::move(t.score_logprobs);
   std::shared_ptr<WorkItem> item(TakeTask(t));  // `t` is gone
@@ -1074,6 +873,16 @@ void Engine::FinishTask(Task& t, FinishReason reason) {
     item->lease.Release();
     return answer(absl::OkStatus());
   }
+  if (forked &&
+      (!item->generate.store || (stream_confirmed == 0 && (reason == FinishReason::kCancelled ||
+                                                           reason == FinishReason::kShutdown)))) {
+    // A fork that keeps nothing: store false, or cut before the client got a token. It
+    // was never stored, so it is removed from memory alone.
+    RemoveSession(id);
+    registry_->Erase(id);
+    item->lease.Forget();
+    return answer(absl::OkStatus());
+  }
   ResidentSession& r = resident_[id];
   r.in_use = false;
   r.tokens = tokens;
@@ -1089,12 +898,12 @@ void Engine::FinishTask(Task& t, FinishReason reason) {
   item->session_id = id;
   // Write-through: the caller hears of the change only once the store holds it.
   WriteThrough(id, slot, tokens, r.created, now, item->ticket,
-               [this, item, id, tokens, now, answer](absl::Status written) mutable {
+               [this, item, id, tokens, now, answer, forked](absl::Status written) mutable {
                  if (written.ok()) {
                    item->lease.Commit(tokens, now, policy_.durable);
                    return answer(absl::OkStatus());
                  }
-                 if (item->kind == WorkItem::Kind::kCreate) {
+                 if (item->kind == WorkItem::Kind::kCreate || forked) {
                    RemoveSession(id);
                    registry_->Erase(id);
                    item->lease.Forget();
@@ -1115,14 +924,18 @@ void Engine::FailTask(Task& t, absl::Status status) {
   // got); a request that streamed nothing is undone. A chunk whose write is still in
   // flight counts as not delivered.
   DropUnconfirmed(t);
-  const bool keep_streamed = t.stream.confirmed() > 0;
+  const bool keep_streamed = t.s->stream.confirmed() > 0;
   if (t.has_snapshot && !keep_streamed) RestoreSnapshot(t);
   const std::string id = t.session_id;
   const int slot = t.slot;
   const int64_t tokens = t.tokens;
-  LastOutput output = t.stream.output();         // the streamed chunks' text
+  const bool forked = t.forked;
+  LastOutput output = t.s->stream.output();      // the streamed chunks' text
   std::unique_ptr<WorkItem> item = TakeTask(t);  // `t` is gone
-  if (item->kind == WorkItem::Kind::kCreate) {
+  // A new session that keeps nothing is removed: a CreateSession's, or a fork's that
+  // streamed nothing or is not to be stored.
+  if (item->kind == WorkItem::Kind::kCreate ||
+      (forked && (!keep_streamed || !item->generate.store))) {
     if (!id.empty()) {
       RemoveSession(id);
       registry_->Erase(id);

@@ -1,8 +1,8 @@
-// One model's engine: a thread that owns the model's StatePool and runs continuous
-// batching (admit -> prefill one chunk -> one batched step -> sample -> emit), a helper
-// thread for prefill chunks (private copies of the rows), and session-store work handed
-// to the shared StoreExecutor. Internal to the core (includes LibTorch): the
-// transports see server/core/core.h only.
+// One model's engine: a thread that runs continuous batching (admit -> prefill one
+// chunk -> one batched step -> sample -> emit). What runs is the Scheduler's plan
+// (scheduler.h, plain data); the Runner (runner.h) owns the rows (StatePool), the
+// kernels and the prefill thread; session-store work goes to the shared StoreExecutor. Internal to
+// the core (includes LibTorch): the transports see server/core/core.h only.
 //
 // Files: engine.cc holds the loop, admission, prefill, decode and sampling;
 // engine_sessions.cc the session operations (create/fork/export/import/delete, reading
@@ -45,6 +45,8 @@
 #include "server/engine/drain_estimate.h"
 #include "server/engine/engine_options.h"
 #include "server/engine/residency.h"
+#include "server/engine/runner.h"
+#include "server/engine/scheduler.h"
 #include "server/engine/state_pool.h"
 #include "server/engine/stepper.h"
 #include "server/engine/stream_task.h"
@@ -56,11 +58,6 @@
 
 namespace fwserve {
 
-// --threads (`threads` > 0) on the calling thread: LibTorch's intra-op threads, OpenMP
-// (the native step's per-session loops) and OpenBLAS. The counts are per thread, so
-// each thread that runs model code applies it; 0 leaves the libraries' defaults.
-void LimitIntraOpThreads(int32_t threads);
-
 // A unit of work for the engine. Items that name an existing session hold its lease
 // from submission until the engine answers them (and, for a change, until the store
 // holds it).
@@ -70,6 +67,10 @@ struct WorkItem {
   enum class Kind { kGenerate, kScore, kCreate, kFork, kExport, kImport, kDelete, kReadOutput };
   Kind kind = Kind::kGenerate;
   std::string session_id;
+  // kGenerate with GenerateParams::fork_from: the new session's id (chosen by the core);
+  // `session_id` (and the lease and ticket) are then the source's until the engine
+  // forks it, and the new session's after.
+  std::string fork_id;
   // The caller's tenant: owns the sessions this item creates (Caller::tenant).
   std::string tenant;
   SessionLease lease;
@@ -183,18 +184,9 @@ class Engine {
   // False once the loop should end (stopping, nothing left).
   bool PublishReadiness(bool stop);
   bool HasImmediateWorkLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Streams running per tenant (AdmissionQueue's fair share). Engine thread.
-  absl::flat_hash_map<std::string, int64_t> RunningByTenant() const;
-  // Whether `t` is held parked (Task::parked, and not cancelled).
-  static bool Parked(const Task& t);
-  // Resumes parked streams, oldest first, while fewer than max_active_streams run;
-  // returns the streams running then.
-  int64_t ResumeParked(int64_t running);
-  // With every slot taken (`running`) and a stream of a tenant below its fair share
-  // (max_active_streams over the tenants with streams running or waiting) in the
-  // queue: parks the newest stream of the tenant furthest above its share. True if one
-  // was parked (a slot is then free for TakeAdmissible).
-  bool PreemptForFairShare(int64_t running) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Carries out the scheduler's decisions, in order (an action for a task that an
+  // earlier one ended is skipped).
+  void Apply(const std::vector<Action>& actions);
   // The retry hint of a refusal: how long until the streams queued now have started
   // (at least 10 ms, at most 30 s; 1 s while unmeasured). Thread-safe.
   absl::Duration RetryDelay() const;
@@ -218,15 +210,15 @@ class Engine {
   void PrefillThreadLoop();
   void RunDecodeStep();
   void SampleAndEmit();
-  // Decode pipelining (StreamTask). Flush: hands the unsent tokens to the transport
-  // as one chunk. DropUnconfirmed: puts the slot back to before the first token whose
-  // write was not confirmed and forgets those tokens.
-  void Flush(Task& t);
+  // Decode pipelining (StreamTask). Deliver: hands `chunk` (the stream's write in
+  // flight now) to the transport. DropUnconfirmed: puts the slot back to before the
+  // first token whose write was not confirmed and forgets those tokens.
+  void Deliver(Task& t, GenerateChunk chunk);
   void DropUnconfirmed(Task& t);
   // End a task: answer its caller (after the store holds a changed session).
   void FinishTask(Task& task, FinishReason reason);
   void FailTask(Task& task, absl::Status status);
-  // Removes `task` from tasks_ (destroying it) and returns its work item.
+  // Removes `task` from tasks_ and the scheduler (destroying it); returns its work item.
   std::unique_ptr<WorkItem> TakeTask(Task& task);
   // Puts back the task's slot (state, next-token logits, token count) as it was before
   // the request.
@@ -313,13 +305,6 @@ class Engine {
 
   std::atomic<uint64_t> next_stream_id_{1};
   std::thread thread_;
-  std::thread prefill_thread_;
-
-  // Hand-off to the prefill thread: at most one job in flight.
-  absl::Mutex prefill_mu_;
-  absl::CondVar prefill_cv_;
-  PrefillJob* prefill_pending_ ABSL_GUARDED_BY(prefill_mu_) = nullptr;
-  bool prefill_stop_ ABSL_GUARDED_BY(prefill_mu_) = false;
 
   absl::Mutex mu_;
   absl::CondVar wake_;          // the engine thread waits on it
@@ -349,17 +334,19 @@ class Engine {
 
   // Engine-thread state.
   DrainEstimate drain_;
-  StatePool pool_;
-  // The decode step (engine thread) and prefill chunks (prefill thread).
-  Stepper stepper_;
+  // The rows, the decode step and sampling, the prefill thread.
+  Runner runner_;
+  StatePool& pool_;      // runner_'s
   bool ending_ = false;  // EndAllWork was applied: admit nothing more
   ResidentSessions resident_;
-  std::list<std::unique_ptr<Task>> tasks_;
-  absl::flat_hash_map<uint64_t, Task*> tasks_by_stream_;
-  size_t prefill_turn_ = 0;
+  // Which streams run, as plain data (phases, streams, parking, the prefill turn, the
+  // batch deadline).
+  Scheduler scheduler_;
+  // The tasks' runner side, by the scheduler's ids; the stream ids' tasks.
+  absl::flat_hash_map<TaskId, std::unique_ptr<Task>> tasks_;
+  absl::flat_hash_map<uint64_t, TaskId> tasks_by_stream_;
+  TaskId next_task_id_ = 1;
   std::unique_ptr<PrefillJob> prefill_job_;  // in flight on the prefill thread, or null
-  // When the pending decode step runs even if some streams are still writing.
-  absl::Time batch_deadline_ = absl::InfiniteFuture();
   absl::Time next_housekeeping_ = absl::InfinitePast();
 };
 

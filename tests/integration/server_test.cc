@@ -605,6 +605,106 @@ TEST_F(ServerTest, ForkIsIndependent) {
   EXPECT_EQ(server->client().GetSession(fork->session_id())->tokens(), 8 + 5 + 25);
 }
 
+// The count of observations of histogram `name` (summed over its series).
+uint64_t HistogramCount(Harness& harness, const std::string& name) {
+  uint64_t total = 0;
+  for (const auto& family : harness.metrics().registry()->Collect()) {
+    if (family.name != name) continue;
+    for (const auto& metric : family.metric) total += metric.histogram.sample_count;
+  }
+  return total;
+}
+
+TEST_F(ServerTest, ForkAndGenerateIsOneCallWithOneStoreWrite) {
+  fwserve::CoreOptions options = Options("fast_weight");
+  options.session_store = "dir:" + MakeTempDir("fork-generate");
+  auto server = Harness::Start(options);
+  ASSERT_NE(server, nullptr);
+  auto source = server->client().CreateSession("", "The king");
+  ASSERT_TRUE(source.ok()) << source.status();
+  const std::string kWrites = "fwserve_session_store_write_duration_seconds";
+  const uint64_t writes_before = HistogramCount(*server, kWrites);
+  auto request = Greedy(" said", 25);
+  request.set_fork_from(source->session_id());
+  auto forked = server->client().Generate(request);
+  ASSERT_TRUE(forked.ok()) << forked.status();
+  // One write: the new session's, once the request is done; the source is not written.
+  EXPECT_EQ(HistogramCount(*server, kWrites), writes_before + 1);
+  ASSERT_EQ(forked->session_id.size(), 32u);
+  EXPECT_NE(forked->session_id, source->session_id());
+  EXPECT_EQ(forked->usage.session_tokens(), 8 + 5 + 25);
+  EXPECT_EQ(server->client().GetSession(source->session_id())->tokens(), 8);
+  auto fork = server->client().GetSession(forked->session_id);
+  ASSERT_TRUE(fork.ok()) << fork.status();
+  EXPECT_EQ(fork->tokens(), 8 + 5 + 25);
+  // The same tokens as ForkSession then Generate on the fork.
+  auto two_step = server->client().ForkSession(source->session_id());
+  ASSERT_TRUE(two_step.ok());
+  auto on_two_step = server->client().Generate(Greedy(" said", 25, two_step->session_id()));
+  ASSERT_TRUE(on_two_step.ok());
+  EXPECT_EQ(on_two_step->token_ids, forked->token_ids);
+  // The new session continues like any other.
+  auto next = server->client().Generate(Greedy(" and", 5, forked->session_id));
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_EQ(next->usage.session_tokens(), 8 + 5 + 25 + 4 + 5);
+}
+
+TEST_F(ServerTest, ForkAndGenerateWithoutStoreKeepsNothing) {
+  fwserve::CoreOptions options = Options();
+  options.session_store = "dir:" + MakeTempDir("fork-nostore");
+  auto server = Harness::Start(options);
+  ASSERT_NE(server, nullptr);
+  auto source = server->client().CreateSession("", "To be");
+  ASSERT_TRUE(source.ok()) << source.status();
+  const uint64_t writes_before =
+      HistogramCount(*server, "fwserve_session_store_write_duration_seconds");
+  auto request = Greedy(", or", 12);
+  request.set_fork_from(source->session_id());
+  request.set_store(false);
+  auto once = server->client().Generate(request);
+  ASSERT_TRUE(once.ok()) << once.status();
+  EXPECT_EQ(once->token_ids.size(), 12u);
+  EXPECT_TRUE(once->session_id.empty());  // no session to name
+  EXPECT_EQ(HistogramCount(*server, "fwserve_session_store_write_duration_seconds"), writes_before);
+  auto listed = server->client().ListAllSessions();
+  ASSERT_TRUE(listed.ok());
+  ASSERT_EQ(listed->size(), 1u);  // the source alone
+  EXPECT_EQ((*listed)[0].session_id(), source->session_id());
+  EXPECT_EQ((*listed)[0].tokens(), 5);
+  // The same continuation as a stored fork gives.
+  request.set_store(true);
+  auto stored = server->client().Generate(request);
+  ASSERT_TRUE(stored.ok()) << stored.status();
+  EXPECT_EQ(stored->token_ids, once->token_ids);
+}
+
+TEST_F(ServerTest, ForkAndGenerateRefusesBadCombinations) {
+  auto server = Harness::Start(Options());
+  ASSERT_NE(server, nullptr);
+  auto source = server->client().CreateSession("", "x");
+  ASSERT_TRUE(source.ok());
+  auto both = Greedy("y", 3, source->session_id());
+  both.set_fork_from(source->session_id());
+  auto refused = server->client().Generate(both);
+  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("fork_from"), std::string::npos) << refused.status();
+  auto unstored = Greedy("y", 3, source->session_id());
+  unstored.set_store(false);
+  refused = server->client().Generate(unstored);
+  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("store"), std::string::npos) << refused.status();
+  auto malformed = Greedy("y", 3);
+  malformed.set_fork_from("not-a-session");
+  refused = server->client().Generate(malformed);
+  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("fork_from 'not-a-session'"), std::string::npos);
+  auto unknown = Greedy("y", 3);
+  unknown.set_fork_from(std::string(32, 'a'));
+  EXPECT_EQ(server->client().Generate(unknown).status().code(), StatusCode::kNotFound);
+  // Nothing was created by the refusals.
+  EXPECT_EQ(server->client().ListAllSessions()->size(), 1u);
+}
+
 TEST_F(ServerTest, ExportImportRoundTripAndIntoARestartedServer) {
   std::string blob;
   std::vector<int64_t> expected;

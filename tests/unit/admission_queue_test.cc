@@ -119,6 +119,12 @@ TEST_F(AdmissionQueueTest, ACapacityBelowTheFlagBoundsTheQueueAndTheTenantShare)
   for (int i = 0; i < 95; ++i) ASSERT_TRUE(push("", 1000).ok()) << i;
   absl::Status flag = push("", 1000);
   EXPECT_NE(flag.message().find("--max-queued-requests=100"), std::string::npos) << flag.message();
+  // Each refusal says why as data, not only in its text (fwserve_requests_refused_total).
+  EXPECT_EQ(RefusalReasonOf(share), RefusalReason::kTenantQueueShare);
+  EXPECT_EQ(RefusalReasonOf(full), RefusalReason::kQueueWait);
+  EXPECT_EQ(RefusalReasonOf(flag), RefusalReason::kQueueFull);
+  EXPECT_STREQ(RefusalReasonLabel(*RefusalReasonOf(share)), "tenant_queue_share");
+  EXPECT_FALSE(RefusalReasonOf(absl::ResourceExhaustedError("its share of the queue")).has_value());
 }
 
 TEST_F(AdmissionQueueTest, OneTenantIsFifoAndStopsAtTheStreamSlots) {

@@ -413,8 +413,9 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse>,
   }
 
   void OnChunk(GenerateChunk chunk) override {
-    chunk_started_.store(true);
+    const bool first = !chunk_started_.exchange(true);
     chunk_message_.Clear();
+    if (first) chunk_message_.set_session_id(KeptSessionId());
     chunk_message_.set_text(std::move(chunk.text));
     chunk_message_.mutable_token_ids()->Add(chunk.token_ids.begin(), chunk.token_ids.end());
     chunk_message_.mutable_logprobs()->Add(chunk.logprobs.begin(), chunk.logprobs.end());
@@ -448,6 +449,7 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse>,
       FinishAfterWrite(cancelled);
       return;
     }
+    final_message_.set_session_id(KeptSessionId());
     final_message_.set_text(std::move(summary.trailing_text));
     final_message_.set_finish_reason(ToProto(summary.reason));
     v1::Usage* usage = final_message_.mutable_usage();
@@ -490,6 +492,17 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse>,
     return stream_;
   }
 
+ public:
+  // GenerateRequest.store: false keeps no session to name.
+  void set_keeps_session(bool keeps) { keeps_session_ = keeps; }
+
+ private:
+  // GenerateResponse.session_id: the session the request runs on, if it is kept.
+  std::string KeptSessionId() {
+    std::shared_ptr<GenerateControl> stream = Stream();
+    return stream != nullptr && keeps_session_ ? stream->session_id() : "";
+  }
+
   // Answers a paced refusal (FailNow) when it fires.
   grpc::Alarm refusal_alarm_;
 
@@ -515,6 +528,7 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse>,
   std::optional<grpc::Status> deferred_finish_ ABSL_GUARDED_BY(mu_);
   std::atomic<bool> finishing_{false};
   std::atomic<bool> chunk_started_{false};  // OnChunk was called at least once
+  bool keeps_session_ = true;               // set before StartGenerate
   v1::GenerateResponse chunk_message_;      // the one write in flight
   v1::GenerateResponse final_message_;
 };
@@ -523,8 +537,9 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse>,
 
 grpc::ServerWriteReactor<v1::GenerateResponse>* GrpcServer::Service::Generate(
     grpc::CallbackServerContext* context, const v1::GenerateRequest* request) {
-  auto record =
-      std::make_shared<CallRecord>(this, "Generate", request->model(), request->session_id());
+  auto record = std::make_shared<CallRecord>(
+      this, "Generate", request->model(),
+      request->session_id().empty() ? request->fork_from() : request->session_id());
   auto* reactor = new GenerateReactor(this, context, record);
   absl::StatusOr<Caller> caller = Admit(context, *record);
   if (!caller.ok()) {
@@ -532,6 +547,7 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* GrpcServer::Service::Generate(
     return reactor;
   }
   GenerateParams params = FromProto(*request);
+  reactor->set_keeps_session(params.store);
   params.is_cancelled = [context] { return context->IsCancelled(); };
   // No deadline reads as a time far ahead: only a real one is passed on.
   if (const auto deadline = context->deadline();

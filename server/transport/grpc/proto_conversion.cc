@@ -45,6 +45,8 @@ GenerateParams FromProto(const v1::GenerateRequest& request) {
   GenerateParams params;
   params.model = request.model();
   params.session_id = request.session_id();
+  params.fork_from = request.fork_from();
+  params.store = !request.has_store() || request.store();
   params.prompt = request.prompt();
   const v1::SamplingParams& s = request.sampling();
   params.sampling.temperature = s.has_temperature() ? s.temperature() : 1.0f;

@@ -623,10 +623,19 @@ class GenerateJob : public GenerateObserver, public std::enable_shared_from_this
     session_owned_ = owned;
   }
 
+  // For responses continuing `session_id` (previous_response_id): the engine forks it
+  // and generates on the fork in one admission, stored once (or, with store:false, not
+  // at all).
+  void set_fork_from(std::string session_id) {
+    request_.params.fork_from = std::move(session_id);
+    request_.params.store = request_.store;
+  }
+
   // On the strand: hands the work to the core.
   void Start() {
     GenerateParams params = request_.params;
-    if (endpoint_ == OpenAiEndpoint::kResponses && !request_.params.session_id.empty()) {
+    if (endpoint_ == OpenAiEndpoint::kResponses &&
+        (!request_.params.session_id.empty() || !request_.params.fork_from.empty())) {
       params.model.clear();  // the session's model
     } else {
       params.model = request_.model;
@@ -643,6 +652,10 @@ class GenerateJob : public GenerateObserver, public std::enable_shared_from_this
       DropOwnedSession();
       conn_->ReplyError(started);
       return;
+    }
+    // A fork's new session names the response (OnStart ran inside StartGenerate).
+    if (!request_.params.fork_from.empty() && control_ != nullptr) {
+      request_.params.session_id = control_->session_id();
     }
     server_->StreamAccepted();
     if (request_.stream) {
@@ -1126,9 +1139,8 @@ void HttpServer::Impl::Generate(const std::shared_ptr<Connection>& conn, OpenAiE
                                                       "got '",
                                                       Capped(previous), "'")));
     }
-    core_->ForkSession(conn->caller(), *id, [start_on](absl::StatusOr<SessionRecord> r) {
-      start_on(std::move(r), true);
-    });
+    job->set_fork_from(*id);
+    job->Start();
   } else if (!conversation.empty()) {
     std::optional<std::string> id = Unprefixed(conversation, kConversationPrefix);
     SessionRecord record;

@@ -1,0 +1,131 @@
+#include "server/engine/runner.h"
+
+#include <pthread.h>
+
+#include <algorithm>
+#include <exception>
+#include <utility>
+
+#include "models/blas_check.h"
+
+namespace fwserve {
+
+void LimitIntraOpThreads(int32_t threads) {
+  if (threads > 0) {
+    at::set_num_threads(threads);
+    fwmodel::SetOpenBlasThreads(threads);
+  }
+}
+
+Runner::Runner(const fwmodel::Model& model, const EngineOptions& options, StateMemoryBudget* budget,
+               const std::string& name)
+    : model_(model),
+      options_(options),
+      pool_(model,
+            options.max_state_memory_bytes / std::max<int64_t>(1, model.state_bytes_per_session()),
+            budget),
+      stepper_(model, options.decode_kernel, options.packed_gemm, options.intra_op_threads,
+               options.prefill_threads, name) {}
+
+Runner::~Runner() { StopPrefillThread(); }
+
+Runner::Handle Runner::Launch(const StepWork& work) {
+  const absl::Time start = absl::Now();
+  StepResult result;
+  result.status = stepper_.Step(work.rows, work.tokens, pool_);
+  result.elapsed = absl::Now() - start;
+  const Handle handle = next_handle_++;
+  done_.emplace(handle, std::move(result));
+  return handle;
+}
+
+Runner::Handle Runner::Launch(const SampleWork& work) {
+  const absl::Time start = absl::Now();
+  StepResult result;
+  auto sampled = stepper_.Sample(work.requests, pool_);
+  if (sampled.ok()) {
+    result.sampled = std::move(*sampled);
+  } else {
+    result.status = sampled.status();
+  }
+  result.elapsed = absl::Now() - start;
+  const Handle handle = next_handle_++;
+  done_.emplace(handle, std::move(result));
+  return handle;
+}
+
+StepResult Runner::Wait(Handle handle) {
+  auto it = done_.find(handle);
+  if (it == done_.end()) {
+    StepResult unknown;
+    unknown.status = absl::InternalError("no such launch");
+    return unknown;
+  }
+  StepResult result = std::move(it->second);
+  done_.erase(it);
+  return result;
+}
+
+void Runner::StartPrefillThread(std::function<void()> on_prefill_done) {
+  on_prefill_done_ = std::move(on_prefill_done);
+  // Named for profilers and top -H (Linux limits names to 15 characters).
+  prefill_thread_ = std::thread([this] {
+    pthread_setname_np(pthread_self(), "fwserve-prefill");
+    PrefillThreadLoop();
+  });
+}
+
+void Runner::LaunchPrefill(PrefillWork* work) {
+  absl::MutexLock lock(&prefill_mu_);
+  prefill_pending_ = work;
+  prefill_cv_.Signal();
+}
+
+void Runner::StopPrefillThread() {
+  {
+    absl::MutexLock lock(&prefill_mu_);
+    prefill_stop_ = true;
+    prefill_cv_.Signal();
+  }
+  if (prefill_thread_.joinable()) prefill_thread_.join();
+}
+
+void Runner::PrefillThreadLoop() {
+  torch::NoGradGuard no_grad;
+  LimitIntraOpThreads(options_.intra_op_threads);
+  while (true) {
+    PrefillWork* work = nullptr;
+    {
+      absl::MutexLock lock(&prefill_mu_);
+      while (prefill_pending_ == nullptr && !prefill_stop_) prefill_cv_.Wait(&prefill_mu_);
+      if (prefill_pending_ == nullptr) return;
+      work = prefill_pending_;
+      prefill_pending_ = nullptr;
+    }
+    const absl::Time start = absl::Now();
+    try {
+      if (work->score_context != nullptr) {
+        auto logprobs = fwmodel::ScoreTokens(model_, work->piece, work->score_context,
+                                             options_.prefill_chunk_tokens);
+        if (logprobs.ok()) {
+          work->logprobs = std::move(*logprobs);
+        } else {
+          work->status = logprobs.status();
+        }
+      } else {
+        auto logits = stepper_.Prefill(work->tokens, &work->state);
+        if (logits.ok()) {
+          work->last_logits = std::move(*logits);
+        } else {
+          work->status = logits.status();
+        }
+      }
+    } catch (const std::exception& e) {
+      work->status = absl::InternalError(e.what());
+    }
+    work->elapsed = absl::Now() - start;
+    on_prefill_done_();
+  }
+}
+
+}  // namespace fwserve

@@ -1,0 +1,127 @@
+// The model side of one engine: its StatePool (the rows), the Stepper (the batched
+// decode step and sampling) and the prefill thread. It knows rows and tokens, never
+// sessions, streams or tenants: what runs is decided by the Scheduler, and whose rows
+// they are by the engine's session keeping.
+//
+// Work is launched and waited for: `Launch` returns a handle, `Wait` the result. The
+// CPU runner completes the work inside Launch (Wait only hands the result over); a
+// device runner may return at once and let the engine prepare the next plan while the
+// device runs (issue: device-resident decode). A prefill chunk runs on the prefill
+// thread, beside the decode step; its end is signalled through `on_prefill_done`.
+//
+// Thread-safety: everything but the prefill thread's own work runs on the engine thread.
+// Rows handed to a prefill chunk are copies (PrefillWork::state): the pool is only ever
+// touched by the engine thread.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "models/model.h"
+#include "server/engine/engine_options.h"
+#include "server/engine/state_pool.h"
+#include "server/engine/stepper.h"
+
+namespace fwserve {
+
+// --threads (`threads` > 0) on the calling thread: LibTorch's intra-op threads, OpenMP
+// (the native step's per-session loops) and OpenBLAS. The counts are per thread, so
+// each thread that runs model code applies it; 0 leaves the libraries' defaults.
+void LimitIntraOpThreads(int32_t threads);
+
+// One batched decode step: pool row rows[i] absorbs tokens[i].
+struct StepWork {
+  std::vector<int64_t> rows;
+  std::vector<int64_t> tokens;
+};
+
+// One sampling: each request draws its row's next token.
+struct SampleWork {
+  std::vector<Stepper::SampleRequest> requests;
+};
+
+// What a launched step or sampling gave.
+struct StepResult {
+  absl::Status status;
+  // SampleWork only: one per request, in order.
+  std::vector<SampledToken> sampled;
+  // How long it ran (the CPU runner: host time from launch to completion).
+  absl::Duration elapsed;
+};
+
+// A prefill chunk off the engine thread. The engine fills the inputs; the prefill
+// thread the outputs; neither touches the other's fields while it is in flight.
+struct PrefillWork {
+  // Pool-backed prefill: copies of the rows and their tokens [B, length].
+  torch::Tensor rows;
+  fwmodel::State state;
+  torch::Tensor tokens;
+  // Score: the private context and its piece of text (instead of the above).
+  fwmodel::ScoringContext* score_context = nullptr;
+  std::vector<int64_t> piece;
+  // Outputs.
+  absl::Status status;
+  torch::Tensor last_logits;  // float32 [B, vocab], on the model's device
+  std::vector<double> logprobs;
+  absl::Duration elapsed;
+};
+
+class Runner {
+ public:
+  using Handle = uint64_t;
+
+  // `model` is not owned and outlives this; `budget` as StatePool's. `name` names the
+  // model in log lines.
+  Runner(const fwmodel::Model& model, const EngineOptions& options, StateMemoryBudget* budget,
+         const std::string& name);
+  ~Runner();
+  Runner(const Runner&) = delete;
+  Runner& operator=(const Runner&) = delete;
+
+  StatePool& pool() { return pool_; }
+  const StatePool& pool() const { return pool_; }
+  // "native", "graph" or "libtorch".
+  const char* kernel() const { return stepper_.kernel(); }
+
+  // Decode and sampling: Launch, then Wait for each handle exactly once.
+  Handle Launch(const StepWork& work);
+  Handle Launch(const SampleWork& work);
+  StepResult Wait(Handle handle);
+
+  // Prefill. Starts the prefill thread; `on_prefill_done` runs on it after each chunk.
+  void StartPrefillThread(std::function<void()> on_prefill_done);
+  // Hands `work` (not owned; alive until its done signal) to the prefill thread. At most
+  // one chunk is in flight.
+  void LaunchPrefill(PrefillWork* work);
+  // Stops the prefill thread after the chunk in flight (if any). Idempotent.
+  void StopPrefillThread();
+
+ private:
+  void PrefillThreadLoop();
+
+  const fwmodel::Model& model_;
+  const EngineOptions& options_;  // the engine's; outlives this
+  StatePool pool_;
+  // The decode step (engine thread) and prefill chunks (prefill thread).
+  Stepper stepper_;
+  Handle next_handle_ = 1;
+  // Completed work not waited for yet (the CPU runner completes in Launch).
+  absl::flat_hash_map<Handle, StepResult> done_;
+
+  std::thread prefill_thread_;
+  std::function<void()> on_prefill_done_;
+  absl::Mutex prefill_mu_;
+  absl::CondVar prefill_cv_;
+  PrefillWork* prefill_pending_ ABSL_GUARDED_BY(prefill_mu_) = nullptr;
+  bool prefill_stop_ ABSL_GUARDED_BY(prefill_mu_) = false;
+};
+
+}  // namespace fwserve
