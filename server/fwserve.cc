@@ -28,7 +28,7 @@
 #include "server/metrics/metrics.h"
 #include "server/sessions/session_seal.h"
 #include "server/tenancy/tenants.h"
-#include "server/transport/grpc/api_key_authenticator.h"
+#include "server/tenancy/authenticator.h"
 #include "server/transport/grpc/grpc_server.h"
 #include "server/transport/http/http_server.h"
 
@@ -376,7 +376,7 @@ int main(int argc, char** argv) {
     http_options.max_body_bytes = absl::GetFlag(FLAGS_http_max_body_bytes);
     http_options.idle_timeout = absl::GetFlag(FLAGS_http_idle_timeout);
     http_options.cors_origins = absl::GetFlag(FLAGS_http_cors_origins);
-    http_options.tenants = tenants.get();
+    http_options.authenticator = authenticator.get();
     http_options.metrics = metrics.get();
     auto started = fwserve::HttpServer::Start(http_options, core->get());
     if (!started.ok()) {

@@ -113,6 +113,7 @@ EngineOptions ToEngineOptions(const CoreOptions& o) {
   e.session_ttl = o.session_ttl;
   e.sealer = o.sealer;
   e.before_decode_step_for_testing = o.before_decode_step_for_testing;
+  e.stream_admitted_for_testing = o.stream_admitted_for_testing;
   return e;
 }
 

@@ -119,6 +119,10 @@ struct CoreOptions {
   // work (EndAllWork). Tests block here to hold streams open without depending on how
   // fast the machine decodes (tests/integration/server_test.cc, StepGate).
   std::function<void(const std::function<bool()>& ending)> before_decode_step_for_testing;
+  // Test-only; null in production. Called on a model's engine thread when a stream
+  // (Generate, Score, CreateSession) is admitted, with its tenant: the server's own
+  // admission order, which tests of the fair share read instead of racing client threads.
+  std::function<void(const std::string& tenant)> stream_admitted_for_testing;
 };
 
 class Core {

@@ -482,6 +482,7 @@ void Engine::Admit(std::unique_ptr<WorkItem> item) {
     }
     if (IsStreamKind(kind)) {
       metrics_->ObserveQueueWait(absl::ToDoubleSeconds(absl::Now() - item->arrival));
+      if (options_.stream_admitted_for_testing) options_.stream_admitted_for_testing(item->tenant);
       auto task = std::make_unique<Task>();
       admitted = task.get();
       task->id = next_task_id_++;

@@ -58,6 +58,8 @@ struct EngineOptions {
   const SessionSealer* sealer = nullptr;
   // Test-only (CoreOptions::before_decode_step_for_testing).
   std::function<void(const std::function<bool()>& ending)> before_decode_step_for_testing;
+  // Test-only (CoreOptions::stream_admitted_for_testing).
+  std::function<void(const std::string& tenant)> stream_admitted_for_testing;
 };
 
 }  // namespace fwserve

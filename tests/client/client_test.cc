@@ -22,7 +22,7 @@
 #include "absl/time/time.h"
 #include "client/client.h"
 #include "server/tenancy/tenants.h"
-#include "server/transport/grpc/api_key_authenticator.h"
+#include "server/tenancy/authenticator.h"
 #include "tests/integration/harness.h"
 
 namespace fwtest {

@@ -23,6 +23,7 @@
 #include "models/safetensors.h"
 #include "models/tokenizer.h"
 #include "server/base/utf8.h"
+#include "server/tenancy/authenticator.h"
 #include "server/tenancy/tenants.h"
 
 #ifdef FWSERVE_FUZZ_HTTP_REQUEST
@@ -318,8 +319,9 @@ void CheckTarget(absl::string_view raw, const std::string& method) {
   Check(decoded <= target.query.size());
 }
 
-// The Authorization header as the router reads it: UNAUTHENTICATED (401) unless a
-// "Bearer" key is given, and only the configured key names its tenant.
+// The Authorization header as both front doors read it (tenancy's BearerKey, which
+// ApiKeyAuthenticator applies): UNAUTHENTICATED (401) unless a "Bearer" key is given,
+// and only the configured key names its tenant.
 void CheckAuthorization(absl::string_view header) {
   static const std::unique_ptr<fwserve::Tenants> tenants = [] {
     auto t = fwserve::Tenants::FromText(

@@ -517,7 +517,8 @@ TEST(OpenAiApiTest, RouteLabelsAreTemplates) {
             "POST /fwserve/v1/sessions/import");
   EXPECT_EQ(label("GET", "/health"), "GET /health");
   EXPECT_EQ(label("GET", "/"), "GET /");  // the playground
-  for (const char* other : {"/index.html", "/fwserve/anything", "/v1/models/a/b", "/v1", "/healthz"}) {
+  for (const char* other :
+       {"/index.html", "/fwserve/anything", "/v1/models/a/b", "/v1", "/healthz"}) {
     EXPECT_EQ(label("GET", other), "GET (other)") << other;
   }
 }
@@ -858,14 +859,16 @@ class AuthHttpTest : public HttpTest {
                      "sha256:", fwserve::Sha256Hex("key-b"), " tenant=beta\n"));
     ASSERT_TRUE(tenants.ok()) << tenants.status();
     tenants_ = std::move(*tenants);
+    authenticator_ = std::make_unique<fwserve::ApiKeyAuthenticator>(tenants_.get(), nullptr);
     fwserve::HttpServerOptions http;
-    http.tenants = tenants_.get();
+    http.authenticator = authenticator_.get();
     http.cors_origins = {"http://ui.example"};
     fwserve::CoreOptions options = Options();
     options.tenants = tenants_.get();
     StartServer(http, options);
   }
   std::unique_ptr<fwserve::Tenants> tenants_;
+  std::unique_ptr<fwserve::ApiKeyAuthenticator> authenticator_;
 };
 
 TEST_F(AuthHttpTest, BearerKeysAndCors) {

@@ -23,7 +23,7 @@
 #include "gtest/gtest.h"
 #include "models/checkpoint.h"
 #include "server/tenancy/tenants.h"
-#include "server/transport/grpc/api_key_authenticator.h"
+#include "server/tenancy/authenticator.h"
 #include "tests/integration/harness.h"
 
 namespace fwserve {

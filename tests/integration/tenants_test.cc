@@ -13,11 +13,12 @@
 #include <vector>
 
 #include "absl/strings/str_replace.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "server/sessions/session_seal.h"
+#include "server/tenancy/authenticator.h"
 #include "server/tenancy/tenants.h"
-#include "server/transport/grpc/api_key_authenticator.h"
 #include "tests/common/redis_server.h"
 #include "tests/integration/harness.h"
 
@@ -338,6 +339,13 @@ TEST_F(TenantsTest, AFreeStreamSlotGoesToTheTenantServedLeast) {
   options.before_decode_step_for_testing = [&slow_steps](const std::function<bool()>&) {
     if (slow_steps.load()) absl::SleepFor(absl::Milliseconds(5));
   };
+  // The order the engine admits streams in (its own, not the client threads' wake-ups).
+  absl::Mutex admitted_mu;
+  std::vector<std::string> admitted;
+  options.stream_admitted_for_testing = [&](const std::string& tenant) {
+    absl::MutexLock lock(&admitted_mu);
+    admitted.push_back(tenant);
+  };
   auto server = StartWith(tenants->get(), options);
   auto acme = ClientWithKey(*server, kKeyA);
   auto beta = ClientWithKey(*server, kKeyB);
@@ -345,28 +353,22 @@ TEST_F(TenantsTest, AFreeStreamSlotGoesToTheTenantServedLeast) {
   auto holder = acme->StartGenerate(GreedyRequest("Now is the winter", 100000));
   v1::GenerateResponse message;
   ASSERT_TRUE(holder->Next(&message));
-  std::atomic<int> finished{0};
-  std::vector<int> acme_order(5, -1);
-  int beta_order = -1;
   std::vector<std::thread> requests;
   for (int i = 0; i < 5; ++i) {
-    requests.emplace_back([&, i] {
-      EXPECT_TRUE(acme->Generate(GreedyRequest("x", 3)).ok());
-      acme_order[i] = finished.fetch_add(1);
-    });
+    requests.emplace_back([&] { EXPECT_TRUE(acme->Generate(GreedyRequest("x", 3)).ok()); });
   }
   WaitForGauge(*server, "fwserve_engine_queued_requests", 5);
-  requests.emplace_back([&] {
-    EXPECT_TRUE(beta->Generate(GreedyRequest("x", 3)).ok());
-    beta_order = finished.fetch_add(1);
-  });
+  requests.emplace_back([&] { EXPECT_TRUE(beta->Generate(GreedyRequest("x", 3)).ok()); });
   WaitForGauge(*server, "fwserve_engine_queued_requests", 6);
   slow_steps = false;
   holder->Cancel();
   (void)holder->Finish();
   for (auto& request : requests) request.join();
-  EXPECT_EQ(beta_order, 0) << "beta's stream waited behind acme's queued streams";
-  for (int order : acme_order) EXPECT_GE(order, 1);
+  absl::MutexLock lock(&admitted_mu);
+  ASSERT_EQ(admitted.size(), 7u);
+  EXPECT_EQ(admitted[0], "acme");  // the holder
+  EXPECT_EQ(admitted[1], "beta") << "beta's stream waited behind acme's queued streams";
+  for (size_t i = 2; i < admitted.size(); ++i) EXPECT_EQ(admitted[i], "acme") << i;
 }
 
 TEST_F(TenantsTest, TokensPerSecondQuotaRefusesUntilTheBucketRefills) {

@@ -34,6 +34,12 @@ ALLOWED = {
 TORCH_FREE = {"server/base", "server/api", "server/metrics", "server/sessions/store",
               "server/sessions", "server/tenancy", "server/transport/grpc",
               "server/transport/http", "server"}
+# Files inside a LibTorch folder that stay torch-free (the scheduler's library,
+# fwserve_scheduler, and what it is unit-tested with): no LibTorch, and of server/engine
+# only one another.
+TORCH_FREE_FILES = {"server/engine/scheduler.h", "server/engine/scheduler.cc",
+                    "server/engine/stream_task.h", "server/engine/stream_task.cc",
+                    "server/engine/admission_queue.h"}
 TORCH_INCLUDE = re.compile(r'#include\s*[<"](torch/|ATen/|c10/)')
 SERVER_INCLUDE = re.compile(r'#include\s*"(server/[^"]+)"')
 
@@ -65,6 +71,15 @@ def main():
                                     f"{target})")
             if folder in TORCH_FREE and TORCH_INCLUDE.search(text):
                 problems.append(f"{path}: includes LibTorch, but {folder} must stay torch-free")
+            if path in TORCH_FREE_FILES:
+                if TORCH_INCLUDE.search(text):
+                    problems.append(f"{path}: includes LibTorch, but it must stay torch-free")
+                for included in SERVER_INCLUDE.findall(text):
+                    if folder_of(included) == folder and included not in TORCH_FREE_FILES:
+                        problems.append(f"{path}: includes {included}, which is not torch-free")
+    for path in sorted(TORCH_FREE_FILES):
+        if not os.path.exists(os.path.join(root, path)):
+            problems.append(f"{path}: listed as torch-free but missing")
     for folder in ALLOWED:
         cmake = os.path.join(root, folder, "CMakeLists.txt")
         if folder != "server" and (not os.path.exists(cmake) or

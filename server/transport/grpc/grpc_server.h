@@ -16,29 +16,13 @@
 #include "absl/time/time.h"
 #include "server/core/core.h"
 #include "server/metrics/metrics.h"
+#include "server/tenancy/authenticator.h"
 
 namespace grpc {
 class Server;
 }  // namespace grpc
 
 namespace fwserve {
-
-// What a call presents to prove who it comes from.
-struct CallCredentials {
-  // The client's call metadata (lowercase keys), e.g. "authorization".
-  std::multimap<std::string, std::string> metadata;
-  // The subject common name of the client certificate that mutual TLS verified; empty
-  // without one.
-  std::string certificate_common_name;
-};
-
-// Decides who a call comes from. Thread-safe; must not block.
-class Authenticator {
- public:
-  virtual ~Authenticator() = default;
-  // The caller's tenant, or UNAUTHENTICATED to refuse the call.
-  virtual absl::StatusOr<std::string> Authenticate(const CallCredentials& credentials) = 0;
-};
 
 struct GrpcServerOptions {
   // HOST:PORT to listen on; port 0 picks a free port (see GrpcServer::port()).

@@ -1029,17 +1029,14 @@ void HttpServer::Impl::Handle(const std::shared_ptr<Connection>& conn) {
     conn->ReplyError(absl::UnavailableError("the server is shutting down"));
     return;
   }
-  if (options_.tenants != nullptr) {
-    const auto auth_header = req[http::field::authorization];
-    const absl::StatusOr<std::string> key =
-        BearerKey(absl::string_view(auth_header.data(), auth_header.size()));
-    const absl::StatusOr<std::string> tenant =
-        key.ok() ? options_.tenants->TenantOfKey(*key) : key.status();
-    if (!tenant.ok()) {
-      metrics_->CountRefused("unauthenticated");
-      conn->ReplyError(tenant.status());
-      return;
+  if (options_.authenticator != nullptr) {
+    CallCredentials credentials;
+    if (auto header = req.find(http::field::authorization); header != req.end()) {
+      credentials.metadata.emplace("authorization",
+                                   std::string(header->value().data(), header->value().size()));
     }
+    const absl::StatusOr<std::string> tenant = options_.authenticator->Authenticate(credentials);
+    if (!tenant.ok()) return conn->ReplyError(tenant.status());
     conn->set_caller(Caller{*tenant});
   }
   const bool get = method == http::verb::get, post = method == http::verb::post,

@@ -20,7 +20,7 @@
 #include "absl/time/time.h"
 #include "server/core/core.h"
 #include "server/metrics/metrics.h"
-#include "server/tenancy/tenants.h"
+#include "server/tenancy/authenticator.h"
 
 namespace fwserve {
 
@@ -43,8 +43,9 @@ struct HttpServerOptions {
   // OpenAI).
   int32_t default_max_tokens = 256;
   // Not owned; null = an open server (every caller is the anonymous tenant ""). Else
-  // every API call must send "Authorization: Bearer <key>"; the probes stay open.
-  const Tenants* tenants = nullptr;
+  // every API call is authenticated by it (the same one as gRPC's: the
+  // "Authorization: Bearer <key>" header); the probes stay open.
+  Authenticator* authenticator = nullptr;
   // Not owned; may be null.
   Metrics* metrics = nullptr;
 };

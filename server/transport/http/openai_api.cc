@@ -288,16 +288,6 @@ std::map<std::string, std::string> ParseQuery(absl::string_view query) {
   return params;
 }
 
-absl::StatusOr<std::string> BearerKey(absl::string_view authorization) {
-  if (authorization.empty()) {
-    return absl::UnauthenticatedError("no API key: send the header 'Authorization: Bearer <key>'");
-  }
-  if (authorization.size() > 7 && absl::EqualsIgnoreCase(authorization.substr(0, 7), "bearer ")) {
-    return std::string(absl::StripAsciiWhitespace(authorization.substr(7)));
-  }
-  return absl::UnauthenticatedError("the Authorization header must be 'Bearer <key>'");
-}
-
 std::string RouteLabel(absl::string_view method, const RequestTarget& target) {
   const std::vector<std::string>& parts = target.parts;
   const size_t n = parts.size();

@@ -61,12 +61,6 @@ RequestTarget SplitTarget(absl::string_view target);
 // decoded (a '%' without two hex digits stays); a repeated key keeps its last value.
 std::map<std::string, std::string> ParseQuery(absl::string_view query);
 
-// The key of an "Authorization: Bearer <key>" header value: the scheme is
-// case-insensitive, ASCII whitespace around the key is dropped (the key may be empty,
-// which no tenant has). UNAUTHENTICATED for an empty header, another scheme or a bare
-// "Bearer ".
-absl::StatusOr<std::string> BearerKey(absl::string_view authorization);
-
 // The metrics label of a request: "`method` <route>", the route being the template of
 // the documented route the path names, ids as {id} or {model} (e.g. "GET
 // /fwserve/v1/sessions/{id}/export"), "(other)" for any other path. Whether the method
