@@ -395,7 +395,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // "100 Continue" before it sends the body.
   void OnHeader(beast::error_code ec) {
     if (ec || parser_->is_done()) return OnRead(ec);
-    if (!beast::iequals(parser_->get()[http::field::expect], "100-continue")) return ReadBody();
+    // Never to an HTTP/1.0 client (RFC 9110, 10.1.1).
+    if (parser_->get().version() < 11 ||
+        !beast::iequals(parser_->get()[http::field::expect], "100-continue")) {
+      return ReadBody();
+    }
     static const std::string kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
     net::async_write(socket_, net::buffer(kContinue),
                      [self = shared_from_this()](beast::error_code ec, size_t) {
@@ -1334,11 +1338,11 @@ void HttpServer::Impl::CreateConversation(const std::shared_ptr<Connection>& con
   conn->set_model(model->name);
   std::string prefix;
   // Items as in a response's input; a new conversation has nothing to reference.
-  static const ItemTexts kNoReferences;
+  const ItemTexts no_references;
   if (items != nullptr && !(items->is_array() && items->empty())) {
     absl::StatusOr<std::string> rendered =
         RenderChat(*items, ChatTemplateOf(model->config_json), "items", false,
-                   MessageList::kResponses, &kNoReferences);
+                   MessageList::kResponses, &no_references);
     if (!rendered.ok()) return conn->ReplyError(rendered.status());
     prefix = std::move(*rendered);
   }
