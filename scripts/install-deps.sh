@@ -54,20 +54,31 @@ fi
 SUDO=""
 if [[ "$(id -u)" -ne 0 ]]; then SUDO="sudo"; fi
 
-# The official openai npm client of tests/openai_client, at the version its committed
-# package-lock.json pins (npm ci; nothing is fetched when that version is installed).
-# Debian's nodejs; npm from Debian's npm package unless the nodejs build ships one.
+# The npm clients of tests/openai_client (the official openai package, the Vercel AI SDK,
+# LangChain JS), at the versions its committed package-lock.json pins (npm ci; nothing is
+# fetched when every package the lockfile lists is installed at its version). Debian's
+# nodejs; npm from Debian's npm package unless the nodejs build ships one.
 install_openai_client() {
   [[ "${1:-}" == "--build" ]] && return 0
   if ! command -v npm >/dev/null; then
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends npm
   fi
-  local dir want have
+  local dir stale
   dir="$(cd "$(dirname "$0")/../tests/openai_client" && pwd)"
-  want=$(node -p "require('$dir/package-lock.json').packages['node_modules/openai'].version")
-  have=$(node -p "try { require('$dir/node_modules/openai/package.json').version } catch (e) { '' }")
-  if [[ "$want" != "$have" ]]; then
-    echo "install-deps: npm ci in tests/openai_client (openai $want)"
+  # The lockfile's packages that are missing or at another version.
+  stale=$(node -e "
+    const fs = require('fs');
+    const lock = require('$dir/package-lock.json');
+    const out = [];
+    for (const [path, entry] of Object.entries(lock.packages)) {
+      if (!path) continue;
+      let have = '';
+      try { have = JSON.parse(fs.readFileSync('$dir/' + path + '/package.json')).version; } catch (e) {}
+      if (have !== entry.version) out.push(path.replace(/^.*node_modules\//, '') + '@' + entry.version);
+    }
+    console.log(out.join(' '));")
+  if [[ -n "$stale" ]]; then
+    echo "install-deps: npm ci in tests/openai_client (${stale:0:200})"
     (cd "$dir" && npm ci --no-audit --no-fund)
   fi
 }

@@ -136,11 +136,13 @@ const std::set<std::string>& Fields(fwserve::OpenAiEndpoint endpoint) {
   static const std::set<std::string> kChat =
       with({"stream_options", "max_tokens", "max_completion_tokens", "stop", "session_id",
             "metadata", "messages", "logprobs", "top_logprobs", "store", "response_format", "tools",
-            "tool_choice", "parallel_tool_calls"});
+            "tool_choice", "parallel_tool_calls", "service_tier", "modalities", "prompt_cache_key",
+            "safety_identifier"});
   static const std::set<std::string> kResponses =
       with({"max_output_tokens", "metadata", "store", "tools", "tool_choice", "parallel_tool_calls",
             "input", "instructions", "previous_response_id", "conversation", "text", "truncation",
-            "background", "include", "reasoning"});
+            "background", "include", "reasoning", "stream_options", "service_tier",
+            "prompt_cache_key", "safety_identifier"});
   switch (endpoint) {
     case fwserve::OpenAiEndpoint::kCompletions:
       return kCompletions;
@@ -198,8 +200,10 @@ void CheckGenerate(const json& body, fwserve::OpenAiEndpoint endpoint,
         fwserve::RenderChat(*Member(body, "messages"), chat_template, "messages");
     Check(rendered.ok() && *rendered == p.prompt);
     Check(absl::EndsWith(p.prompt, chat_template.generation_prompt));
-    const json* store = Member(body, "store");
-    Check(store == nullptr || *store == false);
+    // max_completion_tokens wins over max_tokens.
+    if (const json* max = Member(body, "max_completion_tokens"); max != nullptr) {
+      Check(p.max_tokens == max->get<int64_t>());
+    }
   }
   if (responses) {
     Check(Member(body, "input") != nullptr);

@@ -153,6 +153,40 @@ SEEDS = {
     "bad_chunk": b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
     b"zz\r\n{}\r\n0\r\n\r\n",
     "garbage": b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03 not http at all\r\n\r\n",
+    # Issue 40: what the SDKs send.
+    "chat_pushed_back": request("POST", "/v1/chat/completions",
+                                {"messages": MESSAGES + [
+                                    {"role": "assistant", "content": None, "refusal": "No.",
+                                     "annotations": [], "audio": None, "tool_calls": [],
+                                     "function_call": None},
+                                    {"role": "user", "name": "Romeo", "content": "Why?"},
+                                    {"role": "robot", "content": "x"}],
+                                 "max_completion_tokens": 4, "max_tokens": 9}, AUTH),
+    "responses_items": request("POST", "/v1/responses",
+                               {"input": [{"role": "user", "content": "Hi"},
+                                          {"type": "message", "id": "msg_abc",
+                                           "status": "completed", "role": "assistant",
+                                           "content": [{"type": "output_text", "text": "Yo",
+                                                        "annotations": [], "logprobs": []}]},
+                                          {"type": "item_reference", "id": "msg_abc"},
+                                          {"id": "msg_def"},
+                                          {"role": "developer", "content": [
+                                              {"type": "input_text", "text": "more"}]}]},
+                               AUTH),
+    "field_policy": request("POST", "/v1/chat/completions",
+                            {"messages": MESSAGES, "service_tier": "auto",
+                             "modalities": ["text"], "store": True, "stream": True,
+                             "stream_options": {"include_obfuscation": False},
+                             "user": "u", "metadata": {"k": "v"}, "prompt_cache_key": "p",
+                             "safety_identifier": "s", "parallel_tool_calls": False}, AUTH),
+    "expect_continue_head_405": request("POST", "/v1/completions", '{"prompt": "x"}',
+                                        ("Expect: 100-continue",) + AUTH)
+                                + request("HEAD", "/v1/models", None, AUTH)
+                                + request("PUT", "/v1/chat/completions", "{}", AUTH),
+    "cors_preflight": request("OPTIONS", "/v1/responses", None,
+                              ("Origin: http://app.example",
+                               "Access-Control-Request-Method: POST",
+                               "Access-Control-Request-Headers: authorization,x-stainless-os")),
 }
 
 

@@ -77,6 +77,22 @@ try {
     temperature: 0,
   });
   assert.equal(unary.choices[0].message.content, text);
+  // Usage by OpenAI's rule: total = prompt + completion.
+  assert.equal(unary.usage.total_tokens, unary.usage.prompt_tokens + unary.usage.completion_tokens);
+
+  // The documented multi-turn pattern: the reply pushed back as it came.
+  const messages = [{ role: "user", content: "Good morrow" }];
+  messages.push(unary.choices[0].message);
+  messages.push({ role: "user", content: "And then?" });
+  const pushed = await client.chat.completions.create({
+    model: "aft-shakespeare", messages, max_completion_tokens: 8, temperature: 0,
+  });
+  const plain = await client.chat.completions.create({
+    model: "aft-shakespeare", max_tokens: 8, temperature: 0,
+    messages: [{ role: "user", content: "Good morrow" }, { role: "assistant", content: text },
+               { role: "user", content: "And then?" }],
+  });
+  assert.equal(pushed.choices[0].message.content, plain.choices[0].message.content);
 
   // A response continued by previous_response_id: the state is reused.
   const first = await client.responses.create({
@@ -90,6 +106,22 @@ try {
   });
   assert.equal(second.previous_response_id, first.id);
   assert.equal(second.usage.input_tokens_details.cached_tokens, first.usage.total_tokens);
+  // Cached tokens are part of the input; total = input + output.
+  assert.ok(second.usage.input_tokens > second.usage.input_tokens_details.cached_tokens);
+  assert.equal(second.usage.total_tokens, second.usage.input_tokens + second.usage.output_tokens);
+
+  // Our own output sent back as input (the Responses API's stateless pattern).
+  const replayed = await client.responses.create({
+    model: "aft-shakespeare", max_output_tokens: 8, temperature: 0,
+    input: [{ role: "user", content: "Good morrow" }, ...first.output,
+            { role: "user", content: "And then?" }],
+  });
+  const reference = await client.responses.create({
+    model: "aft-shakespeare", max_output_tokens: 8, temperature: 0,
+    input: [{ role: "user", content: "Good morrow" }, { role: "assistant", content: first.output_text },
+            { role: "user", content: "And then?" }],
+  });
+  assert.equal(replayed.output_text, reference.output_text);
 
   // Streamed responses events through the SDK.
   const events = [];

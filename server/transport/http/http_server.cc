@@ -1,5 +1,6 @@
 #include "server/transport/http/http_server.h"
 
+#include <algorithm>
 #include <atomic>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/post.hpp>
@@ -16,12 +17,14 @@
 #include <thread>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "server/base/log.h"
 #include "server/base/retry_delay.h"
+#include "server/base/session_id.h"
 #include "server/transport/http/openai_api.h"
 #include "server/transport/http/playground.h"
 
@@ -36,6 +39,22 @@ using json = nlohmann::json;
 
 constexpr char kResponsePrefix[] = "resp_";
 constexpr char kConversationPrefix[] = "conv_";
+// CORS: the request headers allowed when a preflight names none, and the answer's
+// headers a page may read (the retry hints of a 429/503 and the export's metadata).
+constexpr char kCorsAllowHeaders[] = "Authorization, Content-Type";
+constexpr char kCorsExposeHeaders[] =
+    "Retry-After, retry-after-ms, X-Fwserve-Model, X-Fwserve-Tokens";
+
+// Whether `value` is a comma-separated list of header names (RFC 9110 tokens), at most
+// 2 KiB: what a preflight's Access-Control-Request-Headers may be echoed as.
+bool IsHeaderList(absl::string_view value) {
+  if (value.empty() || value.size() > 2048) return false;
+  return std::all_of(value.begin(), value.end(), [](char c) {
+    return absl::ascii_isalnum(c) ||
+           absl::string_view("!#$%&'*+-.^_`|~, ").find(c) != absl::string_view::npos;
+  });
+}
+
 // Bytes a connection may read ahead (pipelined requests) while a request is served.
 constexpr size_t kMaxReadAhead = 64 << 10;
 // After a 413, the rest of the body is read and dropped (so that the client sees the
@@ -92,6 +111,16 @@ std::string TokenText(int64_t id) {
   return id >= 0 && id < 256 ? std::string(1, static_cast<char>(id)) : std::string();
 }
 
+// A model lookup's error as OpenAI words it: an unknown model is 404 "model_not_found".
+absl::Status ModelError(const absl::Status& error, absl::string_view name) {
+  if (error.code() != absl::StatusCode::kNotFound) return error;
+  return WithErrorCode(
+      WithParam(absl::NotFoundError(
+                    absl::StrCat("the model '", Capped(name), "' does not exist (GET /v1/models)")),
+                "model"),
+      "model_not_found");
+}
+
 // The one message of the response on `session_id`: its id is derived from the session,
 // like the response's, so that GET /v1/responses/{id} names it as the POST did.
 std::string ResponseMessageId(const std::string& session_id) { return "msg_" + session_id; }
@@ -99,15 +128,17 @@ std::string ResponseMessageId(const std::string& session_id) { return "msg_" + s
 // The OpenAI response object of the response on `session_id` ("resp_<session>"), built
 // the same way by POST /v1/responses (`request`: what it asked for) and by GET
 // /v1/responses/{id} (`request` null: the request's parameters are not kept, and are
-// null). A "completed" or "incomplete" response has one assistant message with `text`.
-json ResponseJson(const std::string& session_id, int64_t created_at, const char* status,
+// null). A "completed" or "incomplete" response has one assistant message with `text`,
+// whose status is the response's. Fields that do not change the output are echoed as
+// the request sent them (docs/http.md, "Field policy").
+json ResponseJson(const std::string& session_id, int64_t created_at, const std::string& status,
                   const std::string& model, const std::string& text, const json& usage,
                   const OpenAiGenerateRequest* request) {
   json output = json::array();
-  if (std::string(status) == "completed" || std::string(status) == "incomplete") {
+  if (status == "completed" || status == "incomplete") {
     output.push_back({{"type", "message"},
                       {"id", ResponseMessageId(session_id)},
-                      {"status", "completed"},
+                      {"status", status},
                       {"role", "assistant"},
                       {"content", json::array({{{"type", "output_text"},
                                                 {"text", text},
@@ -127,20 +158,30 @@ json ResponseJson(const std::string& session_id, int64_t created_at, const char*
       {"max_output_tokens", request != nullptr ? json(request->params.max_tokens) : json(nullptr)},
       {"model", model},
       {"output", output},
-      {"parallel_tool_calls", false},
+      {"parallel_tool_calls", request != nullptr && request->parallel_tool_calls.is_boolean()
+                                  ? request->parallel_tool_calls
+                                  : json(false)},
       {"previous_response_id", request == nullptr || request->previous_response_id.empty()
                                    ? json(nullptr)
                                    : json(request->previous_response_id)},
       {"store", request == nullptr || request->store},
       {"temperature",
-       request != nullptr ? json(request->params.sampling.temperature) : json(nullptr)},
-      {"top_p", request != nullptr ? json(request->params.sampling.top_p) : json(nullptr)},
+       request != nullptr ? json(EchoFloat(request->params.sampling.temperature)) : json(nullptr)},
+      {"top_p",
+       request != nullptr ? json(EchoFloat(request->params.sampling.top_p)) : json(nullptr)},
+      {"service_tier", request != nullptr && !request->service_tier.is_null()
+                           ? request->service_tier
+                           : json("default")},
+      {"user", request != nullptr ? request->user : json(nullptr)},
+      {"prompt_cache_key", request != nullptr ? request->prompt_cache_key : json(nullptr)},
+      {"safety_identifier", request != nullptr ? request->safety_identifier : json(nullptr)},
       {"text", {{"format", {{"type", "text"}}}}},
       {"tool_choice", "none"},
       {"tools", json::array()},
       {"truncation", "disabled"},
       {"usage", usage},
-      {"metadata", json::object()}};
+      {"metadata",
+       request != nullptr && request->metadata.is_object() ? request->metadata : json::object()}};
   if (request != nullptr && !request->conversation.empty()) {
     r["conversation"] = {{"id", kConversationPrefix + session_id}};
   }
@@ -207,6 +248,15 @@ class HttpServer::Impl {
   // Route handlers; each answers through conn->Reply... exactly once.
   void Models(const std::shared_ptr<Connection>& conn);
   void Generate(const std::shared_ptr<Connection>& conn, OpenAiEndpoint endpoint);
+  // Responses: resolves the input's item_references from the `index`th on (the texts
+  // found so far in `texts`), one session read at a time, then StartResponse.
+  void ResolveItemReferences(const std::shared_ptr<Connection>& conn, OpenAiGenerateRequest request,
+                             const ChatTemplate& chat_template, const std::string& model,
+                             size_t index, std::shared_ptr<ItemTexts> texts);
+  // Responses: picks the session (a fork of previous_response_id, the conversation's,
+  // or a new one) and generates on it.
+  void StartResponse(const std::shared_ptr<Connection>& conn, OpenAiGenerateRequest request,
+                     const std::string& model_name);
   void GetResponse(const std::shared_ptr<Connection>& conn, const std::string& id, bool remove);
   void CreateConversation(const std::shared_ptr<Connection>& conn);
   void Conversation(const std::shared_ptr<Connection>& conn, const std::string& id, bool remove);
@@ -242,6 +292,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // --- the request being served (strand) ---
   const http::request<http::string_body>& request() const { return request_; }
   const Caller& caller() const { return caller_; }
+  // The request's method, HEAD read as GET (set_head_only).
+  http::verb method() const { return head_only_ ? http::verb::get : request_.method(); }
+  // The answer goes without its body (HEAD).
+  void set_head_only() { head_only_ = true; }
   void set_caller(Caller caller) { caller_ = std::move(caller); }
   void set_route(std::string route) { route_ = std::move(route); }
   void set_model(const std::string& model) { model_ = Capped(model); }
@@ -271,6 +325,16 @@ class Connection : public std::enable_shared_from_this<Connection> {
     }
     Post([status, body = Dump(ErrorJson(error, status)), error, headers](Connection& c) {
       c.WriteReply(status, body, "application/json", headers, error.code(), error.message());
+    });
+  }
+  // 405 for a method `route` does not serve, with the Allow header (`allow`).
+  void ReplyMethodNotAllowed(const std::string& method, const std::string& route,
+                             std::string allow) {
+    const absl::Status error = absl::UnimplementedError(
+        absl::StrCat("method ", method, " is not allowed on ", route, " (allowed: ", allow, ")"));
+    Post([error, allow = std::move(allow)](Connection& c) {
+      c.WriteReply(405, Dump(ErrorJson(error, 405)), "application/json", {{"Allow", allow}},
+                   error.code(), error.message());
     });
   }
   void ReplyBinary(std::string body, std::vector<std::pair<std::string, std::string>> headers) {
@@ -322,6 +386,28 @@ class Connection : public std::enable_shared_from_this<Connection> {
     parser_->body_limit(static_cast<uint64_t>(server_->options_.max_body_bytes));
     parser_->header_limit(static_cast<uint32_t>(server_->options_.max_header_bytes));
     ArmTimer();
+    http::async_read_header(
+        socket_, buffer_, *parser_,
+        [self = shared_from_this()](beast::error_code ec, size_t) { self->OnHeader(ec); });
+  }
+
+  // The header is read: a client that sent `Expect: 100-continue` waits for our
+  // "100 Continue" before it sends the body.
+  void OnHeader(beast::error_code ec) {
+    if (ec || parser_->is_done()) return OnRead(ec);
+    // Never to an HTTP/1.0 client (RFC 9110, 10.1.1).
+    if (parser_->get().version() < 11 ||
+        !beast::iequals(parser_->get()[http::field::expect], "100-continue")) {
+      return ReadBody();
+    }
+    static const std::string kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
+    net::async_write(socket_, net::buffer(kContinue),
+                     [self = shared_from_this()](beast::error_code ec, size_t) {
+                       if (ec) return self->CloseSocket();
+                       self->ReadBody();
+                     });
+  }
+  void ReadBody() {
     http::async_read(
         socket_, buffer_, *parser_,
         [self = shared_from_this()](beast::error_code ec, size_t) { self->OnRead(ec); });
@@ -363,6 +449,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
     request_ = parser_->release();
     keep_alive_ = request_.keep_alive() && !server_->shutting_down_.load();
     origin_ = std::string(request_[http::field::origin]);
+    cors_request_headers_ = request_.method() == http::verb::options
+                                ? std::string(request_[http::field::access_control_request_headers])
+                                : std::string();
+    head_only_ = false;
     start_ = absl::Now();
     route_ = "other";
     model_.clear();
@@ -429,8 +519,13 @@ class Connection : public std::enable_shared_from_this<Connection> {
     if (!any && !listed) return out;
     out.emplace_back("Access-Control-Allow-Origin", any ? "*" : origin_);
     if (!any) out.emplace_back("Vary", "Origin");
-    out.emplace_back("Access-Control-Allow-Methods", "GET, POST, DELETE, OPTIONS");
-    out.emplace_back("Access-Control-Allow-Headers", "Authorization, Content-Type");
+    out.emplace_back("Access-Control-Allow-Methods", "GET, HEAD, POST, DELETE, OPTIONS");
+    // A preflight is allowed the headers it asks for (the SDKs send their own, e.g.
+    // x-stainless-*): the API key, not a header list, is what guards the API.
+    out.emplace_back("Access-Control-Allow-Headers", IsHeaderList(cors_request_headers_)
+                                                         ? cors_request_headers_
+                                                         : std::string(kCorsAllowHeaders));
+    out.emplace_back("Access-Control-Expose-Headers", kCorsExposeHeaders);
     out.emplace_back("Access-Control-Max-Age", "600");
     return out;
   }
@@ -456,6 +551,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     res->body() = std::move(body);
     res->keep_alive(keep_alive_ && !server_->shutting_down_.load());
     res->prepare_payload();
+    if (head_only_) res->body().clear();  // Content-Length stays the GET's
     Finished(status, code, error);
     ArmTimer();
     http::async_write(socket_, *res,
@@ -574,6 +670,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::optional<http::request_parser<http::string_body>> parser_;
   http::request<http::string_body> request_;
   std::string origin_;
+  // Access-Control-Request-Headers of a preflight (empty otherwise).
+  std::string cors_request_headers_;
+  bool head_only_ = false;
   bool keep_alive_ = false;
   bool replied_ = false;
   bool closed_ = false;
@@ -611,10 +710,8 @@ class GenerateJob : public GenerateObserver, public std::enable_shared_from_this
         request_(std::move(request)),
         model_(std::move(model_name)),
         filter_(request_.params.stop),
-        created_(NowSeconds()) {
-    static std::atomic<uint64_t> counter{1};
-    id_number_ = counter.fetch_add(1);
-  }
+        created_(NowSeconds()),
+        id_suffix_(NewSessionId()) {}
 
   // For responses: the session generated on; `owned` = made for this request (deleted
   // with store:false).
@@ -684,9 +781,9 @@ class GenerateJob : public GenerateObserver, public std::enable_shared_from_this
   std::string Id() const {
     switch (endpoint_) {
       case OpenAiEndpoint::kCompletions:
-        return absl::StrCat("cmpl-", id_number_);
+        return absl::StrCat("cmpl-", id_suffix_);
       case OpenAiEndpoint::kChat:
-        return absl::StrCat("chatcmpl-", id_number_);
+        return absl::StrCat("chatcmpl-", id_suffix_);
       case OpenAiEndpoint::kResponses:
         break;
     }
@@ -719,7 +816,7 @@ class GenerateJob : public GenerateObserver, public std::enable_shared_from_this
     return json{{"content", content}};
   }
 
-  json ResponseObject(const char* status, const std::string& text, const json& usage) const {
+  json ResponseObject(const std::string& status, const std::string& text, const json& usage) const {
     return ResponseJson(request_.params.session_id, created_, status, model_, text, usage,
                         &request_);
   }
@@ -744,8 +841,14 @@ class GenerateJob : public GenerateObserver, public std::enable_shared_from_this
                   {"created", created_},
                   {"model", model_},
                   {"choices", json::array({choice})}};
+    if (endpoint_ == OpenAiEndpoint::kChat) chunk["service_tier"] = ServiceTier();
     if (request_.include_usage) chunk["usage"] = nullptr;
     return chunk;
+  }
+
+  // Chat's echo of service_tier: the tier asked for ("auto" as "default").
+  json ServiceTier() const {
+    return request_.service_tier.is_null() ? json("default") : request_.service_tier;
   }
 
   // The first events of a stream (before any text).
@@ -812,19 +915,22 @@ class GenerateJob : public GenerateObserver, public std::enable_shared_from_this
     });
   }
 
+  // OpenAI's rule: the input counts the cached tokens (the state the session held
+  // before the request) and the new ones; the total is input plus output.
   json Usage(const GenerateSummary& s) const {
     const int64_t cached =
         std::max<int64_t>(0, s.session_tokens - s.prompt_tokens - s.generated_tokens);
+    const int64_t input = cached + s.prompt_tokens;
     if (endpoint_ == OpenAiEndpoint::kResponses) {
-      return {{"input_tokens", s.prompt_tokens},
+      return {{"input_tokens", input},
               {"input_tokens_details", {{"cached_tokens", cached}}},
               {"output_tokens", s.generated_tokens},
               {"output_tokens_details", {{"reasoning_tokens", 0}}},
-              {"total_tokens", s.prompt_tokens + s.generated_tokens}};
+              {"total_tokens", input + s.generated_tokens}};
     }
-    return {{"prompt_tokens", s.prompt_tokens},
+    return {{"prompt_tokens", input},
             {"completion_tokens", s.generated_tokens},
-            {"total_tokens", s.prompt_tokens + s.generated_tokens},
+            {"total_tokens", input + s.generated_tokens},
             {"prompt_tokens_details", {{"cached_tokens", cached}}}};
   }
 
@@ -860,11 +966,9 @@ class GenerateJob : public GenerateObserver, public std::enable_shared_from_this
     const json usage = Usage(summary);
     json out;
     if (endpoint_ == OpenAiEndpoint::kResponses) {
-      out = ResponseObject("completed", text_, usage);
-      if (summary.reason == FinishReason::kLength && !filter_.stopped()) {
-        out["status"] = "incomplete";
-        out["incomplete_details"] = {{"reason", "max_output_tokens"}};
-      }
+      const bool incomplete = summary.reason == FinishReason::kLength && !filter_.stopped();
+      out = ResponseObject(incomplete ? "incomplete" : "completed", text_, usage);
+      if (incomplete) out["incomplete_details"] = {{"reason", "max_output_tokens"}};
     } else {
       json choice = {{"index", 0}, {"finish_reason", finish_reason}};
       json logprobs = nullptr;
@@ -876,7 +980,10 @@ class GenerateJob : public GenerateObserver, public std::enable_shared_from_this
       }
       choice["logprobs"] = logprobs;
       if (endpoint_ == OpenAiEndpoint::kChat) {
-        choice["message"] = {{"role", "assistant"}, {"content", text_}, {"refusal", nullptr}};
+        choice["message"] = {{"role", "assistant"},
+                             {"content", text_},
+                             {"refusal", nullptr},
+                             {"annotations", json::array()}};
       } else {
         choice["text"] = text_;
       }
@@ -886,6 +993,7 @@ class GenerateJob : public GenerateObserver, public std::enable_shared_from_this
              {"model", model_},
              {"choices", json::array({choice})},
              {"usage", usage}};
+      if (endpoint_ == OpenAiEndpoint::kChat) out["service_tier"] = ServiceTier();
       if (!request_.params.session_id.empty()) out["session_id"] = request_.params.session_id;
     }
     std::string events;
@@ -951,7 +1059,8 @@ class GenerateJob : public GenerateObserver, public std::enable_shared_from_this
   const std::string model_;
   StopFilter filter_;
   const int64_t created_;
-  uint64_t id_number_ = 0;
+  // 128 random bits: completion ids are unique across restarts and replicas.
+  const std::string id_suffix_;
   bool session_owned_ = false;
   // Set before StartGenerate; released by OnFinish: the core holds the job as a raw
   // observer until then.
@@ -983,48 +1092,55 @@ void HttpServer::Impl::Handle(const std::shared_ptr<Connection>& conn) {
       method == http::verb::unknown ? "OTHER" : std::string(http::to_string(method));
   conn->set_route(RouteLabel(method_name, target));
 
-  if (method == http::verb::options) {
+  if (method == http::verb::options) {  // the CORS preflight, on any path
     conn->Post(
         [](Connection& c) { c.WriteReply(204, "", "text/plain", {}, absl::StatusCode::kOk, {}); });
     return;
   }
-  if (path == "/" && method == http::verb::get) {
-    // The playground is static and open: the page asks for an API key itself when the
-    // server has keys, and sends it only to this origin.
-    conn->Post([](Connection& c) {
-      c.WriteReply(200, std::string(PlaygroundHtml()), "text/html; charset=utf-8",
-                   {{"Cache-Control", "no-cache"},
-                    {"X-Content-Type-Options", "nosniff"},
-                    {"Content-Security-Policy",
-                     "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
-                     "connect-src 'self'; img-src 'self' data: blob:; base-uri 'none'; "
-                     "form-action 'none'; frame-ancestors 'none'"}},
-                   absl::StatusCode::kOk, {});
-    });
+  const Route* route = MatchRoute(target);
+  if (route == nullptr) {
+    conn->ReplyError(
+        absl::NotFoundError(absl::StrCat("no route ", method_name, " ", Capped(path))));
     return;
   }
-  if (path == "/health" && method == http::verb::get) {
-    conn->ReplyJson(200, {{"status", "ok"}});
+  if (!RouteAllows(*route, method_name)) {
+    conn->ReplyMethodNotAllowed(method_name, route->label, AllowHeader(*route));
     return;
   }
-  if (path == "/ready" && method == http::verb::get) {
-    if (shutting_down_.load()) {
-      conn->ReplyJson(503, {{"status", "shutting_down"}}, absl::StatusCode::kUnavailable);
-    } else if (absl::Status ready = core_->Readiness(); !ready.ok()) {
-      conn->ReplyJson(503, {{"status", "starting"}, {"reason", std::string(ready.message())}},
-                      ready.code());
-    } else {
-      conn->ReplyJson(200, {{"status", "ready"}, {"models", core_->ListModels().size()}});
-    }
-    return;
+  // HEAD is GET without the body (Connection::WriteReply drops it).
+  if (method == http::verb::head) conn->set_head_only();
+  switch (route->id) {
+    case RouteId::kPlayground:
+      // The playground is static and open: the page asks for an API key itself when
+      // the server has keys, and sends it only to this origin.
+      conn->Post([](Connection& c) {
+        c.WriteReply(200, std::string(PlaygroundHtml()), "text/html; charset=utf-8",
+                     {{"Cache-Control", "no-cache"},
+                      {"X-Content-Type-Options", "nosniff"},
+                      {"Content-Security-Policy",
+                       "default-src 'none'; script-src 'unsafe-inline'; style-src "
+                       "'unsafe-inline'; connect-src 'self'; img-src 'self' data: blob:; "
+                       "base-uri 'none'; form-action 'none'; frame-ancestors 'none'"}},
+                     absl::StatusCode::kOk, {});
+      });
+      return;
+    case RouteId::kHealth:
+      conn->ReplyJson(200, {{"status", "ok"}});
+      return;
+    case RouteId::kReady:
+      if (shutting_down_.load()) {
+        conn->ReplyJson(503, {{"status", "shutting_down"}}, absl::StatusCode::kUnavailable);
+      } else if (absl::Status ready = core_->Readiness(); !ready.ok()) {
+        conn->ReplyJson(503, {{"status", "starting"}, {"reason", std::string(ready.message())}},
+                        ready.code());
+      } else {
+        conn->ReplyJson(200, {{"status", "ready"}, {"models", core_->ListModels().size()}});
+      }
+      return;
+    default:
+      break;
   }
-  const bool api =
-      !parts.empty() &&
-      (parts[0] == "v1" || (parts[0] == "fwserve" && parts.size() > 1 && parts[1] == "v1"));
-  if (!api) {
-    conn->ReplyError(absl::NotFoundError(absl::StrCat("no route ", Capped(path))));
-    return;
-  }
+  // The API: /v1/... and /fwserve/v1/...
   if (shutting_down_.load()) {
     conn->ReplyError(absl::UnavailableError("the server is shutting down"));
     return;
@@ -1039,38 +1155,31 @@ void HttpServer::Impl::Handle(const std::shared_ptr<Connection>& conn) {
     if (!tenant.ok()) return conn->ReplyError(tenant.status());
     conn->set_caller(Caller{*tenant});
   }
-  const bool get = method == http::verb::get, post = method == http::verb::post,
-             del = method == http::verb::delete_;
-  if (parts[0] == "v1") {
-    const std::string& what = parts.size() > 1 ? parts[1] : "";
-    if (parts.size() == 2 && what == "models" && get) return Models(conn);
-    if (parts.size() == 3 && what == "models" && get) {
+  const bool del = method == http::verb::delete_;
+  switch (route->id) {
+    case RouteId::kModels:
+      return Models(conn);
+    case RouteId::kModel: {
       auto d = core_->DescribeModel(parts[2]);
-      if (!d.ok()) return conn->ReplyError(d.status());
+      if (!d.ok()) return conn->ReplyError(ModelError(d.status(), parts[2]));
       return conn->ReplyJson(
           200, {{"id", d->name}, {"object", "model"}, {"created", 0}, {"owned_by", "fwserve"}});
     }
-    if (parts.size() == 2 && what == "completions" && post) {
+    case RouteId::kCompletions:
       return Generate(conn, OpenAiEndpoint::kCompletions);
-    }
-    if (parts.size() == 3 && what == "chat" && parts[2] == "completions" && post) {
+    case RouteId::kChatCompletions:
       return Generate(conn, OpenAiEndpoint::kChat);
-    }
-    if (parts.size() == 2 && what == "responses" && post) {
+    case RouteId::kResponses:
       return Generate(conn, OpenAiEndpoint::kResponses);
-    }
-    if (parts.size() == 3 && what == "responses" && (get || del)) {
+    case RouteId::kResponse:
       return GetResponse(conn, parts[2], del);
-    }
-    if (parts.size() == 2 && what == "conversations" && post) return CreateConversation(conn);
-    if (parts.size() == 3 && what == "conversations" && (get || del)) {
+    case RouteId::kConversations:
+      return CreateConversation(conn);
+    case RouteId::kConversation:
       return Conversation(conn, parts[2], del);
-    }
-  } else if (parts.size() >= 3 && parts[2] == "sessions") {
-    return Sessions(conn, parts, target.query);
+    default:
+      return Sessions(conn, parts, target.query);
   }
-  conn->set_route("(other)");
-  conn->ReplyError(absl::NotFoundError(absl::StrCat("no route ", method_name, " ", Capped(path))));
 }
 
 void HttpServer::Impl::Models(const std::shared_ptr<Connection>& conn) {
@@ -1099,17 +1208,11 @@ void HttpServer::Impl::Generate(const std::shared_ptr<Connection>& conn, OpenAiE
     model_field = m->get<std::string>();
   }
   absl::StatusOr<ModelDescription> model = core_->DescribeModel(model_field);
-  if (!model.ok()) {
-    absl::Status error = model.status();
-    if (error.code() == absl::StatusCode::kNotFound) {
-      error = absl::NotFoundError(
-          absl::StrCat("the model '", Capped(model_field), "' does not exist (GET /v1/models)"));
-    }
-    return conn->ReplyError(error);
-  }
+  if (!model.ok()) return conn->ReplyError(ModelError(model.status(), model_field));
   conn->set_model(model->name);
-  absl::StatusOr<OpenAiGenerateRequest> request = ParseGenerateRequest(
-      *body, endpoint, ChatTemplateOf(model->config_json), options_.default_max_tokens);
+  const ChatTemplate chat_template = ChatTemplateOf(model->config_json);
+  absl::StatusOr<OpenAiGenerateRequest> request =
+      ParseGenerateRequest(*body, endpoint, chat_template, options_.default_max_tokens);
   if (!request.ok()) return conn->ReplyError(request.status());
   if (endpoint != OpenAiEndpoint::kResponses) {
     auto job =
@@ -1117,10 +1220,56 @@ void HttpServer::Impl::Generate(const std::shared_ptr<Connection>& conn, OpenAiE
     job->Start();
     return;
   }
+  if (request->item_references.empty()) {
+    return StartResponse(conn, std::move(*request), model->name);
+  }
+  ResolveItemReferences(conn, std::move(*request), chat_template, model->name, 0,
+                        std::make_shared<ItemTexts>());
+}
+
+void HttpServer::Impl::ResolveItemReferences(const std::shared_ptr<Connection>& conn,
+                                             OpenAiGenerateRequest request,
+                                             const ChatTemplate& chat_template,
+                                             const std::string& model, size_t index,
+                                             std::shared_ptr<ItemTexts> texts) {
+  // An id that names no message is left out of `texts`: the rendering answers 404
+  // naming its item.
+  while (index < request.item_references.size() &&
+         !Unprefixed(request.item_references[index], "msg_").has_value()) {
+    ++index;
+  }
+  if (index == request.item_references.size()) {
+    absl::StatusOr<std::string> prompt =
+        RenderResponsesInput(request.input, request.instructions, chat_template, texts.get());
+    if (!prompt.ok()) return conn->ReplyError(prompt.status());
+    request.params.prompt = std::move(*prompt);
+    return StartResponse(conn, std::move(request), model);
+  }
+  // The message "msg_<session>" is the last output of that session (its response's
+  // text, as GET /v1/responses/{id} returns it).
+  const std::string id = request.item_references[index];
+  core_->GetSessionOutput(conn->caller(), *Unprefixed(id, "msg_"),
+                          [this, conn, request = std::move(request), chat_template, model, index,
+                           texts, id](absl::StatusOr<SessionOutput> r) mutable {
+                            if (!r.ok() && r.status().code() != absl::StatusCode::kNotFound) {
+                              return conn->ReplyError(r.status());
+                            }
+                            if (r.ok()) (*texts)[id] = r->output.text;
+                            conn->Post([this, request = std::move(request), chat_template, model,
+                                        index, texts](Connection& c) mutable {
+                              ResolveItemReferences(c.shared_from_this(), std::move(request),
+                                                    chat_template, model, index + 1, texts);
+                            });
+                          });
+}
+
+void HttpServer::Impl::StartResponse(const std::shared_ptr<Connection>& conn,
+                                     OpenAiGenerateRequest request, const std::string& model_name) {
   // Responses: the session to generate on.
-  const std::string previous = request->previous_response_id;
-  const std::string conversation = request->conversation;
-  auto job = std::make_shared<GenerateJob>(this, conn, endpoint, std::move(*request), model->name);
+  const std::string previous = request.previous_response_id;
+  const std::string conversation = request.conversation;
+  auto job = std::make_shared<GenerateJob>(this, conn, OpenAiEndpoint::kResponses,
+                                           std::move(request), model_name);
   auto start_on = [conn, job](absl::StatusOr<SessionRecord> session, bool owned) {
     if (!session.ok()) return conn->ReplyError(session.status());
     conn->Post([job, id = session->id, owned](Connection&) {
@@ -1145,7 +1294,7 @@ void HttpServer::Impl::Generate(const std::shared_ptr<Connection>& conn, OpenAiE
     start_on(record, false);
   } else {
     core_->CreateSession(
-        conn->caller(), model->name, "",
+        conn->caller(), model_name, "",
         [start_on](absl::StatusOr<SessionRecord> r) { start_on(std::move(r), true); },
         [conn] { return conn->client_gone(); });
   }
@@ -1194,12 +1343,15 @@ void HttpServer::Impl::CreateConversation(const std::shared_ptr<Connection>& con
     }
   }
   absl::StatusOr<ModelDescription> model = core_->DescribeModel(model_name);
-  if (!model.ok()) return conn->ReplyError(model.status());
+  if (!model.ok()) return conn->ReplyError(ModelError(model.status(), model_name));
   conn->set_model(model->name);
   std::string prefix;
+  // Items as in a response's input; a new conversation has nothing to reference.
+  const ItemTexts no_references;
   if (items != nullptr && !(items->is_array() && items->empty())) {
     absl::StatusOr<std::string> rendered =
-        RenderChat(*items, ChatTemplateOf(model->config_json), "items", false);
+        RenderChat(*items, ChatTemplateOf(model->config_json), "items", false,
+                   MessageList::kResponses, &no_references);
     if (!rendered.ok()) return conn->ReplyError(rendered.status());
     prefix = std::move(*rendered);
   }
@@ -1230,7 +1382,7 @@ void HttpServer::Impl::Conversation(const std::shared_ptr<Connection>& conn, con
 
 void HttpServer::Impl::Sessions(const std::shared_ptr<Connection>& conn,
                                 const std::vector<std::string>& parts, const std::string& query) {
-  const http::verb method = conn->request().method();
+  const http::verb method = conn->method();
   std::map<std::string, std::string> params = ParseQuery(query);
   auto session_reply = [conn](absl::StatusOr<SessionRecord> r) {
     if (!r.ok()) return conn->ReplyError(r.status());

@@ -2,8 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <limits>
 #include <optional>
+#include <set>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/cord.h"
@@ -19,6 +22,7 @@ namespace {
 using json = nlohmann::json;
 
 constexpr char kParamPayload[] = "type.fwserve/http.param";
+constexpr char kCodePayload[] = "type.fwserve/http.code";
 
 // Client-supplied text echoed in an error: at most this many bytes.
 constexpr size_t kQuotedBytes = 64;
@@ -178,9 +182,19 @@ absl::Status FieldError(absl::string_view field, absl::string_view message) {
   return status;
 }
 
+absl::Status WithParam(absl::Status status, absl::string_view field) {
+  status.SetPayload(kParamPayload, absl::Cord(field));
+  return status;
+}
+
 std::string ParamOf(const absl::Status& status) {
   auto param = status.GetPayload(kParamPayload);
   return param.has_value() ? std::string(*param) : std::string();
+}
+
+absl::Status WithErrorCode(absl::Status status, absl::string_view code) {
+  status.SetPayload(kCodePayload, absl::Cord(code));
+  return status;
 }
 
 int HttpStatusOf(const absl::Status& status) {
@@ -247,6 +261,7 @@ json ErrorJson(const absl::Status& status, int http_status) {
       if (http_status >= 500) type = "server_error";
       break;
   }
+  if (auto given = status.GetPayload(kCodePayload); given.has_value()) code = std::string(*given);
   const std::string param = ParamOf(status);
   json error = {{"message", std::string(status.message())},
                 {"type", type},
@@ -288,32 +303,90 @@ std::map<std::string, std::string> ParseQuery(absl::string_view query) {
   return params;
 }
 
-std::string RouteLabel(absl::string_view method, const RequestTarget& target) {
+namespace {
+
+// A route's path as segments; "{id}" and "{model}" match any one segment.
+struct RoutePattern {
+  std::vector<absl::string_view> segments;
+  Route route;
+};
+
+const std::vector<RoutePattern>& RouteTable() {
+  // Literal segments before placeholders: ".../sessions/import" precedes
+  // ".../sessions/{id}".
+  static const auto* table = new std::vector<RoutePattern>{
+      {{}, {RouteId::kPlayground, "/", {"GET"}}},
+      {{"health"}, {RouteId::kHealth, "/health", {"GET"}}},
+      {{"ready"}, {RouteId::kReady, "/ready", {"GET"}}},
+      {{"v1", "models"}, {RouteId::kModels, "/v1/models", {"GET"}}},
+      {{"v1", "models", "{model}"}, {RouteId::kModel, "/v1/models/{model}", {"GET"}}},
+      {{"v1", "completions"}, {RouteId::kCompletions, "/v1/completions", {"POST"}}},
+      {{"v1", "chat", "completions"},
+       {RouteId::kChatCompletions, "/v1/chat/completions", {"POST"}}},
+      {{"v1", "responses"}, {RouteId::kResponses, "/v1/responses", {"POST"}}},
+      {{"v1", "responses", "{id}"}, {RouteId::kResponse, "/v1/responses/{id}", {"GET", "DELETE"}}},
+      {{"v1", "conversations"}, {RouteId::kConversations, "/v1/conversations", {"POST"}}},
+      {{"v1", "conversations", "{id}"},
+       {RouteId::kConversation, "/v1/conversations/{id}", {"GET", "DELETE"}}},
+      {{"fwserve", "v1", "sessions"},
+       {RouteId::kSessions, "/fwserve/v1/sessions", {"GET", "POST"}}},
+      {{"fwserve", "v1", "sessions", "import"},
+       {RouteId::kSessionImport, "/fwserve/v1/sessions/import", {"POST"}}},
+      {{"fwserve", "v1", "sessions", "{id}"},
+       {RouteId::kSession, "/fwserve/v1/sessions/{id}", {"GET", "DELETE"}}},
+      {{"fwserve", "v1", "sessions", "{id}", "fork"},
+       {RouteId::kSessionFork, "/fwserve/v1/sessions/{id}/fork", {"POST"}}},
+      {{"fwserve", "v1", "sessions", "{id}", "export"},
+       {RouteId::kSessionExport, "/fwserve/v1/sessions/{id}/export", {"GET"}}},
+  };
+  return *table;
+}
+
+}  // namespace
+
+const Route* MatchRoute(const RequestTarget& target) {
   const std::vector<std::string>& parts = target.parts;
-  const size_t n = parts.size();
-  const char* route = "(other)";
-  if (target.path == "/health" || target.path == "/ready") {
-    route = target.path == "/health" ? "/health" : "/ready";
-  } else if (target.path == "/") {
-    route = "/";  // the web playground
-  } else if (n >= 2 && parts[0] == "v1") {
-    const std::string& what = parts[1];
-    if (n == 2 && what == "models") route = "/v1/models";
-    if (n == 3 && what == "models") route = "/v1/models/{model}";
-    if (n == 2 && what == "completions") route = "/v1/completions";
-    if (n == 3 && what == "chat" && parts[2] == "completions") route = "/v1/chat/completions";
-    if (n == 2 && what == "responses") route = "/v1/responses";
-    if (n == 3 && what == "responses") route = "/v1/responses/{id}";
-    if (n == 2 && what == "conversations") route = "/v1/conversations";
-    if (n == 3 && what == "conversations") route = "/v1/conversations/{id}";
-  } else if (n >= 3 && parts[0] == "fwserve" && parts[1] == "v1" && parts[2] == "sessions") {
-    if (n == 3) route = "/fwserve/v1/sessions";
-    if (n == 4 && parts[3] == "import") route = "/fwserve/v1/sessions/import";
-    if (n == 4 && parts[3] != "import") route = "/fwserve/v1/sessions/{id}";
-    if (n == 5 && parts[4] == "fork") route = "/fwserve/v1/sessions/{id}/fork";
-    if (n == 5 && parts[4] == "export") route = "/fwserve/v1/sessions/{id}/export";
+  for (const RoutePattern& pattern : RouteTable()) {
+    if (pattern.segments.size() != parts.size()) continue;
+    bool match = true;
+    for (size_t i = 0; i < parts.size() && match; ++i) {
+      const absl::string_view segment = pattern.segments[i];
+      match = absl::StartsWith(segment, "{") || segment == parts[i];
+    }
+    if (match) return &pattern.route;
   }
-  return absl::StrCat(method, " ", route);
+  return nullptr;
+}
+
+bool RouteAllows(const Route& route, absl::string_view method) {
+  if (method == "OPTIONS") return true;
+  if (method == "HEAD") method = "GET";
+  return std::find(route.methods.begin(), route.methods.end(), method) != route.methods.end();
+}
+
+std::string AllowHeader(const Route& route) {
+  std::string out;
+  for (const std::string& m : route.methods) {
+    absl::StrAppend(&out, out.empty() ? "" : ", ", m, m == "GET" ? ", HEAD" : "");
+  }
+  absl::StrAppend(&out, ", OPTIONS");
+  return out;
+}
+
+std::string RouteLabel(absl::string_view method, const RequestTarget& target) {
+  const Route* route = MatchRoute(target);
+  return absl::StrCat(method, " ", route != nullptr ? route->label : "(other)");
+}
+
+double EchoFloat(float value) {
+  if (!std::isfinite(value)) return value;
+  char text[32];
+  for (int digits = 1; digits <= 9; ++digits) {
+    std::snprintf(text, sizeof(text), "%.*g", digits, static_cast<double>(value));
+    const double shortest = std::strtod(text, nullptr);
+    if (static_cast<float>(shortest) == value) return shortest;
+  }
+  return value;
 }
 
 ChatTemplate ChatTemplateOf(const std::string& config_json) {
@@ -329,9 +402,87 @@ ChatTemplate ChatTemplateOf(const std::string& config_json) {
   return out;
 }
 
+namespace {
+
+// An item of a Responses input that names an earlier item by id: {"type":
+// "item_reference", "id"} (the type may be left out: an object with an id and no role).
+bool IsItemReference(const json& item) {
+  if (!item.is_object()) return false;
+  auto type = item.find("type");
+  if (type != item.end() && !type->is_null()) return *type == "item_reference";
+  return item.contains("id") && !item.contains("role") && !item.contains("content");
+}
+
+// Checks the keys of chat message `m` (role `role`) beyond role and content, as the
+// chat API returns and accepts them: an assistant message may carry what a reply
+// carries (refusal, annotations, audio: null, an empty tool_calls).
+absl::Status CheckChatMessageKeys(const json& m, const std::string& item, const std::string& role) {
+  const bool assistant = role == "assistant";
+  for (auto it = m.begin(); it != m.end(); ++it) {
+    const std::string& key = it.key();
+    const json& v = it.value();
+    const std::string field = absl::StrCat(item, ".", key);
+    if (key == "role" || key == "content" || key == "name") continue;
+    if (key == "type" && v == "message") continue;  // tolerated, as in Responses items
+    if (assistant && key == "refusal") {
+      if (!v.is_null() && !v.is_string()) return TypeError(field, "a string or null", v);
+    } else if (assistant && key == "annotations") {
+      if (!v.is_null() && !v.is_array()) return TypeError(field, "an array", v);
+    } else if (assistant && (key == "audio" || key == "function_call")) {
+      if (!v.is_null()) return Unsupported(field, v, "no audio or function calls");
+    } else if (assistant && key == "tool_calls") {
+      if (!v.is_null() && !(v.is_array() && v.empty())) return Unsupported(field, v, "no tools");
+    } else {
+      return Unsupported(field, v, "not a key of a chat message");
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Checks the keys of Responses message item `m`: type, role, content, id, status.
+absl::Status CheckResponsesItemKeys(const json& m, const std::string& item) {
+  for (auto it = m.begin(); it != m.end(); ++it) {
+    const std::string& key = it.key();
+    const json& v = it.value();
+    const std::string field = absl::StrCat(item, ".", key);
+    if (key == "role" || key == "content" || key == "type") continue;
+    if (key == "id" || key == "status") {
+      if (!v.is_null() && !v.is_string()) return TypeError(field, "a string", v);
+    } else {
+      return Unsupported(field, v, "message items carry type, id, status, role and content");
+    }
+  }
+  return absl::OkStatus();
+}
+
+// An optional participant name (chat `name`): as OpenAI documents it, 1 to 64 of
+// a-z, A-Z, 0-9, '_' and '-'.
+absl::StatusOr<std::string> ParticipantName(const json& m, const std::string& item) {
+  auto name = m.find("name");
+  if (name == m.end() || name->is_null()) return std::string();
+  const std::string field = item + ".name";
+  if (!name->is_string()) return TypeError(field, "a string", *name);
+  const std::string& text = name->get_ref<const std::string&>();
+  const bool valid =
+      !text.empty() && text.size() <= 64 && std::all_of(text.begin(), text.end(), [](char c) {
+        return absl::ascii_isalnum(c) || c == '_' || c == '-';
+      });
+  if (!valid) {
+    return FieldError(field, absl::StrCat("'", field,
+                                          "' must be 1 to 64 of a-z, A-Z, 0-9, '_' "
+                                          "and '-', got ",
+                                          Quoted(*name)));
+  }
+  return text;
+}
+
+}  // namespace
+
 absl::StatusOr<std::string> RenderChat(const json& messages, const ChatTemplate& chat_template,
-                                       absl::string_view field_name, bool add_generation_prompt) {
+                                       absl::string_view field_name, bool add_generation_prompt,
+                                       MessageList list, const ItemTexts* references) {
   const std::string field(field_name);
+  const bool chat = list == MessageList::kChat;
   if (!messages.is_array()) return TypeError(field, "an array of messages", messages);
   if (messages.empty()) return FieldError(field, absl::StrCat("'", field, "' must not be empty"));
   std::string out;
@@ -339,30 +490,104 @@ absl::StatusOr<std::string> RenderChat(const json& messages, const ChatTemplate&
     const std::string item = absl::StrCat(field, "[", i, "]");
     const json& m = messages[i];
     if (!m.is_object()) return TypeError(item, "an object", m);
-    auto type = m.find("type");
-    if (type != m.end() && !(type->is_string() && type->get<std::string>() == "message")) {
-      return Unsupported(item + ".type", *type, "only message items");
-    }
-    for (auto it = m.begin(); it != m.end(); ++it) {
-      if (it.key() != "role" && it.key() != "content" && it.key() != "type" && it.key() != "name") {
-        return Unsupported(absl::StrCat(item, ".", it.key()), it.value(),
-                           "messages carry only role and content");
+    std::string role_name, text;
+    if (!chat && IsItemReference(m)) {
+      auto id = m.find("id");
+      if (id == m.end() || !id->is_string()) {
+        return TypeError(item + ".id", "a string", id != m.end() ? *id : json());
+      }
+      for (auto it = m.begin(); it != m.end(); ++it) {
+        if (it.key() != "id" && it.key() != "type") {
+          return Unsupported(absl::StrCat(item, ".", it.key()), it.value(),
+                             "an item_reference carries type and id");
+        }
+      }
+      if (references != nullptr) {
+        auto found = references->find(id->get<std::string>());
+        if (found == references->end()) {
+          return WithParam(absl::NotFoundError(absl::StrCat("no item ", Quoted(*id))),
+                           item + ".id");
+        }
+        text = found->second;
+      }
+      role_name = "assistant";
+    } else {
+      auto type = m.find("type");
+      if (type != m.end() && !type->is_null() && *type != "message") {
+        return Unsupported(item + ".type", *type, "only message items and item_reference");
+      }
+      auto role = m.find("role");
+      if (role == m.end() || !role->is_string() || role->get<std::string>().empty()) {
+        return TypeError(item + ".role", "a non-empty string", role != m.end() ? *role : json());
+      }
+      role_name = role->get<std::string>();
+      if (role_name == "tool" || role_name == "function") {
+        return Unsupported(item + ".role", *role, "no tools");
+      }
+      if (role_name != "system" && role_name != "developer" && role_name != "user" &&
+          role_name != "assistant") {
+        return FieldError(item + ".role", absl::StrCat("'", item,
+                                                       ".role' must be one of system, developer, "
+                                                       "user, assistant; got ",
+                                                       Quoted(*role)));
+      }
+      absl::Status keys =
+          chat ? CheckChatMessageKeys(m, item, role_name) : CheckResponsesItemKeys(m, item);
+      if (!keys.ok()) return keys;
+      auto content = m.find("content");
+      absl::StatusOr<std::string> content_text =
+          ContentText(item + ".content", content != m.end() ? *content : json());
+      if (!content_text.ok()) return content_text.status();
+      text = std::move(*content_text);
+      // A refusal is what the assistant said in place of content.
+      if (auto refusal = m.find("refusal");
+          text.empty() && refusal != m.end() && refusal->is_string()) {
+        text = refusal->get<std::string>();
       }
     }
-    auto role = m.find("role");
-    if (role == m.end() || !role->is_string() || role->get<std::string>().empty()) {
-      return TypeError(item + ".role", "a non-empty string", role != m.end() ? *role : json());
+    std::string label = absl::AsciiStrToUpper(role_name);
+    if (chat) {
+      absl::StatusOr<std::string> name = ParticipantName(m, item);
+      if (!name.ok()) return name.status();
+      if (!name->empty()) absl::StrAppend(&label, " (", *name, ")");
     }
-    auto content = m.find("content");
-    absl::StatusOr<std::string> text =
-        ContentText(item + ".content", content != m.end() ? *content : json());
-    if (!text.ok()) return text.status();
-    out += absl::StrReplaceAll(
-        chat_template.message,
-        {{"{role}", absl::AsciiStrToUpper(role->get<std::string>())}, {"{content}", *text}});
+    out += absl::StrReplaceAll(chat_template.message, {{"{role}", label}, {"{content}", text}});
   }
   if (add_generation_prompt) out += chat_template.generation_prompt;
   return out;
+}
+
+std::vector<std::string> ItemReferences(const json& input) {
+  std::vector<std::string> ids;
+  if (!input.is_array()) return ids;
+  for (const json& item : input) {
+    if (!IsItemReference(item)) continue;
+    auto id = item.find("id");
+    if (id == item.end() || !id->is_string()) continue;
+    const std::string text = id->get<std::string>();
+    if (std::find(ids.begin(), ids.end(), text) == ids.end()) ids.push_back(text);
+  }
+  return ids;
+}
+
+absl::StatusOr<std::string> RenderResponsesInput(const json& input, const std::string& instructions,
+                                                 const ChatTemplate& chat_template,
+                                                 const ItemTexts* references) {
+  std::string prompt;
+  if (!instructions.empty()) {
+    absl::StatusOr<std::string> system =
+        RenderChat(json::array({{{"role", "system"}, {"content", instructions}}}), chat_template,
+                   "instructions", false, MessageList::kResponses);
+    if (!system.ok()) return system.status();
+    prompt = *system;
+  }
+  absl::StatusOr<std::string> rendered =
+      input.is_string()
+          ? RenderChat(json::array({{{"role", "user"}, {"content", input}}}), chat_template,
+                       "input", true, MessageList::kResponses)
+          : RenderChat(input, chat_template, "input", true, MessageList::kResponses, references);
+  if (!rendered.ok()) return rendered.status();
+  return prompt + *rendered;
 }
 
 absl::StatusOr<OpenAiGenerateRequest> ParseGenerateRequest(const json& body,
@@ -379,6 +604,8 @@ absl::StatusOr<OpenAiGenerateRequest> ParseGenerateRequest(const json& body,
   const bool responses = endpoint == OpenAiEndpoint::kResponses;
   bool have_prompt = false;
   const json* input = nullptr;
+  // Chat: max_completion_tokens wins over the deprecated max_tokens.
+  std::optional<int32_t> max_tokens, max_completion_tokens;
   for (auto it = body.begin(); it != body.end(); ++it) {
     const std::string& key = it.key();
     const json& v = it.value();
@@ -403,15 +630,18 @@ absl::StatusOr<OpenAiGenerateRequest> ParseGenerateRequest(const json& body,
       absl::StatusOr<bool> b = GetBool(key, v);
       if (b.ok()) out.stream = *b;
       error = b.status();
-    } else if (key == "stream_options" && !responses) {
+    } else if (key == "stream_options") {
       if (!v.is_object()) {
         error = TypeError(key, "an object", v);
       } else {
         for (auto o = v.begin(); o != v.end() && error.ok(); ++o) {
-          if (o.key() == "include_usage") {
+          if (o.key() == "include_usage" && !responses) {
             absl::StatusOr<bool> b = GetBool("stream_options.include_usage", o.value());
             if (b.ok()) out.include_usage = *b;
             error = b.status();
+          } else if (o.key() == "include_obfuscation") {
+            // Padding against length side channels; the text is the same without it.
+            error = GetBool("stream_options.include_obfuscation", o.value()).status();
           } else {
             error = Unsupported("stream_options." + o.key(), o.value(), "unknown option");
           }
@@ -433,7 +663,7 @@ absl::StatusOr<OpenAiGenerateRequest> ParseGenerateRequest(const json& body,
                (chat && key == "max_completion_tokens") ||
                (responses && key == "max_output_tokens")) {
       absl::StatusOr<int32_t> n = GetTokens(key, v);
-      if (n.ok()) p.max_tokens = *n;
+      if (n.ok()) (key == "max_completion_tokens" ? max_completion_tokens : max_tokens) = *n;
       error = n.status();
     } else if (key == "seed") {
       absl::StatusOr<int64_t> seed = GetInteger(key, v);
@@ -458,9 +688,25 @@ absl::StatusOr<OpenAiGenerateRequest> ParseGenerateRequest(const json& body,
                                  : Unsupported(key, v, "use the extension 'repetition_penalty'"));
     } else if (key == "logit_bias") {
       error = v.is_object() && v.empty() ? absl::OkStatus() : Unsupported(key, v, "no logit bias");
-    } else if (key == "user" || (key == "metadata" && !completions)) {
-      if (key == "user" && !v.is_string()) error = TypeError(key, "a string", v);
-      if (key == "metadata" && !v.is_object()) error = TypeError(key, "an object", v);
+    } else if (key == "user" ||
+               (!completions && (key == "prompt_cache_key" || key == "safety_identifier"))) {
+      error = GetString(key, v).status();
+      json* echo = key == "user"               ? &out.user
+                   : key == "prompt_cache_key" ? &out.prompt_cache_key
+                                               : &out.safety_identifier;
+      if (error.ok()) *echo = v;
+    } else if (key == "metadata" && !completions) {
+      if (!v.is_object()) error = TypeError(key, "an object", v);
+      if (error.ok()) out.metadata = v;
+    } else if (key == "service_tier" && !completions) {
+      // Which capacity pool serves the request: one pool here, the output is the same.
+      static const std::set<std::string> kTiers = {"auto", "default", "flex", "scale", "priority"};
+      error = v.is_string() && kTiers.count(v.get<std::string>()) == 1
+                  ? absl::OkStatus()
+                  : TypeError(key, "one of auto, default, flex, scale, priority", v);
+      if (error.ok()) out.service_tier = v == "auto" ? json("default") : v;
+    } else if (chat && key == "modalities") {
+      error = must_be(json::array({"text"}), "text output only");
     } else if (key == "session_id" && !responses) {  // extension
       error = set_string(&p.session_id);
     } else if (completions && key == "prompt") {
@@ -496,10 +742,11 @@ absl::StatusOr<OpenAiGenerateRequest> ParseGenerateRequest(const json& body,
     } else if (chat && key == "top_logprobs") {
       error = must_be(0, "only the sampled tokens' logprobs");
     } else if ((chat || responses) && key == "store") {
+      // Chat: whether OpenAI keeps the completion for its dashboard; nothing is kept here
+      // either way (state lives in sessions: 'session_id').
       absl::StatusOr<bool> b = GetBool(key, v);
-      if (b.ok()) out.store = *b;
+      if (b.ok() && responses) out.store = *b;
       error = b.status();
-      if (error.ok() && chat && *b) error = Unsupported(key, v, "use 'session_id' for state");
     } else if (chat && key == "response_format") {
       error = must_be(json{{"type", "text"}}, "text only");
     } else if ((chat || responses) && key == "tools") {
@@ -509,6 +756,7 @@ absl::StatusOr<OpenAiGenerateRequest> ParseGenerateRequest(const json& body,
     } else if ((chat || responses) && key == "parallel_tool_calls") {
       absl::StatusOr<bool> b = GetBool(key, v);  // meaningless without tools
       error = b.status();
+      if (error.ok()) out.parallel_tool_calls = v;
     } else if (responses && key == "input") {
       input = &v;
     } else if (responses && key == "instructions") {
@@ -537,22 +785,20 @@ absl::StatusOr<OpenAiGenerateRequest> ParseGenerateRequest(const json& body,
     }
     if (!error.ok()) return error;
   }
+  if (max_completion_tokens.has_value()) {
+    p.max_tokens = *max_completion_tokens;
+  } else if (max_tokens.has_value()) {
+    p.max_tokens = *max_tokens;
+  }
   if (responses) {
     if (input == nullptr) return FieldError("input", "'input' is required");
-    std::string prompt;
-    if (!out.instructions.empty()) {
-      absl::StatusOr<std::string> system =
-          RenderChat(json::array({{{"role", "system"}, {"content", out.instructions}}}),
-                     chat_template, "instructions", false);
-      if (!system.ok()) return system.status();
-      prompt = *system;
-    }
-    absl::StatusOr<std::string> rendered =
-        input->is_string() ? RenderChat(json::array({{{"role", "user"}, {"content", *input}}}),
-                                        chat_template, "input")
-                           : RenderChat(*input, chat_template, "input");
-    if (!rendered.ok()) return rendered.status();
-    p.prompt = prompt + *rendered;
+    // References render empty here (this checks every item); the caller resolves them.
+    absl::StatusOr<std::string> prompt =
+        RenderResponsesInput(*input, out.instructions, chat_template, nullptr);
+    if (!prompt.ok()) return prompt.status();
+    p.prompt = std::move(*prompt);
+    out.input = *input;
+    out.item_references = ItemReferences(*input);
     if (!out.previous_response_id.empty() && !out.conversation.empty()) {
       return FieldError("conversation", "give 'previous_response_id' or 'conversation', not both");
     }

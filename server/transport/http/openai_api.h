@@ -22,8 +22,13 @@ namespace fwserve {
 
 // An INVALID_ARGUMENT naming `field` (the error's "param").
 absl::Status FieldError(absl::string_view field, absl::string_view message);
-// The "param" a status carries (FieldError), or empty.
+// `status` naming `field` as its "param" (any code, e.g. a NOT_FOUND of an input item).
+absl::Status WithParam(absl::Status status, absl::string_view field);
+// The "param" a status carries (FieldError, WithParam), or empty.
 std::string ParamOf(const absl::Status& status);
+// `status` with OpenAI's error "code" (e.g. "model_not_found"), which ErrorJson sends
+// instead of the one it derives from the HTTP status.
+absl::Status WithErrorCode(absl::Status status, absl::string_view code);
 
 // The one mapping from a status to an HTTP status code: OK 200; INVALID_ARGUMENT,
 // FAILED_PRECONDITION and OUT_OF_RANGE 400; UNAUTHENTICATED 401; PERMISSION_DENIED 403;
@@ -61,11 +66,45 @@ RequestTarget SplitTarget(absl::string_view target);
 // decoded (a '%' without two hex digits stays); a repeated key keeps its last value.
 std::map<std::string, std::string> ParseQuery(absl::string_view query);
 
-// The metrics label of a request: "`method` <route>", the route being the template of
-// the documented route the path names, ids as {id} or {model} (e.g. "GET
-// /fwserve/v1/sessions/{id}/export"), "(other)" for any other path. Whether the method
-// fits the route is left to the router. Apart from `method` (the caller bounds it), the
-// label is one of a fixed set: a client cannot grow the series set.
+// The documented routes (docs/http.md): the one table the router and the metrics label
+// read.
+enum class RouteId {
+  kPlayground,
+  kHealth,
+  kReady,
+  kModels,
+  kModel,
+  kCompletions,
+  kChatCompletions,
+  kResponses,
+  kResponse,
+  kConversations,
+  kConversation,
+  kSessions,
+  kSessionImport,
+  kSession,
+  kSessionFork,
+  kSessionExport,
+};
+struct Route {
+  RouteId id;
+  // The path template, ids as {id} or {model} (e.g. "/fwserve/v1/sessions/{id}/export").
+  const char* label;
+  // The methods served ("GET", "POST", "DELETE"). HEAD is served wherever GET is, and
+  // OPTIONS (the CORS preflight) on every path.
+  std::vector<std::string> methods;
+};
+// The route `target`'s path names, or null (no route: 404).
+const Route* MatchRoute(const RequestTarget& target);
+// Whether `route` serves `method` (HEAD where GET is; OPTIONS everywhere).
+bool RouteAllows(const Route& route, absl::string_view method);
+// The Allow header of a 405 on `route`, e.g. "GET, HEAD, DELETE, OPTIONS".
+std::string AllowHeader(const Route& route);
+
+// The metrics label of a request: "`method` <route>", the route being MatchRoute's
+// label, "(other)" for any other path. Whether the method fits the route is left to the
+// router. Apart from `method` (the caller bounds it), the label is one of a fixed set: a
+// client cannot grow the series set.
 std::string RouteLabel(absl::string_view method, const RequestTarget& target);
 
 // How chat messages become a prompt (docs/http.md). Each message renders as `message`
@@ -83,6 +122,13 @@ ChatTemplate ChatTemplateOf(const std::string& config_json);
 
 enum class OpenAiEndpoint { kCompletions, kChat, kResponses };
 
+// Which API a message list belongs to (the keys and roles its messages may carry,
+// docs/http.md): chat `messages`, or Responses `input` / conversation `items`.
+enum class MessageList { kChat, kResponses };
+
+// The text of the items that Responses `item_reference`s name, by item id.
+using ItemTexts = std::map<std::string, std::string>;
+
 // What a completions, chat or responses request asks for.
 struct OpenAiGenerateRequest {
   GenerateParams params;  // prompt rendered (chat template for chat/responses)
@@ -96,12 +142,28 @@ struct OpenAiGenerateRequest {
   std::string conversation;          // "conv_<session>"
   bool store = true;
   std::string instructions;
+  // Responses: the `input` items as sent, and the ids its item_references name (in
+  // order, unique). With references, `params.prompt` was rendered with each reference
+  // as an empty assistant message; the caller resolves them and renders again with
+  // RenderResponsesInput.
+  nlohmann::json input;
+  std::vector<std::string> item_references;
+  // Fields that do not change the output, echoed in the answer in OpenAI's shape where
+  // the API echoes them (docs/http.md, "Field policy"); null = not sent.
+  nlohmann::json service_tier;         // chat, responses (echoed; "auto" as "default")
+  nlohmann::json metadata;             // responses (echoed)
+  nlohmann::json user;                 // responses (echoed)
+  nlohmann::json prompt_cache_key;     // responses (echoed)
+  nlohmann::json safety_identifier;    // responses (echoed)
+  nlohmann::json parallel_tool_calls;  // responses (echoed)
 };
 
 // Parses and checks a request body. Errors are INVALID_ARGUMENT naming the field (its
 // "param"): wrong types, values we cannot honour (n > 1, best_of, echo, suffix,
 // penalties, logit_bias, tools, non-text formats, top_logprobs > 0) and unknown fields.
-// `default_max_tokens` applies to chat and responses (completions: 16, as OpenAI).
+// `default_max_tokens` applies to chat and responses (completions: 16, as OpenAI). On
+// chat, `max_completion_tokens` wins over the deprecated `max_tokens` when both are
+// given.
 absl::StatusOr<OpenAiGenerateRequest> ParseGenerateRequest(const nlohmann::json& body,
                                                            OpenAiEndpoint endpoint,
                                                            const ChatTemplate& chat_template,
@@ -109,10 +171,29 @@ absl::StatusOr<OpenAiGenerateRequest> ParseGenerateRequest(const nlohmann::json&
 
 // Renders chat messages ([{role, content}], content a string or an array of text
 // parts) with `chat_template`; `field` names the array in errors ("messages", "input").
-// With `add_generation_prompt`, the reply's prompt follows.
+// With `add_generation_prompt`, the reply's prompt follows. `list` says which keys and
+// roles a message may carry (docs/http.md). A Responses `item_reference` renders as an
+// assistant message with `references`' text for its id; null `references` renders it
+// empty, an id missing from non-null `references` is an error.
 absl::StatusOr<std::string> RenderChat(const nlohmann::json& messages,
                                        const ChatTemplate& chat_template, absl::string_view field,
-                                       bool add_generation_prompt = true);
+                                       bool add_generation_prompt = true,
+                                       MessageList list = MessageList::kChat,
+                                       const ItemTexts* references = nullptr);
+
+// The ids of the `item_reference` items of a Responses `input` (in order, unique).
+std::vector<std::string> ItemReferences(const nlohmann::json& input);
+
+// The prompt of a Responses request: its `instructions` as a system message, then its
+// `input` (a string or items), references resolved by `references` (see RenderChat).
+absl::StatusOr<std::string> RenderResponsesInput(const nlohmann::json& input,
+                                                 const std::string& instructions,
+                                                 const ChatTemplate& chat_template,
+                                                 const ItemTexts* references);
+
+// `value` as the shortest decimal that reads back as the same float (0.8f echoes 0.8,
+// not 0.800000011920929).
+double EchoFloat(float value);
 
 // Strips stop strings from streamed text as OpenAI does: text that could be the start
 // of a stop string is held back until it is known not to be; the stop string and
