@@ -1,0 +1,250 @@
+// RWKV-7 and RWKV-4 (docs/models.md): exact against rwkv.cpp's tiny trained models
+// (tests/data/rwkv, converted by tools/convert_rwkv_cpp.py), the sequence form equal to
+// the steps, and the strict loading of their directories.
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "models/checkpoint.h"
+#include "models/model.h"
+#include "models/native_step.h"
+#include "tests/unit/test_models.h"
+
+namespace fwmodel {
+namespace {
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  return buffer.str();
+}
+
+std::string TempDir(const std::string& name) {
+  std::string pattern = ::testing::TempDir() + "/rwkv_" + name + "_XXXXXX";
+  std::vector<char> buffer(pattern.begin(), pattern.end());
+  buffer.push_back('\0');
+  EXPECT_NE(mkdtemp(buffer.data()), nullptr);
+  return std::string(buffer.data());
+}
+
+// Converts tests/data/rwkv/tiny-rwkv-<name>.bin with tools/convert_rwkv_cpp.py.
+std::string ConvertTiny(const std::string& name) {
+  const std::string out = TempDir(name);
+  const std::string command = std::string(FWSERVE_PYTHON3) + " " + FWSERVE_SOURCE_DIR +
+                              "/tools/convert_rwkv_cpp.py " + FWSERVE_SOURCE_DIR +
+                              "/tests/data/rwkv/tiny-rwkv-" + name + ".bin " + out + " >/dev/null";
+  EXPECT_EQ(std::system(command.c_str()), 0) << command;
+  return out;
+}
+
+torch::Tensor ExpectedLogits(const std::string& version) {
+  const std::string bytes = ReadAll(std::string(FWSERVE_SOURCE_DIR) +
+                                    "/tests/data/rwkv/expected-logits-" + version + ".bin");
+  EXPECT_EQ(bytes.size(), 256 * sizeof(float));
+  return torch::from_blob(const_cast<char*>(bytes.data()), {256}, torch::kFloat32)
+      .clone()
+      .to(torch::kFloat64);
+}
+
+struct TinyCase {
+  std::string version;  // "7v0-834K"
+  std::string format;   // "FP32"
+  Architecture arch;
+  // rwkv.cpp's tests/test_tiny_rwkv.c: the bound on |Σ (logit − expected)|, times 1.05.
+  double difference_sum;
+  // Ours, per logit: max |logit − expected|.
+  double max_difference;
+};
+
+class RwkvCppTinyTest : public ::testing::TestWithParam<TinyCase> {};
+
+// The logits after `"in` from a fresh state, by steps and by the sequence form, in
+// float32 (served) and float64, against rwkv.cpp's expected logits.
+TEST_P(RwkvCppTinyTest, LogitsAfterQuoteInMatchRwkvCpp) {
+  const TinyCase& c = GetParam();
+  const std::string dir = ConvertTiny(c.version + "-" + c.format);
+  const torch::Tensor expected = ExpectedLogits(c.version);
+  const std::vector<int64_t> prompt = {34, 105, 110};  // "in
+  for (torch::ScalarType dtype : {torch::kFloat32, torch::kFloat64}) {
+    ModelOptions options;
+    options.dtype = dtype;
+    auto loaded = LoadCheckpoint(dir, options);
+    ASSERT_TRUE(loaded.ok()) << loaded.status();
+    const Model& model = loaded->model;
+    ASSERT_EQ(model.config().architecture, c.arch);
+    torch::NoGradGuard no_grad;
+    State state = model.InitialState(1);
+    torch::Tensor step_logits;
+    for (int64_t token : prompt) {
+      auto logits = model.Step(torch::tensor({token}, torch::kInt64), &state);
+      ASSERT_TRUE(logits.ok()) << logits.status();
+      step_logits = logits->squeeze(0).to(torch::kFloat64);
+    }
+    State fresh = model.InitialState(1);
+    auto sequence = model.Forward(torch::tensor(prompt, torch::kInt64).unsqueeze(0), &fresh);
+    ASSERT_TRUE(sequence.ok()) << sequence.status();
+    const torch::Tensor sequence_logits = (*sequence)[0][2].to(torch::kFloat64);
+    for (const auto& [what, logits] : {std::pair<const char*, torch::Tensor>{"steps", step_logits},
+                                       {"sequence", sequence_logits}}) {
+      const double sum = (logits - expected).sum().item<double>();
+      const double max = (logits - expected).abs().max().item<double>();
+      EXPECT_LE(std::abs(sum), std::abs(c.difference_sum) * 1.05)
+          << what << " " << torch::toString(dtype) << ": difference sum " << sum;
+      EXPECT_LE(max, c.max_difference) << what << " " << torch::toString(dtype);
+      std::printf("%s-%s %s %s: difference sum %.6f, max %.3g\n", c.version.c_str(),
+                  c.format.c_str(), what, torch::toString(dtype), sum, max);
+    }
+    // The two forms leave the same state.
+    for (size_t i = 0; i < state.tensors.size(); ++i) {
+      EXPECT_LE(fwtest::MaxAbsDiff(state.tensors[i], fresh.tensors[i]),
+                dtype == torch::kFloat64 ? 1e-12 : 1e-4)
+          << model.state_spec()[i].name;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Tiny, RwkvCppTinyTest,
+    ::testing::Values(TinyCase{"7v0-834K", "FP32", Architecture::kRwkv7, 0.001, 1e-5},
+                      TinyCase{"7v0-834K", "FP16", Architecture::kRwkv7, 0.005766, 1e-5},
+                      TinyCase{"4v0-660K", "FP32", Architecture::kRwkv4, 0.001, 2e-5},
+                      TinyCase{"4v0-660K", "FP16", Architecture::kRwkv4, 0.013652, 5e-3}),
+    [](const ::testing::TestParamInfo<TinyCase>& info) {
+      return "v" + info.param.version.substr(0, 1) + "_" + info.param.format;
+    });
+
+ModelConfig SmallRwkvConfig(Architecture arch) {
+  ModelConfig c;
+  c.architecture = arch;
+  c.d_model = 32;
+  c.n_layers = 3;
+  c.n_heads = arch == Architecture::kRwkv7 ? 4 : 1;
+  c.d_ff = 48;
+  if (arch == Architecture::kRwkv7) {
+    c.decay_low_rank_dim = 5;
+    c.a_low_rank_dim = 6;
+    c.v_low_rank_dim = 3;
+    c.gate_low_rank_dim = 7;
+  }
+  return c;
+}
+
+class RwkvFormsTest : public ::testing::TestWithParam<Architecture> {};
+
+// A span processed whole, in pieces with the state carried, and token by token gives
+// the same logits and state (float64), for a batch of sessions with distinct tokens.
+TEST_P(RwkvFormsTest, SequenceInPiecesEqualsSteps) {
+  ModelOptions float64;
+  float64.dtype = torch::kFloat64;
+  auto model = Model::InitRandom(SmallRwkvConfig(GetParam()), 7, float64);
+  ASSERT_TRUE(model.ok()) << model.status();
+  torch::NoGradGuard no_grad;
+  const torch::Tensor tokens = fwtest::RandomTokens(2, 9, 256, 3);
+  State whole = model->InitialState(2);
+  auto all = model->Forward(tokens, &whole);
+  ASSERT_TRUE(all.ok()) << all.status();
+  State pieces = model->InitialState(2);
+  auto first = model->Forward(tokens.narrow(1, 0, 4), &pieces);
+  auto rest = model->Forward(tokens.narrow(1, 4, 5), &pieces);
+  ASSERT_TRUE(first.ok() && rest.ok());
+  fwtest::ExpectNearRelative(torch::cat({*first, *rest}, 1), *all, 1e-10, "pieces vs whole");
+  State steps = model->InitialState(2);
+  std::vector<torch::Tensor> step_logits;
+  for (int64_t t = 0; t < 9; ++t) {
+    auto logits = model->Step(tokens.select(1, t).contiguous(), &steps);
+    ASSERT_TRUE(logits.ok()) << logits.status();
+    step_logits.push_back(*logits);
+  }
+  fwtest::ExpectNearRelative(torch::stack(step_logits, 1), *all, 1e-10, "steps vs whole");
+  for (size_t i = 0; i < whole.tensors.size(); ++i) {
+    fwtest::ExpectNearRelative(steps.tensors[i], whole.tensors[i], 1e-10,
+                               model->state_spec()[i].name);
+  }
+  // Not a constant function of the input: two sessions' logits differ.
+  EXPECT_GT(fwtest::MaxAbsDiff((*all)[0], (*all)[1]), 1e-3);
+}
+
+// State sizes: per layer two token shifts [d] and the recurrence (rwkv7: [H, N, N]
+// float32; rwkv4: α, β, p [3, d]).
+TEST_P(RwkvFormsTest, StateIsTokenShiftsAndRecurrence) {
+  const ModelConfig config = SmallRwkvConfig(GetParam());
+  auto model = Model::InitRandom(config, 1);
+  ASSERT_TRUE(model.ok()) << model.status();
+  const int64_t per_layer = GetParam() == Architecture::kRwkv7 ? 2 * 32 + 4 * 8 * 8 : 5 * 32;
+  EXPECT_EQ(model->state_bytes_per_session(), 4 * config.n_layers * per_layer);
+  ASSERT_EQ(model->state_spec().size(), 3u * config.n_layers);
+  EXPECT_EQ(model->state_spec()[0].name, "blocks.0.att_shift");
+  EXPECT_EQ(model->state_spec()[1].name, "blocks.0.wkv");
+  if (GetParam() == Architecture::kRwkv4) {
+    // p starts at -1e30 (rwkv.cpp's fresh state), α and β at 0.
+    State s = model->InitialState(1);
+    EXPECT_EQ(s.tensors[1][0][2][0].item<float>(), -1e30f);
+    EXPECT_EQ(s.tensors[1][0][0][0].item<float>(), 0.0f);
+  }
+}
+
+// The native CPU step has no RWKV kernel yet: it refuses, naming the architecture, so
+// that the server takes LibTorch's step.
+TEST_P(RwkvFormsTest, NativeStepRefusesNamingTheArchitecture) {
+  auto model = Model::InitRandom(SmallRwkvConfig(GetParam()), 1);
+  ASSERT_TRUE(model.ok()) << model.status();
+  auto native = NativeStep::Create(*model);
+  ASSERT_FALSE(native.ok());
+  EXPECT_NE(native.status().message().find(ArchitectureName(GetParam())), std::string::npos)
+      << native.status();
+}
+
+// A saved RWKV model loads back with the same fingerprint and logits.
+TEST_P(RwkvFormsTest, SaveAndLoadRoundTrip) {
+  auto model = Model::InitRandom(SmallRwkvConfig(GetParam()), 5);
+  ASSERT_TRUE(model.ok()) << model.status();
+  const std::string dir = TempDir("save");
+  ASSERT_TRUE(SaveCheckpoint(*model, dir).ok());
+  auto loaded = LoadCheckpoint(dir);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->fingerprint, Fingerprint(model->config(), model->ExportWeights()));
+  torch::NoGradGuard no_grad;
+  State a = model->InitialState(1), b = loaded->model.InitialState(1);
+  const torch::Tensor tokens = fwtest::RandomTokens(1, 5, 256, 9);
+  EXPECT_EQ(fwtest::MaxAbsDiff(*model->Forward(tokens, &a), *loaded->model.Forward(tokens, &b)), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Rwkv, RwkvFormsTest,
+                         ::testing::Values(Architecture::kRwkv7, Architecture::kRwkv4),
+                         [](const ::testing::TestParamInfo<Architecture>& info) {
+                           return std::string(ArchitectureName(info.param));
+                         });
+
+// The strict loader on a converted tiny model's weights: each defect is refused with
+// an error that names the tensor.
+TEST(RwkvLoadTest, DefectiveWeightsAreRefusedNamingTheTensor) {
+  auto model = Model::InitRandom(SmallRwkvConfig(Architecture::kRwkv7), 2);
+  ASSERT_TRUE(model.ok()) << model.status();
+  const ModelConfig config = model->config();
+  auto expect_error = [&](std::map<std::string, torch::Tensor> weights, const std::string& name) {
+    auto created = Model::Create(config, std::move(weights));
+    ASSERT_FALSE(created.ok());
+    EXPECT_NE(created.status().message().find(name), std::string::npos) << created.status();
+  };
+  auto missing = model->ExportWeights();
+  missing.erase("blocks.1.att.v1");
+  expect_error(missing, "blocks.1.att.v1");
+  auto unknown = model->ExportWeights();
+  unknown["blocks.0.att.v1"] = torch::zeros({3, 32});  // block 0 has no value residual
+  expect_error(unknown, "blocks.0.att.v1");
+  auto shaped = model->ExportWeights();
+  shaped["blocks.2.att.r_k"] = torch::zeros({32});
+  expect_error(shaped, "blocks.2.att.r_k");
+}
+
+}  // namespace
+}  // namespace fwmodel
