@@ -200,9 +200,14 @@ absl::Status ModelConfig::Validate() const {
   if (vocab_size < 1 || vocab_size > (1 << 24)) {
     return KeyError("vocab_size", absl::StrCat("must be in [1, 16777216], got ", vocab_size));
   }
-  if (tokenizer != "bytes") {
-    return KeyError("tokenizer",
-                    absl::StrCat("has unknown value \"", tokenizer, "\" (expected bytes)"));
+  if (tokenizer != "bytes" && tokenizer != "rwkv_world") {
+    return KeyError("tokenizer", absl::StrCat("has unknown value \"", tokenizer,
+                                              "\" (expected bytes or rwkv_world)"));
+  }
+  if (tokenizer == "rwkv_world" && vocab_size < 65530) {
+    return KeyError("vocab_size", absl::StrCat("must be at least 65530 for the rwkv_world "
+                                               "tokenizer, got ",
+                                               vocab_size));
   }
   if (vocab_size < 256) {
     return KeyError("vocab_size",

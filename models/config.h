@@ -28,6 +28,8 @@ struct ModelConfig {
   int format_version = 1;
   Architecture architecture = Architecture::kLinearAttention;
   int vocab_size = 256;
+  // "bytes" (token id = byte value), or "rwkv_world" (models/world_tokenizer.h, its
+  // vocabulary file in the model directory; id 0 is end of text).
   std::string tokenizer = "bytes";
   int bos_token_id = 10;
   int d_model = 0;
