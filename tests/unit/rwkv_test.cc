@@ -7,15 +7,21 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <map>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
 
+#include "absl/strings/str_cat.h"
 #include "models/checkpoint.h"
+#include "models/hf_checkpoint.h"
 #include "models/model.h"
 #include "models/native_step.h"
+#include "models/safetensors.h"
+#include "nlohmann/json.hpp"
 #include "tests/unit/test_models.h"
 
 namespace fwmodel {
@@ -244,6 +250,152 @@ TEST(RwkvLoadTest, DefectiveWeightsAreRefusedNamingTheTensor) {
   auto shaped = model->ExportWeights();
   shaped["blocks.2.att.r_k"] = torch::zeros({32});
   expect_error(shaped, "blocks.2.att.r_k");
+}
+
+}  // namespace
+}  // namespace fwmodel
+
+namespace fwmodel {
+namespace {
+
+// A random rwkv7 model written in the Hugging Face/fla layout: fla's config.json and
+// fla's tensor names, x_* as [1, 1, C] as fla keeps them; `shards` > 1 splits the
+// tensors over that many files with model.safetensors.index.json.
+class HuggingFaceLayoutTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ModelConfig c = SmallRwkvConfig(Architecture::kRwkv7);
+    c.bos_token_id = 0;  // as config_ says, so that the fingerprints agree
+    auto model = Model::InitRandom(c, 11);
+    ASSERT_TRUE(model.ok()) << model.status();
+    model_ = std::make_unique<Model>(std::move(*model));
+    config_ = {{"model_type", "rwkv7"},
+               {"hidden_size", 32},
+               {"num_hidden_layers", 3},
+               {"head_dim", 8},
+               {"intermediate_size", 48},
+               {"decay_low_rank_dim", 5},
+               {"a_low_rank_dim", 6},
+               {"v_low_rank_dim", 3},
+               {"gate_low_rank_dim", 7},
+               {"vocab_size", 256},
+               {"norm_eps", 1e-5},
+               {"tie_word_embeddings", false},
+               {"attn", nullptr},
+               {"hidden_act", "sqrelu"},
+               {"architectures", {"RWKV7ForCausalLM"}},
+               {"torch_dtype", "float32"},
+               {"bos_token_id", 0},
+               {"eos_token_id", 0}};
+    for (auto& [name, t] : model_->ExportWeights()) {
+      torch::Tensor v =
+          name.find(".x_") != std::string::npos && t.dim() == 1 ? t.view({1, 1, -1}) : t;
+      tensors_[FlaTensorName(name)] = v;
+    }
+  }
+
+  std::string Write(int shards = 1) {
+    const std::string dir = TempDir("hf");
+    std::ofstream(dir + "/config.json") << config_.dump(2);
+    std::vector<std::vector<TensorBlob>> files(static_cast<size_t>(shards));
+    nlohmann::json weight_map = nlohmann::json::object();
+    size_t i = 0;
+    for (const auto& [name, t] : tensors_) {
+      torch::Tensor c = t.contiguous();
+      const size_t shard = i++ % static_cast<size_t>(shards);
+      files[shard].push_back({name, DType::kF32, c.sizes().vec(),
+                              std::string(static_cast<const char*>(c.data_ptr()),
+                                          static_cast<size_t>(c.numel()) * sizeof(float))});
+      weight_map[name] = absl::StrCat("model-0000", shard + 1, "-of-0000", shards, ".safetensors");
+    }
+    for (int s = 0; s < shards; ++s) {
+      auto bytes = SerializeSafetensors(files[static_cast<size_t>(s)], {{"format", "pt"}});
+      EXPECT_TRUE(bytes.ok());
+      const std::string name =
+          shards == 1 ? std::string("model.safetensors")
+                      : absl::StrCat("model-0000", s + 1, "-of-0000", shards, ".safetensors");
+      std::ofstream(dir + "/" + name, std::ios::binary) << *bytes;
+    }
+    if (shards > 1) {
+      std::ofstream(dir + "/model.safetensors.index.json")
+          << nlohmann::json{{"metadata", {{"total_size", 0}}}, {"weight_map", weight_map}}.dump();
+    }
+    return dir;
+  }
+
+  void ExpectRefused(const std::string& dir, const std::string& needle) {
+    auto loaded = LoadCheckpoint(dir);
+    ASSERT_FALSE(loaded.ok()) << "accepted; expected an error naming " << needle;
+    EXPECT_NE(loaded.status().message().find(needle), std::string::npos) << loaded.status();
+    EXPECT_EQ(loaded.status().message().find(dir), std::string::npos) << "leaks the path";
+  }
+
+  std::unique_ptr<Model> model_;
+  nlohmann::json config_;
+  std::map<std::string, torch::Tensor> tensors_;
+};
+
+TEST_F(HuggingFaceLayoutTest, SingleAndShardedLoadAsTheSameModel) {
+  torch::NoGradGuard no_grad;
+  const torch::Tensor tokens = fwtest::RandomTokens(1, 6, 256, 4);
+  State reference_state = model_->InitialState(1);
+  const torch::Tensor reference = *model_->Forward(tokens, &reference_state);
+  for (int shards : {1, 3}) {
+    auto loaded = LoadCheckpoint(Write(shards));
+    ASSERT_TRUE(loaded.ok()) << loaded.status();
+    EXPECT_EQ(loaded->model.config().architecture, Architecture::kRwkv7);
+    EXPECT_EQ(loaded->model.config().n_heads, 4);
+    EXPECT_EQ(loaded->fingerprint, Fingerprint(model_->config(), model_->ExportWeights()));
+    State state = loaded->model.InitialState(1);
+    EXPECT_EQ(fwtest::MaxAbsDiff(*loaded->model.Forward(tokens, &state), reference), 0)
+        << shards << " shards";
+  }
+}
+
+TEST_F(HuggingFaceLayoutTest, TiedHeadLoadsWithoutLmHead) {
+  config_["tie_word_embeddings"] = true;
+  tensors_.erase("lm_head.weight");
+  auto loaded = LoadCheckpoint(Write());
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_TRUE(loaded->model.config().tie_embeddings);
+}
+
+TEST_F(HuggingFaceLayoutTest, UnknownTensorIsRefusedByName) {
+  tensors_["model.layers.1.attn.x_x"] = torch::zeros({6, 32});
+  ExpectRefused(Write(), "unknown tensor 'model.layers.1.attn.x_x'");
+}
+
+TEST_F(HuggingFaceLayoutTest, MissingTensorIsRefusedByName) {
+  tensors_.erase("model.layers.2.attn.v_lora.lora.0.weight");
+  ExpectRefused(Write(), "missing tensor 'model.layers.2.attn.v_lora.lora.0.weight'");
+}
+
+TEST_F(HuggingFaceLayoutTest, WrongShapeIsRefusedByName) {
+  tensors_["model.layers.0.attn.r_k"] = torch::zeros({32});
+  ExpectRefused(Write(), "tensor 'model.layers.0.attn.r_k' has shape [32], expected [4, 8]");
+}
+
+TEST_F(HuggingFaceLayoutTest, UnknownConfigKeyIsRefusedByName) {
+  config_["decay_low_rank_dimm"] = 5;
+  ExpectRefused(Write(), "key 'decay_low_rank_dimm' is unknown");
+}
+
+TEST_F(HuggingFaceLayoutTest, HybridAttentionLayersAreRefused) {
+  config_["attn"] = {{"layers", {1}}, {"num_heads", 4}};
+  ExpectRefused(Write(), "key 'attn' sets hybrid attention layers");
+}
+
+TEST_F(HuggingFaceLayoutTest, OtherModelTypeIsRefused) {
+  config_["model_type"] = "rwkv6";
+  ExpectRefused(Write(), "key 'model_type' has unsupported value \"rwkv6\"");
+}
+
+TEST_F(HuggingFaceLayoutTest, ShardTensorNotInTheIndexIsRefused) {
+  const std::string dir = Write(2);
+  nlohmann::json index = nlohmann::json::parse(ReadAll(dir + "/model.safetensors.index.json"));
+  index["weight_map"].erase("model.norm.bias");
+  std::ofstream(dir + "/model.safetensors.index.json") << index.dump();
+  ExpectRefused(dir, "tensor 'model.norm.bias' is not listed for this shard");
 }
 
 }  // namespace
