@@ -101,6 +101,7 @@ def config_for(header, tensors):
         "d_model": n_embed,
         "n_layers": n_layer,
         "d_ff": tensors["blocks.0.ffn.key.weight"][1][0],
+        "tie_embeddings": False,
     }
     if "blocks.0.att.k_k" in tensors:
         heads = tensors["blocks.0.att.r_k"][1][0]
@@ -118,8 +119,9 @@ def config_for(header, tensors):
     return dict(sorted(config.items()))
 
 
-def write_safetensors(path, tensors):
-    header, offset = {"__metadata__": {"format": "pt", "source": "rwkv.cpp"}}, 0
+def write_safetensors(path, tensors, source="rwkv.cpp"):
+    """tensors: name -> (dtype, shape, raw little-endian bytes); written in name order."""
+    header, offset = {"__metadata__": {"format": "pt", "source": source}}, 0
     for name in sorted(tensors):
         dtype, shape, raw = tensors[name]
         header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + len(raw)]}
