@@ -11,6 +11,7 @@
 
 #include <gtest/gtest.h>
 
+#include "models/text_tokenizer.h"
 #include "models/tokenizer.h"
 
 namespace fwmodel {
@@ -155,6 +156,39 @@ TEST(WorldTokenizerTest, MalformedVocabularyIsRefusedNamingTheLine) {
   }
   absl::Status missing = ParseError("1 'a' 1\n");
   EXPECT_NE(missing.message().find("byte 0 is not a token"), std::string::npos) << missing;
+}
+
+}  // namespace
+}  // namespace fwmodel
+
+namespace fwmodel {
+namespace {
+
+TEST(TextTokenizerTest, ConfigPicksBytesOrTheWorldVocabularyFromTheDirectory) {
+  ModelConfig config;
+  auto bytes = TextTokenizer::ForModel(config, "/nonexistent");
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  EXPECT_EQ(bytes->Encode("Hi"), (std::vector<int64_t>{72, 105}));
+  EXPECT_EQ(bytes->TokenBytes(72), "H");
+  EXPECT_EQ(bytes->end_of_text(), -1);
+
+  config.tokenizer = "rwkv_world";
+  config.vocab_size = 65536;
+  const std::string dir = std::string(FWSERVE_SOURCE_DIR) + "/tests/data/rwkv";
+  auto world = TextTokenizer::ForModel(config, dir);
+  ASSERT_TRUE(world.ok()) << world.status();
+  EXPECT_EQ(world->Encode("User: hi\n\nHello"), Vocabulary().Encode("User: hi\n\nHello"));
+  EXPECT_EQ(world->TokenBytes(33155), "Hello");
+  EXPECT_EQ(world->end_of_text(), 0);
+
+  auto missing = TextTokenizer::ForModel(config, "/nonexistent");
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find("rwkv_vocab_v20230424.txt"), std::string::npos);
+  EXPECT_EQ(missing.status().message().find("/nonexistent"), std::string::npos) << "leaks the path";
+
+  config.vocab_size = 65000;  // smaller than the vocabulary's ids
+  auto small = TextTokenizer::ForModel(config, dir);
+  EXPECT_FALSE(small.ok());
 }
 
 }  // namespace
