@@ -165,6 +165,10 @@ absl::StatusOr<ModelConfig> ParseHuggingFaceRwkv7Config(const std::string& confi
     if (!(v = Int(j, key, false, 0)).ok()) return v.status();
   }
   c.tokenizer = c.vocab_size >= 65530 ? "rwkv_world" : "bytes";
+  if (c.tokenizer == "rwkv_world") {  // the G1 chat models' template (docs/models.md)
+    c.chat_message_template = kG1ChatMessage;
+    c.chat_generation_prompt = kG1GenerationPrompt;
+  }
   if (!(v = Int(j, "bos_token_id", false, c.tokenizer == "rwkv_world" ? 0 : 10)).ok()) {
     return v.status();
   }

@@ -17,6 +17,11 @@
 
 namespace fwmodel {
 
+// RWKV's G1 chat template (`User: ...\n\nAssistant:`), given to rwkv7 models with the
+// world vocabulary: {Role} is the role with its first letter capitalised.
+inline constexpr const char* kG1ChatMessage = "{Role}: {content}\n\n";
+inline constexpr const char* kG1GenerationPrompt = "Assistant:";
+
 // Whether config.json's text is a Hugging Face config (an object with "model_type").
 bool IsHuggingFaceConfig(const std::string& config_json);
 

@@ -189,6 +189,9 @@ def convert(state):
         config["n_heads"] = 1
     if vocab >= 65530:
         config["bos_token_id"] = 0
+        if arch == "rwkv7":  # RWKV's G1 chat template (docs/models.md)
+            config["chat_template"] = {"message": "{Role}: {content}\n\n",
+                                       "generation_prompt": "Assistant:"}
     return out, dict(sorted(config.items()))
 
 

@@ -116,6 +116,9 @@ def config_for(header, tensors):
         fail("neither RWKV-7 (att.k_k) nor RWKV-4 (att.time_mix_k): versions 5 and 6 are not supported")
     if n_vocab != 256:
         config["bos_token_id"] = 0
+        if config["architecture"] == "rwkv7":  # RWKV's G1 chat template (docs/models.md)
+            config["chat_template"] = {"message": "{Role}: {content}\n\n",
+                                       "generation_prompt": "Assistant:"}
     return dict(sorted(config.items()))
 
 

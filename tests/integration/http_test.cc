@@ -411,6 +411,17 @@ TEST(ChatTemplateTest, ConfigTemplateRendersChat) {
                           fwserve::ChatTemplateOf(fwmodel::ModelConfigToJson(*plain)), "messages");
   ASSERT_TRUE(by_default.ok());
   EXPECT_EQ(*by_default, "USER:\nHail\n\nASSISTANT:\n");
+  // RWKV's G1 template, with the capitalised {Role}.
+  const fwserve::ChatTemplate g1{"{Role}: {content}\n\n", "Assistant:"};
+  auto g1_rendered =
+      fwserve::RenderChat(nlohmann::json::parse(R"([{"role": "system", "content": "Be brief."},
+                                {"role": "user", "content": "Hail"},
+                                {"role": "assistant", "content": "Hi."},
+                                {"role": "USER", "content": "Again"}])"),
+                          g1, "messages");
+  ASSERT_TRUE(g1_rendered.ok()) << g1_rendered.status();
+  EXPECT_EQ(*g1_rendered,
+            "System: Be brief.\n\nUser: Hail\n\nAssistant: Hi.\n\nUser: Again\n\nAssistant:");
 }
 
 TEST(StopFilterTest, HoldsBackPartialMatches) {
@@ -517,7 +528,8 @@ TEST(OpenAiApiTest, RouteLabelsAreTemplates) {
             "POST /fwserve/v1/sessions/import");
   EXPECT_EQ(label("GET", "/health"), "GET /health");
   EXPECT_EQ(label("GET", "/"), "GET /");  // the playground
-  for (const char* other : {"/index.html", "/fwserve/anything", "/v1/models/a/b", "/v1", "/healthz"}) {
+  for (const char* other :
+       {"/index.html", "/fwserve/anything", "/v1/models/a/b", "/v1", "/healthz"}) {
     EXPECT_EQ(label("GET", other), "GET (other)") << other;
   }
 }

@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "models/checkpoint.h"
 #include "models/hf_checkpoint.h"
+#include "models/mixers/rwkv_block.h"
 #include "models/model.h"
 #include "models/native_step.h"
 #include "models/safetensors.h"
@@ -396,6 +397,47 @@ TEST_F(HuggingFaceLayoutTest, ShardTensorNotInTheIndexIsRefused) {
   index["weight_map"].erase("model.norm.bias");
   std::ofstream(dir + "/model.safetensors.index.json") << index.dump();
   ExpectRefused(dir, "tensor 'model.norm.bias' is not listed for this shard");
+}
+
+}  // namespace
+}  // namespace fwmodel
+
+namespace fwmodel {
+namespace {
+
+// fla's config of a world-vocabulary model (the 0.1B G1 shape) maps to rwkv7 with the
+// rwkv_world tokenizer, end of text as BOS and the G1 chat template; its state is the
+// issue's 2.4 MB a session (13 MB at the 1.5B shape).
+TEST(HuggingFaceConfigTest, WorldVocabularyModelGetsTheWorldTokenizerAndG1Template) {
+  auto c = ParseHuggingFaceRwkv7Config(R"({"model_type": "rwkv7", "hidden_size": 768,
+      "num_hidden_layers": 12, "head_dim": 64, "hidden_ratio": 4.0, "decay_low_rank_dim": 64,
+      "a_low_rank_dim": 64, "v_low_rank_dim": 32, "gate_low_rank_dim": 128,
+      "vocab_size": 65536, "tie_word_embeddings": false, "attn": null, "fuse_norm": false,
+      "bos_token_id": 0, "eos_token_id": 0, "transformers_version": "4.48.0"})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->tokenizer, "rwkv_world");
+  EXPECT_EQ(c->n_heads, 12);
+  EXPECT_EQ(c->d_ff, 3072);
+  EXPECT_EQ(c->bos_token_id, 0);
+  EXPECT_EQ(c->chat_message_template, "{Role}: {content}\n\n");
+  EXPECT_EQ(c->chat_generation_prompt, "Assistant:");
+  auto state_bytes = [](const ModelConfig& config) {
+    int64_t floats = 0;
+    for (int i = 0; i < config.n_layers; ++i) {
+      for (const StateTensorSpec& s : MakeRwkvBlock(config, i)->StateSpec()) {
+        int64_t n = 1;
+        for (int64_t dim : s.shape) n *= dim;
+        floats += n;
+      }
+    }
+    return 4 * floats;
+  };
+  EXPECT_EQ(state_bytes(*c), 2433024);  // 12 · (2 · 768 + 12 · 64 · 64) · 4
+  ModelConfig large = *c;
+  large.d_model = 2048;
+  large.n_layers = 24;
+  large.n_heads = 32;
+  EXPECT_EQ(state_bytes(large), 12976128);  // 24 · (2 · 2048 + 32 · 64 · 64) · 4
 }
 
 }  // namespace

@@ -367,9 +367,14 @@ absl::StatusOr<std::string> RenderChat(const json& messages, const ChatTemplate&
     absl::StatusOr<std::string> text =
         ContentText(item + ".content", content != m.end() ? *content : json());
     if (!text.ok()) return text.status();
-    out += absl::StrReplaceAll(
-        chat_template.message,
-        {{"{role}", absl::AsciiStrToUpper(role->get<std::string>())}, {"{content}", *text}});
+    // {role}: upper-cased ("USER"); {Role}: the first letter capitalised ("User", as
+    // RWKV's G1 template writes it).
+    std::string capitalised = absl::AsciiStrToLower(role->get<std::string>());
+    capitalised[0] = absl::ascii_toupper(static_cast<unsigned char>(capitalised[0]));
+    out += absl::StrReplaceAll(chat_template.message,
+                               {{"{role}", absl::AsciiStrToUpper(role->get<std::string>())},
+                                {"{Role}", capitalised},
+                                {"{content}", *text}});
   }
   if (add_generation_prompt) out += chat_template.generation_prompt;
   return out;
