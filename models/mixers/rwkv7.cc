@@ -212,7 +212,7 @@ torch::Tensor TokenShift(const torch::Tensor& x, torch::Tensor* shift) {
   const int64_t T = x.size(1);
   torch::Tensor previous =
       T == 1 ? shift->unsqueeze(1) : torch::cat({shift->unsqueeze(1), x.narrow(1, 0, T - 1)}, 1);
-  *shift = x.select(1, T - 1);
+  *shift = x.select(1, T - 1).clone();  // a copy: the state must not keep x alive
   return previous;
 }
 
