@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "models/file_util.h"
+#include "models/hf_checkpoint.h"
 
 namespace fwmodel {
 namespace {
@@ -97,6 +98,8 @@ absl::StatusOr<LoadedModel> LoadCheckpoint(const std::string& dir, const ModelOp
   if (!config_json.ok()) {
     return absl::Status(config_json.status().code(), "cannot read config.json in the checkpoint");
   }
+  if (IsHuggingFaceConfig(*config_json))
+    return LoadHuggingFaceCheckpoint(dir, *config_json, options);
   auto weights = ReadFile(dir + "/model.safetensors");
   if (!weights.ok()) {
     return absl::Status(weights.status().code(), "cannot read model.safetensors in the checkpoint");

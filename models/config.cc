@@ -83,12 +83,32 @@ absl::Status ReadIntList(const json& j, const std::string& key, std::vector<int>
 }
 
 const std::set<std::string>& KnownKeys() {
-  static const auto* keys = new std::set<std::string>{
-      "format_version", "architecture", "vocab_size",   "tokenizer", "bos_token_id",
-      "d_model",        "n_layers",     "n_heads",      "d_ff",      "ffn",
-      "dconv_kernel",   "dpfp_nu",      "norm_eps",     "attn_eps",  "tie_embeddings",
-      "pkm_layers",     "pkm_heads",    "pkm_num_keys", "pkm_topk",  "pkm_dim_key",
-      "pkm_bn_eps",     "chat_template"};
+  static const auto* keys = new std::set<std::string>{"format_version",
+                                                      "architecture",
+                                                      "vocab_size",
+                                                      "tokenizer",
+                                                      "bos_token_id",
+                                                      "d_model",
+                                                      "n_layers",
+                                                      "n_heads",
+                                                      "d_ff",
+                                                      "ffn",
+                                                      "dconv_kernel",
+                                                      "dpfp_nu",
+                                                      "norm_eps",
+                                                      "attn_eps",
+                                                      "tie_embeddings",
+                                                      "pkm_layers",
+                                                      "pkm_heads",
+                                                      "pkm_num_keys",
+                                                      "pkm_topk",
+                                                      "pkm_dim_key",
+                                                      "pkm_bn_eps",
+                                                      "chat_template",
+                                                      "decay_low_rank_dim",
+                                                      "a_low_rank_dim",
+                                                      "v_low_rank_dim",
+                                                      "gate_low_rank_dim"};
   return *keys;
 }
 
@@ -134,6 +154,10 @@ const char* ArchitectureName(Architecture arch) {
       return "fast_weight";
     case Architecture::kAft:
       return "aft";
+    case Architecture::kRwkv7:
+      return "rwkv7";
+    case Architecture::kRwkv4:
+      return "rwkv4";
   }
   return "?";
 }
@@ -154,9 +178,11 @@ absl::StatusOr<Architecture> ParseArchitecture(const std::string& name) {
   if (name == "linear_attention") return Architecture::kLinearAttention;
   if (name == "fast_weight") return Architecture::kFastWeight;
   if (name == "aft") return Architecture::kAft;
+  if (name == "rwkv7") return Architecture::kRwkv7;
+  if (name == "rwkv4") return Architecture::kRwkv4;
   return KeyError("architecture",
                   absl::StrCat("has unknown value \"", name,
-                               "\" (expected linear_attention, fast_weight or aft)"));
+                               "\" (expected linear_attention, fast_weight, aft, rwkv7 or rwkv4)"));
 }
 
 absl::StatusOr<FfnKind> ParseFfnKind(const std::string& name) {
@@ -174,9 +200,14 @@ absl::Status ModelConfig::Validate() const {
   if (vocab_size < 1 || vocab_size > (1 << 24)) {
     return KeyError("vocab_size", absl::StrCat("must be in [1, 16777216], got ", vocab_size));
   }
-  if (tokenizer != "bytes") {
-    return KeyError("tokenizer",
-                    absl::StrCat("has unknown value \"", tokenizer, "\" (expected bytes)"));
+  if (tokenizer != "bytes" && tokenizer != "rwkv_world") {
+    return KeyError("tokenizer", absl::StrCat("has unknown value \"", tokenizer,
+                                              "\" (expected bytes or rwkv_world)"));
+  }
+  if (tokenizer == "rwkv_world" && vocab_size < 65530) {
+    return KeyError("vocab_size", absl::StrCat("must be at least 65530 for the rwkv_world "
+                                               "tokenizer, got ",
+                                               vocab_size));
   }
   if (vocab_size < 256) {
     return KeyError("vocab_size",
@@ -232,6 +263,28 @@ absl::Status ModelConfig::Validate() const {
     return KeyError("pkm_bn_eps",
                     absl::StrCat("must be a positive finite number, got ", pkm_bn_eps));
   }
+  const std::pair<const char*, int> ranks[] = {{"decay_low_rank_dim", decay_low_rank_dim},
+                                               {"a_low_rank_dim", a_low_rank_dim},
+                                               {"v_low_rank_dim", v_low_rank_dim},
+                                               {"gate_low_rank_dim", gate_low_rank_dim}};
+  for (const auto& [key, rank] : ranks) {
+    if (architecture == Architecture::kRwkv7 && (rank < 1 || rank > 65536)) {
+      return KeyError(key, absl::StrCat("must be in [1, 65536] for rwkv7, got ", rank));
+    }
+    if (architecture != Architecture::kRwkv7 && rank != 0) {
+      return KeyError(key, "is only for architecture rwkv7");
+    }
+  }
+  if (is_rwkv()) {
+    // The RWKV blocks have their own token shift and channel mix: none of the contract's
+    // block options apply.
+    if (has_dconv()) return KeyError("dconv_kernel", "is not supported by the RWKV architectures");
+    if (ffn != FfnKind::kSquaredRelu) {
+      return KeyError("ffn", "must be squared_relu (the channel mix) for the RWKV architectures");
+    }
+    if (has_pkm()) return KeyError("pkm_layers", "is not supported by the RWKV architectures");
+    if (dpfp_nu != 1) return KeyError("dpfp_nu", "is only for architecture fast_weight");
+  }
   return absl::OkStatus();
 }
 
@@ -281,6 +334,10 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text) {
   if (!(s = ReadInt(j, "pkm_topk", false, &c.pkm_topk)).ok()) return s;
   if (!(s = ReadInt(j, "pkm_dim_key", false, &c.pkm_dim_key)).ok()) return s;
   if (!(s = ReadDouble(j, "pkm_bn_eps", &c.pkm_bn_eps)).ok()) return s;
+  if (!(s = ReadInt(j, "decay_low_rank_dim", false, &c.decay_low_rank_dim)).ok()) return s;
+  if (!(s = ReadInt(j, "a_low_rank_dim", false, &c.a_low_rank_dim)).ok()) return s;
+  if (!(s = ReadInt(j, "v_low_rank_dim", false, &c.v_low_rank_dim)).ok()) return s;
+  if (!(s = ReadInt(j, "gate_low_rank_dim", false, &c.gate_low_rank_dim)).ok()) return s;
   if (!(s = ReadChatTemplate(j, &c)).ok()) return s;
   if (!(s = c.Validate()).ok()) return s;
   return c;
@@ -312,6 +369,12 @@ std::string ModelConfigToJson(const ModelConfig& c) {
     j["pkm_topk"] = c.pkm_topk;
     j["pkm_dim_key"] = c.pkm_dim_key;
     j["pkm_bn_eps"] = c.pkm_bn_eps;
+  }
+  if (c.architecture == Architecture::kRwkv7) {  // only here: older fingerprints unchanged
+    j["decay_low_rank_dim"] = c.decay_low_rank_dim;
+    j["a_low_rank_dim"] = c.a_low_rank_dim;
+    j["v_low_rank_dim"] = c.v_low_rank_dim;
+    j["gate_low_rank_dim"] = c.gate_low_rank_dim;
   }
   if (c.has_chat_template()) {
     j["chat_template"] = {{"message", c.chat_message_template},

@@ -11,7 +11,9 @@
 
 namespace fwmodel {
 
-enum class Architecture { kLinearAttention, kFastWeight, kAft };
+// The contract's three architectures, and two imported ones whose whole block (not just
+// the mixer) differs from the contract's (docs/models.md): RWKV-7 "Goose" (x070) and RWKV-4.
+enum class Architecture { kLinearAttention, kFastWeight, kAft, kRwkv7, kRwkv4 };
 enum class FfnKind { kRelu, kSquaredRelu, kGeglu };
 
 // Contract spellings ("linear_attention", "squared_relu", ...).
@@ -26,6 +28,8 @@ struct ModelConfig {
   int format_version = 1;
   Architecture architecture = Architecture::kLinearAttention;
   int vocab_size = 256;
+  // "bytes" (token id = byte value), or "rwkv_world" (models/world_tokenizer.h, its
+  // vocabulary file in the model directory; id 0 is end of text).
   std::string tokenizer = "bytes";
   int bos_token_id = 10;
   int d_model = 0;
@@ -46,6 +50,14 @@ struct ModelConfig {
   int pkm_topk = 32;            // k <= n_k
   int pkm_dim_key = 128;        // d_k, even
   double pkm_bn_eps = 1e-5;
+  // RWKV-7 only (architecture rwkv7): the ranks of the LoRA maps that make the decay w,
+  // the in-context learning rate a, the value residual's mix v and the output gate g (fla's
+  // names). Required for rwkv7, absent otherwise. n_heads is its number of heads (d_head
+  // = d_model / n_heads, 64 for the released models); d_ff the channel mix's width.
+  int decay_low_rank_dim = 0;
+  int a_low_rank_dim = 0;
+  int v_low_rank_dim = 0;
+  int gate_low_rank_dim = 0;
 
   // Serving metadata, not architecture (an fwserve extension of the contract; see
   // docs/http.md "Chat template"): how the HTTP API renders chat messages into a prompt.
@@ -61,6 +73,10 @@ struct ModelConfig {
   int d_phi() const { return 2 * dpfp_nu * d_head(); }
   bool has_pkm() const { return !pkm_layers.empty(); }
   bool is_pkm_layer(int layer) const;
+  // RWKV blocks (docs/models.md) instead of the contract's norm/mixer/norm/FFN blocks.
+  bool is_rwkv() const {
+    return architecture == Architecture::kRwkv7 || architecture == Architecture::kRwkv4;
+  }
 
   // Checks every value range and cross-field rule; the error names the key.
   absl::Status Validate() const;

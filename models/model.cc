@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "models/mixers/mixer.h"
+#include "models/mixers/rwkv_block.h"
 
 namespace fwmodel {
 namespace {
@@ -45,7 +46,8 @@ struct Model::LayerWeights {
   torch::Tensor proj[3];  // q|r, k, v
   torch::Tensor conv_w[3], conv_b[3];
   torch::Tensor o_w, o_b;
-  std::unique_ptr<Mixer> mixer;  // bound to this layer's weights
+  std::unique_ptr<Mixer> mixer;     // bound to this layer's weights; null for RWKV
+  std::unique_ptr<RwkvBlock> rwkv;  // the whole block, bound (RWKV architectures only)
   torch::Tensor up_w, up_b, down_w, down_b;
   bool pkm = false;  // product-key memory instead of up/down
   torch::Tensor query_w, bn_w, bn_b, bn_mean, bn_var, keys, values;
@@ -87,6 +89,19 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> ExpectedWeightShapes(
     const ModelConfig& c) {
   const int64_t d = c.d_model, f = c.d_ff, V = c.vocab_size;
   std::vector<std::pair<std::string, std::vector<int64_t>>> shapes;
+  if (c.is_rwkv()) {
+    shapes.push_back({"emb.weight", {V, d}});
+    for (int i = 0; i < c.n_layers; ++i) {
+      for (const auto& [name, shape] : MakeRwkvBlock(c, i)->WeightShapes()) {
+        shapes.push_back({LayerName(i, name), shape});
+      }
+    }
+    shapes.push_back({"ln_out.weight", {d}});
+    shapes.push_back({"ln_out.bias", {d}});
+    if (!c.tie_embeddings) shapes.push_back({"head.weight", {V, d}});
+    std::sort(shapes.begin(), shapes.end());
+    return shapes;
+  }
   const std::unique_ptr<Mixer> mixer = MakeMixer(c);
   shapes.push_back({"embed.weight", {V, d}});
   for (int i = 0; i < c.n_layers; ++i) {
@@ -139,6 +154,11 @@ bool IsBufferName(const std::string& name) {
 
 int64_t FlopsPerToken(const ModelConfig& c) {
   const int64_t d = c.d_model, f = c.d_ff, V = c.vocab_size;
+  if (c.is_rwkv()) {
+    int64_t macs = V * d;  // head
+    for (int i = 0; i < c.n_layers; ++i) macs += MakeRwkvBlock(c, i)->MacsPerToken();
+    return 2 * macs;
+  }
   const int64_t mixer_macs = MakeMixer(c)->MacsPerToken();  // q|r, k, v, o and its own
   int64_t macs = 0;
   for (int i = 0; i < c.n_layers; ++i) {
@@ -224,6 +244,17 @@ absl::Status Model::BindWeights() {
   for (int i = 0; i < c.n_layers; ++i) {
     auto w = std::make_shared<LayerWeights>();
     auto get = [&](const std::string& suffix) { return weights_.at(LayerName(i, suffix)); };
+    if (c.is_rwkv()) {
+      w->rwkv = MakeRwkvBlock(c, i);
+      w->rwkv->Bind(get);
+      mixer_state_index_.push_back(static_cast<int>(state_spec_.size()));
+      conv_state_index_.push_back(-1);
+      for (const StateTensorSpec& s : w->rwkv->StateSpec()) {
+        state_spec_.push_back({LayerName(i, s.name), s.shape});
+      }
+      layers_.push_back(std::move(w));
+      continue;
+    }
     w->mixer = MakeMixer(c, options_);
     const auto names = w->mixer->ProjectionNames();
     w->norm1_w = get("norm1.weight");
@@ -274,6 +305,23 @@ absl::Status Model::BindWeights() {
   return absl::OkStatus();
 }
 
+namespace {
+// A fresh weight of an RWKV model: the block's own initialisation inside blocks, LayerNorm
+// weights 1 and biases 0, embedding and head N(0, 1/d).
+torch::Tensor InitRwkvWeight(const ModelConfig& config, const std::string& name,
+                             const std::vector<int64_t>& shape, at::Generator& generator) {
+  auto f32 = torch::TensorOptions().dtype(torch::kFloat32);
+  if (name.rfind("blocks.", 0) == 0) {
+    const size_t dot = name.find('.', 7);
+    const int layer = std::stoi(name.substr(7, dot - 7));
+    return MakeRwkvBlock(config, layer)->InitWeight(name.substr(dot + 1), shape, generator);
+  }
+  if (name == "ln_out.weight") return torch::ones(shape, f32);
+  if (name == "ln_out.bias") return torch::zeros(shape, f32);
+  return torch::randn(shape, generator, f32) / std::sqrt(static_cast<double>(config.d_model));
+}
+}  // namespace
+
 absl::StatusOr<Model> Model::InitRandom(const ModelConfig& config, uint64_t seed,
                                         const ModelOptions& options) {
   absl::Status valid = config.Validate();
@@ -284,6 +332,10 @@ absl::StatusOr<Model> Model::InitRandom(const ModelConfig& config, uint64_t seed
   const double residual_std = 0.02 / std::sqrt(2.0 * config.n_layers);
   std::map<std::string, torch::Tensor> weights;
   for (const auto& [name, shape] : ExpectedWeightShapes(config)) {
+    if (config.is_rwkv()) {
+      weights[name] = InitRwkvWeight(config, name, shape, generator);
+      continue;
+    }
     auto ends_with = [&](const std::string& s) {
       return name.size() >= s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0;
     };
@@ -366,7 +418,12 @@ State Model::InitialState(int64_t batch) const {
     state.tensors.push_back(torch::zeros(shape, opts));
   }
   for (int i = 0; i < config_.n_layers; ++i) {
-    layers_[i]->mixer->InitState(&state.tensors[mixer_state_index_[i]]);
+    torch::Tensor* first = &state.tensors[mixer_state_index_[i]];
+    if (layers_[i]->rwkv != nullptr) {
+      layers_[i]->rwkv->InitState(first);
+    } else {
+      layers_[i]->mixer->InitState(first);
+    }
   }
   return state;
 }
@@ -389,11 +446,22 @@ std::map<std::string, torch::Tensor> Model::ExportWeights() const {
 // Shared pieces
 
 torch::Tensor Model::EmbedTokens(const torch::Tensor& tokens) const {
+  if (config_.is_rwkv()) {
+    return torch::layer_norm(torch::embedding(weights_.at("emb.weight"), tokens), {config_.d_model},
+                             weights_.at("blocks.0.ln0.weight"), weights_.at("blocks.0.ln0.bias"),
+                             config_.norm_eps);
+  }
   return torch::embedding(weights_.at("embed.weight"), tokens);
 }
 
 torch::Tensor Model::Head(const torch::Tensor& h) const {
   const int64_t d = config_.d_model;
+  if (config_.is_rwkv()) {
+    torch::Tensor x = torch::layer_norm(h, {d}, weights_.at("ln_out.weight"),
+                                        weights_.at("ln_out.bias"), config_.norm_eps);
+    return torch::linear(
+        x, weights_.at(config_.tie_embeddings ? std::string("emb.weight") : "head.weight"));
+  }
   torch::Tensor x = torch::layer_norm(h, {d}, weights_.at("norm_f.weight"),
                                       weights_.at("norm_f.bias"), config_.norm_eps);
   const torch::Tensor& head =
@@ -599,6 +667,13 @@ torch::Tensor Model::ForwardUnchecked(const torch::Tensor& tokens, State* state,
                                       bool training) const {
   const int64_t d = config_.d_model;
   torch::Tensor h = EmbedTokens(tokens);  // [B, T, d]
+  if (config_.is_rwkv()) {
+    torch::Tensor v_first;
+    for (int i = 0; i < config_.n_layers; ++i) {
+      h = layers_[i]->rwkv->Forward(h, &state->tensors[mixer_state_index_[i]], &v_first);
+    }
+    return Head(h);
+  }
   for (int i = 0; i < config_.n_layers; ++i) {
     const LayerWeights& w = *layers_[i];
     torch::Tensor a = torch::layer_norm(h, {d}, w.norm1_w, w.norm1_b, config_.norm_eps);
@@ -623,6 +698,13 @@ torch::Tensor Model::MixerStep(int layer, const torch::Tensor& a, State* state) 
 torch::Tensor Model::StepUnchecked(const torch::Tensor& tokens, State* state) const {
   const int64_t d = config_.d_model;
   torch::Tensor h = EmbedTokens(tokens);  // [B, d]
+  if (config_.is_rwkv()) {
+    torch::Tensor v_first;
+    for (int i = 0; i < config_.n_layers; ++i) {
+      h = layers_[i]->rwkv->Step(h, &state->tensors[mixer_state_index_[i]], &v_first);
+    }
+    return Head(h);
+  }
   for (int i = 0; i < config_.n_layers; ++i) {
     const LayerWeights& w = *layers_[i];
     torch::Tensor a = torch::layer_norm(h, {d}, w.norm1_w, w.norm1_b, config_.norm_eps);

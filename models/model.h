@@ -99,7 +99,8 @@ class Model {
   // Value slots of all product-key memories (n_k² per PKM block); 0 without PKM.
   int64_t memory_slots() const;
 
-  // Layer `layer`'s mixer (its architecture's forms), bound to its weights.
+  // Layer `layer`'s mixer (its architecture's forms), bound to its weights. Only for the
+  // contract's architectures (config().is_rwkv() false): RWKV blocks are whole.
   const Mixer& mixer(int layer) const;
 
   const std::vector<StateTensorSpec>& state_spec() const { return state_spec_; }

@@ -144,6 +144,11 @@ absl::StatusOr<std::unique_ptr<NativeStep>> NativeStep::Create(const Model& mode
   if (!model.options().device.is_cpu() || model.options().dtype != torch::kFloat32) {
     return absl::FailedPreconditionError("the native decode step needs a float32 model on the CPU");
   }
+  if (model.config().is_rwkv()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the native decode step has no kernel for architecture ",
+        ArchitectureName(model.config().architecture), " (LibTorch's step serves it)"));
+  }
   if (options.threads < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("threads must be >= 0 (0: LibTorch's count), got ", options.threads));

@@ -76,6 +76,12 @@ std::string Utf8StreamDecoder::Push(int64_t token) {
   return out;
 }
 
+std::string Utf8StreamDecoder::PushBytes(std::string_view bytes) {
+  std::string out;
+  for (char c : bytes) out += Push(static_cast<uint8_t>(c));
+  return out;
+}
+
 std::string Utf8StreamDecoder::Finish() {
   if (pending_.empty()) return "";
   pending_.clear();

@@ -25,6 +25,10 @@ class Utf8StreamDecoder {
   // Feeds one byte (token ids >= 256 are not bytes and decode as U+FFFD).
   // Returns the text that became complete.
   std::string Push(int64_t token);
+  // Feeds the bytes of one multi-byte token (the world tokenizer's TokenBytes), byte by
+  // byte as Push does: the result never ends inside a character, whatever the token
+  // boundaries. Returns the text that became complete.
+  std::string PushBytes(std::string_view bytes);
   // Flushes a trailing incomplete sequence as U+FFFD. The decoder is reset.
   std::string Finish();
   // Bytes held back waiting for the rest of a character (0 to 3).

@@ -18,6 +18,7 @@ add_executable(fwserve_model_tests
   unit/native_step_test.cc
   unit/graphed_step_test.cc
   unit/batch_sampler_test.cc
+  unit/rwkv_test.cc
 )
 # The CUDA equivalence cases only where this LibTorch has CUDA: on a CPU LibTorch they
 # could only skip, and under CI a skipped test fails the run (scripts/test.sh).
@@ -29,8 +30,10 @@ endif()
 target_compile_options(fwserve_model_tests PRIVATE ${FWSERVE_WARNINGS})
 target_link_libraries(fwserve_model_tests PRIVATE fwserve_test_util GTest::gtest_main)
 target_precompile_headers(fwserve_model_tests REUSE_FROM fwserve_models)
+# Debian's python3 runs tools/convert_rwkv_cpp.py (standard library only) in rwkv_test.cc.
+find_program(FWSERVE_MODEL_TESTS_PYTHON3 python3 PATHS /usr/bin NO_DEFAULT_PATH REQUIRED)
 target_compile_definitions(fwserve_model_tests PRIVATE
-  FWSERVE_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
+  FWSERVE_SOURCE_DIR="${PROJECT_SOURCE_DIR}" FWSERVE_PYTHON3="${FWSERVE_MODEL_TESTS_PYTHON3}")
 gtest_discover_tests(fwserve_model_tests DISCOVERY_TIMEOUT 120
                      PROPERTIES LABELS unit ENVIRONMENT OMP_NUM_THREADS=1)
 

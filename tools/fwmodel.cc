@@ -14,6 +14,7 @@
 #include "models/file_util.h"
 #include "models/model.h"
 #include "models/sampler.h"
+#include "models/text_tokenizer.h"
 #include "models/tokenizer.h"
 #include "nlohmann/json.hpp"
 
@@ -152,7 +153,13 @@ int Score(const std::string& dir) {
   }
   auto loaded = Load(dir);
   if (!loaded.ok()) return Fail(loaded.status());
-  auto logprobs = fwmodel::ScoreTokens(loaded->model, fwmodel::EncodeBytes(*text));
+  auto tokenizer = fwmodel::TextTokenizer::ForModel(loaded->model.config(), dir);
+  if (!tokenizer.ok()) return Fail(tokenizer.status());
+  const std::vector<int64_t> ids = tokenizer->Encode(*text);
+  if (ids.size() < 2) {
+    return Fail(absl::InvalidArgumentError("--text-file must hold at least 2 tokens to score"));
+  }
+  auto logprobs = fwmodel::ScoreTokens(loaded->model, ids);
   if (!logprobs.ok()) return Fail(logprobs.status());
   double sum = 0;
   for (double lp : *logprobs) sum -= lp;
@@ -173,14 +180,14 @@ int Score(const std::string& dir) {
                                    window_sum / static_cast<double>(end - start));
     }
   } else {
-    std::cout << "position\tbyte\tlogprob\n";
+    std::cout << "position\ttoken\tlogprob\n";  // token: the byte value for `bytes`
     for (size_t i = 0; i < logprobs->size(); ++i) {
-      std::cout << absl::StrFormat("%zu\t%d\t%.6f\n", i + 1, static_cast<uint8_t>((*text)[i + 1]),
-                                   (*logprobs)[i]);
+      std::cout << absl::StrFormat("%zu\t%d\t%.6f\n", i + 1, ids[i + 1], (*logprobs)[i]);
     }
   }
-  std::cout << absl::StrFormat("tokens scored: %zu\nmean: %.6f nats/byte, %.6f bits/byte\n",
-                               logprobs->size(), mean, mean / std::log(2.0));
+  const char* unit = tokenizer->end_of_text() < 0 ? "byte" : "token";
+  std::cout << absl::StrFormat("tokens scored: %zu\nmean: %.6f nats/%s, %.6f bits/%s\n",
+                               logprobs->size(), mean, unit, mean / std::log(2.0), unit);
   return 0;
 }
 
@@ -200,7 +207,9 @@ int Generate(const std::string& dir) {
   torch::NoGradGuard no_grad;
 
   std::string prompt = absl::GetFlag(FLAGS_prompt);
-  std::vector<int64_t> ids = fwmodel::EncodeBytes(prompt);
+  auto tokenizer = fwmodel::TextTokenizer::ForModel(model.config(), dir);
+  if (!tokenizer.ok()) return Fail(tokenizer.status());
+  std::vector<int64_t> ids = tokenizer->Encode(prompt);
   if (ids.empty()) ids.push_back(model.config().bos_token_id);
   std::cout << prompt << std::flush;
 
@@ -213,7 +222,10 @@ int Generate(const std::string& dir) {
   const int64_t vocab = model.config().vocab_size;
   for (int32_t i = 0; i < max_tokens; ++i) {
     const int64_t token = fwserve::SampleToken(logits.data_ptr<float>(), vocab, params, rng);
-    std::cout << decoder.Push(token) << std::flush;
+    if (token == tokenizer->end_of_text()) break;
+    std::cout << (tokenizer->end_of_text() < 0 ? decoder.Push(token)
+                                               : decoder.PushBytes(tokenizer->TokenBytes(token)))
+              << std::flush;
     if (i + 1 == max_tokens) break;
     auto next = model.Step(torch::tensor({token}, torch::kInt64), &state);
     if (!next.ok()) return Fail(next.status());

@@ -1,5 +1,7 @@
 #include "models/mixers/mixer.h"
 
+#include "models/mixers/rwkv_block.h"
+
 namespace fwmodel {
 
 // Defined in linear_attention.cc, fast_weight.cc, aft.cc.
@@ -7,6 +9,9 @@ std::unique_ptr<Mixer> MakeLinearAttentionMixer(const ModelConfig& config,
                                                 const ModelOptions& options);
 std::unique_ptr<Mixer> MakeFastWeightMixer(const ModelConfig& config, const ModelOptions& options);
 std::unique_ptr<Mixer> MakeAftMixer(const ModelConfig& config, const ModelOptions& options);
+// rwkv7.cc, rwkv4.cc.
+std::unique_ptr<RwkvBlock> MakeRwkv7Block(const ModelConfig& config, int layer);
+std::unique_ptr<RwkvBlock> MakeRwkv4Block(const ModelConfig& config, int layer);
 
 int64_t Mixer::MacsPerToken() const {
   const int64_t d = config_.d_model;
@@ -27,8 +32,17 @@ std::unique_ptr<Mixer> MakeMixer(const ModelConfig& config, const ModelOptions& 
       return MakeFastWeightMixer(config, options);
     case Architecture::kAft:
       return MakeAftMixer(config, options);
+    case Architecture::kRwkv7:
+    case Architecture::kRwkv4:
+      return nullptr;  // whole blocks: MakeRwkvBlock
   }
-  return nullptr;  // not reached: Validate() accepts only the three
+  return nullptr;
+}
+
+std::unique_ptr<RwkvBlock> MakeRwkvBlock(const ModelConfig& config, int layer) {
+  if (config.architecture == Architecture::kRwkv7) return MakeRwkv7Block(config, layer);
+  if (config.architecture == Architecture::kRwkv4) return MakeRwkv4Block(config, layer);
+  return nullptr;
 }
 
 }  // namespace fwmodel

@@ -253,6 +253,17 @@ TEST(ChatTemplateTest, ConfigTemplateRendersChat) {
                           fwserve::ChatTemplateOf(fwmodel::ModelConfigToJson(*plain)), "messages");
   ASSERT_TRUE(by_default.ok());
   EXPECT_EQ(*by_default, "USER:\nHail\n\nASSISTANT:\n");
+  // RWKV's G1 template, with the capitalised {Role}.
+  const fwserve::ChatTemplate g1{"{Role}: {content}\n\n", "Assistant:"};
+  auto g1_rendered =
+      fwserve::RenderChat(nlohmann::json::parse(R"([{"role": "system", "content": "Be brief."},
+                                {"role": "user", "content": "Hail"},
+                                {"role": "assistant", "content": "Hi."},
+                                {"role": "USER", "content": "Again"}])"),
+                          g1, "messages");
+  ASSERT_TRUE(g1_rendered.ok()) << g1_rendered.status();
+  EXPECT_EQ(*g1_rendered,
+            "System: Be brief.\n\nUser: Hail\n\nAssistant: Hi.\n\nUser: Again\n\nAssistant:");
 }
 
 TEST(StopFilterTest, HoldsBackPartialMatches) {

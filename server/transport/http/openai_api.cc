@@ -551,7 +551,12 @@ absl::StatusOr<std::string> RenderChat(const json& messages, const ChatTemplate&
       if (!name.ok()) return name.status();
       if (!name->empty()) absl::StrAppend(&label, " (", *name, ")");
     }
-    out += absl::StrReplaceAll(chat_template.message, {{"{role}", label}, {"{content}", text}});
+    // {role}: upper-cased ("USER", with the participant's name); {Role}: the first
+    // letter capitalised ("User", as RWKV's G1 template writes it).
+    std::string capitalised = absl::AsciiStrToLower(role_name);
+    capitalised[0] = absl::ascii_toupper(static_cast<unsigned char>(capitalised[0]));
+    out += absl::StrReplaceAll(chat_template.message,
+                               {{"{role}", label}, {"{Role}", capitalised}, {"{content}", text}});
   }
   if (add_generation_prompt) out += chat_template.generation_prompt;
   return out;

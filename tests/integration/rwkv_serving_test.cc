@@ -1,0 +1,119 @@
+// fwserve serving rwkv.cpp's tiny trained RWKV-7 and RWKV-4 models (tests/data/rwkv,
+// converted by tools/convert_rwkv_cpp.py), through the real client: the first greedy
+// token after `"in` is the argmax of rwkv.cpp's expected logits with its log-probability,
+// scoring equals the model library's, and a session continues the same after a fork and
+// after an export and import.
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "client/client.h"
+#include "tests/integration/harness.h"
+
+namespace fwtest {
+namespace {
+
+namespace v1 = fwserve::v1;
+
+class RwkvServingTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  static void SetUpTestSuite() {
+    models_dir_ = new std::string(MakeTempDir("rwkv"));
+    for (const char* version : {"7v0-834K", "4v0-660K"}) {
+      const std::string command = std::string(FWSERVE_PYTHON3) + " " + FWSERVE_SOURCE_DIR +
+                                  "/tools/convert_rwkv_cpp.py " + FWSERVE_SOURCE_DIR +
+                                  "/tests/data/rwkv/tiny-rwkv-" + version + "-FP32.bin " +
+                                  *models_dir_ + "/" + version + " >/dev/null";
+      ASSERT_EQ(std::system(command.c_str()), 0) << command;
+    }
+  }
+  std::string ModelDir() const { return *models_dir_ + "/" + GetParam(); }
+  std::unique_ptr<Harness> Start() {
+    fwserve::CoreOptions options;
+    options.model_dirs = {ModelDir()};
+    return Harness::Start(options);
+  }
+  static std::string* models_dir_;
+};
+std::string* RwkvServingTest::models_dir_ = nullptr;
+
+std::vector<float> ExpectedLogits(const std::string& version) {
+  std::ifstream in(
+      std::string(FWSERVE_SOURCE_DIR) + "/tests/data/rwkv/expected-logits-" + version + ".bin",
+      std::ios::binary);
+  std::vector<float> logits(256);
+  in.read(reinterpret_cast<char*>(logits.data()), 256 * sizeof(float));
+  EXPECT_TRUE(in.good());
+  return logits;
+}
+
+TEST_P(RwkvServingTest, FirstGreedyTokenAfterQuoteInIsRwkvCppsArgmax) {
+  auto server = Start();
+  ASSERT_NE(server, nullptr);
+  const std::vector<float> expected = ExpectedLogits(GetParam());
+  const int64_t argmax = std::max_element(expected.begin(), expected.end()) - expected.begin();
+  double norm = 0;
+  for (float l : expected) norm += std::exp(static_cast<double>(l - expected[argmax]));
+  v1::GenerateRequest request = GreedyRequest("\"in", 1);
+  request.set_logprobs(true);
+  auto result = server->client().Generate(request);
+  ASSERT_TRUE(result.ok()) << result.status();
+  ASSERT_EQ(result->token_ids.size(), 1u);
+  EXPECT_EQ(result->token_ids[0], argmax);
+  ASSERT_EQ(result->logprobs.size(), 1u);
+  EXPECT_NEAR(result->logprobs[0], -std::log(norm), 1e-4);
+}
+
+TEST_P(RwkvServingTest, ScoreEqualsTheModelLibrary) {
+  auto server = Start();
+  ASSERT_NE(server, nullptr);
+  const std::string text = "In the beginning was the word, and the word was \"in\".";
+  v1::ScoreRequest request;
+  request.set_text(text);
+  auto scored = server->client().Score(request);
+  ASSERT_TRUE(scored.ok()) << scored.status();
+  const std::vector<double> reference = ReferenceScore(ModelDir(), text);
+  ASSERT_EQ(static_cast<size_t>(scored->logprobs_size()), reference.size());
+  for (size_t i = 0; i < reference.size(); ++i) {
+    EXPECT_NEAR(scored->logprobs(static_cast<int>(i)), reference[i], 1e-4) << "token " << i;
+  }
+}
+
+TEST_P(RwkvServingTest, SessionContinuesTheSameAfterForkAndAfterExportImport) {
+  auto server = Start();
+  ASSERT_NE(server, nullptr);
+  auto& client = server->client();
+  auto session = client.CreateSession("", "The king said: ");
+  ASSERT_TRUE(session.ok()) << session.status();
+  auto fork = client.ForkSession(session->session_id());
+  ASSERT_TRUE(fork.ok()) << fork.status();
+  auto exported = client.ExportSession(session->session_id());
+  ASSERT_TRUE(exported.ok()) << exported.status();
+  auto imported = client.ImportSession(exported->blob());
+  ASSERT_TRUE(imported.ok()) << imported.status();
+  auto original = client.Generate(GreedyRequest("", 24, session->session_id()));
+  auto forked = client.Generate(GreedyRequest("", 24, fork->session_id()));
+  auto reimported = client.Generate(GreedyRequest("", 24, imported->session_id()));
+  ASSERT_TRUE(original.ok() && forked.ok() && reimported.ok());
+  EXPECT_EQ(original->token_ids.size(), 24u);
+  EXPECT_EQ(forked->token_ids, original->token_ids);
+  EXPECT_EQ(reimported->token_ids, original->token_ids);
+  // A fresh session with the same prefix gives the same continuation too.
+  auto fresh = client.Generate(GreedyRequest("The king said: ", 24));
+  ASSERT_TRUE(fresh.ok());
+  EXPECT_EQ(fresh->token_ids, original->token_ids);
+}
+
+INSTANTIATE_TEST_SUITE_P(Tiny, RwkvServingTest, ::testing::Values("7v0-834K", "4v0-660K"),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           return "v" + info.param.substr(0, 1);
+                         });
+
+}  // namespace
+}  // namespace fwtest
