@@ -91,9 +91,17 @@ while [[ -z "$port" ]]; do
 done
 listening=$(date +%s.%N)
 build_start=${build_start:-$listening} build_end=${build_end:-$listening}
+# The first byte of the reply on stdout is the first token (head then closes the pipe).
 FWSERVE_TARGET="127.0.0.1:$port" build/client/fwctl generate --max-tokens 16 "ROMEO:" |
-  head -c 1 >/dev/null
+  head -c 1 >/dev/null || true
 token=$(date +%s.%N)
+stop
+trap - EXIT
+# CPU time of everything serve.sh ran (the compilers included), reaped by now: on a
+# shared machine the wall time above is longer than on an idle one.
+times >"$work/times"  # the builtin, in this shell: its children's times
+read -r cpu_user cpu_sys < <(tail -1 "$work/times" | awk '{ for (i = 1; i <= 2; i++) {
+  split($i, t, "m"); sub("s", "", t[2]); printf "%.1f ", t[1] * 60 + t[2] } }')
 
 steps=$(grep -c '^\[[0-9]*/[0-9]*\] ' "$log" || true)
 elapsed() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.1f", b - a }'; }
@@ -104,4 +112,6 @@ echo "  build of fwserve, fwctl ($steps steps): $(elapsed "$build_start" "$build
 echo "  server start (model load):       $(elapsed "$build_end" "$listening") s"
 echo "  first token after listening:     $(elapsed "$listening" "$token") s"
 echo "  total, clone to first token:     $(elapsed "$start" "$token") s"
+echo "  CPU time of serve.sh and its children: user ${cpu_user:-?} s, system ${cpu_sys:-?} s"
+echo "  load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "  log: $log"
