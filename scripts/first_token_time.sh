@@ -49,6 +49,7 @@ if [[ "$mode" == container ]]; then
   # The script itself comes from the working tree, the sources from HEAD.
   git -C "$repo" archive --format=tar HEAD |
     "$engine" run --rm -i --network host --pull=never \
+      --ulimit nofile=1024:1024 --ulimit nproc=1024:1024 \
       -v "$repo/scripts/first_token_time.sh:/first_token_time.sh:ro" "$base" \
       bash -c "mkdir /fwserve && cd /fwserve && tar x && /first_token_time.sh ${flags[*]}"
   exit $?
@@ -67,6 +68,7 @@ cloned=$(date +%s.%N)
 log="$work/serve.log"
 export FWSERVE_STATE_DIR="$work/state"
 # serve.sh execs fwserve: $serve is the server's pid once it runs.
+: >"$log"
 scripts/serve.sh --listen 127.0.0.1:0 --http-listen 127.0.0.1:0 --metrics-listen= \
   >"$log" 2>&1 &
 serve=$!
@@ -90,7 +92,8 @@ while [[ -z "$port" ]]; do
   sleep 0.1
 done
 listening=$(date +%s.%N)
-build_start=${build_start:-$listening} build_end=${build_end:-$listening}
+build_end=${build_end:-$listening}
+build_start=${build_start:-$build_end}
 # The first byte of the reply on stdout is the first token (head then closes the pipe).
 FWSERVE_TARGET="127.0.0.1:$port" build/client/fwctl generate --max-tokens 16 "ROMEO:" |
   head -c 1 >/dev/null || true
@@ -101,7 +104,7 @@ trap - EXIT
 # shared machine the wall time above is longer than on an idle one.
 times >"$work/times"  # the builtin, in this shell: its children's times
 read -r cpu_user cpu_sys < <(tail -1 "$work/times" | awk '{ for (i = 1; i <= 2; i++) {
-  split($i, t, "m"); sub("s", "", t[2]); printf "%.1f ", t[1] * 60 + t[2] } }')
+  split($i, t, "m"); sub("s", "", t[2]); printf "%.1f ", t[1] * 60 + t[2] } print "" }')
 
 steps=$(grep -c '^\[[0-9]*/[0-9]*\] ' "$log" || true)
 elapsed() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.1f", b - a }'; }
