@@ -5,13 +5,14 @@ Each binary is started with OpenBLAS's slow "Prescott" core really loaded
 (OPENBLAS_CORETYPE=Prescott, with FWSERVE_OPENBLAS_CORETYPE_IS_DETECTED=1 so that it
 counts as OpenBLAS's own detection, as on a CPU that Debian 12's OpenBLAS 0.3.21
 misdetects), and must log that it set the core this CPU runs best and that
-openblas_get_corename() in the started process now names it. A user's own
-OPENBLAS_CORETYPE is left alone. Skips (77) on a CPU with no AVX, where Prescott is right.
+openblas_get_corename() in the started process now names it. OpenBLAS's own choice,
+when it matches the CPU, and a user's own OPENBLAS_CORETYPE are left alone. Skips (77) on a CPU with no AVX, where Prescott is right.
 
 Usage: openblas_core_test.py --fwserve PATH --fwmodel PATH --fwtrain PATH --model DIR
 """
 import argparse
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -45,6 +46,9 @@ def run(command, env_extra, drop=("OPENBLAS_CORETYPE", "FWSERVE_OPENBLAS_CORETYP
     return subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
 
 
+# Instruction-set levels of OpenBLAS's x86-64 cores that match a CPU at or above them.
+LEVELS = {"SkylakeX": 3, "Cooperlake": 3, "SapphireRapids": 3, "Haswell": 2, "Zen": 2,
+          "Excavator": 2, "Sandybridge": 1, "Bulldozer": 1, "Piledriver": 1, "Steamroller": 1}
 SLOW = {"OPENBLAS_CORETYPE": "Prescott", "FWSERVE_OPENBLAS_CORETYPE_IS_DETECTED": "1"}
 
 
@@ -74,6 +78,19 @@ class OpenBlasCoreTest(unittest.TestCase):
                           "--listen", "127.0.0.1:0", "--metrics-listen="], SLOW)
         self.assertEqual(result.returncode, 2, result.stderr)
         self.assert_fixed(result, CORE)
+
+    def test_a_correct_detection_is_left_alone(self):
+        # OpenBLAS's own choice on this CPU (OPENBLAS_VERBOSE=2 prints "Core: NAME" when it
+        # loads, in the first process): at the CPU's level, nothing is set or logged.
+        result = run([ARGS.fwmodel, "info", ARGS.model], {"OPENBLAS_VERBOSE": "2"})
+        self.assertEqual(result.returncode, 0, result.stderr)
+        text = result.stdout + result.stderr
+        detected = re.search(r"Core: (\w+)", text)
+        self.assertIsNotNone(detected, text)
+        if LEVELS.get(detected.group(1), -1) >= LEVELS[CORE]:
+            self.assertNotIn("OpenBLAS detected", text)
+        else:  # a CPU that this OpenBLAS misdetects: the fix fires on its own
+            self.assertIn(f"as core {detected.group(1)}; set OPENBLAS_CORETYPE={CORE} ", text)
 
     def test_a_users_core_wins(self):
         result = run([ARGS.fwmodel, "info", ARGS.model], {"OPENBLAS_CORETYPE": "Prescott"})
