@@ -249,9 +249,10 @@ std::vector<fwserve::FlagGroup> HelpGroups() {
 int main(int argc, char** argv) {
   // OMP_WAIT_POLICY=PASSIVE when unset: LibTorch's OpenMP workers (libgomp) then sleep
   // between parallel regions instead of taking CPU from the engine, the transports and
-  // the clients (1.14x-1.57x the tokens/s at 64 streams, docs/benchmarks.md "OpenMP wait
-  // policy"); and OPENBLAS_CORETYPE when OpenBLAS misdetected the CPU (docs/serving.md).
-  // Both are read at load, so this executes fwserve again once when it sets one.
+  // the clients (1.14x-1.57x the tokens/s at 64 streams, 1.2x at 1, docs/benchmarks.md
+  // "OpenMP wait policy"; set OMP_WAIT_POLICY, e.g. ACTIVE, to keep spinning); and
+  // OPENBLAS_CORETYPE when OpenBLAS misdetected the CPU (docs/serving.md, "OpenBLAS
+  // core"). Both are read at load, so this executes fwserve again once when it sets one.
   fwserve::LoadTimeEnvOptions load_time_env;
   load_time_env.passive_openmp_waits = true;
   fwserve::ReexecWithLoadTimeEnv(argv, load_time_env);
