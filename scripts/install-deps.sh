@@ -3,7 +3,8 @@
 # Idempotent: packages already present are left alone. Uses sudo when not root.
 # Usage: scripts/install-deps.sh           everything (build, tests, tools)
 #        scripts/install-deps.sh --build   only what building fwserve and fwctl needs
-#                                          (the image's build stage, deploy/docker/)
+#                                          (scripts/serve.sh; the image's build stage,
+#                                          deploy/docker/)
 #        scripts/install-deps.sh --bench   everything, plus python3-torch for the PyTorch
 #                                          eager baseline (bench/pytorch_baseline.py,
 #                                          BASELINE=1 scripts/bench-serving.sh); the tests
@@ -53,6 +54,14 @@ fi
 
 SUDO=""
 if [[ "$(id -u)" -ne 0 ]]; then SUDO="sudo"; fi
+ARGS=("$@")
+need_sudo() {
+  if [[ -n "$SUDO" ]] && ! command -v sudo >/dev/null; then
+    echo "install-deps: installing Debian packages needs root, and sudo is not installed:" \
+      "run \`su -c '$0 ${ARGS[*]}'\` once, then this command again" >&2
+    exit 1
+  fi
+}
 
 # The npm clients of tests/openai_client (the official openai package, the Vercel AI SDK,
 # LangChain JS), at the versions its committed package-lock.json pins (npm ci; nothing is
@@ -61,6 +70,7 @@ if [[ "$(id -u)" -ne 0 ]]; then SUDO="sudo"; fi
 install_openai_client() {
   [[ "${1:-}" == "--build" ]] && return 0
   if ! command -v npm >/dev/null; then
+    need_sudo
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends npm
   fi
   local dir stale
@@ -97,6 +107,7 @@ if [[ ${#missing[@]} -eq 0 ]]; then
 fi
 
 echo "install-deps: installing ${missing[*]}"
+need_sudo
 $SUDO apt-get update -qq
 DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 install_openai_client "$@"

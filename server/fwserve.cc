@@ -1,5 +1,6 @@
-// fwserve: serves recurrent-state language models over gRPC. `fwserve --help` lists
-// every flag; README.md and docs/serving.md describe them.
+// fwserve: serves recurrent-state language models over gRPC and the OpenAI-compatible
+// HTTP API. `fwserve --help` lists every flag by group; README.md and docs/serving.md
+// describe them.
 #include <prometheus/exposer.h>
 #include <prometheus/registry.h>
 #include <pthread.h>
@@ -21,6 +22,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
 #include "common/cli_util.h"
+#include "common/load_time_env.h"
 #include "models/blas_check.h"
 #include "models/file_util.h"
 #include "server/base/log.h"
@@ -205,29 +207,57 @@ int Fail(const std::string& message) {
   return 2;
 }
 
-// LibTorch's OpenMP worker threads (libgomp) spin between parallel regions by default,
-// taking CPU from the engine's own threads, the transports and, on a shared machine,
-// the clients. Waiting passively measured 1.14x-1.57x the tokens/s at 64 streams and
-// 1.2x at 1 stream (docs/benchmarks.md, "OpenMP wait policy"). libgomp reads
-// OMP_WAIT_POLICY when it is loaded, before main: so when the variable is unset,
-// fwserve executes itself again, once, with OMP_WAIT_POLICY=PASSIVE (same pid,
-// arguments and environment otherwise). Set the variable (e.g. ACTIVE) to keep it.
-// Returns only if nothing was re-executed.
-void ReexecWithPassiveOpenMpWaits(char** argv) {
-  if (std::getenv("OMP_WAIT_POLICY") != nullptr) return;
-  if (setenv("OMP_WAIT_POLICY", "PASSIVE", /*overwrite=*/0) != 0) return;
-  execv("/proc/self/exe", argv);
-  // exec failed (no /proc): go on with libgomp's default policy.
+// `fwserve --help`: what the server speaks, then its flags in the groups of
+// docs/serving.md. A flag in no group is listed under "Other".
+constexpr char kHelpIntro[] =
+    "fwserve: serves recurrent-state language models over gRPC (fwserve.v1.Fwserve,\n"
+    "--listen) and the OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions,\n"
+    "/v1/responses, the sessions API and a web playground at /; --http-listen, off unless\n"
+    "given), with Prometheus metrics (--metrics-listen).\n"
+    "\n"
+    "Usage: fwserve [--listen HOST:PORT] [--http-listen HOST:PORT] [--model DIR]...\n"
+    "               [--session-store memory|dir:PATH|redis://HOST:PORT] [flags]\n"
+    "With no flags, serves the shipped default model over gRPC on 127.0.0.1:50051.\n"
+    "scripts/serve.sh adds --http-listen 127.0.0.1:8000 and a dir: session store.\n"
+    "Documentation: docs/serving.md (flags), docs/http.md, docs/sessions.md.";
+
+std::vector<fwserve::FlagGroup> HelpGroups() {
+  return {
+      {"Serving", {"listen", "model", "device", "metrics_listen", "log_level", "drain_timeout"}},
+      {"HTTP API",
+       {"http_listen", "http_max_body_bytes", "http_idle_timeout", "http_cors_origins"}},
+      {"Sessions",
+       {"session_store", "session_dir", "session_store_threads", "session_store_password_file",
+        "session_store_timeout", "session_lease_ttl", "session_ttl"}},
+      {"Security",
+       {"tls_cert_file", "tls_key_file", "tls_client_ca_file", "api_keys_file",
+        "session_key_file"}},
+      {"Limits",
+       {"max_prompt_bytes", "max_tokens", "max_sessions", "max_state_memory_bytes",
+        "max_active_streams", "max_streams_per_connection", "grpc_memory_quota_bytes"}},
+      {"Overload",
+       {"max_queued_requests", "max_queue_wait", "queue_codel_target", "queue_codel_interval",
+        "preempt_for_fair_share", "max_refusal_delay"}},
+      {"Performance",
+       {"threads", "prefill_threads", "prefill_chunk_tokens", "batch_wait", "decode_kernel",
+        "native_gemm", "decode_lookahead", "stream_flush_interval", "writer_thread_from_streams"}},
+  };
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  ReexecWithPassiveOpenMpWaits(argv);
-  absl::SetProgramUsageMessage(
-      "serves recurrent-state language models over gRPC (fwserve.v1.Fwserve).\n"
-      "Usage: fwserve [--listen HOST:PORT] [--model DIR]... [--session-store dir:PATH] [flags]\n"
-      "With no flags, serves the shipped default model on 127.0.0.1:50051.");
+  // OMP_WAIT_POLICY=PASSIVE when unset: LibTorch's OpenMP workers (libgomp) then sleep
+  // between parallel regions instead of taking CPU from the engine, the transports and
+  // the clients (1.14x-1.57x the tokens/s at 64 streams, 1.2x at 1, docs/benchmarks.md
+  // "OpenMP wait policy"; set OMP_WAIT_POLICY, e.g. ACTIVE, to keep spinning); and
+  // OPENBLAS_CORETYPE when OpenBLAS misdetected the CPU (docs/serving.md, "OpenBLAS
+  // core"). Both are read at load, so this executes fwserve again once when it sets one.
+  fwserve::LoadTimeEnvOptions load_time_env;
+  load_time_env.passive_openmp_waits = true;
+  fwserve::ReexecWithLoadTimeEnv(argv, load_time_env);
+  absl::SetProgramUsageMessage(kHelpIntro);
+  fwserve::SetGroupedHelp(kHelpIntro, HelpGroups(), "server/fwserve.cc");
   std::vector<std::string> rest;
   std::vector<std::string> models = CollectRepeatedModelFlag(argc, argv, &rest);
   if (!models.empty()) rest.push_back("--model=" + absl::StrJoin(models, ","));
@@ -256,6 +286,7 @@ int main(int argc, char** argv) {
 
   if (auto warning = fwmodel::SlowBlasWarning())
     fwserve::Log(fwserve::LogLevel::kWarning, *warning);
+  if (auto note = fwserve::LoadTimeEnvNote()) fwserve::Log(fwserve::LogLevel::kInfo, *note);
 
   std::shared_ptr<fwserve::Metrics> metrics = fwserve::Metrics::Create();
   std::unique_ptr<prometheus::Exposer> exposer;

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/cli_util.h"
+#include "common/load_time_env.h"
 #include "models/blas_check.h"
 #include "models/checkpoint.h"
 #include "models/file_util.h"
@@ -238,6 +239,8 @@ int Generate(const std::string& dir) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // OPENBLAS_CORETYPE when OpenBLAS misdetected the CPU: executes this binary again once.
+  fwserve::ReexecWithLoadTimeEnv(argv, fwserve::LoadTimeEnvOptions());
   absl::SetProgramUsageMessage(kUsage);
   std::vector<std::string> args = fwserve::ParseFlagsAllowingDashes(argc, argv);
   if (args.size() != 3) {
@@ -245,6 +248,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (auto warning = fwmodel::SlowBlasWarning()) std::fprintf(stderr, "%s\n", warning->c_str());
+  if (auto note = fwserve::LoadTimeEnvNote()) std::fprintf(stderr, "%s\n", note->c_str());
   const std::string& command = args[1];
   const std::string& dir = args[2];
   if (command == "info") return Info(dir);

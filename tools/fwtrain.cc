@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/cli_util.h"
+#include "common/load_time_env.h"
 #include "models/blas_check.h"
 #include "models/checkpoint.h"
 #include "models/file_util.h"
@@ -132,6 +133,8 @@ int Fail(const absl::Status& status) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // OPENBLAS_CORETYPE when OpenBLAS misdetected the CPU: executes this binary again once.
+  fwserve::ReexecWithLoadTimeEnv(argv, fwserve::LoadTimeEnvOptions());
   absl::SetProgramUsageMessage(
       "fwtrain --text FILE --out DIR --config CONFIG.json [options]\n"
       "Trains a model; run the same command again to resume an interrupted run.");
@@ -140,6 +143,7 @@ int main(int argc, char** argv) {
     return Fail(absl::InvalidArgumentError(absl::StrCat("unexpected argument '", args[1], "'")));
   }
   if (auto warning = fwmodel::SlowBlasWarning()) std::fprintf(stderr, "%s\n", warning->c_str());
+  if (auto note = fwserve::LoadTimeEnvNote()) std::fprintf(stderr, "%s\n", note->c_str());
 
   fwmodel::TrainOptions options;
   options.text_path = absl::GetFlag(FLAGS_text);

@@ -1,11 +1,14 @@
 #!/usr/bin/env python3
 """The web playground in a real browser: Debian's chromium + chromedriver (headless),
 driven by python3-selenium, against the real fwserve binary with its HTTP port on
-loopback. Loads the page, sends a prompt, checks that the reply streamed (at least two
-deltas arrived before the end), continues, forks from the first reply and continues
-there (the fork reads no history again: cached_tokens > 0), exports the session, fails
-on any browser console error, and saves a screenshot as the test's artefact. A second
-server with API keys checks that the page asks for the key and sends it.
+loopback. Loads the page, sends a prompt with Enter (Shift+Enter adds a line and sends
+nothing), checks that the reply streamed (at least two deltas arrived before the end),
+continues, forks from the first reply and continues there (the fork reads no history
+again: cached_tokens > 0); the page then shows that branch (the first turn, then the
+new one) with a "‹ 2/2 ›" switcher, and switching back shows the other branch, which a
+next turn continues. Exports the session, fails on any browser console error, and
+saves a screenshot as the test's artefact. A second server with API keys checks that
+the page asks for the key and sends it.
 
 Usage: playground_test.py --fwserve PATH --model DIR --proto-dir DIR --screenshot PNG
 """
@@ -27,6 +30,7 @@ from fwserve_process import add_server_arguments, start_server, stop_server  # n
 from selenium import webdriver  # noqa: E402
 from selenium.webdriver.chrome.service import Service  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.common.keys import Keys  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
 ARGS = None
@@ -85,7 +89,7 @@ class PlaygroundTest(unittest.TestCase):
         prompt = self.driver.find_element(By.ID, "prompt")
         prompt.clear()
         prompt.send_keys(text)
-        self.driver.find_element(By.ID, "send").click()
+        prompt.send_keys(Keys.ENTER)  # Enter sends
         WebDriverWait(self.driver, 60).until(
             lambda d: d.find_element(By.ID, "error").text != "" or d.execute_script(
                 "const r = window.fwPlayground.requests;"
@@ -113,6 +117,16 @@ class PlaygroundTest(unittest.TestCase):
         self.driver.find_element(By.ID, "max-tokens").clear()
         self.driver.find_element(By.ID, "max-tokens").send_keys("120")
 
+        # Shift+Enter adds a line and sends nothing; Enter then sends both lines.
+        prompt = self.driver.find_element(By.ID, "prompt")
+        prompt.send_keys("ROMEO:" + Keys.SHIFT + Keys.ENTER + Keys.NULL + "JULIET:")
+        time.sleep(0.3)
+        self.assertEqual(prompt.get_property("value"), "ROMEO:\nJULIET:")
+        self.assertEqual(self.driver.execute_script(
+            "return window.fwPlayground.requests.length"), 0)
+        self.assertEqual(self.driver.find_elements(By.CSS_SELECTOR, "#log .turn"), [])
+        prompt.clear()
+
         first = self.send("ROMEO:", 0)
         deltas = first["deltas"]
         self.assertGreaterEqual(len(deltas), 2, "the reply did not stream: " + json.dumps(first))
@@ -138,6 +152,7 @@ class PlaygroundTest(unittest.TestCase):
         # Fork from the first reply and continue from there: a new branch.
         forks = self.driver.find_elements(By.CSS_SELECTOR, "button.fork")
         self.assertEqual(len(forks), 2)
+        self.assertEqual(self.driver.find_elements(By.CSS_SELECTOR, ".branch-index"), [])
         forks[0].click()
         self.assertIn(first["responseId"], self.driver.find_element(By.ID, "branch").text)
         branch = self.send(" JULIET:", 2)
@@ -145,6 +160,37 @@ class PlaygroundTest(unittest.TestCase):
         self.assertEqual(branch["usage"]["input_tokens_details"]["cached_tokens"], first_total)
         self.assertNotIn(branch["responseId"], (first["responseId"], second["responseId"]))
         self.assertEqual(self.driver.find_element(By.ID, "cached-tokens").text, str(first_total))
+        # The page shows the branch: the first turn, then the new one, and a switcher.
+        def prompts():
+            return [e.text.strip() for e in self.driver.find_elements(
+                By.CSS_SELECTOR, "#log .user pre")]
+
+        def replies():
+            return [e.text for e in self.driver.find_elements(
+                By.CSS_SELECTOR, "#log .assistant pre")]
+
+        def reply_text(record):
+            return "".join(d["text"] for d in record["deltas"]).strip()
+
+        self.assertEqual(prompts(), ["ROMEO:", "JULIET:"])
+        self.assertEqual([r.strip() for r in replies()], [reply_text(first), reply_text(branch)])
+        self.assertEqual(self.driver.find_element(By.CSS_SELECTOR, ".branch-index").text, "2/2")
+        self.assertIn(branch["responseId"].replace("resp_", ""),
+                      self.driver.find_element(By.ID, "session-id").text)
+        # The other branch is reachable: "‹" shows the second turn where the branch was.
+        self.driver.find_element(By.CSS_SELECTOR, "button.branch-previous").click()
+        self.assertEqual(prompts(), ["ROMEO:", "What light"])
+        self.assertEqual([r.strip() for r in replies()], [reply_text(first), reply_text(second)])
+        self.assertEqual(self.driver.find_element(By.CSS_SELECTOR, ".branch-index").text, "1/2")
+        # A next turn continues the branch shown (the second reply's session).
+        second_total = (second["usage"]["input_tokens_details"]["cached_tokens"] +
+                        second["usage"]["input_tokens"] + second["usage"]["output_tokens"])
+        third = self.send(" Hark", 3)
+        self.assertEqual(third["usage"]["input_tokens_details"]["cached_tokens"], second_total)
+        self.assertEqual(prompts(), ["ROMEO:", "What light", "Hark"])
+        self.assertEqual(self.driver.find_element(By.CSS_SELECTOR, ".branch-index").text, "1/2")
+        self.driver.find_element(By.CSS_SELECTOR, "button.branch-next").click()
+        self.assertEqual(prompts(), ["ROMEO:", "JULIET:"])
 
         self.driver.find_element(By.ID, "export").click()
         WebDriverWait(self.driver, 20).until(
