@@ -259,7 +259,7 @@ TEST(ChatTemplateTest, ConfigTemplateRendersChat) {
       fwserve::RenderChat(nlohmann::json::parse(R"([{"role": "system", "content": "Be brief."},
                                 {"role": "user", "content": "Hail"},
                                 {"role": "assistant", "content": "Hi."},
-                                {"role": "USER", "content": "Again"}])"),
+                                {"role": "user", "content": "Again"}])"),
                           g1, "messages");
   ASSERT_TRUE(g1_rendered.ok()) << g1_rendered.status();
   EXPECT_EQ(*g1_rendered,
