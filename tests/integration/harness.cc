@@ -148,13 +148,29 @@ fwserve::v1::GenerateRequest GreedyRequest(const std::string& prompt, int max_to
   return request;
 }
 
-double GaugeValue(Harness& harness, const std::string& name) {
-  double total = 0;
+namespace {
+
+// Sums `value(metric)` over the series of family `name` in `harness`'s metrics.
+template <typename Value>
+auto SumOver(Harness& harness, const std::string& name, Value value) {
+  decltype(value(prometheus::ClientMetric{})) total{};
   for (const auto& family : harness.metrics().registry()->Collect()) {
     if (family.name != name) continue;
-    for (const auto& metric : family.metric) total += metric.gauge.value;
+    for (const auto& metric : family.metric) total += value(metric);
   }
   return total;
+}
+
+}  // namespace
+
+double GaugeValue(Harness& harness, const std::string& name) {
+  return SumOver(harness, name, [](const prometheus::ClientMetric& m) { return m.gauge.value; });
+}
+
+uint64_t HistogramCount(Harness& harness, const std::string& name) {
+  return SumOver(harness, name, [](const prometheus::ClientMetric& m) {
+    return static_cast<uint64_t>(m.histogram.sample_count);
+  });
 }
 
 }  // namespace fwtest

@@ -76,5 +76,7 @@ class Harness {
 
 // The value of gauge `name` in `harness`'s metrics, summed over its series (0 if none).
 double GaugeValue(Harness& harness, const std::string& name);
+// The observations of histogram `name` in `harness`'s metrics, summed over its series.
+uint64_t HistogramCount(Harness& harness, const std::string& name);
 
 }  // namespace fwtest

@@ -605,16 +605,6 @@ TEST_F(ServerTest, ForkIsIndependent) {
   EXPECT_EQ(server->client().GetSession(fork->session_id())->tokens(), 8 + 5 + 25);
 }
 
-// The count of observations of histogram `name` (summed over its series).
-uint64_t HistogramCount(Harness& harness, const std::string& name) {
-  uint64_t total = 0;
-  for (const auto& family : harness.metrics().registry()->Collect()) {
-    if (family.name != name) continue;
-    for (const auto& metric : family.metric) total += metric.histogram.sample_count;
-  }
-  return total;
-}
-
 TEST_F(ServerTest, ForkAndGenerateIsOneCallWithOneStoreWrite) {
   fwserve::CoreOptions options = Options("fast_weight");
   options.session_store = "dir:" + MakeTempDir("fork-generate");

@@ -3,45 +3,13 @@
 // streams a chat completion, and continues a response by previous_response_id.
 //
 // Usage: node openai_client_test.mjs FWSERVE_BINARY MODEL_DIR
-import { spawn } from "node:child_process";
-import net from "node:net";
 import assert from "node:assert/strict";
 import OpenAI from "openai";
+import { withServer } from "./fwserve_process.mjs";
 
 const [fwserve, model] = process.argv.slice(2);
 
-function freePort() {
-  return new Promise((resolve, reject) => {
-    const server = net.createServer();
-    server.listen(0, "127.0.0.1", () => {
-      const { port } = server.address();
-      server.close(() => resolve(port));
-    });
-    server.on("error", reject);
-  });
-}
-
-async function waitHealthy(base, child) {
-  for (let i = 0; i < 300; i++) {
-    if (child.exitCode !== null) throw new Error(`fwserve exited with ${child.exitCode}`);
-    try {
-      const r = await fetch(`${base}/health`);
-      if (r.ok) return;
-    } catch {}
-    await new Promise((r) => setTimeout(r, 100));
-  }
-  throw new Error("fwserve did not become healthy");
-}
-
-const port = await freePort();
-const base = `http://127.0.0.1:${port}`;
-let log = "";
-const child = spawn(fwserve, ["--listen", "127.0.0.1:0", "--metrics-listen", "", "--model", model,
-                              "--http-listen", `127.0.0.1:${port}`, "--threads", "1"],
-                    { stdio: ["ignore", "ignore", "pipe"] });
-child.stderr.on("data", (d) => { log += d; });
-try {
-  await waitHealthy(base, child);
+await withServer(fwserve, model, async (base) => {
   const client = new OpenAI({ baseURL: `${base}/v1`, apiKey: "unused", maxRetries: 0 });
 
   const models = await client.models.list();
@@ -143,11 +111,4 @@ try {
     (e) => e instanceof OpenAI.BadRequestError && e.param === "n");
   console.log(`PASS: openai npm client: ${deltas} chat deltas, ` +
               `response ${second.id} continued with ${second.usage.input_tokens_details.cached_tokens} cached tokens`);
-} catch (e) {
-  console.error(log);
-  throw e;
-} finally {
-  child.kill("SIGTERM");
-  const code = await new Promise((r) => child.exitCode !== null ? r(child.exitCode) : child.on("exit", r));
-  if (code !== 0) { console.error(`fwserve exited with ${code}`); process.exitCode = 1; }
-}
+});
