@@ -234,6 +234,11 @@ class CoreImpl : public Core {
         return absl::Status(loaded.status().code(),
                             absl::StrCat("--model ", dir, ": ", loaded.status().message()));
       }
+      auto tokenizer = fwmodel::TextTokenizer::ForModel(loaded->model.config(), dir);
+      if (!tokenizer.ok()) {
+        return absl::Status(tokenizer.status().code(),
+                            absl::StrCat("--model ", dir, ": ", tokenizer.status().message()));
+      }
       ModelDescription description;
       description.name = name;
       description.is_default = engines_.empty();
@@ -254,6 +259,7 @@ class CoreImpl : public Core {
       context.budget = &budget_;
       context.clock = clock_;
       context.metrics = model_metrics;
+      context.tokenizer = std::move(*tokenizer);
       engines_.push_back(
           std::make_unique<Engine>(name, std::move(*loaded), ToEngineOptions(options_), context));
       Log(LogLevel::kInfo,
@@ -365,11 +371,9 @@ class CoreImpl : public Core {
     item->tenant = caller.tenant;
     item->session_id = session_id;
     if (!params.fork_from.empty()) item->fork_id = NewSessionId();
-    item->tokens = fwmodel::EncodeBytes(params.prompt);
+    item->text = std::move(params.prompt);  // encoded by the engine (its model's tokenizer)
     item->is_cancelled = std::move(params.is_cancelled);
     params.is_cancelled = nullptr;
-    // The tokens are what the engine uses; do not keep the prompt twice while queued.
-    std::string().swap(params.prompt);
     item->generate = std::move(params);
     item->observer = observer;
     item->arrival = absl::Now();
@@ -402,7 +406,7 @@ class CoreImpl : public Core {
     item->tenant = caller.tenant;
     item->session_id = params.session_id;
     item->is_cancelled = std::move(params.is_cancelled);
-    item->tokens = fwmodel::EncodeBytes(params.text);
+    item->text = params.text;
     item->on_score = done;
     item->arrival = absl::Now();
     if (params.session_id.empty()) {
@@ -430,7 +434,7 @@ class CoreImpl : public Core {
     auto item = std::make_unique<WorkItem>();
     item->kind = WorkItem::Kind::kCreate;
     item->tenant = caller.tenant;
-    item->tokens = fwmodel::EncodeBytes(prefix);
+    item->text = std::move(prefix);
     item->is_cancelled = std::move(is_cancelled);
     item->on_session = done;
     item->arrival = absl::Now();

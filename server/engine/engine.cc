@@ -88,6 +88,7 @@ Engine::Engine(std::string name, fwmodel::LoadedModel loaded, const EngineOption
     : name_(std::move(name)),
       model_(std::move(loaded.model)),
       fingerprint_(std::move(loaded.fingerprint)),
+      tokenizer_(std::move(context.tokenizer)),
       options_(options),
       registry_(&context.directory->registry()),
       directory_(context.directory),
@@ -191,6 +192,10 @@ absl::Status Engine::CheckAdmission(absl::Time deadline) const {
 }
 
 absl::Status Engine::Submit(std::unique_ptr<WorkItem>& item) {
+  if (!item->text.empty()) {
+    item->tokens = tokenizer_.Encode(item->text);
+    std::string().swap(item->text);  // the tokens are what the engine uses
+  }
   if (item->kind == WorkItem::Kind::kGenerate) {
     if (absl::Status late = DeadlineRefusal(item->generate.deadline); !late.ok()) return late;
   }
@@ -617,7 +622,8 @@ void Engine::AdmitStream(Task& t) {
                                                    : options_.stream_flush_interval;
     limits = StreamLimits{g.max_tokens,   g.stop,
                           g.logprobs,     options_.decode_lookahead,
-                          flush_interval, g.min_tokens_per_message};
+                          flush_interval, g.min_tokens_per_message,
+                          &tokenizer_};
     t.rng.seed(g.sampling.seed);
     t.recent.assign(w.tokens.end() - std::min<size_t>(w.tokens.size(), g.repetition_window),
                     w.tokens.end());

@@ -38,6 +38,7 @@
 #include "models/model.h"
 #include "models/native_step.h"
 #include "models/state_codec.h"
+#include "models/text_tokenizer.h"
 #include "models/tokenizer.h"
 #include "server/api/requests.h"
 #include "server/base/clock.h"
@@ -81,6 +82,9 @@ struct WorkItem {
   GenerateObserver* observer = nullptr;  // kGenerate; see server/api/requests.h for its lifetime
   uint64_t stream_id = 0;                // kGenerate
   std::string blob;                      // kImport
+  // The prompt, scored text or prefix as the caller sent it: Engine::Submit encodes it
+  // into `tokens` with the model's tokenizer (the core may not know the model yet).
+  std::string text;
   // The session's state read from the store (or the decoded import blob), when the
   // session was not resident at admission.
   std::optional<fwmodel::DecodedState> loaded;
@@ -104,6 +108,8 @@ struct EngineContext {
   const Clock* clock = nullptr;
   // Never null (the null implementation when metrics are off).
   ModelMetrics* metrics = nullptr;
+  // The model's tokenizer (config.json's `tokenizer`): bytes unless it names another.
+  fwmodel::TextTokenizer tokenizer;
 };
 
 // Answers `item` with `status` through whichever callback its kind has (its lease
@@ -121,6 +127,7 @@ class Engine {
   void Start();
   const std::string& name() const { return name_; }
   const fwmodel::Model& model() const { return model_; }
+  const fwmodel::TextTokenizer& tokenizer() const { return tokenizer_; }
   const std::string& fingerprint() const { return fingerprint_; }
   uint64_t NewStreamId() { return next_stream_id_.fetch_add(1); }
 
@@ -291,6 +298,7 @@ class Engine {
   const std::string name_;
   fwmodel::Model model_;
   const std::string fingerprint_;
+  const fwmodel::TextTokenizer tokenizer_;
   const EngineOptions options_;
   SessionRegistry* const registry_;
   SessionDirectory* const directory_;

@@ -11,9 +11,16 @@ void StreamTask::AddSampled(int64_t token, float logprob, absl::Time now) {
   }
   unsent_.token_ids.push_back(token);
   if (limits_.logprobs) unsent_.logprobs.push_back(logprob);
-  unsent_.text += decoder_.Push(token);
   ++sampled_;
-  if (token < 256) generated_bytes_.push_back(static_cast<char>(token));
+  if (limits_.tokenizer != nullptr) {
+    const std::string bytes = limits_.tokenizer->TokenBytes(token);
+    unsent_.text += decoder_.PushBytes(bytes);
+    generated_bytes_ += bytes;
+    if (token == limits_.tokenizer->end_of_text()) stop_hit_ = true;
+  } else {
+    unsent_.text += decoder_.Push(token);
+    if (token < 256) generated_bytes_.push_back(static_cast<char>(token));
+  }
   for (const std::string& stop : limits_.stop) {
     if (generated_bytes_.size() >= stop.size() &&
         generated_bytes_.compare(generated_bytes_.size() - stop.size(), stop.size(), stop) == 0) {

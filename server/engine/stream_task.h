@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/time/time.h"
+#include "models/text_tokenizer.h"
 #include "models/tokenizer.h"
 #include "server/api/requests.h"
 #include "server/api/session_record.h"
@@ -36,6 +37,10 @@ struct StreamLimits {
   // A message waits for this many tokens (0 = for `lookahead` while flush_interval
   // lasts); in [0, lookahead].
   int64_t min_tokens_per_message = 0;
+  // The model's tokenizer, for the bytes each token stands for and its end of text
+  // (which ends the stream like a stop string). Null: token id = byte value. Not owned;
+  // outlives the stream.
+  const fwmodel::TextTokenizer* tokenizer = nullptr;
 };
 
 class StreamTask {

@@ -14,6 +14,10 @@
 #include <gtest/gtest.h>
 
 #include "client/client.h"
+#include "models/checkpoint.h"
+#include "models/model.h"
+#include "models/text_tokenizer.h"
+#include "models/tokenizer.h"
 #include "tests/integration/harness.h"
 
 namespace fwtest {
@@ -114,6 +118,67 @@ INSTANTIATE_TEST_SUITE_P(Tiny, RwkvServingTest, ::testing::Values("7v0-834K", "4
                          [](const ::testing::TestParamInfo<std::string>& info) {
                            return "v" + info.param.substr(0, 1);
                          });
+
+// A world-vocabulary RWKV-7 (random weights, 65,536 ids, the vocabulary file beside
+// them) is served with its own tokenizer: the prompt is encoded by the world vocabulary
+// (its token count in the usage), and the streamed text is each token's bytes, decoded
+// as UTF-8 across token edges.
+TEST(RwkvWorldServingTest, PromptsAndTextGoThroughTheWorldVocabulary) {
+  fwmodel::ModelConfig config;
+  config.architecture = fwmodel::Architecture::kRwkv7;
+  config.d_model = 32;
+  config.n_layers = 2;
+  config.n_heads = 4;
+  config.d_ff = 48;
+  config.decay_low_rank_dim = 5;
+  config.a_low_rank_dim = 6;
+  config.v_low_rank_dim = 3;
+  config.gate_low_rank_dim = 7;
+  config.vocab_size = 65536;
+  config.tokenizer = "rwkv_world";
+  auto model = fwmodel::Model::InitRandom(config, 11, {});
+  ASSERT_TRUE(model.ok()) << model.status();
+  const std::string dir = MakeTempDir("rwkv-world");
+  ASSERT_TRUE(fwmodel::SaveCheckpoint(*model, dir, fwmodel::DType::kF32).ok());
+  std::ifstream vocab(std::string(FWSERVE_SOURCE_DIR) + "/tests/data/rwkv/rwkv_vocab_v20230424.txt",
+                      std::ios::binary);
+  std::ofstream(dir + "/rwkv_vocab_v20230424.txt", std::ios::binary) << vocab.rdbuf();
+  auto tokenizer = fwmodel::TextTokenizer::ForModel(config, dir);
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+
+  fwserve::CoreOptions options;
+  options.model_dirs = {dir};
+  auto server = Harness::Start(options);
+  ASSERT_NE(server, nullptr);
+  const std::string prompt = "User: Hello, world! \xe4\xb8\x96\xe7\x95\x8c\n\nAssistant:";
+  const std::vector<int64_t> prompt_ids = tokenizer->Encode(prompt);
+  ASSERT_LT(prompt_ids.size(), prompt.size());  // words, not bytes
+  auto session = server->client().CreateSession("", prompt);
+  ASSERT_TRUE(session.ok()) << session.status();
+  EXPECT_EQ(session->tokens(), static_cast<int64_t>(prompt_ids.size()));
+  auto result = server->client().Generate(GreedyRequest(" Hi", 12, session->session_id()));
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->usage.prompt_tokens(), static_cast<int64_t>(tokenizer->Encode(" Hi").size()));
+  // The text is the tokens' bytes (a stream that ended at end of text has one token
+  // without bytes), as UTF-8 with an incomplete last character as U+FFFD.
+  fwmodel::Utf8StreamDecoder decoder;
+  std::string expected;
+  for (int64_t id : result->token_ids) {
+    EXPECT_LT(id, 65536);
+    expected += decoder.PushBytes(tokenizer->TokenBytes(id));
+  }
+  expected += decoder.Finish();
+  EXPECT_EQ(result->text, expected);
+  const bool ended = !result->token_ids.empty() && result->token_ids.back() == 0;
+  EXPECT_EQ(result->token_ids.size(), ended ? result->token_ids.size() : 12u);
+  // The same model through a throwaway request and Score agrees on the prompt's ids.
+  v1::ScoreRequest score;
+  score.set_text(prompt);
+  auto scored = server->client().Score(score);
+  ASSERT_TRUE(scored.ok()) << scored.status();
+  EXPECT_EQ(std::vector<int64_t>(scored->token_ids().begin(), scored->token_ids().end()),
+            prompt_ids);
+}
 
 }  // namespace
 }  // namespace fwtest

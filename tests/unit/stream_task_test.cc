@@ -8,6 +8,8 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "models/config.h"
+#include "models/text_tokenizer.h"
 
 namespace fwserve {
 namespace {
@@ -211,6 +213,40 @@ TEST(StreamTaskTest, LogprobsAreKeptOnlyWhenAsked) {
   StreamTask without(Limits(/*max_tokens=*/10));
   without.AddSampled('a', -0.5f, kT0);
   EXPECT_TRUE(without.TakeChunkForWrite().logprobs.empty());
+}
+
+// With a model's world vocabulary, a token stands for its bytes (a character split
+// across two tokens comes out whole, once both are in), and end of text ends sampling
+// like a stop string, adding no text.
+TEST(StreamTaskTest, AWorldVocabularyStreamsTokenBytesAndStopsAtEndOfText) {
+  fwmodel::ModelConfig config;
+  config.tokenizer = "rwkv_world";
+  config.vocab_size = 65536;
+  auto tokenizer = fwmodel::TextTokenizer::ForModel(
+      config, std::string(FWSERVE_SOURCE_DIR) + "/tests/data/rwkv");
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+  StreamLimits limits;
+  limits.max_tokens = 100;
+  limits.tokenizer = &*tokenizer;
+  StreamTask stream(limits);
+  const absl::Time now = absl::FromUnixSeconds(1);
+  const std::string text = "Hello, world! \xe4\xb8\x96\xe7\x95\x8c";  // ends in two CJK chars
+  std::string streamed;
+  for (int64_t id : tokenizer->Encode(text)) {
+    stream.AddSampled(id, 0.0f, now);
+    ASSERT_FALSE(stream.done_sampling());
+  }
+  // "\xe4" alone (id 229 + 1) is one byte of a character: held back until the rest.
+  stream.AddSampled(0xe4 + 1, 0.0f, now);
+  stream.AddSampled(0xb8 + 1, 0.0f, now);
+  stream.AddSampled(0x96 + 1, 0.0f, now);
+  GenerateChunk chunk = stream.TakeChunkForWrite();
+  EXPECT_EQ(chunk.text, text + "\xe4\xb8\x96");
+  stream.ConfirmWrite();
+  stream.AddSampled(tokenizer->end_of_text(), 0.0f, now);
+  EXPECT_TRUE(stream.done_sampling());
+  EXPECT_TRUE(stream.stop_hit());
+  EXPECT_EQ(stream.TakeChunkForWrite().text, "");
 }
 
 }  // namespace
