@@ -6,6 +6,7 @@
 #include <optional>
 #include <set>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -642,7 +643,8 @@ class CoreImpl : public Core {
     directory_->Claim(tenant, id, model,
                       [this, pending, bind = std::move(bind)](absl::StatusOr<SessionClaim> claim) {
                         absl::Status status =
-                            claim.ok() ? Submit(*pending, *claim, bind) : claim.status();
+                            claim.ok() ? Submit(*pending, *claim, bind)
+                                       : NameClaimedField(claim.status(), *pending->item);
                         if (status.ok()) return;
                         if (!pending->returned) {
                           pending->immediate = status;
@@ -653,6 +655,19 @@ class CoreImpl : public Core {
                       });
     pending->returned = true;
     return pending->immediate;
+  }
+
+  // A claim's error names the field the caller set: `fork_from` for a fork-and-generate
+  // (the directory words it for `session_id`). Payloads are kept.
+  static absl::Status NameClaimedField(const absl::Status& status, const WorkItem& item) {
+    constexpr absl::string_view kField = "session_id '";
+    if (item.fork_id.empty() || !absl::StartsWith(status.message(), kField)) return status;
+    absl::Status renamed(status.code(),
+                         absl::StrCat("fork_from '", status.message().substr(kField.size())));
+    status.ForEachPayload([&renamed](absl::string_view url, const absl::Cord& payload) {
+      renamed.SetPayload(url, payload);
+    });
+    return renamed;
   }
 
   // Binds `claim` to the pending item and submits it. Errors after the claim was

@@ -690,7 +690,9 @@ TEST_F(ServerTest, ForkAndGenerateRefusesBadCombinations) {
   EXPECT_NE(refused.status().message().find("fork_from 'not-a-session'"), std::string::npos);
   auto unknown = Greedy("y", 3);
   unknown.set_fork_from(std::string(32, 'a'));
-  EXPECT_EQ(server->client().Generate(unknown).status().code(), StatusCode::kNotFound);
+  refused = server->client().Generate(unknown);
+  EXPECT_EQ(refused.status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(refused.status().message(), "fork_from '" + std::string(32, 'a') + "' not found");
   // Nothing was created by the refusals.
   EXPECT_EQ(server->client().ListAllSessions()->size(), 1u);
 }
