@@ -342,10 +342,8 @@ class CoreImpl : public Core {
     // The session claimed: the one continued, or the one forked.
     const std::string session_id = params.fork_from.empty() ? params.session_id : params.fork_from;
     if (!params.fork_from.empty()) {
-      if (!IsWellFormedSessionId(params.fork_from)) {
-        return absl::InvalidArgumentError(absl::StrCat("fork_from '",
-                                                       params.fork_from.substr(0, 64),
-                                                       "' is not a session id (32 hex digits)"));
+      if (absl::Status valid = ValidateSessionId(params.fork_from, "fork_from"); !valid.ok()) {
+        return valid;
       }
       if (absl::Status room = registry().CheckCapacity(); !room.ok()) return room;
       if (absl::Status quota = CheckSessionQuota(caller); !quota.ok()) return quota;
@@ -407,7 +405,7 @@ class CoreImpl : public Core {
     item->tenant = caller.tenant;
     item->session_id = params.session_id;
     item->is_cancelled = std::move(params.is_cancelled);
-    item->text = params.text;
+    item->text = std::move(params.text);
     item->on_score = done;
     item->arrival = absl::Now();
     if (params.session_id.empty()) {
@@ -584,10 +582,12 @@ class CoreImpl : public Core {
     return absl::OkStatus();
   }
 
-  static absl::Status ValidateSessionId(const std::string& id) {
+  // `field`: the request field that carried `id`, for the message.
+  static absl::Status ValidateSessionId(const std::string& id,
+                                        absl::string_view field = "session_id") {
     if (!IsWellFormedSessionId(id)) {
       return absl::InvalidArgumentError(
-          absl::StrCat("session_id '", id.substr(0, 64), "' is not a session id (32 hex digits)"));
+          absl::StrCat(field, " '", id.substr(0, 64), "' is not a session id (32 hex digits)"));
     }
     return absl::OkStatus();
   }

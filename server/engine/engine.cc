@@ -26,8 +26,8 @@ struct Engine::Task {
     int64_t tokens = 0;
   };
 
-  TaskId id = 0;
-  ScheduledTask* s = nullptr;  // the scheduler's record; valid until TakeTask
+  ScheduledTask* s =
+      nullptr;  // the scheduler's record (its id is the task's); valid until TakeTask
   std::unique_ptr<WorkItem> item;
   std::string session_id;  // empty for a throwaway (Generate/Score without a session)
   int slot = -1;           // pool row being advanced; -1 for Score (private context)
@@ -117,7 +117,6 @@ Engine::~Engine() { Stop(); }
 struct Engine::PrefillJob {
   PrefillChunk chunk;        // the scheduler's plan
   std::vector<Task*> tasks;  // chunk.tasks' runner side
-  size_t length = 0;
   PrefillWork work;
 };
 
@@ -388,14 +387,14 @@ void Engine::AdmitAll(std::vector<std::unique_ptr<WorkItem>>& admitted, bool end
 
 void Engine::EndAllTasks() { Apply(scheduler_.CancelAll()); }
 
-void Engine::Apply(const std::vector<Action>& actions) {
-  for (const Action& action : actions) {
+void Engine::Apply(std::vector<Action> actions) {
+  for (Action& action : actions) {
     auto it = tasks_.find(action.id);
     if (it == tasks_.end()) continue;  // ended by an earlier action
     Task& task = *it->second;
     switch (action.kind) {
       case Action::Kind::kEmit:
-        Deliver(task, action.chunk);
+        Deliver(task, std::move(action.chunk));
         break;
       case Action::Kind::kFinish:
         FinishTask(task, action.reason);
@@ -475,7 +474,7 @@ void Engine::Admit(std::unique_ptr<WorkItem> item) {
   }
   // A tensor exception (e.g. out of memory) while admitting fails this item alone, with
   // its lease released and its caller answered; nothing is dropped silently.
-  Task* admitted = nullptr;
+  std::optional<TaskId> admitted;  // the stream task made for `item`, if any
   try {
     const WorkItem::Kind kind = item->kind;
     const bool needs_state = !item->session_id.empty() && kind != WorkItem::Kind::kDelete &&
@@ -489,12 +488,12 @@ void Engine::Admit(std::unique_ptr<WorkItem> item) {
       metrics_->ObserveQueueWait(absl::ToDoubleSeconds(absl::Now() - item->arrival));
       if (options_.stream_admitted_for_testing) options_.stream_admitted_for_testing(item->tenant);
       auto task = std::make_unique<Task>();
-      admitted = task.get();
-      task->id = next_task_id_++;
-      task->s = &scheduler_.Add(task->id, TaskKindOf(kind), item->tenant);
-      task->item = std::move(item);
-      tasks_[admitted->id] = std::move(task);
-      AdmitStream(*admitted);
+      Task& t = *task;
+      admitted = next_task_id_++;
+      t.s = &scheduler_.Add(*admitted, TaskKindOf(kind), item->tenant);
+      t.item = std::move(item);
+      tasks_[*admitted] = std::move(task);
+      AdmitStream(t);
     } else {
       RunSessionOperation(item);
     }
@@ -503,8 +502,9 @@ void Engine::Admit(std::unique_ptr<WorkItem> item) {
     const absl::Status failed = absl::InternalError("the engine failed");
     if (item != nullptr) {
       FailItem(std::move(item), failed);
-    } else if (admitted != nullptr) {
-      auto it = tasks_.find(admitted->id);
+    } else if (admitted.has_value()) {
+      // The task may have ended (and been destroyed) before the exception.
+      auto it = tasks_.find(*admitted);
       if (it != tasks_.end()) FailTask(*it->second, failed);
     }
   }
@@ -628,9 +628,9 @@ void Engine::AdmitStream(Task& t) {
     t.recent.assign(w.tokens.end() - std::min<size_t>(w.tokens.size(), g.repetition_window),
                     w.tokens.end());
     metrics_->AddPromptTokensSaved(t.tokens_before);
-    tasks_by_stream_[w.stream_id] = t.id;
+    tasks_by_stream_[w.stream_id] = t.s->id;
   }
-  Apply(scheduler_.Start(t.id, w.tokens.size(), std::move(limits)));
+  Apply(scheduler_.Start(t.s->id, w.tokens.size(), std::move(limits)));
 }
 
 // ---------------------------------------------------------------------------------
@@ -650,7 +650,7 @@ void Engine::StartPrefill() {
   std::optional<PrefillChunk> chunk = scheduler_.PlanPrefill();
   if (!chunk) return;
   auto job = std::make_unique<PrefillJob>();
-  job->length = chunk->length;
+  const size_t length = chunk->length;
   for (TaskId id : chunk->tasks) job->tasks.push_back(tasks_.at(id).get());
   Task* lead = job->tasks.front();
   const size_t from = lead->s->prefilled;
@@ -658,22 +658,21 @@ void Engine::StartPrefill() {
   if (chunk->score) {
     work.score_context = &lead->score_context;
     work.piece.assign(lead->item->tokens.begin() + from,
-                      lead->item->tokens.begin() + from + job->length);
+                      lead->item->tokens.begin() + from + length);
   } else {
     std::vector<int64_t> rows, pieces;
     for (Task* t : job->tasks) {
       const size_t at = t->s->prefilled;
       rows.push_back(t->slot);
       pieces.insert(pieces.end(), t->item->tokens.begin() + at,
-                    t->item->tokens.begin() + at + job->length);
+                    t->item->tokens.begin() + at + length);
     }
     const torch::Device device = model_.options().device;
     work.rows = torch::tensor(rows, torch::kInt64).to(device);
     work.state = pool_.Gather(work.rows);
-    work.tokens =
-        torch::tensor(pieces, torch::kInt64)
-            .view({static_cast<int64_t>(job->tasks.size()), static_cast<int64_t>(job->length)})
-            .to(device);
+    work.tokens = torch::tensor(pieces, torch::kInt64)
+                      .view({static_cast<int64_t>(job->tasks.size()), static_cast<int64_t>(length)})
+                      .to(device);
   }
   job->chunk = std::move(*chunk);
   prefill_job_ = std::move(job);
@@ -689,7 +688,8 @@ void Engine::CompletePrefill() {
         absl::StrCat("model ", name_, ": prefill failed: ", work.status.message()));
     return Apply(scheduler_.AfterPrefill(job->chunk, /*ok=*/false));
   }
-  const int64_t tokens = static_cast<int64_t>(job->tasks.size() * job->length);
+  const int64_t length = static_cast<int64_t>(job->chunk.length);
+  const int64_t tokens = static_cast<int64_t>(job->tasks.size()) * length;
   const bool score = work.score_context != nullptr;
   if (score) {
     Task& t = *job->tasks.front();
@@ -697,7 +697,7 @@ void Engine::CompletePrefill() {
   } else {
     pool_.Scatter(work.rows, work.state);
     pool_.SetLogits(work.rows, work.last_logits);
-    for (Task* t : job->tasks) t->tokens += static_cast<int64_t>(job->length);
+    for (Task* t : job->tasks) t->tokens += length;
   }
   metrics_->ObservePrefillChunk(tokens, absl::ToDoubleSeconds(work.elapsed));
   if (score) {
@@ -767,7 +767,7 @@ void Engine::SampleAndEmit() {
   for (Task* t : lost) FinishTask(*t, FinishReason::kCancelled);
   std::vector<Action> ended;
   const std::vector<TaskId> sampling_ids = scheduler_.PlanSample(&ended);
-  Apply(ended);
+  Apply(std::move(ended));
   if (sampling_ids.empty()) return;
   std::vector<Task*> sampling;
   for (TaskId id : sampling_ids) {
@@ -809,7 +809,7 @@ std::unique_ptr<WorkItem> Engine::TakeTask(Task& t) {
   std::unique_ptr<WorkItem> item = std::move(t.item);
   drain_.StreamEnded();
   if (item->kind == WorkItem::Kind::kGenerate) tasks_by_stream_.erase(item->stream_id);
-  const TaskId id = t.id;
+  const TaskId id = t.s->id;
   scheduler_.Remove(id);
   tasks_.erase(id);  // `t` is gone
   return item;
@@ -825,7 +825,6 @@ void Engine::FinishTask(Task& t, FinishReason reason) {
   }
   const absl::Time now = clock_->Now();
   const StreamTask& stream = t.s->stream;
-  const int64_t stream_confirmed = stream.confirmed();
   const bool rollback = t.has_snapshot && stream.confirmed() == 0 &&
                         (reason == FinishReason::kCancelled || reason == FinishReason::kShutdown);
   if (rollback) RestoreSnapshot(t);
@@ -880,14 +879,12 @@ void Engine::FinishTask(Task& t, FinishReason reason) {
     item->lease.Release();
     return answer(absl::OkStatus());
   }
-  if (forked &&
-      (!item->generate.store || (stream_confirmed == 0 && (reason == FinishReason::kCancelled ||
-                                                           reason == FinishReason::kShutdown)))) {
+  if (forked && (!item->generate.store ||
+                 (summary.generated_tokens == 0 &&
+                  (reason == FinishReason::kCancelled || reason == FinishReason::kShutdown)))) {
     // A fork that keeps nothing: store false, or cut before the client got a token. It
     // was never stored, so it is removed from memory alone.
-    RemoveSession(id);
-    registry_->Erase(id);
-    item->lease.Forget();
+    EraseSession(id, item->lease);
     return answer(absl::OkStatus());
   }
   ResidentSession& r = resident_[id];
@@ -911,9 +908,7 @@ void Engine::FinishTask(Task& t, FinishReason reason) {
                    return answer(absl::OkStatus());
                  }
                  if (item->kind == WorkItem::Kind::kCreate || forked) {
-                   RemoveSession(id);
-                   registry_->Erase(id);
-                   item->lease.Forget();
+                   EraseSession(id, item->lease);
                    return answer(directory_->ClientError(StoreCall::kCreate, id, written,
                                                          "the new session could not be saved"));
                  }
@@ -944,9 +939,7 @@ void Engine::FailTask(Task& t, absl::Status status) {
   if (item->kind == WorkItem::Kind::kCreate ||
       (forked && (!keep_streamed || !item->generate.store))) {
     if (!id.empty()) {
-      RemoveSession(id);
-      registry_->Erase(id);
-      item->lease.Forget();
+      EraseSession(id, item->lease);
     } else if (slot >= 0) {
       FreeSlot(slot);
     }

@@ -193,7 +193,7 @@ class Engine {
   bool HasImmediateWorkLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Carries out the scheduler's decisions, in order (an action for a task that an
   // earlier one ended is skipped).
-  void Apply(const std::vector<Action>& actions);
+  void Apply(std::vector<Action> actions);
   // The retry hint of a refusal: how long until the streams queued now have started
   // (at least 10 ms, at most 30 s; 1 s while unmeasured). Thread-safe.
   absl::Duration RetryDelay() const;
@@ -290,6 +290,10 @@ class Engine {
   // when the store holds it, else evicted with the memory backend). False if none.
   bool ReleaseOneIdle();
   void RemoveSession(const std::string& id);
+  // Session `id` is gone: removed from memory (RemoveSession) and the registry, and its
+  // `lease` ended with nothing to release. For a deleted session, and for a new one
+  // that keeps nothing or whose first write failed.
+  void EraseSession(const std::string& id, SessionLease& lease);
   void Housekeeping();
   void RetryUnstored();
   void StoreUnstoredAtExit();

@@ -269,20 +269,19 @@ void Engine::CommitNewSession(std::unique_ptr<WorkItem> item, int slot, int64_t 
   resident_[record.id].last_output = std::move(last_output);
   auto new_lease = std::make_shared<SessionLease>(std::move(*lease));
   std::shared_ptr<WorkItem> shared(std::move(item));
-  WriteThrough(record.id, slot, tokens, now, now, /*ticket=*/nullptr,
-               [this, shared, new_lease, record, operation](absl::Status written) mutable {
-                 if (!written.ok()) {
-                   RemoveSession(record.id);
-                   registry_->Erase(record.id);
-                   new_lease->Forget();
-                   return shared->on_session(directory_->ClientError(
-                       StoreCall::kCreate, record.id, written, "the new session could not be saved"));
-                 }
-                 new_lease->Commit(record.tokens, record.last_used, policy_.durable);
-                 metrics_->CountSessionOperation(operation);
-                 record.stored = policy_.durable;
-                 shared->on_session(record);
-               });
+  WriteThrough(
+      record.id, slot, tokens, now, now, /*ticket=*/nullptr,
+      [this, shared, new_lease, record, operation](absl::Status written) mutable {
+        if (!written.ok()) {
+          EraseSession(record.id, *new_lease);
+          return shared->on_session(directory_->ClientError(StoreCall::kCreate, record.id, written,
+                                                            "the new session could not be saved"));
+        }
+        new_lease->Commit(record.tokens, record.last_used, policy_.durable);
+        metrics_->CountSessionOperation(operation);
+        record.stored = policy_.durable;
+        shared->on_session(record);
+      });
 }
 
 // ---------------------------------------------------------------------------------
@@ -378,9 +377,7 @@ void Engine::RunSessionOperation(std::unique_ptr<WorkItem>& item) {
     }
     case WorkItem::Kind::kDelete: {
       auto finish = [this, id](std::unique_ptr<WorkItem> w) {
-        RemoveSession(id);
-        registry_->Erase(id);
-        w->lease.Forget();
+        EraseSession(id, w->lease);
         metrics_->CountSessionOperation("deleted");
         w->on_delete(true);
       };
@@ -525,6 +522,12 @@ void Engine::RemoveSession(const std::string& id) {
     FreeSlot(it->second.slot);
     resident_.erase(it);
   }
+}
+
+void Engine::EraseSession(const std::string& id, SessionLease& lease) {
+  RemoveSession(id);
+  registry_->Erase(id);
+  lease.Forget();
 }
 
 // ---------------------------------------------------------------------------------

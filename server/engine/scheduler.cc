@@ -343,6 +343,7 @@ std::vector<Action> Scheduler::CancelAll() {
 
 Readiness Scheduler::ReadinessAfterIteration(bool prefill_in_flight) {
   Readiness readiness;
+  int64_t running = 0;  // counted against max_active_streams: all but the parked
   bool awaiting = false;
   bool ready_to_absorb = false;
   bool parked = false;
@@ -351,7 +352,7 @@ Readiness Scheduler::ReadinessAfterIteration(bool prefill_in_flight) {
       parked = true;
       continue;
     }
-    ++readiness.running;
+    ++running;
     switch (t.phase) {
       case Phase::kBlocked:
         awaiting = true;  // joins the next step once a write returns
@@ -370,7 +371,7 @@ Readiness Scheduler::ReadinessAfterIteration(bool prefill_in_flight) {
         break;
     }
   }
-  if (parked && readiness.running < options_.max_active_streams) readiness.immediate = true;
+  if (parked && running < options_.max_active_streams) readiness.immediate = true;
   // Absorb at once if nothing else can join the batch; else wait (at most until the
   // batch deadline) for the streams still writing.
   if (ready_to_absorb && !awaiting) readiness.immediate = true;

@@ -111,8 +111,6 @@ struct PrefillChunk {
 struct Readiness {
   // Work is ready now: the loop must not sleep.
   bool immediate = false;
-  // Tasks that count against max_active_streams (all but the parked ones).
-  int64_t running = 0;
 };
 
 struct SchedulerOptions {

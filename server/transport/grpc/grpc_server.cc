@@ -407,6 +407,9 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse>,
                        [this, grpc_status](bool) { Finish(grpc_status); });
   }
 
+  // GenerateRequest.store: false keeps no session to name. Set before StartGenerate.
+  void set_keeps_session(bool keeps) { keeps_session_ = keeps; }
+
   void OnStart(std::shared_ptr<GenerateControl> stream) override {
     absl::MutexLock lock(&mu_);
     stream_ = std::move(stream);
@@ -492,11 +495,6 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse>,
     return stream_;
   }
 
- public:
-  // GenerateRequest.store: false keeps no session to name.
-  void set_keeps_session(bool keeps) { keeps_session_ = keeps; }
-
- private:
   // GenerateResponse.session_id: the session the request runs on, if it is kept.
   std::string KeptSessionId() {
     std::shared_ptr<GenerateControl> stream = Stream();
