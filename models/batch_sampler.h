@@ -57,4 +57,36 @@ double CanonicalDraw(std::mt19937_64& rng);
 absl::StatusOr<std::vector<SampledToken>> SampleRows(const torch::Tensor& logits,
                                                      absl::Span<const RowDraw> draws);
 
+// The parts of SampleRows, for a caller that keeps the parameters in buffers of its own
+// (fwmodel::GraphedStep samples inside its CUDA Graph).
+//
+// The parameter columns of a draw, [kSampleColumns, rows] float64, row-major.
+enum SampleColumn {
+  kSampleTemperature,
+  kSampleTopK,  // k, or vocab when off
+  kSampleTopP,
+  kSampleMinP,
+  kSampleUniform,
+  kSampleRow,  // the logits row (SampleRows only)
+  kSampleColumns
+};
+// The widest repetition-penalty set among `draws` (0: no penalty applies).
+int64_t PenaltyWidth(absl::Span<const RowDraw> draws);
+// Writes `draws`' parameters: columns [kSampleColumns * rows], and, when penalty_width > 0,
+// penalty_index [rows * penalty_width] (the penalised token ids, padded with repeats;
+// 0 where no penalty applies) and penalty_factor [rows] (1 where none applies). False
+// when a draw's penalty set is wider than penalty_width (its buffers are then partly
+// written). Every draw must have params.
+bool PackDraws(absl::Span<const RowDraw> draws, int64_t vocab, int64_t penalty_width,
+               double* columns, int64_t* penalty_index, double* penalty_factor);
+// Samples every row of `raw_logits` ([rows, vocab], any float dtype) with its parameters:
+// columns [kSampleColumns, rows] float64, penalty_index [rows, W] int64 and penalty_factor
+// [rows, 1] float64 (both undefined, or W = 0: no penalty), all on the logits' device.
+// Returns [rows, 2] float64 (token, logprob) there. Only device work: no host
+// synchronisation and no host-to-device copy, so it can be captured in a CUDA Graph.
+// Throws c10::Error.
+torch::Tensor SampleOnDevice(const torch::Tensor& raw_logits, const torch::Tensor& columns,
+                             const torch::Tensor& penalty_index,
+                             const torch::Tensor& penalty_factor);
+
 }  // namespace fwserve

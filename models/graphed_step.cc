@@ -10,9 +10,12 @@
 #include <ATen/cuda/CUDAGraph.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
 #endif
 
 namespace fwmodel {
+
+using fwserve::kSampleColumns;
 
 struct GraphedStep::Bucket {
   int64_t size = 0;
@@ -21,6 +24,9 @@ struct GraphedStep::Bucket {
   State input;           // [size, ...]: the gathered rows
   State output;          // the rows after the step
   torch::Tensor logits;  // [size, vocab]
+  // In place: views of device_upload_ (this bucket's layout) and the sampling result.
+  torch::Tensor columns, penalty_index, penalty_factor;
+  torch::Tensor sampled;  // [size, 2] float64
 #ifdef FWSERVE_CUDA_GRAPHS
   std::unique_ptr<at::cuda::CUDAGraph> graph;
 #endif
@@ -29,10 +35,53 @@ struct GraphedStep::Bucket {
 GraphedStep::GraphedStep(const Model& model, GraphedStepOptions options)
     : model_(model), options_(std::move(options)) {}
 
-GraphedStep::~GraphedStep() = default;
+GraphedStep::~GraphedStep() {
+#ifdef FWSERVE_CUDA_GRAPHS
+  if (timing_) {
+    cudaEventDestroy(static_cast<cudaEvent_t>(start_event_));
+    cudaEventDestroy(static_cast<cudaEvent_t>(end_event_));
+  }
+#endif
+}
+
+namespace {
+
+absl::Status CheckBinding(const Model& model, const PoolBinding& pool) {
+  const std::vector<StateTensorSpec>& spec = model.state_spec();
+  if (pool.logits == nullptr || pool.state->tensors.size() != spec.size()) {
+    return absl::InvalidArgumentError("the pool binding needs the state and the logits");
+  }
+  const int64_t capacity = pool.state->tensors.empty() ? 0 : pool.state->tensors[0].size(0);
+  for (size_t i = 0; i < spec.size(); ++i) {
+    const torch::Tensor& t = pool.state->tensors[i];
+    std::vector<int64_t> shape = {capacity};
+    shape.insert(shape.end(), spec[i].shape.begin(), spec[i].shape.end());
+    if (!t.defined() || t.sizes().vec() != shape || t.device() != model.options().device ||
+        t.scalar_type() != model.options().dtype || !t.is_contiguous()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("bound pool tensor '", spec[i].name,
+                       "' does not match the model's state (shape, device, dtype or layout)"));
+    }
+  }
+  const torch::Tensor& logits = *pool.logits;
+  if (!logits.defined() ||
+      logits.sizes().vec() != std::vector<int64_t>{capacity, model.config().vocab_size} ||
+      logits.device() != model.options().device || logits.scalar_type() != torch::kFloat32) {
+    return absl::InvalidArgumentError(
+        "bound pool logits must be [capacity, vocab] float32 on the model's device");
+  }
+  if (pool.pad_row < 0 || pool.pad_row >= capacity) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("pad_row ", pool.pad_row, " is outside the pool [0, ", capacity, ")"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<GraphedStep>> GraphedStep::Create(const Model& model,
-                                                                 GraphedStepOptions options) {
+                                                                 GraphedStepOptions options,
+                                                                 PoolBinding pool) {
   const std::vector<int64_t>& b = options.buckets;
   if (b.empty()) return absl::InvalidArgumentError("buckets must not be empty");
   for (size_t i = 0; i < b.size(); ++i) {
@@ -45,20 +94,58 @@ absl::StatusOr<std::unique_ptr<GraphedStep>> GraphedStep::Create(const Model& mo
     return absl::InvalidArgumentError(
         absl::StrCat("warmup_runs must be >= 0, got ", options.warmup_runs));
   }
+  if (options.penalty_width < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("penalty_width must be >= 0, got ", options.penalty_width));
+  }
+  if (pool.state != nullptr) {
+    if (absl::Status bound = CheckBinding(model, pool); !bound.ok()) return bound;
+  }
   std::unique_ptr<GraphedStep> step(new GraphedStep(model, std::move(options)));
+  step->binding_ = pool;
   const torch::Device device = model.options().device;
   const int64_t largest = step->options_.buckets.back();
+  const int64_t width = step->options_.penalty_width;
   try {
     torch::NoGradGuard no_grad;
-    step->host_indices_ = torch::zeros({2, largest}, torch::kInt64);
-    if (device.is_cuda()) step->host_indices_ = step->host_indices_.pin_memory();
-    step->device_indices_ = torch::zeros({2, largest}, torch::dtype(torch::kInt64).device(device));
+    const auto int64_on = torch::dtype(torch::kInt64).device(device);
+    if (step->in_place()) {
+      step->upload_words_per_row_ = 2 + kSampleColumns + width + 1;
+      step->host_upload_ = torch::zeros({largest * step->upload_words_per_row_}, torch::kInt64);
+      step->host_sampled_ = torch::zeros({largest, 2}, torch::kFloat64);
+      if (device.is_cuda()) {
+        step->host_upload_ = step->host_upload_.pin_memory();
+        step->host_sampled_ = step->host_sampled_.pin_memory();
+      }
+      step->device_upload_ = torch::zeros({largest * step->upload_words_per_row_}, int64_on);
+    } else {
+      step->host_indices_ = torch::zeros({2, largest}, torch::kInt64);
+      if (device.is_cuda()) step->host_indices_ = step->host_indices_.pin_memory();
+      step->device_indices_ = torch::zeros({2, largest}, int64_on);
+    }
     for (int64_t size : step->options_.buckets) {
       auto bucket = std::make_unique<Bucket>();
       bucket->size = size;
-      bucket->tokens = step->device_indices_.select(0, 0).narrow(0, 0, size);
-      bucket->rows = step->device_indices_.select(0, 1).narrow(0, 0, size);
-      bucket->input = model.InitialState(size);
+      if (step->in_place()) {
+        // This bucket's layout of the upload (GraphedStep::host_upload_).
+        const torch::Tensor& up = step->device_upload_;
+        bucket->tokens = up.narrow(0, 0, size);
+        bucket->rows = up.narrow(0, size, size);
+        bucket->columns = up.narrow(0, 2 * size, kSampleColumns * size)
+                              .view(torch::kFloat64)
+                              .view({kSampleColumns, size});
+        bucket->penalty_index =
+            up.narrow(0, (2 + kSampleColumns) * size, size * width).view({size, width});
+        bucket->penalty_factor = up.narrow(0, (2 + kSampleColumns + width) * size, size)
+                                     .view(torch::kFloat64)
+                                     .view({size, 1});
+        // Until the first upload: every row is the pad row.
+        bucket->rows.fill_(pool.pad_row);
+      } else {
+        bucket->tokens = step->device_indices_.select(0, 0).narrow(0, 0, size);
+        bucket->rows = step->device_indices_.select(0, 1).narrow(0, 0, size);
+        bucket->input = model.InitialState(size);
+      }
       step->buckets_.push_back(std::move(bucket));
     }
 #ifdef FWSERVE_CUDA_GRAPHS
@@ -72,6 +159,15 @@ absl::StatusOr<std::unique_ptr<GraphedStep>> GraphedStep::Create(const Model& mo
         }
       }
       step->captured_ = true;
+    }
+    if (device.is_cuda()) {
+      cudaEvent_t start = nullptr, end = nullptr;
+      if (cudaEventCreateWithFlags(&start, cudaEventDefault) == 0 &&
+          cudaEventCreateWithFlags(&end, cudaEventDefault) == 0) {
+        step->start_event_ = start;
+        step->end_event_ = end;
+        step->timing_ = true;
+      }
     }
 #endif
   } catch (const c10::Error& e) {
@@ -142,13 +238,22 @@ absl::Status GraphedStep::CheckArguments(absl::Span<const int64_t> tokens,
 absl::StatusOr<torch::Tensor> GraphedStep::Step(absl::Span<const int64_t> tokens,
                                                 absl::Span<const int64_t> rows, State* pool,
                                                 torch::Tensor* row_logits) {
+  if (in_place()) {
+    return absl::FailedPreconditionError("an in-place graphed step steps with StepInPlace");
+  }
   if (absl::Status valid = CheckArguments(tokens, rows, *pool, row_logits); !valid.ok()) {
     return valid;
   }
+  const absl::Time host_start = absl::Now();
   try {
     torch::NoGradGuard no_grad;
+    BeginTiming();
     const size_t largest = static_cast<size_t>(options_.buckets.back());
-    if (tokens.size() <= largest) return RunPass(tokens, rows, pool, row_logits);
+    if (tokens.size() <= largest) {
+      torch::Tensor logits = RunPass(tokens, rows, pool, row_logits);
+      EndTiming(host_start);
+      return logits;
+    }
     // Each pass's logits are the bucket's buffer, overwritten by the next pass: copied.
     std::vector<torch::Tensor> parts;
     for (size_t begin = 0; begin < tokens.size(); begin += largest) {
@@ -156,10 +261,171 @@ absl::StatusOr<torch::Tensor> GraphedStep::Step(absl::Span<const int64_t> tokens
       parts.push_back(
           RunPass(tokens.subspan(begin, n), rows.subspan(begin, n), pool, row_logits).clone());
     }
-    return torch::cat(parts, 0);
+    torch::Tensor logits = torch::cat(parts, 0);
+    EndTiming(host_start);
+    return logits;
   } catch (const c10::Error& e) {
     return absl::InternalError(absl::StrCat("decode step: ", e.what_without_backtrace()));
   }
+}
+
+bool GraphedStep::CanSampleInStep(absl::Span<const RowDraw> draws) const {
+  if (!in_place() || !options_.sample_in_step) return false;
+  for (const RowDraw& d : draws) {
+    if (d.params == nullptr) return false;
+    if (d.params->repetition_penalty != 1.0f && d.recent != nullptr &&
+        static_cast<int64_t>(d.recent->size()) > options_.penalty_width) {
+      return false;
+    }
+  }
+  return true;
+}
+
+absl::StatusOr<std::vector<SampledToken>> GraphedStep::StepInPlace(
+    absl::Span<const int64_t> tokens, absl::Span<const int64_t> rows,
+    absl::Span<const RowDraw> draws) {
+  if (!in_place()) {
+    return absl::FailedPreconditionError("StepInPlace needs a graphed step bound to a pool");
+  }
+  if (absl::Status valid = CheckArguments(tokens, rows, *binding_.state, binding_.logits);
+      !valid.ok()) {
+    return valid;
+  }
+  for (size_t b = 0; b < rows.size(); ++b) {
+    if (rows[b] == binding_.pad_row) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("row ", rows[b], " at position ", b, " is the pool's pad row"));
+    }
+  }
+  if (!draws.empty()) {
+    if (draws.size() != rows.size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("draws has ", draws.size(), " entries, rows ", rows.size()));
+    }
+    if (!CanSampleInStep(draws)) {
+      return absl::FailedPreconditionError(
+          "these draws cannot be sampled inside the step (sample_in_step off, missing "
+          "params, or a repetition-penalty set wider than penalty_width)");
+    }
+  }
+  const absl::Time host_start = absl::Now();
+  std::vector<SampledToken> sampled(draws.size());
+  try {
+    torch::NoGradGuard no_grad;
+    BeginTiming();
+    const size_t largest = static_cast<size_t>(options_.buckets.back());
+    for (size_t begin = 0; begin < tokens.size(); begin += largest) {
+      const size_t n = std::min(largest, tokens.size() - begin);
+      RunInPlacePass(tokens.subspan(begin, n), rows.subspan(begin, n),
+                     draws.empty() ? draws : draws.subspan(begin, n),
+                     draws.empty() ? nullptr : sampled.data() + begin);
+    }
+    EndTiming(host_start);
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("decode step: ", e.what_without_backtrace()));
+  }
+  return sampled;
+}
+
+void GraphedStep::RunInPlacePass(absl::Span<const int64_t> tokens, absl::Span<const int64_t> rows,
+                                 absl::Span<const RowDraw> draws, SampledToken* sampled) {
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  const int64_t size = BucketFor(n);
+  Bucket& bucket = **std::find_if(buckets_.begin(), buckets_.end(),
+                                  [size](const auto& b) { return b->size == size; });
+  padded_rows_ += size - n;
+  const int64_t width = options_.penalty_width;
+  const int64_t vocab = model_.config().vocab_size;
+  // This bucket's layout (host_upload_): pads are the pad row, token 0, greedy.
+  int64_t* words = host_upload_.data_ptr<int64_t>();
+  int64_t* host_tokens = words;
+  int64_t* host_rows = words + size;
+  double* columns = reinterpret_cast<double*>(words + 2 * size);
+  int64_t* penalty_index = words + (2 + kSampleColumns) * size;
+  double* penalty_factor = reinterpret_cast<double*>(words + (2 + kSampleColumns + width) * size);
+  std::memcpy(host_tokens, tokens.data(), sizeof(int64_t) * n);
+  std::memcpy(host_rows, rows.data(), sizeof(int64_t) * n);
+  std::fill(host_tokens + n, host_tokens + size, int64_t{0});
+  std::fill(host_rows + n, host_rows + size, binding_.pad_row);
+  std::vector<RowDraw> padded(static_cast<size_t>(size));
+  static const SamplingParams kGreedy = [] {
+    SamplingParams p;
+    p.temperature = 0;
+    return p;
+  }();
+  for (int64_t b = 0; b < size; ++b) {
+    RowDraw& d = padded[static_cast<size_t>(b)];
+    if (b < static_cast<int64_t>(draws.size())) d = draws[static_cast<size_t>(b)];
+    if (d.params == nullptr) d.params = &kGreedy;
+    d.row = b;
+  }
+  fwserve::PackDraws(padded, vocab, width, columns, penalty_index, penalty_factor);
+  // One copy to the device; the staging buffer is rewritten only after this pass's
+  // results came back (below), so the copy may run asynchronously.
+  const int64_t words_used = size * upload_words_per_row_;
+  device_upload_.narrow(0, 0, words_used)
+      .copy_(host_upload_.narrow(0, 0, words_used), /*non_blocking=*/true);
+  Compute(bucket);
+  if (sampled != nullptr) {
+    torch::Tensor out = host_sampled_.narrow(0, 0, n);
+    out.copy_(bucket.sampled.narrow(0, 0, n), /*non_blocking=*/true);
+#ifdef FWSERVE_CUDA_GRAPHS
+    if (model_.options().device.is_cuda()) c10::cuda::getCurrentCUDAStream().synchronize();
+#endif
+    const double* values = out.data_ptr<double>();
+    for (int64_t b = 0; b < n; ++b) {
+      sampled[b].token = static_cast<int64_t>(values[2 * b]);
+      sampled[b].logprob = static_cast<float>(values[2 * b + 1]);
+    }
+  } else {
+#ifdef FWSERVE_CUDA_GRAPHS
+    // The next pass rewrites the staging buffer.
+    if (model_.options().device.is_cuda()) c10::cuda::getCurrentCUDAStream().synchronize();
+#endif
+  }
+}
+
+void GraphedStep::BucketWork(Bucket& bucket) {
+  if (!in_place()) {
+    State state = bucket.input;  // the step replaces the tensors; the buffers stay
+    bucket.logits = model_.StepUnchecked(bucket.tokens, &state);
+    bucket.output = std::move(state);
+    return;
+  }
+  State state = binding_.state->Gather(bucket.rows);
+  bucket.logits = model_.StepUnchecked(bucket.tokens, &state);
+  binding_.state->Scatter(bucket.rows, state);
+  binding_.logits->index_copy_(0, bucket.rows, bucket.logits.to(torch::kFloat32));
+  if (options_.sample_in_step) {
+    bucket.sampled = fwserve::SampleOnDevice(bucket.logits, bucket.columns, bucket.penalty_index,
+                                             bucket.penalty_factor);
+  }
+}
+
+void GraphedStep::BeginTiming() {
+#ifdef FWSERVE_CUDA_GRAPHS
+  if (timing_) {
+    cudaEventRecord(static_cast<cudaEvent_t>(start_event_),
+                    c10::cuda::getCurrentCUDAStream().stream());
+  }
+#endif
+}
+
+void GraphedStep::EndTiming(absl::Time host_start) {
+#ifdef FWSERVE_CUDA_GRAPHS
+  if (timing_) {
+    const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
+    cudaEventRecord(static_cast<cudaEvent_t>(end_event_), stream);
+    float ms = 0;
+    if (cudaEventSynchronize(static_cast<cudaEvent_t>(end_event_)) == 0 &&
+        cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(start_event_),
+                             static_cast<cudaEvent_t>(end_event_)) == 0) {
+      last_step_time_ = absl::Microseconds(static_cast<int64_t>(ms * 1000));
+      return;
+    }
+  }
+#endif
+  last_step_time_ = absl::Now() - host_start;
 }
 
 torch::Tensor GraphedStep::RunPass(absl::Span<const int64_t> tokens, absl::Span<const int64_t> rows,
@@ -198,9 +464,7 @@ void GraphedStep::Compute(Bucket& bucket) {
     return;
   }
 #endif
-  State state = bucket.input;  // the step replaces the tensors; the buffers stay
-  bucket.logits = model_.StepUnchecked(bucket.tokens, &state);
-  bucket.output = std::move(state);
+  BucketWork(bucket);
 }
 
 void GraphedStep::Capture(Bucket& bucket) {
@@ -211,16 +475,13 @@ void GraphedStep::Capture(Bucket& bucket) {
   {
     // Capture needs a stream other than the default one. Warm-up runs there too.
     const c10::cuda::CUDAStreamGuard stream_guard(side);
-    for (int i = 0; i < options_.warmup_runs; ++i) {
-      State warm = bucket.input;
-      (void)model_.StepUnchecked(bucket.tokens, &warm);
-    }
+    // In place, the warm-up runs write only the pad row (every row of the upload is
+    // the pad row until the first step).
+    for (int i = 0; i < options_.warmup_runs; ++i) BucketWork(bucket);
     side.synchronize();
     auto graph = std::make_unique<at::cuda::CUDAGraph>();
     graph->capture_begin();
-    State state = bucket.input;
-    bucket.logits = model_.StepUnchecked(bucket.tokens, &state);
-    bucket.output = std::move(state);
+    BucketWork(bucket);
     graph->capture_end();
     bucket.graph = std::move(graph);
   }

@@ -20,6 +20,16 @@
 // graph, so a graph never refers to the pool's memory. The pool may grow (reallocate)
 // between steps without a new capture.
 //
+// In place (a PoolBinding given to Create): the pool is bound for the step's lifetime
+// and never reallocated, so each bucket's graph reads and writes it directly through
+// the bucket's rows tensor: the gather, the step, the scatter, the logits row copy and
+// (with sample_in_step) the sampling of every row are one replay. Pad rows point at
+// the binding's pad row, which no session uses, with token 0 and greedy sampling. Per
+// step the host makes one copy to the device (tokens, rows, sampling parameters; from
+// pinned memory) and one back ([n, 2] token and logprob), then waits for it: one
+// synchronisation per step, in place of a blocking index upload, an index_select and
+// an index_copy_ per state tensor, and SampleRows' ~100 launches and two copies.
+//
 // Every bucket is captured in Create: before serving, while no other thread uses the
 // device. Capturing later, on the engine thread, could race the prefill thread's own
 // CUDA calls.
@@ -39,10 +49,16 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "models/batch_sampler.h"
 #include "models/model.h"
 
 namespace fwmodel {
+
+using fwserve::RowDraw;
+using fwserve::SampledToken;
+using fwserve::SamplingParams;
 
 struct GraphedStepOptions {
   // Batch-size buckets: ascending, distinct, each >= 1. A step pads to the smallest
@@ -56,14 +72,32 @@ struct GraphedStepOptions {
   // Eager runs of each bucket before its capture. cuBLAS handles, workspaces and lazy
   // initialisation must exist before capture starts.
   int warmup_runs = 2;
+  // In place only: each bucket's step ends by sampling its rows (StepInPlace with
+  // draws). When false, StepInPlace steps only and the caller samples apart.
+  bool sample_in_step = true;
+  // In place with sample_in_step: the repetition-penalty tokens a row may bring (the
+  // width of each bucket's penalty buffer; the default repetition window is 64). A step
+  // with a wider row is refused with FailedPrecondition: sample it apart.
+  int64_t penalty_width = 64;
+};
+
+// The pool an in-place GraphedStep reads and writes. Not owned; its tensors must keep
+// their storage (no reallocation, no reassignment) while the step is alive.
+struct PoolBinding {
+  State* state = nullptr;           // [capacity, spec...] per state tensor, contiguous
+  torch::Tensor* logits = nullptr;  // [capacity, vocab] float32: next-token logits
+  int64_t pad_row = -1;             // a row no session uses; pad rows read and write it
 };
 
 class GraphedStep {
  public:
   // InvalidArgument for bad buckets. Internal when a capture fails (the message says
   // which bucket). Allocates every bucket's buffers and, with capture, captures them.
+  // With `pool` bound (its state non-null): in place (above). InvalidArgument when the
+  // binding does not match the model (shapes, device, dtype, pad row).
   static absl::StatusOr<std::unique_ptr<GraphedStep>> Create(const Model& model,
-                                                             GraphedStepOptions options = {});
+                                                             GraphedStepOptions options = {},
+                                                             PoolBinding pool = {});
 
   // Row rows[b] of `pool` ([capacity, spec...] per state tensor, on the model's device, in
   // its dtype) absorbs tokens[b], in place. Returns the logits, [n, vocab] on the
@@ -76,6 +110,24 @@ class GraphedStep {
   absl::StatusOr<torch::Tensor> Step(absl::Span<const int64_t> tokens,
                                      absl::Span<const int64_t> rows, State* pool,
                                      torch::Tensor* row_logits = nullptr);
+
+  // In place only: rows rows[b] of the bound pool absorb tokens[b], and their
+  // next-token logits are written to the bound logits. With `draws` (one per row, in
+  // order; RowDraw::row is ignored) each row's next token is drawn from those logits as
+  // SampleRows would draw it, and returned; without, nothing is returned. Validates as
+  // Step, and that no row is the pad row (InvalidArgument, nothing changed);
+  // FailedPrecondition when draws are given without sample_in_step, or when a draw's
+  // penalty set is wider than penalty_width. LibTorch errors become Internal. Never
+  // throws.
+  absl::StatusOr<std::vector<SampledToken>> StepInPlace(absl::Span<const int64_t> tokens,
+                                                        absl::Span<const int64_t> rows,
+                                                        absl::Span<const RowDraw> draws);
+  bool in_place() const { return binding_.state != nullptr; }
+  // Whether StepInPlace can draw for `draws` (sample_in_step, penalty widths).
+  bool CanSampleInStep(absl::Span<const RowDraw> draws) const;
+  // The last Step's or StepInPlace's time: device time between CUDA events around its
+  // copies and replays on a CUDA model in a FWSERVE_CUDA_GRAPHS build, else host time.
+  absl::Duration last_step_time() const { return last_step_time_; }
 
   // The bucket a step of n >= 1 rows pads to: the largest bucket when n exceeds it (the
   // step then runs in several passes).
@@ -96,8 +148,18 @@ class GraphedStep {
   // One pass of at most the largest bucket's rows; returns the bucket's logits [n, vocab].
   torch::Tensor RunPass(absl::Span<const int64_t> tokens, absl::Span<const int64_t> rows,
                         State* pool, torch::Tensor* row_logits);
+  // In place: one pass of at most the largest bucket's rows; writes n (token, logprob)
+  // pairs to `sampled` when given.
+  void RunInPlacePass(absl::Span<const int64_t> tokens, absl::Span<const int64_t> rows,
+                      absl::Span<const RowDraw> draws, SampledToken* sampled);
   // Runs the model on the bucket's inputs: replay, or eagerly.
   void Compute(Bucket& bucket);
+  // What a bucket computes (captured, or run eagerly): the step and, in place, the
+  // gather, scatter and sampling around it.
+  void BucketWork(Bucket& bucket);
+  // Device timing around a step (CUDA events; no-ops elsewhere).
+  void BeginTiming();
+  void EndTiming(absl::Time host_start);
   // Throws c10::Error (caught by Create).
   void Capture(Bucket& bucket);
 
@@ -108,8 +170,19 @@ class GraphedStep {
   // staging (pinned on CUDA) and its copy on the model's device, where every bucket's
   // graph reads them.
   torch::Tensor host_indices_, device_indices_;
+  // In place: per pass, int64 words laid out per bucket of size s as [tokens s][rows s]
+  // [sampling columns kSampleColumns·s as float64][penalty index s·W][penalty factor s
+  // as float64]; host staging (pinned on CUDA) and its device copy.
+  PoolBinding binding_;
+  int64_t upload_words_per_row_ = 0;
+  torch::Tensor host_upload_, device_upload_;
+  torch::Tensor host_sampled_;  // [largest, 2] float64 (pinned on CUDA)
   bool captured_ = false;
   int64_t padded_rows_ = 0;
+  absl::Duration last_step_time_;
+  bool timing_ = false;          // CUDA events exist
+  void* start_event_ = nullptr;  // cudaEvent_t
+  void* end_event_ = nullptr;
 };
 
 }  // namespace fwmodel

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
+#include "absl/flags/internal/parse.h"  // WasPresentOnCommandLine: no public form
 #include "absl/flags/usage.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -29,8 +30,8 @@
 #include "server/core/core.h"
 #include "server/metrics/metrics.h"
 #include "server/sessions/session_seal.h"
-#include "server/tenancy/tenants.h"
 #include "server/tenancy/authenticator.h"
+#include "server/tenancy/tenants.h"
 #include "server/transport/grpc/grpc_server.h"
 #include "server/transport/http/http_server.h"
 
@@ -111,7 +112,11 @@ ABSL_FLAG(int32_t, prefill_chunk_tokens, 256,
 ABSL_FLAG(absl::Duration, session_ttl, absl::Hours(24),
           "idle sessions are deleted after this long (e.g. 30m, 24h)");
 ABSL_FLAG(absl::Duration, batch_wait, absl::Microseconds(300),
-          "how long a decode step may wait for more streams to join its batch");
+          "how long a decode step may wait for more streams to join its batch (0 on a "
+          "CUDA device unless given: a GPU step is cheaper than the wait)");
+ABSL_FLAG(bool, sample_in_step, true,
+          "graph kernel (the default on CUDA): sample the next tokens inside the in-place "
+          "decode step, one copy each way per step; false samples in a separate pass");
 ABSL_FLAG(int32_t, threads, 0,
           "intra-op threads: LibTorch's, and those one decode step of the native kernel may "
           "use; 0 = LibTorch's default (its count of physical cores)");
@@ -240,7 +245,8 @@ std::vector<fwserve::FlagGroup> HelpGroups() {
         "preempt_for_fair_share", "max_refusal_delay"}},
       {"Performance",
        {"threads", "prefill_threads", "prefill_chunk_tokens", "batch_wait", "decode_kernel",
-        "native_gemm", "decode_lookahead", "stream_flush_interval", "writer_thread_from_streams"}},
+        "sample_in_step", "native_gemm", "decode_lookahead", "stream_flush_interval",
+        "writer_thread_from_streams"}},
   };
 }
 
@@ -388,6 +394,11 @@ int main(int argc, char** argv) {
   core_options.prefill_chunk_tokens = absl::GetFlag(FLAGS_prefill_chunk_tokens);
   core_options.session_ttl = absl::GetFlag(FLAGS_session_ttl);
   core_options.batch_wait = absl::GetFlag(FLAGS_batch_wait);
+  if (absl::StartsWith(core_options.device, "cuda") &&
+      !absl::flags_internal::WasPresentOnCommandLine("batch_wait")) {
+    core_options.batch_wait = absl::ZeroDuration();
+  }
+  core_options.sample_in_step = absl::GetFlag(FLAGS_sample_in_step);
   core_options.decode_kernel = absl::GetFlag(FLAGS_decode_kernel);
   core_options.native_gemm = absl::GetFlag(FLAGS_native_gemm);
   core_options.decode_lookahead = absl::GetFlag(FLAGS_decode_lookahead);

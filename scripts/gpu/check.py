@@ -14,16 +14,20 @@ Writes OUT_DIR/report.md and OUT_DIR/report.json (plus the raw outputs beside th
   fwbench      tokens/s, ITL p50/p99, TTFT and GPU memory per stream at each level of
                streams; a 64 KB prefill (session create with a 65536-byte prefix)
   kernels      the decode kernel the device server uses (on CUDA: "graph", its steps
-               captured as CUDA Graphs, from its log), and an A/B of tokens/s at 64
-               streams against --decode-kernel libtorch (eager Model::Step), 3 rounds
-               alternating, the median ratio and its range
+               captured as CUDA Graphs, in place, sampling inside the step, from its
+               log), and an A/B/C of tokens/s at CHECK_KERNEL_STREAMS (1,64) streams
+               against the same kernel with --sample-in-step=false and against
+               --decode-kernel libtorch (eager Model::Step), 3 rounds alternating, the
+               median ratios and their ranges
   baseline     bench/pytorch_baseline.py --device DEVICE at batch sizes equal to the levels
 DEVICE is cuda when nvidia-smi sees a GPU and the build's LibTorch has CUDA, else cpu:
 then the report says so, the CUDA cases are "needs a CUDA run", and the rest runs on CPU.
 
 Environment: BUILD_DIR (build-gpu), CHECK_MODEL_TESTS (all | cuda | none),
-CHECK_STREAMS (default 1,16,64,256,1024 on CUDA, 1,16 on CPU), CHECK_DURATION (10s on
-CUDA, 3s on CPU), CHECK_BENCH_MODEL (aft-shakespeare), CHECK_TOKENS (baseline tokens, 128).
+CHECK_STREAMS (default 1,16,64,256,1024,4096 on CUDA, 1,16 on CPU), CHECK_DURATION (10s on
+CUDA, 3s on CPU), CHECK_BENCH_MODEL (aft-shakespeare), CHECK_TOKENS (baseline tokens, 128),
+CHECK_PREFILL_RUNS (3), CHECK_KERNEL_STREAMS (1,64), CHECK_KERNEL_DURATION (5s on CUDA, 2s
+on CPU), CHECK_SANITIZER_TIMEOUT (240 s).
 Exit status: 0 when no check failed (skipped ones do not fail), 1 otherwise.
 """
 import datetime
@@ -81,6 +85,9 @@ class Report:
         self.data["checks"].append(entry)
         print("check.sh: [%s] %s: %s%s" % (status, section, name,
                                            (" — " + detail) if detail else ""), flush=True)
+        # So far, after every check: a run cut off by its time limit still reports.
+        with open(os.path.join(self.out, "report-partial.json"), "w") as f:
+            json.dump(self.data, f, indent=1, default=str)
         return entry
 
     def failed(self):
@@ -208,6 +215,31 @@ def model_tests(rep, build, device):
             max(worst["max_rel_logits"], worst["max_rel_logprobs"]), worst["case"], TOLERANCE)
     rep.check("model_tests", "CUDA equivalence", status, detail, counts=counts, seconds=seconds,
               cuda_vs_cpu=diffs)
+    captured = re.findall(r"^in-place graph step (\S+): captured=(\d)$", r.stdout, re.M)
+    if captured:
+        rep.data["in_place_graph_step_captured"] = {c: v == "1" for c, v in captured}
+
+    # compute-sanitizer (memcheck) over one configuration of the in-place graph step and
+    # the equivalence test: out-of-bounds or misaligned device accesses fail it.
+    sanitizer = shutil.which("compute-sanitizer") or (
+        "/usr/local/cuda/bin/compute-sanitizer"
+        if os.path.exists("/usr/local/cuda/bin/compute-sanitizer") else None)
+    if device != "cuda":
+        rep.check("model_tests", "compute-sanitizer memcheck", "needs a CUDA run", "")
+    elif not sanitizer:
+        rep.check("model_tests", "compute-sanitizer memcheck", "skip", "no compute-sanitizer")
+    else:
+        start = time.monotonic()
+        r = run([sanitizer, "--tool", "memcheck", "--error-exitcode", "3", binary,
+                 "--gtest_filter=*CudaEquivalence*aft_squared_relu_dconv3_nu1*"],
+                timeout=int(os.environ.get("CHECK_SANITIZER_TIMEOUT", "240")), env=env)
+        with open(os.path.join(rep.out, "compute-sanitizer.log"), "w") as f:
+            f.write(r.stdout + r.stderr)
+        summary = re.findall(r"ERROR SUMMARY: (\d+) error", r.stdout + r.stderr)
+        rep.check("model_tests", "compute-sanitizer memcheck (aft_squared_relu_dconv3_nu1)",
+                  "pass" if r.returncode == 0 else "fail",
+                  "exit %d, %s errors, %.0f s" % (r.returncode, summary[-1] if summary else "?",
+                                                   time.monotonic() - start))
 
     if which != "all":
         return
@@ -249,8 +281,8 @@ class Server:
                      "--listen", "127.0.0.1:%d" % self.port,
                      "--metrics-listen", "127.0.0.1:%d" % self.metrics_port,
                      "--session-key-file", key_file, "--log-level", "info",
-                     "--max-active-streams", "1024", "--max-queued-requests", "4096",
-                     "--max-streams-per-connection", "4096"] + list(extra)
+                     "--max-active-streams", "4096", "--max-queued-requests", "8192",
+                     "--max-streams-per-connection", "8192"] + list(extra)
         for m in models:
             self.argv += ["--model", m]
         self.log = open(self.log_path, "w")
@@ -440,7 +472,7 @@ def bench(rep, build, device, server, models, text):
     model = os.environ.get("CHECK_BENCH_MODEL", "aft-shakespeare")
     cuda = device == "cuda"
     levels = [int(x) for x in os.environ.get(
-        "CHECK_STREAMS", "1,16,64,256,1024" if cuda else "1,16").split(",")]
+        "CHECK_STREAMS", "1,16,64,256,1024,4096" if cuda else "1,16").split(",")]
     duration = os.environ.get("CHECK_DURATION", "10s" if cuda else "3s")
     fwbench = os.path.join(build, "bench", "fwbench")
     state_bytes = None
@@ -487,7 +519,10 @@ def bench(rep, build, device, server, models, text):
             row["gpu_mib_peak"] = mem.peak
             row["gpu_mib_per_stream"] = round((mem.peak - idle) / c, 3)
         rows.append(row)
-        ok = r.returncode == 0 and "tokens_per_s" in row and not row.get("errors")
+        # A level with no tokens, or any error, fails: every request failing must not
+        # read as served.
+        ok = (r.returncode == 0 and row.get("tokens_per_s", 0) > 0 and not row.get("errors")
+              and "error" not in row)
         rep.check("fwbench", "%d streams on %s" % (c, device), "pass" if ok else "fail",
                   ", ".join("%s %s" % (k, v) for k, v in row.items() if k != "streams"))
     rep.data["fwbench"] = {"model": model, "device": device, "duration": duration,
@@ -497,7 +532,8 @@ def bench(rep, build, device, server, models, text):
     # A 64 KB prefill: a session created with a 65536-byte prefix (bench/prefill_bench.sh).
     prefix = text.replace("\\", "")[:65536]
     times = []
-    for _ in range(3):
+    runs = int(os.environ.get("CHECK_PREFILL_RUNS", "3"))
+    for _ in range(runs):
         start = time.monotonic()
         r = server.ctl(["session", "create", "--model", model, "--prefix", prefix], timeout=600)
         if r.returncode != 0:
@@ -505,7 +541,7 @@ def bench(rep, build, device, server, models, text):
             break
         times.append(time.monotonic() - start)
         server.ctl(["session", "rm", r.stdout.strip()])
-    if len(times) == 3:
+    if times and len(times) == runs:
         best = min(times)
         rep.data["prefill_64k"] = {"bytes": len(prefix), "seconds": [round(t, 3) for t in times],
                                    "tokens_per_s_best": round(len(prefix) / best)}
@@ -520,10 +556,15 @@ def fwbench_tokens_per_s(rep, build, server, model, streams, duration, label):
              model, "--concurrency", str(streams), "--duration", duration, "--warmup", "1s",
              "--max_tokens", "128", "--json", json_path], timeout=600)
     try:
-        return json.load(open(json_path))["levels"][0]["output_tokens_per_s"]
+        level = json.load(open(json_path))["levels"][0]
+        tokens = level["output_tokens_per_s"]
     except (OSError, ValueError, KeyError, IndexError):
         raise RuntimeError("fwbench %s: exit %d: %s" % (label, r.returncode,
                                                        r.stderr.strip()[-500:]))
+    if r.returncode != 0 or not tokens or level.get("errors"):
+        raise RuntimeError("fwbench %s: exit %d, %s tokens/s, %s errors: %s" % (
+            label, r.returncode, tokens, level.get("errors"), r.stderr.strip()[-500:]))
+    return tokens
 
 
 def kernels(rep, build, device, server, models):
@@ -542,47 +583,62 @@ def kernels(rep, build, device, server, models):
     model = os.environ.get("CHECK_BENCH_MODEL", "aft-shakespeare")
     path = [m for m in models if os.path.basename(m) == model]
     key = os.path.join(rep.out, "tmp", "session.key")
-    alt = Server(rep, build, device, path, key, "libtorch-" + device,
-                 extra=["--decode-kernel", "libtorch"])
+    # The same kernel with sampling in a separate pass (the graph step before issue 39),
+    # and LibTorch's eager reference.
+    others = [("apart", ["--sample-in-step=false"]), ("libtorch", ["--decode-kernel", "libtorch"])]
+    servers = {"default": server}
     try:
-        if not alt.wait_healthy():
-            rep.check("kernels", "--decode-kernel libtorch server starts", "fail",
-                      open(alt.log_path).read()[-2000:])
-            return
-        streams = int(os.environ.get("CHECK_KERNEL_STREAMS", "64"))
+        for label, extra in others:
+            alt = Server(rep, build, device, path, key, "%s-%s" % (label, device), extra=extra)
+            servers[label] = alt
+            if not alt.wait_healthy():
+                rep.check("kernels", "%s server starts" % " ".join(extra), "fail",
+                          open(alt.log_path).read()[-2000:])
+                return
+        levels = [int(x) for x in os.environ.get("CHECK_KERNEL_STREAMS", "1,64").split(",")]
         duration = os.environ.get("CHECK_KERNEL_DURATION", "5s" if device == "cuda" else "2s")
-        rounds = []
-        for i in range(3):
-            default = fwbench_tokens_per_s(rep, build, server, model, streams, duration,
-                                           "default-%d" % i)
-            reference = fwbench_tokens_per_s(rep, build, alt, model, streams, duration,
-                                             "libtorch-%d" % i)
-            rounds.append({"default": round(default, 1), "libtorch": round(reference, 1),
-                           "ratio": round(default / reference, 3) if reference else None})
-        ratios = sorted(r["ratio"] for r in rounds if r["ratio"] is not None)
-        rep.data["kernels"] = {"model": model, "streams": streams, "duration": duration,
-                               "rounds": rounds}
-        rep.check("kernels", "default kernel vs libtorch, %d streams on %s" % (streams, device),
-                  "pass" if len(ratios) == 3 else "fail",
-                  "tokens/s ratio median %.2f (range %.2f-%.2f); rounds %s" % (
-                      ratios[1], ratios[0], ratios[2],
-                      "; ".join("%.0f vs %.0f" % (r["default"], r["libtorch"]) for r in rounds))
-                  if len(ratios) == 3 else "no ratio")
+        rep.data["kernels"] = {"model": model, "duration": duration, "levels": {}}
+        for streams in levels:
+            rounds = []
+            for i in range(3):  # A, B, C, A, B, C, ...
+                got = {}
+                for label in servers:
+                    got[label] = round(fwbench_tokens_per_s(
+                        rep, build, servers[label], model, streams, duration,
+                        "%s-%d-%d" % (label, streams, i)), 1)
+                got["vs_apart"] = round(got["default"] / got["apart"], 3)
+                got["vs_libtorch"] = round(got["default"] / got["libtorch"], 3)
+                rounds.append(got)
+            rep.data["kernels"]["levels"][str(streams)] = rounds
+            for other in ("apart", "libtorch"):
+                ratios = sorted(r["vs_" + other] for r in rounds)
+                rep.check("kernels", "default vs %s, %d streams on %s" % (other, streams, device),
+                          "pass",
+                          "tokens/s ratio median %.2f (range %.2f-%.2f); rounds %s" % (
+                              ratios[1], ratios[0], ratios[2],
+                              "; ".join("%.0f vs %.0f" % (r["default"], r[other])
+                                        for r in rounds)))
     except RuntimeError as e:
-        # The first GPU run lost this server mid-A/B with no log to show why: keep its tail.
-        alive = alt.proc.poll() is None
-        rep.check("kernels", "default kernel vs libtorch on %s" % device, "fail",
-                  "%s; the libtorch server %s; its log ends: %s" % (
-                      e, "is running" if alive else "exited with %s" % alt.proc.returncode,
-                      open(alt.log_path).read()[-1500:]))
+        # The first GPU run lost a server mid-A/B with no log to show why: keep the tails.
+        tails = []
+        for label, s_ in servers.items():
+            if label == "default":
+                continue
+            alive = s_.proc.poll() is None
+            tails.append("the %s server %s; its log ends: %s" % (
+                label, "is running" if alive else "exited with %s" % s_.proc.returncode,
+                open(s_.log_path).read()[-1200:]))
+        rep.check("kernels", "kernel A/B on %s" % device, "fail", "%s; %s" % (e, " | ".join(tails)))
     finally:
-        alt.stop()
+        for label, s_ in servers.items():
+            if label != "default":
+                s_.stop()
 
 
 def baseline(rep, device):
     model = os.environ.get("CHECK_BENCH_MODEL", "aft-shakespeare")
     levels = [int(x) for x in os.environ.get(
-        "CHECK_STREAMS", "1,16,64,256,1024" if device == "cuda" else "1,16").split(",")]
+        "CHECK_STREAMS", "1,16,64,256,1024,4096" if device == "cuda" else "1,16").split(",")]
     probe = run([sys.executable, "-c", "import torch"], timeout=120)
     if probe.returncode != 0:
         rep.check("baseline", "PyTorch eager baseline on %s" % device, "skip",

@@ -108,6 +108,8 @@ EngineOptions ToEngineOptions(const CoreOptions& o) {
   e.prefill_threads = o.prefill_threads;
   e.decode_kernel = o.decode_kernel;
   e.packed_gemm = o.native_gemm == "libxsmm";
+  e.sample_in_step = o.sample_in_step;
+  e.max_sessions = o.max_sessions;
   e.decode_lookahead = o.decode_lookahead;
   e.stream_flush_interval = o.stream_flush_interval;
   e.max_state_memory_bytes = o.max_state_memory_bytes;

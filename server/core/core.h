@@ -96,6 +96,10 @@ struct CoreOptions {
   // The native kernel's GEMMs (models/packed_linear.h): "libxsmm" (JIT kernels on
   // weights laid out at load, OpenBLAS where unavailable) or "openblas" (cblas_sgemm).
   std::string native_gemm = "libxsmm";
+  // The graph kernel on a CUDA model (or with decode_kernel "graph") samples inside its
+  // in-place step: one copy each way and one synchronisation per token
+  // (--sample-in-step). False: the step only steps; sampling runs apart.
+  bool sample_in_step = true;
   // Decode pipelining: tokens a stream may sample and absorb beyond the last one whose
   // write was confirmed. While a write is in flight the stream keeps decoding; what it
   // samples meanwhile goes out as one chunk when the write returns. 1 = the next token

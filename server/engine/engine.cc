@@ -735,6 +735,14 @@ void Engine::RunDecodeStep() {
     batch.push_back(t);
     work.rows.push_back(t->slot);
     work.tokens.push_back(t->pending_token);
+    // The repetition window as the next sampling sees it: with the absorbed token.
+    t->recent.push_back(t->pending_token);
+    const size_t window = static_cast<size_t>(t->item->generate.repetition_window);
+    if (t->recent.size() > window) t->recent.erase(t->recent.begin());
+    // What the row's next sampling will ask, for a kernel that samples inside the step
+    // (Stepper::Step; a row that does not sample next leaves its draw unused).
+    work.draws.push_back(
+        {t->slot, &t->item->generate.sampling, &t->rng, &t->recent, t->item->generate.logprobs});
   }
   const StepResult stepped = runner_.Wait(runner_.Launch(work));
   if (!stepped.status.ok()) {
@@ -747,9 +755,6 @@ void Engine::RunDecodeStep() {
                               absl::ToDoubleSeconds(stepped.elapsed));
   for (Task* t : batch) {
     ++t->tokens;
-    t->recent.push_back(t->pending_token);
-    const size_t window = static_cast<size_t>(t->item->generate.repetition_window);
-    if (t->recent.size() > window) t->recent.erase(t->recent.begin());
     t->pending_token = -1;
   }
   Apply(scheduler_.AfterStep(batch_ids));

@@ -44,6 +44,12 @@ struct EngineOptions {
   int32_t prefill_threads = 0;
   // "native", "graph" or "libtorch" (CoreOptions::decode_kernel).
   std::string decode_kernel = "native";
+  // The graph kernel on a preallocated pool samples inside its step (--sample-in-step;
+  // Stepper). Off: the step only steps, and sampling runs apart (the A/B of issue 39).
+  bool sample_in_step = true;
+  // Sessions held at once (--max-sessions): with the graph kernel the pool is allocated
+  // whole at start, min(this, max_state_memory_bytes / state bytes) rows.
+  int64_t max_sessions = 100000;
   // The native kernel's GEMMs on libxsmm (true) or cblas_sgemm (CoreOptions::native_gemm).
   bool packed_gemm = true;
   // Tokens a stream may sample beyond the last confirmed write (--decode-lookahead).

@@ -22,18 +22,22 @@ Runner::Runner(const fwmodel::Model& model, const EngineOptions& options, StateM
     : model_(model),
       options_(options),
       pool_(model,
-            options.max_state_memory_bytes / std::max<int64_t>(1, model.state_bytes_per_session()),
-            budget),
+            Stepper::UsesGraphKernel(model, options.decode_kernel)
+                ? std::min(options.max_sessions,
+                           options.max_state_memory_bytes /
+                               std::max<int64_t>(1, model.state_bytes_per_session()))
+                : options.max_state_memory_bytes /
+                      std::max<int64_t>(1, model.state_bytes_per_session()),
+            budget, /*preallocate=*/Stepper::UsesGraphKernel(model, options.decode_kernel)),
       stepper_(model, options.decode_kernel, options.packed_gemm, options.intra_op_threads,
-               options.prefill_threads, name) {}
+               options.prefill_threads, name, &pool_, options.sample_in_step) {}
 
 Runner::~Runner() { StopPrefillThread(); }
 
 Runner::Handle Runner::Launch(const StepWork& work) {
-  const absl::Time start = absl::Now();
   StepResult result;
-  result.status = stepper_.Step(work.rows, work.tokens, pool_);
-  result.elapsed = absl::Now() - start;
+  result.status = stepper_.Step(work.rows, work.tokens, pool_, work.draws);
+  result.elapsed = stepper_.last_step_time();
   const Handle handle = next_handle_++;
   done_.emplace(handle, std::move(result));
   return handle;

@@ -41,6 +41,8 @@ void LimitIntraOpThreads(int32_t threads);
 struct StepWork {
   std::vector<int64_t> rows;
   std::vector<int64_t> tokens;
+  // Empty, or one per row: what each row's next sampling will ask (Stepper::Step).
+  std::vector<Stepper::SampleRequest> draws;
 };
 
 // One sampling: each request draws its row's next token.
@@ -53,7 +55,8 @@ struct StepResult {
   absl::Status status;
   // SampleWork only: one per request, in order.
   std::vector<SampledToken> sampled;
-  // How long it ran (the CPU runner: host time from launch to completion).
+  // How long it ran: a step's device time where the kernel measures it (the graph
+  // kernel on CUDA), else host time from launch to completion.
   absl::Duration elapsed;
 };
 

@@ -28,9 +28,11 @@ void StateMemoryBudget::Reclaimed(int64_t bytes) {
   }
 }
 
-StatePool::StatePool(const fwmodel::Model& model, int64_t max_slots, StateMemoryBudget* budget)
+StatePool::StatePool(const fwmodel::Model& model, int64_t max_slots, StateMemoryBudget* budget,
+                     bool preallocate)
     : model_(model),
       max_slots_(std::max<int64_t>(1, max_slots)),
+      preallocated_(preallocate),
       state_bytes_(model.state_bytes_per_session()),
       vocab_(model.config().vocab_size),
       budget_(budget) {
@@ -40,6 +42,13 @@ StatePool::StatePool(const fwmodel::Model& model, int64_t max_slots, StateMemory
   pool_ = model_.InitialState(0);
   next_logits_ =
       torch::zeros({0, vocab_}, torch::dtype(torch::kFloat32).device(model_.options().device));
+  if (preallocated_) {
+    // Every slot and the pad row, once.
+    pool_ = model_.InitialState(max_slots_ + 1);
+    next_logits_ = torch::zeros({max_slots_ + 1, vocab_}, next_logits_.options());
+    for (int64_t s = max_slots_ - 1; s >= 0; --s) free_slots_.push_back(static_cast<int>(s));
+    capacity_ = max_slots_;
+  }
 }
 
 bool StatePool::Grow() {

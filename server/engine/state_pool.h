@@ -40,8 +40,12 @@ class StateMemoryBudget {
 
 class StatePool {
  public:
-  // `budget` is not owned and must outlive the pool.
-  StatePool(const fwmodel::Model& model, int64_t max_slots, StateMemoryBudget* budget);
+  // `budget` is not owned and must outlive the pool. `preallocate`: every row is
+  // allocated now, plus one pad row that is never handed out (pad_row), and the tensors
+  // are never reallocated, so a step may bind them (fwmodel::PoolBinding: the in-place
+  // graph step on a CUDA model). Otherwise the pool grows on demand.
+  StatePool(const fwmodel::Model& model, int64_t max_slots, StateMemoryBudget* budget,
+            bool preallocate = false);
 
   enum class Shortage { kNone, kSlots, kBudget };
   // A free slot (its state undefined), its bytes reserved in the budget; nullopt when
@@ -94,6 +98,10 @@ class StatePool {
   // update rows in place (fwmodel::NativeStep). Valid until the next TryAllocate.
   fwmodel::State* mutable_state() { return &pool_; }
 
+  bool preallocated() const { return preallocated_; }
+  // Preallocated: the row padding reads and writes (max_slots); else -1.
+  int64_t pad_row() const { return preallocated_ ? max_slots_ : -1; }
+
   const fwmodel::State& fresh_row() const { return fresh_row_; }
   int64_t capacity() const { return capacity_; }
   int64_t slots_in_use() const { return slots_in_use_; }
@@ -107,6 +115,7 @@ class StatePool {
 
   const fwmodel::Model& model_;
   const int64_t max_slots_;
+  const bool preallocated_;
   const int64_t state_bytes_;
   const int64_t vocab_;
   StateMemoryBudget* const budget_;

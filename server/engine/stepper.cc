@@ -24,8 +24,14 @@ int32_t AvailableCpus() {
 
 }  // namespace
 
+bool Stepper::UsesGraphKernel(const fwmodel::Model& model, const std::string& decode_kernel) {
+  return decode_kernel == "graph" ||
+         (decode_kernel == "native" && model.options().device.is_cuda());
+}
+
 Stepper::Stepper(const fwmodel::Model& model, const std::string& decode_kernel, bool packed_gemm,
-                 int32_t step_threads, int32_t prefill_threads, const std::string& name)
+                 int32_t step_threads, int32_t prefill_threads, const std::string& name,
+                 StatePool* pool, bool sample_in_step)
     : model_(model), vocab_(model.config().vocab_size) {
   const bool cpu_float32 =
       model_.options().device.is_cpu() && model_.options().dtype == torch::kFloat32;
@@ -49,10 +55,21 @@ Stepper::Stepper(const fwmodel::Model& model, const std::string& decode_kernel, 
     return;
   }
   // A CUDA model takes the graph kernel unless LibTorch's reference was asked for.
-  const bool graph =
-      decode_kernel == "graph" || (decode_kernel == "native" && model_.options().device.is_cuda());
-  if (!graph) return;
-  auto graphed = fwmodel::GraphedStep::Create(model_);
+  if (!UsesGraphKernel(model_, decode_kernel)) return;
+  fwmodel::GraphedStepOptions graph_options;
+  fwmodel::PoolBinding binding;
+  if (pool != nullptr && pool->preallocated()) {
+    binding = {pool->mutable_state(), pool->mutable_logits(), pool->pad_row()};
+    graph_options.sample_in_step = sample_in_step;
+  }
+  if (model_.options().device.is_cuda()) {
+    // Buckets up to the pool's rows in use at once, at most 4,096.
+    const int64_t most = std::min<int64_t>(4096, pool != nullptr ? pool->max_slots() : 256);
+    while (graph_options.buckets.back() < most) {
+      graph_options.buckets.push_back(graph_options.buckets.back() * 2);
+    }
+  }
+  auto graphed = fwmodel::GraphedStep::Create(model_, graph_options, binding);
   if (!graphed.ok()) {
     Log(LogLevel::kWarning, absl::StrCat("model ", name, ": graph decode step unavailable (",
                                          graphed.status().message(), "); using LibTorch"));
@@ -62,11 +79,49 @@ Stepper::Stepper(const fwmodel::Model& model, const std::string& decode_kernel, 
   Log(LogLevel::kInfo,
       absl::StrCat("model ", name, ": graph decode step, ", graphed_step_->buckets().size(),
                    " batch buckets up to ", graphed_step_->buckets().back(),
-                   graphed_step_->captured() ? ", captured as CUDA Graphs" : ", eager"));
+                   graphed_step_->captured() ? ", captured as CUDA Graphs" : ", eager",
+                   graphed_step_->in_place()
+                       ? (graph_options.sample_in_step ? ", in place, sampling inside the step"
+                                                       : ", in place")
+                       : ""));
 }
 
 absl::Status Stepper::Step(const std::vector<int64_t>& rows, const std::vector<int64_t>& tokens,
-                           StatePool& pool) {
+                           StatePool& pool, absl::Span<const SampleRequest> draws) {
+  presampled_.clear();
+  const absl::Time start = absl::Now();
+  absl::Status stepped = StepOnKernel(rows, tokens, pool, draws);
+  last_step_time_ =
+      graphed_step_ != nullptr ? graphed_step_->last_step_time() : absl::Now() - start;
+  return stepped;
+}
+
+absl::Status Stepper::StepOnKernel(const std::vector<int64_t>& rows,
+                                   const std::vector<int64_t>& tokens, StatePool& pool,
+                                   absl::Span<const SampleRequest> draws) {
+  if (graphed_step_ != nullptr && graphed_step_->in_place()) {
+    std::vector<RowDraw> row_draws(draws.size());
+    std::vector<double> uniforms(draws.size(), 0.0);
+    for (size_t i = 0; i < draws.size(); ++i) {
+      const SampleRequest& r = draws[i];
+      row_draws[i].params = r.params;
+      row_draws[i].recent = r.recent;
+      if (r.params->temperature != 0) {
+        // A copy: the generator advances when the token is handed out (Sample).
+        std::mt19937_64 peek = *r.rng;
+        uniforms[i] = row_draws[i].uniform = CanonicalDraw(peek);
+      }
+    }
+    if (draws.size() != rows.size() || !graphed_step_->CanSampleInStep(row_draws)) {
+      row_draws.clear();
+    }
+    auto sampled = graphed_step_->StepInPlace(tokens, rows, row_draws);
+    if (!sampled.ok()) return sampled.status();
+    for (size_t i = 0; i < sampled->size(); ++i) {
+      presampled_[rows[i]] = Presampled{(*sampled)[i], uniforms[i]};
+    }
+    return absl::OkStatus();
+  }
   if (native_step_ != nullptr) {
     // In place: the pool's rows absorb their tokens; no copies of the state.
     step_logits_.resize(rows.size() * static_cast<size_t>(vocab_));
@@ -91,7 +146,51 @@ absl::Status Stepper::Step(const std::vector<int64_t>& rows, const std::vector<i
 
 absl::StatusOr<std::vector<SampledToken>> Stepper::Sample(absl::Span<const SampleRequest> requests,
                                                           const StatePool& pool) {
-  if (graphed_step_ != nullptr) {
+  if (!presampled_.empty()) {
+    // Drawn inside the last step: hand those out, and sample the rest as usual.
+    std::vector<SampledToken> out(requests.size());
+    std::vector<SampleRequest> rest;
+    std::vector<size_t> rest_positions;
+    for (size_t i = 0; i < requests.size(); ++i) {
+      const SampleRequest& r = requests[i];
+      auto it = presampled_.find(r.slot);
+      bool taken = false;
+      if (it != presampled_.end()) {
+        if (r.params->temperature == 0) {
+          taken = true;
+        } else {
+          // The generator was untouched since the step's copy: the same draw.
+          std::mt19937_64 before = *r.rng;
+          if (CanonicalDraw(*r.rng) == it->second.uniform) {
+            taken = true;
+          } else {
+            *r.rng = before;
+          }
+        }
+      }
+      if (taken) {
+        out[i] = it->second.sampled;
+        if (!r.logprobs) out[i].logprob = 0;
+      } else {
+        rest.push_back(r);
+        rest_positions.push_back(i);
+      }
+    }
+    presampled_.clear();
+    if (!rest.empty()) {
+      auto sampled = SampleApart(rest, pool);
+      if (!sampled.ok()) return sampled.status();
+      for (size_t j = 0; j < rest.size(); ++j) out[rest_positions[j]] = (*sampled)[j];
+    }
+    return out;
+  }
+  return SampleApart(requests, pool);
+}
+
+absl::StatusOr<std::vector<SampledToken>> Stepper::SampleApart(
+    absl::Span<const SampleRequest> requests, const StatePool& pool) {
+  if (graphed_step_ != nullptr || !pool.all_logits().device().is_cpu()) {
+    // On the logits' device (a CUDA model with any kernel).
     std::vector<RowDraw> draws(requests.size());
     for (size_t i = 0; i < requests.size(); ++i) {
       const SampleRequest& r = requests[i];

@@ -5,8 +5,11 @@
 //     the pool's rows updated in place), where the model allows it and "native" was
 //     asked for;
 //   - graph: fwmodel::GraphedStep, the batched step on per-bucket buffers, replayed as
-//     CUDA Graphs on a CUDA model, with sampling on the device (SampleRows). It is the
-//     default for a CUDA model, and can be asked for on the CPU (eager there, same code);
+//     CUDA Graphs on a CUDA model, with sampling on the device. On a preallocated pool
+//     (StatePool::preallocated) it is in place: each replay reads and writes the pool's
+//     rows and samples the next tokens of the rows the engine will sample, so a token
+//     costs one copy each way and one synchronisation. It is the default for a CUDA
+//     model, and can be asked for on the CPU (eager there, same code);
 //   - libtorch: Model::Step / Model::Forward on gathered rows. It is the reference, and
 //     the fallback for anything else (float64, a failed graph setup).
 // Prefill uses the native kernel with `native`, else Model::Forward.
@@ -21,8 +24,10 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "models/batch_sampler.h"
 #include "models/graphed_step.h"
@@ -39,18 +44,20 @@ class Stepper {
   // `packed_gemm`: the native kernel's GEMMs on libxsmm (EngineOptions::packed_gemm).
   // `model` is not owned and outlives this. `name` names the model in log lines.
   // step_threads, prefill_threads: EngineOptions::intra_op_threads and prefill_threads.
+  // `pool` (not owned, outlives this): the graph kernel binds it when it is preallocated.
+  // `sample_in_step`: the in-place graph step samples too (EngineOptions).
   Stepper(const fwmodel::Model& model, const std::string& decode_kernel, bool packed_gemm,
-          int32_t step_threads, int32_t prefill_threads, const std::string& name);
+          int32_t step_threads, int32_t prefill_threads, const std::string& name,
+          StatePool* pool = nullptr, bool sample_in_step = true);
+
+  // Whether `decode_kernel` gives the graph kernel for `model` (the pool is then
+  // preallocated, so the step can bind it).
+  static bool UsesGraphKernel(const fwmodel::Model& model, const std::string& decode_kernel);
 
   // "native", "graph" or "libtorch": the kernel in use.
   const char* kernel() const {
     return native_step_ != nullptr ? "native" : graphed_step_ != nullptr ? "graph" : "libtorch";
   }
-
-  // Engine thread: the rows `rows` of `pool` absorb `tokens` (one each, in the same
-  // order) in one batched step, and get their next-token logits.
-  absl::Status Step(const std::vector<int64_t>& rows, const std::vector<int64_t>& tokens,
-                    StatePool& pool);
 
   // One stream's next token, drawn from its pool row's logits.
   struct SampleRequest {
@@ -60,10 +67,23 @@ class Stepper {
     const std::vector<int64_t>* recent = nullptr;  // for the repetition penalty
     bool logprobs = false;                         // logprob wanted (else 0)
   };
-  // Engine thread: samples every request, in order. The graph kernel samples them all
-  // at once on the logits' device (SampleRows: one copy of the parameters there, one of
-  // the results back). The others call SampleToken per row on the host. The tokens are
-  // the same for the same seeds.
+  // Engine thread: the rows `rows` of `pool` absorb `tokens` (one each, in the same
+  // order) in one batched step, and get their next-token logits. `draws` (empty, or one
+  // per row): what each row's next Sample will ask. The in-place graph step draws those
+  // tokens inside the step, from a copy of each generator (nothing is consumed here);
+  // the next Sample hands them out and advances the generators then. Other kernels
+  // ignore `draws`.
+  absl::Status Step(const std::vector<int64_t>& rows, const std::vector<int64_t>& tokens,
+                    StatePool& pool, absl::Span<const SampleRequest> draws = {});
+  // The last Step's time: device time (CUDA events) for the graph kernel on CUDA, else
+  // host time of the kernel call.
+  absl::Duration last_step_time() const { return last_step_time_; }
+
+  // Engine thread: samples every request, in order. Rows the last Step drew for get
+  // those tokens. Otherwise the graph kernel, and any kernel on a CUDA model, samples
+  // them all at once on the logits' device (SampleRows: one copy of the parameters
+  // there, one of the results back); the CPU kernels call SampleToken per row on the
+  // host. The tokens are the same for the same seeds.
   absl::StatusOr<std::vector<SampledToken>> Sample(absl::Span<const SampleRequest> requests,
                                                    const StatePool& pool);
 
@@ -73,12 +93,27 @@ class Stepper {
   absl::StatusOr<torch::Tensor> Prefill(const torch::Tensor& tokens, fwmodel::State* state);
 
  private:
+  absl::Status StepOnKernel(const std::vector<int64_t>& rows, const std::vector<int64_t>& tokens,
+                            StatePool& pool, absl::Span<const SampleRequest> draws);
+  // Sample without the in-place step's draws.
+  absl::StatusOr<std::vector<SampledToken>> SampleApart(absl::Span<const SampleRequest> requests,
+                                                        const StatePool& pool);
+
   const fwmodel::Model& model_;
   const int64_t vocab_;
   // At most one of native_step_ and graphed_step_; neither: LibTorch.
   std::unique_ptr<fwmodel::NativeStep> native_step_;     // engine thread
   std::unique_ptr<fwmodel::NativeStep> native_prefill_;  // prefill thread
   std::unique_ptr<fwmodel::GraphedStep> graphed_step_;   // engine thread
+  // Tokens the in-place step drew for the next Sample, by pool row, with the uniform it
+  // used (checked against the generator when handed out). Cleared by every Step and
+  // Sample.
+  struct Presampled {
+    SampledToken sampled;
+    double uniform = 0;
+  };
+  absl::flat_hash_map<int64_t, Presampled> presampled_;
+  absl::Duration last_step_time_;
   std::vector<float> step_logits_;  // [batch, vocab] scratch of the native step
 };
 

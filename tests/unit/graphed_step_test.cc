@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "models/sampler.h"
 #include "tests/unit/test_models.h"
 
 namespace {
@@ -87,6 +88,103 @@ TEST_P(GraphedStepTest, EqualsTheLibTorchStepRowByRow) {
   }
   for (int64_t unused : {4, 5, 7}) {
     EXPECT_EQ(row_logits[unused].abs().sum().item<double>(), 0.0) << "row_logits " << unused;
+    for (size_t t = 0; t < pool.tensors.size(); ++t) {
+      EXPECT_TRUE(torch::equal(pool.tensors[t].narrow(0, unused, 1), fresh.tensors[t]))
+          << "row " << unused << " was written";
+    }
+  }
+}
+
+// In place (a PoolBinding): the bucket reads and writes the bound pool through its rows,
+// and samples each row as the engine's next sampling would. Six sessions in a pool of
+// nine rows plus the pad row, buckets {1, 2, 4}, twelve steps of 1 to 6 rows; every
+// session has its own sampling parameters (greedy, temperature with top-k, top-p and
+// min-p, a repetition penalty over its recent tokens) and generator. Each session is
+// mirrored by a batch-1 state stepped with Model::Step and sampled with SampleToken on
+// the same generator's copy: the tokens are equal, the logprobs close, the states and
+// logits equal to the tolerance, and no row but the stepped ones and the pad row is
+// written.
+TEST_P(GraphedStepTest, InPlaceStepsAndSamplesLikeModelStepAndSampleToken) {
+  torch::NoGradGuard no_grad;
+  const fwmodel::ModelConfig config = GetParam().Config();
+  fwmodel::Model model = fwtest::RandomModel(config, 7, torch::kFloat64);
+  const int64_t capacity = 9, pad_row = 9, vocab = config.vocab_size;
+  fwmodel::State pool = model.InitialState(capacity + 1);
+  torch::Tensor pool_logits = torch::zeros({capacity + 1, vocab}, torch::kFloat32);
+  fwmodel::GraphedStepOptions options;
+  options.buckets = {1, 2, 4};
+  options.penalty_width = 8;
+  auto step = fwmodel::GraphedStep::Create(model, options, {&pool, &pool_logits, pad_row});
+  ASSERT_TRUE(step.ok()) << step.status();
+  ASSERT_TRUE((*step)->in_place());
+  EXPECT_FALSE((*step)->captured());
+  const fwmodel::State fresh = model.InitialState(1);
+  const std::vector<int64_t> session_rows = {6, 0, 3, 8, 1, 2};  // 4, 5 and 7 stay unused
+  struct Session {
+    fwmodel::State reference;
+    fwserve::SamplingParams params;
+    std::mt19937_64 rng;
+    std::vector<int64_t> recent;
+  };
+  std::vector<Session> sessions(session_rows.size());
+  for (size_t s = 0; s < sessions.size(); ++s) {
+    sessions[s].reference = model.InitialState(1);
+    sessions[s].rng.seed(100 + s);
+    fwserve::SamplingParams& p = sessions[s].params;
+    p.temperature = s == 0 ? 0.0f : 0.6f + 0.3f * static_cast<float>(s);
+    if (s == 2) p.top_k = 5;
+    if (s == 3) p.top_p = 0.8f;
+    if (s == 4) p.min_p = 0.1f;
+    if (s == 5 || s == 0) p.repetition_penalty = 1.4f;
+  }
+  std::mt19937_64 pick(11);
+  for (int step_index = 0; step_index < 12; ++step_index) {
+    const size_t count = static_cast<size_t>(step_index % 6) + 1;
+    std::vector<size_t> chosen = {0, 1, 2, 3, 4, 5};
+    std::shuffle(chosen.begin(), chosen.end(), pick);
+    chosen.resize(count);
+    std::vector<int64_t> tokens, rows;
+    std::vector<fwserve::RowDraw> draws;
+    std::vector<std::mt19937_64> generators;  // what the step's draws come from
+    for (size_t s : chosen) {
+      tokens.push_back(static_cast<int64_t>(pick() % static_cast<uint64_t>(vocab)));
+      rows.push_back(session_rows[s]);
+      Session& session = sessions[s];
+      session.recent.push_back(tokens.back());
+      if (session.recent.size() > 8) session.recent.erase(session.recent.begin());
+      fwserve::RowDraw d;
+      d.params = &session.params;
+      d.recent = &session.recent;
+      std::mt19937_64 copy = session.rng;
+      if (session.params.temperature != 0) d.uniform = fwserve::CanonicalDraw(copy);
+      draws.push_back(d);
+    }
+    auto sampled = (*step)->StepInPlace(tokens, rows, draws);
+    ASSERT_TRUE(sampled.ok()) << sampled.status();
+    ASSERT_EQ(sampled->size(), count);
+    for (size_t i = 0; i < chosen.size(); ++i) {
+      Session& session = sessions[chosen[i]];
+      auto expected = model.Step(torch::tensor({tokens[i]}, torch::kInt64), &session.reference);
+      ASSERT_TRUE(expected.ok()) << expected.status();
+      const torch::Tensor row_logits = pool_logits[rows[i]];
+      ExpectNear(row_logits.to(torch::kFloat64),
+                 expected->squeeze(0).to(torch::kFloat32).to(torch::kFloat64),
+                 absl::StrCat("logits, step ", step_index, ", row ", rows[i]));
+      std::vector<float> host(row_logits.data_ptr<float>(), row_logits.data_ptr<float>() + vocab);
+      const int64_t token =
+          fwserve::SampleToken(host.data(), vocab, session.params, session.rng, session.recent);
+      EXPECT_EQ((*sampled)[i].token, token) << "step " << step_index << ", row " << rows[i];
+      EXPECT_NEAR((*sampled)[i].logprob, fwserve::TokenLogProb(host.data(), vocab, token), 1e-4);
+    }
+  }
+  for (size_t s = 0; s < session_rows.size(); ++s) {
+    for (size_t t = 0; t < pool.tensors.size(); ++t) {
+      ExpectNear(pool.tensors[t].narrow(0, session_rows[s], 1), sessions[s].reference.tensors[t],
+                 absl::StrCat("state ", model.state_spec()[t].name, ", session ", s));
+    }
+  }
+  for (int64_t unused : {4, 5, 7}) {
+    EXPECT_EQ(pool_logits[unused].abs().sum().item<double>(), 0.0) << "logits row " << unused;
     for (size_t t = 0; t < pool.tensors.size(); ++t) {
       EXPECT_TRUE(torch::equal(pool.tensors[t].narrow(0, unused, 1), fresh.tensors[t]))
           << "row " << unused << " was written";
@@ -175,6 +273,48 @@ TEST(GraphedStepInputTest, BadArgumentsAreRefusedAndChangeNothing) {
   EXPECT_EQ((*step)->Step({1}, {0}, &wrong).status().code(), absl::StatusCode::kInvalidArgument);
   wrong.tensors.pop_back();
   EXPECT_EQ((*step)->Step({1}, {0}, &wrong).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(GraphedStepInPlaceTest, BadBindingsAndArgumentsAreRefused) {
+  torch::NoGradGuard no_grad;
+  fwmodel::ModelConfig config = fwtest::TinyConfig(Architecture::kAft, FfnKind::kSquaredRelu, 0);
+  fwmodel::Model model = fwtest::RandomModel(config, 3, torch::kFloat32);
+  fwmodel::State pool = model.InitialState(5);
+  torch::Tensor logits = torch::zeros({5, config.vocab_size}, torch::kFloat32);
+  fwmodel::GraphedStepOptions options;
+  options.buckets = {1, 2};
+  options.penalty_width = 2;
+  EXPECT_EQ(fwmodel::GraphedStep::Create(model, options, {&pool, &logits, 5}).status().code(),
+            absl::StatusCode::kInvalidArgument);  // the pad row is outside the pool
+  torch::Tensor short_logits = torch::zeros({4, config.vocab_size}, torch::kFloat32);
+  EXPECT_EQ(fwmodel::GraphedStep::Create(model, options, {&pool, &short_logits, 4}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  auto step = fwmodel::GraphedStep::Create(model, options, {&pool, &logits, 4});
+  ASSERT_TRUE(step.ok()) << step.status();
+  const fwmodel::State before = pool.Clone();
+  absl::Status pad = (*step)->StepInPlace({1}, {4}, {}).status();
+  EXPECT_EQ(pad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(pad.message().find("row 4 at position 0 is the pool's pad row"), std::string::npos)
+      << pad.message();
+  fwserve::SamplingParams penalised;
+  penalised.repetition_penalty = 1.2f;
+  const std::vector<int64_t> recent = {1, 2, 3};  // wider than penalty_width 2
+  fwserve::RowDraw wide;
+  wide.params = &penalised;
+  wide.recent = &recent;
+  EXPECT_FALSE((*step)->CanSampleInStep({wide}));
+  EXPECT_EQ((*step)->StepInPlace({1}, {0}, {wide}).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ((*step)->Step({1}, {0}, &pool).status().code(), absl::StatusCode::kFailedPrecondition);
+  for (size_t t = 0; t < pool.tensors.size(); ++t) {
+    EXPECT_TRUE(torch::equal(pool.tensors[t], before.tensors[t]));
+  }
+  // Without draws the step steps only, and returns no tokens.
+  auto stepped = (*step)->StepInPlace({1, 2}, {0, 3}, {});
+  ASSERT_TRUE(stepped.ok()) << stepped.status();
+  EXPECT_TRUE(stepped->empty());
+  EXPECT_FALSE(torch::equal(pool.tensors[0][3], before.tensors[0][3]));
+  EXPECT_GT((*step)->last_step_time(), absl::ZeroDuration());
 }
 
 }  // namespace

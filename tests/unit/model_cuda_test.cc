@@ -10,8 +10,12 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <random>
 #include <vector>
 
+#include "models/batch_sampler.h"
+#include "models/graphed_step.h"
+#include "models/sampler.h"
 #include "tests/unit/test_models.h"
 
 namespace {
@@ -38,9 +42,8 @@ class CudaEquivalenceTest : public testing::TestWithParam<Case> {
     ASSERT_TRUE(torch::isfinite(gpu).all().item<bool>());
     const double magnitude = 1.0 + cpu.abs().max().item<double>();
     const double logits = fwtest::MaxAbsDiff(cpu, gpu);
-    const double logp =
-        fwtest::MaxAbsDiff(torch::log_softmax(cpu.to(torch::kFloat64), -1),
-                           torch::log_softmax(gpu.to(torch::kFloat64), -1));
+    const double logp = fwtest::MaxAbsDiff(torch::log_softmax(cpu.to(torch::kFloat64), -1),
+                                           torch::log_softmax(gpu.to(torch::kFloat64), -1));
     EXPECT_LE(logits, kTolerance * magnitude);
     EXPECT_LE(logp, kTolerance * magnitude);
     max_logits_ = std::max(max_logits_, logits / magnitude);
@@ -90,6 +93,86 @@ TEST_P(CudaEquivalenceTest, SequenceAndRecurrentFormsEqualCpu) {
     auto b = cuda.Step(tokens.select(1, t).contiguous(), &cuda_fresh);
     ASSERT_TRUE(a.ok() && b.ok());
     ExpectNear(*a, *b, "recurrent form");
+  }
+}
+
+// The in-place graph step (models/graphed_step.h) on CUDA, captured with its sampling:
+// six sessions in a device pool of nine rows plus the pad row, buckets {1, 2, 4}, ten
+// steps of 1 to 6 rows with greedy and sampled draws. The pool's logits rows equal the
+// CPU model's Model::Step within the tolerance, the states likewise, and each drawn
+// token equals SampleToken's on the same (device) logits copied to the host, with the
+// same generator: at most one draw may differ, where a uniform falls within float
+// rounding of a boundary (exp on the GPU is not the host's).
+TEST_P(CudaEquivalenceTest, InPlaceGraphStepWithSamplingEqualsCpu) {
+  torch::NoGradGuard no_grad;
+  const fwmodel::ModelConfig config = GetParam().Config();
+  fwmodel::Model cpu = fwtest::RandomModel(config, 7, torch::kFloat32, 0.5, torch::kCPU);
+  fwmodel::Model cuda = fwtest::RandomModel(config, 7, torch::kFloat32, 0.5, torch::kCUDA);
+  const int64_t capacity = 9, vocab = config.vocab_size;
+  fwmodel::State pool = cuda.InitialState(capacity + 1);
+  torch::Tensor pool_logits =
+      torch::zeros({capacity + 1, vocab}, torch::dtype(torch::kFloat32).device(torch::kCUDA));
+  fwmodel::GraphedStepOptions options;
+  options.buckets = {1, 2, 4};
+  auto step = fwmodel::GraphedStep::Create(cuda, options, {&pool, &pool_logits, capacity});
+  ASSERT_TRUE(step.ok()) << step.status();
+  std::printf("in-place graph step %s: captured=%d\n", GetParam().Name().c_str(),
+              (*step)->captured() ? 1 : 0);
+  const std::vector<int64_t> session_rows = {6, 0, 3, 8, 1, 2};
+  std::vector<fwmodel::State> reference;
+  std::vector<fwserve::SamplingParams> params(session_rows.size());
+  std::vector<std::mt19937_64> rngs;
+  std::vector<std::vector<int64_t>> recent(session_rows.size());
+  for (size_t s = 0; s < session_rows.size(); ++s) {
+    reference.push_back(cpu.InitialState(1));
+    rngs.emplace_back(200 + s);
+    params[s].temperature = s % 2 == 0 ? 0.0f : 0.9f;
+    if (s == 3) params[s].top_k = 7;
+    if (s == 5) params[s].repetition_penalty = 1.3f;
+  }
+  std::mt19937_64 pick(13);
+  int mismatches = 0, draws_made = 0;
+  for (int step_index = 0; step_index < 10; ++step_index) {
+    const size_t count = static_cast<size_t>(step_index % 6) + 1;
+    std::vector<size_t> chosen = {0, 1, 2, 3, 4, 5};
+    std::shuffle(chosen.begin(), chosen.end(), pick);
+    chosen.resize(count);
+    std::vector<int64_t> tokens, rows;
+    std::vector<fwserve::RowDraw> draws;
+    for (size_t s : chosen) {
+      tokens.push_back(static_cast<int64_t>(pick() % static_cast<uint64_t>(vocab)));
+      rows.push_back(session_rows[s]);
+      recent[s].push_back(tokens.back());
+      fwserve::RowDraw d;
+      d.params = &params[s];
+      d.recent = &recent[s];
+      std::mt19937_64 copy = rngs[s];
+      if (params[s].temperature != 0) d.uniform = fwserve::CanonicalDraw(copy);
+      draws.push_back(d);
+    }
+    auto sampled = (*step)->StepInPlace(tokens, rows, draws);
+    ASSERT_TRUE(sampled.ok()) << sampled.status();
+    const torch::Tensor device_logits = pool_logits.to(torch::kCPU);
+    for (size_t i = 0; i < chosen.size(); ++i) {
+      const size_t s = chosen[i];
+      auto expected = cpu.Step(torch::tensor({tokens[i]}, torch::kInt64), &reference[s]);
+      ASSERT_TRUE(expected.ok());
+      const torch::Tensor row = device_logits[rows[i]].contiguous();
+      ExpectNear(*expected, row.unsqueeze(0).to(torch::kCUDA), "in-place step logits");
+      const int64_t token =
+          fwserve::SampleToken(row.data_ptr<float>(), vocab, params[s], rngs[s], recent[s]);
+      ++draws_made;
+      if ((*sampled)[i].token != token) ++mismatches;
+    }
+  }
+  EXPECT_LE(mismatches, 1) << "of " << draws_made << " draws";
+  for (size_t s = 0; s < session_rows.size(); ++s) {
+    for (size_t t = 0; t < pool.tensors.size(); ++t) {
+      const torch::Tensor got = pool.tensors[t].narrow(0, session_rows[s], 1).to(torch::kCPU);
+      const double magnitude = 1.0 + reference[s].tensors[t].abs().max().item<double>();
+      EXPECT_LE(fwtest::MaxAbsDiff(reference[s].tensors[t], got), kTolerance * magnitude)
+          << "state " << cpu.state_spec()[t].name << ", session " << s;
+    }
   }
 }
 
