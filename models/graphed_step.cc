@@ -139,8 +139,6 @@ absl::StatusOr<std::unique_ptr<GraphedStep>> GraphedStep::Create(const Model& mo
         bucket->penalty_factor = up.narrow(0, (2 + kSampleColumns + width) * size, size)
                                      .view(torch::kFloat64)
                                      .view({size, 1});
-        // Until the first upload: every row is the pad row.
-        bucket->rows.fill_(pool.pad_row);
       } else {
         bucket->tokens = step->device_indices_.select(0, 0).narrow(0, 0, size);
         bucket->rows = step->device_indices_.select(0, 1).narrow(0, 0, size);
@@ -152,6 +150,12 @@ absl::StatusOr<std::unique_ptr<GraphedStep>> GraphedStep::Create(const Model& mo
     if (step->options_.capture && device.is_cuda()) {
       for (auto& bucket : step->buckets_) {
         try {
+          if (step->in_place()) {
+            // The buckets' layouts share the upload buffer: this one's must hold valid
+            // pad rows (ids, rows, greedy parameters) before its warm-up and capture.
+            const int64_t words = step->StageUpload({}, {}, {}, bucket->size);
+            step->device_upload_.narrow(0, 0, words).copy_(step->host_upload_.narrow(0, 0, words));
+          }
           step->Capture(*bucket);
         } catch (const c10::Error& e) {
           return absl::InternalError(absl::StrCat("CUDA Graph capture of bucket ", bucket->size,
@@ -334,35 +338,9 @@ void GraphedStep::RunInPlacePass(absl::Span<const int64_t> tokens, absl::Span<co
   Bucket& bucket = **std::find_if(buckets_.begin(), buckets_.end(),
                                   [size](const auto& b) { return b->size == size; });
   padded_rows_ += size - n;
-  const int64_t width = options_.penalty_width;
-  const int64_t vocab = model_.config().vocab_size;
-  // This bucket's layout (host_upload_): pads are the pad row, token 0, greedy.
-  int64_t* words = host_upload_.data_ptr<int64_t>();
-  int64_t* host_tokens = words;
-  int64_t* host_rows = words + size;
-  double* columns = reinterpret_cast<double*>(words + 2 * size);
-  int64_t* penalty_index = words + (2 + kSampleColumns) * size;
-  double* penalty_factor = reinterpret_cast<double*>(words + (2 + kSampleColumns + width) * size);
-  std::memcpy(host_tokens, tokens.data(), sizeof(int64_t) * n);
-  std::memcpy(host_rows, rows.data(), sizeof(int64_t) * n);
-  std::fill(host_tokens + n, host_tokens + size, int64_t{0});
-  std::fill(host_rows + n, host_rows + size, binding_.pad_row);
-  std::vector<RowDraw> padded(static_cast<size_t>(size));
-  static const SamplingParams kGreedy = [] {
-    SamplingParams p;
-    p.temperature = 0;
-    return p;
-  }();
-  for (int64_t b = 0; b < size; ++b) {
-    RowDraw& d = padded[static_cast<size_t>(b)];
-    if (b < static_cast<int64_t>(draws.size())) d = draws[static_cast<size_t>(b)];
-    if (d.params == nullptr) d.params = &kGreedy;
-    d.row = b;
-  }
-  fwserve::PackDraws(padded, vocab, width, columns, penalty_index, penalty_factor);
+  const int64_t words_used = StageUpload(tokens, rows, draws, size);
   // One copy to the device; the staging buffer is rewritten only after this pass's
   // results came back (below), so the copy may run asynchronously.
-  const int64_t words_used = size * upload_words_per_row_;
   device_upload_.narrow(0, 0, words_used)
       .copy_(host_upload_.narrow(0, 0, words_used), /*non_blocking=*/true);
   Compute(bucket);
@@ -383,6 +361,40 @@ void GraphedStep::RunInPlacePass(absl::Span<const int64_t> tokens, absl::Span<co
     if (model_.options().device.is_cuda()) c10::cuda::getCurrentCUDAStream().synchronize();
 #endif
   }
+}
+
+int64_t GraphedStep::StageUpload(absl::Span<const int64_t> tokens, absl::Span<const int64_t> rows,
+                                 absl::Span<const RowDraw> draws, int64_t size) {
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  const int64_t width = options_.penalty_width;
+  const int64_t vocab = model_.config().vocab_size;
+  // This bucket's layout (host_upload_): pads are the pad row, token 0, greedy.
+  int64_t* words = host_upload_.data_ptr<int64_t>();
+  int64_t* host_tokens = words;
+  int64_t* host_rows = words + size;
+  double* columns = reinterpret_cast<double*>(words + 2 * size);
+  int64_t* penalty_index = words + (2 + kSampleColumns) * size;
+  double* penalty_factor = reinterpret_cast<double*>(words + (2 + kSampleColumns + width) * size);
+  if (n > 0) {
+    std::memcpy(host_tokens, tokens.data(), sizeof(int64_t) * n);
+    std::memcpy(host_rows, rows.data(), sizeof(int64_t) * n);
+  }
+  std::fill(host_tokens + n, host_tokens + size, int64_t{0});
+  std::fill(host_rows + n, host_rows + size, binding_.pad_row);
+  std::vector<RowDraw> padded(static_cast<size_t>(size));
+  static const SamplingParams kGreedy = [] {
+    SamplingParams p;
+    p.temperature = 0;
+    return p;
+  }();
+  for (int64_t b = 0; b < size; ++b) {
+    RowDraw& d = padded[static_cast<size_t>(b)];
+    if (b < static_cast<int64_t>(draws.size())) d = draws[static_cast<size_t>(b)];
+    if (d.params == nullptr) d.params = &kGreedy;
+    d.row = b;
+  }
+  fwserve::PackDraws(padded, vocab, width, columns, penalty_index, penalty_factor);
+  return size * upload_words_per_row_;
 }
 
 void GraphedStep::BucketWork(Bucket& bucket) {

@@ -152,6 +152,10 @@ class GraphedStep {
   // pairs to `sampled` when given.
   void RunInPlacePass(absl::Span<const int64_t> tokens, absl::Span<const int64_t> rows,
                       absl::Span<const RowDraw> draws, SampledToken* sampled);
+  // Writes a pass's upload in the layout of a bucket of `size` rows (pads for the rest)
+  // into host_upload_; returns the words used.
+  int64_t StageUpload(absl::Span<const int64_t> tokens, absl::Span<const int64_t> rows,
+                      absl::Span<const RowDraw> draws, int64_t size);
   // Runs the model on the bucket's inputs: replay, or eagerly.
   void Compute(Bucket& bucket);
   // What a bucket computes (captured, or run eagerly): the step and, in place, the

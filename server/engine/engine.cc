@@ -298,6 +298,7 @@ void Engine::Loop() {
         Log(LogLevel::kError, absl::StrCat("model ", name_, ": recovery failed: ", again.what()));
       }
     }
+    runner_.EndIteration();
     const absl::Time now = absl::Now();
     if (now >= next_housekeeping_) {
       Housekeeping();

@@ -98,6 +98,9 @@ class Runner {
   Handle Launch(const StepWork& work);
   Handle Launch(const SampleWork& work);
   StepResult Wait(Handle handle);
+  // The engine's iteration ended: tokens a step drew for a sampling that did not come
+  // are forgotten (Stepper::DiscardDrawsAhead).
+  void EndIteration() { stepper_.DiscardDrawsAhead(); }
 
   // Prefill. Starts the prefill thread; `on_prefill_done` runs on it after each chunk.
   void StartPrefillThread(std::function<void()> on_prefill_done);

@@ -118,7 +118,7 @@ absl::Status Stepper::StepOnKernel(const std::vector<int64_t>& rows,
     auto sampled = graphed_step_->StepInPlace(tokens, rows, row_draws);
     if (!sampled.ok()) return sampled.status();
     for (size_t i = 0; i < sampled->size(); ++i) {
-      presampled_[rows[i]] = Presampled{(*sampled)[i], uniforms[i]};
+      presampled_[rows[i]] = Presampled{(*sampled)[i], uniforms[i], draws[i].params, draws[i].rng};
     }
     return absl::OkStatus();
   }
@@ -155,7 +155,7 @@ absl::StatusOr<std::vector<SampledToken>> Stepper::Sample(absl::Span<const Sampl
       const SampleRequest& r = requests[i];
       auto it = presampled_.find(r.slot);
       bool taken = false;
-      if (it != presampled_.end()) {
+      if (it != presampled_.end() && it->second.params == r.params && it->second.rng == r.rng) {
         if (r.params->temperature == 0) {
           taken = true;
         } else {

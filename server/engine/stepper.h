@@ -75,6 +75,10 @@ class Stepper {
   // ignore `draws`.
   absl::Status Step(const std::vector<int64_t>& rows, const std::vector<int64_t>& tokens,
                     StatePool& pool, absl::Span<const SampleRequest> draws = {});
+  // Forgets the tokens the last Step drew (the engine's iteration ended: what was not
+  // sampled in it may be stale by the next, its row freed and reused, its state rolled
+  // back).
+  void DiscardDrawsAhead() { presampled_.clear(); }
   // The last Step's time: device time (CUDA events) for the graph kernel on CUDA, else
   // host time of the kernel call.
   absl::Duration last_step_time() const { return last_step_time_; }
@@ -106,11 +110,14 @@ class Stepper {
   std::unique_ptr<fwmodel::NativeStep> native_prefill_;  // prefill thread
   std::unique_ptr<fwmodel::GraphedStep> graphed_step_;   // engine thread
   // Tokens the in-place step drew for the next Sample, by pool row, with the uniform it
-  // used (checked against the generator when handed out). Cleared by every Step and
-  // Sample.
+  // used (checked against the generator when handed out) and the request it was drawn
+  // for (its params and generator must be the same objects). Cleared by every Step,
+  // Sample and DiscardDrawsAhead.
   struct Presampled {
     SampledToken sampled;
     double uniform = 0;
+    const SamplingParams* params = nullptr;
+    const std::mt19937_64* rng = nullptr;
   };
   absl::flat_hash_map<int64_t, Presampled> presampled_;
   absl::Duration last_step_time_;

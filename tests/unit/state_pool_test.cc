@@ -5,6 +5,7 @@
 #include <set>
 
 #include "server/engine/state_pool.h"
+#include "server/engine/stepper.h"
 #include "tests/unit/test_models.h"
 
 namespace fwserve {
@@ -99,6 +100,79 @@ TEST_F(StatePoolTest, RowsCopyResetAndRoundTrip) {
   for (size_t i = 0; i < fresh.tensors.size(); ++i) {
     EXPECT_TRUE(torch::equal(fresh.tensors[i], pool.fresh_row().tensors[i]));
   }
+}
+
+TEST_F(StatePoolTest, APreallocatedPoolKeepsItsStorageAndAPadRowNoSlotGets) {
+  StateMemoryBudget budget(int64_t{1} << 40);
+  StatePool pool(model_, 6, &budget, /*preallocate=*/true);
+  ASSERT_TRUE(pool.preallocated());
+  EXPECT_EQ(pool.pad_row(), 6);
+  EXPECT_EQ(pool.mutable_state()->tensors[0].size(0), 7);
+  EXPECT_EQ(pool.all_logits().size(0), 7);
+  const void* storage = pool.mutable_state()->tensors[0].data_ptr();
+  StatePool::Shortage shortage;
+  std::set<int> slots;
+  for (int i = 0; i < 6; ++i) {
+    auto slot = pool.TryAllocate(&shortage);
+    ASSERT_TRUE(slot.has_value()) << i;
+    EXPECT_NE(*slot, pool.pad_row());
+    slots.insert(*slot);
+    pool.Reset(*slot);
+  }
+  EXPECT_EQ(slots.size(), 6u);
+  EXPECT_FALSE(pool.TryAllocate(&shortage).has_value());
+  EXPECT_EQ(shortage, StatePool::Shortage::kSlots);
+  EXPECT_EQ(pool.mutable_state()->tensors[0].data_ptr(), storage);
+}
+
+// The in-place graph step draws each stepped row's next token inside the step
+// (Stepper::Step with draws); Sample hands it out for the same request only, advancing
+// the generator as SampleToken would. A draw not taken in the engine's iteration is
+// forgotten (Runner::EndIteration): the row may be another stream's by the next.
+TEST_F(StatePoolTest, TheStepsDrawsAreHandedOutOnceForTheirOwnRequest) {
+  StateMemoryBudget budget(int64_t{1} << 40);
+  StatePool pool(model_, 4, &budget, /*preallocate=*/true);
+  Stepper stepper(model_, "graph", false, 1, 1, "test", &pool, /*sample_in_step=*/true);
+  ASSERT_STREQ(stepper.kernel(), "graph");
+  StatePool::Shortage shortage;
+  const int slot = *pool.TryAllocate(&shortage);
+  pool.Reset(slot);
+  const int64_t vocab = model_.config().vocab_size;
+  SamplingParams warm;
+  warm.temperature = 1.5f;
+  SamplingParams greedy;
+  greedy.temperature = 0;
+  std::vector<int64_t> recent;
+  std::mt19937_64 rng(99);
+  auto host_draw = [&](const SamplingParams& params, std::mt19937_64& generator) {
+    const torch::Tensor row = pool.logits(slot).contiguous();
+    return SampleToken(row.data_ptr<float>(), vocab, params, generator, recent);
+  };
+  for (int round = 0; round < 3; ++round) {
+    Stepper::SampleRequest request{slot, &warm, &rng, &recent, true};
+    ASSERT_TRUE(stepper.Step({slot}, {round + 1}, pool, {request}).ok());
+    std::mt19937_64 expected_rng = rng;
+    const int64_t expected = host_draw(warm, expected_rng);
+    auto sampled = stepper.Sample({request}, pool);
+    ASSERT_TRUE(sampled.ok()) << sampled.status();
+    EXPECT_EQ((*sampled)[0].token, expected) << "round " << round;
+    EXPECT_EQ(rng(), expected_rng()) << "the generator advanced as SampleToken's";
+  }
+  // Drawn for `warm`, then asked with other params: sampled afresh (greedy: argmax).
+  Stepper::SampleRequest request{slot, &warm, &rng, &recent, false};
+  ASSERT_TRUE(stepper.Step({slot}, {7}, pool, {request}).ok());
+  Stepper::SampleRequest other{slot, &greedy, &rng, &recent, false};
+  auto sampled = stepper.Sample({other}, pool);
+  ASSERT_TRUE(sampled.ok());
+  EXPECT_EQ((*sampled)[0].token, pool.logits(slot).argmax().item<int64_t>());
+  // Drawn, then the iteration ended: a later greedy sampling of the row is its argmax,
+  // even when it asks with the same params object.
+  ASSERT_TRUE(stepper.Step({slot}, {9}, pool, {request}).ok());
+  stepper.DiscardDrawsAhead();
+  warm.temperature = 0;  // the same object, now greedy
+  sampled = stepper.Sample({request}, pool);
+  ASSERT_TRUE(sampled.ok());
+  EXPECT_EQ((*sampled)[0].token, pool.logits(slot).argmax().item<int64_t>());
 }
 
 }  // namespace
