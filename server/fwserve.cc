@@ -109,6 +109,10 @@ ABSL_FLAG(int32_t, max_active_streams, 256,
 ABSL_FLAG(int32_t, prefill_chunk_tokens, 256,
           "prompt tokens absorbed per engine iteration; bounds how long a long prompt "
           "delays other streams' next token");
+ABSL_FLAG(int32_t, prefill_batch_tokens, 0,
+          "tokens one prefill job absorbs over all the prompts it batches (those whose next "
+          "pieces have the same length); 0 = --prefill-chunk-tokens on the CPU, 16384 on a "
+          "CUDA device");
 ABSL_FLAG(absl::Duration, session_ttl, absl::Hours(24),
           "idle sessions are deleted after this long (e.g. 30m, 24h)");
 ABSL_FLAG(absl::Duration, batch_wait, absl::Microseconds(300),
@@ -244,9 +248,9 @@ std::vector<fwserve::FlagGroup> HelpGroups() {
        {"max_queued_requests", "max_queue_wait", "queue_codel_target", "queue_codel_interval",
         "preempt_for_fair_share", "max_refusal_delay"}},
       {"Performance",
-       {"threads", "prefill_threads", "prefill_chunk_tokens", "batch_wait", "decode_kernel",
-        "sample_in_step", "native_gemm", "decode_lookahead", "stream_flush_interval",
-        "writer_thread_from_streams"}},
+       {"threads", "prefill_threads", "prefill_chunk_tokens", "prefill_batch_tokens", "batch_wait",
+        "decode_kernel", "sample_in_step", "native_gemm", "decode_lookahead",
+        "stream_flush_interval", "writer_thread_from_streams"}},
   };
 }
 
@@ -392,6 +396,10 @@ int main(int argc, char** argv) {
   core_options.queue_codel_interval = absl::GetFlag(FLAGS_queue_codel_interval);
   core_options.max_active_streams = absl::GetFlag(FLAGS_max_active_streams);
   core_options.prefill_chunk_tokens = absl::GetFlag(FLAGS_prefill_chunk_tokens);
+  core_options.prefill_batch_tokens = absl::GetFlag(FLAGS_prefill_batch_tokens);
+  if (core_options.prefill_batch_tokens == 0 && absl::StartsWith(core_options.device, "cuda")) {
+    core_options.prefill_batch_tokens = 16384;
+  }
   core_options.session_ttl = absl::GetFlag(FLAGS_session_ttl);
   core_options.batch_wait = absl::GetFlag(FLAGS_batch_wait);
   if (absl::StartsWith(core_options.device, "cuda") &&

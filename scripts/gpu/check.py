@@ -26,7 +26,8 @@ then the report says so, the CUDA cases are "needs a CUDA run", and the rest run
 Environment: BUILD_DIR (build-gpu), CHECK_MODEL_TESTS (all | cuda | none),
 CHECK_STREAMS (default 1,16,64,256,1024,4096 on CUDA, 1,16 on CPU), CHECK_DURATION (10s on
 CUDA, 3s on CPU), CHECK_BENCH_MODEL (aft-shakespeare), CHECK_TOKENS (baseline tokens, 128),
-CHECK_PREFILL_RUNS (3), CHECK_KERNEL_STREAMS (1,64), CHECK_KERNEL_DURATION (5s on CUDA, 2s
+CHECK_PREFILL_RUNS (3), CHECK_KERNEL_STREAMS (1,64), CHECK_AB_LABEL and CHECK_AB_FLAGS (the
+kernels section's second arm: apart, --sample-in-step=false), CHECK_KERNEL_DURATION (5s on CUDA, 2s
 on CPU), CHECK_SANITIZER_TIMEOUT (240 s).
 Exit status: 0 when no check failed (skipped ones do not fail), 1 otherwise.
 """
@@ -585,7 +586,10 @@ def kernels(rep, build, device, server, models):
     key = os.path.join(rep.out, "tmp", "session.key")
     # The same kernel with sampling in a separate pass (the graph step before issue 39),
     # and LibTorch's eager reference.
-    others = [("apart", ["--sample-in-step=false"]), ("libtorch", ["--decode-kernel", "libtorch"])]
+    # CHECK_AB_LABEL / CHECK_AB_FLAGS name another arm in its place (a flag's A/B).
+    ab = os.environ.get("CHECK_AB_LABEL", "apart")
+    others = [(ab, os.environ.get("CHECK_AB_FLAGS", "--sample-in-step=false").split()),
+              ("libtorch", ["--decode-kernel", "libtorch"])]
     servers = {"default": server}
     try:
         for label, extra in others:
@@ -606,11 +610,11 @@ def kernels(rep, build, device, server, models):
                     got[label] = round(fwbench_tokens_per_s(
                         rep, build, servers[label], model, streams, duration,
                         "%s-%d-%d" % (label, streams, i)), 1)
-                got["vs_apart"] = round(got["default"] / got["apart"], 3)
+                got["vs_" + ab] = round(got["default"] / got[ab], 3)
                 got["vs_libtorch"] = round(got["default"] / got["libtorch"], 3)
                 rounds.append(got)
             rep.data["kernels"]["levels"][str(streams)] = rounds
-            for other in ("apart", "libtorch"):
+            for other in (ab, "libtorch"):
                 ratios = sorted(r["vs_" + other] for r in rounds)
                 rep.check("kernels", "default vs %s, %d streams on %s" % (other, streams, device),
                           "pass",

@@ -37,7 +37,7 @@ timeout --kill-after=5 "$left" scripts/gpu/check.sh "$report"
 check_status=$?
 echo "device-run: check.sh exit $check_status, $(($(date +%s) - start)) s in all"
 for f in report.md report.json report-partial.json model-tests-cuda.log compute-sanitizer.log \
-         fwserve-device-cuda.log fwserve-apart-cuda.log; do
+         fwserve-device-cuda.log "fwserve-${CHECK_AB_LABEL:-apart}-cuda.log"; do
   [[ -f "$report/$f" ]] && cp "$report/$f" "$out/"
 done
 exit "$check_status"

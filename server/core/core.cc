@@ -103,6 +103,7 @@ EngineOptions ToEngineOptions(const CoreOptions& o) {
   e.codel_interval = o.queue_codel_interval;
   e.max_active_streams = o.max_active_streams;
   e.prefill_chunk_tokens = o.prefill_chunk_tokens;
+  e.prefill_batch_tokens = o.prefill_batch_tokens;
   e.batch_wait = o.batch_wait;
   e.intra_op_threads = o.intra_op_threads;
   e.prefill_threads = o.prefill_threads;
@@ -134,6 +135,11 @@ absl::Status ValidateCoreOptions(const CoreOptions& o) {
         positive("--max-active-streams", o.max_active_streams),
         positive("--prefill-chunk-tokens", o.prefill_chunk_tokens)}) {
     if (!s.ok()) return s;
+  }
+  if (o.prefill_batch_tokens < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--prefill-batch-tokens must be >= 0 (0 = --prefill-chunk-tokens), got ",
+                     o.prefill_batch_tokens));
   }
   if (o.max_queue_wait < absl::ZeroDuration()) {
     return absl::InvalidArgumentError(absl::StrCat("--max-queue-wait must be >= 0, got ",

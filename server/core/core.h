@@ -77,6 +77,10 @@ struct CoreOptions {
   // Tokens of one prompt absorbed per engine iteration (sequence form); bounds how
   // long a long prompt can stall other streams.
   int32_t prefill_chunk_tokens = 256;
+  // Tokens one prefill job absorbs over all the prompts it batches (prompts whose next
+  // pieces have the same length go together); 0 = prefill_chunk_tokens. A GPU runs a
+  // wide batch for about the time of one prompt (--prefill-batch-tokens).
+  int32_t prefill_batch_tokens = 0;
   // Idle sessions are deleted after this long.
   absl::Duration session_ttl = absl::Hours(24);
   // How long a decode step may wait for more streams to become ready, to batch them.

@@ -109,7 +109,7 @@ Engine::Engine(std::string name, fwmodel::LoadedModel loaded, const EngineOption
       runner_(model_, options_, context.budget, name_),
       pool_(runner_.pool()),
       scheduler_(SchedulerOptions{options.max_active_streams, options.prefill_chunk_tokens,
-                                  options.batch_wait}) {}
+                                  options.prefill_batch_tokens, options.batch_wait}) {}
 
 Engine::~Engine() { Stop(); }
 

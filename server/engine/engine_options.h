@@ -35,6 +35,9 @@ struct EngineOptions {
   int64_t max_active_streams = 256;
   // Tokens of one prompt absorbed per prefill job (--prefill-chunk-tokens).
   int32_t prefill_chunk_tokens = 256;
+  // Tokens of one prefill job over all the prompts it batches (--prefill-batch-tokens);
+  // 0 = prefill_chunk_tokens.
+  int32_t prefill_batch_tokens = 0;
   // How long a decode step may wait for more streams to become ready (--batch-wait).
   absl::Duration batch_wait = absl::Microseconds(300);
   // Intra-op threads of the engine and prefill threads; 0 = the libraries' defaults.

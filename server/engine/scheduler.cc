@@ -156,9 +156,12 @@ std::optional<PrefillChunk> Scheduler::PlanPrefill() {
     if (t.phase == Phase::kPrefill && !t.in_prefill_job) prefilling.push_back(&t);
   }
   if (prefilling.empty()) return std::nullopt;
-  const size_t budget = static_cast<size_t>(std::max<int64_t>(1, options_.prefill_chunk_tokens));
-  auto next_length = [budget](const ScheduledTask* t) {
-    return std::min(budget, t->prompt_tokens - t->prefilled);
+  const size_t piece = static_cast<size_t>(std::max<int64_t>(1, options_.prefill_chunk_tokens));
+  const size_t budget = options_.prefill_batch_tokens > 0
+                            ? static_cast<size_t>(options_.prefill_batch_tokens)
+                            : piece;
+  auto next_length = [piece](const ScheduledTask* t) {
+    return std::min(piece, t->prompt_tokens - t->prefilled);
   };
   ScheduledTask* lead = prefilling[prefill_turn_++ % prefilling.size()];
   PrefillChunk chunk;

@@ -116,9 +116,11 @@ struct Readiness {
 struct SchedulerOptions {
   // Streams served at once (--max-active-streams): what parking and resuming keep to.
   int64_t max_active_streams = 256;
-  // Tokens one prefill chunk absorbs at most, over all the tasks it batches
-  // (--prefill-chunk-tokens).
+  // Prompt tokens one task absorbs per prefill chunk (--prefill-chunk-tokens).
   int64_t prefill_chunk_tokens = 256;
+  // Tokens one prefill chunk absorbs at most over all the tasks it batches
+  // (--prefill-batch-tokens); 0 = prefill_chunk_tokens.
+  int64_t prefill_batch_tokens = 0;
   // How long a decode step waits for streams still writing to join it (--batch-wait).
   absl::Duration batch_wait = absl::Microseconds(300);
 };
@@ -158,8 +160,9 @@ class Scheduler {
 
   // --- Prefill.
   // The next chunk (marks its tasks in_prefill_job), or nothing when no task is in
-  // kPrefill. The lead task goes round robin; other pool-backed tasks whose next
-  // piece has the same length join it, up to prefill_chunk_tokens in all (no padding).
+  // kPrefill. The lead task goes round robin; its piece is at most prefill_chunk_tokens;
+  // other pool-backed tasks whose next piece has the same length join it, up to
+  // prefill_batch_tokens in all (no padding).
   // Precondition: no chunk in flight.
   std::optional<PrefillChunk> PlanPrefill();
   // The chunk came back (`ok`: it was absorbed). Advances its tasks; returns what ends.

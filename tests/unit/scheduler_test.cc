@@ -68,6 +68,29 @@ std::vector<TaskId> Ids(const std::vector<Action>& actions, Action::Kind kind) {
 
 // --- Prefill and decode under a token budget.
 
+// --prefill-batch-tokens: a wider budget over tasks, each piece still at most
+// prefill_chunk_tokens.
+TEST(SchedulerTest, PrefillBatchesPiecesUpToTheBatchBudgetEachUpToTheChunk) {
+  SchedulerOptions options = Options(/*slots=*/16, /*chunk=*/4);
+  options.prefill_batch_tokens = 12;
+  Scheduler s(options);
+  for (TaskId id = 1; id <= 5; ++id) AddGenerate(s, id, "a", 6, 1);
+  auto first = s.PlanPrefill();
+  ASSERT_TRUE(first.has_value());
+  EXPECT_EQ(first->length, 4u);                     // a piece is at most the chunk
+  EXPECT_THAT(first->tasks, ElementsAre(1, 2, 3));  // 3 x 4 = 12 tokens
+  EXPECT_THAT(s.AfterPrefill(*first, true), IsEmpty());
+  EXPECT_EQ(s.Find(1)->prefilled, 4u);
+  EXPECT_EQ(s.Find(1)->phase, Phase::kPrefill);
+  // Tasks 4 and 5 have 4-token pieces next, 1-3 have 2: two lengths, two chunks.
+  auto second = s.PlanPrefill();
+  ASSERT_TRUE(second.has_value());
+  EXPECT_EQ(second->tasks.size(), second->length == 4 ? 2u : 3u);
+  EXPECT_THAT(s.AfterPrefill(*second, true), IsEmpty());
+  PrefillAll(s);
+  for (TaskId id = 1; id <= 5; ++id) EXPECT_EQ(s.Find(id)->prefilled, 6u) << id;
+}
+
 TEST(SchedulerTest, PrefillBatchesEqualPiecesUpToTheTokenBudget) {
   Scheduler s(Options(/*slots=*/8, /*chunk=*/8));
   AddGenerate(s, 1, "a", 4, 1);
