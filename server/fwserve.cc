@@ -113,6 +113,10 @@ ABSL_FLAG(int32_t, prefill_batch_tokens, 0,
           "tokens one prefill job absorbs over all the prompts it batches (those whose next "
           "pieces have the same length); 0 = --prefill-chunk-tokens on the CPU, 16384 on a "
           "CUDA device");
+ABSL_FLAG(int32_t, prefix_reuse_entries, 64,
+          "conversations of stateless chat and responses requests kept per tenant and model "
+          "(each a session of the tenant), so that a client replaying its history continues "
+          "from the kept state and prefills only the new turn; 0 = off");
 ABSL_FLAG(absl::Duration, session_ttl, absl::Hours(24),
           "idle sessions are deleted after this long (e.g. 30m, 24h)");
 ABSL_FLAG(absl::Duration, batch_wait, absl::Microseconds(300),
@@ -242,8 +246,9 @@ std::vector<fwserve::FlagGroup> HelpGroups() {
        {"tls_cert_file", "tls_key_file", "tls_client_ca_file", "api_keys_file",
         "session_key_file"}},
       {"Limits",
-       {"max_prompt_bytes", "max_tokens", "max_sessions", "max_state_memory_bytes",
-        "max_active_streams", "max_streams_per_connection", "grpc_memory_quota_bytes"}},
+       {"max_prompt_bytes", "max_tokens", "max_sessions", "prefix_reuse_entries",
+        "max_state_memory_bytes", "max_active_streams", "max_streams_per_connection",
+        "grpc_memory_quota_bytes"}},
       {"Overload",
        {"max_queued_requests", "max_queue_wait", "queue_codel_target", "queue_codel_interval",
         "preempt_for_fair_share", "max_refusal_delay"}},
@@ -397,6 +402,7 @@ int main(int argc, char** argv) {
   core_options.max_active_streams = absl::GetFlag(FLAGS_max_active_streams);
   core_options.prefill_chunk_tokens = absl::GetFlag(FLAGS_prefill_chunk_tokens);
   core_options.prefill_batch_tokens = absl::GetFlag(FLAGS_prefill_batch_tokens);
+  core_options.prefix_reuse_entries = absl::GetFlag(FLAGS_prefix_reuse_entries);
   if (core_options.prefill_batch_tokens == 0 && absl::StartsWith(core_options.device, "cuda")) {
     core_options.prefill_batch_tokens = 16384;
   }

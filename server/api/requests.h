@@ -47,6 +47,12 @@ struct GenerateParams {
   // With fork_from: false = the new session is never stored and is gone when the
   // request ends (a one-off continuation). Must be true otherwise.
   bool store = true;
+  // A stateless request (no session_id, no fork_from) whose prompt may begin with a
+  // conversation this tenant had with the model: it then continues from that
+  // conversation's kept state and prefills only the rest, and its own conversation is
+  // kept for the next turn (docs/http.md "Replayed histories"; --prefix-reuse-entries).
+  // The tokens are those of a full prefill.
+  bool reuse_prefix = false;
   std::string prompt;
   SamplingParams sampling;
   // Tokens the repetition penalty looks back over (prompt and generated tokens of

@@ -20,6 +20,7 @@
 #include "server/base/utf8.h"
 #include "server/engine/engine.h"
 #include "server/metrics/metrics.h"
+#include "server/sessions/prefix_index.h"
 #include "server/sessions/session_directory.h"
 #include "server/sessions/session_labels.h"
 #include "server/sessions/store_errors.h"
@@ -136,6 +137,10 @@ absl::Status ValidateCoreOptions(const CoreOptions& o) {
         positive("--prefill-chunk-tokens", o.prefill_chunk_tokens)}) {
     if (!s.ok()) return s;
   }
+  if (o.prefix_reuse_entries < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--prefix-reuse-entries must be >= 0 (0 = off), got ", o.prefix_reuse_entries));
+  }
   if (o.prefill_batch_tokens < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("--prefill-batch-tokens must be >= 0 (0 = --prefill-chunk-tokens), got ",
@@ -208,7 +213,8 @@ class CoreImpl : public Core {
         clock_(options.clock != nullptr ? options.clock : Clock::Real()),
         quotas_(options.tenants, clock_, metrics_),
         directory_(MakeSessionDirectory(DirectoryOptions(options, std::move(store)))),
-        budget_(options.max_state_memory_bytes) {}
+        budget_(options.max_state_memory_bytes),
+        prefix_index_(static_cast<size_t>(std::max(0, options.prefix_reuse_entries))) {}
 
   ~CoreImpl() override { Stop(); }
 
@@ -294,6 +300,120 @@ class CoreImpl : public Core {
 
   absl::Status StartGenerate(const Caller& caller, GenerateParams params,
                              GenerateObserver* observer) override {
+    if (!params.reuse_prefix || !params.session_id.empty() || !params.fork_from.empty()) {
+      return StartGenerateOn(caller, std::move(params), observer, "");
+    }
+    return StartReusingPrefix(caller, std::move(params), observer);
+  }
+
+  // The Generate observer of a stateless request whose end state is kept as a
+  // conversation (GenerateParams::reuse_prefix): collects the reply's token bytes and,
+  // when the request ends with the session holding exactly prompt and reply, indexes
+  // it; otherwise deletes the session. Deletes itself after OnFinish.
+  class ConversationKeeper : public GenerateObserver {
+   public:
+    ConversationKeeper(CoreImpl* core, Caller caller, std::string model, std::string prompt,
+                       std::string session_id, GenerateObserver* inner)
+        : core_(core),
+          caller_(std::move(caller)),
+          model_(std::move(model)),
+          conversation_(std::move(prompt)),
+          session_id_(std::move(session_id)),
+          inner_(inner) {}
+    void OnStart(std::shared_ptr<GenerateControl> stream) override { inner_->OnStart(stream); }
+    void OnChunk(GenerateChunk chunk) override {
+      for (int64_t id : chunk.token_ids) {
+        if (id < 0 || id > 255) {
+          bytes_only_ = false;
+        } else {
+          conversation_.push_back(static_cast<char>(id));
+        }
+      }
+      inner_->OnChunk(std::move(chunk));
+    }
+    void OnFinish(absl::Status status, GenerateSummary summary) override {
+      const bool whole =
+          status.ok() && bytes_only_ &&
+          (summary.reason == FinishReason::kStop || summary.reason == FinishReason::kLength) &&
+          summary.session_tokens == static_cast<int64_t>(conversation_.size());
+      std::vector<std::string> unneeded =
+          whole ? core_->prefix_index_.Insert(caller_.tenant, model_, std::move(conversation_),
+                                              session_id_)
+                : std::vector<std::string>{session_id_};
+      GenerateObserver* inner = inner_;
+      CoreImpl* core = core_;
+      const Caller caller = caller_;
+      delete this;
+      // Evicted, replaced or not kept: their sessions go (a missing one is no error).
+      for (const std::string& id : unneeded) {
+        core->DeleteSession(caller, id, [](absl::StatusOr<bool>) {});
+      }
+      inner->OnFinish(status, summary);
+    }
+
+   private:
+    CoreImpl* const core_;
+    const Caller caller_;
+    const std::string model_;
+    std::string conversation_;  // the prompt, then the reply's bytes
+    const std::string session_id_;
+    GenerateObserver* const inner_;
+    bool bytes_only_ = true;
+  };
+
+  // A stateless request that may continue a kept conversation (docs/http.md "Replayed
+  // histories"): forks the longest conversation of this tenant and model that the
+  // prompt begins with and prefills only the rest (a hit), or runs on a new session
+  // (a miss); either way the new session is kept as the conversation with this reply.
+  // Requests it cannot serve so (a vocabulary other than bytes, no room for another
+  // session, reuse off) run as plain throwaway streams.
+  absl::Status StartReusingPrefix(const Caller& caller, GenerateParams params,
+                                  GenerateObserver* observer) {
+    params.reuse_prefix = false;
+    auto engine = FindEngine(params.model);
+    if (!engine.ok() || options_.prefix_reuse_entries <= 0) {
+      return StartGenerateOn(caller, std::move(params), observer, "");
+    }
+    const std::string model = (*engine)->name();
+    if (std::string((*engine)->tokenizer().name()) != "bytes" || !registry().CheckCapacity().ok()) {
+      metrics_->CountPrefixReuse(model, "skipped");
+      return StartGenerateOn(caller, std::move(params), observer, "");
+    }
+    std::optional<PrefixIndex::Match> match =
+        prefix_index_.Find(caller.tenant, model, params.prompt);
+    if (match.has_value()) {
+      // A session deleted, expired or in use by another request is no start point.
+      auto record = registry().Get(match->session_id);
+      if (!record.ok() || record->busy || record->tenant != caller.tenant) {
+        if (!record.ok()) prefix_index_.Erase(caller.tenant, model, match->session_id);
+        match.reset();
+      }
+    }
+    metrics_->CountPrefixReuse(model, match.has_value() ? "hit" : "miss");
+    const std::string new_session = NewSessionId();
+    auto* keeper =
+        new ConversationKeeper(this, caller, model, params.prompt, new_session, observer);
+    if (match.has_value()) {
+      params.fork_from = match->session_id;
+      params.prompt.erase(0, match->length);
+    }
+    params.store = true;
+    params.model = model;
+    absl::Status started = StartGenerateOn(caller, std::move(params), keeper, new_session,
+                                           /*kept_conversation=*/true);
+    // Refused at once: the observer never hears of it.
+    if (!started.ok()) delete keeper;
+    return started;
+  }
+
+  // StartGenerate with the reuse decided. `new_session_id`: the id of the session a
+  // fork_from request creates; empty = chosen here. `kept_conversation`: the request's
+  // session is a kept conversation (StartReusingPrefix), outside the tenant's session
+  // quota; without fork_from it is a new session under `new_session_id`.
+  absl::Status StartGenerateOn(const Caller& caller, GenerateParams params,
+                               GenerateObserver* observer, const std::string& new_session_id,
+                               bool kept_conversation = false) {
+    const bool keep_new_session = kept_conversation && params.fork_from.empty();
     // Overload: refused before any per-request work (docs/serving.md "Overload").
     if (absl::Status early = EarlyRefusal(params.model, params.session_id, params.deadline);
         !early.ok()) {
@@ -346,6 +466,9 @@ class CoreImpl : public Core {
     if (params.session_id.empty() && params.fork_from.empty() && params.prompt.empty()) {
       return absl::InvalidArgumentError("prompt: must not be empty without a session_id");
     }
+    if (keep_new_session) {
+      if (absl::Status room = registry().CheckCapacity(); !room.ok()) return room;
+    }
     const std::string model = params.model;
     // The session claimed: the one continued, or the one forked.
     const std::string session_id = params.fork_from.empty() ? params.session_id : params.fork_from;
@@ -354,7 +477,9 @@ class CoreImpl : public Core {
         return valid;
       }
       if (absl::Status room = registry().CheckCapacity(); !room.ok()) return room;
-      if (absl::Status quota = CheckSessionQuota(caller); !quota.ok()) return quota;
+      if (!kept_conversation) {
+        if (absl::Status quota = CheckSessionQuota(caller); !quota.ok()) return quota;
+      }
     }
     Engine* engine = nullptr;
     if (session_id.empty()) {
@@ -377,7 +502,9 @@ class CoreImpl : public Core {
     item->kind = WorkItem::Kind::kGenerate;
     item->tenant = caller.tenant;
     item->session_id = session_id;
-    if (!params.fork_from.empty()) item->fork_id = NewSessionId();
+    if (!params.fork_from.empty() || keep_new_session) {
+      item->fork_id = new_session_id.empty() ? NewSessionId() : new_session_id;
+    }
     item->text = std::move(params.prompt);  // encoded by the engine (its model's tokenizer)
     item->is_cancelled = std::move(params.is_cancelled);
     params.is_cancelled = nullptr;
@@ -813,8 +940,12 @@ class CoreImpl : public Core {
   // A new session of the caller's tenant (Create, Fork, Import): refused at its
   // max_sessions quota.
   absl::Status CheckSessionQuota(const Caller& caller) {
-    return quotas_.CheckSessions(caller.tenant,
-                                 [&] { return registry().CountOfTenant(caller.tenant); });
+    // Kept conversations (GenerateParams::reuse_prefix) are the server's cache, not the
+    // tenant's sessions: they do not count.
+    return quotas_.CheckSessions(caller.tenant, [&] {
+      const int64_t kept = static_cast<int64_t>(prefix_index_.CountOfTenant(caller.tenant));
+      return std::max<int64_t>(0, registry().CountOfTenant(caller.tenant) - kept);
+    });
   }
 
   // The record of a session an earlier run stored in a local store (indexing at
@@ -853,6 +984,8 @@ class CoreImpl : public Core {
   // threads and closes the store.
   const std::unique_ptr<SessionDirectory> directory_;
   StateMemoryBudget budget_;
+  // Stateless clients' kept conversations (GenerateParams::reuse_prefix).
+  PrefixIndex prefix_index_;
   std::vector<std::unique_ptr<Engine>> engines_;
   std::vector<ModelDescription> descriptions_;
 

@@ -104,6 +104,10 @@ struct CoreOptions {
   // in-place step: one copy each way and one synchronisation per token
   // (--sample-in-step). False: the step only steps; sampling runs apart.
   bool sample_in_step = true;
+  // Conversations of stateless chat and responses requests kept per tenant and model,
+  // so that a replayed history continues from its state (GenerateParams::reuse_prefix;
+  // --prefix-reuse-entries). Each is a session of the tenant; 0 = off.
+  int32_t prefix_reuse_entries = 64;
   // Decode pipelining: tokens a stream may sample and absorb beyond the last one whose
   // write was confirmed. While a write is in flight the stream keeps decoding; what it
   // samples meanwhile goes out as one chunk when the write returns. 1 = the next token

@@ -534,6 +534,32 @@ void Engine::AdmitStream(Task& t) {
     resident_[t.session_id] = ResidentSession{t.slot, 0, now, now, /*in_use=*/true};
     resident_[t.session_id].tenant = w.tenant;
     metrics_->CountSessionOperation("created");
+  } else if (!w.fork_id.empty() && w.session_id.empty()) {
+    // A stateless request kept as a new session (GenerateParams::reuse_prefix): a fresh
+    // row under the id the core chose, stored when the request ends.
+    if (absl::Status room = registry_->CheckCapacity(); !room.ok()) return FailTask(t, room);
+    auto slot = AllocateSlot();
+    if (!slot.ok()) return FailTask(t, slot.status());
+    pool_.Reset(*slot);
+    SessionRecord record;
+    record.id = w.fork_id;
+    record.model = name_;
+    record.state_bytes = state_bytes_;
+    record.created = record.last_used = now;
+    record.tenant = w.tenant;
+    auto lease = registry_->InsertLeased(record);
+    if (!lease.ok()) {
+      FreeSlot(*slot);
+      return FailTask(t, lease.status());
+    }
+    w.lease = std::move(*lease);
+    w.session_id = t.session_id = record.id;
+    t.slot = *slot;
+    t.tokens_before = t.tokens = 0;
+    t.forked = true;  // new: nothing to roll back to, removed if it keeps nothing
+    resident_[record.id] = ResidentSession{*slot, 0, now, now, /*in_use=*/true};
+    resident_[record.id].tenant = w.tenant;
+    metrics_->CountSessionOperation("created");
   } else if (!w.fork_id.empty()) {
     // Fork and generate (GenerateParams::fork_from): the source's state goes into a new
     // session's row; the source is released unchanged, and the stream runs on the fork.

@@ -566,6 +566,14 @@ class PrometheusMetrics final : public Metrics {
                                    "(op=acquire) or was lost before a write (commit, delete, "
                                    "renew).")
                              .Register(*registry_)),
+        prefix_reuse_(prometheus::BuildCounter()
+                          .Name("fwserve_prefix_reuse_total")
+                          .Help("Stateless chats and responses that looked for a kept "
+                                "conversation their history begins with: hit (started from its "
+                                "state), miss (full prefill), skipped (not possible for the "
+                                "request). Tokens not prefilled: "
+                                "fwserve_prompt_tokens_saved_total.")
+                          .Register(*registry_)),
         refused_(
             prometheus::BuildCounter()
                 .Name("fwserve_requests_refused_total")
@@ -664,6 +672,14 @@ class PrometheusMetrics final : public Metrics {
     }
   }
 
+  void CountPrefixReuse(std::string_view model, std::string_view outcome) override {
+    try {
+      prefix_reuse_.Add({{"model", std::string(model)}, {"outcome", std::string(outcome)}})
+          .Increment();
+    } catch (const std::exception&) {
+    }
+  }
+
   void CountRefused(std::string_view reason) override {
     try {
       refused_.Add({{"reason", std::string(reason)}}).Increment();
@@ -719,6 +735,7 @@ class PrometheusMetrics final : public Metrics {
   Family<Histogram>& store_operation_duration_;
   Family<Counter>& store_operation_errors_;
   Family<Counter>& lease_conflicts_;
+  Family<Counter>& prefix_reuse_;
   Family<Counter>& refused_;
   Family<Counter>& tenant_requests_;
   Family<Counter>& tenant_tokens_;
@@ -744,6 +761,7 @@ class NullMetrics final : public Metrics {
   void ObserveRequest(std::string_view, std::string_view, int, double) override {}
   void ObserveSessionStoreOperation(std::string_view, std::string_view, double) override {}
   void CountRefused(std::string_view) override {}
+  void CountPrefixReuse(std::string_view, std::string_view) override {}
   void ObserveTenantRequest(std::string_view, std::string_view, int) override {}
   void AddTenantGeneratedTokens(std::string_view, int64_t) override {}
   void SetTenantActiveStreams(std::string_view, int64_t) override {}

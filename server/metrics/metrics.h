@@ -107,6 +107,10 @@ class Metrics {
   // or a wrong API key), "quota_sessions", "quota_streams", "quota_tokens" (the
   // tenant's quotas).
   virtual void CountRefused(std::string_view reason) = 0;
+  // A stateless chat or response looked for a kept conversation its history begins
+  // with (--prefix-reuse-entries): outcome "hit", "miss" or "skipped" (reuse not possible
+  // for this request: a vocabulary other than bytes, or no room for another session).
+  virtual void CountPrefixReuse(std::string_view model, std::string_view outcome) = 0;
   // Per-tenant series. `tenant` must be a configured tenant name (the API-keys file
   // bounds the label values); "" (an open server) records nothing.
   virtual void ObserveTenantRequest(std::string_view tenant, std::string_view rpc, int code) = 0;

@@ -703,6 +703,81 @@ TEST_F(SlowHttpTest, DisconnectMidStreamCancelsAndTheSessionHoldsWhatWasSent) {
   EXPECT_EQ(next.Json()["choices"][0]["text"], reference.substr(static_cast<size_t>(generated)));
 }
 
+// A stateless client replaying its whole history each turn (the AI SDK's and
+// LangChain's pattern): the server kept each turn's conversation, so the next turn
+// starts from its state and prefills only the new messages. The replies and their
+// logprobs equal a full prefill's (a server with --prefix-reuse-entries 0), and the
+// usage counts the kept tokens as cached.
+TEST_F(HttpTest, AReplayedChatHistoryContinuesFromTheKeptConversationExactly) {
+  fwserve::CoreOptions off = Options();
+  off.prefix_reuse_entries = 0;
+  std::unique_ptr<Harness> reference = Harness::Start(off, {}, false, fwserve::HttpServerOptions{});
+  ASSERT_NE(reference, nullptr);
+  json messages = json::array({{{"role", "user"}, {"content", "Hi"}}});
+  int64_t kept = 0;  // tokens of the conversation the reuse server kept last turn
+  for (int turn = 0; turn < 3; ++turn) {
+    json request = {
+        {"messages", messages}, {"max_tokens", 6}, {"temperature", 0}, {"logprobs", true}};
+    Reply got = Post(port_, "/v1/chat/completions", request);
+    Reply want = Post(reference->http_port(), "/v1/chat/completions", request);
+    ASSERT_EQ(got.status, 200) << got.body;
+    ASSERT_EQ(want.status, 200) << want.body;
+    const json g = got.Json(), w = want.Json();
+    const std::string reply = g["choices"][0]["message"]["content"];
+    EXPECT_EQ(reply, w["choices"][0]["message"]["content"]) << "turn " << turn;
+    const json& gl = g["choices"][0]["logprobs"]["content"];
+    const json& wl = w["choices"][0]["logprobs"]["content"];
+    ASSERT_EQ(gl.size(), wl.size());
+    for (size_t i = 0; i < gl.size(); ++i) {
+      EXPECT_NEAR(gl[i]["logprob"].get<double>(), wl[i]["logprob"].get<double>(), 1e-5)
+          << "turn " << turn << ", token " << i;
+    }
+    // The same usage as a full prefill, with the kept tokens counted as cached.
+    EXPECT_EQ(g["usage"]["prompt_tokens"], w["usage"]["prompt_tokens"]);
+    EXPECT_EQ(g["usage"]["total_tokens"], w["usage"]["total_tokens"]);
+    EXPECT_EQ(w["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    EXPECT_EQ(g["usage"]["prompt_tokens_details"]["cached_tokens"], kept) << "turn " << turn;
+    kept =
+        g["usage"]["prompt_tokens"].get<int64_t>() + g["usage"]["completion_tokens"].get<int64_t>();
+    messages.push_back({{"role", "assistant"}, {"content", reply}});
+    messages.push_back({{"role", "user"}, {"content", absl::StrCat("And ", turn)}});
+  }
+}
+
+// Evicted (or never kept) conversations fall back to a full prefill, with the same reply.
+TEST_F(HttpTest, AnEvictedConversationFallsBackToAFullPrefill) {
+  fwserve::CoreOptions one = Options();
+  one.prefix_reuse_entries = 1;
+  std::unique_ptr<Harness> server = Harness::Start(one, {}, false, fwserve::HttpServerOptions{});
+  ASSERT_NE(server, nullptr);
+  auto chat = [&](const json& messages) {
+    Reply r = Post(server->http_port(), "/v1/chat/completions",
+                   {{"messages", messages}, {"max_tokens", 4}, {"temperature", 0}});
+    EXPECT_EQ(r.status, 200) << r.body;
+    return r.Json();
+  };
+  const json a = chat({{{"role", "user"}, {"content", "Hi"}}});
+  const json b = chat({{{"role", "user"}, {"content", "Other"}}});  // evicts a's
+  // b's conversation is kept: its replay is a hit (and then the one kept).
+  json b_replay = {{{"role", "user"}, {"content", "Other"}},
+                   {{"role", "assistant"}, {"content", b["choices"][0]["message"]["content"]}},
+                   {{"role", "user"}, {"content", "More"}}};
+  EXPECT_GT(chat(b_replay)["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+  json replay = {{{"role", "user"}, {"content", "Hi"}},
+                 {{"role", "assistant"}, {"content", a["choices"][0]["message"]["content"]}},
+                 {{"role", "user"}, {"content", "More"}}};
+  const json missed = chat(replay);
+  EXPECT_EQ(missed["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+  // And the miss gave what a full prefill gives.
+  std::string prompt = "USER:\nHi\n\nASSISTANT:\n";
+  prompt += a["choices"][0]["message"]["content"].get<std::string>();
+  prompt += "\n\nUSER:\nMore\n\nASSISTANT:\n";
+  Reply full = Post(server->http_port(), "/v1/completions",
+                    {{"prompt", prompt}, {"max_tokens", 4}, {"temperature", 0}});
+  ASSERT_EQ(full.status, 200) << full.body;
+  EXPECT_EQ(missed["choices"][0]["message"]["content"], full.Json()["choices"][0]["text"]);
+}
+
 class AuthHttpTest : public HttpTest {
  protected:
   bool ManualStart() const override { return true; }
@@ -723,6 +798,24 @@ class AuthHttpTest : public HttpTest {
   std::unique_ptr<fwserve::Tenants> tenants_;
   std::unique_ptr<fwserve::ApiKeyAuthenticator> authenticator_;
 };
+
+// A kept conversation is its tenant's: another tenant replaying the same history
+// prefills it in full.
+TEST_F(AuthHttpTest, KeptConversationsNeverCrossTenants) {
+  auto chat = [&](const std::string& key, const json& messages) {
+    Reply r = Post(port_, "/v1/chat/completions",
+                   {{"messages", messages}, {"max_tokens", 4}, {"temperature", 0}},
+                   {{"Authorization", "Bearer " + key}});
+    EXPECT_EQ(r.status, 200) << r.body;
+    return r.Json();
+  };
+  const json first = chat("key-a", {{{"role", "user"}, {"content", "Secret"}}});
+  json replay = {{{"role", "user"}, {"content", "Secret"}},
+                 {{"role", "assistant"}, {"content", first["choices"][0]["message"]["content"]}},
+                 {{"role", "user"}, {"content", "More"}}};
+  EXPECT_EQ(chat("key-b", replay)["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+  EXPECT_GT(chat("key-a", replay)["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+}
 
 TEST_F(AuthHttpTest, BearerKeysAndCors) {
   EXPECT_EQ(Get(port_, "/health").status, 200);  // probes stay open

@@ -737,6 +737,11 @@ class GenerateJob : public GenerateObserver, public std::enable_shared_from_this
     } else {
       params.model = request_.model;
     }
+    // A stateless chat may replay a conversation the server kept: it continues from
+    // there (docs/http.md "Replayed histories").
+    if (endpoint_ == OpenAiEndpoint::kChat && params.session_id.empty()) {
+      params.reuse_prefix = true;
+    }
     auto gone = gone_;
     if (conn_->client_gone()) gone->store(true);
     params.is_cancelled = [gone] { return gone->load(); };

@@ -1,0 +1,85 @@
+#include "server/sessions/prefix_index.h"
+
+namespace fwserve {
+
+std::optional<PrefixIndex::Match> PrefixIndex::Find(const std::string& tenant,
+                                                    const std::string& model,
+                                                    std::string_view prompt) {
+  absl::MutexLock lock(&mu_);
+  auto owner = entries_.find(Owner{tenant, model});
+  if (owner == entries_.end()) return std::nullopt;
+  std::list<Entry>& list = owner->second;
+  auto best = list.end();
+  for (auto it = list.begin(); it != list.end(); ++it) {
+    const std::string& c = it->conversation;
+    if (c.size() > prompt.size() || (best != list.end() && c.size() <= best->conversation.size())) {
+      continue;
+    }
+    if (prompt.compare(0, c.size(), c) == 0) best = it;
+  }
+  if (best == list.end()) return std::nullopt;
+  list.splice(list.begin(), list, best);
+  return Match{list.front().session_id, list.front().conversation.size()};
+}
+
+std::vector<std::string> PrefixIndex::Insert(const std::string& tenant, const std::string& model,
+                                             std::string conversation, std::string session_id) {
+  std::vector<std::string> evicted;
+  if (capacity_ == 0) {
+    evicted.push_back(std::move(session_id));
+    return evicted;
+  }
+  absl::MutexLock lock(&mu_);
+  std::list<Entry>& list = entries_[Owner{tenant, model}];
+  // One entry per conversation: the newer state replaces the older.
+  for (auto it = list.begin(); it != list.end();) {
+    if (it->conversation == conversation) {
+      evicted.push_back(std::move(it->session_id));
+      it = list.erase(it);
+      --size_;
+    } else {
+      ++it;
+    }
+  }
+  list.push_front(Entry{std::move(conversation), std::move(session_id)});
+  ++size_;
+  while (list.size() > capacity_) {
+    evicted.push_back(std::move(list.back().session_id));
+    list.pop_back();
+    --size_;
+  }
+  return evicted;
+}
+
+bool PrefixIndex::Erase(const std::string& tenant, const std::string& model,
+                        const std::string& session_id) {
+  absl::MutexLock lock(&mu_);
+  auto owner = entries_.find(Owner{tenant, model});
+  if (owner == entries_.end()) return false;
+  std::list<Entry>& list = owner->second;
+  for (auto it = list.begin(); it != list.end(); ++it) {
+    if (it->session_id == session_id) {
+      list.erase(it);
+      --size_;
+      if (list.empty()) entries_.erase(owner);
+      return true;
+    }
+  }
+  return false;
+}
+
+size_t PrefixIndex::CountOfTenant(const std::string& tenant) const {
+  absl::MutexLock lock(&mu_);
+  size_t count = 0;
+  for (const auto& [owner, list] : entries_) {
+    if (owner.first == tenant) count += list.size();
+  }
+  return count;
+}
+
+size_t PrefixIndex::size() const {
+  absl::MutexLock lock(&mu_);
+  return size_;
+}
+
+}  // namespace fwserve

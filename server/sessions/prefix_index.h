@@ -1,0 +1,71 @@
+// Kept conversations of stateless clients (docs/http.md "Replayed histories"): for each
+// tenant and model, the sessions whose state is a whole conversation (prompt and reply),
+// found by that conversation's token bytes. A chat or response whose history begins with
+// one continues from its state and prefills only the rest.
+//
+// A byte-vocabulary model's tokens are its text's bytes, so a conversation is kept as
+// the bytes its session absorbed, and a prompt continues it only when the prompt starts
+// with all of them (compared whole: no hash collision can continue another
+// conversation). Entries never cross tenants or models.
+//
+// Bounded: at most `entries_per_owner` conversations per (tenant, model), least
+// recently used evicted first; the caller deletes the evicted sessions.
+//
+// Thread-safety: thread-safe.
+#pragma once
+
+#include <cstddef>
+#include <list>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
+
+namespace fwserve {
+
+class PrefixIndex {
+ public:
+  // entries_per_owner: conversations kept per (tenant, model); 0 keeps none.
+  explicit PrefixIndex(size_t entries_per_owner) : capacity_(entries_per_owner) {}
+
+  struct Match {
+    std::string session_id;
+    size_t length = 0;  // bytes of the prompt the session's state already holds
+  };
+  // The longest kept conversation of (tenant, model) that `prompt` begins with, made
+  // the most recently used; nullopt when none.
+  std::optional<Match> Find(const std::string& tenant, const std::string& model,
+                            std::string_view prompt);
+  // Keeps `conversation` as the state of `session_id`. Returns the sessions evicted to
+  // stay within the bound (and a previous entry of the same conversation), which the
+  // caller deletes. With capacity 0, returns `session_id` itself.
+  std::vector<std::string> Insert(const std::string& tenant, const std::string& model,
+                                  std::string conversation, std::string session_id);
+  // Forgets the entry of `session_id` (its session is gone); false when there was none.
+  bool Erase(const std::string& tenant, const std::string& model, const std::string& session_id);
+  // Conversations kept, over all owners.
+  size_t size() const;
+  // Conversations kept for `tenant`, over its models (they do not count against its
+  // session quota).
+  size_t CountOfTenant(const std::string& tenant) const;
+
+ private:
+  struct Entry {
+    std::string conversation;
+    std::string session_id;
+  };
+  using Owner = std::pair<std::string, std::string>;  // tenant, model
+
+  const size_t capacity_;
+  mutable absl::Mutex mu_;
+  // Most recently used first.
+  absl::flat_hash_map<Owner, std::list<Entry>> entries_ ABSL_GUARDED_BY(mu_);
+  size_t size_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace fwserve
