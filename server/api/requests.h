@@ -47,12 +47,18 @@ struct GenerateParams {
   // With fork_from: false = the new session is never stored and is gone when the
   // request ends (a one-off continuation). Must be true otherwise.
   bool store = true;
-  // A stateless request (no session_id, no fork_from) whose prompt may begin with a
-  // conversation this tenant had with the model: it then continues from that
-  // conversation's kept state and prefills only the rest, and its own conversation is
-  // kept for the next turn (docs/http.md "Replayed histories"; --prefix-reuse-entries).
-  // The tokens are those of a full prefill.
-  bool reuse_prefix = false;
+  // Replayed histories (docs/http.md; --prefix-reuse-entries), for a request with
+  // neither session_id nor fork_from: its prompt may begin with a conversation this
+  // tenant had with the model, and then continues from that conversation's state and
+  // prefills only the rest (the tokens are those of a full prefill).
+  //   kOff: a plain request.
+  //   kServerKept: a stateless chat: a throwaway stream for the caller; its end state is
+  //     kept by the server (outside the tenant's session quota) for the next turn.
+  //   kCallerSession: a response: runs on a new session of the caller, kept as `store`
+  //     says (its id: GenerateControl::session_id); while it exists, a stored one is
+  //     found by later replays.
+  enum class PrefixReuse { kOff, kServerKept, kCallerSession };
+  PrefixReuse prefix_reuse = PrefixReuse::kOff;
   std::string prompt;
   SamplingParams sampling;
   // Tokens the repetition penalty looks back over (prompt and generated tokens of

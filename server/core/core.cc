@@ -36,14 +36,17 @@ constexpr int32_t kMaxRepetitionWindow = 4096;
 
 class StreamHandle : public GenerateControl {
  public:
-  StreamHandle(Engine* engine, uint64_t id) : engine_(engine), id_(id) {}
-  std::string session_id() const override { return ""; }  // a throwaway stream
+  // `session_id`: the new session the stream runs on, or empty (a throwaway stream).
+  StreamHandle(Engine* engine, uint64_t id, std::string session_id = "")
+      : engine_(engine), id_(id), session_id_(std::move(session_id)) {}
+  std::string session_id() const override { return session_id_; }
   void WriteDone(bool ok) override { engine_->PostWriteDone(id_, ok); }
   void Cancel() override { engine_->PostCancel(id_); }
 
  private:
   Engine* const engine_;  // outlives every stream (Core::Stop runs after the transport)
   const uint64_t id_;
+  const std::string session_id_;
 };
 
 // A stream whose engine is known only once its session's lease was taken in a shared
@@ -300,25 +303,31 @@ class CoreImpl : public Core {
 
   absl::Status StartGenerate(const Caller& caller, GenerateParams params,
                              GenerateObserver* observer) override {
-    if (!params.reuse_prefix || !params.session_id.empty() || !params.fork_from.empty()) {
-      return StartGenerateOn(caller, std::move(params), observer, "");
+    if (params.prefix_reuse == GenerateParams::PrefixReuse::kOff || !params.session_id.empty() ||
+        !params.fork_from.empty()) {
+      params.prefix_reuse = GenerateParams::PrefixReuse::kOff;
+      return StartGenerateOn(caller, std::move(params), observer, "", SessionSource::kAsGiven);
     }
     return StartReusingPrefix(caller, std::move(params), observer);
   }
 
-  // The Generate observer of a stateless request whose end state is kept as a
-  // conversation (GenerateParams::reuse_prefix): collects the reply's token bytes and,
-  // when the request ends with the session holding exactly prompt and reply, indexes
-  // it; otherwise deletes the session. Deletes itself after OnFinish.
+  // The Generate observer of a request whose end state may be kept as a conversation
+  // (GenerateParams::prefix_reuse): collects the reply's token bytes and, when the
+  // request ends with the session holding exactly prompt and reply, indexes it (a
+  // server-kept one, or a stored response). A server-kept session not indexed is
+  // deleted. Deletes itself after OnFinish.
   class ConversationKeeper : public GenerateObserver {
    public:
     ConversationKeeper(CoreImpl* core, Caller caller, std::string model, std::string prompt,
-                       std::string session_id, GenerateObserver* inner)
+                       std::string session_id, bool server_kept, bool indexed,
+                       GenerateObserver* inner)
         : core_(core),
           caller_(std::move(caller)),
           model_(std::move(model)),
           conversation_(std::move(prompt)),
           session_id_(std::move(session_id)),
+          server_kept_(server_kept),
+          indexed_(indexed),
           inner_(inner) {}
     void OnStart(std::shared_ptr<GenerateControl> stream) override { inner_->OnStart(stream); }
     void OnChunk(GenerateChunk chunk) override {
@@ -333,18 +342,21 @@ class CoreImpl : public Core {
     }
     void OnFinish(absl::Status status, GenerateSummary summary) override {
       const bool whole =
-          status.ok() && bytes_only_ &&
+          indexed_ && status.ok() && bytes_only_ &&
           (summary.reason == FinishReason::kStop || summary.reason == FinishReason::kLength) &&
           summary.session_tokens == static_cast<int64_t>(conversation_.size());
-      std::vector<std::string> unneeded =
-          whole ? core_->prefix_index_.Insert(caller_.tenant, model_, std::move(conversation_),
-                                              session_id_)
-                : std::vector<std::string>{session_id_};
+      std::vector<std::string> unneeded;
+      if (whole) {
+        unneeded = core_->prefix_index_.Insert(caller_.tenant, model_, std::move(conversation_),
+                                               session_id_, server_kept_);
+      } else if (server_kept_) {
+        unneeded.push_back(session_id_);
+      }
       GenerateObserver* inner = inner_;
       CoreImpl* core = core_;
       const Caller caller = caller_;
       delete this;
-      // Evicted, replaced or not kept: their sessions go (a missing one is no error).
+      // Server-kept sessions evicted, replaced or not kept go (a missing one is no error).
       for (const std::string& id : unneeded) {
         core->DeleteSession(caller, id, [](absl::StatusOr<bool>) {});
       }
@@ -357,27 +369,33 @@ class CoreImpl : public Core {
     const std::string model_;
     std::string conversation_;  // the prompt, then the reply's bytes
     const std::string session_id_;
+    const bool server_kept_;  // else the caller's (a response)
+    const bool indexed_;      // its end state is to be indexed
     GenerateObserver* const inner_;
     bool bytes_only_ = true;
   };
 
-  // A stateless request that may continue a kept conversation (docs/http.md "Replayed
+  // A request that may continue a kept conversation (docs/http.md "Replayed
   // histories"): forks the longest conversation of this tenant and model that the
   // prompt begins with and prefills only the rest (a hit), or runs on a new session
-  // (a miss); either way the new session is kept as the conversation with this reply.
-  // Requests it cannot serve so (a vocabulary other than bytes, no room for another
-  // session, reuse off) run as plain throwaway streams.
+  // (a miss); the new session is then indexed as the conversation with this reply.
+  // When reuse cannot serve it (off, a vocabulary other than bytes, --max-sessions
+  // reached) a stateless chat runs as a plain throwaway stream and a response on a new
+  // session of its own.
   absl::Status StartReusingPrefix(const Caller& caller, GenerateParams params,
                                   GenerateObserver* observer) {
-    params.reuse_prefix = false;
+    const bool server_kept = params.prefix_reuse == GenerateParams::PrefixReuse::kServerKept;
+    params.prefix_reuse = GenerateParams::PrefixReuse::kOff;
+    const SessionSource plain = server_kept ? SessionSource::kAsGiven : SessionSource::kNewSession;
     auto engine = FindEngine(params.model);
     if (!engine.ok() || options_.prefix_reuse_entries <= 0) {
-      return StartGenerateOn(caller, std::move(params), observer, "");
+      return StartGenerateOn(caller, std::move(params), observer, "", plain);
     }
     const std::string model = (*engine)->name();
+    params.model = model;
     if (std::string((*engine)->tokenizer().name()) != "bytes" || !registry().CheckCapacity().ok()) {
       metrics_->CountPrefixReuse(model, "skipped");
-      return StartGenerateOn(caller, std::move(params), observer, "");
+      return StartGenerateOn(caller, std::move(params), observer, "", plain);
     }
     std::optional<PrefixIndex::Match> match =
         prefix_index_.Find(caller.tenant, model, params.prompt);
@@ -391,29 +409,37 @@ class CoreImpl : public Core {
     }
     metrics_->CountPrefixReuse(model, match.has_value() ? "hit" : "miss");
     const std::string new_session = NewSessionId();
-    auto* keeper =
-        new ConversationKeeper(this, caller, model, params.prompt, new_session, observer);
+    // A chat's end state is always kept; a response's when it is stored.
+    if (server_kept) params.store = true;
+    auto* keeper = new ConversationKeeper(this, caller, model, params.prompt, new_session,
+                                          server_kept, params.store, observer);
     if (match.has_value()) {
       params.fork_from = match->session_id;
       params.prompt.erase(0, match->length);
     }
-    params.store = true;
-    params.model = model;
-    absl::Status started = StartGenerateOn(caller, std::move(params), keeper, new_session,
-                                           /*kept_conversation=*/true);
+    absl::Status started =
+        StartGenerateOn(caller, std::move(params), keeper, new_session,
+                        server_kept ? SessionSource::kServerKept : SessionSource::kNewSession);
     // Refused at once: the observer never hears of it.
     if (!started.ok()) delete keeper;
     return started;
   }
 
+  // Where StartGenerateOn's request runs when it names no session (GenerateParams):
+  //   kAsGiven: on its session_id, its fork_from's fork, or a throwaway stream;
+  //   kNewSession: on a new session of the caller (without fork_from), within its quota;
+  //   kServerKept: likewise, a kept conversation outside the tenant's quota (a fork_from
+  //     fork too).
+  enum class SessionSource { kAsGiven, kNewSession, kServerKept };
+
   // StartGenerate with the reuse decided. `new_session_id`: the id of the session a
-  // fork_from request creates; empty = chosen here. `kept_conversation`: the request's
-  // session is a kept conversation (StartReusingPrefix), outside the tenant's session
-  // quota; without fork_from it is a new session under `new_session_id`.
+  // fork_from request (or `source` kNewSession or kServerKept) creates; empty = chosen
+  // here.
   absl::Status StartGenerateOn(const Caller& caller, GenerateParams params,
                                GenerateObserver* observer, const std::string& new_session_id,
-                               bool kept_conversation = false) {
-    const bool keep_new_session = kept_conversation && params.fork_from.empty();
+                               SessionSource source) {
+    const bool kept_conversation = source == SessionSource::kServerKept;
+    const bool keep_new_session = source != SessionSource::kAsGiven && params.fork_from.empty();
     // Overload: refused before any per-request work (docs/serving.md "Overload").
     if (absl::Status early = EarlyRefusal(params.model, params.session_id, params.deadline);
         !early.ok()) {
@@ -458,7 +484,7 @@ class CoreImpl : public Core {
           "fork_from: set either session_id (continue a session) or fork_from (continue a new "
           "fork of one), not both");
     }
-    if (!params.store && params.fork_from.empty()) {
+    if (!params.store && params.fork_from.empty() && !keep_new_session) {
       return absl::InvalidArgumentError(
           "store: false is for a fork_from request (its new session is then not kept); a "
           "session's own changes are always stored");
@@ -468,6 +494,9 @@ class CoreImpl : public Core {
     }
     if (keep_new_session) {
       if (absl::Status room = registry().CheckCapacity(); !room.ok()) return room;
+      if (!kept_conversation) {
+        if (absl::Status quota = CheckSessionQuota(caller); !quota.ok()) return quota;
+      }
     }
     const std::string model = params.model;
     // The session claimed: the one continued, or the one forked.
@@ -513,7 +542,7 @@ class CoreImpl : public Core {
     item->arrival = absl::Now();
     if (session_id.empty()) {
       item->stream_id = engine->NewStreamId();
-      observer->OnStart(std::make_shared<StreamHandle>(engine, item->stream_id));
+      observer->OnStart(std::make_shared<StreamHandle>(engine, item->stream_id, item->fork_id));
       if (absl::Status queued = SubmitOrRelease(engine, item); !queued.ok()) return queued;
       (void)counted->release();  // OnFinish deletes it
       return absl::OkStatus();
@@ -940,7 +969,7 @@ class CoreImpl : public Core {
   // A new session of the caller's tenant (Create, Fork, Import): refused at its
   // max_sessions quota.
   absl::Status CheckSessionQuota(const Caller& caller) {
-    // Kept conversations (GenerateParams::reuse_prefix) are the server's cache, not the
+    // Kept conversations (GenerateParams::prefix_reuse) are the server's cache, not the
     // tenant's sessions: they do not count.
     return quotas_.CheckSessions(caller.tenant, [&] {
       const int64_t kept = static_cast<int64_t>(prefix_index_.CountOfTenant(caller.tenant));
@@ -984,7 +1013,7 @@ class CoreImpl : public Core {
   // threads and closes the store.
   const std::unique_ptr<SessionDirectory> directory_;
   StateMemoryBudget budget_;
-  // Stateless clients' kept conversations (GenerateParams::reuse_prefix).
+  // Stateless clients' kept conversations (GenerateParams::prefix_reuse).
   PrefixIndex prefix_index_;
   std::vector<std::unique_ptr<Engine>> engines_;
   std::vector<ModelDescription> descriptions_;

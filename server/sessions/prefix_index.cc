@@ -23,10 +23,11 @@ std::optional<PrefixIndex::Match> PrefixIndex::Find(const std::string& tenant,
 }
 
 std::vector<std::string> PrefixIndex::Insert(const std::string& tenant, const std::string& model,
-                                             std::string conversation, std::string session_id) {
+                                             std::string conversation, std::string session_id,
+                                             bool owned) {
   std::vector<std::string> evicted;
   if (capacity_ == 0) {
-    evicted.push_back(std::move(session_id));
+    if (owned) evicted.push_back(std::move(session_id));
     return evicted;
   }
   absl::MutexLock lock(&mu_);
@@ -34,17 +35,17 @@ std::vector<std::string> PrefixIndex::Insert(const std::string& tenant, const st
   // One entry per conversation: the newer state replaces the older.
   for (auto it = list.begin(); it != list.end();) {
     if (it->conversation == conversation) {
-      evicted.push_back(std::move(it->session_id));
+      if (it->owned) evicted.push_back(std::move(it->session_id));
       it = list.erase(it);
       --size_;
     } else {
       ++it;
     }
   }
-  list.push_front(Entry{std::move(conversation), std::move(session_id)});
+  list.push_front(Entry{std::move(conversation), std::move(session_id), owned});
   ++size_;
   while (list.size() > capacity_) {
-    evicted.push_back(std::move(list.back().session_id));
+    if (list.back().owned) evicted.push_back(std::move(list.back().session_id));
     list.pop_back();
     --size_;
   }
@@ -72,7 +73,8 @@ size_t PrefixIndex::CountOfTenant(const std::string& tenant) const {
   absl::MutexLock lock(&mu_);
   size_t count = 0;
   for (const auto& [owner, list] : entries_) {
-    if (owner.first == tenant) count += list.size();
+    if (owner.first != tenant) continue;
+    for (const Entry& e : list) count += e.owned ? 1 : 0;
   }
   return count;
 }

@@ -41,23 +41,27 @@ class PrefixIndex {
   // the most recently used; nullopt when none.
   std::optional<Match> Find(const std::string& tenant, const std::string& model,
                             std::string_view prompt);
-  // Keeps `conversation` as the state of `session_id`. Returns the sessions evicted to
-  // stay within the bound (and a previous entry of the same conversation), which the
-  // caller deletes. With capacity 0, returns `session_id` itself.
+  // Keeps `conversation` as the state of `session_id`. `owned`: the session is the
+  // index's (a stateless chat's), deleted when its entry goes; else the caller's (a
+  // stored response), only forgotten. Returns the owned sessions evicted to stay within
+  // the bound (or replaced by this entry of the same conversation), which the caller
+  // deletes. With capacity 0, nothing is kept: returns `session_id` when owned.
   std::vector<std::string> Insert(const std::string& tenant, const std::string& model,
-                                  std::string conversation, std::string session_id);
+                                  std::string conversation, std::string session_id,
+                                  bool owned = true);
   // Forgets the entry of `session_id` (its session is gone); false when there was none.
   bool Erase(const std::string& tenant, const std::string& model, const std::string& session_id);
   // Conversations kept, over all owners.
   size_t size() const;
-  // Conversations kept for `tenant`, over its models (they do not count against its
-  // session quota).
+  // Owned conversations kept for `tenant`, over its models (they do not count against
+  // its session quota).
   size_t CountOfTenant(const std::string& tenant) const;
 
  private:
   struct Entry {
     std::string conversation;
     std::string session_id;
+    bool owned = true;
   };
   using Owner = std::pair<std::string, std::string>;  // tenant, model
 

@@ -778,6 +778,48 @@ TEST_F(HttpTest, AnEvictedConversationFallsBackToAFullPrefill) {
   EXPECT_EQ(missed["choices"][0]["message"]["content"], full.Json()["choices"][0]["text"]);
 }
 
+// The Responses API replayed without previous_response_id (the AI SDK's pattern, store
+// on or off): each stored response's conversation is found by the next replay, which
+// forks it and prefills only the new input; the text equals a full prefill's. A store:
+// false response uses what is kept but keeps nothing and cannot be fetched.
+TEST_F(HttpTest, AReplayedResponsesInputContinuesFromTheStoredResponse) {
+  fwserve::CoreOptions off = Options();
+  off.prefix_reuse_entries = 0;
+  std::unique_ptr<Harness> reference = Harness::Start(off, {}, false, fwserve::HttpServerOptions{});
+  ASSERT_NE(reference, nullptr);
+  auto respond = [](int port, const json& input, bool store) {
+    Reply r =
+        Post(port, "/v1/responses",
+             {{"input", input}, {"max_output_tokens", 6}, {"temperature", 0}, {"store", store}});
+    EXPECT_EQ(r.status, 200) << r.body;
+    return r.Json();
+  };
+  const json first = respond(port_, "Hi", true);
+  const std::string reply = OutputText(first);
+  json replay = json::array({{{"role", "user"}, {"content", "Hi"}},
+                             {{"role", "assistant"}, {"content", reply}},
+                             {{"role", "user"}, {"content", "More"}}});
+  for (bool store : {false, true}) {
+    const json got = respond(port_, replay, store);
+    const json want = respond(reference->http_port(), replay, store);
+    EXPECT_EQ(OutputText(got), OutputText(want)) << "store " << store;
+    EXPECT_EQ(got["usage"]["input_tokens"], want["usage"]["input_tokens"]);
+    EXPECT_EQ(got["usage"]["input_tokens_details"]["cached_tokens"], first["usage"]["total_tokens"])
+        << "store " << store;
+    const std::string id = got["id"];
+    EXPECT_EQ(GetIndexed(port_, "/v1/responses/" + id).status, store ? 200 : 404);
+  }
+  // The first response is still the caller's, whole.
+  Reply again = GetIndexed(port_, "/v1/responses/" + first["id"].get<std::string>());
+  ASSERT_EQ(again.status, 200) << again.body;
+  EXPECT_EQ(OutputText(again.Json()), reply);
+  // Deleted, it is no start point: a full prefill, the same text.
+  ASSERT_EQ(Delete(port_, "/v1/responses/" + first["id"].get<std::string>()).status, 200);
+  const json after = respond(port_, replay, false);
+  EXPECT_EQ(after["usage"]["input_tokens_details"]["cached_tokens"], 0);
+  EXPECT_EQ(OutputText(after), OutputText(respond(reference->http_port(), replay, false)));
+}
+
 class AuthHttpTest : public HttpTest {
  protected:
   bool ManualStart() const override { return true; }

@@ -1,8 +1,9 @@
 // Benchmark (not a test): a chat replayed in full each turn, as stateless clients send
 // it, against fwserve with the kept conversations on (--prefix-reuse-entries 64) and off
 // (0), and the same chat continued by previous_response_id (the stateful way) as the
-// yardstick. Two clients: raw HTTP (fetch, SSE) and the AI SDK (`streamText` on
-// `openai.chat`, pinned by this folder's package-lock.json). Per turn: time to the
+// yardstick. Clients: raw HTTP chat completions (fetch, SSE) and the AI SDK
+// (`streamText`, pinned by this folder's package-lock.json) on `openai.chat` and on its
+// default, the Responses API with store on. Per turn: time to the
 // first text and the server's CPU time for the request (the sum over its threads of
 // /proc/PID/task/*/schedstat). Rounds alternate the arms (on, off, previous_response_id,
 // then again), and the table gives each turn's median over the rounds.
@@ -138,7 +139,10 @@ async function conversation(server, client) {
   const rows = [];
   const messages = [];
   let previous = null;
-  const model = createOpenAI({ baseURL: `${server.base}/v1`, apiKey: "unused" }).chat(MODEL);
+  const provider = createOpenAI({ baseURL: `${server.base}/v1`, apiKey: "unused" });
+  // The provider's default model is the Responses API (store on: the replies pushed back
+  // as item references); .chat is chat completions.
+  const model = client === "aisdk-responses" ? provider(MODEL) : provider.chat(MODEL);
   for (let turn = 0; turn < TURNS; turn++) {
     const user = userTurn(turn);
     const cpu0 = cpuNs(server.child.pid);
@@ -148,7 +152,7 @@ async function conversation(server, client) {
       const r = await rawChatTurn(server.base, messages);
       messages.push({ role: "assistant", content: r.text });
       ttft = r.ttft;
-    } else if (client === "aisdk") {
+    } else if (client === "aisdk" || client === "aisdk-responses") {
       messages.push({ role: "user", content: user });
       const r = await aiSdkTurn(model, messages);
       messages.push(...r.responseMessages);
@@ -173,6 +177,8 @@ const off = await startServer(["--prefix-reuse-entries", "0"]);
 const arms = [
   ["raw, reuse on", on, "raw"], ["raw, reuse off", off, "raw"],
   ["AI SDK, reuse on", on, "aisdk"], ["AI SDK, reuse off", off, "aisdk"],
+  ["AI SDK responses, reuse on", on, "aisdk-responses"],
+  ["AI SDK responses, reuse off", off, "aisdk-responses"],
   ["previous_response_id", on, "previous"],
 ];
 const results = Object.fromEntries(arms.map(([label]) => [label, []]));

@@ -728,6 +728,14 @@ class GenerateJob : public GenerateObserver, public std::enable_shared_from_this
     request_.params.store = request_.store;
   }
 
+  // For responses with neither previous_response_id nor conversation: a new session,
+  // forked from the longest kept conversation the input replays when there is one
+  // (docs/http.md "Replayed histories"), stored as `store` says.
+  void set_new_session_reusing_prefix() {
+    request_.params.prefix_reuse = GenerateParams::PrefixReuse::kCallerSession;
+    request_.params.store = request_.store;
+  }
+
   // On the strand: hands the work to the core.
   void Start() {
     GenerateParams params = request_.params;
@@ -740,7 +748,7 @@ class GenerateJob : public GenerateObserver, public std::enable_shared_from_this
     // A stateless chat may replay a conversation the server kept: it continues from
     // there (docs/http.md "Replayed histories").
     if (endpoint_ == OpenAiEndpoint::kChat && params.session_id.empty()) {
-      params.reuse_prefix = true;
+      params.prefix_reuse = GenerateParams::PrefixReuse::kServerKept;
     }
     auto gone = gone_;
     if (conn_->client_gone()) gone->store(true);
@@ -756,7 +764,9 @@ class GenerateJob : public GenerateObserver, public std::enable_shared_from_this
       return;
     }
     // A fork's new session names the response (OnStart ran inside StartGenerate).
-    if (!request_.params.fork_from.empty() && control_ != nullptr) {
+    if ((!request_.params.fork_from.empty() ||
+         request_.params.prefix_reuse == GenerateParams::PrefixReuse::kCallerSession) &&
+        control_ != nullptr) {
       request_.params.session_id = control_->session_id();
     }
     server_->StreamAccepted();
@@ -1298,10 +1308,8 @@ void HttpServer::Impl::StartResponse(const std::shared_ptr<Connection>& conn,
     record.id = id.value_or(conversation);
     start_on(record, false);
   } else {
-    core_->CreateSession(
-        conn->caller(), model_name, "",
-        [start_on](absl::StatusOr<SessionRecord> r) { start_on(std::move(r), true); },
-        [conn] { return conn->client_gone(); });
+    job->set_new_session_reusing_prefix();
+    job->Start();
   }
 }
 
