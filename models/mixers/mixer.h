@@ -24,7 +24,7 @@
 #include <torch/torch.h>
 
 #include "models/config.h"
-#include "models/model.h"
+#include "models/state.h"
 
 namespace fwmodel {
 
