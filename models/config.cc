@@ -121,9 +121,24 @@ absl::Status ReadChatTemplate(const json& j, ModelConfig* c) {
                     "must be an object {\"message\": ..., \"generation_prompt\": ...}");
   }
   for (const auto& item : it->items()) {
+    if (item.key() == "stop") {
+      const json& stop = item.value();
+      if (!stop.is_array() || stop.empty() || stop.size() > 4) {
+        return KeyError("chat_template", "'stop' must be an array of 1 to 4 strings");
+      }
+      for (const json& marker : stop) {
+        if (!marker.is_string() || marker.get_ref<const std::string&>().empty() ||
+            marker.get_ref<const std::string&>().size() > 64) {
+          return KeyError("chat_template", "each 'stop' marker must be a string of 1 to 64 bytes");
+        }
+        c->chat_stop.push_back(marker.get<std::string>());
+      }
+      continue;
+    }
     if (item.key() != "message" && item.key() != "generation_prompt") {
-      return KeyError("chat_template", absl::StrCat("has unknown key '", item.key().substr(0, 64),
-                                                    "' (expected message, generation_prompt)"));
+      return KeyError("chat_template",
+                      absl::StrCat("has unknown key '", item.key().substr(0, 64),
+                                   "' (expected message, generation_prompt, stop)"));
     }
     if (!item.value().is_string()) {
       return KeyError("chat_template", absl::StrCat("'", item.key(), "' must be a string"));
@@ -379,6 +394,7 @@ std::string ModelConfigToJson(const ModelConfig& c) {
   if (c.has_chat_template()) {
     j["chat_template"] = {{"message", c.chat_message_template},
                           {"generation_prompt", c.chat_generation_prompt}};
+    if (!c.chat_stop.empty()) j["chat_template"]["stop"] = c.chat_stop;
   }
   return j.dump(2) + "\n";
 }

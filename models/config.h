@@ -65,6 +65,10 @@ struct ModelConfig {
   // server's default template. Not part of the model's fingerprint.
   std::string chat_message_template;
   std::string chat_generation_prompt;  // only meaningful with a message template
+  // The template's end-of-turn markers ("stop" in chat_template): a chat or response
+  // that gives no `stop` of its own ends its reply at the first one (RWKV's G1:
+  // "\n\n"). At most 4, each 1 to 64 bytes.
+  std::vector<std::string> chat_stop;
   bool has_chat_template() const { return !chat_message_template.empty(); }
 
   int d_head() const { return n_heads > 0 ? d_model / n_heads : 0; }

@@ -168,6 +168,7 @@ absl::StatusOr<ModelConfig> ParseHuggingFaceRwkv7Config(const std::string& confi
   if (c.tokenizer == "rwkv_world") {  // the G1 chat models' template (docs/models.md)
     c.chat_message_template = kG1ChatMessage;
     c.chat_generation_prompt = kG1GenerationPrompt;
+    c.chat_stop = {kG1Stop};
   }
   if (!(v = Int(j, "bos_token_id", false, c.tokenizer == "rwkv_world" ? 0 : 10)).ok()) {
     return v.status();

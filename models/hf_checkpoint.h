@@ -21,6 +21,8 @@ namespace fwmodel {
 // world vocabulary: {Role} is the role with its first letter capitalised.
 inline constexpr const char* kG1ChatMessage = "{Role}: {content}\n\n";
 inline constexpr const char* kG1GenerationPrompt = "Assistant:";
+// Where a G1 reply ends: before the blank line that starts the next turn.
+inline constexpr const char* kG1Stop = "\n\n";
 
 // Whether config.json's text is a Hugging Face config (an object with "model_type").
 bool IsHuggingFaceConfig(const std::string& config_json);

@@ -191,7 +191,8 @@ def convert(state):
         config["bos_token_id"] = 0
         if arch == "rwkv7":  # RWKV's G1 chat template (docs/models.md)
             config["chat_template"] = {"message": "{Role}: {content}\n\n",
-                                       "generation_prompt": "Assistant:"}
+                                       "generation_prompt": "Assistant:",
+                                       "stop": ["\n\n"]}
     return out, dict(sorted(config.items()))
 
 

@@ -118,7 +118,8 @@ def config_for(header, tensors):
         config["bos_token_id"] = 0
         if config["architecture"] == "rwkv7":  # RWKV's G1 chat template (docs/models.md)
             config["chat_template"] = {"message": "{Role}: {content}\n\n",
-                                       "generation_prompt": "Assistant:"}
+                                       "generation_prompt": "Assistant:",
+                                       "stop": ["\n\n"]}
     return dict(sorted(config.items()))
 
 

@@ -3,12 +3,15 @@
 // endpoint, SSE streams, errors, API keys, CORS, a client that disconnects mid-stream,
 // and stop strings stripped across chunk edges.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <boost/asio/connect.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <chrono>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -254,7 +257,7 @@ TEST(ChatTemplateTest, ConfigTemplateRendersChat) {
   ASSERT_TRUE(by_default.ok());
   EXPECT_EQ(*by_default, "USER:\nHail\n\nASSISTANT:\n");
   // RWKV's G1 template, with the capitalised {Role}.
-  const fwserve::ChatTemplate g1{"{Role}: {content}\n\n", "Assistant:"};
+  const fwserve::ChatTemplate g1{"{Role}: {content}\n\n", "Assistant:", {"\n\n"}};
   auto g1_rendered =
       fwserve::RenderChat(nlohmann::json::parse(R"([{"role": "system", "content": "Be brief."},
                                 {"role": "user", "content": "Hail"},
@@ -818,6 +821,49 @@ TEST_F(HttpTest, AReplayedResponsesInputContinuesFromTheStoredResponse) {
   const json after = respond(port_, replay, false);
   EXPECT_EQ(after["usage"]["input_tokens_details"]["cached_tokens"], 0);
   EXPECT_EQ(OutputText(after), OutputText(respond(reference->http_port(), replay, false)));
+}
+
+// A model whose chat template names an end-of-turn marker (RWKV's G1: "\n\n"): a chat
+// or response without `stop` ends its reply before it; a request's own `stop` replaces
+// it. Here the shipped model with the marker "e", which its greedy reply reaches.
+TEST_F(HttpTest, AChatEndsAtTheTemplatesEndOfTurnMarker) {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / absl::StrCat("fwserve-template-stop-", getpid());
+  std::filesystem::remove_all(dir);
+  std::filesystem::copy(ModelDir(), dir);
+  json config = json::parse(std::ifstream(dir / "config.json"));
+  config["chat_template"] = {{"message", "{role}:\n{content}\n\n"},
+                             {"generation_prompt", "ASSISTANT:\n"},
+                             {"stop", {"e"}}};
+  std::ofstream(dir / "config.json") << config.dump();
+  fwserve::CoreOptions options = Options();
+  options.model_dirs = {dir.string()};
+  std::unique_ptr<Harness> server =
+      Harness::Start(options, {}, false, fwserve::HttpServerOptions{});
+  ASSERT_NE(server, nullptr);
+  const json messages = {{{"role", "user"}, {"content", "Hi"}}};
+  auto chat = [&](int port, json extra) {
+    json request = {{"messages", messages}, {"max_tokens", 40}, {"temperature", 0}};
+    request.update(extra);
+    Reply r = Post(port, "/v1/chat/completions", request);
+    EXPECT_EQ(r.status, 200) << r.body;
+    return r.Json();
+  };
+  const std::string full = chat(port_, json::object())["choices"][0]["message"]["content"];
+  const size_t marker = full.find('e');
+  ASSERT_NE(marker, std::string::npos) << full;  // the reply reaches the marker
+  const json ended = chat(server->http_port(), json::object());
+  EXPECT_EQ(ended["choices"][0]["message"]["content"], full.substr(0, marker));
+  EXPECT_EQ(ended["choices"][0]["finish_reason"], "stop");
+  // The request's own stop replaces the template's.
+  const json own = chat(server->http_port(), {{"stop", {"zzz"}}});
+  EXPECT_EQ(own["choices"][0]["message"]["content"], full);
+  Reply response = Post(server->http_port(), "/v1/responses",
+                        {{"input", "Hi"}, {"max_output_tokens", 40}, {"temperature", 0}});
+  ASSERT_EQ(response.status, 200) << response.body;
+  EXPECT_EQ(OutputText(response.Json()), full.substr(0, marker));
+  server.reset();
+  std::filesystem::remove_all(dir);
 }
 
 class AuthHttpTest : public HttpTest {

@@ -126,19 +126,28 @@ INSTANTIATE_TEST_SUITE_P(
             "needs both 'message' and 'generation_prompt'"},
         BadCase{
             R"({"format_version": 1, "architecture": "aft", "d_model": 8, "n_layers": 1, "n_heads": 2, "chat_template": {"message": "{content}", "generation_prompt": 7}})",
-            "'generation_prompt' must be a string"}));
+            "'generation_prompt' must be a string"},
+        BadCase{
+            R"({"format_version": 1, "architecture": "aft", "d_model": 8, "n_layers": 1, "n_heads": 2, "chat_template": {"message": "{content}", "generation_prompt": "A:", "stop": "\n"}})",
+            "'stop' must be an array of 1 to 4 strings"},
+        BadCase{
+            R"({"format_version": 1, "architecture": "aft", "d_model": 8, "n_layers": 1, "n_heads": 2, "chat_template": {"message": "{content}", "generation_prompt": "A:", "stop": [""]}})",
+            "each 'stop' marker must be a string of 1 to 64 bytes"}));
 
 TEST(ConfigTest, ChatTemplateRoundTrips) {
   auto c = ParseModelConfig(
       R"({"format_version": 1, "architecture": "aft", "d_model": 8, "n_layers": 1, "n_heads": 2,
-          "chat_template": {"message": "<{role}> {content}\n", "generation_prompt": "<ASSISTANT> "}})");
+          "chat_template": {"message": "<{role}> {content}\n", "generation_prompt": "<ASSISTANT> ",
+                            "stop": ["\n<"]}})");
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->chat_message_template, "<{role}> {content}\n");
   EXPECT_EQ(c->chat_generation_prompt, "<ASSISTANT> ");
+  EXPECT_EQ(c->chat_stop, std::vector<std::string>{"\n<"});
   auto again = ParseModelConfig(fwmodel::ModelConfigToJson(*c));
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_EQ(again->chat_message_template, c->chat_message_template);
   EXPECT_EQ(again->chat_generation_prompt, c->chat_generation_prompt);
+  EXPECT_EQ(again->chat_stop, c->chat_stop);
   // Without one, the canonical JSON has no chat_template key (old fingerprints hold).
   auto plain = ParseModelConfig(kMinimal);
   ASSERT_TRUE(plain.ok());

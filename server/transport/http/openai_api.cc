@@ -399,6 +399,12 @@ ChatTemplate ChatTemplateOf(const std::string& config_json) {
   auto prompt = t->find("generation_prompt");
   if (message != t->end() && message->is_string()) out.message = message->get<std::string>();
   if (prompt != t->end() && prompt->is_string()) out.generation_prompt = prompt->get<std::string>();
+  auto stop = t->find("stop");
+  if (stop != t->end() && stop->is_array()) {
+    for (const json& marker : *stop) {
+      if (marker.is_string()) out.stop.push_back(marker.get<std::string>());
+    }
+  }
   return out;
 }
 
@@ -811,6 +817,9 @@ absl::StatusOr<OpenAiGenerateRequest> ParseGenerateRequest(const json& body,
     return chat ? FieldError("messages", "'messages' is required")
                 : FieldError("prompt", "'prompt' is required");
   }
+  // A chat turn ends at the template's end-of-turn marker unless the request gives its
+  // own `stop`.
+  if ((chat || responses) && !body.contains("stop")) p.stop = chat_template.stop;
   if (!out.stream && out.include_usage) {
     return FieldError("stream_options", "'stream_options' needs 'stream': true");
   }

@@ -113,6 +113,9 @@ std::string RouteLabel(absl::string_view method, const RequestTarget& target);
 struct ChatTemplate {
   std::string message = "{role}:\n{content}\n\n";
   std::string generation_prompt = "ASSISTANT:\n";
+  // End-of-turn markers: a chat or response without `stop` stops at them (none in the
+  // default template).
+  std::vector<std::string> stop;
 };
 
 // The template of a model: its config's optional "chat_template" object ({"message":
