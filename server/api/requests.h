@@ -88,6 +88,10 @@ struct GenerateChunk {
   std::string text;  // valid UTF-8, possibly empty
   std::vector<int64_t> token_ids;
   std::vector<float> logprobs;  // empty unless requested
+  // With logprobs: the bytes each token stands for in the model's vocabulary (one byte
+  // for a byte-level model; a world-vocabulary token's UTF-8 piece, possibly part of a
+  // character; empty for end of text).
+  std::vector<std::string> token_bytes;
 };
 
 struct GenerateSummary {

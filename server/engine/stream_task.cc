@@ -16,10 +16,15 @@ void StreamTask::AddSampled(int64_t token, float logprob, absl::Time now) {
     const std::string bytes = limits_.tokenizer->TokenBytes(token);
     unsent_.text += decoder_.PushBytes(bytes);
     generated_bytes_ += bytes;
+    if (limits_.logprobs) unsent_.token_bytes.push_back(bytes);
     if (token == limits_.tokenizer->end_of_text()) stop_hit_ = true;
   } else {
     unsent_.text += decoder_.Push(token);
     if (token < 256) generated_bytes_.push_back(static_cast<char>(token));
+    if (limits_.logprobs) {
+      unsent_.token_bytes.push_back(
+          token >= 0 && token < 256 ? std::string(1, static_cast<char>(token)) : std::string());
+    }
   }
   for (const std::string& stop : limits_.stop) {
     if (generated_bytes_.size() >= stop.size() &&

@@ -19,6 +19,7 @@
 #include "models/text_tokenizer.h"
 #include "models/tokenizer.h"
 #include "tests/integration/harness.h"
+#include "tests/integration/http_client.h"
 
 namespace fwtest {
 namespace {
@@ -148,7 +149,7 @@ TEST(RwkvWorldServingTest, PromptsAndTextGoThroughTheWorldVocabulary) {
 
   fwserve::CoreOptions options;
   options.model_dirs = {dir};
-  auto server = Harness::Start(options);
+  auto server = Harness::Start(options, {}, false, fwserve::HttpServerOptions{});
   ASSERT_NE(server, nullptr);
   const std::string prompt = "User: Hello, world! \xe4\xb8\x96\xe7\x95\x8c\n\nAssistant:";
   const std::vector<int64_t> prompt_ids = tokenizer->Encode(prompt);
@@ -178,6 +179,22 @@ TEST(RwkvWorldServingTest, PromptsAndTextGoThroughTheWorldVocabulary) {
   ASSERT_TRUE(scored.ok()) << scored.status();
   EXPECT_EQ(std::vector<int64_t>(scored->token_ids().begin(), scored->token_ids().end()),
             prompt_ids);
+  // HTTP logprobs show each token as the bytes it stands for: together, the reply.
+  Reply chat = Post(server->http_port(), "/v1/chat/completions",
+                    {{"messages", {{{"role", "user"}, {"content", "Hello"}}}},
+                     {"max_tokens", 10},
+                     {"temperature", 0},
+                     {"logprobs", true}});
+  ASSERT_EQ(chat.status, 200) << chat.body;
+  const json body = chat.Json();
+  const json& entries = body["choices"][0]["logprobs"]["content"];
+  EXPECT_EQ(entries.size(), body["usage"]["completion_tokens"].get<size_t>());
+  std::string all;
+  for (const json& entry : entries) {
+    for (const json& b : entry["bytes"]) all.push_back(static_cast<char>(b.get<int>()));
+  }
+  fwmodel::Utf8StreamDecoder whole;
+  EXPECT_EQ(whole.PushBytes(all) + whole.Finish(), body["choices"][0]["message"]["content"]);
 }
 
 }  // namespace

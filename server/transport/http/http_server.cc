@@ -106,9 +106,17 @@ std::string ChunkFrame(absl::string_view data) {
 
 std::string SseData(const json& value) { return absl::StrCat("data: ", Dump(value), "\n\n"); }
 
-// The text of a byte-level token (the tokenizer of every model so far).
-std::string TokenText(int64_t id) {
+// Token i of `chunk` as the logprobs show it: the bytes it stands for (a byte-level
+// token's byte, a world-vocabulary token's piece), as text and as byte values.
+std::string TokenBytesAt(const GenerateChunk& chunk, size_t i) {
+  if (i < chunk.token_bytes.size()) return chunk.token_bytes[i];
+  const int64_t id = chunk.token_ids[i];
   return id >= 0 && id < 256 ? std::string(1, static_cast<char>(id)) : std::string();
+}
+json ByteValues(const std::string& bytes) {
+  json out = json::array();
+  for (unsigned char b : bytes) out.push_back(b);
+  return out;
 }
 
 // A model lookup's error as OpenAI words it: an unknown model is 404 "model_not_found".
@@ -816,16 +824,17 @@ class GenerateJob : public GenerateObserver, public std::enable_shared_from_this
     if (endpoint_ == OpenAiEndpoint::kCompletions) {
       json tokens = json::array(), values = json::array();
       for (size_t i = 0; i < chunk.token_ids.size(); ++i) {
-        tokens.push_back(TokenText(chunk.token_ids[i]));
+        tokens.push_back(TokenBytesAt(chunk, i));
         values.push_back(i < chunk.logprobs.size() ? chunk.logprobs[i] : 0.0f);
       }
       return json{{"tokens", tokens}, {"token_logprobs", values}, {"top_logprobs", nullptr}};
     }
     json content = json::array();
     for (size_t i = 0; i < chunk.token_ids.size(); ++i) {
-      content.push_back({{"token", TokenText(chunk.token_ids[i])},
+      const std::string bytes = TokenBytesAt(chunk, i);
+      content.push_back({{"token", bytes},
                          {"logprob", i < chunk.logprobs.size() ? chunk.logprobs[i] : 0.0f},
-                         {"bytes", json::array({chunk.token_ids[i]})},
+                         {"bytes", ByteValues(bytes)},
                          {"top_logprobs", json::array()}});
     }
     return json{{"content", content}};
@@ -917,6 +926,7 @@ class GenerateJob : public GenerateObserver, public std::enable_shared_from_this
       for (size_t i = 0; i < chunk.token_ids.size(); ++i) {
         token_ids_.push_back(chunk.token_ids[i]);
         logprobs_.push_back(i < chunk.logprobs.size() ? chunk.logprobs[i] : 0.0f);
+        token_bytes_.push_back(TokenBytesAt(chunk, i));
       }
     }
     if (!request_.stream || (text.empty() && !request_.logprobs)) {
@@ -991,6 +1001,7 @@ class GenerateJob : public GenerateObserver, public std::enable_shared_from_this
         GenerateChunk all;
         all.token_ids = token_ids_;
         all.logprobs = logprobs_;
+        all.token_bytes = token_bytes_;
         logprobs = Logprobs(all);
       }
       choice["logprobs"] = logprobs;
@@ -1087,6 +1098,7 @@ class GenerateJob : public GenerateObserver, public std::enable_shared_from_this
   std::string text_;
   std::vector<int64_t> token_ids_;
   std::vector<float> logprobs_;
+  std::vector<std::string> token_bytes_;
   int64_t sequence_number_ = 0;
 };
 
