@@ -534,46 +534,30 @@ void Engine::AdmitStream(Task& t) {
     resident_[t.session_id] = ResidentSession{t.slot, 0, now, now, /*in_use=*/true};
     resident_[t.session_id].tenant = w.tenant;
     metrics_->CountSessionOperation("created");
-  } else if (!w.fork_id.empty() && w.session_id.empty()) {
-    // A stateless request kept as a new session (GenerateParams::reuse_prefix): a fresh
-    // row under the id the core chose, stored when the request ends.
-    if (absl::Status room = registry_->CheckCapacity(); !room.ok()) return FailTask(t, room);
-    auto slot = AllocateSlot();
-    if (!slot.ok()) return FailTask(t, slot.status());
-    pool_.Reset(*slot);
-    SessionRecord record;
-    record.id = w.fork_id;
-    record.model = name_;
-    record.state_bytes = state_bytes_;
-    record.created = record.last_used = now;
-    record.tenant = w.tenant;
-    auto lease = registry_->InsertLeased(record);
-    if (!lease.ok()) {
-      FreeSlot(*slot);
-      return FailTask(t, lease.status());
-    }
-    w.lease = std::move(*lease);
-    w.session_id = t.session_id = record.id;
-    t.slot = *slot;
-    t.tokens_before = t.tokens = 0;
-    t.forked = true;  // new: nothing to roll back to, removed if it keeps nothing
-    resident_[record.id] = ResidentSession{*slot, 0, now, now, /*in_use=*/true};
-    resident_[record.id].tenant = w.tenant;
-    metrics_->CountSessionOperation("created");
   } else if (!w.fork_id.empty()) {
-    // Fork and generate (GenerateParams::fork_from): the source's state goes into a new
-    // session's row; the source is released unchanged, and the stream runs on the fork.
-    auto source = EnsureResident(w);
-    if (!source.ok()) return FailTask(t, source.status());
+    // A new session for this stream, under the id the core chose: a fork of
+    // w.session_id (GenerateParams::fork_from: the source's state goes into the new
+    // row, and the source is released unchanged), or, with no source, a fresh row (a
+    // stateless request kept as a session: GenerateParams::prefix_reuse).
+    const bool from_source = !w.session_id.empty();
+    if (from_source) {
+      auto source = EnsureResident(w);
+      if (!source.ok()) return FailTask(t, source.status());
+    }
     if (absl::Status room = registry_->CheckCapacity(); !room.ok()) return FailTask(t, room);
-    resident_[w.session_id].in_use = true;  // keep the source out of eviction
+    if (from_source) resident_[w.session_id].in_use = true;  // keep it out of eviction
     auto slot = AllocateSlot();
-    resident_[w.session_id].in_use = false;
+    if (from_source) resident_[w.session_id].in_use = false;
     if (!slot.ok()) return FailTask(t, slot.status());
-    ResidentSession& source_session = resident_[w.session_id];
-    pool_.CopySlot(source_session.slot, *slot);
-    source_session.last_used = now;  // a use: restarts the idle clock
-    const int64_t tokens = source_session.tokens;
+    int64_t tokens = 0;
+    if (from_source) {
+      ResidentSession& source_session = resident_[w.session_id];
+      pool_.CopySlot(source_session.slot, *slot);
+      source_session.last_used = now;  // a use: restarts the idle clock
+      tokens = source_session.tokens;
+    } else {
+      pool_.Reset(*slot);
+    }
     SessionRecord record;
     record.id = w.fork_id;
     record.model = name_;
@@ -588,19 +572,21 @@ void Engine::AdmitStream(Task& t) {
     }
     // The source's lease (and its claim in a shared store) ends now; the new session is
     // created in the store by its first write (no ticket: version 1).
-    w.lease.ReleaseUsed(now);
-    if (w.ticket != nullptr) {
-      directory_->EndClaimThen(w.ticket, [] {});
-      w.ticket = nullptr;
+    if (from_source) {
+      w.lease.ReleaseUsed(now);
+      if (w.ticket != nullptr) {
+        directory_->EndClaimThen(w.ticket, [] {});
+        w.ticket = nullptr;
+      }
     }
     w.lease = std::move(*lease);
     w.session_id = t.session_id = record.id;
     t.slot = *slot;
     t.tokens_before = t.tokens = tokens;
-    t.forked = true;
+    t.forked = true;  // new: nothing to roll back to, removed if it keeps nothing
     resident_[record.id] = ResidentSession{*slot, tokens, now, now, /*in_use=*/true};
     resident_[record.id].tenant = w.tenant;
-    metrics_->CountSessionOperation("forked");
+    metrics_->CountSessionOperation(from_source ? "forked" : "created");
   } else if (!t.session_id.empty()) {
     auto slot = EnsureResident(w);
     if (!slot.ok()) return FailTask(t, slot.status());

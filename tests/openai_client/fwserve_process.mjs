@@ -5,7 +5,8 @@
 import { spawn } from "node:child_process";
 import net from "node:net";
 
-function freePort() {
+// A free loopback TCP port (bound, read and closed).
+export function freePort() {
   return new Promise((resolve, reject) => {
     const server = net.createServer();
     server.listen(0, "127.0.0.1", () => {

@@ -14,9 +14,9 @@
 //     models/pretrained/aft-shakespeare models/data/tinyshakespeare.txt 10 3
 import { spawn } from "node:child_process";
 import fs from "node:fs";
-import net from "node:net";
 import { streamText } from "ai";
 import { createOpenAI } from "@ai-sdk/openai";
+import { freePort } from "./fwserve_process.mjs";
 
 const [fwserve, modelDir, textFile, turnsArg, roundsArg] = process.argv.slice(2);
 if (!fwserve || !modelDir || !textFile) {
@@ -30,17 +30,6 @@ const OUTPUT_TOKENS = 32;
 const MODEL = modelDir.replace(/\/+$/, "").split("/").pop();
 const corpus = fs.readFileSync(textFile, "latin1").replace(/[^\x20-\x7e\n]/g, "");
 const userTurn = (i) => corpus.slice(1000 + i * USER_BYTES, 1000 + (i + 1) * USER_BYTES);
-
-function freePort() {
-  return new Promise((resolve, reject) => {
-    const server = net.createServer();
-    server.listen(0, "127.0.0.1", () => {
-      const { port } = server.address();
-      server.close(() => resolve(port));
-    });
-    server.on("error", reject);
-  });
-}
 
 async function startServer(extra) {
   const port = await freePort();
