@@ -19,6 +19,8 @@ Writes OUT_DIR/report.md and OUT_DIR/report.json (plus the raw outputs beside th
                against the same kernel with --sample-in-step=false and against
                --decode-kernel libtorch (eager Model::Step), 3 rounds alternating, the
                median ratios and their ranges
+  real_shape   fwbench on an RWKV-7 of the 0.1B G1 shape (random weights, written by
+               fwmodel init; 64-token replies) at CHECK_REAL_SHAPE_STREAMS (1,64) streams
   baseline     bench/pytorch_baseline.py --device DEVICE at batch sizes equal to the levels
 DEVICE is cuda when nvidia-smi sees a GPU and the build's LibTorch has CUDA, else cpu:
 then the report says so, the CUDA cases are "needs a CUDA run", and the rest runs on CPU.
@@ -26,7 +28,7 @@ then the report says so, the CUDA cases are "needs a CUDA run", and the rest run
 Environment: BUILD_DIR (build-gpu), CHECK_MODEL_TESTS (all | cuda | none),
 CHECK_STREAMS (default 1,16,64,256,1024,4096 on CUDA, 1,16 on CPU), CHECK_DURATION (10s on
 CUDA, 3s on CPU), CHECK_BENCH_MODEL (aft-shakespeare), CHECK_TOKENS (baseline tokens, 128),
-CHECK_PREFILL_RUNS (3), CHECK_KERNEL_STREAMS (1,64), CHECK_AB_LABEL and CHECK_AB_FLAGS (the
+CHECK_PREFILL_RUNS (3), CHECK_REAL_SHAPE_STREAMS (1,64; empty skips), CHECK_KERNEL_STREAMS (1,64), CHECK_AB_LABEL and CHECK_AB_FLAGS (the
 kernels section's second arm: apart, --sample-in-step=false), CHECK_KERNEL_DURATION (5s on CUDA, 2s
 on CPU), CHECK_SANITIZER_TIMEOUT (240 s).
 Exit status: 0 when no check failed (skipped ones do not fail), 1 otherwise.
@@ -730,6 +732,65 @@ def write_markdown(rep):
         f.write("\n".join(lines))
 
 
+# The RWKV-7 0.1B G1 shape (docs/models.md), random weights, with the byte tokenizer
+# (the world vocabulary's file is test data that may not travel; fwbench's prompts are
+# bytes either way).
+REAL_SHAPE = {"format_version": 1, "architecture": "rwkv7", "vocab_size": 65536,
+              "tokenizer": "bytes", "bos_token_id": 0, "d_model": 768, "n_layers": 12,
+              "n_heads": 12, "d_ff": 3072, "decay_low_rank_dim": 64, "a_low_rank_dim": 64,
+              "v_low_rank_dim": 32, "gate_low_rank_dim": 128}
+
+
+def real_shape(rep, build, device):
+    """fwbench on the RWKV-7 0.1B shape (CHECK_REAL_SHAPE_STREAMS, default 1,64)."""
+    levels = [int(x) for x in os.environ.get("CHECK_REAL_SHAPE_STREAMS", "1,64").split(",") if x]
+    if not levels:
+        rep.check("real_shape", "RWKV-7 0.1B shape", "skip", "CHECK_REAL_SHAPE_STREAMS is empty")
+        return
+    model_dir = os.path.join(rep.out, "tmp", "rwkv7-0.1b")
+    os.makedirs(model_dir, exist_ok=True)
+    config = os.path.join(rep.out, "tmp", "rwkv7-0.1b.json")
+    with open(config, "w") as f:
+        json.dump(REAL_SHAPE, f)
+    r = run([os.path.join(build, "tools", "fwmodel"), "init", model_dir, "--config", config,
+             "--seed", "1"], timeout=600)
+    if r.returncode != 0:
+        rep.check("real_shape", "fwmodel init at the RWKV-7 0.1B shape", "fail",
+                  r.stderr.strip()[-500:])
+        return
+    key = os.path.join(rep.out, "tmp", "session.key")
+    server = Server(rep, build, device, [model_dir], key, "rwkv7-0.1b-" + device)
+    try:
+        if not server.wait_healthy():
+            rep.check("real_shape", "RWKV-7 0.1B shape serves", "fail",
+                      open(server.log_path).read()[-2000:])
+            return
+        rows = []
+        for c in levels:
+            json_path = os.path.join(rep.out, "tmp", "real-shape-%d.json" % c)
+            r = run([os.path.join(build, "bench", "fwbench"), "--target", server.target(),
+                     "--model", "rwkv7-0.1b", "--concurrency", str(c), "--duration",
+                     os.environ.get("CHECK_DURATION", "10s" if device == "cuda" else "3s"),
+                     "--warmup", "1s", "--max_tokens", "64", "--json", json_path,
+                     "--metrics_target", "127.0.0.1:%d" % server.metrics_port], timeout=600)
+            try:
+                level = json.load(open(json_path))["levels"][0]
+                row = {"streams": c, "tokens_per_s": round(level["output_tokens_per_s"], 1),
+                       "itl_p50_ms": rounded(level["itl_ms"].get("p50")),
+                       "mean_step_ms": rounded((level.get("server_engine") or {}).get("mean_step_ms")),
+                       "errors": level.get("errors")}
+            except (OSError, ValueError, KeyError, IndexError) as e:
+                row = {"streams": c, "error": "no result (%s): %s" % (e, r.stderr.strip()[-300:])}
+            rows.append(row)
+            ok = r.returncode == 0 and row.get("tokens_per_s", 0) > 0 and not row.get("errors")
+            rep.check("real_shape", "RWKV-7 0.1B shape, %d streams on %s" % (c, device),
+                      "pass" if ok else "fail",
+                      ", ".join("%s %s" % (k, v) for k, v in row.items() if k != "streams"))
+        rep.data["real_shape"] = {"config": REAL_SHAPE, "device": device, "levels": rows}
+    finally:
+        server.stop()
+
+
 def main():
     if len(sys.argv) != 2 or sys.argv[1].startswith("-"):
         print(__doc__, file=sys.stderr)
@@ -760,6 +821,7 @@ def main():
     finally:
         for s in servers:
             s.stop()
+    real_shape(rep, build, device)
     baseline(rep, device)
     rep.data["seconds"] = round(time.monotonic() - start, 1)
     rep.data["failed"] = [c["section"] + ": " + c["name"] for c in rep.failed()]
