@@ -464,6 +464,58 @@ class FwctlTest(unittest.TestCase):
         session_id = re.search(r"session ([0-9a-f]{32})", err).group(1)
         self.assertEqual(self.session_info(session_id)["tokens"], (2 + 3 + 2) * 2)
 
+    def test_chat_uses_the_models_template_and_its_end_of_turn_marker(self):
+        # docs/http.md "Chat template": a model whose config has a chat template (here the
+        # shipped model's copy with G1's template and the marker "s", which its greedy
+        # reply reaches) gets each line as a user turn; the reply ends at the marker, kept in the
+        # session as gRPC keeps stop strings. --template none sends raw lines.
+        with tempfile.TemporaryDirectory() as tmp:
+            model = os.path.join(tmp, "templated")
+            os.mkdir(model)
+            for name in os.listdir(ARGS.model):
+                os.symlink(os.path.abspath(os.path.join(ARGS.model, name)),
+                           os.path.join(model, name))
+            os.unlink(os.path.join(model, "config.json"))
+            with open(os.path.join(ARGS.model, "config.json")) as f:
+                config = json.load(f)
+            config["chat_template"] = {"message": "{Role}: {content}\n\n",
+                                       "generation_prompt": "Assistant:", "stop": ["s"]}
+            with open(os.path.join(model, "config.json"), "w") as f:
+                json.dump(config, f)
+            process, target = start_server(ARGS.fwserve, model, os.path.join(tmp, "fwserve.log"))
+            try:
+                def run(*args, stdin=None):
+                    result = subprocess.run([ARGS.fwctl, "--target", target, *args], input=stdin,
+                                            capture_output=True, timeout=60)
+                    return result.returncode, result.stdout.decode(), result.stderr.decode()
+
+                code, out, err = run("chat", "--max-tokens", "40", "--temperature", "0",
+                                     stdin=b"Hi\n")
+                self.assertEqual(code, 0, err)
+                self.assertIn("the model's chat template", err)
+                reply = out.rstrip("\n")
+                self.assertTrue(reply.endswith("s"), out)
+                self.assertNotIn("s", reply[:-1])
+                session = re.search(r"session ([0-9a-f]{32})", err).group(1)
+                code, out, err = run("session", "get", session, "--json")
+                self.assertEqual(code, 0, err)
+                self.assertEqual(int(json.loads(out)["tokens"]), len("User: Hi\n\nAssistant:") +
+                                 len(reply))
+                # The same line raw: "Hi" plus the suffix, no template, no marker.
+                code, out, err = run("chat", "--template", "none", "--max-tokens", "40",
+                                     "--temperature", "0", stdin=b"Hi\n")
+                self.assertEqual(code, 0, err)
+                self.assertNotIn("chat template", err)
+                session = re.search(r"session ([0-9a-f]{32})", err).group(1)
+                code, out, err = run("session", "get", session, "--json")
+                self.assertEqual(code, 0, err)
+                self.assertEqual(int(json.loads(out)["tokens"]), len("Hi\n") + 40)
+                code, _, err = run("chat", "--template", "g1", stdin=b"")
+                self.assertEqual(code, 2, err)
+                self.assertIn("--template must be auto or none, got 'g1'", err)
+            finally:
+                stop_server(process)
+
     def test_stream_timeout_is_the_deadline_of_a_stream(self):
         # A 100,000-token stream cannot end within 1 ms; the unary --timeout is not it.
         code, _, err = fwctl("--stream-timeout", "1ms", "--timeout", "60s", "generate",
