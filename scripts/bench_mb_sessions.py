@@ -4,9 +4,11 @@ import over gRPC (fwctl) and HTTP, and the dir: store's write throughput, on an 
 model of the 0.1B G1 shape with random weights (docs/models.md: 2,433,024 state bytes a
 session). Standard library only.
 
-Usage: scripts/bench_mb_sessions.py [--build build] [--model-dir DIR] [--rounds 5]
-  --model-dir: an existing checkpoint; default: written once with `fwmodel init` (the
-  0.1B shape of docs/models.md) into /tmp/fwserve-rwkv7-0.1b.
+Usage: scripts/bench_mb_sessions.py [--build build] [--shape 0.1b|13mb] [--model-dir DIR]
+                                    [--rounds 5]
+  --shape: 0.1b (2.4 MB of state a session) or 13mb (a 1.5B model's state size: 200
+  layers of width 256); --model-dir: an existing checkpoint; default: written once with
+  `fwmodel init` into /tmp/fwserve-rwkv7-SHAPE.
 Prints one table row per operation: median and range of its latency over the rounds.
 """
 import argparse
@@ -23,10 +25,20 @@ import time
 import urllib.request
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CONFIG = {"format_version": 1, "architecture": "rwkv7", "vocab_size": 65536,
-          "tokenizer": "rwkv_world", "bos_token_id": 0, "d_model": 768, "n_layers": 12,
-          "n_heads": 12, "d_ff": 3072, "decay_low_rank_dim": 64, "a_low_rank_dim": 64,
-          "v_low_rank_dim": 32, "gate_low_rank_dim": 128}
+SHAPES = {
+    # The 0.1B G1 shape: 2,433,024 state bytes a session.
+    "0.1b": {"format_version": 1, "architecture": "rwkv7", "vocab_size": 65536,
+             "tokenizer": "rwkv_world", "bos_token_id": 0, "d_model": 768, "n_layers": 12,
+             "n_heads": 12, "d_ff": 3072, "decay_low_rank_dim": 64, "a_low_rank_dim": 64,
+             "v_low_rank_dim": 32, "gate_low_rank_dim": 128},
+    # A 1.5B model's state size (about 13 MB a session) at a fraction of its weights:
+    # 200 layers of width 256 (state grows with layers x width, weights with layers x
+    # width squared), 0.2B parameters.
+    "13mb": {"format_version": 1, "architecture": "rwkv7", "vocab_size": 65536,
+             "tokenizer": "rwkv_world", "bos_token_id": 0, "d_model": 256, "n_layers": 200,
+             "n_heads": 4, "d_ff": 1024, "decay_low_rank_dim": 32, "a_low_rank_dim": 32,
+             "v_low_rank_dim": 16, "gate_low_rank_dim": 64},
+}
 
 
 def free_port():
@@ -35,13 +47,13 @@ def free_port():
         return s.getsockname()[1]
 
 
-def make_model(build, path):
+def make_model(build, path, shape):
     if os.path.exists(os.path.join(path, "model.safetensors")):
         return path
     os.makedirs(path, exist_ok=True)
     config = os.path.join(tempfile.mkdtemp(), "config.json")
     with open(config, "w") as f:
-        json.dump(CONFIG, f)
+        json.dump(SHAPES[shape], f)
     subprocess.run([os.path.join(build, "tools", "fwmodel"), "init", path, "--config", config,
                     "--seed", "1"], check=True)
     shutil.copy(os.path.join(REPO, "tests", "data", "rwkv", "rwkv_vocab_v20230424.txt"), path)
@@ -57,10 +69,13 @@ def timed(fn):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", default=os.path.join(REPO, "build"))
-    ap.add_argument("--model-dir", default="/tmp/fwserve-rwkv7-0.1b")
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="0.1b")
+    ap.add_argument("--model-dir", default=None,
+                    help="default: /tmp/fwserve-rwkv7-SHAPE, written once by fwmodel init")
     ap.add_argument("--rounds", type=int, default=5)
     args = ap.parse_args()
-    model_dir = make_model(args.build, args.model_dir)
+    model_dir = make_model(args.build, args.model_dir or "/tmp/fwserve-rwkv7-" + args.shape,
+                           args.shape)
     store = tempfile.mkdtemp(prefix="fwserve-mb-store-")
     key = os.path.join(store, "..", os.path.basename(store) + ".key")
     with open(key, "w") as f:
@@ -120,8 +135,8 @@ def main():
             http_id = json.loads(reply)["id"]
             ctl("session", "rm", sid, fork, imported, http_id)
         state = sizes["blob bytes"]
-        print("RWKV-7 0.1B shape (random weights), %d rounds, dir: store; blob %d bytes" % (
-            args.rounds, state))
+        print("RWKV-7, shape %s (random weights), %d rounds, dir: store; blob %d bytes" % (
+            args.shape, args.rounds, state))
         print("| operation | median ms | range ms | MB/s (blob / median) |")
         print("|---|---|---|---|")
         for name, values in times.items():
