@@ -804,34 +804,22 @@ class CoreImpl : public Core {
     pending->item = std::move(item);
     const std::string id = pending->item->session_id;
     const std::string tenant = pending->item->tenant;
-    directory_->Claim(tenant, id, model,
-                      [this, pending, bind = std::move(bind)](absl::StatusOr<SessionClaim> claim) {
-                        absl::Status status =
-                            claim.ok() ? Submit(*pending, *claim, bind)
-                                       : NameClaimedField(claim.status(), *pending->item);
-                        if (status.ok()) return;
-                        if (!pending->returned) {
-                          pending->immediate = status;
-                          pending->item.reset();
-                        } else if (pending->item != nullptr) {
-                          AnswerWorkItem(*pending->item, status);
-                        }
-                      });
+    // The errors name the field the caller set: fork_from for a fork-and-generate.
+    const std::string field = pending->item->fork_id.empty() ? "session_id" : "fork_from";
+    directory_->ClaimNamed(
+        tenant, id, model, field,
+        [this, pending, bind = std::move(bind)](absl::StatusOr<SessionClaim> claim) {
+          absl::Status status = claim.ok() ? Submit(*pending, *claim, bind) : claim.status();
+          if (status.ok()) return;
+          if (!pending->returned) {
+            pending->immediate = status;
+            pending->item.reset();
+          } else if (pending->item != nullptr) {
+            AnswerWorkItem(*pending->item, status);
+          }
+        });
     pending->returned = true;
     return pending->immediate;
-  }
-
-  // A claim's error names the field the caller set: `fork_from` for a fork-and-generate
-  // (the directory words it for `session_id`). Payloads are kept.
-  static absl::Status NameClaimedField(const absl::Status& status, const WorkItem& item) {
-    constexpr absl::string_view kField = "session_id '";
-    if (item.fork_id.empty() || !absl::StartsWith(status.message(), kField)) return status;
-    absl::Status renamed(status.code(),
-                         absl::StrCat("fork_from '", status.message().substr(kField.size())));
-    status.ForEachPayload([&renamed](absl::string_view url, const absl::Cord& payload) {
-      renamed.SetPayload(url, payload);
-    });
-    return renamed;
   }
 
   // Binds `claim` to the pending item and submits it. Errors after the claim was

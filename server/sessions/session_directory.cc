@@ -16,10 +16,10 @@
 namespace fwserve {
 namespace {
 
-absl::Status ModelMismatch(const std::string& id, const std::string& has,
-                           const std::string& asked) {
+absl::Status ModelMismatch(const std::string& id, const std::string& has, const std::string& asked,
+                           absl::string_view field = "session_id") {
   return absl::InvalidArgumentError(
-      absl::StrCat("session_id '", id, "' belongs to model '", has, "', not '", asked, "'"));
+      absl::StrCat(field, " '", id, "' belongs to model '", has, "', not '", asked, "'"));
 }
 
 // What both directories share: the registry, the store, the store threads and the
@@ -101,15 +101,15 @@ class LocalSessionDirectory final : public DirectoryBase {
     indexer_ = std::thread([this, describe = std::move(describe)] { IndexStore(describe); });
   }
 
-  void Claim(const std::string& tenant, const std::string& id, const std::string& model,
-             std::function<void(absl::StatusOr<SessionClaim>)> done) override {
+  void ClaimNamed(const std::string& tenant, const std::string& id, const std::string& model,
+                  const std::string& field,
+                  std::function<void(absl::StatusOr<SessionClaim>)> done) override {
     auto record = registry_.Get(id);
-    if (!record.ok()) return done(record.status());
-    // Another tenant's session does not exist for this caller.
-    if (record->tenant != tenant) return done(registry_.NotFoundError(id));
+    // Unknown, and another tenant's session, which does not exist for this caller.
+    if (!record.ok() || record->tenant != tenant) return done(registry_.NotFoundError(id, field));
     if (!model.empty() && record->model != model)
-      return done(ModelMismatch(id, record->model, model));
-    auto acquired = registry_.Acquire(id);
+      return done(ModelMismatch(id, record->model, model, field));
+    auto acquired = registry_.Acquire(id, field);
     if (!acquired.ok()) return done(acquired.status());
     SessionClaim claim;
     claim.lease = std::move(*acquired);
@@ -243,11 +243,12 @@ class SharedSessionDirectory final : public DirectoryBase {
     renewer_ = std::thread([this] { RenewLeases(); });
   }
 
-  void Claim(const std::string& tenant, const std::string& id, const std::string& model,
-             std::function<void(absl::StatusOr<SessionClaim>)> done) override {
-    RunJob([this, tenant, id, model, done = std::move(done)] {
+  void ClaimNamed(const std::string& tenant, const std::string& id, const std::string& model,
+                  const std::string& field,
+                  std::function<void(absl::StatusOr<SessionClaim>)> done) override {
+    RunJob([this, tenant, id, model, field, done = std::move(done)] {
       try {
-        ClaimNow(tenant, id, model, done);
+        ClaimNow(tenant, id, model, field, done);
       } catch (const std::exception& e) {
         Log(LogLevel::kError, absl::StrCat("taking a session's lease failed: ", e.what()));
         done(absl::InternalError("the server failed"));
@@ -350,13 +351,20 @@ class SharedSessionDirectory final : public DirectoryBase {
 
  private:
   void ClaimNow(const std::string& tenant, const std::string& id, const std::string& model,
+                const std::string& field,
                 const std::function<void(absl::StatusOr<SessionClaim>)>& done) {
     int64_t cached_version = 0;
     if (auto local = registry_.Get(id); local.ok() && local->resident) {
       cached_version = local->version;
     }
     auto grant = shared_->AcquireLease(id, options_.lease_ttl, cached_version, tenant);
-    if (!grant.ok()) return done(ClientError(StoreCall::kLookup, id, grant.status(), ""));
+    if (!grant.ok()) {
+      StoreErrorContext context;
+      context.shared = true;
+      context.timeout = options_.store_timeout;
+      context.field = field;
+      return done(ClientStoreError(StoreCall::kLookup, context, id, grant.status(), ""));
+    }
     auto ticket =
         std::make_shared<StoreTicket>(id, grant->token, grant->info.version, grant->info.tag);
     // From here every answer ends the store lease first.
@@ -365,13 +373,13 @@ class SharedSessionDirectory final : public DirectoryBase {
     };
     if (options_.is_served && !options_.is_served(grant->info.model)) {
       return refuse(absl::FailedPreconditionError(
-          absl::StrCat("session_id '", id, "' belongs to model '", grant->info.model,
+          absl::StrCat(field, " '", id, "' belongs to model '", grant->info.model,
                        "', which this server does not serve")));
     }
     if (!model.empty() && model != grant->info.model) {
-      return refuse(ModelMismatch(id, grant->info.model, model));
+      return refuse(ModelMismatch(id, grant->info.model, model, field));
     }
-    auto local_lease = registry_.AcquireFromStore(RecordFromStore(grant->info));
+    auto local_lease = registry_.AcquireFromStore(RecordFromStore(grant->info), field);
     if (!local_lease.ok()) return refuse(local_lease.status());
     {
       absl::MutexLock lock(&jobs_mu_);

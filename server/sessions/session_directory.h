@@ -123,8 +123,15 @@ class SessionDirectory {
   // `model` (empty: any), NOT_FOUND for an unknown session or another tenant's,
   // ABORTED while another request holds it, UNAVAILABLE when the store cannot be
   // reached. Local: at once, on the calling thread. Shared: on a store thread.
-  virtual void Claim(const std::string& tenant, const std::string& id, const std::string& model,
-                     std::function<void(absl::StatusOr<SessionClaim>)> done) = 0;
+  void Claim(const std::string& tenant, const std::string& id, const std::string& model,
+             std::function<void(absl::StatusOr<SessionClaim>)> done) {
+    ClaimNamed(tenant, id, model, "session_id", std::move(done));
+  }
+  // Claim, with errors naming the request field `field` that gave the id (a
+  // fork-and-generate's is fork_from).
+  virtual void ClaimNamed(const std::string& tenant, const std::string& id,
+                          const std::string& model, const std::string& field,
+                          std::function<void(absl::StatusOr<SessionClaim>)> done) = 0;
   // Ends the store lease `ticket` (a release, unless a write or delete ended it), then
   // runs `answer`: on a store thread, or at once. Null `ticket`: `answer` at once.
   virtual void EndClaimThen(const std::shared_ptr<StoreTicket>& ticket,

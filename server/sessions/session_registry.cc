@@ -43,19 +43,19 @@ absl::Status SessionRegistry::FullError() const {
       "); delete some or wait for them to expire"));
 }
 
-absl::Status SessionRegistry::Busy(const std::string& id) {
+absl::Status SessionRegistry::Busy(const std::string& id, absl::string_view field) {
   return absl::AbortedError(
-      absl::StrCat("session_id '", id, "' is busy with another request; retry when it ends"));
+      absl::StrCat(field, " '", id, "' is busy with another request; retry when it ends"));
 }
 
-absl::Status SessionRegistry::Unknown(const std::string& id) const {
+absl::Status SessionRegistry::Unknown(const std::string& id, absl::string_view field) const {
   if (indexing_) {
     return absl::UnavailableError(
-        absl::StrCat("session_id '", id,
+        absl::StrCat(field, " '", id,
                      "' is not loaded yet: the server is still indexing its session store; "
                      "retry shortly"));
   }
-  return absl::NotFoundError(absl::StrCat("session_id '", id, "' not found"));
+  return absl::NotFoundError(absl::StrCat(field, " '", id, "' not found"));
 }
 
 void SessionRegistry::PutLocked(SessionRecord record) {
@@ -83,9 +83,9 @@ int64_t SessionRegistry::CountOfTenant(const std::string& tenant) const {
   return it == sessions_of_tenant_.end() ? 0 : it->second;
 }
 
-absl::Status SessionRegistry::NotFoundError(const std::string& id) const {
+absl::Status SessionRegistry::NotFoundError(const std::string& id, absl::string_view field) const {
   absl::MutexLock lock(&mu_);
-  return Unknown(id);
+  return Unknown(id, field);
 }
 
 absl::Status SessionRegistry::CheckCapacity() const {
@@ -132,11 +132,12 @@ std::vector<SessionRecord> SessionRegistry::List(const std::string& model) const
   return out;
 }
 
-absl::StatusOr<SessionLease> SessionRegistry::Acquire(const std::string& id) {
+absl::StatusOr<SessionLease> SessionRegistry::Acquire(const std::string& id,
+                                                      absl::string_view field) {
   absl::MutexLock lock(&mu_);
   auto it = sessions_.find(id);
-  if (it == sessions_.end()) return Unknown(id);
-  if (it->second.busy) return Busy(id);
+  if (it == sessions_.end()) return Unknown(id, field);
+  if (it->second.busy) return Busy(id, field);
   it->second.busy = true;
   return SessionLease(this, id);
 }
@@ -174,7 +175,8 @@ void SessionRegistry::SetResident(const std::string& id, bool resident, int64_t 
   it->second.version = resident ? version : 0;
 }
 
-absl::StatusOr<SessionLease> SessionRegistry::AcquireFromStore(const SessionRecord& record) {
+absl::StatusOr<SessionLease> SessionRegistry::AcquireFromStore(const SessionRecord& record,
+                                                               absl::string_view field) {
   absl::MutexLock lock(&mu_);
   auto it = sessions_.find(record.id);
   if (it == sessions_.end()) {
@@ -191,7 +193,7 @@ absl::StatusOr<SessionLease> SessionRegistry::AcquireFromStore(const SessionReco
     PutLocked(std::move(added));
     it = sessions_.find(record.id);
   } else {
-    if (it->second.busy) return Busy(record.id);
+    if (it->second.busy) return Busy(record.id, field);
     SessionRecord& existing = it->second;
     if (existing.tenant != record.tenant) {
       --sessions_of_tenant_[existing.tenant];

@@ -13,6 +13,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "server/api/session_record.h"
@@ -66,8 +67,10 @@ class SessionRegistry {
   // Sorted by creation time; `model` empty = all.
   std::vector<SessionRecord> List(const std::string& model) const;
   // Takes the lease: NOT_FOUND if unknown, ABORTED if another request holds it,
-  // UNAVAILABLE if unknown while the store is still being indexed.
-  absl::StatusOr<SessionLease> Acquire(const std::string& id);
+  // UNAVAILABLE if unknown while the store is still being indexed. `field`: the request
+  // field the errors name (a fork-and-generate's is fork_from).
+  absl::StatusOr<SessionLease> Acquire(const std::string& id,
+                                       absl::string_view field = "session_id");
   // `version`: of the resident copy (shared store only; 0 otherwise).
   void SetResident(const std::string& id, bool resident, int64_t version = 0);
   // Shared store: records what the store said of a session this replica is about to
@@ -77,7 +80,8 @@ class SessionRegistry {
   // here: when full, an idle record without a resident copy makes room;
   // RESOURCE_EXHAUSTED (--max-sessions) only when every record is busy or resident.
   // ABORTED if a request of this replica holds the session.
-  absl::StatusOr<SessionLease> AcquireFromStore(const SessionRecord& record);
+  absl::StatusOr<SessionLease> AcquireFromStore(const SessionRecord& record,
+                                                absl::string_view field = "session_id");
   void Erase(const std::string& id);
   // Erases `id` unless a request holds it; false if it is held (or unknown).
   bool EraseIfIdle(const std::string& id);
@@ -95,7 +99,7 @@ class SessionRegistry {
 
   // What a request for an unknown `id` gets: NOT_FOUND (UNAVAILABLE while indexing).
   // Also the answer for another tenant's session, so that the two cannot be told apart.
-  absl::Status NotFoundError(const std::string& id) const;
+  absl::Status NotFoundError(const std::string& id, absl::string_view field = "session_id") const;
 
   // While indexing, an unknown id may still be in the store: UNAVAILABLE, not NOT_FOUND.
   void SetIndexing(bool indexing);
@@ -111,8 +115,9 @@ class SessionRegistry {
   void PutLocked(SessionRecord record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EraseLocked(absl::flat_hash_map<std::string, SessionRecord>::iterator it)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  static absl::Status Busy(const std::string& id);
-  absl::Status Unknown(const std::string& id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  static absl::Status Busy(const std::string& id, absl::string_view field);
+  absl::Status Unknown(const std::string& id, absl::string_view field = "session_id") const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const int64_t max_sessions_;
   mutable absl::Mutex mu_;

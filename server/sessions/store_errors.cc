@@ -14,12 +14,13 @@ bool IsUnreachable(const absl::Status& status) {
 
 absl::Status LookupError(const StoreErrorContext& context, absl::string_view id,
                          const absl::Status& status) {
-  const std::string subject = id.empty() ? "" : absl::StrCat("session_id '", id, "': ");
+  const std::string subject = id.empty() ? "" : absl::StrCat(context.field, " '", id, "': ");
   switch (status.code()) {
     case absl::StatusCode::kNotFound:
-      return absl::NotFoundError(absl::StrCat("session_id '", id, "' not found"));
+      return absl::NotFoundError(absl::StrCat(context.field, " '", id, "' not found"));
     case absl::StatusCode::kAborted:
-      return absl::AbortedError(absl::StrCat("session_id '", id, "' is busy with another request"));
+      return absl::AbortedError(
+          absl::StrCat(context.field, " '", id, "' is busy with another request"));
     case absl::StatusCode::kUnavailable:
     case absl::StatusCode::kDeadlineExceeded:
       Log(LogLevel::kWarning, absl::StrCat("session store: ", status.message()));

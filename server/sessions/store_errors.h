@@ -27,6 +27,9 @@ struct StoreErrorContext {
   bool shared = false;
   // --session-store-timeout, quoted by kLookup's UNAVAILABLE.
   absl::Duration timeout = absl::Seconds(1);
+  // The request field that named the session, in kLookup's errors (a fork-and-generate
+  // names it fork_from).
+  std::string field = "session_id";
 };
 
 // The client's error for `store_status` (not OK) of `call` on session `id` (may be
