@@ -105,7 +105,7 @@ ABSL_FLAG(absl::Duration, queue_codel_interval, absl::Milliseconds(100),
           "full, for --queue-codel-target to apply");
 ABSL_FLAG(int32_t, max_active_streams, 256,
           "Generate/Score/CreateSession requests each model serves at once (more wait in "
-          "its queue)");
+          "its queue); 4096 on a CUDA device unless given (a GPU step batches them)");
 ABSL_FLAG(int32_t, prefill_chunk_tokens, 256,
           "prompt tokens absorbed per engine iteration; bounds how long a long prompt "
           "delays other streams' next token");
@@ -400,6 +400,10 @@ int main(int argc, char** argv) {
   core_options.queue_codel_target = absl::GetFlag(FLAGS_queue_codel_target);
   core_options.queue_codel_interval = absl::GetFlag(FLAGS_queue_codel_interval);
   core_options.max_active_streams = absl::GetFlag(FLAGS_max_active_streams);
+  if (absl::StartsWith(absl::GetFlag(FLAGS_device), "cuda") &&
+      !absl::flags_internal::WasPresentOnCommandLine("max_active_streams")) {
+    core_options.max_active_streams = 4096;  // the graph step's largest bucket
+  }
   core_options.prefill_chunk_tokens = absl::GetFlag(FLAGS_prefill_chunk_tokens);
   core_options.prefill_batch_tokens = absl::GetFlag(FLAGS_prefill_batch_tokens);
   core_options.prefix_reuse_entries = absl::GetFlag(FLAGS_prefix_reuse_entries);
