@@ -5,7 +5,7 @@ model of the 0.1B G1 shape with random weights (docs/models.md: 2,433,024 state 
 session). Standard library only.
 
 Usage: scripts/bench_mb_sessions.py [--build build] [--shape 0.1b|13mb] [--model-dir DIR]
-                                    [--rounds 5]
+                                    [--rounds 5] [--store dir|redis]
   --shape: 0.1b (2.4 MB of state a session) or 13mb (a 1.5B model's state size: 200
   layers of width 256); --model-dir: an existing checkpoint; default: written once with
   `fwmodel init` into /tmp/fwserve-rwkv7-SHAPE.
@@ -73,6 +73,9 @@ def main():
     ap.add_argument("--model-dir", default=None,
                     help="default: /tmp/fwserve-rwkv7-SHAPE, written once by fwmodel init")
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--store", choices=["dir", "redis"], default="dir",
+                    help="dir: a dir: store in a temporary folder; redis: a redis-server "
+                         "started on a free loopback port (no persistence)")
     args = ap.parse_args()
     model_dir = make_model(args.build, args.model_dir or "/tmp/fwserve-rwkv7-" + args.shape,
                            args.shape)
@@ -81,10 +84,19 @@ def main():
     with open(key, "w") as f:
         f.write(base64.b64encode(os.urandom(48)).decode() + "\n")
     grpc_port, http_port = free_port(), free_port()
+    redis = None
+    session_store = "dir:" + store
+    if args.store == "redis":
+        redis_port = free_port()
+        redis = subprocess.Popen(["redis-server", "--port", str(redis_port), "--bind",
+                                  "127.0.0.1", "--save", "", "--appendonly", "no"],
+                                 stdout=subprocess.DEVNULL)
+        session_store = "redis://127.0.0.1:%d" % redis_port
+        time.sleep(0.5)
     server = subprocess.Popen(
         [os.path.join(args.build, "server", "fwserve"), "--model", model_dir,
          "--listen", "127.0.0.1:%d" % grpc_port, "--http-listen", "127.0.0.1:%d" % http_port,
-         "--metrics-listen", "", "--session-store", "dir:" + store, "--session-key-file", key,
+         "--metrics-listen", "", "--session-store", session_store, "--session-key-file", key,
          "--http-max-body-bytes", str(64 << 20), "--log-level", "warning"])
     fwctl = [os.path.join(args.build, "client", "fwctl"), "--target",
              "127.0.0.1:%d" % grpc_port, "--retries", "0"]
@@ -119,7 +131,7 @@ def main():
         for _ in range(args.rounds):
             t, sid = timed(lambda: ctl("session", "create", "--model", model, "--prefix",
                                        "The quick brown fox"))
-            add("create, 19-byte prefix (gRPC, dir: write-through)", t)
+            add("create, 19-byte prefix (gRPC, %s write-through)" % args.store, t)
             t, fork = timed(lambda: ctl("session", "fork", sid))
             add("fork (gRPC)", t)
             t, _ = timed(lambda: ctl("session", "export", sid, blob_path))
@@ -135,8 +147,8 @@ def main():
             http_id = json.loads(reply)["id"]
             ctl("session", "rm", sid, fork, imported, http_id)
         state = sizes["blob bytes"]
-        print("RWKV-7, shape %s (random weights), %d rounds, dir: store; blob %d bytes" % (
-            args.shape, args.rounds, state))
+        print("RWKV-7, shape %s (random weights), %d rounds, %s store; blob %d bytes" % (
+            args.shape, args.rounds, args.store, state))
         print("| operation | median ms | range ms | MB/s (blob / median) |")
         print("|---|---|---|---|")
         for name, values in times.items():
@@ -146,6 +158,9 @@ def main():
     finally:
         server.terminate()
         server.wait(timeout=60)
+        if redis is not None:
+            redis.terminate()
+            redis.wait(timeout=60)
         shutil.rmtree(store, ignore_errors=True)
 
 
