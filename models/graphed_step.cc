@@ -46,30 +46,48 @@ GraphedStep::~GraphedStep() {
 
 namespace {
 
-absl::Status CheckBinding(const Model& model, const PoolBinding& pool) {
+// `pool` ([capacity, spec...] per state tensor) and `row_logits` (when given: [capacity,
+// vocab] float32) have the model's layout, on its device, in its dtype; with
+// `contiguous`, every state tensor is contiguous too.
+absl::Status CheckPoolLayout(const Model& model, const State& pool, const torch::Tensor* row_logits,
+                             bool contiguous) {
   const std::vector<StateTensorSpec>& spec = model.state_spec();
-  if (pool.logits == nullptr || pool.state->tensors.size() != spec.size()) {
-    return absl::InvalidArgumentError("the pool binding needs the state and the logits");
+  if (pool.tensors.size() != spec.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("pool has ", pool.tensors.size(), " state tensors, expected ", spec.size()));
   }
-  const int64_t capacity = pool.state->tensors.empty() ? 0 : pool.state->tensors[0].size(0);
+  const int64_t capacity = pool.tensors.empty() ? 0 : pool.tensors[0].size(0);
   for (size_t i = 0; i < spec.size(); ++i) {
-    const torch::Tensor& t = pool.state->tensors[i];
+    const torch::Tensor& t = pool.tensors[i];
     std::vector<int64_t> shape = {capacity};
     shape.insert(shape.end(), spec[i].shape.begin(), spec[i].shape.end());
     if (!t.defined() || t.sizes().vec() != shape || t.device() != model.options().device ||
-        t.scalar_type() != model.options().dtype || !t.is_contiguous()) {
+        t.scalar_type() != model.options().dtype || (contiguous && !t.is_contiguous())) {
       return absl::InvalidArgumentError(
-          absl::StrCat("bound pool tensor '", spec[i].name,
+          absl::StrCat("pool tensor '", spec[i].name,
                        "' does not match the model's state (shape, device, dtype or layout)"));
     }
   }
-  const torch::Tensor& logits = *pool.logits;
-  if (!logits.defined() ||
-      logits.sizes().vec() != std::vector<int64_t>{capacity, model.config().vocab_size} ||
-      logits.device() != model.options().device || logits.scalar_type() != torch::kFloat32) {
+  if (row_logits != nullptr &&
+      (!row_logits->defined() ||
+       row_logits->sizes().vec() != std::vector<int64_t>{capacity, model.config().vocab_size} ||
+       row_logits->device() != model.options().device ||
+       row_logits->scalar_type() != torch::kFloat32)) {
     return absl::InvalidArgumentError(
-        "bound pool logits must be [capacity, vocab] float32 on the model's device");
+        "row_logits must be [pool capacity, vocab] float32 on the model's device");
   }
+  return absl::OkStatus();
+}
+
+absl::Status CheckBinding(const Model& model, const PoolBinding& pool) {
+  if (pool.logits == nullptr) {
+    return absl::InvalidArgumentError("the pool binding needs the state and the logits");
+  }
+  if (absl::Status layout = CheckPoolLayout(model, *pool.state, pool.logits, /*contiguous=*/true);
+      !layout.ok()) {
+    return layout;
+  }
+  const int64_t capacity = pool.state->tensors.empty() ? 0 : pool.state->tensors[0].size(0);
   if (pool.pad_row < 0 || pool.pad_row >= capacity) {
     return absl::InvalidArgumentError(
         absl::StrCat("pad_row ", pool.pad_row, " is outside the pool [0, ", capacity, ")"));
@@ -195,32 +213,12 @@ absl::Status GraphedStep::CheckArguments(absl::Span<const int64_t> tokens,
     return absl::InvalidArgumentError(
         absl::StrCat("tokens has ", tokens.size(), " entries, rows ", rows.size()));
   }
-  const std::vector<StateTensorSpec>& spec = model_.state_spec();
-  if (pool.tensors.size() != spec.size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("pool has ", pool.tensors.size(), " state tensors, expected ", spec.size()));
+  if (absl::Status layout = CheckPoolLayout(model_, pool, row_logits, /*contiguous=*/false);
+      !layout.ok()) {
+    return layout;
   }
   const int64_t capacity = pool.tensors.empty() ? 0 : pool.tensors[0].size(0);
-  for (size_t i = 0; i < spec.size(); ++i) {
-    const torch::Tensor& t = pool.tensors[i];
-    std::vector<int64_t> shape = {capacity};
-    shape.insert(shape.end(), spec[i].shape.begin(), spec[i].shape.end());
-    if (!t.defined() || t.sizes().vec() != shape || t.device() != model_.options().device ||
-        t.scalar_type() != model_.options().dtype) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("pool tensor '", spec[i].name,
-                       "' does not match the model's state (shape, device or dtype)"));
-    }
-  }
   const int64_t vocab = model_.config().vocab_size;
-  if (row_logits != nullptr &&
-      (!row_logits->defined() ||
-       row_logits->sizes().vec() != std::vector<int64_t>{capacity, vocab} ||
-       row_logits->device() != model_.options().device ||
-       row_logits->scalar_type() != torch::kFloat32)) {
-    return absl::InvalidArgumentError(
-        "row_logits must be [pool capacity, vocab] float32 on the model's device");
-  }
   std::vector<int64_t> sorted(rows.begin(), rows.end());
   std::sort(sorted.begin(), sorted.end());
   for (size_t b = 0; b < tokens.size(); ++b) {

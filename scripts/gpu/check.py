@@ -471,6 +471,20 @@ class GpuMemory(threading.Thread):
             time.sleep(0.25)
 
 
+def level_row(level):
+    """A report row of one fwbench level (its --json "levels" entry)."""
+    engine = level.get("server_engine") or {}
+    return {
+        "tokens_per_s": round(level["output_tokens_per_s"], 1),
+        "itl_p50_ms": rounded(level["itl_ms"].get("p50")),
+        "itl_p99_ms": rounded(level["itl_ms"].get("p99")),
+        "ttft_p50_ms": rounded(level["ttft_ms"].get("p50")),
+        "errors": level.get("errors"),
+        "mean_batch_size": rounded(engine.get("mean_batch_size")),
+        "mean_step_ms": rounded(engine.get("mean_step_ms")),
+    }
+
+
 def bench(rep, build, device, server, models, text):
     model = os.environ.get("CHECK_BENCH_MODEL", "aft-shakespeare")
     cuda = device == "cuda"
@@ -507,15 +521,7 @@ def bench(rep, build, device, server, models, text):
         row = {"streams": c, "exit": r.returncode, "seconds": round(time.monotonic() - start, 1)}
         try:
             level = json.load(open(json_path))["levels"][0]
-            row.update({
-                "tokens_per_s": round(level["output_tokens_per_s"], 1),
-                "itl_p50_ms": rounded(level["itl_ms"].get("p50")),
-                "itl_p99_ms": rounded(level["itl_ms"].get("p99")),
-                "ttft_p50_ms": rounded(level["ttft_ms"].get("p50")),
-                "errors": level.get("errors"),
-                "mean_batch_size": rounded((level.get("server_engine") or {}).get("mean_batch_size")),
-                "mean_step_ms": rounded((level.get("server_engine") or {}).get("mean_step_ms")),
-            })
+            row.update(level_row(level))
         except (OSError, ValueError, KeyError, IndexError) as e:
             row["error"] = "no result (%s): %s" % (e, r.stderr.strip()[-500:])
         if mem and idle is not None and mem.peak:
@@ -775,10 +781,7 @@ def real_shape(rep, build, device):
                      "--metrics_target", "127.0.0.1:%d" % server.metrics_port], timeout=600)
             try:
                 level = json.load(open(json_path))["levels"][0]
-                row = {"streams": c, "tokens_per_s": round(level["output_tokens_per_s"], 1),
-                       "itl_p50_ms": rounded(level["itl_ms"].get("p50")),
-                       "mean_step_ms": rounded((level.get("server_engine") or {}).get("mean_step_ms")),
-                       "errors": level.get("errors")}
+                row = {"streams": c, **level_row(level)}
             except (OSError, ValueError, KeyError, IndexError) as e:
                 row = {"streams": c, "error": "no result (%s): %s" % (e, r.stderr.strip()[-300:])}
             rows.append(row)

@@ -743,6 +743,7 @@ void Engine::RunDecodeStep() {
   }
   std::vector<Task*> batch;
   StepWork work;
+  const bool draws_ahead = runner_.draws_ahead();
   for (TaskId id : batch_ids) {
     Task* t = tasks_.at(id).get();
     batch.push_back(t);
@@ -754,8 +755,10 @@ void Engine::RunDecodeStep() {
     if (t->recent.size() > window) t->recent.erase(t->recent.begin());
     // What the row's next sampling will ask, for a kernel that samples inside the step
     // (Stepper::Step; a row that does not sample next leaves its draw unused).
-    work.draws.push_back(
-        {t->slot, &t->item->generate.sampling, &t->rng, &t->recent, t->item->generate.logprobs});
+    if (draws_ahead) {
+      work.draws.push_back(
+          {t->slot, &t->item->generate.sampling, &t->rng, &t->recent, t->item->generate.logprobs});
+    }
   }
   const StepResult stepped = runner_.Wait(runner_.Launch(work));
   if (!stepped.status.ok()) {

@@ -98,6 +98,8 @@ class Runner {
   Handle Launch(const StepWork& work);
   Handle Launch(const SampleWork& work);
   StepResult Wait(Handle handle);
+  // Whether a step uses StepWork::draws (Stepper::draws_ahead).
+  bool draws_ahead() const { return stepper_.draws_ahead(); }
   // The engine's iteration ended: tokens a step drew for a sampling that did not come
   // are forgotten (Stepper::DiscardDrawsAhead).
   void EndIteration() { stepper_.DiscardDrawsAhead(); }

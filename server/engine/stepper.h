@@ -75,6 +75,11 @@ class Stepper {
   // ignore `draws`.
   absl::Status Step(const std::vector<int64_t>& rows, const std::vector<int64_t>& tokens,
                     StatePool& pool, absl::Span<const SampleRequest> draws = {});
+  // Whether Step draws the next tokens of the rows it is given draws for (the in-place
+  // graph step with sample_in_step); other kernels ignore the draws.
+  bool draws_ahead() const {
+    return graphed_step_ != nullptr && graphed_step_->CanSampleInStep({});
+  }
   // Forgets the tokens the last Step drew (the engine's iteration ended: what was not
   // sampled in it may be stale by the next, its row freed and reused, its state rolled
   // back).

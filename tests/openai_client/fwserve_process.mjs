@@ -17,7 +17,8 @@ export function freePort() {
   });
 }
 
-async function waitHealthy(base, child) {
+// Resolves once `base`/health answers; throws if `child` exits first or after 30 s.
+export async function waitHealthy(base, child) {
   for (let i = 0; i < 300; i++) {
     if (child.exitCode !== null) throw new Error(`fwserve exited with ${child.exitCode}`);
     try {

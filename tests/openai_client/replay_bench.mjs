@@ -16,7 +16,7 @@ import { spawn } from "node:child_process";
 import fs from "node:fs";
 import { streamText } from "ai";
 import { createOpenAI } from "@ai-sdk/openai";
-import { freePort } from "./fwserve_process.mjs";
+import { freePort, waitHealthy } from "./fwserve_process.mjs";
 
 const [fwserve, modelDir, textFile, turnsArg, roundsArg] = process.argv.slice(2);
 if (!fwserve || !modelDir || !textFile) {
@@ -38,13 +38,8 @@ async function startServer(extra) {
                                 modelDir, "--http-listen", `127.0.0.1:${port}`, "--threads", "1",
                                 "--log-level", "warning", ...extra],
                       { stdio: ["ignore", "ignore", "inherit"] });
-  for (let i = 0; i < 300; i++) {
-    try {
-      if ((await fetch(`${base}/health`)).ok) return { base, child };
-    } catch {}
-    await new Promise((r) => setTimeout(r, 100));
-  }
-  throw new Error("fwserve did not become healthy");
+  await waitHealthy(base, child);
+  return { base, child };
 }
 
 // Nanoseconds the process has run, over all its threads.

@@ -116,10 +116,9 @@ inline std::string SseData(const json& value) {
 
 // Token i of `chunk` as the logprobs show it: the bytes it stands for (a byte-level
 // token's byte, a world-vocabulary token's piece), as text and as byte values.
+// (GenerateChunk::token_bytes, which the engine fills whenever logprobs are asked for.)
 inline std::string TokenBytesAt(const GenerateChunk& chunk, size_t i) {
-  if (i < chunk.token_bytes.size()) return chunk.token_bytes[i];
-  const int64_t id = chunk.token_ids[i];
-  return id >= 0 && id < 256 ? std::string(1, static_cast<char>(id)) : std::string();
+  return i < chunk.token_bytes.size() ? chunk.token_bytes[i] : std::string();
 }
 inline json ByteValues(const std::string& bytes) {
   json out = json::array();
