@@ -329,6 +329,158 @@ absl::StatusOr<std::vector<SampledToken>> GraphedStep::StepInPlace(
   return sampled;
 }
 
+absl::StatusOr<std::vector<std::vector<SampledToken>>> GraphedStep::MultiStepInPlace(
+    absl::Span<const int64_t> tokens, absl::Span<const int64_t> rows,
+    absl::Span<const RowDraw> draws, absl::Span<const double> uniforms, int64_t steps,
+    absl::Span<const int64_t> limits, absl::Span<const int64_t> stop_tokens) {
+  if (!in_place() || !options_.sample_in_step) {
+    return absl::FailedPreconditionError(
+        "MultiStepInPlace needs a graphed step bound to a pool that samples in its step");
+  }
+  if (absl::Status valid = CheckArguments(tokens, rows, *binding_.state, binding_.logits);
+      !valid.ok()) {
+    return valid;
+  }
+  const size_t n = tokens.size();
+  if (steps < 1) return absl::InvalidArgumentError(absl::StrCat("steps must be >= 1, got ", steps));
+  if (draws.size() != n || limits.size() != n) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("draws has ", draws.size(), " entries, limits ", limits.size(), ", rows ", n));
+  }
+  if (uniforms.size() != n * static_cast<size_t>(steps)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("uniforms has ", uniforms.size(),
+                     " entries, want rows × steps = ", n * static_cast<size_t>(steps)));
+  }
+  for (size_t b = 0; b < n; ++b) {
+    if (rows[b] == binding_.pad_row) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("row ", rows[b], " at position ", b, " is the pool's pad row"));
+    }
+    if (limits[b] < 1 || limits[b] > steps) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("limits[", b, "] must be in [1, ", steps, "], got ", limits[b]));
+    }
+    if (draws[b].params == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("draws[", b, "] has no params"));
+    }
+    if (draws[b].params->repetition_penalty != 1.0f) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("draws[", b, "] has a repetition penalty: step it one token at a time"));
+    }
+  }
+  const int64_t vocab = model_.config().vocab_size;
+  for (int64_t token : stop_tokens) {
+    if (token < 0 || token >= vocab) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("stop token ", token, " is outside the vocabulary [0, ", vocab, ")"));
+    }
+  }
+  const absl::Time host_start = absl::Now();
+  std::vector<std::vector<SampledToken>> drawn(n);
+  try {
+    torch::NoGradGuard no_grad;
+    BeginTiming();
+    const size_t largest = static_cast<size_t>(options_.buckets.back());
+    for (size_t begin = 0; begin < n; begin += largest) {
+      const size_t count = std::min(largest, n - begin);
+      const size_t s = static_cast<size_t>(steps);
+      RunMultiStepPass(tokens.subspan(begin, count), rows.subspan(begin, count),
+                       draws.subspan(begin, count), uniforms.subspan(begin * s, count * s), steps,
+                       limits.subspan(begin, count), stop_tokens, drawn.data() + begin);
+    }
+    EndTiming(host_start);
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("multi-step decode: ", e.what_without_backtrace()));
+  }
+  return drawn;
+}
+
+void GraphedStep::RunMultiStepPass(absl::Span<const int64_t> tokens, absl::Span<const int64_t> rows,
+                                   absl::Span<const RowDraw> draws,
+                                   absl::Span<const double> uniforms, int64_t steps,
+                                   absl::Span<const int64_t> limits,
+                                   absl::Span<const int64_t> stop_tokens,
+                                   std::vector<SampledToken>* drawn) {
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  const int64_t size = BucketFor(n);
+  Bucket& bucket = **std::find_if(buckets_.begin(), buckets_.end(),
+                                  [size](const auto& b) { return b->size == size; });
+  padded_rows_ += size - n;
+  // Step 0's parameters in the bucket's layout (the first uniform of each row).
+  std::vector<RowDraw> first(draws.begin(), draws.end());
+  for (int64_t b = 0; b < n; ++b) first[static_cast<size_t>(b)].uniform = uniforms[b * steps];
+  const int64_t words_used = StageUpload(tokens, rows, first, size);
+  // The rest: uniforms [steps, size] float64, limits [size] (pads: 1), stop tokens.
+  const int64_t stops = static_cast<int64_t>(stop_tokens.size());
+  const int64_t multi_words = steps * size + size + stops;
+  const torch::Device device = model_.options().device;
+  if (!host_multi_.defined() || host_multi_.numel() < multi_words) {
+    host_multi_ = torch::zeros({multi_words}, torch::kInt64);
+    if (device.is_cuda()) host_multi_ = host_multi_.pin_memory();
+    device_multi_ = torch::zeros({multi_words}, torch::dtype(torch::kInt64).device(device));
+  }
+  int64_t* words = host_multi_.data_ptr<int64_t>();
+  double* host_uniforms = reinterpret_cast<double*>(words);
+  for (int64_t j = 0; j < steps; ++j) {
+    for (int64_t b = 0; b < size; ++b) {
+      host_uniforms[j * size + b] = b < n ? uniforms[b * steps + j] : 0.0;
+    }
+  }
+  int64_t* host_limits = words + steps * size;
+  for (int64_t b = 0; b < size; ++b) host_limits[b] = b < n ? limits[b] : 1;
+  if (stops > 0) std::memcpy(host_limits + size, stop_tokens.data(), sizeof(int64_t) * stops);
+  device_upload_.narrow(0, 0, words_used)
+      .copy_(host_upload_.narrow(0, 0, words_used), /*non_blocking=*/true);
+  device_multi_.narrow(0, 0, multi_words)
+      .copy_(host_multi_.narrow(0, 0, multi_words), /*non_blocking=*/true);
+  const torch::Tensor device_uniforms =
+      device_multi_.narrow(0, 0, steps * size).view(torch::kFloat64).view({steps, size});
+  const torch::Tensor device_limits = device_multi_.narrow(0, steps * size, size);
+  const torch::Tensor device_stops = device_multi_.narrow(0, steps * size + size, stops);
+  // The rows as staged (pads: the pad row); a row that stopped points at the pad row.
+  const torch::Tensor staged_rows = bucket.rows.clone();
+  const torch::Tensor pad_rows = torch::full_like(staged_rows, binding_.pad_row);
+  const torch::Tensor no_token = torch::zeros_like(staged_rows);
+  torch::Tensor active = torch::ones({size}, torch::dtype(torch::kBool).device(device));
+  torch::Tensor results =
+      torch::empty({steps, size, 2}, torch::dtype(torch::kFloat64).device(device));
+  for (int64_t j = 0; j < steps; ++j) {
+    if (j > 0) {
+      const torch::Tensor previous = results[j - 1].select(1, 0).to(torch::kInt64);
+      active = active & device_limits.gt(j);
+      if (stops > 0) active = active & torch::isin(previous, device_stops).logical_not();
+      bucket.tokens.copy_(torch::where(active, previous, no_token));
+      bucket.rows.copy_(torch::where(active, staged_rows, pad_rows));
+      bucket.columns[fwserve::kSampleUniform].copy_(device_uniforms[j]);
+    }
+    Compute(bucket);
+    results[j].copy_(bucket.sampled);
+  }
+  if (!host_drawn_.defined() || host_drawn_.numel() < steps * size * 2) {
+    host_drawn_ = torch::zeros({steps * size * 2}, torch::kFloat64);
+    if (device.is_cuda()) host_drawn_ = host_drawn_.pin_memory();
+  }
+  torch::Tensor out = host_drawn_.narrow(0, 0, steps * size * 2).view({steps, size, 2});
+  out.copy_(results, /*non_blocking=*/true);
+#ifdef FWSERVE_CUDA_GRAPHS
+  if (device.is_cuda()) c10::cuda::getCurrentCUDAStream().synchronize();
+#endif
+  // The same stopping rule as the mask above, on the host.
+  const double* values = out.data_ptr<double>();
+  for (int64_t b = 0; b < n; ++b) {
+    std::vector<SampledToken>& row = drawn[b];
+    for (int64_t j = 0; j < limits[b]; ++j) {
+      const double* pair = values + (j * size + b) * 2;
+      SampledToken t;
+      t.token = static_cast<int64_t>(pair[0]);
+      t.logprob = static_cast<float>(pair[1]);
+      row.push_back(t);
+      if (std::find(stop_tokens.begin(), stop_tokens.end(), t.token) != stop_tokens.end()) break;
+    }
+  }
+}
+
 void GraphedStep::RunInPlacePass(absl::Span<const int64_t> tokens, absl::Span<const int64_t> rows,
                                  absl::Span<const RowDraw> draws, SampledToken* sampled) {
   const int64_t n = static_cast<int64_t>(tokens.size());

@@ -123,6 +123,26 @@ class GraphedStep {
                                                         absl::Span<const int64_t> rows,
                                                         absl::Span<const RowDraw> draws);
   bool in_place() const { return binding_.state != nullptr; }
+  // In place with sample_in_step: up to `steps` tokens per row in one call (multi-step
+  // decode). Each drawn token is fed back as the row's next input on the device, with no
+  // host round trip between steps. Row b absorbs tokens[b] and draws its next token
+  // with draws[b] (its parameters) and uniforms[b * steps]. While it may go on, it
+  // absorbs the token it drew and draws again with uniforms[b * steps + j]. Row b stops
+  // after limits[b] draws (1 <= limits[b] <= steps), or after it draws a token in
+  // `stop_tokens`. Returns each row's drawn tokens, in order. The row has then absorbed
+  // tokens[b] and every drawn token but its last, exactly as that many StepInPlace
+  // calls would leave it; its logits are those after its last absorbed token. A row
+  // that stopped early reads and writes the pad row for the rest of the call.
+  // Cost: one copy to the device, `steps` replays with a few masking kernels between
+  // them, one copy back, one synchronisation.
+  // Validates as StepInPlace, plus: steps >= 1, uniforms of n * steps, limits in
+  // [1, steps], stop tokens inside the vocabulary (InvalidArgument); a draw with a
+  // repetition penalty is FailedPrecondition (the penalty window would move on the
+  // device: step such rows one token at a time). Never throws.
+  absl::StatusOr<std::vector<std::vector<SampledToken>>> MultiStepInPlace(
+      absl::Span<const int64_t> tokens, absl::Span<const int64_t> rows,
+      absl::Span<const RowDraw> draws, absl::Span<const double> uniforms, int64_t steps,
+      absl::Span<const int64_t> limits, absl::Span<const int64_t> stop_tokens);
   // Whether StepInPlace can draw for `draws` (sample_in_step, penalty widths).
   bool CanSampleInStep(absl::Span<const RowDraw> draws) const;
   // The last Step's or StepInPlace's time: device time between CUDA events around its
@@ -152,6 +172,12 @@ class GraphedStep {
   // pairs to `sampled` when given.
   void RunInPlacePass(absl::Span<const int64_t> tokens, absl::Span<const int64_t> rows,
                       absl::Span<const RowDraw> draws, SampledToken* sampled);
+  // In place: one multi-step pass of at most the largest bucket's rows; appends each
+  // row's drawn tokens to `drawn` (n entries).
+  void RunMultiStepPass(absl::Span<const int64_t> tokens, absl::Span<const int64_t> rows,
+                        absl::Span<const RowDraw> draws, absl::Span<const double> uniforms,
+                        int64_t steps, absl::Span<const int64_t> limits,
+                        absl::Span<const int64_t> stop_tokens, std::vector<SampledToken>* drawn);
   // Writes a pass's upload in the layout of a bucket of `size` rows (pads for the rest)
   // into host_upload_; returns the words used.
   int64_t StageUpload(absl::Span<const int64_t> tokens, absl::Span<const int64_t> rows,
@@ -181,6 +207,10 @@ class GraphedStep {
   int64_t upload_words_per_row_ = 0;
   torch::Tensor host_upload_, device_upload_;
   torch::Tensor host_sampled_;  // [largest, 2] float64 (pinned on CUDA)
+  // Multi-step: [uniforms steps·s as float64][limits s][stop tokens], host staging
+  // (pinned on CUDA) and device copy, grown on demand; and the drawn tokens of every
+  // step, [steps, s, 2] float64, brought back in one copy.
+  torch::Tensor host_multi_, device_multi_, host_drawn_;
   bool captured_ = false;
   int64_t padded_rows_ = 0;
   absl::Duration last_step_time_;

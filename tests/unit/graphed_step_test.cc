@@ -192,6 +192,124 @@ TEST_P(GraphedStepTest, InPlaceStepsAndSamplesLikeModelStepAndSampleToken) {
   }
 }
 
+// Multi-step decode: nine rows plus the pad row, buckets {1, 2, 4}, twelve calls of up
+// to K = 4 steps over 1 to 6 sessions, each row with its own limit in [1, K] and a
+// quarter of the vocabulary as stop tokens. Each session is mirrored by K single steps: Model::Step
+// on a batch-1 state, SampleToken on the same generator. The drawn tokens are equal (a row stops at
+// its limit or after a stop token), the logprobs close, the states and logits after the
+// call equal to the tolerance (the row absorbed every drawn token but its last), and no
+// row but the stepped ones and the pad row is written.
+TEST_P(GraphedStepTest, MultiStepEqualsSingleStepsWithItsMasks) {
+  torch::NoGradGuard no_grad;
+  const fwmodel::ModelConfig config = GetParam().Config();
+  fwmodel::Model model = fwtest::RandomModel(config, 9, torch::kFloat64);
+  const int64_t capacity = 9, pad_row = 9, vocab = config.vocab_size, kSteps = 4;
+  fwmodel::State pool = model.InitialState(capacity + 1);
+  torch::Tensor pool_logits = torch::zeros({capacity + 1, vocab}, torch::kFloat32);
+  fwmodel::GraphedStepOptions options;
+  options.buckets = {1, 2, 4};
+  auto step = fwmodel::GraphedStep::Create(model, options, {&pool, &pool_logits, pad_row});
+  ASSERT_TRUE(step.ok()) << step.status();
+  const fwmodel::State fresh = model.InitialState(1);
+  const std::vector<int64_t> session_rows = {6, 0, 3, 8, 1, 2};  // 4, 5 and 7 stay unused
+  // Every fourth id: about a quarter of the draws stop their row.
+  std::vector<int64_t> stop_tokens;
+  for (int64_t id = 1; id < vocab; id += 4) stop_tokens.push_back(id);
+  struct Session {
+    fwmodel::State reference;
+    fwserve::SamplingParams params;
+    std::mt19937_64 rng;
+    int64_t next = 0;  // the token the next call absorbs first
+  };
+  std::vector<Session> sessions(session_rows.size());
+  for (size_t s = 0; s < sessions.size(); ++s) {
+    sessions[s].reference = model.InitialState(1);
+    sessions[s].rng.seed(200 + s);
+    sessions[s].next = static_cast<int64_t>(3 + s);
+    fwserve::SamplingParams& p = sessions[s].params;
+    p.temperature = s == 0 ? 0.0f : 0.7f + 0.3f * static_cast<float>(s);
+    if (s == 2) p.top_k = 5;
+    if (s == 3) p.top_p = 0.8f;
+    if (s == 4) p.min_p = 0.1f;
+  }
+  std::mt19937_64 pick(13);
+  int64_t early_stops = 0, limited = 0;
+  for (int call = 0; call < 12; ++call) {
+    const size_t count = static_cast<size_t>(call % 6) + 1;
+    std::vector<size_t> chosen = {0, 1, 2, 3, 4, 5};
+    std::shuffle(chosen.begin(), chosen.end(), pick);
+    chosen.resize(count);
+    std::vector<int64_t> tokens, rows, limits;
+    std::vector<fwserve::RowDraw> draws;
+    std::vector<double> uniforms;
+    for (size_t s : chosen) {
+      Session& session = sessions[s];
+      tokens.push_back(session.next);
+      rows.push_back(session_rows[s]);
+      limits.push_back(1 + static_cast<int64_t>(pick() % kSteps));
+      fwserve::RowDraw d;
+      d.params = &session.params;
+      draws.push_back(d);
+      std::mt19937_64 copy = session.rng;
+      for (int64_t j = 0; j < kSteps; ++j) {
+        uniforms.push_back(session.params.temperature != 0 ? fwserve::CanonicalDraw(copy) : 0.0);
+      }
+    }
+    auto drawn =
+        (*step)->MultiStepInPlace(tokens, rows, draws, uniforms, kSteps, limits, stop_tokens);
+    ASSERT_TRUE(drawn.ok()) << drawn.status();
+    ASSERT_EQ(drawn->size(), count);
+    for (size_t i = 0; i < chosen.size(); ++i) {
+      Session& session = sessions[chosen[i]];
+      const std::vector<fwmodel::SampledToken>& got = (*drawn)[i];
+      // K single steps: absorb, draw; go on while under the limit and not stopped.
+      std::vector<int64_t> want;
+      std::vector<float> want_logprobs;
+      int64_t input = tokens[i];
+      torch::Tensor last_logits;
+      for (int64_t j = 0; j < limits[i]; ++j) {
+        auto logits = model.Step(torch::tensor({input}, torch::kInt64), &session.reference);
+        ASSERT_TRUE(logits.ok()) << logits.status();
+        last_logits = logits->squeeze(0).to(torch::kFloat32).contiguous();
+        const float* host = last_logits.data_ptr<float>();
+        const int64_t token = fwserve::SampleToken(host, vocab, session.params, session.rng, {});
+        want.push_back(token);
+        want_logprobs.push_back(fwserve::TokenLogProb(host, vocab, token));
+        input = token;
+        if (std::find(stop_tokens.begin(), stop_tokens.end(), token) != stop_tokens.end()) {
+          if (j + 1 < limits[i]) ++early_stops;
+          break;
+        }
+      }
+      if (static_cast<int64_t>(want.size()) == limits[i] && limits[i] < kSteps) ++limited;
+      ASSERT_EQ(got.size(), want.size()) << "call " << call << ", row " << rows[i];
+      for (size_t j = 0; j < want.size(); ++j) {
+        EXPECT_EQ(got[j].token, want[j])
+            << "call " << call << ", row " << rows[i] << ", step " << j;
+        EXPECT_NEAR(got[j].logprob, want_logprobs[j], 1e-4);
+      }
+      session.next = want.back();
+      ExpectNear(pool_logits[rows[i]].to(torch::kFloat64), last_logits.to(torch::kFloat64),
+                 absl::StrCat("logits, call ", call, ", row ", rows[i]));
+    }
+  }
+  EXPECT_GT(early_stops, 0) << "no row stopped on a stop token before its limit";
+  EXPECT_GT(limited, 0) << "no row stopped at a limit below K";
+  for (size_t s = 0; s < session_rows.size(); ++s) {
+    for (size_t t = 0; t < pool.tensors.size(); ++t) {
+      ExpectNear(pool.tensors[t].narrow(0, session_rows[s], 1), sessions[s].reference.tensors[t],
+                 absl::StrCat("state ", model.state_spec()[t].name, ", session ", s));
+    }
+  }
+  for (int64_t unused : {4, 5, 7}) {
+    EXPECT_EQ(pool_logits[unused].abs().sum().item<double>(), 0.0) << "logits row " << unused;
+    for (size_t t = 0; t < pool.tensors.size(); ++t) {
+      EXPECT_TRUE(torch::equal(pool.tensors[t].narrow(0, unused, 1), fresh.tensors[t]))
+          << "row " << unused << " was written";
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(AllConfigurations, GraphedStepTest,
                          testing::ValuesIn(fwtest::AllConfigCases()), fwtest::ConfigCaseName);
 
