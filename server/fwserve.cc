@@ -125,6 +125,10 @@ ABSL_FLAG(absl::Duration, batch_wait, absl::Microseconds(300),
 ABSL_FLAG(bool, sample_in_step, true,
           "graph kernel (the default on CUDA): sample the next tokens inside the in-place "
           "decode step, one copy each way per step; false samples in a separate pass");
+ABSL_FLAG(int32_t, decode_steps_per_launch, 1,
+          "graph kernel with --sample-in-step: tokens one decode launch may draw and absorb "
+          "per stream without a session or a repetition penalty, each fed back on the "
+          "device (1..64; 1 = one token per launch)");
 ABSL_FLAG(int32_t, threads, 0,
           "intra-op threads: LibTorch's, and those one decode step of the native kernel may "
           "use; 0 = LibTorch's default (its count of physical cores)");
@@ -181,6 +185,9 @@ ABSL_FLAG(int64_t, grpc_memory_quota_bytes, int64_t{2} << 30,
 ABSL_FLAG(int32_t, writer_thread_from_streams, 1,
           "Generate streams open at once from which messages are started on a writer thread "
           "instead of the engine thread (0 = never)");
+ABSL_FLAG(int32_t, writer_threads, 0,
+          "writer threads the Generate streams' sends are sharded over, a stream always on "
+          "the same one (0 = one per 4 CPUs, 1 to 8)");
 
 namespace {
 
@@ -254,8 +261,9 @@ std::vector<fwserve::FlagGroup> HelpGroups() {
         "preempt_for_fair_share", "max_refusal_delay"}},
       {"Performance",
        {"threads", "prefill_threads", "prefill_chunk_tokens", "prefill_batch_tokens", "batch_wait",
-        "decode_kernel", "sample_in_step", "native_gemm", "decode_lookahead",
-        "stream_flush_interval", "writer_thread_from_streams"}},
+        "decode_kernel", "sample_in_step", "decode_steps_per_launch", "native_gemm",
+        "decode_lookahead", "stream_flush_interval", "writer_thread_from_streams",
+        "writer_threads"}},
   };
 }
 
@@ -348,6 +356,11 @@ int main(int argc, char** argv) {
     return Fail(absl::StrCat("--writer-thread-from-streams must be >= 0, got ",
                              server_options.writer_thread_from_streams));
   }
+  server_options.writer_threads = absl::GetFlag(FLAGS_writer_threads);
+  if (server_options.writer_threads < 0 || server_options.writer_threads > 64) {
+    return Fail(
+        absl::StrCat("--writer-threads must be in [0, 64], got ", server_options.writer_threads));
+  }
   std::unique_ptr<fwserve::Tenants> tenants;
   std::unique_ptr<fwserve::ApiKeyAuthenticator> authenticator;
   const std::string api_keys_file = absl::GetFlag(FLAGS_api_keys_file);
@@ -406,6 +419,7 @@ int main(int argc, char** argv) {
   core_options.session_ttl = absl::GetFlag(FLAGS_session_ttl);
   core_options.batch_wait = absl::GetFlag(FLAGS_batch_wait);
   core_options.sample_in_step = absl::GetFlag(FLAGS_sample_in_step);
+  core_options.decode_steps_per_launch = absl::GetFlag(FLAGS_decode_steps_per_launch);
   core_options.decode_kernel = absl::GetFlag(FLAGS_decode_kernel);
   core_options.native_gemm = absl::GetFlag(FLAGS_native_gemm);
   core_options.decode_lookahead = absl::GetFlag(FLAGS_decode_lookahead);

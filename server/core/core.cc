@@ -114,6 +114,7 @@ EngineOptions ToEngineOptions(const CoreOptions& o) {
   e.decode_kernel = o.decode_kernel;
   e.packed_gemm = o.native_gemm == "libxsmm";
   e.sample_in_step = o.sample_in_step;
+  e.decode_steps_per_launch = o.decode_steps_per_launch;
   e.max_sessions = o.max_sessions;
   e.decode_lookahead = o.decode_lookahead;
   e.stream_flush_interval = o.stream_flush_interval;
@@ -180,6 +181,10 @@ absl::Status ValidateCoreOptions(const CoreOptions& o) {
     return absl::InvalidArgumentError(
         absl::StrCat("--stream-flush-interval must be in [0, 1s], got ",
                      absl::FormatDuration(o.stream_flush_interval)));
+  }
+  if (o.decode_steps_per_launch < 1 || o.decode_steps_per_launch > 64) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--decode-steps-per-launch must be in [1, 64], got ", o.decode_steps_per_launch));
   }
   if (o.decode_lookahead < 1 || o.decode_lookahead > 4096) {
     return absl::InvalidArgumentError(

@@ -104,6 +104,13 @@ struct CoreOptions {
   // in-place step: one copy each way and one synchronisation per token
   // (--sample-in-step). False: the step only steps; sampling runs apart.
   bool sample_in_step = true;
+  // Multi-step decode (--decode-steps-per-launch): with the in-place graph step and
+  // sample_in_step, a launch may draw and absorb up to this many tokens per stream,
+  // each fed back on the device, for streams without a session or a repetition penalty
+  // (bounded by their max tokens and decode_lookahead; the others draw one). A stop
+  // string stops the stream on the host; the tokens drawn past it are dropped with the
+  // stream's state. 1 = one token per launch. In [1, 64].
+  int32_t decode_steps_per_launch = 1;
   // Conversations of stateless chat and responses requests kept per tenant and model,
   // so that a replayed history continues from its state (GenerateParams::reuse_prefix;
   // --prefix-reuse-entries). Each is a session of the tenant; 0 = off.

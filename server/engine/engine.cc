@@ -744,6 +744,11 @@ void Engine::RunDecodeStep() {
   std::vector<Task*> batch;
   StepWork work;
   const bool draws_ahead = runner_.draws_ahead();
+  const int64_t steps = options_.decode_steps_per_launch;
+  if (draws_ahead && steps > 1 && runner_.multi_step()) {
+    work.multi.steps = steps;
+    if (tokenizer_.end_of_text() >= 0) work.multi.stop_tokens.push_back(tokenizer_.end_of_text());
+  }
   for (TaskId id : batch_ids) {
     Task* t = tasks_.at(id).get();
     batch.push_back(t);
@@ -759,6 +764,7 @@ void Engine::RunDecodeStep() {
       work.draws.push_back(
           {t->slot, &t->item->generate.sampling, &t->rng, &t->recent, t->item->generate.logprobs});
     }
+    if (work.multi.steps > 1) work.multi.limits.push_back(TokensPerLaunch(*t, steps));
   }
   const StepResult stepped = runner_.Wait(runner_.Launch(work));
   if (!stepped.status.ok()) {
@@ -774,6 +780,57 @@ void Engine::RunDecodeStep() {
     t->pending_token = -1;
   }
   Apply(scheduler_.AfterStep(batch_ids));
+  if (!stepped.absorbed_ahead.empty()) {
+    for (size_t i = 0; i < batch_ids.size(); ++i) {
+      TakeTokensAhead(batch_ids[i], stepped.absorbed_ahead[i]);
+    }
+  }
+}
+
+int64_t Engine::TokensPerLaunch(const Task& t, int64_t steps) const {
+  const ScheduledTask& s = *t.s;
+  // Only a throwaway stream may absorb tokens it will not keep (past a stop string);
+  // a session's state must hold exactly the tokens sent. The penalty window is the
+  // host's.
+  if (!t.session_id.empty() || s.cancelled ||
+      t.item->generate.sampling.repetition_penalty != 1.0f) {
+    return 1;
+  }
+  const StreamTask& stream = s.stream;
+  // What the stream may still sample after this step: its lookahead room (nothing is
+  // confirmed during the launch) and its max tokens.
+  const int64_t room =
+      std::min(stream.limits().lookahead - stream.inflight_tokens() - stream.unsent_tokens(),
+               stream.limits().max_tokens - stream.sampled());
+  return std::clamp<int64_t>(room, 1, steps);
+}
+
+void Engine::TakeTokensAhead(TaskId id, const std::vector<SampledToken>& ahead) {
+  const absl::Time now = absl::Now();
+  for (const SampledToken& drawn : ahead) {
+    // Sample: the token the launch drew next.
+    auto it = tasks_.find(id);
+    if (it == tasks_.end()) return;
+    Task* t = it->second.get();
+    if (t->s->phase != ScheduledTask::Phase::kReadyToSample || t->s->Parked()) return;
+    if (t->item->generate.sampling.temperature != 0) CanonicalDraw(t->rng);  // as Sample would
+    if (t->s->stream.starts_chunk()) t->before_unsent.tokens = t->tokens;
+    t->pending_token = drawn.token;
+    Apply(scheduler_.AfterSample({id}, {drawn.token},
+                                 {t->item->generate.logprobs ? drawn.logprob : 0.0f}, now));
+    // Absorb: the launch absorbed it already.
+    it = tasks_.find(id);
+    if (it == tasks_.end()) return;
+    t = it->second.get();
+    // Stopped (a stop string, cancelled): the rest is dropped with this throwaway state.
+    if (t->s->phase != ScheduledTask::Phase::kReadyToAbsorb) return;
+    t->recent.push_back(t->pending_token);
+    const size_t window = static_cast<size_t>(t->item->generate.repetition_window);
+    if (t->recent.size() > window) t->recent.erase(t->recent.begin());
+    ++t->tokens;
+    t->pending_token = -1;
+    Apply(scheduler_.AfterStep({id}));
+  }
 }
 
 void Engine::SampleAndEmit() {

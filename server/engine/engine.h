@@ -216,6 +216,14 @@ class Engine {
   void AbandonPrefillJob();
   void PrefillThreadLoop();
   void RunDecodeStep();
+  // Multi-step decode (--decode-steps-per-launch): the tokens task `t` may draw in one
+  // launch, in [1, steps].
+  int64_t TokensPerLaunch(const Task& t, int64_t steps) const;
+  // The tokens a multi-step launch drew and absorbed for task `id` beyond its first
+  // (Stepper::StepAhead): each is sampled and counted absorbed, in order, as single
+  // steps would have; they stop where the stream stops (the rest were absorbed by a
+  // throwaway state and are dropped with it).
+  void TakeTokensAhead(TaskId id, const std::vector<SampledToken>& ahead);
   void SampleAndEmit();
   // Decode pipelining (StreamTask). Deliver: hands `chunk` (the stream's write in
   // flight now) to the transport. DropUnconfirmed: puts the slot back to before the

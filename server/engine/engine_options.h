@@ -50,6 +50,9 @@ struct EngineOptions {
   // The graph kernel on a preallocated pool samples inside its step (--sample-in-step;
   // Stepper). Off: the step only steps, and sampling runs apart (the A/B of issue 39).
   bool sample_in_step = true;
+  // Tokens one decode launch may draw and absorb per throwaway stream
+  // (--decode-steps-per-launch; Stepper::StepAhead); 1 = one.
+  int32_t decode_steps_per_launch = 1;
   // Sessions held at once (--max-sessions): with the graph kernel the pool is allocated
   // whole at start, min(this, max_state_memory_bytes / state bytes) rows.
   int64_t max_sessions = 100000;

@@ -36,7 +36,10 @@ Runner::~Runner() { StopPrefillThread(); }
 
 Runner::Handle Runner::Launch(const StepWork& work) {
   StepResult result;
-  result.status = stepper_.Step(work.rows, work.tokens, pool_, work.draws);
+  result.status = work.multi.steps > 1
+                      ? stepper_.StepAhead(work.rows, work.tokens, pool_, work.draws, work.multi,
+                                           &result.absorbed_ahead)
+                      : stepper_.Step(work.rows, work.tokens, pool_, work.draws);
   result.elapsed = stepper_.last_step_time();
   const Handle handle = next_handle_++;
   done_.emplace(handle, std::move(result));

@@ -43,6 +43,9 @@ struct StepWork {
   std::vector<int64_t> tokens;
   // Empty, or one per row: what each row's next sampling will ask (Stepper::Step).
   std::vector<Stepper::SampleRequest> draws;
+  // Multi-step decode (--decode-steps-per-launch; Stepper::StepAhead): steps > 1 with
+  // draws lets each row draw and absorb up to `multi.limits[i]` tokens in the launch.
+  Stepper::MultiStep multi;
 };
 
 // One sampling: each request draws its row's next token.
@@ -55,6 +58,9 @@ struct StepResult {
   absl::Status status;
   // SampleWork only: one per request, in order.
   std::vector<SampledToken> sampled;
+  // StepWork with multi.steps > 1: per row, the tokens it drew and absorbed beyond its
+  // first (Stepper::StepAhead); empty entries otherwise.
+  std::vector<std::vector<SampledToken>> absorbed_ahead;
   // How long it ran: a step's device time where the kernel measures it (the graph
   // kernel on CUDA), else host time from launch to completion.
   absl::Duration elapsed;
@@ -100,6 +106,8 @@ class Runner {
   StepResult Wait(Handle handle);
   // Whether a step uses StepWork::draws (Stepper::draws_ahead).
   bool draws_ahead() const { return stepper_.draws_ahead(); }
+  // Whether a step can draw several tokens per row (Stepper::multi_step).
+  bool multi_step() const { return stepper_.multi_step(); }
   // The engine's iteration ended: tokens a step drew for a sampling that did not come
   // are forgotten (Stepper::DiscardDrawsAhead).
   void EndIteration() { stepper_.DiscardDrawsAhead(); }

@@ -96,6 +96,48 @@ absl::Status Stepper::Step(const std::vector<int64_t>& rows, const std::vector<i
   return stepped;
 }
 
+absl::Status Stepper::StepAhead(const std::vector<int64_t>& rows,
+                                const std::vector<int64_t>& tokens, StatePool& pool,
+                                absl::Span<const SampleRequest> draws, const MultiStep& multi,
+                                std::vector<std::vector<SampledToken>>* absorbed_ahead) {
+  absorbed_ahead->assign(rows.size(), {});
+  if (multi.steps <= 1 || !multi_step() || draws.size() != rows.size()) {
+    return Step(rows, tokens, pool, draws);
+  }
+  presampled_.clear();
+  const int64_t steps = multi.steps;
+  std::vector<RowDraw> row_draws(draws.size());
+  std::vector<double> uniforms(draws.size() * static_cast<size_t>(steps), 0.0);
+  std::vector<int64_t> limits(draws.size(), 1);
+  for (size_t i = 0; i < draws.size(); ++i) {
+    const SampleRequest& r = draws[i];
+    row_draws[i].params = r.params;
+    // MultiStepInPlace refuses repetition penalties: a batch with one steps one token.
+    if (r.params->repetition_penalty != 1.0f) return Step(rows, tokens, pool, draws);
+    limits[i] = i < multi.limits.size() ? std::clamp<int64_t>(multi.limits[i], 1, steps) : 1;
+    if (r.params->temperature != 0) {
+      // A copy: the generator advances as the tokens are taken (the caller, then Sample).
+      std::mt19937_64 peek = *r.rng;
+      for (int64_t j = 0; j < steps; ++j) {
+        uniforms[i * static_cast<size_t>(steps) + static_cast<size_t>(j)] = CanonicalDraw(peek);
+      }
+    }
+  }
+  auto drawn = graphed_step_->MultiStepInPlace(tokens, rows, row_draws, uniforms, steps, limits,
+                                               multi.stop_tokens);
+  last_step_time_ = graphed_step_->last_step_time();
+  if (!drawn.ok()) return drawn.status();
+  for (size_t i = 0; i < drawn->size(); ++i) {
+    std::vector<SampledToken>& row = (*drawn)[i];
+    const size_t last = row.size() - 1;
+    presampled_[rows[i]] = Presampled{row[last], uniforms[i * static_cast<size_t>(steps) + last],
+                                      draws[i].params, draws[i].rng};
+    row.pop_back();
+    (*absorbed_ahead)[i] = std::move(row);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Stepper::StepOnKernel(const std::vector<int64_t>& rows,
                                    const std::vector<int64_t>& tokens, StatePool& pool,
                                    absl::Span<const SampleRequest> draws) {

@@ -75,6 +75,29 @@ class Stepper {
   // ignore `draws`.
   absl::Status Step(const std::vector<int64_t>& rows, const std::vector<int64_t>& tokens,
                     StatePool& pool, absl::Span<const SampleRequest> draws = {});
+
+  // Multi-step decode (fwmodel::GraphedStep::MultiStepInPlace): up to `steps` tokens
+  // per row in one launch. Row i may draw limits[i] tokens (1 <= limits[i] <= steps)
+  // and stops after one in `stop_tokens`.
+  struct MultiStep {
+    int64_t steps = 1;
+    std::vector<int64_t> limits;
+    std::vector<int64_t> stop_tokens;
+  };
+  // Engine thread: Step with draws (one per row), where each row goes on drawing and
+  // absorbing as `multi` allows. (*absorbed_ahead)[i] gets the tokens row i drew *and*
+  // absorbed, in order: the caller samples them now, one CanonicalDraw of the row's
+  // generator each when its temperature is not 0, and counts them absorbed. The row's
+  // last drawn token is handed out by the next Sample, as after Step. Falls back to Step
+  // (every entry empty) where multi-step does not apply: steps <= 1, another kernel, or
+  // a row with a repetition penalty in the batch (its window would move on the device).
+  absl::Status StepAhead(const std::vector<int64_t>& rows, const std::vector<int64_t>& tokens,
+                         StatePool& pool, absl::Span<const SampleRequest> draws,
+                         const MultiStep& multi,
+                         std::vector<std::vector<SampledToken>>* absorbed_ahead);
+  // Whether StepAhead can draw more than one token per row (the in-place graph step
+  // with sample_in_step).
+  bool multi_step() const { return draws_ahead(); }
   // Whether Step draws the next tokens of the rows it is given draws for (the in-place
   // graph step with sample_in_step); other kernels ignore the draws.
   bool draws_ahead() const {

@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <regex>
 #include <set>
 #include <thread>
@@ -266,21 +267,31 @@ TEST_F(ServerTest, TokensDecodedDuringAWriteArriveTogetherAndAddUp) {
   ExpectSameGeneration(*result, *reference, "");
 }
 
-// Voluntary context switches of this process's "fwserve-writer" thread (it sleeps after
-// each batch of writes), or -1 without one.
-int64_t WriterThreadSleeps() {
+// Voluntary context switches of each of this process's "fwserve-writerN" threads (each
+// sleeps after a batch of writes), by thread id.
+std::map<std::string, int64_t> WriterThreadSleepsByThread() {
+  std::map<std::string, int64_t> sleeps;
   for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
     std::ifstream comm(task.path() / "comm");
     std::string name;
-    if (!std::getline(comm, name) || name != "fwserve-writer") continue;
+    if (!std::getline(comm, name) || name.rfind("fwserve-writer", 0) != 0) continue;
     std::ifstream status(task.path() / "status");
     for (std::string line; std::getline(status, line);) {
       if (line.rfind("voluntary_ctxt_switches:", 0) == 0) {
-        return std::stoll(line.substr(line.find(':') + 1));
+        sleeps[task.path().filename().string()] = std::stoll(line.substr(line.find(':') + 1));
       }
     }
   }
-  return -1;
+  return sleeps;
+}
+
+// Their sum, or -1 without one.
+int64_t WriterThreadSleeps() {
+  const std::map<std::string, int64_t> sleeps = WriterThreadSleepsByThread();
+  if (sleeps.empty()) return -1;
+  int64_t sum = 0;
+  for (const auto& [thread, count] : sleeps) sum += count;
+  return sum;
 }
 
 // With every message started on the writer thread (from the first stream on), the
@@ -328,6 +339,50 @@ TEST_F(ServerTest, WritesOnTheWriterThreadCarryTheSameTokens) {
     ASSERT_TRUE(results[i].ok()) << results[i].status();
     EXPECT_EQ(streamed[i], 200);
     EXPECT_EQ(results[i]->usage.generated_tokens(), 200);
+    auto reference = reference_server->client().Generate(requests[i]);
+    ASSERT_TRUE(reference.ok()) << reference.status();
+    ExpectSameGeneration(*results[i], *reference, absl::StrCat("stream ", i));
+  }
+}
+
+// --writer-threads 3: sixteen streams' sends spread over the three writer threads (each
+// stream on one), and every stream gets the tokens, text and logprobs of one message
+// per token sent by the engine thread.
+TEST_F(ServerTest, WritesShardedOverWriterThreadsCarryTheSameTokens) {
+  fwserve::GrpcServerOptions sharded;
+  sharded.writer_thread_from_streams = 1;
+  sharded.writer_threads = 3;
+  auto server = Harness::Start(Options(), sharded);
+  ASSERT_NE(server, nullptr);
+  fwserve::CoreOptions one_by_one = Options();
+  one_by_one.decode_lookahead = 1;
+  fwserve::GrpcServerOptions engine_writes;
+  engine_writes.writer_thread_from_streams = 0;
+  auto reference_server = Harness::Start(one_by_one, engine_writes);
+  ASSERT_NE(reference_server, nullptr);
+  const std::map<std::string, int64_t> before = WriterThreadSleepsByThread();
+  ASSERT_EQ(before.size(), 3u) << "want 3 fwserve-writerN threads";
+
+  constexpr int kStreams = 16;
+  std::vector<v1::GenerateRequest> requests;
+  std::vector<absl::StatusOr<fwserve::GenerateResult>> results(kStreams);
+  for (int i = 0; i < kStreams; ++i) {
+    requests.push_back(Greedy(absl::StrCat("Shard ", i, ": "), 60));
+    requests.back().set_logprobs(true);
+  }
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kStreams; ++i) {
+    threads.emplace_back([&, i] { results[i] = server->client().Generate(requests[i]); });
+  }
+  for (auto& t : threads) t.join();
+  int used = 0;
+  for (const auto& [thread, count] : WriterThreadSleepsByThread()) {
+    if (before.count(thread) != 0 && count > before.at(thread)) ++used;
+  }
+  EXPECT_GE(used, 2) << "sixteen streams' writes ran on " << used << " of 3 writer threads";
+  for (int i = 0; i < kStreams; ++i) {
+    ASSERT_TRUE(results[i].ok()) << results[i].status();
+    EXPECT_EQ(results[i]->usage.generated_tokens(), 60);
     auto reference = reference_server->client().Generate(requests[i]);
     ASSERT_TRUE(reference.ok()) << reference.status();
     ExpectSameGeneration(*results[i], *reference, absl::StrCat("stream ", i));
@@ -470,6 +525,89 @@ TEST_F(ServerTest, TheGraphDecodeKernelServesTheSameModel) {
     EXPECT_EQ(graph_tokens[i], native_tokens[i]) << "stream " << i;
   }
   EXPECT_NE(graph_tokens[1], graph_tokens[3]);
+}
+
+// --decode-steps-per-launch 4 (multi-step decode on the in-place graph step, eager on
+// the CPU): streams without a session draw up to 4 tokens per launch, fed back inside
+// it. Against the native kernel drawing one per step: the same tokens for the same
+// seeds on 4 concurrent throwaway streams (greedy; temperature with top-k, top-p,
+// min-p), one of which ends on a stop string the host finds mid-launch, and on a
+// session's stream, which draws one token per launch and then goes on for 10 more
+// greedy tokens from exactly what it kept. A lone stream takes about a quarter of the
+// launches.
+TEST_F(ServerTest, MultiStepDecodeServesTheSameTokens) {
+  fwserve::CoreOptions options = Options();
+  options.decode_kernel = "graph";
+  options.decode_steps_per_launch = 4;
+  std::unique_ptr<Harness> multi_server, native_server;
+  StartBesideTheDefault(options, &multi_server, &native_server);
+  if (HasFatalFailure()) return;
+  auto request = [](int i, const std::string& session_id) {
+    v1::GenerateRequest r = Greedy(absl::StrCat("abc", i), 37, session_id);
+    if (i > 0) {
+      r.mutable_sampling()->set_temperature(0.6f + 0.2f * static_cast<float>(i));
+      r.mutable_sampling()->set_seed(300 + static_cast<uint64_t>(i));
+    }
+    if (i == 1) r.mutable_sampling()->set_top_k(20);
+    if (i == 2) r.mutable_sampling()->set_top_p(0.9f);
+    if (i == 3) r.mutable_sampling()->set_min_p(0.05f);
+    return r;
+  };
+  // Stream 2's stop string: an ASCII byte it draws after its fifth token.
+  auto free_run = native_server->client().Generate(request(2, ""));
+  ASSERT_TRUE(free_run.ok()) << free_run.status();
+  std::string stop;
+  for (size_t i = 5; i < free_run->token_ids.size() && stop.empty(); ++i) {
+    const int64_t id = free_run->token_ids[i];
+    if (id >= 'a' && id <= 'z') stop = std::string(1, static_cast<char>(id));
+  }
+  ASSERT_FALSE(stop.empty()) << "stream 2 drew no lower-case letter after its fifth token";
+  auto served_on = [&](Harness& server, const std::string& session_id) {
+    std::vector<v1::GenerateRequest> requests;
+    for (int i = 0; i < 5; ++i) requests.push_back(request(i, i == 4 ? session_id : ""));
+    requests[2].add_stop(stop);
+    std::vector<fwserve::GenerateResult> results(requests.size());
+    std::vector<std::thread> threads;
+    for (size_t i = 0; i < requests.size(); ++i) {
+      threads.emplace_back([&, i] {
+        auto result = server.client().Generate(requests[i]);
+        EXPECT_TRUE(result.ok()) << result.status();
+        if (result.ok()) results[i] = *result;
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    auto more = server.client().Generate(Greedy("", 10, session_id));
+    EXPECT_TRUE(more.ok()) << more.status();
+    if (more.ok()) results.push_back(*more);
+    return results;
+  };
+  auto multi_session = multi_server->client().CreateSession("", "");
+  auto native_session = native_server->client().CreateSession("", "");
+  ASSERT_TRUE(multi_session.ok() && native_session.ok());
+  auto multi = served_on(*multi_server, multi_session->session_id());
+  auto native = served_on(*native_server, native_session->session_id());
+  ASSERT_EQ(multi.size(), 6u);
+  ASSERT_EQ(native.size(), 6u);
+  for (size_t i = 0; i < multi.size(); ++i) {
+    EXPECT_EQ(multi[i].token_ids, native[i].token_ids) << "stream " << i;
+    EXPECT_EQ(multi[i].text, native[i].text) << "stream " << i;
+    EXPECT_EQ(multi[i].finish_reason, native[i].finish_reason) << "stream " << i;
+  }
+  EXPECT_EQ(multi[0].token_ids.size(), 37u);
+  EXPECT_EQ(multi[2].finish_reason, v1::FINISH_REASON_STOP);
+  EXPECT_LT(multi[2].token_ids.size(), 37u);
+  EXPECT_EQ(multi[5].token_ids.size(), 10u);
+  // A lone throwaway stream of 37 tokens: the prefill gives the first, then 36 more take
+  // 36 launches one at a time, 9 at four (more when a write holds the lookahead back).
+  const uint64_t launches_before =
+      HistogramCount(*multi_server, "fwserve_engine_step_duration_seconds");
+  auto alone = multi_server->client().Generate(request(1, ""));
+  ASSERT_TRUE(alone.ok()) << alone.status();
+  EXPECT_EQ(alone->token_ids, multi[1].token_ids);
+  const uint64_t launches =
+      HistogramCount(*multi_server, "fwserve_engine_step_duration_seconds") - launches_before;
+  EXPECT_LT(launches, 18u) << "multi-step decode drew about one token per launch";
+  EXPECT_GE(launches, 9u);
 }
 
 TEST_F(ServerTest, SameSeedSameOutputAndSeedsDiffer) {

@@ -59,7 +59,8 @@ class GrpcServer::Service : public v1::Fwserve::CallbackService {
   Service(Core* core, const GrpcServerOptions& options)
       : core_(core), options_(options), metrics_(Metrics::OrNull(options.metrics)) {
     if (options_.writer_thread_from_streams > 0) {
-      writer_ = std::make_unique<WriterThread>("fwserve-writer");
+      writer_ = std::make_unique<WriterPool>(WriterThreadCount(options_.writer_threads),
+                                             "fwserve-writer");
     }
   }
 
@@ -342,12 +343,12 @@ class GrpcServer::Service : public v1::Fwserve::CallbackService {
   void GenerateOpened() { open_generates_.fetch_add(1, std::memory_order_relaxed); }
   void GenerateDone() { open_generates_.fetch_sub(1, std::memory_order_relaxed); }
 
-  // Runs a Generate stream's StartWrite: on the writer thread while at least
+  // Runs a Generate stream's StartWrite: on the stream's writer thread while at least
   // writer_thread_from_streams streams are open, else on the calling thread.
-  void StartGenerateWrite(absl::AnyInvocable<void() &&> start_write) {
+  void StartGenerateWrite(const void* stream, absl::AnyInvocable<void() &&> start_write) {
     if (writer_ != nullptr &&
         open_generates_.load(std::memory_order_relaxed) >= options_.writer_thread_from_streams) {
-      writer_->Post(std::move(start_write));
+      writer_->Post(reinterpret_cast<uintptr_t>(stream), std::move(start_write));
     } else {
       std::move(start_write)();
     }
@@ -360,7 +361,7 @@ class GrpcServer::Service : public v1::Fwserve::CallbackService {
   std::atomic<uint64_t> next_request_id_{1};
   std::atomic<int64_t> open_generates_{0};
   // Outlives every call: the service is destroyed after the gRPC server has stopped.
-  std::unique_ptr<WriterThread> writer_;
+  std::unique_ptr<WriterPool> writer_;
 };
 
 namespace {
@@ -428,7 +429,7 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse>,
     }
     // Until OnWriteDone nothing else touches chunk_message_, and the call cannot finish
     // (FinishAfterWrite waits), so the reactor outlives a write started later.
-    service_->StartGenerateWrite([this] { StartWrite(&chunk_message_); });
+    service_->StartGenerateWrite(this, [this] { StartWrite(&chunk_message_); });
   }
 
   void OnFinish(absl::Status status, GenerateSummary summary) override {

@@ -10,8 +10,12 @@
 // the order posted, one item at a time.
 #pragma once
 
+#include <cstdint>
 #include <deque>
+#include <memory>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/functional/any_invocable.h"
@@ -42,5 +46,35 @@ class WriterThread {
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
 };
+
+// Writer threads sharded by key: work posted with one key runs on one thread, in the
+// order posted, so a stream keyed by its own identity keeps its order while many
+// streams' sends spread over the threads (at millions of tokens per second one thread's
+// sends are the limit).
+//
+// Thread-safety: Post may be called from any thread.
+class WriterPool {
+ public:
+  // `threads` >= 1 threads, named `name_prefix` + their index (at most 15 characters in
+  // all are kept).
+  WriterPool(int threads, const std::string& name_prefix);
+  // Each thread runs what was posted to it (WriterThread's destructor), then joins.
+  ~WriterPool() = default;
+
+  WriterPool(const WriterPool&) = delete;
+  WriterPool& operator=(const WriterPool&) = delete;
+
+  // Queues `work` on the thread of `key`.
+  void Post(uint64_t key, absl::AnyInvocable<void() &&> work);
+  int size() const { return static_cast<int>(threads_.size()); }
+
+ private:
+  std::vector<std::string> names_;  // outlive the threads that read them
+  std::vector<std::unique_ptr<WriterThread>> threads_;
+};
+
+// The writer threads a server with `requested` (GrpcServerOptions::writer_threads) runs
+// on this machine: `requested` when positive, else one per 4 CPUs, 1 to 8.
+int WriterThreadCount(int requested);
 
 }  // namespace fwserve
