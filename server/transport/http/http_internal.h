@@ -1,7 +1,8 @@
 // The HTTP server's internals, shared by its files (http_server.cc: the listener,
-// connections and routing; http_generate.cc: completions, chat and responses;
-// http_sessions.cc: stored responses, conversations and the session API). Included by
-// those files only: it brings the server's helpers into namespace fwserve.
+// connections and routing; http_generate.cc: completions, chat and responses, each
+// endpoint's protocol being an EndpointProtocol; http_sessions.cc: stored responses,
+// conversations and the session API). Included by those files only: it brings the
+// server's helpers into namespace fwserve.
 #pragma once
 
 #include "server/transport/http/http_server.h"
@@ -31,7 +32,9 @@
 #include "server/base/log.h"
 #include "server/base/retry_delay.h"
 #include "server/base/session_id.h"
+#include "server/transport/http/endpoint_protocol.h"
 #include "server/transport/http/openai_api.h"
+#include "server/transport/http/openai_responses.h"
 #include "server/transport/http/playground.h"
 
 namespace fwserve {
@@ -43,8 +46,6 @@ namespace http = beast::http;
 using tcp = net::ip::tcp;
 using json = nlohmann::json;
 
-constexpr char kResponsePrefix[] = "resp_";
-constexpr char kConversationPrefix[] = "conv_";
 // CORS: the request headers allowed when a preflight names none, and the answer's
 // headers a page may read (the retry hints of a 429/503 and the export's metadata).
 constexpr char kCorsAllowHeaders[] = "Authorization, Content-Type";
@@ -110,22 +111,6 @@ inline std::string ChunkFrame(absl::string_view data) {
   return absl::StrCat(size, data, "\r\n");
 }
 
-inline std::string SseData(const json& value) {
-  return absl::StrCat("data: ", Dump(value), "\n\n");
-}
-
-// Token i of `chunk` as the logprobs show it: the bytes it stands for (a byte-level
-// token's byte, a world-vocabulary token's piece), as text and as byte values.
-// (GenerateChunk::token_bytes, which the engine fills whenever logprobs are asked for.)
-inline std::string TokenBytesAt(const GenerateChunk& chunk, size_t i) {
-  return i < chunk.token_bytes.size() ? chunk.token_bytes[i] : std::string();
-}
-inline json ByteValues(const std::string& bytes) {
-  json out = json::array();
-  for (unsigned char b : bytes) out.push_back(b);
-  return out;
-}
-
 // A model lookup's error as OpenAI words it: an unknown model is 404 "model_not_found".
 inline absl::Status ModelError(const absl::Status& error, absl::string_view name) {
   if (error.code() != absl::StatusCode::kNotFound) return error;
@@ -134,74 +119,6 @@ inline absl::Status ModelError(const absl::Status& error, absl::string_view name
                     absl::StrCat("the model '", Capped(name), "' does not exist (GET /v1/models)")),
                 "model"),
       "model_not_found");
-}
-
-// The one message of the response on `session_id`: its id is derived from the session,
-// like the response's, so that GET /v1/responses/{id} names it as the POST did.
-inline std::string ResponseMessageId(const std::string& session_id) { return "msg_" + session_id; }
-
-// The OpenAI response object of the response on `session_id` ("resp_<session>"), built
-// the same way by POST /v1/responses (`request`: what it asked for) and by GET
-// /v1/responses/{id} (`request` null: the request's parameters are not kept, and are
-// null). A "completed" or "incomplete" response has one assistant message with `text`,
-// whose status is the response's. Fields that do not change the output are echoed as
-// the request sent them (docs/http.md, "Field policy").
-inline json ResponseJson(const std::string& session_id, int64_t created_at,
-                         const std::string& status, const std::string& model,
-                         const std::string& text, const json& usage,
-                         const OpenAiGenerateRequest* request) {
-  json output = json::array();
-  if (status == "completed" || status == "incomplete") {
-    output.push_back({{"type", "message"},
-                      {"id", ResponseMessageId(session_id)},
-                      {"status", status},
-                      {"role", "assistant"},
-                      {"content", json::array({{{"type", "output_text"},
-                                                {"text", text},
-                                                {"annotations", json::array()},
-                                                {"logprobs", json::array()}}})}});
-  }
-  json r = {
-      {"id", kResponsePrefix + session_id},
-      {"object", "response"},
-      {"created_at", created_at},
-      {"status", status},
-      {"error", nullptr},
-      {"incomplete_details", nullptr},
-      {"instructions", request == nullptr || request->instructions.empty()
-                           ? json(nullptr)
-                           : json(request->instructions)},
-      {"max_output_tokens", request != nullptr ? json(request->params.max_tokens) : json(nullptr)},
-      {"model", model},
-      {"output", output},
-      {"parallel_tool_calls", request != nullptr && request->parallel_tool_calls.is_boolean()
-                                  ? request->parallel_tool_calls
-                                  : json(false)},
-      {"previous_response_id", request == nullptr || request->previous_response_id.empty()
-                                   ? json(nullptr)
-                                   : json(request->previous_response_id)},
-      {"store", request == nullptr || request->store},
-      {"temperature",
-       request != nullptr ? json(EchoFloat(request->params.sampling.temperature)) : json(nullptr)},
-      {"top_p",
-       request != nullptr ? json(EchoFloat(request->params.sampling.top_p)) : json(nullptr)},
-      {"service_tier", request != nullptr && !request->service_tier.is_null()
-                           ? request->service_tier
-                           : json("default")},
-      {"user", request != nullptr ? request->user : json(nullptr)},
-      {"prompt_cache_key", request != nullptr ? request->prompt_cache_key : json(nullptr)},
-      {"safety_identifier", request != nullptr ? request->safety_identifier : json(nullptr)},
-      {"text", {{"format", {{"type", "text"}}}}},
-      {"tool_choice", "none"},
-      {"tools", json::array()},
-      {"truncation", "disabled"},
-      {"usage", usage},
-      {"metadata",
-       request != nullptr && request->metadata.is_object() ? request->metadata : json::object()}};
-  if (request != nullptr && !request->conversation.empty()) {
-    r["conversation"] = {{"id", kConversationPrefix + session_id}};
-  }
-  return r;
 }
 
 }  // namespace http_internal
@@ -264,7 +181,10 @@ class HttpServer::Impl {
  private:
   // Route handlers; each answers through conn->Reply... exactly once.
   void Models(const std::shared_ptr<Connection>& conn);
+  // Completions and chat: one GenerateJob with `endpoint`'s protocol.
   void Generate(const std::shared_ptr<Connection>& conn, OpenAiEndpoint endpoint);
+  // POST /v1/responses: resolves the input's item_references, then StartResponse.
+  void CreateResponse(const std::shared_ptr<Connection>& conn);
   // Responses: resolves the input's item_references from the `index`th on (the texts
   // found so far in `texts`), one session read at a time, then StartResponse.
   void ResolveItemReferences(const std::shared_ptr<Connection>& conn, OpenAiGenerateRequest request,

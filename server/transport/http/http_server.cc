@@ -95,7 +95,7 @@ void HttpServer::Impl::Handle(const std::shared_ptr<Connection>& conn) {
     case RouteId::kChatCompletions:
       return Generate(conn, OpenAiEndpoint::kChat);
     case RouteId::kResponses:
-      return Generate(conn, OpenAiEndpoint::kResponses);
+      return CreateResponse(conn);
     case RouteId::kResponse:
       return GetResponse(conn, parts[2], del);
     case RouteId::kConversations:

@@ -15,6 +15,9 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "server/transport/http/openai_chat.h"
+#include "server/transport/http/openai_completions.h"
+#include "server/transport/http/openai_responses.h"
 
 namespace fwserve {
 namespace {
@@ -79,6 +82,8 @@ std::string UrlDecode(absl::string_view in) {
   return out;
 }
 
+}  // namespace
+
 absl::Status TypeError(const std::string& field, absl::string_view expected, const json& value) {
   return FieldError(field,
                     absl::StrCat("'", field, "' must be ", expected, ", got ", Quoted(value)));
@@ -89,10 +94,14 @@ absl::StatusOr<bool> GetBool(const std::string& field, const json& value) {
   return value.get<bool>();
 }
 
+namespace {
+
 absl::StatusOr<double> GetNumber(const std::string& field, const json& value) {
   if (!value.is_number()) return TypeError(field, "a number", value);
   return value.get<double>();
 }
+
+}  // namespace
 
 absl::StatusOr<int64_t> GetInteger(const std::string& field, const json& value) {
   if (value.is_number_integer()) return value.get<int64_t>();
@@ -128,6 +137,8 @@ absl::Status Unsupported(const std::string& field, const json& value, absl::stri
                                         " is not supported by fwserve: ", why));
 }
 
+namespace {
+
 // Text of a message's content: a string, or an array of {type: text|input_text|
 // output_text, text}.
 absl::StatusOr<std::string> ContentText(const std::string& field, const json& content) {
@@ -155,7 +166,8 @@ absl::StatusOr<std::string> ContentText(const std::string& field, const json& co
   return out;
 }
 
-// Stop strings: a string or an array of at most 4 non-empty strings.
+}  // namespace
+
 absl::Status ParseStop(const json& value, std::vector<std::string>* stop) {
   if (value.is_string()) {
     if (!value.get<std::string>().empty()) stop->push_back(value.get<std::string>());
@@ -173,8 +185,6 @@ absl::Status ParseStop(const json& value, std::vector<std::string>* stop) {
   }
   return absl::OkStatus();
 }
-
-}  // namespace
 
 absl::Status FieldError(absl::string_view field, absl::string_view message) {
   absl::Status status = absl::InvalidArgumentError(message);
@@ -268,6 +278,18 @@ json ErrorJson(const absl::Status& status, int http_status) {
                 {"param", param.empty() ? json(nullptr) : json(param)},
                 {"code", code}};
   return json{{"error", std::move(error)}};
+}
+
+std::string SseData(const json& value) { return absl::StrCat("data: ", Dump(value), "\n\n"); }
+
+std::string TokenBytesAt(const GenerateChunk& chunk, size_t i) {
+  return i < chunk.token_bytes.size() ? chunk.token_bytes[i] : std::string();
+}
+
+json ByteValues(const std::string& bytes) {
+  json out = json::array();
+  for (unsigned char b : bytes) out.push_back(b);
+  return out;
 }
 
 std::string Dump(const json& value) {
@@ -408,16 +430,14 @@ ChatTemplate ChatTemplateOf(const std::string& config_json) {
   return out;
 }
 
-namespace {
-
-// An item of a Responses input that names an earlier item by id: {"type":
-// "item_reference", "id"} (the type may be left out: an object with an id and no role).
 bool IsItemReference(const json& item) {
   if (!item.is_object()) return false;
   auto type = item.find("type");
   if (type != item.end() && !type->is_null()) return *type == "item_reference";
   return item.contains("id") && !item.contains("role") && !item.contains("content");
 }
+
+namespace {
 
 // Checks the keys of chat message `m` (role `role`) beyond role and content, as the
 // chat API returns and accepts them: an assistant message may carry what a reply
@@ -568,75 +588,43 @@ absl::StatusOr<std::string> RenderChat(const json& messages, const ChatTemplate&
   return out;
 }
 
-std::vector<std::string> ItemReferences(const json& input) {
-  std::vector<std::string> ids;
-  if (!input.is_array()) return ids;
-  for (const json& item : input) {
-    if (!IsItemReference(item)) continue;
-    auto id = item.find("id");
-    if (id == item.end() || !id->is_string()) continue;
-    const std::string text = id->get<std::string>();
-    if (std::find(ids.begin(), ids.end(), text) == ids.end()) ids.push_back(text);
-  }
-  return ids;
-}
-
-absl::StatusOr<std::string> RenderResponsesInput(const json& input, const std::string& instructions,
-                                                 const ChatTemplate& chat_template,
-                                                 const ItemTexts* references) {
-  std::string prompt;
-  if (!instructions.empty()) {
-    absl::StatusOr<std::string> system =
-        RenderChat(json::array({{{"role", "system"}, {"content", instructions}}}), chat_template,
-                   "instructions", false, MessageList::kResponses);
-    if (!system.ok()) return system.status();
-    prompt = *system;
-  }
-  absl::StatusOr<std::string> rendered =
-      input.is_string()
-          ? RenderChat(json::array({{{"role", "user"}, {"content", input}}}), chat_template,
-                       "input", true, MessageList::kResponses)
-          : RenderChat(input, chat_template, "input", true, MessageList::kResponses, references);
-  if (!rendered.ok()) return rendered.status();
-  return prompt + *rendered;
-}
-
 absl::StatusOr<OpenAiGenerateRequest> ParseGenerateRequest(const json& body,
                                                            OpenAiEndpoint endpoint,
                                                            const ChatTemplate& chat_template,
                                                            int32_t default_max_tokens) {
+  switch (endpoint) {
+    case OpenAiEndpoint::kCompletions:
+      return ParseCompletionsRequest(body);
+    case OpenAiEndpoint::kChat:
+      return ParseChatRequest(body, chat_template, default_max_tokens);
+    case OpenAiEndpoint::kResponses:
+      break;
+  }
+  return ParseResponsesRequest(body, chat_template, default_max_tokens);
+}
+
+absl::StatusOr<OpenAiGenerateRequest> ParseGenerateFields(const json& body, int32_t max_tokens,
+                                                          bool include_usage,
+                                                          const EndpointFields& endpoint_fields) {
   if (!body.is_object()) return FieldError("", "the request body must be a JSON object");
   OpenAiGenerateRequest out;
   GenerateParams& p = out.params;
   p.random_seed = true;
-  p.max_tokens = endpoint == OpenAiEndpoint::kCompletions ? 16 : default_max_tokens;
-  const bool completions = endpoint == OpenAiEndpoint::kCompletions;
-  const bool chat = endpoint == OpenAiEndpoint::kChat;
-  const bool responses = endpoint == OpenAiEndpoint::kResponses;
-  bool have_prompt = false;
-  const json* input = nullptr;
-  // Chat: max_completion_tokens wins over the deprecated max_tokens.
-  std::optional<int32_t> max_tokens, max_completion_tokens;
+  p.max_tokens = max_tokens;
   for (auto it = body.begin(); it != body.end(); ++it) {
     const std::string& key = it.key();
     const json& v = it.value();
     if (v.is_null()) continue;  // null = not sent
     absl::Status error;
-    auto set_string = [&](std::string* target) {
-      absl::StatusOr<std::string> s = GetString(key, v);
-      if (s.ok()) *target = std::move(*s);
-      return s.status();
-    };
     auto set_float = [&](float* target) {
       absl::StatusOr<double> d = GetNumber(key, v);
       if (d.ok()) *target = static_cast<float>(*d);
       return d.status();
     };
-    auto must_be = [&](const json& expected, absl::string_view why) {
-      return v == expected ? absl::OkStatus() : Unsupported(key, v, why);
-    };
     if (key == "model") {
-      error = set_string(&out.model);
+      absl::StatusOr<std::string> s = GetString(key, v);
+      if (s.ok()) out.model = std::move(*s);
+      error = s.status();
     } else if (key == "stream") {
       absl::StatusOr<bool> b = GetBool(key, v);
       if (b.ok()) out.stream = *b;
@@ -646,7 +634,7 @@ absl::StatusOr<OpenAiGenerateRequest> ParseGenerateRequest(const json& body,
         error = TypeError(key, "an object", v);
       } else {
         for (auto o = v.begin(); o != v.end() && error.ok(); ++o) {
-          if (o.key() == "include_usage" && !responses) {
+          if (o.key() == "include_usage" && include_usage) {
             absl::StatusOr<bool> b = GetBool("stream_options.include_usage", o.value());
             if (b.ok()) out.include_usage = *b;
             error = b.status();
@@ -670,12 +658,6 @@ absl::StatusOr<OpenAiGenerateRequest> ParseGenerateRequest(const json& body,
       absl::StatusOr<int32_t> k = GetTokens(key, v);
       if (k.ok()) p.sampling.top_k = *k;
       error = k.status();
-    } else if (((completions || chat) && key == "max_tokens") ||
-               (chat && key == "max_completion_tokens") ||
-               (responses && key == "max_output_tokens")) {
-      absl::StatusOr<int32_t> n = GetTokens(key, v);
-      if (n.ok()) (key == "max_completion_tokens" ? max_completion_tokens : max_tokens) = *n;
-      error = n.status();
     } else if (key == "seed") {
       absl::StatusOr<int64_t> seed = GetInteger(key, v);
       if (seed.ok()) {
@@ -683,8 +665,6 @@ absl::StatusOr<OpenAiGenerateRequest> ParseGenerateRequest(const json& body,
         p.random_seed = false;
       }
       error = seed.status();
-    } else if (key == "stop" && !responses) {
-      error = ParseStop(v, &p.stop);
     } else if (key == "n" || key == "best_of") {
       absl::StatusOr<int64_t> n = GetInteger(key, v);
       error = !n.ok() ? n.status()
@@ -699,132 +679,61 @@ absl::StatusOr<OpenAiGenerateRequest> ParseGenerateRequest(const json& body,
                                  : Unsupported(key, v, "use the extension 'repetition_penalty'"));
     } else if (key == "logit_bias") {
       error = v.is_object() && v.empty() ? absl::OkStatus() : Unsupported(key, v, "no logit bias");
-    } else if (key == "user" ||
-               (!completions && (key == "prompt_cache_key" || key == "safety_identifier"))) {
+    } else if (key == "user") {
       error = GetString(key, v).status();
-      json* echo = key == "user"               ? &out.user
-                   : key == "prompt_cache_key" ? &out.prompt_cache_key
-                                               : &out.safety_identifier;
-      if (error.ok()) *echo = v;
-    } else if (key == "metadata" && !completions) {
-      if (!v.is_object()) error = TypeError(key, "an object", v);
-      if (error.ok()) out.metadata = v;
-    } else if (key == "service_tier" && !completions) {
-      // Which capacity pool serves the request: one pool here, the output is the same.
-      static const std::set<std::string> kTiers = {"auto", "default", "flex", "scale", "priority"};
-      error = v.is_string() && kTiers.count(v.get<std::string>()) == 1
-                  ? absl::OkStatus()
-                  : TypeError(key, "one of auto, default, flex, scale, priority", v);
-      if (error.ok()) out.service_tier = v == "auto" ? json("default") : v;
-    } else if (chat && key == "modalities") {
-      error = must_be(json::array({"text"}), "text output only");
-    } else if (key == "session_id" && !responses) {  // extension
-      error = set_string(&p.session_id);
-    } else if (completions && key == "prompt") {
-      if (v.is_array() && v.size() == 1 && v[0].is_string()) {
-        p.prompt = v[0].get<std::string>();
-      } else if (v.is_array()) {
-        error = Unsupported(key, v, "one prompt string per request");
-      } else {
-        error = set_string(&p.prompt);
-      }
-      have_prompt = error.ok();
-    } else if (completions && key == "logprobs") {
-      absl::StatusOr<int64_t> n = GetInteger(key, v);
-      error = !n.ok() ? n.status()
-                      : (*n == 0 ? absl::OkStatus()
-                                 : Unsupported(key, v,
-                                               "only the sampled tokens' logprobs "
-                                               "(logprobs: 0)"));
-      out.logprobs = error.ok();
-    } else if (completions && key == "echo") {
-      error = must_be(false, "the prompt is not echoed");
-    } else if (completions && key == "suffix") {
-      error = Unsupported(key, v, "no insertion");
-    } else if (chat && key == "messages") {
-      absl::StatusOr<std::string> prompt = RenderChat(v, chat_template, "messages");
-      if (prompt.ok()) p.prompt = std::move(*prompt);
-      error = prompt.status();
-      have_prompt = error.ok();
-    } else if (chat && key == "logprobs") {
-      absl::StatusOr<bool> b = GetBool(key, v);
-      if (b.ok()) out.logprobs = *b;
-      error = b.status();
-    } else if (chat && key == "top_logprobs") {
-      error = must_be(0, "only the sampled tokens' logprobs");
-    } else if ((chat || responses) && key == "store") {
-      // Chat: whether OpenAI keeps the completion for its dashboard; nothing is kept here
-      // either way (state lives in sessions: 'session_id').
-      absl::StatusOr<bool> b = GetBool(key, v);
-      if (b.ok() && responses) out.store = *b;
-      error = b.status();
-    } else if (chat && key == "response_format") {
-      error = must_be(json{{"type", "text"}}, "text only");
-    } else if ((chat || responses) && key == "tools") {
-      error = v.is_array() && v.empty() ? absl::OkStatus() : Unsupported(key, v, "no tools");
-    } else if ((chat || responses) && key == "tool_choice") {
-      error = must_be("none", "no tools");
-    } else if ((chat || responses) && key == "parallel_tool_calls") {
-      absl::StatusOr<bool> b = GetBool(key, v);  // meaningless without tools
-      error = b.status();
-      if (error.ok()) out.parallel_tool_calls = v;
-    } else if (responses && key == "input") {
-      input = &v;
-    } else if (responses && key == "instructions") {
-      error = set_string(&out.instructions);
-    } else if (responses && key == "previous_response_id") {
-      error = set_string(&out.previous_response_id);
-    } else if (responses && key == "conversation") {
-      if (v.is_object() && v.contains("id")) {
-        error = GetString("conversation.id", v["id"]).status();
-        if (error.ok()) out.conversation = v["id"].get<std::string>();
-      } else {
-        error = set_string(&out.conversation);
-      }
-    } else if (responses && key == "text") {
-      error = v == json{{"format", {{"type", "text"}}}} || v == json::object()
-                  ? absl::OkStatus()
-                  : Unsupported(key, v, "text output only");
-    } else if (responses && key == "truncation") {
-      error = must_be("disabled", "a recurrent state is never truncated");
-    } else if (responses && (key == "background" || key == "include" || key == "reasoning")) {
-      error = (v == false || (v.is_array() && v.empty()) || (v.is_object() && v.empty()))
-                  ? absl::OkStatus()
-                  : Unsupported(key, v, "not supported");
+      if (error.ok()) out.user = v;
+    } else if (std::optional<absl::Status> own = endpoint_fields(key, v, &out); own.has_value()) {
+      error = std::move(*own);
     } else {
       error = FieldError(key, absl::StrCat("unknown field '", key, "'"));
     }
     if (!error.ok()) return error;
   }
-  if (max_completion_tokens.has_value()) {
-    p.max_tokens = *max_completion_tokens;
-  } else if (max_tokens.has_value()) {
-    p.max_tokens = *max_tokens;
-  }
-  if (responses) {
-    if (input == nullptr) return FieldError("input", "'input' is required");
-    // References render empty here (this checks every item); the caller resolves them.
-    absl::StatusOr<std::string> prompt =
-        RenderResponsesInput(*input, out.instructions, chat_template, nullptr);
-    if (!prompt.ok()) return prompt.status();
-    p.prompt = std::move(*prompt);
-    out.input = *input;
-    out.item_references = ItemReferences(*input);
-    if (!out.previous_response_id.empty() && !out.conversation.empty()) {
-      return FieldError("conversation", "give 'previous_response_id' or 'conversation', not both");
-    }
-  } else if (!have_prompt) {
-    return chat ? FieldError("messages", "'messages' is required")
-                : FieldError("prompt", "'prompt' is required");
-  }
-  // A chat turn ends at the template's end-of-turn marker unless the request gives its
-  // own `stop`.
-  if ((chat || responses) && !body.contains("stop")) p.stop = chat_template.stop;
-  if (!out.stream && out.include_usage) {
+  return out;
+}
+
+absl::Status FinishGenerateRequest(OpenAiGenerateRequest* request) {
+  if (!request->stream && request->include_usage) {
     return FieldError("stream_options", "'stream_options' needs 'stream': true");
   }
-  p.logprobs = out.logprobs;
-  return out;
+  request->params.logprobs = request->logprobs;
+  return absl::OkStatus();
+}
+
+std::optional<absl::Status> ParseEchoedField(const std::string& key, const json& v,
+                                             OpenAiGenerateRequest* request) {
+  if (key == "prompt_cache_key" || key == "safety_identifier") {
+    absl::Status error = GetString(key, v).status();
+    if (error.ok())
+      (key == "prompt_cache_key" ? request->prompt_cache_key : request->safety_identifier) = v;
+    return error;
+  }
+  if (key == "metadata") {
+    if (!v.is_object()) return TypeError(key, "an object", v);
+    request->metadata = v;
+    return absl::OkStatus();
+  }
+  if (key == "service_tier") {
+    // Which capacity pool serves the request: one pool here, the output is the same.
+    static const std::set<std::string> kTiers = {"auto", "default", "flex", "scale", "priority"};
+    if (!v.is_string() || kTiers.count(v.get<std::string>()) == 0) {
+      return TypeError(key, "one of auto, default, flex, scale, priority", v);
+    }
+    request->service_tier = v == "auto" ? json("default") : v;
+    return absl::OkStatus();
+  }
+  if (key == "tools") {
+    return v.is_array() && v.empty() ? absl::OkStatus() : Unsupported(key, v, "no tools");
+  }
+  if (key == "tool_choice") {
+    return v == json("none") ? absl::OkStatus() : Unsupported(key, v, "no tools");
+  }
+  if (key == "parallel_tool_calls") {
+    absl::Status error = GetBool(key, v).status();  // meaningless without tools
+    if (error.ok()) request->parallel_tool_calls = v;
+    return error;
+  }
+  return std::nullopt;
 }
 
 std::string StopFilter::Push(absl::string_view text) {

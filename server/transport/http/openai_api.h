@@ -1,13 +1,17 @@
-// The OpenAI-compatible request vocabulary: JSON bodies of /v1/completions,
-// /v1/chat/completions and /v1/responses mapped to the core's GenerateParams, the chat
-// template, the stop-string filter, OpenAI-shaped errors, and the pure steps of routing
-// (the request target, its query, the Authorization header, the metrics label). Pure
-// functions, no I/O (the seam of the http_request fuzz target, tests/fuzz). Torch-free;
-// its own library, fwserve_openai_api.
+// The OpenAI-compatible request vocabulary shared by the endpoints: the request of
+// /v1/completions, /v1/chat/completions and /v1/responses (OpenAiGenerateRequest, and
+// ParseGenerateRequest, which hands each body to its endpoint's parser), the fields
+// every endpoint reads alike, the chat template, the stop-string filter, OpenAI-shaped
+// errors, server-sent events, and the pure steps of routing (the request target, its
+// query, the metrics label). Each endpoint's own parse and rendering are in its file
+// pair (endpoint_protocol.h lists them). Pure functions, no I/O (the seam of the
+// http_request fuzz target, tests/fuzz). Torch-free; its own library, fwserve_openai_api.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -161,16 +165,62 @@ struct OpenAiGenerateRequest {
   nlohmann::json parallel_tool_calls;  // responses (echoed)
 };
 
-// Parses and checks a request body. Errors are INVALID_ARGUMENT naming the field (its
-// "param"): wrong types, values we cannot honour (n > 1, best_of, echo, suffix,
-// penalties, logit_bias, tools, non-text formats, top_logprobs > 0) and unknown fields.
-// `default_max_tokens` applies to chat and responses (completions: 16, as OpenAI). On
-// chat, `max_completion_tokens` wins over the deprecated `max_tokens` when both are
-// given.
+// Parses and checks a request body for `endpoint` (ParseCompletionsRequest,
+// ParseChatRequest, ParseResponsesRequest). Errors are INVALID_ARGUMENT naming the
+// field (its "param"): wrong types, values we cannot honour (n > 1, best_of, echo,
+// suffix, penalties, logit_bias, tools, non-text formats, top_logprobs > 0) and unknown
+// fields; of several, the first in key order. `default_max_tokens` applies to chat and
+// responses (completions: 16, as OpenAI). On chat, `max_completion_tokens` wins over the
+// deprecated `max_tokens` when both are given.
 absl::StatusOr<OpenAiGenerateRequest> ParseGenerateRequest(const nlohmann::json& body,
                                                            OpenAiEndpoint endpoint,
                                                            const ChatTemplate& chat_template,
                                                            int32_t default_max_tokens);
+
+// --- Reading request fields (the endpoints' parsers share these) ---
+// Errors are INVALID_ARGUMENT naming `field` (FieldError), quoting at most 64 bytes of
+// the value sent.
+// "'field' must be <expected>, got <value>".
+absl::Status TypeError(const std::string& field, absl::string_view expected,
+                       const nlohmann::json& value);
+// "'field' = <value> is not supported by fwserve: <why>".
+absl::Status Unsupported(const std::string& field, const nlohmann::json& value,
+                         absl::string_view why);
+absl::StatusOr<bool> GetBool(const std::string& field, const nlohmann::json& value);
+absl::StatusOr<std::string> GetString(const std::string& field, const nlohmann::json& value);
+// An integer: a JSON integer, or a float with no fraction (below 9e15 in magnitude).
+absl::StatusOr<int64_t> GetInteger(const std::string& field, const nlohmann::json& value);
+// A token count: an integer in [0, INT32_MAX].
+absl::StatusOr<int32_t> GetTokens(const std::string& field, const nlohmann::json& value);
+// Stop strings (`stop`): a string or an array of at most 4 strings, appended to `stop`
+// (empty ones left out).
+absl::Status ParseStop(const nlohmann::json& value, std::vector<std::string>* stop);
+
+// An endpoint's own fields, for ParseGenerateFields: parses `key` = `value` (never null)
+// into the request if the endpoint has that field (the status: OK or its error); nullopt
+// if it has not (the field is then unknown).
+using EndpointFields = std::function<std::optional<absl::Status>(
+    const std::string& key, const nlohmann::json& value, OpenAiGenerateRequest* request)>;
+
+// The shared part of an endpoint's parse: `body` must be an object; the request starts
+// with a random seed and `max_tokens`; the fields every endpoint has (model, stream,
+// stream_options, temperature, top_p, min_p, repetition_penalty, top_k, seed, n,
+// best_of, presence_penalty, frequency_penalty, logit_bias, user) are read here, any
+// other non-null one by `endpoint_fields`. The first error, in key order, is returned.
+// `include_usage`: whether stream_options.include_usage is an option. The endpoint then
+// checks what it requires and calls FinishGenerateRequest.
+absl::StatusOr<OpenAiGenerateRequest> ParseGenerateFields(const nlohmann::json& body,
+                                                          int32_t max_tokens, bool include_usage,
+                                                          const EndpointFields& endpoint_fields);
+// The checks after the endpoint's: stream_options.include_usage needs `stream`; the
+// core's params.logprobs is the request's `logprobs`.
+absl::Status FinishGenerateRequest(OpenAiGenerateRequest* request);
+// The fields chat and responses share that do not change the output: `metadata`,
+// `service_tier`, `prompt_cache_key` and `safety_identifier` (echoed), `tools` (empty),
+// `tool_choice` ("none"), `parallel_tool_calls` (a boolean, echoed). Nullopt for any
+// other key.
+std::optional<absl::Status> ParseEchoedField(const std::string& key, const nlohmann::json& value,
+                                             OpenAiGenerateRequest* request);
 
 // Renders chat messages ([{role, content}], content a string or an array of text
 // parts) with `chat_template`; `field` names the array in errors ("messages", "input").
@@ -184,15 +234,10 @@ absl::StatusOr<std::string> RenderChat(const nlohmann::json& messages,
                                        MessageList list = MessageList::kChat,
                                        const ItemTexts* references = nullptr);
 
-// The ids of the `item_reference` items of a Responses `input` (in order, unique).
-std::vector<std::string> ItemReferences(const nlohmann::json& input);
-
-// The prompt of a Responses request: its `instructions` as a system message, then its
-// `input` (a string or items), references resolved by `references` (see RenderChat).
-absl::StatusOr<std::string> RenderResponsesInput(const nlohmann::json& input,
-                                                 const std::string& instructions,
-                                                 const ChatTemplate& chat_template,
-                                                 const ItemTexts* references);
+// Whether `item` of a Responses input names an earlier item by id: {"type":
+// "item_reference", "id"} (the type may be left out: an object with an id and no role
+// or content).
+bool IsItemReference(const nlohmann::json& item);
 
 // `value` as the shortest decimal that reads back as the same float (0.8f echoes 0.8,
 // not 0.800000011920929).
@@ -219,5 +264,15 @@ class StopFilter {
 // The finish_reason OpenAI clients expect: "stop" (a stop string), "length" (max
 // tokens; also cancel and shutdown, which end the text early).
 const char* FinishReasonName(FinishReason reason);
+
+// --- Rendering answers ---
+// One server-sent event's data line: "data: <value's JSON>\n\n".
+std::string SseData(const nlohmann::json& value);
+
+// Token i of `chunk` as the logprobs show it: the bytes it stands for (a byte-level
+// token's byte, a world-vocabulary token's piece), as text and as byte values.
+// (GenerateChunk::token_bytes, which the engine fills whenever logprobs are asked for.)
+std::string TokenBytesAt(const GenerateChunk& chunk, size_t i);
+nlohmann::json ByteValues(const std::string& bytes);
 
 }  // namespace fwserve

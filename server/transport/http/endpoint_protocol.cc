@@ -1,0 +1,35 @@
+#include "server/transport/http/endpoint_protocol.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "server/transport/http/openai_chat.h"
+#include "server/transport/http/openai_completions.h"
+#include "server/transport/http/openai_responses.h"
+
+namespace fwserve {
+
+UsageCounts CountUsage(const GenerateSummary& summary) {
+  UsageCounts u;
+  u.cached = std::max<int64_t>(
+      0, summary.session_tokens - summary.prompt_tokens - summary.generated_tokens);
+  u.input = u.cached + summary.prompt_tokens;
+  u.output = summary.generated_tokens;
+  u.total = u.input + u.output;
+  return u;
+}
+
+std::unique_ptr<EndpointProtocol> NewEndpointProtocol(OpenAiEndpoint endpoint, std::string model,
+                                                      int64_t created, std::string id_suffix) {
+  switch (endpoint) {
+    case OpenAiEndpoint::kCompletions:
+      return NewCompletionsProtocol(std::move(model), created, std::move(id_suffix));
+    case OpenAiEndpoint::kChat:
+      return NewChatProtocol(std::move(model), created, std::move(id_suffix));
+    case OpenAiEndpoint::kResponses:
+      break;
+  }
+  return NewResponsesProtocol(std::move(model), created);
+}
+
+}  // namespace fwserve

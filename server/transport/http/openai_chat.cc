@@ -1,0 +1,200 @@
+#include "server/transport/http/openai_chat.h"
+
+#include <optional>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace fwserve {
+namespace {
+
+using json = nlohmann::json;
+
+// What parsing a chat request keeps beside the request.
+struct ChatFields {
+  bool have_prompt = false;
+  // max_completion_tokens wins over the deprecated max_tokens.
+  std::optional<int32_t> max_tokens, max_completion_tokens;
+};
+
+// The fields /v1/chat/completions has beyond the shared ones.
+std::optional<absl::Status> ParseChatField(const std::string& key, const json& v,
+                                           const ChatTemplate& chat_template,
+                                           OpenAiGenerateRequest* out, ChatFields* fields) {
+  GenerateParams& p = out->params;
+  auto must_be = [&](const json& expected, absl::string_view why) {
+    return v == expected ? absl::OkStatus() : Unsupported(key, v, why);
+  };
+  if (key == "max_tokens" || key == "max_completion_tokens") {
+    absl::StatusOr<int32_t> n = GetTokens(key, v);
+    if (n.ok())
+      (key == "max_completion_tokens" ? fields->max_completion_tokens : fields->max_tokens) = *n;
+    return n.status();
+  }
+  if (key == "stop") return ParseStop(v, &p.stop);
+  if (std::optional<absl::Status> shared = ParseEchoedField(key, v, out); shared.has_value()) {
+    return shared;
+  }
+  if (key == "modalities") return must_be(json::array({"text"}), "text output only");
+  if (key == "session_id") {  // extension
+    absl::StatusOr<std::string> s = GetString(key, v);
+    if (s.ok()) p.session_id = std::move(*s);
+    return s.status();
+  }
+  if (key == "messages") {
+    absl::StatusOr<std::string> prompt = RenderChat(v, chat_template, "messages");
+    if (prompt.ok()) p.prompt = std::move(*prompt);
+    fields->have_prompt = prompt.ok();
+    return prompt.status();
+  }
+  if (key == "logprobs") {
+    absl::StatusOr<bool> b = GetBool(key, v);
+    if (b.ok()) out->logprobs = *b;
+    return b.status();
+  }
+  if (key == "top_logprobs") return must_be(0, "only the sampled tokens' logprobs");
+  if (key == "store") {
+    // Whether OpenAI keeps the completion for its dashboard; nothing is kept here either
+    // way (state lives in sessions: 'session_id').
+    return GetBool(key, v).status();
+  }
+  if (key == "response_format") return must_be(json{{"type", "text"}}, "text only");
+  return std::nullopt;
+}
+
+class ChatProtocol final : public EndpointProtocol {
+ public:
+  ChatProtocol(std::string model, int64_t created, std::string id_suffix)
+      : model_(std::move(model)), created_(created), id_(absl::StrCat("chatcmpl-", id_suffix)) {}
+
+  // A stateless chat may replay a conversation the server kept: it continues from there
+  // (docs/http.md "Replayed histories").
+  void AdjustParams(const OpenAiGenerateRequest&, GenerateParams* params) const override {
+    if (params->session_id.empty()) {
+      params->prefix_reuse = GenerateParams::PrefixReuse::kServerKept;
+    }
+  }
+
+  json Usage(const GenerateSummary& summary) const override {
+    const UsageCounts u = CountUsage(summary);
+    return {{"prompt_tokens", u.input},
+            {"completion_tokens", u.output},
+            {"total_tokens", u.total},
+            {"prompt_tokens_details", {{"cached_tokens", u.cached}}}};
+  }
+
+  json Body(const OpenAiGenerateRequest& request, const GenerateOutcome& outcome) const override {
+    json choice = {{"index", 0},
+                   {"finish_reason", outcome.finish_reason()},
+                   {"logprobs", request.logprobs ? Logprobs(outcome.tokens) : json(nullptr)}};
+    choice["message"] = {{"role", "assistant"},
+                         {"content", outcome.text},
+                         {"refusal", nullptr},
+                         {"annotations", json::array()}};
+    json out = {{"id", id_},
+                {"object", "chat.completion"},
+                {"created", created_},
+                {"model", model_},
+                {"choices", json::array({choice})},
+                {"usage", outcome.usage},
+                {"service_tier", ServiceTier(request)}};
+    if (!request.params.session_id.empty()) out["session_id"] = request.params.session_id;
+    return out;
+  }
+
+  std::string StreamOpening(const OpenAiGenerateRequest& request) override {
+    return SseData(Chunk(request, {{"role", "assistant"}, {"content", ""}}, nullptr));
+  }
+
+  std::string StreamDelta(const OpenAiGenerateRequest& request, const std::string& text,
+                          const GenerateChunk* chunk) override {
+    const json logprobs = request.logprobs && chunk != nullptr ? Logprobs(*chunk) : json(nullptr);
+    return SseData(Chunk(request, {{"content", text}}, logprobs));
+  }
+
+  std::string StreamClosing(const OpenAiGenerateRequest& request, const GenerateOutcome& outcome,
+                            const json&) override {
+    json last = Chunk(request, json::object(), nullptr);
+    last["choices"][0]["finish_reason"] = outcome.finish_reason();
+    std::string events = SseData(last);
+    if (request.include_usage) {
+      json usage_chunk = Chunk(request, nullptr, nullptr);
+      usage_chunk["choices"] = json::array();
+      usage_chunk["usage"] = outcome.usage;
+      events += SseData(usage_chunk);
+    }
+    events += "data: [DONE]\n\n";
+    return events;
+  }
+
+  std::string StreamError(const json& error) override { return SseData(error); }
+
+ private:
+  // A stream's chunk with one choice whose delta is `delta`.
+  json Chunk(const OpenAiGenerateRequest& request, json delta, const json& logprobs) const {
+    json choice = {{"index", 0}, {"logprobs", logprobs}, {"finish_reason", nullptr}};
+    choice["delta"] = std::move(delta);
+    json chunk = {{"id", id_},
+                  {"object", "chat.completion.chunk"},
+                  {"created", created_},
+                  {"model", model_},
+                  {"choices", json::array({choice})},
+                  {"service_tier", ServiceTier(request)}};
+    if (request.include_usage) chunk["usage"] = nullptr;
+    return chunk;
+  }
+
+  // The echo of service_tier: the tier asked for ("auto" as "default").
+  static json ServiceTier(const OpenAiGenerateRequest& request) {
+    return request.service_tier.is_null() ? json("default") : request.service_tier;
+  }
+
+  // The chat logprobs object of `chunk`'s tokens.
+  static json Logprobs(const GenerateChunk& chunk) {
+    json content = json::array();
+    for (size_t i = 0; i < chunk.token_ids.size(); ++i) {
+      const std::string bytes = TokenBytesAt(chunk, i);
+      content.push_back({{"token", bytes},
+                         {"logprob", i < chunk.logprobs.size() ? chunk.logprobs[i] : 0.0f},
+                         {"bytes", ByteValues(bytes)},
+                         {"top_logprobs", json::array()}});
+    }
+    return json{{"content", content}};
+  }
+
+  const std::string model_;
+  const int64_t created_;
+  const std::string id_;
+};
+
+}  // namespace
+
+absl::StatusOr<OpenAiGenerateRequest> ParseChatRequest(const json& body,
+                                                       const ChatTemplate& chat_template,
+                                                       int32_t default_max_tokens) {
+  ChatFields fields;
+  absl::StatusOr<OpenAiGenerateRequest> out = ParseGenerateFields(
+      body, default_max_tokens, /*include_usage=*/true,
+      [&](const std::string& key, const json& v, OpenAiGenerateRequest* request) {
+        return ParseChatField(key, v, chat_template, request, &fields);
+      });
+  if (!out.ok()) return out;
+  if (fields.max_completion_tokens.has_value()) {
+    out->params.max_tokens = *fields.max_completion_tokens;
+  } else if (fields.max_tokens.has_value()) {
+    out->params.max_tokens = *fields.max_tokens;
+  }
+  if (!fields.have_prompt) return FieldError("messages", "'messages' is required");
+  // A chat turn ends at the template's end-of-turn marker unless the request gives its
+  // own `stop`.
+  if (!body.contains("stop")) out->params.stop = chat_template.stop;
+  if (absl::Status finished = FinishGenerateRequest(&*out); !finished.ok()) return finished;
+  return out;
+}
+
+std::unique_ptr<EndpointProtocol> NewChatProtocol(std::string model, int64_t created,
+                                                  std::string id_suffix) {
+  return std::make_unique<ChatProtocol>(std::move(model), created, std::move(id_suffix));
+}
+
+}  // namespace fwserve
