@@ -129,6 +129,9 @@ ABSL_FLAG(int32_t, decode_steps_per_launch, 1,
           "graph kernel with --sample-in-step: tokens one decode launch may draw and absorb "
           "per stream without a session or a repetition penalty, each fed back on the "
           "device (1..64; 1 = one token per launch)");
+ABSL_FLAG(bool, overlap_steps, false,
+          "run each decode step on a step thread while the engine plans the next prefill "
+          "chunk (on a GPU the host work hides behind the device's)");
 ABSL_FLAG(int32_t, threads, 0,
           "intra-op threads: LibTorch's, and those one decode step of the native kernel may "
           "use; 0 = LibTorch's default (its count of physical cores)");
@@ -261,8 +264,8 @@ std::vector<fwserve::FlagGroup> HelpGroups() {
         "preempt_for_fair_share", "max_refusal_delay"}},
       {"Performance",
        {"threads", "prefill_threads", "prefill_chunk_tokens", "prefill_batch_tokens", "batch_wait",
-        "decode_kernel", "sample_in_step", "decode_steps_per_launch", "native_gemm",
-        "decode_lookahead", "stream_flush_interval", "writer_thread_from_streams",
+        "decode_kernel", "sample_in_step", "decode_steps_per_launch", "overlap_steps",
+        "native_gemm", "decode_lookahead", "stream_flush_interval", "writer_thread_from_streams",
         "writer_threads"}},
   };
 }
@@ -420,6 +423,7 @@ int main(int argc, char** argv) {
   core_options.batch_wait = absl::GetFlag(FLAGS_batch_wait);
   core_options.sample_in_step = absl::GetFlag(FLAGS_sample_in_step);
   core_options.decode_steps_per_launch = absl::GetFlag(FLAGS_decode_steps_per_launch);
+  core_options.overlap_steps = absl::GetFlag(FLAGS_overlap_steps);
   core_options.decode_kernel = absl::GetFlag(FLAGS_decode_kernel);
   core_options.native_gemm = absl::GetFlag(FLAGS_native_gemm);
   core_options.decode_lookahead = absl::GetFlag(FLAGS_decode_lookahead);

@@ -115,6 +115,7 @@ EngineOptions ToEngineOptions(const CoreOptions& o) {
   e.packed_gemm = o.native_gemm == "libxsmm";
   e.sample_in_step = o.sample_in_step;
   e.decode_steps_per_launch = o.decode_steps_per_launch;
+  e.overlap_steps = o.overlap_steps;
   e.max_sessions = o.max_sessions;
   e.decode_lookahead = o.decode_lookahead;
   e.stream_flush_interval = o.stream_flush_interval;

@@ -111,6 +111,10 @@ struct CoreOptions {
   // string stops the stream on the host; the tokens drawn past it are dropped with the
   // stream's state. 1 = one token per launch. In [1, 64].
   int32_t decode_steps_per_launch = 1;
+  // Each decode step runs on a step thread of the model's runner, and the engine plans
+  // the next prefill chunk while it runs (--overlap-steps): on a GPU the host work of a
+  // step hides behind the device's. Off: the engine thread runs the step itself.
+  bool overlap_steps = false;
   // Conversations of stateless chat and responses requests kept per tenant and model,
   // so that a replayed history continues from its state (GenerateParams::reuse_prefix;
   // --prefix-reuse-entries). Each is a session of the tenant; 0 = off.

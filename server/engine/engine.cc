@@ -284,12 +284,21 @@ void Engine::Loop() {
       ShedAll(work.shed);
       AdmitAll(work.admitted, work.end_all);
       if (work.end_all) EndAllTasks();
-      StartPrefill();   // prefill: the next chunk to the prefill thread
-      RunDecodeStep();  // step: one batched step for every stream ready to absorb
+      if (runner_.overlaps_steps()) {
+        // --overlap-steps: the step runs on the runner's thread while the next prefill
+        // chunk is planned here (it touches only rows in prefill, and no allocation).
+        std::optional<InFlightStep> step = LaunchDecodeStep();
+        StartPrefill();
+        if (step) FinishDecodeStep(std::move(*step));
+      } else {
+        StartPrefill();   // prefill: the next chunk to the prefill thread
+        RunDecodeStep();  // step: one batched step for every stream ready to absorb
+      }
       SampleAndEmit();  // sample, and emit what may go out
     } catch (const std::exception& e) {
       Log(LogLevel::kError, absl::StrCat("model ", name_, ": engine iteration failed: ", e.what()));
       try {
+        runner_.AbandonStep();
         AbandonPrefillJob();
         while (!tasks_.empty()) {
           FailTask(*tasks_.begin()->second, absl::InternalError("the engine failed"));
@@ -733,8 +742,12 @@ void Engine::AbandonPrefillJob() {
 }
 
 void Engine::RunDecodeStep() {
+  if (std::optional<InFlightStep> step = LaunchDecodeStep()) FinishDecodeStep(std::move(*step));
+}
+
+std::optional<Engine::InFlightStep> Engine::LaunchDecodeStep() {
   const std::vector<TaskId> batch_ids = scheduler_.PlanStep(absl::Now());
-  if (batch_ids.empty()) return;
+  if (batch_ids.empty()) return std::nullopt;
   if (options_.before_decode_step_for_testing) {
     options_.before_decode_step_for_testing([this] {
       absl::MutexLock lock(&mu_);
@@ -766,7 +779,17 @@ void Engine::RunDecodeStep() {
     }
     if (work.multi.steps > 1) work.multi.limits.push_back(TokensPerLaunch(*t, steps));
   }
-  const StepResult stepped = runner_.Wait(runner_.Launch(work));
+  InFlightStep step;
+  step.handle = runner_.Launch(work);
+  step.ids = batch_ids;
+  step.batch = std::move(batch);
+  return step;
+}
+
+void Engine::FinishDecodeStep(InFlightStep step) {
+  const std::vector<TaskId>& batch_ids = step.ids;
+  const std::vector<Task*>& batch = step.batch;
+  const StepResult stepped = runner_.Wait(step.handle);
   if (!stepped.status.ok()) {
     Log(LogLevel::kError,
         absl::StrCat("model ", name_, ": decode step failed: ", stepped.status.message()));

@@ -216,6 +216,15 @@ class Engine {
   void AbandonPrefillJob();
   void PrefillThreadLoop();
   void RunDecodeStep();
+  // RunDecodeStep in two halves, for --overlap-steps: the launched step (its tasks stay
+  // in the scheduler until FinishDecodeStep, which waits for it and applies it).
+  struct InFlightStep {
+    Runner::Handle handle = 0;
+    std::vector<TaskId> ids;
+    std::vector<Task*> batch;
+  };
+  std::optional<InFlightStep> LaunchDecodeStep();
+  void FinishDecodeStep(InFlightStep step);
   // Multi-step decode (--decode-steps-per-launch): the tokens task `t` may draw in one
   // launch, in [1, steps].
   int64_t TokensPerLaunch(const Task& t, int64_t steps) const;

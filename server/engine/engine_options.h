@@ -53,6 +53,9 @@ struct EngineOptions {
   // Tokens one decode launch may draw and absorb per throwaway stream
   // (--decode-steps-per-launch; Stepper::StepAhead); 1 = one.
   int32_t decode_steps_per_launch = 1;
+  // A decode step runs on the runner's step thread while the engine plans the next
+  // prefill chunk (--overlap-steps; Runner).
+  bool overlap_steps = false;
   // Sessions held at once (--max-sessions): with the graph kernel the pool is allocated
   // whole at start, min(this, max_state_memory_bytes / state bytes) rows.
   int64_t max_sessions = 100000;
@@ -68,6 +71,8 @@ struct EngineOptions {
   absl::Duration session_ttl = absl::Hours(24);
   // Seals exported blobs and opens imported ones; null = unsigned. Not owned.
   const SessionSealer* sealer = nullptr;
+  // Test-only: runs on the step thread (--overlap-steps) before each step.
+  std::function<void()> step_started_for_testing;
   // Test-only (CoreOptions::before_decode_step_for_testing).
   std::function<void(const std::function<bool()>& ending)> before_decode_step_for_testing;
   // Test-only (CoreOptions::stream_admitted_for_testing).

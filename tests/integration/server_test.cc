@@ -610,6 +610,61 @@ TEST_F(ServerTest, MultiStepDecodeServesTheSameTokens) {
   EXPECT_GE(launches, 9u);
 }
 
+// --overlap-steps: each decode step runs on the runner's step thread while the engine
+// plans the next prefill chunk. Six concurrent streams (greedy and seeded sampling,
+// two with 3,000-byte prompts prefilled in 64-token chunks while the others decode, one
+// on a session that then goes on for 10 greedy tokens) get the tokens of the default
+// server.
+TEST_F(ServerTest, OverlappedStepsServeTheSameTokens) {
+  fwserve::CoreOptions options = Options();
+  options.overlap_steps = true;
+  options.prefill_chunk_tokens = 64;
+  fwserve::CoreOptions reference_options = Options();
+  reference_options.prefill_chunk_tokens = 64;
+  auto overlapped = Harness::Start(options);
+  auto reference = Harness::Start(reference_options);
+  ASSERT_NE(overlapped, nullptr);
+  ASSERT_NE(reference, nullptr);
+  auto served_on = [&](Harness& server) {
+    auto session = server.client().CreateSession("", "");
+    EXPECT_TRUE(session.ok()) << session.status();
+    const std::string session_id = session.ok() ? session->session_id() : "";
+    std::vector<v1::GenerateRequest> requests;
+    for (int i = 0; i < 6; ++i) {
+      const std::string prompt =
+          i >= 4 ? std::string(3000, static_cast<char>('a' + i)) : absl::StrCat("abc", i);
+      v1::GenerateRequest r = Greedy(prompt, 30, i == 0 ? session_id : "");
+      if (i % 2 == 1) {
+        r.mutable_sampling()->set_temperature(0.9f);
+        r.mutable_sampling()->set_seed(400 + static_cast<uint64_t>(i));
+      }
+      requests.push_back(r);
+    }
+    std::vector<std::vector<int64_t>> tokens(requests.size());
+    std::vector<std::thread> threads;
+    for (size_t i = 0; i < requests.size(); ++i) {
+      threads.emplace_back([&, i] {
+        auto result = server.client().Generate(requests[i]);
+        EXPECT_TRUE(result.ok()) << result.status();
+        if (result.ok()) tokens[i] = result->token_ids;
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    auto more = server.client().Generate(Greedy("", 10, session_id));
+    EXPECT_TRUE(more.ok()) << more.status();
+    if (more.ok()) tokens.push_back(more->token_ids);
+    return tokens;
+  };
+  const auto got = served_on(*overlapped);
+  const auto want = served_on(*reference);
+  ASSERT_EQ(got.size(), 7u);
+  ASSERT_EQ(want.size(), 7u);
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_EQ(got[i].size(), i < 6 ? 30u : 10u) << "stream " << i;
+    EXPECT_EQ(got[i], want[i]) << "stream " << i;
+  }
+}
+
 TEST_F(ServerTest, SameSeedSameOutputAndSeedsDiffer) {
   auto server = Harness::Start(Options());
   ASSERT_NE(server, nullptr);
