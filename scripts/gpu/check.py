@@ -29,7 +29,8 @@ Environment: BUILD_DIR (build-gpu), CHECK_MODEL_TESTS (all | cuda | none),
 CHECK_STREAMS (default 1,16,64,256,1024,4096 on CUDA, 1,16 on CPU), CHECK_DURATION (10s on
 CUDA, 3s on CPU), CHECK_BENCH_MODEL (aft-shakespeare), CHECK_TOKENS (baseline tokens, 128),
 CHECK_PREFILL_RUNS (3), CHECK_REAL_SHAPE_STREAMS (1,64; empty skips), CHECK_KERNEL_STREAMS (1,64), CHECK_AB_LABEL and CHECK_AB_FLAGS (the
-kernels section's second arm: apart, --sample-in-step=false), CHECK_KERNEL_DURATION (5s on CUDA, 2s
+kernels section's second arm: apart, --sample-in-step=false), CHECK_AB_ARMS ("label=flags;..."
+in place of that arm: several arms, each in every round), CHECK_KERNEL_DURATION (5s on CUDA, 2s
 on CPU), CHECK_SANITIZER_TIMEOUT (240 s).
 Exit status: 0 when no check failed (skipped ones do not fail), 1 otherwise.
 """
@@ -595,9 +596,16 @@ def kernels(rep, build, device, server, models):
     # The same kernel with sampling in a separate pass (the graph step before issue 39),
     # and LibTorch's eager reference.
     # CHECK_AB_LABEL / CHECK_AB_FLAGS name another arm in its place (a flag's A/B).
+    # CHECK_AB_ARMS ("label=flags;label=flags", e.g. the multi-step and overlap arms of
+    # issue 39) runs several arms beside the default, each in every round.
     ab = os.environ.get("CHECK_AB_LABEL", "apart")
-    others = [(ab, os.environ.get("CHECK_AB_FLAGS", "--sample-in-step=false").split()),
-              ("libtorch", ["--decode-kernel", "libtorch"])]
+    others = [(ab, os.environ.get("CHECK_AB_FLAGS", "--sample-in-step=false").split())]
+    if os.environ.get("CHECK_AB_ARMS"):
+        others = []
+        for arm in os.environ["CHECK_AB_ARMS"].split(";"):
+            label, _, flags = arm.partition("=")
+            others.append((label.strip(), flags.split()))
+    others.append(("libtorch", ["--decode-kernel", "libtorch"]))
     servers = {"default": server}
     try:
         for label, extra in others:
@@ -618,11 +626,11 @@ def kernels(rep, build, device, server, models):
                     got[label] = round(fwbench_tokens_per_s(
                         rep, build, servers[label], model, streams, duration,
                         "%s-%d-%d" % (label, streams, i)), 1)
-                got["vs_" + ab] = round(got["default"] / got[ab], 3)
-                got["vs_libtorch"] = round(got["default"] / got["libtorch"], 3)
+                for other, _ in others:
+                    got["vs_" + other] = round(got["default"] / got[other], 3)
                 rounds.append(got)
             rep.data["kernels"]["levels"][str(streams)] = rounds
-            for other in (ab, "libtorch"):
+            for other, _ in others:
                 ratios = sorted(r["vs_" + other] for r in rounds)
                 rep.check("kernels", "default vs %s, %d streams on %s" % (other, streams, device),
                           "pass",
