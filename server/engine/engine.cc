@@ -144,7 +144,6 @@ Engine::Engine(std::string name, fwmodel::LoadedModel loaded, const EngineOption
       fingerprint_(std::move(loaded.fingerprint)),
       tokenizer_(std::move(context.tokenizer)),
       options_(options),
-      clock_(context.clock != nullptr ? context.clock : Clock::Real()),
       metrics_(context.metrics),
       admission_{name_,
                  options.max_queued_requests,
@@ -155,8 +154,9 @@ Engine::Engine(std::string name, fwmodel::LoadedModel loaded, const EngineOption
       queue_(admission_, [](const WorkItem& item) { return item.IsStream(); }),
       runner_(model_, options_, context.budget, name_),
       pool_(runner_.pool()),
-      keeper_(KeeperContext{name_, &model_, fingerprint_, &options_, context.directory,
-                            context.budget, clock_, metrics_, &pool_, this}),
+      keeper_(KeeperContext{
+          name_, &model_, fingerprint_, &options_, context.directory, context.budget,
+          context.clock != nullptr ? context.clock : Clock::Real(), metrics_, &pool_, this}),
       scheduler_(SchedulerOptions{options.max_active_streams, options.prefill_chunk_tokens,
                                   options.prefill_batch_tokens, options.batch_wait}) {}
 

@@ -48,7 +48,6 @@
 #include "server/engine/admission_queue.h"
 #include "server/engine/drain_estimate.h"
 #include "server/engine/engine_options.h"
-#include "server/engine/residency.h"
 #include "server/engine/runner.h"
 #include "server/engine/scheduler.h"
 #include "server/engine/session_keeper.h"
@@ -58,9 +57,6 @@
 #include "server/engine/work_item.h"
 #include "server/metrics/metrics.h"
 #include "server/sessions/session_directory.h"
-#include "server/sessions/session_labels.h"
-#include "server/sessions/session_registry.h"
-#include "server/sessions/store_executor.h"
 
 namespace fwserve {
 
@@ -221,7 +217,6 @@ class Engine : private KeeperHost {
   const std::string fingerprint_;
   const fwmodel::TextTokenizer tokenizer_;
   const EngineOptions options_;
-  const Clock* const clock_;
   ModelMetrics* const metrics_;       // never null
   const AdmissionOptions admission_;  // queue_'s; read without the lock by CheckAdmission
 
