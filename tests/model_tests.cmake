@@ -37,8 +37,10 @@ target_compile_definitions(fwserve_model_tests PRIVATE
 gtest_discover_tests(fwserve_model_tests DISCOVERY_TIMEOUT 120
                      PROPERTIES LABELS unit ENVIRONMENT OMP_NUM_THREADS=1)
 
-# The serving core's LibTorch pieces that need no server (StatePool, Runner).
-add_executable(fwserve_core_tests unit/state_pool_test.cc unit/runner_test.cc)
+# The serving core's LibTorch pieces that need no server (StatePool, Runner,
+# SessionKeeper; the shared store's semantics over the in-memory fake).
+add_executable(fwserve_core_tests unit/state_pool_test.cc unit/runner_test.cc
+               unit/session_keeper_test.cc common/fake_shared_store.cc)
 target_compile_options(fwserve_core_tests PRIVATE ${FWSERVE_WARNINGS})
 target_link_libraries(fwserve_core_tests PRIVATE fwserve_engine fwserve_test_util GTest::gtest_main)
 target_precompile_headers(fwserve_core_tests REUSE_FROM fwserve_models)

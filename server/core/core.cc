@@ -34,63 +34,6 @@ constexpr int32_t kMaxStopStrings = 16;
 constexpr size_t kMaxStopBytes = 256;
 constexpr int32_t kMaxRepetitionWindow = 4096;
 
-class StreamHandle : public GenerateControl {
- public:
-  // `session_id`: the new session the stream runs on, or empty (a throwaway stream).
-  StreamHandle(Engine* engine, uint64_t id, std::string session_id = "")
-      : engine_(engine), id_(id), session_id_(std::move(session_id)) {}
-  std::string session_id() const override { return session_id_; }
-  void WriteDone(bool ok) override { engine_->PostWriteDone(id_, ok); }
-  void Cancel() override { engine_->PostCancel(id_); }
-
- private:
-  Engine* const engine_;  // outlives every stream (Core::Stop runs after the transport)
-  const uint64_t id_;
-  const std::string session_id_;
-};
-
-// A stream whose engine is known only once its session's lease was taken in a shared
-// store (the session names the model). WriteDone cannot come before Bind (no chunk is
-// sent before). A Cancel before admission is seen by the engine through the item's
-// is_cancelled (polled at admission); the PostCancel from Bind is only a best effort.
-class LateStreamHandle : public GenerateControl {
- public:
-  explicit LateStreamHandle(std::string session_id) : session_id_(std::move(session_id)) {}
-  std::string session_id() const override { return session_id_; }
-  void Bind(Engine* engine, uint64_t id) {
-    bool cancel;
-    {
-      absl::MutexLock lock(&mu_);
-      engine_ = engine;
-      id_ = id;
-      cancel = cancelled_;
-    }
-    if (cancel) engine->PostCancel(id);
-  }
-  void WriteDone(bool ok) override {
-    if (auto [engine, id] = Bound(); engine != nullptr) engine->PostWriteDone(id, ok);
-  }
-  void Cancel() override {
-    {
-      absl::MutexLock lock(&mu_);
-      cancelled_ = true;
-    }
-    if (auto [engine, id] = Bound(); engine != nullptr) engine->PostCancel(id);
-  }
-
- private:
-  std::pair<Engine*, uint64_t> Bound() {
-    absl::MutexLock lock(&mu_);
-    return {engine_, id_};
-  }
-
-  const std::string session_id_;
-  absl::Mutex mu_;
-  Engine* engine_ ABSL_GUARDED_BY(mu_) = nullptr;
-  uint64_t id_ ABSL_GUARDED_BY(mu_) = 0;
-  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
-};
-
 std::string ModelNameOf(const std::string& dir) {
   std::filesystem::path path(dir);
   if (!path.has_filename()) path = path.parent_path();
@@ -534,35 +477,29 @@ class CoreImpl : public Core {
     if (*counted != nullptr) observer = counted->get();
 
     auto item = std::make_unique<WorkItem>();
-    item->kind = WorkItem::Kind::kGenerate;
     item->tenant = caller.tenant;
     item->session_id = session_id;
+    GenerateWork generate;
     if (!params.fork_from.empty() || keep_new_session) {
-      item->fork_id = new_session_id.empty() ? NewSessionId() : new_session_id;
+      generate.fork_id = new_session_id.empty() ? NewSessionId() : new_session_id;
     }
     item->text = std::move(params.prompt);  // encoded by the engine (its model's tokenizer)
     item->is_cancelled = std::move(params.is_cancelled);
     params.is_cancelled = nullptr;
-    item->generate = std::move(params);
-    item->observer = observer;
+    generate.params = std::move(params);
+    generate.observer = observer;
+    item->work = std::move(generate);
     item->arrival = absl::Now();
     if (session_id.empty()) {
-      item->stream_id = engine->NewStreamId();
-      observer->OnStart(std::make_shared<StreamHandle>(engine, item->stream_id, item->fork_id));
+      // Submit hands the observer its stream control (OnStart).
       if (absl::Status queued = SubmitOrRelease(engine, item); !queued.ok()) return queued;
       (void)counted->release();  // OnFinish deletes it
       return absl::OkStatus();
     }
     // The session's engine is known once it is claimed (a shared store names the model).
-    auto handle = std::make_shared<LateStreamHandle>(item->fork_id.empty() ? item->session_id
-                                                                           : item->fork_id);
-    observer->OnStart(handle);
+    OpenStreamBeforeClaim(*item);
     GenerateObserver* const quota_holder = counted->release();
-    absl::Status refused =
-        ClaimAndSubmit(std::move(item), model, [handle](Engine* bound, WorkItem& w) {
-          w.stream_id = bound->NewStreamId();
-          handle->Bind(bound, w.stream_id);
-        });
+    absl::Status refused = ClaimAndSubmit(std::move(item), model);
     // Refused at once: the observer never hears of it; its stream is given back.
     if (!refused.ok()) std::unique_ptr<GenerateObserver> give_back(quota_holder);
     return refused;
@@ -571,12 +508,11 @@ class CoreImpl : public Core {
   void Score(const Caller& caller, ScoreParams params, Callback<ScoreResult> done) override {
     if (absl::Status valid = ValidateText("text", params.text); !valid.ok()) return done(valid);
     auto item = std::make_unique<WorkItem>();
-    item->kind = WorkItem::Kind::kScore;
     item->tenant = caller.tenant;
     item->session_id = params.session_id;
     item->is_cancelled = std::move(params.is_cancelled);
     item->text = std::move(params.text);
-    item->on_score = done;
+    item->work = ScoreWork{done};
     item->arrival = absl::Now();
     if (params.session_id.empty()) {
       auto engine = FindEngine(params.model);
@@ -587,8 +523,7 @@ class CoreImpl : public Core {
     if (absl::Status valid = CheckSessionRequest(params.model, params.session_id); !valid.ok()) {
       return done(valid);
     }
-    if (absl::Status refused = ClaimAndSubmit(std::move(item), params.model, nullptr);
-        !refused.ok()) {
+    if (absl::Status refused = ClaimAndSubmit(std::move(item), params.model); !refused.ok()) {
       done(refused);
     }
   }
@@ -601,11 +536,10 @@ class CoreImpl : public Core {
     if (absl::Status room = registry().CheckCapacity(); !room.ok()) return done(room);
     if (absl::Status quota = CheckSessionQuota(caller); !quota.ok()) return done(quota);
     auto item = std::make_unique<WorkItem>();
-    item->kind = WorkItem::Kind::kCreate;
     item->tenant = caller.tenant;
     item->text = std::move(prefix);
     item->is_cancelled = std::move(is_cancelled);
-    item->on_session = done;
+    item->work = CreateWork{done};
     item->arrival = absl::Now();
     if (absl::Status queued = SubmitOrRelease(*engine, item); !queued.ok()) done(queued);
   }
@@ -613,23 +547,17 @@ class CoreImpl : public Core {
   void ForkSession(const Caller& caller, const std::string& session_id,
                    Callback<SessionRecord> done) override {
     if (absl::Status quota = CheckSessionQuota(caller); !quota.ok()) return done(quota);
-    SessionOperation(
-        WorkItem::Kind::kFork, caller, session_id, [&](WorkItem& item) { item.on_session = done; },
-        [&](absl::Status s) { done(s); });
+    SessionOperation<ForkWork>(caller, session_id, done);
   }
 
   void ExportSession(const Caller& caller, const std::string& session_id,
                      Callback<ExportResult> done) override {
-    SessionOperation(
-        WorkItem::Kind::kExport, caller, session_id, [&](WorkItem& item) { item.on_export = done; },
-        [&](absl::Status s) { done(s); });
+    SessionOperation<ExportWork>(caller, session_id, done);
   }
 
   void DeleteSession(const Caller& caller, const std::string& session_id,
                      Callback<bool> done) override {
-    SessionOperation(
-        WorkItem::Kind::kDelete, caller, session_id, [&](WorkItem& item) { item.on_delete = done; },
-        [&](absl::Status s) { done(s); });
+    SessionOperation<DeleteWork>(caller, session_id, done);
   }
 
   void ImportSession(const Caller& caller, const std::string& model, std::string blob,
@@ -639,10 +567,8 @@ class CoreImpl : public Core {
     if (!engine.ok()) return done(engine.status());
     if (absl::Status quota = CheckSessionQuota(caller); !quota.ok()) return done(quota);
     auto item = std::make_unique<WorkItem>();
-    item->kind = WorkItem::Kind::kImport;
     item->tenant = caller.tenant;
-    item->blob = std::move(blob);
-    item->on_session = done;
+    item->work = ImportWork{std::move(blob), done};
     item->arrival = absl::Now();
     if (absl::Status queued = SubmitOrRelease(*engine, item); !queued.ok()) done(queued);
   }
@@ -662,9 +588,7 @@ class CoreImpl : public Core {
 
   void GetSessionOutput(const Caller& caller, const std::string& session_id,
                         Callback<SessionOutput> done) override {
-    SessionOperation(
-        WorkItem::Kind::kReadOutput, caller, session_id,
-        [&](WorkItem& item) { item.on_output = done; }, [&](absl::Status s) { done(s); });
+    SessionOperation<ReadOutputWork>(caller, session_id, done);
   }
 
   void ListSessions(const Caller& caller, ListSessionsParams params,
@@ -791,16 +715,15 @@ class CoreImpl : public Core {
     return queued;
   }
 
-  // Claims the item's session through the directory, then submits the item to the
-  // engine of the session's model; `bind` (may be null) runs just before. Every answer
-  // to a claimed item first ends its claim (SessionDirectory::EndClaimThen).
+  // Claims the item's session through the directory, binds the claim to the item (the
+  // engine's session keeping ends it before every answer: SessionKeeper::BindClaim),
+  // then submits the item to the engine of the session's model.
   //
   // Returns the error when it is known before this returns (a local directory: an
   // unknown or busy session, a full queue); the item's callbacks are then never
   // called. A later error (a shared store answers on a store thread) goes through the
   // item's callbacks.
-  absl::Status ClaimAndSubmit(std::unique_ptr<WorkItem> item, const std::string& model,
-                              std::function<void(Engine*, WorkItem&)> bind) {
+  absl::Status ClaimAndSubmit(std::unique_ptr<WorkItem> item, const std::string& model) {
     struct Pending {
       std::unique_ptr<WorkItem> item;
       bool returned = false;  // ClaimAndSubmit returned: errors go through the item
@@ -811,11 +734,12 @@ class CoreImpl : public Core {
     const std::string id = pending->item->session_id;
     const std::string tenant = pending->item->tenant;
     // The errors name the field the caller set: fork_from for a fork-and-generate.
-    const std::string field = pending->item->fork_id.empty() ? "session_id" : "fork_from";
+    const GenerateWork* generate = pending->item->As<GenerateWork>();
+    const std::string field =
+        generate != nullptr && !generate->fork_id.empty() ? "fork_from" : "session_id";
     directory_->ClaimNamed(
-        tenant, id, model, field,
-        [this, pending, bind = std::move(bind)](absl::StatusOr<SessionClaim> claim) {
-          absl::Status status = claim.ok() ? Submit(*pending, *claim, bind) : claim.status();
+        tenant, id, model, field, [this, pending](absl::StatusOr<SessionClaim> claim) {
+          absl::Status status = claim.ok() ? Submit(*pending, *claim) : claim.status();
           if (status.ok()) return;
           if (!pending->returned) {
             pending->immediate = status;
@@ -831,30 +755,11 @@ class CoreImpl : public Core {
   // Binds `claim` to the pending item and submits it. Errors after the claim was
   // taken are answered through the item (which ends the claim first).
   template <typename Pending>
-  absl::Status Submit(Pending& pending, SessionClaim& claim,
-                      const std::function<void(Engine*, WorkItem&)>& bind) {
-    WorkItem& w = *pending.item;
-    w.lease = std::move(claim.lease);
-    w.ticket = claim.ticket;
-    EndClaimBeforeAnswers(w, claim.ticket);
+  absl::Status Submit(Pending& pending, SessionClaim& claim) {
+    SessionKeeper::BindClaim(*directory_, claim, *pending.item);
     auto engine = FindEngine(claim.model);
     if (!engine.ok()) return engine.status();  // the directory checked it is served
-    if (claim.stored_state.has_value() && w.kind != WorkItem::Kind::kDelete) {
-      torch::NoGradGuard no_grad;
-      auto decoded = fwmodel::DecodeStateRow((*engine)->model(), (*engine)->fingerprint(),
-                                             std::move(*claim.stored_state));
-      if (!decoded.ok()) {
-        Log(LogLevel::kError, absl::StrCat("session ", w.session_id, ": stored state unreadable: ",
-                                           decoded.status().message()));
-        AnswerWorkItem(
-            w, absl::DataLossError(absl::StrCat("session_id '", w.session_id,
-                                                "': its saved state could not be restored")));
-        return absl::OkStatus();
-      }
-      w.loaded = std::move(*decoded);
-    }
-    if (bind) bind(*engine, w);
-    absl::Status queued = (*engine)->Submit(pending.item);
+    absl::Status queued = (*engine)->SubmitClaimed(pending.item, std::move(claim.stored_state));
     if (!queued.ok()) CountRefusal(queued);
     if (!queued.ok() && pending.returned) {
       AnswerWorkItem(*pending.item, queued);
@@ -863,77 +768,19 @@ class CoreImpl : public Core {
     return queued;
   }
 
-  template <typename Fill, typename Fail>
-  void SessionOperation(WorkItem::Kind kind, const Caller& caller, const std::string& session_id,
-                        Fill fill, Fail fail) {
-    if (absl::Status valid = ValidateSessionId(session_id); !valid.ok()) return fail(valid);
+  // A session operation (fork, export, delete, reading the last output) on
+  // `session_id`, answered through `done`.
+  template <typename Work, typename T>
+  void SessionOperation(const Caller& caller, const std::string& session_id,
+                        const Callback<T>& done) {
+    if (absl::Status valid = ValidateSessionId(session_id); !valid.ok()) return done(valid);
     auto item = std::make_unique<WorkItem>();
-    item->kind = kind;
     item->tenant = caller.tenant;
     item->session_id = session_id;
     item->arrival = absl::Now();
-    fill(*item);
-    if (absl::Status refused = ClaimAndSubmit(std::move(item), "", nullptr); !refused.ok()) {
-      fail(refused);
-    }
+    item->work = Work{done};
+    if (absl::Status refused = ClaimAndSubmit(std::move(item), ""); !refused.ok()) done(refused);
   }
-
-  // Wraps the item's answer callbacks so that each first ends the claim's store lease
-  // (SessionDirectory::EndClaimThen), then answers.
-  void EndClaimBeforeAnswers(WorkItem& w, const std::shared_ptr<StoreTicket>& ticket) {
-    switch (w.kind) {
-      case WorkItem::Kind::kGenerate:
-        w.observer = new ClaimObserver(directory_.get(), ticket, w.observer);
-        break;
-      case WorkItem::Kind::kScore:
-        w.on_score = EndClaimFirst(ticket, std::move(w.on_score));
-        break;
-      case WorkItem::Kind::kFork:
-        w.on_session = EndClaimFirst(ticket, std::move(w.on_session));
-        break;
-      case WorkItem::Kind::kExport:
-        w.on_export = EndClaimFirst(ticket, std::move(w.on_export));
-        break;
-      case WorkItem::Kind::kDelete:
-        w.on_delete = EndClaimFirst(ticket, std::move(w.on_delete));
-        break;
-      case WorkItem::Kind::kReadOutput:
-        w.on_output = EndClaimFirst(ticket, std::move(w.on_output));
-        break;
-      default:
-        break;
-    }
-  }
-
-  template <typename T>
-  Callback<T> EndClaimFirst(std::shared_ptr<StoreTicket> ticket, Callback<T> done) {
-    return [this, ticket, done = std::move(done)](absl::StatusOr<T> result) {
-      auto held = std::make_shared<absl::StatusOr<T>>(std::move(result));
-      directory_->EndClaimThen(ticket, [done, held] { done(std::move(*held)); });
-    };
-  }
-
-  // The Generate observer of a request holding a claim in a shared store: ends the
-  // claim before the final message. Deletes itself after OnFinish.
-  class ClaimObserver : public GenerateObserver {
-   public:
-    ClaimObserver(SessionDirectory* directory, std::shared_ptr<StoreTicket> ticket,
-                  GenerateObserver* inner)
-        : directory_(directory), ticket_(std::move(ticket)), inner_(inner) {}
-    void OnStart(std::shared_ptr<GenerateControl> stream) override { inner_->OnStart(stream); }
-    void OnChunk(GenerateChunk chunk) override { inner_->OnChunk(std::move(chunk)); }
-    void OnFinish(absl::Status status, GenerateSummary summary) override {
-      GenerateObserver* inner = inner_;
-      directory_->EndClaimThen(ticket_,
-                               [inner, status, summary] { inner->OnFinish(status, summary); });
-      delete this;
-    }
-
-   private:
-    SessionDirectory* const directory_;
-    const std::shared_ptr<StoreTicket> ticket_;
-    GenerateObserver* const inner_;
-  };
 
   // The engine's lock-free admission check for a Generate, when its engine is known
   // without claiming anything: a throwaway stream's, or a session's when one model is

@@ -29,8 +29,9 @@ struct Engine::Task {
   ScheduledTask* s =
       nullptr;  // the scheduler's record (its id is the task's); valid until TakeTask
   std::unique_ptr<WorkItem> item;
-  std::string session_id;  // empty for a throwaway (Generate/Score without a session)
-  int slot = -1;           // pool row being advanced; -1 for Score (private context)
+  GenerateParams* generate = nullptr;  // a Generate's (its item's); null otherwise
+  std::string session_id;              // empty for a throwaway (Generate/Score without a session)
+  int slot = -1;                       // pool row being advanced; -1 for Score (private context)
   int64_t tokens_before = 0;
   int64_t tokens = 0;  // tokens the slot's state has absorbed
   // Runs on a session it forked (GenerateParams::fork_from): the session is new, so a
@@ -61,27 +62,80 @@ namespace {
 
 constexpr absl::Duration kHousekeepingInterval = absl::Seconds(1);
 
-// Generate, Score and CreateSession become tasks that count against
-// --max-active-streams; the other session operations run at admission.
-bool IsStreamKind(WorkItem::Kind kind) {
-  return kind == WorkItem::Kind::kGenerate || kind == WorkItem::Kind::kScore ||
-         kind == WorkItem::Kind::kCreate;
+// The scheduler's kind of a stream's work (WorkItem::IsStream).
+TaskKind TaskKindOf(const WorkItem& item) {
+  if (item.Is<ScoreWork>()) return TaskKind::kScore;
+  if (item.Is<CreateWork>()) return TaskKind::kCreate;
+  return TaskKind::kGenerate;
 }
 
-TaskKind TaskKindOf(WorkItem::Kind kind) {
-  switch (kind) {
-    case WorkItem::Kind::kScore:
-      return TaskKind::kScore;
-    case WorkItem::Kind::kCreate:
-      return TaskKind::kCreate;
-    default:
-      return TaskKind::kGenerate;
-  }
-}
+// The transport's control of a stream submitted with its engine known.
+class StreamHandle : public GenerateControl {
+ public:
+  // `session_id`: the new session the stream runs on, or empty (a throwaway stream).
+  StreamHandle(Engine* engine, uint64_t id, std::string session_id)
+      : engine_(engine), id_(id), session_id_(std::move(session_id)) {}
+  std::string session_id() const override { return session_id_; }
+  void WriteDone(bool ok) override { engine_->PostWriteDone(id_, ok); }
+  void Cancel() override { engine_->PostCancel(id_); }
+
+ private:
+  Engine* const engine_;  // outlives every stream (Core::Stop runs after the transport)
+  const uint64_t id_;
+  const std::string session_id_;
+};
 
 double Seconds(absl::Time from, absl::Time to) { return absl::ToDoubleSeconds(to - from); }
 
 }  // namespace
+
+// A stream whose engine is known only once its session's lease was taken in a shared
+// store (the session names the model). WriteDone cannot come before Bind (no chunk is
+// sent before). A Cancel before admission is seen by the engine through the item's
+// is_cancelled (polled at admission); the PostCancel from Bind is only a best effort.
+class LateStreamHandle : public GenerateControl {
+ public:
+  explicit LateStreamHandle(std::string session_id) : session_id_(std::move(session_id)) {}
+  std::string session_id() const override { return session_id_; }
+  void Bind(Engine* engine, uint64_t id) {
+    bool cancel;
+    {
+      absl::MutexLock lock(&mu_);
+      engine_ = engine;
+      id_ = id;
+      cancel = cancelled_;
+    }
+    if (cancel) engine->PostCancel(id);
+  }
+  void WriteDone(bool ok) override {
+    if (auto [engine, id] = Bound(); engine != nullptr) engine->PostWriteDone(id, ok);
+  }
+  void Cancel() override {
+    {
+      absl::MutexLock lock(&mu_);
+      cancelled_ = true;
+    }
+    if (auto [engine, id] = Bound(); engine != nullptr) engine->PostCancel(id);
+  }
+
+ private:
+  std::pair<Engine*, uint64_t> Bound() {
+    absl::MutexLock lock(&mu_);
+    return {engine_, id_};
+  }
+
+  const std::string session_id_;
+  absl::Mutex mu_;
+  Engine* engine_ ABSL_GUARDED_BY(mu_) = nullptr;
+  uint64_t id_ ABSL_GUARDED_BY(mu_) = 0;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+void OpenStreamBeforeClaim(WorkItem& item) {
+  GenerateWork& g = std::get<GenerateWork>(item.work);
+  g.control = std::make_shared<LateStreamHandle>(g.fork_id.empty() ? item.session_id : g.fork_id);
+  g.observer->OnStart(g.control);
+}
 
 Engine::Engine(std::string name, fwmodel::LoadedModel loaded, const EngineOptions& options,
                EngineContext context)
@@ -90,24 +144,19 @@ Engine::Engine(std::string name, fwmodel::LoadedModel loaded, const EngineOption
       fingerprint_(std::move(loaded.fingerprint)),
       tokenizer_(std::move(context.tokenizer)),
       options_(options),
-      registry_(&context.directory->registry()),
-      directory_(context.directory),
-      policy_(context.directory->policy()),
-      executor_(&context.directory->executor()),
-      budget_(context.budget),
-      clock_(context.clock != nullptr ? context.clock : Clock::Real()),
       metrics_(context.metrics),
-      state_bytes_(model_.state_bytes_per_session()),
-      vocab_(model_.config().vocab_size),
       admission_{name_,
                  options.max_queued_requests,
                  options.max_queue_wait,
                  options.max_active_streams,
                  options.codel_target,
                  options.codel_interval},
-      queue_(admission_, [](const WorkItem& item) { return IsStreamKind(item.kind); }),
+      queue_(admission_, [](const WorkItem& item) { return item.IsStream(); }),
       runner_(model_, options_, context.budget, name_),
       pool_(runner_.pool()),
+      keeper_(KeeperContext{
+          name_, &model_, fingerprint_, &options_, context.directory, context.budget,
+          context.clock != nullptr ? context.clock : Clock::Real(), metrics_, &pool_, this}),
       scheduler_(SchedulerOptions{options.max_active_streams, options.prefill_chunk_tokens,
                                   options.prefill_batch_tokens, options.batch_wait}) {}
 
@@ -191,12 +240,22 @@ absl::Status Engine::CheckAdmission(absl::Time deadline) const {
 }
 
 absl::Status Engine::Submit(std::unique_ptr<WorkItem>& item) {
+  GenerateWork* generate = item->As<GenerateWork>();
+  if (generate != nullptr) {
+    generate->stream_id = NewStreamId();
+    if (generate->control != nullptr) {
+      generate->control->Bind(this, generate->stream_id);
+    } else {
+      generate->observer->OnStart(
+          std::make_shared<StreamHandle>(this, generate->stream_id, generate->fork_id));
+    }
+  }
   if (!item->text.empty()) {
     item->tokens = tokenizer_.Encode(item->text);
     std::string().swap(item->text);  // the tokens are what the engine uses
   }
-  if (item->kind == WorkItem::Kind::kGenerate) {
-    if (absl::Status late = DeadlineRefusal(item->generate.deadline); !late.ok()) return late;
+  if (generate != nullptr) {
+    if (absl::Status late = DeadlineRefusal(generate->params.deadline); !late.ok()) return late;
   }
   absl::MutexLock lock(&mu_);
   if (draining_) return absl::UnavailableError("the server is shutting down");
@@ -205,6 +264,53 @@ absl::Status Engine::Submit(std::unique_ptr<WorkItem>& item) {
   published_queued_.store(queue_.size(), std::memory_order_relaxed);
   wake_.Signal();
   return queued;
+}
+
+absl::Status Engine::SubmitClaimed(std::unique_ptr<WorkItem>& item,
+                                   std::optional<std::string> stored_state) {
+  WorkItem& w = *item;
+  if (stored_state.has_value() && !w.Is<DeleteWork>()) {
+    torch::NoGradGuard no_grad;
+    auto decoded = fwmodel::DecodeStateRow(model_, fingerprint_, std::move(*stored_state));
+    if (!decoded.ok()) {
+      Log(LogLevel::kError, absl::StrCat("session ", w.session_id, ": stored state unreadable: ",
+                                         decoded.status().message()));
+      FailItem(std::move(item),
+               absl::DataLossError(absl::StrCat("session_id '", w.session_id,
+                                                "': its saved state could not be restored")));
+      return absl::OkStatus();
+    }
+    w.loaded = std::move(*decoded);
+  }
+  return Submit(item);
+}
+
+void Engine::StoreJobStarted() {
+  absl::MutexLock lock(&mu_);
+  ++store_jobs_;
+}
+
+void Engine::StoreJobDone(std::function<void()> then) {
+  absl::MutexLock lock(&mu_);
+  if (then) continuations_.push_back(std::move(then));
+  --store_jobs_;
+  wake_.Signal();
+}
+
+void Engine::Housekeeping() {
+  keeper_.Housekeeping(ending_);
+  PublishGauges();
+}
+
+void Engine::PublishGauges() {
+  int64_t queued;
+  {
+    absl::MutexLock lock(&mu_);
+    queued = queue_.size();
+  }
+  metrics_->SetQueuedRequests(queued);
+  metrics_->SetExpectedQueueWait(absl::ToDoubleSeconds(ExpectedQueueWait()));
+  metrics_->SetActiveStreams(static_cast<int64_t>(tasks_.size()));
 }
 
 void Engine::PostWriteDone(uint64_t stream_id, bool ok) {
@@ -317,7 +423,7 @@ void Engine::Loop() {
   }
 
   runner_.StopPrefillThread();
-  StoreUnstoredAtExit();
+  keeper_.StoreUnstoredAtExit();
 }
 
 Engine::IterationWork Engine::WaitForWork() {
@@ -453,7 +559,7 @@ void Engine::Deliver(Task& t, GenerateChunk chunk) {
   }
   if (t.first_token_at == absl::InfinitePast()) t.first_token_at = now;
   t.last_emit_at = now;
-  t.item->observer->OnChunk(std::move(chunk));
+  t.item->As<GenerateWork>()->observer->OnChunk(std::move(chunk));
 }
 
 void Engine::DropUnconfirmed(Task& t) {
@@ -486,26 +592,20 @@ void Engine::Admit(std::unique_ptr<WorkItem> item) {
   // its lease released and its caller answered; nothing is dropped silently.
   std::optional<TaskId> admitted;  // the stream task made for `item`, if any
   try {
-    const WorkItem::Kind kind = item->kind;
-    const bool needs_state = !item->session_id.empty() && kind != WorkItem::Kind::kDelete &&
-                             kind != WorkItem::Kind::kCreate;
-    if (needs_state && item->ticket != nullptr) DropStaleCopy(*item);
-    if ((needs_state && !resident_.contains(item->session_id) && !item->loaded) ||
-        (kind == WorkItem::Kind::kImport && !item->loaded)) {
-      return StartLoad(std::move(item));
-    }
-    if (IsStreamKind(kind)) {
+    if (keeper_.NeedsLoad(*item)) return keeper_.StartLoad(std::move(item));
+    if (item->IsStream()) {
       metrics_->ObserveQueueWait(absl::ToDoubleSeconds(absl::Now() - item->arrival));
       if (options_.stream_admitted_for_testing) options_.stream_admitted_for_testing(item->tenant);
       auto task = std::make_unique<Task>();
       Task& t = *task;
       admitted = next_task_id_++;
-      t.s = &scheduler_.Add(*admitted, TaskKindOf(kind), item->tenant);
+      t.s = &scheduler_.Add(*admitted, TaskKindOf(*item), item->tenant);
+      t.generate = item->Is<GenerateWork>() ? &item->As<GenerateWork>()->params : nullptr;
       t.item = std::move(item);
       tasks_[*admitted] = std::move(task);
       AdmitStream(t);
     } else {
-      RunSessionOperation(item);
+      keeper_.RunSessionOperation(item);
     }
   } catch (const std::exception& e) {
     Log(LogLevel::kError, absl::StrCat("model ", name_, ": admission failed: ", e.what()));
@@ -523,99 +623,18 @@ void Engine::Admit(std::unique_ptr<WorkItem> item) {
 void Engine::AdmitStream(Task& t) {
   WorkItem& w = *t.item;
   t.session_id = w.session_id;
-  const absl::Time now = clock_->Now();
+  auto session = keeper_.OpenStream(w);
+  if (!session.ok()) return FailTask(t, session.status());
+  t.session_id = session->id;
+  t.slot = session->slot;
+  t.tokens_before = t.tokens = session->tokens;
+  t.forked = session->forked;
 
-  if (w.kind == WorkItem::Kind::kCreate) {
-    auto slot = AllocateSlot();
-    if (!slot.ok()) return FailTask(t, slot.status());
-    t.slot = *slot;
-    pool_.Reset(t.slot);
-    SessionRecord record;
-    record.id = NewSessionId();
-    record.model = name_;
-    record.state_bytes = state_bytes_;
-    record.created = record.last_used = now;
-    record.tenant = w.tenant;
-    auto lease = registry_->InsertLeased(record);
-    if (!lease.ok()) return FailTask(t, lease.status());  // frees the slot
-    w.lease = std::move(*lease);
-    t.session_id = record.id;
-    resident_[t.session_id] = ResidentSession{t.slot, 0, now, now, /*in_use=*/true};
-    resident_[t.session_id].tenant = w.tenant;
-    metrics_->CountSessionOperation("created");
-  } else if (!w.fork_id.empty()) {
-    // A new session for this stream, under the id the core chose: a fork of
-    // w.session_id (GenerateParams::fork_from: the source's state goes into the new
-    // row, and the source is released unchanged), or, with no source, a fresh row (a
-    // stateless request kept as a session: GenerateParams::prefix_reuse).
-    const bool from_source = !w.session_id.empty();
-    if (from_source) {
-      auto source = EnsureResident(w);
-      if (!source.ok()) return FailTask(t, source.status());
-    }
-    if (absl::Status room = registry_->CheckCapacity(); !room.ok()) return FailTask(t, room);
-    if (from_source) resident_[w.session_id].in_use = true;  // keep it out of eviction
-    auto slot = AllocateSlot();
-    if (from_source) resident_[w.session_id].in_use = false;
-    if (!slot.ok()) return FailTask(t, slot.status());
-    int64_t tokens = 0;
-    if (from_source) {
-      ResidentSession& source_session = resident_[w.session_id];
-      pool_.CopySlot(source_session.slot, *slot);
-      source_session.last_used = now;  // a use: restarts the idle clock
-      tokens = source_session.tokens;
-    } else {
-      pool_.Reset(*slot);
-    }
-    SessionRecord record;
-    record.id = w.fork_id;
-    record.model = name_;
-    record.tokens = tokens;
-    record.state_bytes = state_bytes_;
-    record.created = record.last_used = now;
-    record.tenant = w.tenant;
-    auto lease = registry_->InsertLeased(record);
-    if (!lease.ok()) {
-      FreeSlot(*slot);
-      return FailTask(t, lease.status());
-    }
-    // The source's lease (and its claim in a shared store) ends now; the new session is
-    // created in the store by its first write (no ticket: version 1).
-    if (from_source) {
-      w.lease.ReleaseUsed(now);
-      if (w.ticket != nullptr) {
-        directory_->EndClaimThen(w.ticket, [] {});
-        w.ticket = nullptr;
-      }
-    }
-    w.lease = std::move(*lease);
-    w.session_id = t.session_id = record.id;
-    t.slot = *slot;
-    t.tokens_before = t.tokens = tokens;
-    t.forked = true;  // new: nothing to roll back to, removed if it keeps nothing
-    resident_[record.id] = ResidentSession{*slot, tokens, now, now, /*in_use=*/true};
-    resident_[record.id].tenant = w.tenant;
-    metrics_->CountSessionOperation(from_source ? "forked" : "created");
-  } else if (!t.session_id.empty()) {
-    auto slot = EnsureResident(w);
-    if (!slot.ok()) return FailTask(t, slot.status());
-    ResidentSession& r = resident_[t.session_id];
-    r.in_use = true;
-    t.slot = *slot;
-    t.tokens_before = t.tokens = r.tokens;
-  } else if (w.kind == WorkItem::Kind::kGenerate) {
-    auto slot = AllocateSlot();
-    if (!slot.ok()) return FailTask(t, slot.status());
-    t.slot = *slot;
-    pool_.Reset(t.slot);
-  }
-
-  if (w.kind == WorkItem::Kind::kScore) {
+  if (w.Is<ScoreWork>()) {
     // A private copy: the session (if any) is not changed.
     if (t.slot >= 0) {
       t.score_context.state = pool_.CopyRow(t.slot);
       if (t.tokens > 0) t.score_context.next_logits = pool_.CopyLogits(t.slot);
-      resident_[t.session_id].in_use = false;
       t.slot = -1;
     } else {
       t.score_context.state = pool_.fresh_row().Clone();
@@ -626,7 +645,7 @@ void Engine::AdmitStream(Task& t) {
     return FailTask(t, absl::CancelledError("cancelled by the client"));
   }
   StreamLimits limits;  // a Score or CreateSession samples nothing
-  if (w.kind == WorkItem::Kind::kGenerate) {
+  if (GenerateWork* generate = w.As<GenerateWork>()) {
     if (w.tokens.empty() && t.tokens == 0) {
       return FailTask(t, absl::InvalidArgumentError(
                              "prompt: must not be empty when the session holds no tokens"));
@@ -636,7 +655,7 @@ void Engine::AdmitStream(Task& t) {
       t.snapshot_logits = pool_.CopyLogits(t.slot);
       t.has_snapshot = true;
     }
-    const GenerateParams& g = w.generate;
+    const GenerateParams& g = generate->params;
     // The request's message grouping, else the server's.
     const absl::Duration flush_interval =
         g.max_message_delay > absl::ZeroDuration() ? g.max_message_delay
@@ -650,7 +669,7 @@ void Engine::AdmitStream(Task& t) {
     t.recent.assign(w.tokens.end() - std::min<size_t>(w.tokens.size(), g.repetition_window),
                     w.tokens.end());
     metrics_->AddPromptTokensSaved(t.tokens_before);
-    tasks_by_stream_[w.stream_id] = t.s->id;
+    tasks_by_stream_[generate->stream_id] = t.s->id;
   }
   Apply(scheduler_.Start(t.s->id, w.tokens.size(), std::move(limits)));
 }
@@ -769,13 +788,13 @@ std::optional<Engine::InFlightStep> Engine::LaunchDecodeStep() {
     work.tokens.push_back(t->pending_token);
     // The repetition window as the next sampling sees it: with the absorbed token.
     t->recent.push_back(t->pending_token);
-    const size_t window = static_cast<size_t>(t->item->generate.repetition_window);
+    const size_t window = static_cast<size_t>(t->generate->repetition_window);
     if (t->recent.size() > window) t->recent.erase(t->recent.begin());
     // What the row's next sampling will ask, for a kernel that samples inside the step
     // (Stepper::Step; a row that does not sample next leaves its draw unused).
     if (draws_ahead) {
       work.draws.push_back(
-          {t->slot, &t->item->generate.sampling, &t->rng, &t->recent, t->item->generate.logprobs});
+          {t->slot, &t->generate->sampling, &t->rng, &t->recent, t->generate->logprobs});
     }
     if (work.multi.steps > 1) work.multi.limits.push_back(TokensPerLaunch(*t, steps));
   }
@@ -815,8 +834,7 @@ int64_t Engine::TokensPerLaunch(const Task& t, int64_t steps) const {
   // Only a throwaway stream may absorb tokens it will not keep (past a stop string);
   // a session's state must hold exactly the tokens sent. The penalty window is the
   // host's.
-  if (!t.session_id.empty() || s.cancelled ||
-      t.item->generate.sampling.repetition_penalty != 1.0f) {
+  if (!t.session_id.empty() || s.cancelled || t.generate->sampling.repetition_penalty != 1.0f) {
     return 1;
   }
   const StreamTask& stream = s.stream;
@@ -836,11 +854,11 @@ void Engine::TakeTokensAhead(TaskId id, const std::vector<SampledToken>& ahead) 
     if (it == tasks_.end()) return;
     Task* t = it->second.get();
     if (t->s->phase != ScheduledTask::Phase::kReadyToSample || t->s->Parked()) return;
-    if (t->item->generate.sampling.temperature != 0) CanonicalDraw(t->rng);  // as Sample would
+    if (t->generate->sampling.temperature != 0) CanonicalDraw(t->rng);  // as Sample would
     if (t->s->stream.starts_chunk()) t->before_unsent.tokens = t->tokens;
     t->pending_token = drawn.token;
     Apply(scheduler_.AfterSample({id}, {drawn.token},
-                                 {t->item->generate.logprobs ? drawn.logprob : 0.0f}, now));
+                                 {t->generate->logprobs ? drawn.logprob : 0.0f}, now));
     // Absorb: the launch absorbed it already.
     it = tasks_.find(id);
     if (it == tasks_.end()) return;
@@ -848,7 +866,7 @@ void Engine::TakeTokensAhead(TaskId id, const std::vector<SampledToken>& ahead) 
     // Stopped (a stop string, cancelled): the rest is dropped with this throwaway state.
     if (t->s->phase != ScheduledTask::Phase::kReadyToAbsorb) return;
     t->recent.push_back(t->pending_token);
-    const size_t window = static_cast<size_t>(t->item->generate.repetition_window);
+    const size_t window = static_cast<size_t>(t->generate->repetition_window);
     if (t->recent.size() > window) t->recent.erase(t->recent.begin());
     ++t->tokens;
     t->pending_token = -1;
@@ -886,8 +904,8 @@ void Engine::SampleAndEmit() {
   work.requests.resize(sampling.size());
   for (size_t i = 0; i < sampling.size(); ++i) {
     Task* t = sampling[i];
-    work.requests[i] = {t->slot, &t->item->generate.sampling, &t->rng, &t->recent,
-                        t->item->generate.logprobs};
+    work.requests[i] = {t->slot, &t->generate->sampling, &t->rng, &t->recent,
+                        t->generate->logprobs};
   }
   const StepResult sampled = runner_.Wait(runner_.Launch(work));
   if (!sampled.status.ok()) {
@@ -909,7 +927,9 @@ void Engine::SampleAndEmit() {
 std::unique_ptr<WorkItem> Engine::TakeTask(Task& t) {
   std::unique_ptr<WorkItem> item = std::move(t.item);
   drain_.StreamEnded();
-  if (item->kind == WorkItem::Kind::kGenerate) tasks_by_stream_.erase(item->stream_id);
+  if (const GenerateWork* generate = item->As<GenerateWork>()) {
+    tasks_by_stream_.erase(generate->stream_id);
+  }
   const TaskId id = t.s->id;
   scheduler_.Remove(id);
   tasks_.erase(id);  // `t` is gone
@@ -917,109 +937,64 @@ std::unique_ptr<WorkItem> Engine::TakeTask(Task& t) {
 }
 
 void Engine::FinishTask(Task& t, FinishReason reason) {
-  if (t.item->kind == WorkItem::Kind::kCreate && t.item->is_cancelled && t.item->is_cancelled()) {
+  if (t.item->Is<CreateWork>() && t.item->is_cancelled && t.item->is_cancelled()) {
     // Nobody will learn the new id: remove the session rather than leave an orphan.
     return FailTask(t, absl::CancelledError("cancelled by the client"));
   }
-  if (reason == FinishReason::kCancelled || reason == FinishReason::kShutdown) {
-    DropUnconfirmed(t);
-  }
-  const absl::Time now = clock_->Now();
+  const bool cut = reason == FinishReason::kCancelled || reason == FinishReason::kShutdown;
+  if (cut) DropUnconfirmed(t);
   const StreamTask& stream = t.s->stream;
-  const bool rollback = t.has_snapshot && stream.confirmed() == 0 &&
-                        (reason == FinishReason::kCancelled || reason == FinishReason::kShutdown);
+  const bool rollback = t.has_snapshot && stream.confirmed() == 0 && cut;
   if (rollback) RestoreSnapshot(t);
-  const std::string id = t.session_id;
-  const int slot = t.slot;
-  const int64_t tokens = t.tokens;
-  const bool forked = t.forked;
+  StreamEnd end;
+  end.id = t.session_id;
+  end.slot = t.slot;
+  end.tokens = t.tokens;
+  end.forked = t.forked;
+  end.delivered = stream.confirmed();
+  end.cut = cut;
+  end.rolled_back = rollback;
+  // What the client received; the session keeps it if this request commits.
+  end.output = stream.output();
   GenerateSummary summary;
   summary.reason = reason;
   summary.trailing_text = t.s->stream.FinishText();
-  // What the client received; the session keeps it if this request commits.
-  LastOutput output = stream.output();
   summary.prompt_tokens = rollback ? 0 : static_cast<int64_t>(t.s->prefilled);
   summary.generated_tokens = stream.confirmed();
-  summary.session_tokens = tokens;
+  summary.session_tokens = t.tokens;
   std::vector<double> logprobs = std::move(t.score_logprobs);
   std::shared_ptr<WorkItem> item(TakeTask(t));  // `t` is gone
 
-  const auto answer = [this, item, summary, logprobs](absl::Status status) {
+  auto answer = [this, item, summary, logprobs](absl::Status status) {
     WorkItem& w = *item;
     const absl::Time end = absl::Now();
-    switch (w.kind) {
-      case WorkItem::Kind::kGenerate:
-        metrics_->AddGeneratedTokens(summary.generated_tokens);
-        metrics_->ObserveGenerationDuration(Seconds(w.arrival, end));
-        w.observer->OnFinish(status, summary);
-        break;
-      case WorkItem::Kind::kScore:
-        if (!status.ok()) {
-          w.on_score(status);
-        } else if (summary.reason == FinishReason::kShutdown) {
-          w.on_score(absl::UnavailableError("the server is shutting down"));
-        } else {
-          w.on_score(ScoreResult{std::move(w.tokens), logprobs});
-        }
-        break;
-      case WorkItem::Kind::kCreate:
-        if (status.ok()) {
-          w.on_session(registry_->Get(w.session_id));
-        } else {
-          w.on_session(status);
-        }
-        break;
-      default:
-        break;
-    }
+    std::visit(Overloaded{
+                   [&](GenerateWork& g) {
+                     metrics_->AddGeneratedTokens(summary.generated_tokens);
+                     metrics_->ObserveGenerationDuration(Seconds(w.arrival, end));
+                     g.observer->OnFinish(status, summary);
+                   },
+                   [&](ScoreWork& s) {
+                     if (!status.ok()) {
+                       s.done(status);
+                     } else if (summary.reason == FinishReason::kShutdown) {
+                       s.done(absl::UnavailableError("the server is shutting down"));
+                     } else {
+                       s.done(ScoreResult{std::move(w.tokens), logprobs});
+                     }
+                   },
+                   [&](CreateWork& c) {
+                     if (status.ok()) {
+                       c.done(keeper_.Record(w.session_id));
+                     } else {
+                       c.done(status);
+                     }
+                   },
+                   [](auto&) {},  // not a stream
+               },
+               w.work);
   };
-
-  if (id.empty() || item->kind == WorkItem::Kind::kScore) {
-    // A throwaway stream or a Score: nothing of a session changes.
-    if (id.empty() && slot >= 0) FreeSlot(slot);
-    item->lease.Release();
-    return answer(absl::OkStatus());
-  }
-  if (forked && (!item->generate.store ||
-                 (summary.generated_tokens == 0 &&
-                  (reason == FinishReason::kCancelled || reason == FinishReason::kShutdown)))) {
-    // A fork that keeps nothing: store false, or cut before the client got a token. It
-    // was never stored, so it is removed from memory alone.
-    EraseSession(id, item->lease);
-    return answer(absl::OkStatus());
-  }
-  ResidentSession& r = resident_[id];
-  r.in_use = false;
-  r.tokens = tokens;
-  if (rollback) {
-    item->lease.Release();
-    if (item->ticket != nullptr && item->ticket->lost.load()) {
-      return answer(WriteFailure(id, absl::AbortedError("lease lost"), ""));
-    }
-    return answer(absl::OkStatus());
-  }
-  r.last_used = now;
-  if (item->kind == WorkItem::Kind::kGenerate) r.last_output = std::move(output);
-  item->session_id = id;
-  // Write-through: the caller hears of the change only once the store holds it.
-  WriteThrough(id, slot, tokens, r.created, now, item->ticket,
-               [this, item, id, tokens, now, answer, forked](absl::Status written) mutable {
-                 if (written.ok()) {
-                   item->lease.Commit(tokens, now, policy_.durable);
-                   return answer(absl::OkStatus());
-                 }
-                 if (item->kind == WorkItem::Kind::kCreate || forked) {
-                   EraseSession(id, item->lease);
-                   return answer(directory_->ClientError(StoreCall::kCreate, id, written,
-                                                         "the new session could not be saved"));
-                 }
-                 // dir: the session keeps what was streamed, in memory, and the write is
-                 // retried. Shared store: the session keeps its last committed state.
-                 EndLeaseAfterWrite(item->lease, id, tokens, now, written);
-                 answer(WriteFailure(id, written,
-                                     "the generated tokens are kept in memory but could not "
-                                     "be saved yet (the server retries)"));
-               });
+  keeper_.CommitStream(std::move(item), std::move(end), std::move(answer));
 }
 
 void Engine::FailTask(Task& t, absl::Status status) {
@@ -1029,42 +1004,16 @@ void Engine::FailTask(Task& t, absl::Status status) {
   DropUnconfirmed(t);
   const bool keep_streamed = t.s->stream.confirmed() > 0;
   if (t.has_snapshot && !keep_streamed) RestoreSnapshot(t);
-  const std::string id = t.session_id;
-  const int slot = t.slot;
-  const int64_t tokens = t.tokens;
-  const bool forked = t.forked;
-  LastOutput output = t.s->stream.output();      // the streamed chunks' text
+  StreamEnd end;
+  end.id = t.session_id;
+  end.slot = t.slot;
+  end.tokens = t.tokens;
+  end.forked = t.forked;
+  end.delivered = t.s->stream.confirmed();
+  end.rolled_back = t.has_snapshot && !keep_streamed;
+  end.output = t.s->stream.output();             // the streamed chunks' text
   std::unique_ptr<WorkItem> item = TakeTask(t);  // `t` is gone
-  // A new session that keeps nothing is removed: a CreateSession's, or a fork's that
-  // streamed nothing or is not to be stored.
-  if (item->kind == WorkItem::Kind::kCreate ||
-      (forked && (!keep_streamed || !item->generate.store))) {
-    if (!id.empty()) {
-      EraseSession(id, item->lease);
-    } else if (slot >= 0) {
-      FreeSlot(slot);
-    }
-    return FailItem(std::move(item), status);
-  }
-  if (id.empty()) {
-    if (slot >= 0) FreeSlot(slot);
-    return FailItem(std::move(item), status);
-  }
-  auto it = resident_.find(id);
-  if (it != resident_.end()) it->second.in_use = false;
-  if (!keep_streamed || it == resident_.end()) return FailItem(std::move(item), status);
-  const absl::Time now = clock_->Now();
-  it->second.tokens = tokens;
-  it->second.last_used = now;
-  it->second.last_output = std::move(output);
-  std::shared_ptr<WorkItem> shared(std::move(item));
-  WriteThrough(id, it->second.slot, tokens, it->second.created, now, shared->ticket,
-               [this, shared, id, tokens, now, status](absl::Status written) {
-                 EndLeaseAfterWrite(shared->lease, id, tokens, now, written);
-                 AnswerFailure(*shared, written.ok() || policy_.keeps_unstored
-                                            ? status
-                                            : WriteFailure(id, written, ""));
-               });
+  keeper_.FailStream(std::move(item), std::move(end), std::move(status));
 }
 
 void Engine::RestoreSnapshot(Task& t) {

@@ -1,20 +1,23 @@
 // One model's engine: a thread that runs continuous batching (admit -> prefill one
 // chunk -> one batched step -> sample -> emit). What runs is the Scheduler's plan
 // (scheduler.h, plain data); the Runner (runner.h) owns the rows (StatePool), the
-// kernels and the prefill thread; session-store work goes to the shared StoreExecutor. Internal to
-// the core (includes LibTorch): the transports see server/core/core.h only.
+// kernels and the prefill thread; the SessionKeeper (session_keeper.h) owns what the
+// engine holds of sessions: residency, loads, write-through, session operations,
+// housekeeping and the end of a request's claim. Internal to the core (includes
+// LibTorch): the transports see server/core/core.h only.
 //
-// Files: engine.cc holds the loop, admission, prefill, decode and sampling;
-// engine_sessions.cc the session operations (create/fork/export/import/delete, reading
-// the last output), residency (load, release, evict), write-through and housekeeping.
+// Files: engine.cc holds the loop and its thread protocol, admission, prefill, decode,
+// sampling and the streams' ends; work_item.h the work items (a std::variant of typed
+// works); session_keeper.cc the session keeping.
 //
 // Durability (docs/sessions.md): a request that changes a session answers its caller
 // only after the session store holds the new state; the session's lease is held until
 // then. Store I/O runs on store threads; its results come back to the engine thread as
 // continuations, so every session-state change happens on the engine thread.
 //
-// Thread-safety: Submit, PostWriteDone, PostCancel, BeginDrain, WaitIdle, EndAllWork,
-// Stop and the accessors are thread-safe. Everything else runs on the engine thread.
+// Thread-safety: Submit, SubmitClaimed, PostWriteDone, PostCancel, BeginDrain,
+// WaitIdle, EndAllWork, Stop and the accessors are thread-safe. Everything else runs on
+// the engine thread (the KeeperHost calls: as documented there).
 #pragma once
 
 #include <atomic>
@@ -45,58 +48,17 @@
 #include "server/engine/admission_queue.h"
 #include "server/engine/drain_estimate.h"
 #include "server/engine/engine_options.h"
-#include "server/engine/residency.h"
 #include "server/engine/runner.h"
 #include "server/engine/scheduler.h"
+#include "server/engine/session_keeper.h"
 #include "server/engine/state_pool.h"
 #include "server/engine/stepper.h"
 #include "server/engine/stream_task.h"
+#include "server/engine/work_item.h"
 #include "server/metrics/metrics.h"
 #include "server/sessions/session_directory.h"
-#include "server/sessions/session_labels.h"
-#include "server/sessions/session_registry.h"
-#include "server/sessions/store_executor.h"
 
 namespace fwserve {
-
-// A unit of work for the engine. Items that name an existing session hold its lease
-// from submission until the engine answers them (and, for a change, until the store
-// holds it).
-struct WorkItem {
-  // kReadOutput: the session's last output (Core::GetSessionOutput); like kExport it
-  // holds the lease while it reads, and changes nothing.
-  enum class Kind { kGenerate, kScore, kCreate, kFork, kExport, kImport, kDelete, kReadOutput };
-  Kind kind = Kind::kGenerate;
-  std::string session_id;
-  // kGenerate with GenerateParams::fork_from: the new session's id (chosen by the core);
-  // `session_id` (and the lease and ticket) are then the source's until the engine
-  // forks it, and the new session's after.
-  std::string fork_id;
-  // The caller's tenant: owns the sessions this item creates (Caller::tenant).
-  std::string tenant;
-  SessionLease lease;
-  // Shared store only: the lease in the store (null otherwise, and for new sessions).
-  std::shared_ptr<StoreTicket> ticket;
-  std::vector<int64_t> tokens;  // prompt, scored text or prefix
-  GenerateParams generate;
-  GenerateObserver* observer = nullptr;  // kGenerate; see server/api/requests.h for its lifetime
-  uint64_t stream_id = 0;                // kGenerate
-  std::string blob;                      // kImport
-  // The prompt, scored text or prefix as the caller sent it: Engine::Submit encodes it
-  // into `tokens` with the model's tokenizer (the core may not know the model yet).
-  std::string text;
-  // The session's state read from the store (or the decoded import blob), when the
-  // session was not resident at admission.
-  std::optional<fwmodel::DecodedState> loaded;
-  Callback<ScoreResult> on_score;
-  Callback<SessionRecord> on_session;
-  Callback<ExportResult> on_export;
-  Callback<SessionOutput> on_output;
-  Callback<bool> on_delete;
-  // kScore, kCreate: polled between prefill chunks; may be null.
-  std::function<bool()> is_cancelled;
-  absl::Time arrival;
-};
 
 // What an engine shares with the rest of the core. Pointers are not owned and outlive
 // the engine.
@@ -112,11 +74,14 @@ struct EngineContext {
   fwmodel::TextTokenizer tokenizer;
 };
 
-// Answers `item` with `status` through whichever callback its kind has (its lease
-// released first).
-void AnswerWorkItem(WorkItem& item, absl::Status status);
+// A Generate whose engine is known only once its session is claimed (a shared store
+// names the model): hands the item's observer its stream control now (OnStart; its
+// session_id() is the new session of a fork, else the item's session). The engine that
+// takes the item binds it (Engine::Submit); a Cancel before then reaches the engine
+// through the item's is_cancelled (polled at admission). Thread-safe.
+void OpenStreamBeforeClaim(WorkItem& item);
 
-class Engine {
+class Engine : private KeeperHost {
  public:
   Engine(std::string name, fwmodel::LoadedModel loaded, const EngineOptions& options,
          EngineContext context);
@@ -129,14 +94,20 @@ class Engine {
   const fwmodel::Model& model() const { return model_; }
   const fwmodel::TextTokenizer& tokenizer() const { return tokenizer_; }
   const std::string& fingerprint() const { return fingerprint_; }
-  uint64_t NewStreamId() { return next_stream_id_.fetch_add(1); }
 
   // Queues `item`. RESOURCE_EXHAUSTED when the queue is full, DEADLINE_EXCEEDED when a
   // Generate could not start before its deadline (GenerateParams::deadline) by the
   // queue's expected wait, UNAVAILABLE when draining; the first two carry a retry delay
-  // (server/base/retry_delay.h). On error the item is returned untouched through `item`
-  // (callbacks not called).
+  // (server/base/retry_delay.h). On error the item is returned through `item`, its
+  // callbacks not called. A Generate's observer gets its stream control first (OnStart),
+  // unless OpenStreamBeforeClaim gave it one, which is bound here.
   absl::Status Submit(std::unique_ptr<WorkItem>& item);
+  // Submit for an item whose claim is bound (SessionKeeper::BindClaim), with the
+  // session's state when the claim brought it (a shared store's, on a cache miss): it
+  // is decoded here, on the calling thread. A state that cannot be decoded answers the
+  // item with DATA_LOSS (its claim ended first), takes it and returns OK.
+  absl::Status SubmitClaimed(std::unique_ptr<WorkItem>& item,
+                             std::optional<std::string> stored_state);
   // The same refusals as Submit's, decided from published counts without the lock,
   // before any per-request work (docs/serving.md "Overload"): the cheap early answer.
   // OK does not promise that Submit accepts. Thread-safe, never blocks.
@@ -248,88 +219,22 @@ class Engine {
   // the request.
   void RestoreSnapshot(Task& t);
 
-  // engine_sessions.cc: session operations, residency, the store.
-  void RunSessionOperation(std::unique_ptr<WorkItem>& item);
-  // Answers `item` with `status` (its lease released first).
-  void FailItem(std::unique_ptr<WorkItem> item, absl::Status status);
-  void AnswerFailure(WorkItem& item, absl::Status status) {
-    AnswerWorkItem(item, std::move(status));
-  }
-  // Shared store: drops the resident copy of the item's session unless its version is
-  // the one the item's lease was taken at (then the item is served from the cache).
-  void DropStaleCopy(WorkItem& item);
-  // Ends `lease` after the write-through of a changed session: committed when
-  // `written` is OK; otherwise kept in memory to retry (dir:), or forgotten (shared
-  // store: the local copy was dropped and the store keeps the last committed state).
-  void EndLeaseAfterWrite(SessionLease& lease, const std::string& id, int64_t tokens,
-                          absl::Time now, const absl::Status& written);
-  // The client's error for a failed write-through (details go to the log).
-  absl::Status WriteFailure(const std::string& id, const absl::Status& written,
-                            const char* what) const;
-  // The session's slot; from item.loaded when it is not resident.
-  absl::StatusOr<int> EnsureResident(WorkItem& item);
-  // Reads the session's state from the store (or decodes an import blob) on a store
-  // thread, then admits the item again with item->loaded set.
-  void StartLoad(std::unique_ptr<WorkItem> item);
-  // Write-through: copies the slot now, encodes and stores it on a store thread, then
-  // runs `then(status)` on the engine thread. Without a store, `then(OK)` runs at once.
-  // With a shared store, `ticket` fences the write (null: a new session, created at
-  // version 1); on success the resident copy takes the new version, on failure it is
-  // dropped (the store keeps the last committed state).
-  void WriteThrough(const std::string& id, int slot, int64_t tokens, absl::Time created,
-                    absl::Time last_used, std::shared_ptr<StoreTicket> ticket,
-                    std::function<void(absl::Status)> then);
-  // A new session made by fork or import, in `slot`, with the source's last output:
-  // registered busy, stored, then answered.
-  void CommitNewSession(std::unique_ptr<WorkItem> item, int slot, int64_t tokens,
-                        LastOutput last_output, const char* operation);
-  // Store thread (or the engine thread at exit): encodes a session's row with its
-  // `labels` (their model is this engine's) and puts it in the store, timing a success
-  // and logging and counting a failure.
-  // Returns the stored version (shared store; 0 otherwise).
-  // `new_tag`: the tag a shared store gives a created session (a commit's tag is its
-  // ticket's token).
-  absl::StatusOr<int64_t> StoreRow(const StoredSessionLabels& labels, const fwmodel::State& row,
-                                   const torch::Tensor& logits, int64_t tokens, StoreTicket* ticket,
-                                   const std::string& new_tag = "");
-  // The last output the labels of `item.loaded` carry (a stored state, or an import's
-  // blob). A malformed label fails the item: INVALID_ARGUMENT for an import's blob,
-  // DATA_LOSS (logged) for a stored state, as an unreadable state would.
-  absl::StatusOr<LastOutput> LoadedLastOutput(const WorkItem& item) const;
-  // Store thread: deletes `id` from the store (fenced by `ticket` with a shared
-  // store), logging and counting a failure.
-  absl::Status DeleteFromStore(const std::string& id, StoreTicket* ticket);
-  // Runs `job` on a store thread; the function it returns runs on the engine thread.
-  void RunStoreJob(std::function<std::function<void()>()> job);
-  absl::StatusOr<int> AllocateSlot();
-  void FreeSlot(int slot);
-  // Frees the least recently used idle resident session's slot (dropped from memory
-  // when the store holds it, else evicted with the memory backend). False if none.
-  bool ReleaseOneIdle();
-  void RemoveSession(const std::string& id);
-  // Session `id` is gone: removed from memory (RemoveSession) and the registry, and its
-  // `lease` ended with nothing to release. For a deleted session, and for a new one
-  // that keeps nothing or whose first write failed.
-  void EraseSession(const std::string& id, SessionLease& lease);
+  // KeeperHost: the keeper's store jobs count as the engine's work until their
+  // continuations ran; a loaded item is admitted again.
+  void StoreJobStarted() override;
+  void StoreJobDone(std::function<void()> then) override;
+  void Readmit(std::unique_ptr<WorkItem> item) override { Admit(std::move(item)); }
+  // The keeper's housekeeping, then the engine's gauges.
   void Housekeeping();
-  void RetryUnstored();
-  void StoreUnstoredAtExit();
   void PublishGauges();
+  uint64_t NewStreamId() { return next_stream_id_.fetch_add(1); }
 
   const std::string name_;
   fwmodel::Model model_;
   const std::string fingerprint_;
   const fwmodel::TextTokenizer tokenizer_;
   const EngineOptions options_;
-  SessionRegistry* const registry_;
-  SessionDirectory* const directory_;
-  const SessionPolicy policy_;  // the directory's
-  StoreExecutor* const executor_;
-  StateMemoryBudget* const budget_;
-  const Clock* const clock_;
-  ModelMetrics* const metrics_;  // never null
-  const int64_t state_bytes_;
-  const int64_t vocab_;
+  ModelMetrics* const metrics_;       // never null
   const AdmissionOptions admission_;  // queue_'s; read without the lock by CheckAdmission
 
   std::atomic<uint64_t> next_stream_id_{1};
@@ -367,7 +272,8 @@ class Engine {
   Runner runner_;
   StatePool& pool_;      // runner_'s
   bool ending_ = false;  // EndAllWork was applied: admit nothing more
-  ResidentSessions resident_;
+  // Residency, loads, write-through, session operations, housekeeping.
+  SessionKeeper keeper_;
   // Which streams run, as plain data (phases, streams, parking, the prefill turn, the
   // batch deadline).
   Scheduler scheduler_;
