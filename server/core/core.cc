@@ -6,10 +6,12 @@
 #include <optional>
 #include <set>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/cord.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "models/blas_check.h"
 #include "models/checkpoint.h"
 #include "models/state_codec.h"
@@ -724,10 +726,14 @@ class CoreImpl : public Core {
   // called. A later error (a shared store answers on a store thread) goes through the
   // item's callbacks.
   absl::Status ClaimAndSubmit(std::unique_ptr<WorkItem> item, const std::string& model) {
+    // The claim's callback runs inline (a local directory) or on a store thread, maybe
+    // before this returns: whether an error is returned or answered through the item
+    // is decided under `mu`, once.
     struct Pending {
       std::unique_ptr<WorkItem> item;
-      bool returned = false;  // ClaimAndSubmit returned: errors go through the item
-      absl::Status immediate;
+      absl::Mutex mu;
+      bool returned ABSL_GUARDED_BY(mu) = false;  // errors now go through the item
+      absl::Status immediate ABSL_GUARDED_BY(mu);
     };
     auto pending = std::make_shared<Pending>();
     pending->item = std::move(item);
@@ -741,19 +747,23 @@ class CoreImpl : public Core {
         tenant, id, model, field, [this, pending](absl::StatusOr<SessionClaim> claim) {
           absl::Status status = claim.ok() ? Submit(*pending, *claim) : claim.status();
           if (status.ok()) return;
-          if (!pending->returned) {
-            pending->immediate = status;
-            pending->item.reset();
-          } else if (pending->item != nullptr) {
-            AnswerWorkItem(*pending->item, status);
+          {
+            absl::MutexLock lock(&pending->mu);
+            if (!pending->returned) {
+              pending->immediate = status;
+              pending->item.reset();
+              return;
+            }
           }
+          if (pending->item != nullptr) AnswerWorkItem(*pending->item, status);
         });
+    absl::MutexLock lock(&pending->mu);
     pending->returned = true;
     return pending->immediate;
   }
 
-  // Binds `claim` to the pending item and submits it. Errors after the claim was
-  // taken are answered through the item (which ends the claim first).
+  // Binds `claim` to the pending item and submits it; returns the refusal, which the
+  // caller returns or answers through the item (which ends the claim first).
   template <typename Pending>
   absl::Status Submit(Pending& pending, SessionClaim& claim) {
     SessionKeeper::BindClaim(*directory_, claim, *pending.item);
@@ -761,10 +771,6 @@ class CoreImpl : public Core {
     if (!engine.ok()) return engine.status();  // the directory checked it is served
     absl::Status queued = (*engine)->SubmitClaimed(pending.item, std::move(claim.stored_state));
     if (!queued.ok()) CountRefusal(queued);
-    if (!queued.ok() && pending.returned) {
-      AnswerWorkItem(*pending.item, queued);
-      return absl::OkStatus();
-    }
     return queued;
   }
 
