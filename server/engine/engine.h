@@ -52,8 +52,7 @@
 #include "server/engine/scheduler.h"
 #include "server/engine/session_keeper.h"
 #include "server/engine/state_pool.h"
-#include "server/engine/stepper.h"
-#include "server/engine/stream_task.h"
+#include "server/engine/stream_driver.h"
 #include "server/engine/work_item.h"
 #include "server/metrics/metrics.h"
 #include "server/sessions/session_directory.h"
@@ -81,7 +80,7 @@ struct EngineContext {
 // through the item's is_cancelled (polled at admission). Thread-safe.
 void OpenStreamBeforeClaim(WorkItem& item);
 
-class Engine : private KeeperHost {
+class Engine : private KeeperHost, private StreamHost {
  public:
   Engine(std::string name, fwmodel::LoadedModel loaded, const EngineOptions& options,
          EngineContext context);
@@ -126,8 +125,6 @@ class Engine : private KeeperHost {
   void Stop();
 
  private:
-  struct Task;
-  struct PrefillJob;
   struct Event {
     uint64_t stream_id;
     enum Kind { kWriteOk, kWriteFailed, kCancel } kind;
@@ -145,26 +142,21 @@ class Engine : private KeeperHost {
     bool prefill_done = false;
   };
 
-  // engine.cc: the loop, admission, prefill, decode, sampling.
+  // engine.cc: the loop and the thread protocol; the streams' work is the driver's.
   // Each iteration: wait for work; apply store results, the finished prefill chunk
-  // and the streams' write/cancel events; admit; start the next prefill chunk; one
-  // batched decode step; sample and emit; housekeeping; publish what is ready.
+  // and the streams' write/cancel events; admit; the driver's iteration (the next
+  // prefill chunk, one batched decode step, sample and emit); housekeeping; publish
+  // what is ready.
   void Loop();
   IterationWork WaitForWork();
   void AdmitAll(std::vector<std::unique_ptr<WorkItem>>& admitted, bool end_all);
   // Refuses each of `shed` with RESOURCE_EXHAUSTED and the queue's retry hint, counted
   // as fwserve_queue_shed_total.
   void ShedAll(std::vector<std::unique_ptr<WorkItem>>& shed);
-  // Shutdown (EndAllWork): every task is cancelled as SHUTDOWN; those not waiting on a
-  // write end now.
-  void EndAllTasks();
   // Publishes the readiness of the next iteration to WaitIdle and the admission check.
   // False once the loop should end (stopping, nothing left).
   bool PublishReadiness(bool stop);
   bool HasImmediateWorkLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Carries out the scheduler's decisions, in order (an action for a task that an
-  // earlier one ended is skipped).
-  void Apply(std::vector<Action> actions);
   // The retry hint of a refusal: how long until the streams queued now have started
   // (at least 10 ms, at most 30 s; 1 s while unmeasured). Thread-safe.
   absl::Duration RetryDelay() const;
@@ -175,55 +167,18 @@ class Engine : private KeeperHost {
   // `deadline`; OK for InfiniteFuture. Thread-safe.
   absl::Status DeadlineRefusal(absl::Time deadline) const;
   bool IdleLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A stream's write or cancel event, to its task (StreamDriver).
   void ApplyEvent(const Event& event);
-  void Admit(std::unique_ptr<WorkItem> item);
-  void AdmitStream(Task& task);
-  // Hands the next prefill chunk (one task, or several with equal chunk lengths) to the
-  // prefill thread, unless one is in flight.
-  void StartPrefill();
-  // Applies a finished prefill job: scatters the rows back, advances its tasks.
-  void CompletePrefill();
-  // Blocks until the in-flight prefill job (if any) is done and drops its result.
-  void AbandonPrefillJob();
-  void PrefillThreadLoop();
-  void RunDecodeStep();
-  // RunDecodeStep in two halves, for --overlap-steps: the launched step (its tasks stay
-  // in the scheduler until FinishDecodeStep, which waits for it and applies it).
-  struct InFlightStep {
-    Runner::Handle handle = 0;
-    std::vector<TaskId> ids;
-    std::vector<Task*> batch;
-  };
-  std::optional<InFlightStep> LaunchDecodeStep();
-  void FinishDecodeStep(InFlightStep step);
-  // Multi-step decode (--decode-steps-per-launch): the tokens task `t` may draw in one
-  // launch, in [1, steps].
-  int64_t TokensPerLaunch(const Task& t, int64_t steps) const;
-  // The tokens a multi-step launch drew and absorbed for task `id` beyond its first
-  // (Stepper::StepAhead): each is sampled and counted absorbed, in order, as single
-  // steps would have; they stop where the stream stops (the rest were absorbed by a
-  // throwaway state and are dropped with it).
-  void TakeTokensAhead(TaskId id, const std::vector<SampledToken>& ahead);
-  void SampleAndEmit();
-  // Decode pipelining (StreamTask). Deliver: hands `chunk` (the stream's write in
-  // flight now) to the transport. DropUnconfirmed: puts the slot back to before the
-  // first token whose write was not confirmed and forgets those tokens.
-  void Deliver(Task& t, GenerateChunk chunk);
-  void DropUnconfirmed(Task& t);
-  // End a task: answer its caller (after the store holds a changed session).
-  void FinishTask(Task& task, FinishReason reason);
-  void FailTask(Task& task, absl::Status status);
-  // Removes `task` from tasks_ and the scheduler (destroying it); returns its work item.
-  std::unique_ptr<WorkItem> TakeTask(Task& task);
-  // Puts back the task's slot (state, next-token logits, token count) as it was before
-  // the request.
-  void RestoreSnapshot(Task& t);
+
+  // StreamHost.
+  void AwaitPrefillDone() override;
+  bool EndAllAsked() override;
 
   // KeeperHost: the keeper's store jobs count as the engine's work until their
   // continuations ran; a loaded item is admitted again.
   void StoreJobStarted() override;
   void StoreJobDone(std::function<void()> then) override;
-  void Readmit(std::unique_ptr<WorkItem> item) override { Admit(std::move(item)); }
+  void Readmit(std::unique_ptr<WorkItem> item) override { driver_.Admit(std::move(item)); }
   // The keeper's housekeeping, then the engine's gauges.
   void Housekeeping();
   void PublishGauges();
@@ -270,18 +225,11 @@ class Engine : private KeeperHost {
   DrainEstimate drain_;
   // The rows, the decode step and sampling, the prefill thread.
   Runner runner_;
-  StatePool& pool_;      // runner_'s
-  bool ending_ = false;  // EndAllWork was applied: admit nothing more
+  StatePool& pool_;  // runner_'s
   // Residency, loads, write-through, session operations, housekeeping.
   SessionKeeper keeper_;
-  // Which streams run, as plain data (phases, streams, parking, the prefill turn, the
-  // batch deadline).
-  Scheduler scheduler_;
-  // The tasks' runner side, by the scheduler's ids; the stream ids' tasks.
-  absl::flat_hash_map<TaskId, std::unique_ptr<Task>> tasks_;
-  absl::flat_hash_map<uint64_t, TaskId> tasks_by_stream_;
-  TaskId next_task_id_ = 1;
-  std::unique_ptr<PrefillJob> prefill_job_;  // in flight on the prefill thread, or null
+  // The admitted streams: their tasks, the scheduler, prefill, decode, sampling, delivery.
+  StreamDriver driver_;
   absl::Time next_housekeeping_ = absl::InfinitePast();
 };
 
