@@ -475,22 +475,14 @@ absl::StatusOr<StreamSession> SessionKeeper::OpenStream(WorkItem& w) {
     auto slot = AllocateSlot();
     if (!slot.ok()) return slot.status();
     pool_.Reset(*slot);
-    SessionRecord record;
-    record.id = NewSessionId();
-    record.model = name_;
-    record.state_bytes = state_bytes_;
-    record.created = record.last_used = now;
-    record.tenant = w.tenant;
-    auto lease = registry_->InsertLeased(record);
-    if (!lease.ok()) {
-      FreeSlot(*slot);
-      return lease.status();
-    }
+    const std::string id = NewSessionId();
+    auto lease = LeaseNewSession(id, w.tenant, 0, *slot, now);
+    if (!lease.ok()) return lease.status();
     w.lease = std::move(*lease);
-    resident_[record.id] = ResidentSession{*slot, 0, now, now, /*in_use=*/true};
-    resident_[record.id].tenant = w.tenant;
+    resident_[id] = ResidentSession{*slot, 0, now, now, /*in_use=*/true};
+    resident_[id].tenant = w.tenant;
     metrics_->CountSessionOperation("created");
-    return StreamSession{record.id, *slot, 0, /*forked=*/false};
+    return StreamSession{id, *slot, 0, /*forked=*/false};
   }
   if (generate != nullptr && !generate->fork_id.empty()) {
     // A new session for this stream, under the id the core chose: a fork of
@@ -516,18 +508,9 @@ absl::StatusOr<StreamSession> SessionKeeper::OpenStream(WorkItem& w) {
     } else {
       pool_.Reset(*slot);
     }
-    SessionRecord record;
-    record.id = generate->fork_id;
-    record.model = name_;
-    record.tokens = tokens;
-    record.state_bytes = state_bytes_;
-    record.created = record.last_used = now;
-    record.tenant = w.tenant;
-    auto lease = registry_->InsertLeased(record);
-    if (!lease.ok()) {
-      FreeSlot(*slot);
-      return lease.status();
-    }
+    const std::string id = generate->fork_id;
+    auto lease = LeaseNewSession(id, w.tenant, tokens, *slot, now);
+    if (!lease.ok()) return lease.status();
     // The source's lease (and its claim in a shared store) ends now; the new session is
     // created in the store by its first write (no ticket: version 1).
     if (from_source) {
@@ -538,12 +521,12 @@ absl::StatusOr<StreamSession> SessionKeeper::OpenStream(WorkItem& w) {
       }
     }
     w.lease = std::move(*lease);
-    w.session_id = record.id;
-    resident_[record.id] = ResidentSession{*slot, tokens, now, now, /*in_use=*/true};
-    resident_[record.id].tenant = w.tenant;
+    w.session_id = id;
+    resident_[id] = ResidentSession{*slot, tokens, now, now, /*in_use=*/true};
+    resident_[id].tenant = w.tenant;
     metrics_->CountSessionOperation(from_source ? "forked" : "created");
     // New: nothing to roll back to, removed if it keeps nothing.
-    return StreamSession{record.id, *slot, tokens, /*forked=*/true};
+    return StreamSession{id, *slot, tokens, /*forked=*/true};
   }
   if (!w.session_id.empty()) {
     auto slot = EnsureResident(w);
@@ -703,6 +686,22 @@ absl::StatusOr<LastOutput> SessionKeeper::LoadedLastOutput(const WorkItem& item)
                    ": stored state unreadable: ", last_output.status().message()));
   return absl::DataLossError(
       absl::StrCat("session_id '", item.session_id, "': its saved state could not be restored"));
+}
+
+absl::StatusOr<SessionLease> SessionKeeper::LeaseNewSession(const std::string& id,
+                                                            const std::string& tenant,
+                                                            int64_t tokens, int slot,
+                                                            absl::Time now) {
+  SessionRecord record;
+  record.id = id;
+  record.model = name_;
+  record.tokens = tokens;
+  record.state_bytes = state_bytes_;
+  record.created = record.last_used = now;
+  record.tenant = tenant;
+  auto lease = registry_->InsertLeased(record);
+  if (!lease.ok()) FreeSlot(slot);
+  return lease;
 }
 
 absl::StatusOr<int> SessionKeeper::AllocateSlot() {

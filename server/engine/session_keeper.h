@@ -182,6 +182,10 @@ class SessionKeeper {
   void RunStoreJob(std::function<std::function<void()>()> job);
   absl::StatusOr<int> AllocateSlot();
   void FreeSlot(int slot);
+  // Registers a new session `id` of `tenant` holding `tokens` in `slot`, leased to the
+  // caller; on failure frees `slot` and returns the registry's error.
+  absl::StatusOr<SessionLease> LeaseNewSession(const std::string& id, const std::string& tenant,
+                                               int64_t tokens, int slot, absl::Time now);
   // Frees the least recently used idle resident session's slot (dropped from memory
   // when the store holds it, else evicted with the memory backend). False if none.
   bool ReleaseOneIdle();

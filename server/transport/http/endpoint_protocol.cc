@@ -32,4 +32,18 @@ std::unique_ptr<EndpointProtocol> NewEndpointProtocol(OpenAiEndpoint endpoint, s
   return NewResponsesProtocol(std::move(model), created);
 }
 
+std::string ChoiceStreamClosing(const OpenAiGenerateRequest& request,
+                                const GenerateOutcome& outcome, nlohmann::json last,
+                                nlohmann::json usage_chunk) {
+  last["choices"][0]["finish_reason"] = outcome.finish_reason();
+  std::string events = SseData(last);
+  if (request.include_usage) {
+    usage_chunk["choices"] = nlohmann::json::array();
+    usage_chunk["usage"] = outcome.usage;
+    events += SseData(usage_chunk);
+  }
+  events += "data: [DONE]\n\n";
+  return events;
+}
+
 }  // namespace fwserve

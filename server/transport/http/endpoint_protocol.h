@@ -81,6 +81,13 @@ class EndpointProtocol {
   virtual std::string StreamError(const nlohmann::json& error) = 0;
 };
 
+// The closing events of a chat or completions stream: `last` (a chunk with one choice,
+// given the outcome's finish reason here), then, when the request asked for usage,
+// `usage_chunk` with no choices and the usage, then "data: [DONE]".
+std::string ChoiceStreamClosing(const OpenAiGenerateRequest& request,
+                                const GenerateOutcome& outcome, nlohmann::json last,
+                                nlohmann::json usage_chunk);
+
 // The protocol of one answer of `endpoint`, on the model named `model` (as answers show
 // it), created at `created` (Unix seconds). `id_suffix` makes the ids of completions and
 // chat answers ("cmpl-<suffix>", "chatcmpl-<suffix>"); a response is named after its

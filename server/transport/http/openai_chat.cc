@@ -114,17 +114,8 @@ class ChatProtocol final : public EndpointProtocol {
 
   std::string StreamClosing(const OpenAiGenerateRequest& request, const GenerateOutcome& outcome,
                             const json&) override {
-    json last = Chunk(request, json::object(), nullptr);
-    last["choices"][0]["finish_reason"] = outcome.finish_reason();
-    std::string events = SseData(last);
-    if (request.include_usage) {
-      json usage_chunk = Chunk(request, nullptr, nullptr);
-      usage_chunk["choices"] = json::array();
-      usage_chunk["usage"] = outcome.usage;
-      events += SseData(usage_chunk);
-    }
-    events += "data: [DONE]\n\n";
-    return events;
+    return ChoiceStreamClosing(request, outcome, Chunk(request, json::object(), nullptr),
+                               Chunk(request, nullptr, nullptr));
   }
 
   std::string StreamError(const json& error) override { return SseData(error); }
