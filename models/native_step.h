@@ -1,12 +1,11 @@
-// A native float32 CPU implementation of Model::Step, the contract's recurrent form,
-// for serving: one GEMM per projection group over the whole batch (packed_linear.h), the
-// per-token elementwise work (dconv, φ / DPFP, delta rule, AFT's WKV recurrence, layer
-// norms, activations, product-key memory lookups) in tight loops over contiguous
-// memory, and every session's state updated in place in a pool through a row index (no
-// gather or scatter copies). Model::Step stays the reference, the trainer's, the
-// sequence form's and the CUDA path; this equals it within float32 rounding
-// (tests/unit/native_step_test.cc: 1e-5 on every configuration of the equivalence
-// tests).
+// A native float32 CPU implementation of Model::Step, the contract's recurrent form
+// (and RWKV-7's, models/native_rwkv7.h; not RWKV-4's), for serving: one GEMM per projection group
+// over the whole batch (packed_linear.h), the per-token elementwise work (dconv, φ / DPFP, delta
+// rule, AFT's WKV recurrence, layer norms, activations, product-key memory lookups) in tight loops
+// over contiguous memory, and every session's state updated in place in a pool through a row index
+// (no gather or scatter copies). Model::Step stays the reference, the trainer's, the sequence
+// form's and the CUDA path; this equals it within float32 rounding (tests/unit/native_step_test.cc:
+// 1e-5 on every configuration of the equivalence tests).
 //
 // Ownership: a NativeStep reads the Model's weight tensors in place (and owns a fused
 // copy of the input projections); the Model must outlive it.
@@ -25,6 +24,8 @@
 #include "models/packed_linear.h"
 
 namespace fwmodel {
+
+class NativeRwkv7;  // models/native_rwkv7.h
 
 struct NativeStepOptions {
   // The projections' GEMMs on weights laid out once at load with libxsmm's JIT kernels
@@ -73,6 +74,9 @@ class NativeStep {
 
   const Model& model_;
   const int32_t threads_;  // NativeStepOptions::threads
+  // RWKV-7's kernel, which serves every call when set (architecture rwkv7); the members
+  // below serve the contract's architectures.
+  std::unique_ptr<NativeRwkv7> rwkv7_;
   std::vector<Layer> layers_;
   // Contiguous views of the model's weights that the raw pointers below read.
   std::vector<torch::Tensor> kept_;
