@@ -11,7 +11,8 @@
 // Every projection is cut into panels of output columns (each a PackedLinear), and the
 // panels of the products that share a stage are split over the threads by their
 // multiply-adds: each thread reads only its panels' weights, which is what bounds the
-// step at batch 1 (the 0.1B model's head alone is 200 MB).
+// step at batch 1 (the 0.1B model's head alone is 200 MB). Stages under 4M
+// multiply-adds stay on the calling thread (native_rwkv7.cc, kParallelMacs).
 //
 // Ownership: copies the weights it multiplies (packed) and keeps contiguous views of the
 // others; the Model must outlive it. Thread-safety: Absorb uses the object's scratch;

@@ -1,11 +1,13 @@
-// A native float32 CPU implementation of Model::Step, the contract's recurrent form
-// (and RWKV-7's, models/native_rwkv7.h; not RWKV-4's), for serving: one GEMM per projection group
-// over the whole batch (packed_linear.h), the per-token elementwise work (dconv, φ / DPFP, delta
-// rule, AFT's WKV recurrence, layer norms, activations, product-key memory lookups) in tight loops
-// over contiguous memory, and every session's state updated in place in a pool through a row index
-// (no gather or scatter copies). Model::Step stays the reference, the trainer's, the sequence
-// form's and the CUDA path; this equals it within float32 rounding (tests/unit/native_step_test.cc:
-// 1e-5 on every configuration of the equivalence tests).
+// A native float32 CPU implementation of Model::Step, the contract's recurrent form,
+// for serving: one GEMM per projection group over the whole batch (packed_linear.h), the
+// per-token elementwise work (dconv, φ / DPFP, delta rule, AFT's WKV recurrence, layer
+// norms, activations, product-key memory lookups) in tight loops over contiguous
+// memory, and every session's state updated in place in a pool through a row index (no
+// gather or scatter copies). Model::Step stays the reference, the trainer's, the
+// sequence form's and the CUDA path; this equals it within float32 rounding
+// (tests/unit/native_step_test.cc: 1e-5 on every configuration of the equivalence
+// tests). RWKV-7 models go to their own kernel (native_rwkv7.h) behind the same calls;
+// RWKV-4 has none (Create refuses it).
 //
 // Ownership: a NativeStep reads the Model's weight tensors in place (and owns a fused
 // copy of the input projections); the Model must outlive it.
