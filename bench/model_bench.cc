@@ -15,7 +15,7 @@
 //                      baseline: BM_Prefill at the same T
 //   BM_PrefillByStep   baseline: the same prompt fed token by token
 //   BM_Rwkv7NativeStep RWKV-7 at the 0.1B G1 shape (random weights): the native step
-//                      (models/native_rwkv7.h) over B rows, as BM_NativeStep; counter
+//                      (models/native_rwkv.h) over B rows, as BM_NativeStep; counter
 //                      "flops": the GEMMs' FLOP per second (head included), to compare
 //                      with BM_SgemmPeak's; baseline BM_Rwkv7Step (LibTorch's step)
 //

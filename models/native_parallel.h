@@ -1,5 +1,5 @@
 // The native decode kernels' split of a loop over OpenMP workers (native_step.cc,
-// native_rwkv7.cc). Include only from files compiled with -fopenmp (models/CMakeLists.txt):
+// native_rwkv.cc). Include only from files compiled with -fopenmp (models/CMakeLists.txt):
 // without it the pragma is ignored and every loop runs on the calling thread.
 #pragma once
 

@@ -13,7 +13,7 @@
 #include "models/mixers/mixer.h"
 #include "models/mixers/native_math.h"
 #include "models/native_parallel.h"
-#include "models/native_rwkv7.h"
+#include "models/native_rwkv.h"
 #include "models/packed_linear.h"
 
 namespace fwmodel {
@@ -119,20 +119,15 @@ absl::StatusOr<std::unique_ptr<NativeStep>> NativeStep::Create(const Model& mode
   if (!model.options().device.is_cpu() || model.options().dtype != torch::kFloat32) {
     return absl::FailedPreconditionError("the native decode step needs a float32 model on the CPU");
   }
-  if (model.config().architecture == Architecture::kRwkv4) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "the native decode step has no kernel for architecture ",
-        ArchitectureName(model.config().architecture), " (LibTorch's step serves it)"));
-  }
   if (options.threads < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("threads must be >= 0 (0: LibTorch's count), got ", options.threads));
   }
   std::unique_ptr<NativeStep> step(new NativeStep(model, options.threads));
-  if (model.config().architecture == Architecture::kRwkv7) {
-    auto rwkv7 = NativeRwkv7::Create(model, options.packed_gemm);
-    if (!rwkv7.ok()) return rwkv7.status();
-    step->rwkv7_ = std::move(*rwkv7);
+  if (model.config().is_rwkv()) {
+    auto rwkv = NativeRwkv::Create(model, options.packed_gemm);
+    if (!rwkv.ok()) return rwkv.status();
+    step->rwkv_ = std::move(*rwkv);
     return step;
   }
   const ModelConfig& c = model.config();
@@ -280,8 +275,8 @@ absl::Status NativeStep::Step(absl::Span<const int64_t> tokens, absl::Span<const
 absl::Status NativeStep::Absorb(absl::Span<const int64_t> tokens, int64_t steps,
                                 absl::Span<const int64_t> rows, State* pool, float* logits) {
   if (absl::Status s = CheckArguments(tokens, steps, rows, *pool); !s.ok()) return s;
-  if (rwkv7_ != nullptr) {
-    rwkv7_->Absorb(tokens, steps, rows, pool, Threads(), logits);
+  if (rwkv_ != nullptr) {
+    rwkv_->Absorb(tokens, steps, rows, pool, Threads(), logits);
     return absl::OkStatus();
   }
   const ModelConfig& c = model_.config();

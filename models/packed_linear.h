@@ -35,7 +35,7 @@ class PackedLinear {
     Apply(x, rows, bias, y, out_);
   }
   // The same with y's rows ldy >= out() floats apart: this product's columns of a wider
-  // output (a panel of a larger projection, native_rwkv7.cc). Only y's first out()
+  // output (a panel of a larger projection, native_rwkv.cc). Only y's first out()
   // floats of each row are written.
   void Apply(const float* x, int64_t rows, const float* bias, float* y, int64_t ldy) const;
 

@@ -3,7 +3,7 @@
 
 Per round, back to back:
   1. `model_bench` (OMP_NUM_THREADS=--threads): BM_SgemmPeak/2048 (the sgemm roof,
-     OpenBLAS), BM_Rwkv7NativeStep/{1,64} (the native step, models/native_rwkv7.h) and
+     OpenBLAS), BM_Rwkv7NativeStep/{1,64} (the native step, models/native_rwkv.h) and
      BM_Rwkv7Step/{1,64} (LibTorch's step), on random weights made in the process;
   2. bench/pytorch_baseline.py batch1 and batch64 (PyTorch eager, --threads threads) on
      a checkpoint of the same shape (--model-dir; default: written once with

@@ -89,7 +89,7 @@ TEST_P(PackedLinearTest, ZeroRowsWriteNothing) {
   EXPECT_EQ(sentinel, 42.0f);
 }
 
-// A product into a wider output (y's rows ldy floats apart, native_rwkv7.cc's panels)
+// A product into a wider output (y's rows ldy floats apart, native_rwkv.cc's panels)
 // writes its own columns, equal to the contiguous product's, and no other float.
 TEST_P(PackedLinearTest, StridedOutputWritesOnlyItsColumns) {
   const int64_t ldy = 300, first = 128;

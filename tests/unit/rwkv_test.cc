@@ -119,9 +119,8 @@ TEST_P(RwkvCppTinyTest, LogitsAfterQuoteInMatchRwkvCpp) {
   }
 }
 
-// The same logits through the native CPU step (NativeStep, models/native_rwkv7.h), the
+// The same logits through the native CPU step (NativeStep, models/native_rwkv.h), the
 // server's default decode kernel: "in stepped token by token, and absorbed as a prompt.
-// RWKV-7 only: RWKV-4 has no native kernel.
 class RwkvCppTinyNativeTest : public ::testing::TestWithParam<TinyCase> {};
 
 TEST_P(RwkvCppTinyNativeTest, NativeStepLogitsMatchRwkvCpp) {
@@ -160,16 +159,14 @@ std::string TinyCaseName(const ::testing::TestParamInfo<TinyCase>& info) {
   return "v" + info.param.version.substr(0, 1) + "_" + info.param.format;
 }
 
-const TinyCase kTiny7Fp32{"7v0-834K", "FP32", Architecture::kRwkv7, 0.001, 1e-5};
-const TinyCase kTiny7Fp16{"7v0-834K", "FP16", Architecture::kRwkv7, 0.005766, 1e-5};
+const std::vector<TinyCase> kTinyCases = {
+    {"7v0-834K", "FP32", Architecture::kRwkv7, 0.001, 1e-5},
+    {"7v0-834K", "FP16", Architecture::kRwkv7, 0.005766, 1e-5},
+    {"4v0-660K", "FP32", Architecture::kRwkv4, 0.001, 2e-5},
+    {"4v0-660K", "FP16", Architecture::kRwkv4, 0.013652, 5e-3}};
 
-INSTANTIATE_TEST_SUITE_P(
-    Tiny, RwkvCppTinyTest,
-    ::testing::Values(kTiny7Fp32, kTiny7Fp16,
-                      TinyCase{"4v0-660K", "FP32", Architecture::kRwkv4, 0.001, 2e-5},
-                      TinyCase{"4v0-660K", "FP16", Architecture::kRwkv4, 0.013652, 5e-3}),
-    TinyCaseName);
-INSTANTIATE_TEST_SUITE_P(Tiny, RwkvCppTinyNativeTest, ::testing::Values(kTiny7Fp32, kTiny7Fp16),
+INSTANTIATE_TEST_SUITE_P(Tiny, RwkvCppTinyTest, ::testing::ValuesIn(kTinyCases), TinyCaseName);
+INSTANTIATE_TEST_SUITE_P(Tiny, RwkvCppTinyNativeTest, ::testing::ValuesIn(kTinyCases),
                          TinyCaseName);
 
 ModelConfig SmallRwkvConfig(Architecture arch) {
@@ -242,19 +239,13 @@ TEST_P(RwkvFormsTest, StateIsTokenShiftsAndRecurrence) {
   }
 }
 
-// The native CPU step has no RWKV-4 kernel: it refuses, naming the architecture, so
-// that the server takes LibTorch's step. RWKV-7 has one (native_rwkv7_test.cc).
-TEST_P(RwkvFormsTest, NativeStepServesRwkv7AndRefusesRwkv4NamingIt) {
+// The native CPU step serves both architectures (models/native_rwkv.h;
+// native_rwkv_test.cc compares it with Model::Step).
+TEST_P(RwkvFormsTest, NativeStepServesTheArchitecture) {
   auto model = Model::InitRandom(SmallRwkvConfig(GetParam()), 1);
   ASSERT_TRUE(model.ok()) << model.status();
   auto native = NativeStep::Create(*model);
-  if (GetParam() == Architecture::kRwkv7) {
-    EXPECT_TRUE(native.ok()) << native.status();
-    return;
-  }
-  ASSERT_FALSE(native.ok());
-  EXPECT_NE(native.status().message().find(ArchitectureName(GetParam())), std::string::npos)
-      << native.status();
+  EXPECT_TRUE(native.ok()) << native.status();
 }
 
 // A saved RWKV model loads back with the same fingerprint and logits.

@@ -175,10 +175,9 @@ TEST_F(StatePoolTest, TheStepsDrawsAreHandedOutOnceForTheirOwnRequest) {
   EXPECT_EQ((*sampled)[0].token, pool.logits(slot).argmax().item<int64_t>());
 }
 
-// The engine's default kernel on a float32 CPU model is the native step for RWKV-7 too
-// (models/native_rwkv7.h); RWKV-4, which has none, takes LibTorch's step. The native
-// kernel steps a pool's rows as LibTorch's does.
-TEST(StepperKernelTest, NativeServesRwkv7AndLibTorchServesRwkv4) {
+// The engine's default kernel on a float32 CPU model is the native step for RWKV-7 and
+// RWKV-4 too (models/native_rwkv.h), and it steps a pool's rows as LibTorch's does.
+TEST(StepperKernelTest, NativeServesRwkv7AndRwkv4) {
   torch::NoGradGuard no_grad;
   for (Architecture arch : {Architecture::kRwkv7, Architecture::kRwkv4}) {
     fwmodel::ModelConfig c;
@@ -197,8 +196,7 @@ TEST(StepperKernelTest, NativeServesRwkv7AndLibTorchServesRwkv4) {
     StateMemoryBudget budget(int64_t{1} << 40);
     StatePool pool(model, 4, &budget);
     Stepper stepper(model, "native", /*packed_gemm=*/true, 1, 1, "test", &pool);
-    EXPECT_STREQ(stepper.kernel(), arch == Architecture::kRwkv7 ? "native" : "libtorch")
-        << fwmodel::ArchitectureName(arch);
+    EXPECT_STREQ(stepper.kernel(), "native") << fwmodel::ArchitectureName(arch);
     StatePool::Shortage shortage;
     const int a = *pool.TryAllocate(&shortage), b = *pool.TryAllocate(&shortage);
     pool.Reset(a);

@@ -1,4 +1,4 @@
-#include "models/native_rwkv7.h"
+#include "models/native_rwkv.h"
 
 #include <algorithm>
 #include <cmath>
@@ -28,14 +28,14 @@ constexpr double kParallelMacs = 4.0 * (1 << 20);
 // −e^{−1/2}: w = exp(−e^{−1/2} · sigmoid(·)), as rwkv7.cc rounds it to float.
 constexpr float kDecayScale = static_cast<float>(-0.60653065971263342);
 
-using Panels = NativeRwkv7::Panels;
+using Panels = NativeRwkv::Panels;
 
 Panels MakePanels(const float* w, int64_t out, int64_t in, bool packed) {
   Panels p;
   p.in = in;
   p.out = out;
-  for (int64_t first = 0; first < out; first += NativeRwkv7::kPanelColumns) {
-    const int64_t width = std::min(NativeRwkv7::kPanelColumns, out - first);
+  for (int64_t first = 0; first < out; first += NativeRwkv::kPanelColumns) {
+    const int64_t width = std::min(NativeRwkv::kPanelColumns, out - first);
     p.panels.emplace_back(w + first * in, width, in, packed);
   }
   return p;
@@ -45,6 +45,13 @@ FW_VECTOR_KERNEL
 void AddInPlace(float* __restrict h, const float* __restrict y, int64_t n) {
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) h[i] += y[i];
+}
+
+FW_VECTOR_KERNEL
+void GatedAddInPlace(float* __restrict h, const float* __restrict gate, const float* __restrict y,
+                     int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) h[i] += gate[i] * y[i];
 }
 
 FW_VECTOR_KERNEL
@@ -67,10 +74,11 @@ void TanhInPlace(float* v, int64_t n) {
 }
 
 // What a product does to its output columns once they are computed (by the same task).
-enum class Epilogue { kNone, kTanh, kSigmoid, kSquaredRelu, kAddToResidual };
+enum class Epilogue { kNone, kTanh, kSigmoid, kSquaredRelu, kAddToResidual, kGatedAddToResidual };
 
 // One product of a stage: y [rows, out] := x [rows, in] · Wᵀ (+ bias [out] when not null),
-// then the epilogue (kAddToResidual: residual [rows, out] += y).
+// then the epilogue (kAddToResidual: residual [rows, out] += y; kGatedAddToResidual:
+// residual += gate ⊙ y, gate [rows, out]).
 struct Gemm {
   const Panels* w;
   const float* x;
@@ -78,6 +86,7 @@ struct Gemm {
   float* y;
   Epilogue epilogue = Epilogue::kNone;
   float* residual = nullptr;
+  const float* gate = nullptr;
 };
 
 // The products over `rows` rows, all their panels split over at most `threads` tasks of
@@ -100,7 +109,7 @@ void RunGemms(int threads, int64_t rows, absl::Span<const Gemm> gemms) {
   auto run = [&](const Item& item) {
     const Gemm& g = *item.gemm;
     const PackedLinear& panel = g.w->panels[static_cast<size_t>(item.panel)];
-    const int64_t first = item.panel * NativeRwkv7::kPanelColumns, width = panel.out(),
+    const int64_t first = item.panel * NativeRwkv::kPanelColumns, width = panel.out(),
                   out = g.w->out;
     panel.Apply(g.x, rows, g.bias != nullptr ? g.bias + first : nullptr, g.y + first, out);
     for (int64_t r = 0; r < rows && g.epilogue != Epilogue::kNone; ++r) {
@@ -119,6 +128,9 @@ void RunGemms(int threads, int64_t rows, absl::Span<const Gemm> gemms) {
           break;
         case Epilogue::kAddToResidual:
           AddInPlace(g.residual + r * out + first, y, width);
+          break;
+        case Epilogue::kGatedAddToResidual:
+          GatedAddInPlace(g.residual + r * out + first, g.gate + r * out + first, y, width);
           break;
       }
     }
@@ -157,6 +169,37 @@ void ShiftMix(const float* __restrict x, const float* __restrict previous,
               const float* __restrict mix, int64_t d, float* __restrict out) {
 #pragma omp simd
   for (int64_t c = 0; c < d; ++c) out[c] = x[c] + (previous[c] - x[c]) * mix[c];
+}
+
+// out = x ⊙ mix + previous ⊙ (1 − mix), RWKV-4's token shift (rwkv4.cc's form).
+FW_VECTOR_KERNEL
+void ShiftMix4(const float* __restrict x, const float* __restrict previous,
+               const float* __restrict mix, int64_t d, float* __restrict out) {
+#pragma omp simd
+  for (int64_t c = 0; c < d; ++c) out[c] = x[c] * mix[c] + previous[c] * (1 - mix[c]);
+}
+
+// RWKV-4's time mix of one token over d channels (rwkv4.cc's header): the state α, β,
+// p [d each] advanced in place; y = r ⊙ wkv, with r already through its sigmoid and
+// w = −exp(time_decay), u = time_first.
+FW_VECTOR_KERNEL
+void Rwkv4Token(int64_t d, float* __restrict alpha, float* __restrict beta, float* __restrict p,
+                const float* __restrict k, const float* __restrict v, const float* __restrict r,
+                const float* __restrict u, const float* __restrict w, float* __restrict y) {
+#pragma omp simd
+  for (int64_t c = 0; c < d; ++c) {
+    const float uk = u[c] + k[c];
+    float q = std::max(p[c], uk);
+    float e1 = FastExp(p[c] - q), e2 = FastExp(uk - q);
+    y[c] = r[c] * ((e1 * alpha[c] + e2 * v[c]) / (e1 * beta[c] + e2));
+    const float pw = p[c] + w[c];
+    q = std::max(pw, k[c]);
+    e1 = FastExp(pw - q);
+    e2 = FastExp(k[c] - q);
+    alpha[c] = e1 * alpha[c] + e2 * v[c];
+    beta[c] = e1 * beta[c] + e2;
+    p[c] = q;
+  }
 }
 
 // One token of one head (width n): its slices of the projections in, y out.
@@ -249,27 +292,36 @@ void HeadStep(int64_t n, float* __restrict S, const HeadToken& t, const HeadWeig
 
 }  // namespace
 
-struct NativeRwkv7::Layer {
+struct NativeRwkv::Layer {
   const float *ln1_w, *ln1_b, *ln2_w, *ln2_b;
+  Panels r, k, v, o, key, value;
+  // rwkv7
   const float* mix[6];  // x_r, x_w, x_k, x_v, x_a, x_g
-  Panels r, k, v, o, w1, w2, a1, a2, v1, v2, g1, g2, key, value;
+  Panels w1, w2, a1, a2, v1, v2, g1, g2;
   const float *w0, *a0, *v0 = nullptr;  // v0: blocks > 0
   const float *k_k, *k_a, *r_k, *ln_x_w, *ln_x_b, *ffn_x_k;
+  // rwkv4
+  const float* mix4[3];                          // time_mix_k, _v, _r
+  const float* ffn_mix4[2];                      // ffn.time_mix_k, _r
+  std::vector<float> decay;                      // w = −exp(time_decay)
+  const float* first;                            // u = time_first
+  Panels ffn_r;                                  // ffn.receptance
   int att_shift = -1, wkv = -1, ffn_shift = -1;  // indices in State::tensors
 };
 
-NativeRwkv7::NativeRwkv7(const Model& model) : model_(model) {}
-NativeRwkv7::~NativeRwkv7() = default;
+NativeRwkv::NativeRwkv(const Model& model) : model_(model) {}
+NativeRwkv::~NativeRwkv() = default;
 
-absl::StatusOr<std::unique_ptr<NativeRwkv7>> NativeRwkv7::Create(const Model& model,
-                                                                 bool packed_gemm) {
+absl::StatusOr<std::unique_ptr<NativeRwkv>> NativeRwkv::Create(const Model& model,
+                                                               bool packed_gemm) {
   const ModelConfig& c = model.config();
-  if (c.architecture != Architecture::kRwkv7 || !model.options().device.is_cpu() ||
+  if (!c.is_rwkv() || !model.options().device.is_cpu() ||
       model.options().dtype != torch::kFloat32) {
     return absl::FailedPreconditionError(
-        "the native rwkv7 step needs a float32 rwkv7 model on the CPU");
+        "the native rwkv step needs a float32 rwkv7 or rwkv4 model on the CPU");
   }
-  std::unique_ptr<NativeRwkv7> step(new NativeRwkv7(model));
+  const bool v7 = c.architecture == Architecture::kRwkv7;
+  std::unique_ptr<NativeRwkv> step(new NativeRwkv(model));
   try {
     auto tensor = [&](const std::string& name) {
       return model.weights().at(name).detach().contiguous();
@@ -300,11 +352,32 @@ absl::StatusOr<std::unique_ptr<NativeRwkv7>> NativeRwkv7::Create(const Model& mo
       l.ln1_b = weight(p + "ln1.bias");
       l.ln2_w = weight(p + "ln2.weight");
       l.ln2_b = weight(p + "ln2.bias");
-      for (int m = 0; m < 6; ++m) l.mix[m] = weight(p + kMixNames[m]);
       l.r = panels(p + "att.receptance.weight");
       l.k = panels(p + "att.key.weight");
       l.v = panels(p + "att.value.weight");
       l.o = panels(p + "att.output.weight");
+      l.key = panels(p + "ffn.key.weight");
+      l.value = panels(p + "ffn.value.weight");
+      l.att_shift = state_index(i, "att_shift");
+      l.wkv = state_index(i, "wkv");
+      l.ffn_shift = state_index(i, "ffn_shift");
+      if (l.att_shift < 0 || l.wkv < 0 || l.ffn_shift < 0) {
+        return absl::InternalError("native rwkv step: unexpected state layout");
+      }
+      if (!v7) {
+        l.mix4[0] = weight(p + "att.time_mix_k");
+        l.mix4[1] = weight(p + "att.time_mix_v");
+        l.mix4[2] = weight(p + "att.time_mix_r");
+        l.ffn_mix4[0] = weight(p + "ffn.time_mix_k");
+        l.ffn_mix4[1] = weight(p + "ffn.time_mix_r");
+        l.first = weight(p + "att.time_first");
+        const torch::Tensor decay = -torch::exp(tensor(p + "att.time_decay"));
+        l.decay.assign(decay.data_ptr<float>(), decay.data_ptr<float>() + decay.numel());
+        l.ffn_r = panels(p + "ffn.receptance.weight");
+        step->layers_.push_back(std::move(l));
+        continue;
+      }
+      for (int m = 0; m < 6; ++m) l.mix[m] = weight(p + kMixNames[m]);
       l.w1 = panels(p + "att.w1");
       l.w2 = panels(p + "att.w2");
       l.w0 = weight(p + "att.w0");
@@ -324,14 +397,6 @@ absl::StatusOr<std::unique_ptr<NativeRwkv7>> NativeRwkv7::Create(const Model& mo
       l.ln_x_w = weight(p + "att.ln_x.weight");
       l.ln_x_b = weight(p + "att.ln_x.bias");
       l.ffn_x_k = weight(p + "ffn.x_k");
-      l.key = panels(p + "ffn.key.weight");
-      l.value = panels(p + "ffn.value.weight");
-      l.att_shift = state_index(i, "att_shift");
-      l.wkv = state_index(i, "wkv");
-      l.ffn_shift = state_index(i, "ffn_shift");
-      if (l.att_shift < 0 || l.wkv < 0 || l.ffn_shift < 0) {
-        return absl::InternalError("native rwkv7 step: unexpected state layout");
-      }
       step->layers_.push_back(std::move(l));
     }
     step->emb_ = weight("emb.weight");
@@ -341,13 +406,13 @@ absl::StatusOr<std::unique_ptr<NativeRwkv7>> NativeRwkv7::Create(const Model& mo
     step->ln_out_b_ = weight("ln_out.bias");
     step->head_ = panels(c.tie_embeddings ? "emb.weight" : "head.weight");
   } catch (const std::exception& e) {
-    return absl::InternalError(absl::StrCat("native rwkv7 step: ", e.what()));
+    return absl::InternalError(absl::StrCat("native rwkv step: ", e.what()));
   }
   return step;
 }
 
-void NativeRwkv7::Absorb(absl::Span<const int64_t> tokens, int64_t steps,
-                         absl::Span<const int64_t> rows, State* pool, int threads, float* logits) {
+void NativeRwkv::Absorb(absl::Span<const int64_t> tokens, int64_t steps,
+                        absl::Span<const int64_t> rows, State* pool, int threads, float* logits) {
   const ModelConfig& c = model_.config();
   const int64_t B = static_cast<int64_t>(rows.size());
   if (B == 0) return;
@@ -383,8 +448,10 @@ void NativeRwkv7::Absorb(absl::Span<const int64_t> tokens, int64_t steps,
     }
     LayerNorm(h + begin * T * d, (end - begin) * T, d, ln0_w_, ln0_b_, eps, h + begin * T * d);
   });
-  // x = LN(h), then out_m[i] = x[i] + (x[i − 1] − x[i]) ⊙ mix_m, x[−1] the session's
-  // shift state, which then holds its last token's x.
+  // x = LN(h), then out_m[i] = x[i] + (x[i − 1] − x[i]) ⊙ mix_m (RWKV-4: x[i] ⊙ mix_m +
+  // x[i − 1] ⊙ (1 − mix_m)), x[−1] the session's shift state, which then holds its last
+  // token's x.
+  const bool v7 = c.architecture == Architecture::kRwkv7;
   auto norm_and_shift = [&](const float* weight, const float* bias, float* state, int count,
                             const float* const* mix, float* const* out) {
     ParallelRows(threads, B, kRowGrain, [&](int64_t begin, int64_t end) {
@@ -394,7 +461,9 @@ void NativeRwkv7::Absorb(absl::Span<const int64_t> tokens, int64_t steps,
         for (int64_t t = 0; t < T; ++t) {
           const int64_t i = b * T + t;
           const float* previous = t == 0 ? last : x + (i - 1) * d;
-          for (int m = 0; m < count; ++m) ShiftMix(x + i * d, previous, mix[m], d, out[m] + i * d);
+          for (int m = 0; m < count; ++m) {
+            (v7 ? ShiftMix : ShiftMix4)(x + i * d, previous, mix[m], d, out[m] + i * d);
+          }
         }
         std::memcpy(last, x + (b * T + T - 1) * d, sizeof(float) * d);
       }
@@ -403,6 +472,32 @@ void NativeRwkv7::Absorb(absl::Span<const int64_t> tokens, int64_t steps,
 
   for (size_t li = 0; li < layers_.size(); ++li) {
     const Layer& l = layers_[li];
+    if (!v7) {  // RWKV-4 (rwkv4.cc)
+      norm_and_shift(l.ln1_w, l.ln1_b, pool->tensors[l.att_shift].data_ptr<float>(), 3, l.mix4,
+                     mixed);
+      RunGemms(threads, n,
+               {Gemm{&l.k, mixed[0], nullptr, k}, Gemm{&l.v, mixed[1], nullptr, v},
+                Gemm{&l.r, mixed[2], nullptr, r, Epilogue::kSigmoid}});
+      float* wkv = pool->tensors[l.wkv].data_ptr<float>();  // [capacity, 3 (α, β, p), d]
+      ParallelRows(threads, B, kRowGrain, [&](int64_t begin, int64_t end) {
+        for (int64_t b = begin; b < end; ++b) {
+          float* state = wkv + rows[static_cast<size_t>(b)] * 3 * d;
+          for (int64_t t = 0; t < T; ++t) {
+            const int64_t o = (b * T + t) * d;
+            Rwkv4Token(d, state, state + d, state + 2 * d, k + o, v + o, r + o, l.first,
+                       l.decay.data(), y + o);
+          }
+        }
+      });
+      RunGemms(threads, n, {Gemm{&l.o, y, nullptr, x, Epilogue::kAddToResidual, h}});
+      norm_and_shift(l.ln2_w, l.ln2_b, pool->tensors[l.ffn_shift].data_ptr<float>(), 2, l.ffn_mix4,
+                     mixed);
+      RunGemms(threads, n,
+               {Gemm{&l.key, mixed[0], nullptr, ffn, Epilogue::kSquaredRelu},
+                Gemm{&l.ffn_r, mixed[1], nullptr, g, Epilogue::kSigmoid}});
+      RunGemms(threads, n, {Gemm{&l.value, ffn, nullptr, x, Epilogue::kGatedAddToResidual, h, g}});
+      continue;
+    }
     const bool first = li == 0;
     // ---- Time mix
     norm_and_shift(l.ln1_w, l.ln1_b, pool->tensors[l.att_shift].data_ptr<float>(), 6, l.mix, mixed);

@@ -1,18 +1,20 @@
-// The native float32 CPU step of RWKV-7 (x070), the architecture of
-// models/mixers/rwkv7.cc, for NativeStep (native_step.h), which validates the arguments
-// and dispatches here: the embedding with ln0, and per block LN1, the token-shift mixes,
-// the r/k/v/o projections and the LoRAs as GEMMs over all the call's tokens, the
-// generalised delta-rule state update per (session, head) in tight loops over the
-// pool's rows in place, the per-head GroupNorm ln_x, the bonus and gate, then LN2 and
-// the ReLU² channel mix; ln_out and the head on each session's last token. The math is
-// rwkv7.cc's header comment; every decay and state value is float32. Equal to
-// Model::Step within float32 rounding (tests/unit/native_rwkv7_test.cc).
+// The native float32 CPU step of the RWKV architectures, RWKV-7 (x070,
+// models/mixers/rwkv7.cc) and RWKV-4 (rwkv4.cc), for NativeStep (native_step.h), which
+// validates the arguments and dispatches here: the embedding with ln0, and per block LN1,
+// the token-shift mixes, the projections (and RWKV-7's LoRAs) as GEMMs over all the
+// call's tokens, the recurrence in tight loops over the pool's rows in place (RWKV-7: the
+// generalised delta rule per (session, head), then the per-head GroupNorm ln_x, the bonus
+// and gate; RWKV-4: the α, β, p recurrence per session), then LN2 and the ReLU² channel
+// mix (RWKV-4: gated by its receptance); ln_out and the head on each session's last
+// token. The math is rwkv7.cc's and rwkv4.cc's header comments; every decay and state
+// value is float32. Equal to Model::Step within float32 rounding
+// (tests/unit/native_rwkv_test.cc).
 //
 // Every projection is cut into panels of output columns (each a PackedLinear), and the
 // panels of the products that share a stage are split over the threads by their
 // multiply-adds: each thread reads only its panels' weights, which is what bounds the
 // step at batch 1 (the 0.1B model's head alone is 200 MB). Stages under 4M
-// multiply-adds stay on the calling thread (native_rwkv7.cc, kParallelMacs).
+// multiply-adds stay on the calling thread (native_rwkv.cc, kParallelMacs).
 //
 // Ownership: copies the weights it multiplies (packed) and keeps contiguous views of the
 // others; the Model must outlive it. Thread-safety: Absorb uses the object's scratch;
@@ -30,11 +32,12 @@
 
 namespace fwmodel {
 
-class NativeRwkv7 {
+class NativeRwkv {
  public:
-  // FailedPrecondition unless the model is an rwkv7 one computing in float32 on the CPU.
+  // FailedPrecondition unless the model is an rwkv7 or rwkv4 one computing in float32
+  // on the CPU.
   // packed_gemm: NativeStepOptions::packed_gemm.
-  static absl::StatusOr<std::unique_ptr<NativeRwkv7>> Create(const Model& model, bool packed_gemm);
+  static absl::StatusOr<std::unique_ptr<NativeRwkv>> Create(const Model& model, bool packed_gemm);
 
   // NativeStep::Absorb's contract, with its arguments already checked (CheckArguments)
   // and `threads` resolved (>= 1): rows[b] absorbs tokens[b * steps .. (b + 1) * steps)
@@ -42,7 +45,7 @@ class NativeRwkv7 {
   void Absorb(absl::Span<const int64_t> tokens, int64_t steps, absl::Span<const int64_t> rows,
               State* pool, int threads, float* logits);
 
-  ~NativeRwkv7();
+  ~NativeRwkv();
 
   // A projection W [out, in] as panels of at most kPanelColumns output columns.
   struct Panels {
@@ -53,7 +56,7 @@ class NativeRwkv7 {
 
  private:
   struct Layer;
-  explicit NativeRwkv7(const Model& model);
+  explicit NativeRwkv(const Model& model);
 
   const Model& model_;
   std::vector<Layer> layers_;
@@ -61,7 +64,8 @@ class NativeRwkv7 {
   const float* emb_ = nullptr;
   const float *ln0_w_ = nullptr, *ln0_b_ = nullptr, *ln_out_w_ = nullptr, *ln_out_b_ = nullptr;
   Panels head_;
-  // Scratch for the largest call seen, [tokens, width] each (names as in rwkv7.cc).
+  // Scratch for the largest call seen, [tokens, width] each (names as in rwkv7.cc; RWKV-4
+  // uses r, k, v, g, y, mixed and ffn).
   std::vector<float> h_, x_, mixed_, r_, k_, v_, v_first_, lora_, w_, a_, vmix_, g_, y_, ffn_;
 };
 
