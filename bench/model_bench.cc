@@ -14,6 +14,10 @@
 //                      session, as the server's prefill thread runs it (T = its chunk);
 //                      baseline: BM_Prefill at the same T
 //   BM_PrefillByStep   baseline: the same prompt fed token by token
+//   BM_Rwkv7NativeStep RWKV-7 at the 0.1B G1 shape (random weights): the native step
+//                      (models/native_rwkv.h) over B rows, as BM_NativeStep; counter
+//                      "flops": the GEMMs' FLOP per second (head included), to compare
+//                      with BM_SgemmPeak's; baseline BM_Rwkv7Step (LibTorch's step)
 //
 // Rates are per wall-clock second (UseRealTime): the native step and OpenBLAS run on
 // worker threads too, whose CPU time the default (the main thread's CPU time) leaves
@@ -197,6 +201,60 @@ void BM_PrefillByStep(benchmark::State& state) {
   SetLabel(state);
 }
 
+// RWKV-7 at the 0.1B G1 shape (L 12, C 768, heads of 64, vocabulary 65,536, LoRA ranks
+// 64/64/32/128: scripts/bench_mb_sessions.py's "0.1b"), random weights, made once.
+const fwmodel::Model& Rwkv7Model() {
+  static const fwmodel::Model* const model = [] {
+    fwmodel::ModelConfig c;
+    c.architecture = Architecture::kRwkv7;
+    c.vocab_size = 65536;
+    c.tokenizer = "rwkv_world";
+    c.bos_token_id = 0;
+    c.d_model = 768;
+    c.n_layers = 12;
+    c.n_heads = 12;
+    c.d_ff = 3072;
+    c.decay_low_rank_dim = 64;
+    c.a_low_rank_dim = 64;
+    c.v_low_rank_dim = 32;
+    c.gate_low_rank_dim = 128;
+    return new fwmodel::Model(std::move(*fwmodel::Model::InitRandom(c, 1)));
+  }();
+  return *model;
+}
+
+// FLOP of the GEMMs of one token's step: every weight matrix multiplied (the head
+// included; not the embedding lookup, nor the state's products).
+double Rwkv7GemmFlopsPerToken(const fwmodel::Model& model) {
+  double macs = 0;
+  for (const auto& [name, t] : model.weights()) {
+    if (t.dim() == 2 && name != "emb.weight" && name.find("r_k") == std::string::npos) {
+      macs += static_cast<double>(t.numel());
+    }
+  }
+  if (model.config().tie_embeddings)
+    macs += static_cast<double>(model.weights().at("emb.weight").numel());
+  return 2 * macs;
+}
+
+void SetRwkv7Counters(benchmark::State& state, int64_t batch) {
+  state.SetItemsProcessed(state.iterations() * batch);
+  state.counters["flops"] = benchmark::Counter(
+      Rwkv7GemmFlopsPerToken(Rwkv7Model()) * batch * static_cast<double>(state.iterations()),
+      benchmark::Counter::kIsRate);
+  state.SetLabel("rwkv7_0.1b");
+}
+
+void BM_Rwkv7Step(benchmark::State& state) {
+  RunLibTorchStep(state, Rwkv7Model(), state.range(0));
+  SetRwkv7Counters(state, state.range(0));
+}
+
+void BM_Rwkv7NativeStep(benchmark::State& state) {
+  RunNativeStep(state, Rwkv7Model(), state.range(0));
+  SetRwkv7Counters(state, state.range(0));
+}
+
 // This machine's sgemm roof (issue 24's target 3): one n x n x n product through
 // libblas.so.3 (OpenBLAS, its default threads). Counter "flops": FLOP per second.
 void BM_SgemmPeak(benchmark::State& state) {
@@ -246,6 +304,9 @@ BENCHMARK(BM_PrefillByStep)
     ->ArgsProduct({{0, 1, 2}, {64}})
     ->Unit(benchmark::kMicrosecond)
     ->UseRealTime();
+
+BENCHMARK(BM_Rwkv7Step)->Arg(1)->Arg(64)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_Rwkv7NativeStep)->Arg(1)->Arg(64)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 }  // namespace
 

@@ -6,14 +6,17 @@ checkpoint (docs: /work/shared/spec/models.md, "Model and checkpoint contract,
 version 1"), run the contract's RECURRENT form in plain eager PyTorch (float32,
 torch.inference_mode, torch.set_num_threads(N)) over a batch of B streams with
 preallocated state, and decode greedily (argmax, fed back as the next token).
+RWKV-7 checkpoints (architecture rwkv7, as `fwmodel init` or tools/convert_rwkv.py
+write them) run RWKV-7's recurrent step the same way (Rwkv7LM); their prompts are the
+same byte values taken as token ids.
 
 Modes (each prints one JSON line: model, mode, batch, tokens_per_second,
 ms_per_step, threads, plus tokens and streams):
   batchB         B streams stepped together in one batched step per token.
   sequentialN    N sessions served one after another at batch 1; tokens/s is all
                  generated tokens over the summed generation time.
-Every stream first absorbs a 64-byte prompt by stepping, and a few warm-up steps
-run before; neither is timed. The timed part is --tokens generated tokens per
+Every stream first absorbs a 64-byte prompt by stepping (--prompt-bytes), and a few
+warm-up steps run before; neither is timed. The timed part is --tokens generated tokens per
 stream, each one an argmax of the current logits followed by the step absorbing it
 (a session holds its next-token logits, as in the contract).
 
@@ -58,9 +61,12 @@ CONFIG_DEFAULTS = {
     "dpfp_nu": 1, "norm_eps": 1e-5, "attn_eps": 1e-6, "tie_embeddings": False,
     "pkm_layers": [], "pkm_heads": 4, "pkm_num_keys": 128, "pkm_topk": 32,
     "pkm_dim_key": 128, "pkm_bn_eps": 1e-5,
+    # rwkv7 only (docs/models.md): the LoRA ranks of the decay, in-context learning
+    # rate, value residual and gate.
+    "decay_low_rank_dim": 0, "a_low_rank_dim": 0, "v_low_rank_dim": 0, "gate_low_rank_dim": 0,
 }
 REQUIRED = ("format_version", "architecture", "d_model", "n_layers", "n_heads")
-ARCHITECTURES = ("linear_attention", "fast_weight", "aft")
+ARCHITECTURES = ("linear_attention", "fast_weight", "aft", "rwkv7")
 
 
 def load_config(model_dir):
@@ -82,7 +88,11 @@ def load_config(model_dir):
         raise ValueError(f"config.json: unknown architecture {cfg['architecture']!r}")
     if cfg["ffn"] not in ("relu", "squared_relu", "geglu"):
         raise ValueError(f"config.json: unknown ffn {cfg['ffn']!r}")
-    if cfg["tokenizer"] != "bytes" or cfg["vocab_size"] < 256:
+    if cfg["architecture"] == "rwkv7":
+        # The benchmark's prompts are byte values: ids of either tokenizer.
+        if cfg["tokenizer"] not in ("bytes", "rwkv_world") or cfg["vocab_size"] < 256:
+            raise ValueError("config.json: rwkv7 needs the bytes or rwkv_world tokenizer")
+    elif cfg["tokenizer"] != "bytes" or cfg["vocab_size"] < 256:
         raise ValueError("config.json: the bytes tokenizer needs vocab_size >= 256")
     if cfg["d_model"] % cfg["n_heads"] != 0:
         raise ValueError("config.json: d_model must divide by n_heads")
@@ -94,10 +104,38 @@ def load_config(model_dir):
     return cfg
 
 
+def rwkv7_tensors(cfg):
+    """rwkv7's tensors (models/mixers/rwkv7.cc: BlinkDL's names, LoRAs as [out, in])."""
+    d, f, H, V = cfg["d_model"], cfg["d_ff"], cfg["n_heads"], cfg["vocab_size"]
+    shapes = {"emb.weight": (V, d), "ln_out.weight": (d,), "ln_out.bias": (d,)}
+    if not cfg["tie_embeddings"]:
+        shapes["head.weight"] = (V, d)
+    for i in range(cfg["n_layers"]):
+        b = f"blocks.{i}."
+        for n in ("ln1", "ln2", "att.ln_x") + (("ln0",) if i == 0 else ()):
+            shapes[b + n + ".weight"] = shapes[b + n + ".bias"] = (d,)
+        for p in ("receptance", "key", "value", "output"):
+            shapes[f"{b}att.{p}.weight"] = (d, d)
+        for n in ("att.k_k", "att.k_a", "ffn.x_k") + tuple(f"att.x_{x}" for x in "rwkvag"):
+            shapes[b + n] = (d,)
+        shapes[b + "att.r_k"] = (H, d // H)
+        shapes[b + "ffn.key.weight"], shapes[b + "ffn.value.weight"] = (f, d), (d, f)
+        for p, rank in (("w", "decay"), ("a", "a"), ("v", "v"), ("g", "gate")):
+            if p == "v" and i == 0:
+                continue  # block 0 has no value residual
+            r = cfg[rank + "_low_rank_dim"]
+            if p != "g":
+                shapes[f"{b}att.{p}0"] = (d,)
+            shapes[f"{b}att.{p}1"], shapes[f"{b}att.{p}2"] = (r, d), (d, r)
+    return shapes
+
+
 def expected_tensors(cfg):
     """Every tensor name the contract requires for this config, with its shape."""
     d, f, H, K = cfg["d_model"], cfg["d_ff"], cfg["n_heads"], cfg["dconv_kernel"]
     arch = cfg["architecture"]
+    if arch == "rwkv7":
+        return rwkv7_tensors(cfg)
     shapes = {"embed.weight": (cfg["vocab_size"], d), "norm_f.weight": (d,), "norm_f.bias": (d,)}
     if not cfg["tie_embeddings"]:
         shapes["head.weight"] = (cfg["vocab_size"], d)
@@ -457,6 +495,119 @@ class RecurrentLM:
 
 
 # ---------------------------------------------------------------------------
+# RWKV-7 (x070), batched: the math of models/mixers/rwkv7.cc's header comment, as
+# BlinkDL's rwkv_v7_demo_rnn.py writes it but over B streams, with the state update
+# as matrix-vector products (S·(−kk) and S·r) rather than demo_rnn's S·(ab) matrix
+# product (N times fewer operations).
+
+
+class Rwkv7State:
+    """Per-stream state for B streams: per block the two token shifts and S [B, H, N, N]."""
+
+    def __init__(self, model, batch):
+        self.batch, self.layers = batch, []
+        for _ in model.blocks:
+            self.layers.append({"att_shift": torch.zeros(batch, model.d),
+                                "ffn_shift": torch.zeros(batch, model.d),
+                                "wkv": torch.zeros(batch, model.H, model.N, model.N)})
+
+    def reset(self):
+        for s in self.layers:
+            for x in s.values():
+                x.zero_()
+
+
+class Rwkv7LM:
+    DECAY_SCALE = -math.exp(-0.5)
+
+    def __init__(self, model_dir, cfg, device="cpu"):
+        self.name = os.path.basename(os.path.normpath(model_dir))
+        self.cfg = cfg
+        w = read_safetensors(os.path.join(model_dir, "model.safetensors"), rwkv7_tensors(cfg))
+        if device != "cpu":
+            w = {name: t.to(device) for name, t in w.items()}
+            torch.set_default_device(device)
+        self.d, self.H = cfg["d_model"], cfg["n_heads"]
+        self.N = self.d // self.H
+        self.emb = w["emb.weight"]
+        self.ln0 = (w["blocks.0.ln0.weight"], w["blocks.0.ln0.bias"])
+        self.ln_out = (w["ln_out.weight"], w["ln_out.bias"])
+        self.head = both(w["emb.weight"] if cfg["tie_embeddings"] else w["head.weight"])
+        self.blocks = []
+        for i in range(cfg["n_layers"]):
+            g = lambda n: w[f"blocks.{i}.{n}"]
+            blk = {"ln1": (g("ln1.weight"), g("ln1.bias")), "ln2": (g("ln2.weight"), g("ln2.bias")),
+                   "ln_x": (g("att.ln_x.weight"), g("att.ln_x.bias")),
+                   # The six mixes stacked: [6, 1, d] (r, w, k, v, a, g).
+                   "mix": torch.stack([g(f"att.x_{x}") for x in "rwkvag"]).unsqueeze(1),
+                   "k_k": g("att.k_k"), "k_a": g("att.k_a"), "r_k": g("att.r_k"),
+                   "ffn_x_k": g("ffn.x_k"), "key": both(g("ffn.key.weight")),
+                   "value": both(g("ffn.value.weight"))}
+            for p in ("receptance", "key", "value", "output"):
+                blk["att." + p] = both(g(f"att.{p}.weight"))
+            for p in ("w", "a", "v", "g"):
+                if p == "v" and i == 0:
+                    continue
+                blk[p + "1"], blk[p + "2"] = both(g(f"att.{p}1")), both(g(f"att.{p}2"))
+                if p != "g":
+                    blk[p + "0"] = g(f"att.{p}0")
+            self.blocks.append(blk)
+
+    def new_state(self, batch):
+        return Rwkv7State(self, batch)
+
+    def step(self, st, tokens):
+        d, H, N, eps = self.d, self.H, self.N, self.cfg["norm_eps"]
+        B = tokens.shape[0]
+        h = F.layer_norm(self.emb.index_select(0, tokens), (d,), *self.ln0, eps)
+        v_first = None
+        for i, (blk, s) in enumerate(zip(self.blocks, st.layers)):
+            x = F.layer_norm(h, (d,), *blk["ln1"], eps)
+            xx = torch.addcmul(x, s["att_shift"] - x, blk["mix"])     # [6, B, d]
+            s["att_shift"].copy_(x)
+            xr, xw, xk, xv, xa, xg = xx.unbind(0)
+            r = matmul(xr, blk["att.receptance"])
+            k = matmul(xk, blk["att.key"])
+            v = matmul(xv, blk["att.value"])
+            w = addmatmul(blk["w0"], torch.tanh(matmul(xw, blk["w1"])), blk["w2"])
+            w = torch.exp(torch.sigmoid(w) * self.DECAY_SCALE)
+            a = torch.sigmoid(addmatmul(blk["a0"], matmul(xa, blk["a1"]), blk["a2"]))
+            g = matmul(torch.sigmoid(matmul(xg, blk["g1"])), blk["g2"])
+            kk = F.normalize((k * blk["k_k"]).view(B, H, N), dim=-1, p=2.0)
+            k = k * (1 + (a - 1) * blk["k_a"])
+            if i == 0:
+                v_first = v
+            else:
+                v = v + (v_first - v) * torch.sigmoid(
+                    addmatmul(blk["v0"], matmul(xv, blk["v1"]), blk["v2"]))
+            S = s["wkv"]                                               # [B, H, N(v), N(k)]
+            sa = torch.matmul(S, kk.neg().unsqueeze(-1))               # S·(−kk), [B, H, N, 1]
+            S.mul_(w.view(B, H, 1, N)).addcmul_(sa, (kk * a.view(B, H, N)).unsqueeze(-2))
+            S.addcmul_(v.view(B, H, N, 1), k.view(B, H, 1, N))
+            y = torch.matmul(S, r.view(B, H, N, 1)).view(B, d)
+            y = F.group_norm(y, H, *blk["ln_x"], eps=N * eps)
+            bonus = (r * k * blk["r_k"].view(d)).view(B, H, N).sum(-1, keepdim=True)
+            y = y.add_((bonus * v.view(B, H, N)).view(B, d)).mul_(g)
+            addmatmul_(h, y, blk["att.output"])
+            x = F.layer_norm(h, (d,), *blk["ln2"], eps)
+            xk = torch.addcmul(x, s["ffn_shift"] - x, blk["ffn_x_k"])
+            s["ffn_shift"].copy_(x)
+            addmatmul_(h, torch.relu(matmul(xk, blk["key"])).square_(), blk["value"])
+        return matmul(F.layer_norm(h, (d,), *self.ln_out, eps), self.head)
+
+
+def load_model(model_dir, device="cpu"):
+    cfg = load_config(model_dir)
+    if cfg["architecture"] == "rwkv7":
+        return Rwkv7LM(model_dir, cfg, device)
+    return RecurrentLM(model_dir, device)
+
+
+def new_state(model, batch):
+    return model.new_state(batch) if hasattr(model, "new_state") else State(model, batch)
+
+
+# ---------------------------------------------------------------------------
 # Benchmark and check.
 
 PROMPT_TEXT = (b"ROMEO:\nBut, soft! what light through yonder window breaks?\n"
@@ -465,10 +616,10 @@ PROMPT_TEXT = (b"ROMEO:\nBut, soft! what light through yonder window breaks?\n"
 PROMPT_BYTES = 64
 
 
-def prompts(batch, offset=0):
-    """[B, 64] byte prompts, stream i starting at byte offset+i of a fixed text."""
-    text = PROMPT_TEXT * (2 + (offset + batch) // len(PROMPT_TEXT))
-    return torch.tensor([list(text[o:o + PROMPT_BYTES])
+def prompts(batch, offset=0, length=PROMPT_BYTES):
+    """[B, length] byte prompts, stream i starting at byte offset+i of a fixed text."""
+    text = PROMPT_TEXT * (2 + (offset + batch + length) // len(PROMPT_TEXT))
+    return torch.tensor([list(text[o:o + length])
                          for o in range(offset, offset + batch)], dtype=torch.long)
 
 
@@ -503,13 +654,13 @@ def run_mode(model, mode, args):
         batch, sessions = 1, int(mode[len("sequential"):])
     else:
         raise ValueError(f"unknown mode {mode!r} (batchB or sequentialN)")
-    st = State(model, batch)
-    warm = absorb(model, st, prompts(batch))
+    st = new_state(model, batch)
+    warm = absorb(model, st, prompts(batch, length=args.prompt_bytes))
     timed_generate(model, st, warm, args.warmup)
     seconds = 0.0
     for i in range(sessions):
         st.reset()
-        logits = absorb(model, st, prompts(batch, offset=i))
+        logits = absorb(model, st, prompts(batch, offset=i, length=args.prompt_bytes))
         seconds += timed_generate(model, st, logits, args.tokens)
     steps = sessions * args.tokens
     return {"model": model.name, "mode": mode, "batch": batch,
@@ -523,7 +674,7 @@ def check(model, args):
     with open(args.check, "rb") as f:
         text = f.read(args.check_bytes)
     tokens = torch.tensor(list(text), dtype=torch.long)
-    st, nll = State(model, 1), 0.0
+    st, nll = new_state(model, 1), 0.0
     for t in range(len(tokens) - 1):
         logits = model.step(st, tokens[t:t + 1])
         nll -= torch.log_softmax(logits[0].double(), 0)[tokens[t + 1]].item()
@@ -554,6 +705,8 @@ def main():
                     help="add mode sequentialN")
     ap.add_argument("--tokens", type=int, default=128, help="generated tokens per stream")
     ap.add_argument("--warmup", type=int, default=16, help="untimed steps before each mode")
+    ap.add_argument("--prompt-bytes", type=int, default=PROMPT_BYTES,
+                    help="untimed prompt steps per stream before each timed part (>= 1)")
     ap.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
     ap.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
     ap.add_argument("--check", metavar="TEXTFILE", help="score TEXTFILE's first bytes")
@@ -561,6 +714,8 @@ def main():
     ap.add_argument("--fwmodel", metavar="PATH", help="compare --check with `PATH score`")
     ap.add_argument("--check-tol", type=float, default=1e-4)
     args = ap.parse_args()
+    if args.prompt_bytes < 1:
+        ap.error("--prompt-bytes must be >= 1")
 
     modes = [m for m in args.modes.split(",") if m]
     modes += [f"batch{b}" for b in args.batch] + [f"sequential{n}" for n in args.sequential]
@@ -568,7 +723,7 @@ def main():
         modes = ["batch1"]
     torch.set_num_threads(args.threads)
     with torch.inference_mode():
-        model = RecurrentLM(args.model_dir, args.device)
+        model = load_model(args.model_dir, args.device)
         ok = check(model, args) if args.check else True
         for mode in modes:
             print(json.dumps(run_mode(model, mode, args)), flush=True)

@@ -12,10 +12,14 @@
 #include "absl/strings/str_cat.h"
 #include "models/mixers/mixer.h"
 #include "models/mixers/native_math.h"
+#include "models/native_parallel.h"
+#include "models/native_rwkv.h"
 #include "models/packed_linear.h"
 
 namespace fwmodel {
 namespace {
+
+using native::ParallelRows;
 
 // Rows per task of the per-session loops; below it the loop stays on one thread.
 constexpr int64_t kRowGrain = 8;
@@ -29,20 +33,7 @@ constexpr int kMaxMixerStates = 4;
 FW_VECTOR_KERNEL
 void LayerNorm(const float* x, int64_t rows, int64_t d, const float* weight, const float* bias,
                float eps, float* y) {
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* xr = x + r * d;
-    float* yr = y + r * d;
-    float sum = 0;
-#pragma omp simd reduction(+ : sum)
-    for (int64_t c = 0; c < d; ++c) sum += xr[c];
-    const float mean = sum / static_cast<float>(d);
-    float squares = 0;
-#pragma omp simd reduction(+ : squares)
-    for (int64_t c = 0; c < d; ++c) squares += (xr[c] - mean) * (xr[c] - mean);
-    const float inv = 1.0f / std::sqrt(squares / static_cast<float>(d) + eps);
-#pragma omp simd
-    for (int64_t c = 0; c < d; ++c) yr[c] = (xr[c] - mean) * inv * weight[c] + bias[c];
-  }
+  native::LayerNormRows(x, rows, d, weight, bias, eps, y);
 }
 
 FW_VECTOR_KERNEL
@@ -72,22 +63,6 @@ void ConvRow(float* __restrict in, float* __restrict history, const float* __res
   for (int64_t ch = 0; ch < d; ++ch) in[ch] += w[ch] * saved[ch];
   std::memmove(history, history + d, sizeof(float) * (K - 2) * d);
   std::memcpy(history + (K - 2) * d, saved, sizeof(float) * d);
-}
-
-// f(begin, end) over [0, n) in at most `threads` contiguous tasks of at least `grain`
-// items each, on OpenMP workers beside the calling thread (one task: inline). f must not
-// throw. The team size is explicit, not the calling thread's OpenMP default, so the
-// engine's and the prefill thread's steps can run with different counts.
-template <typename F>
-void ParallelRows(int threads, int64_t n, int64_t grain, const F& f) {
-  const int64_t tasks = std::min<int64_t>(threads, n / std::max<int64_t>(grain, 1));
-  if (tasks <= 1) {
-    f(int64_t{0}, n);
-    return;
-  }
-  const int team = static_cast<int>(tasks);
-#pragma omp parallel for num_threads(team) schedule(static, 1)
-  for (int64_t task = 0; task < tasks; ++task) f(n * task / tasks, n * (task + 1) / tasks);
 }
 
 // linear.Apply over `rows` rows, split by rows over `threads` (each task writes its own
@@ -144,16 +119,17 @@ absl::StatusOr<std::unique_ptr<NativeStep>> NativeStep::Create(const Model& mode
   if (!model.options().device.is_cpu() || model.options().dtype != torch::kFloat32) {
     return absl::FailedPreconditionError("the native decode step needs a float32 model on the CPU");
   }
-  if (model.config().is_rwkv()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "the native decode step has no kernel for architecture ",
-        ArchitectureName(model.config().architecture), " (LibTorch's step serves it)"));
-  }
   if (options.threads < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("threads must be >= 0 (0: LibTorch's count), got ", options.threads));
   }
   std::unique_ptr<NativeStep> step(new NativeStep(model, options.threads));
+  if (model.config().is_rwkv()) {
+    auto rwkv = NativeRwkv::Create(model, options.packed_gemm);
+    if (!rwkv.ok()) return rwkv.status();
+    step->rwkv_ = std::move(*rwkv);
+    return step;
+  }
   const ModelConfig& c = model.config();
   const int64_t d = c.d_model;
   try {
@@ -299,6 +275,10 @@ absl::Status NativeStep::Step(absl::Span<const int64_t> tokens, absl::Span<const
 absl::Status NativeStep::Absorb(absl::Span<const int64_t> tokens, int64_t steps,
                                 absl::Span<const int64_t> rows, State* pool, float* logits) {
   if (absl::Status s = CheckArguments(tokens, steps, rows, *pool); !s.ok()) return s;
+  if (rwkv_ != nullptr) {
+    rwkv_->Absorb(tokens, steps, rows, pool, Threads(), logits);
+    return absl::OkStatus();
+  }
   const ModelConfig& c = model_.config();
   const int64_t B = static_cast<int64_t>(rows.size());
   if (B == 0) return absl::OkStatus();

@@ -6,7 +6,8 @@
 // gather or scatter copies). Model::Step stays the reference, the trainer's, the
 // sequence form's and the CUDA path; this equals it within float32 rounding
 // (tests/unit/native_step_test.cc: 1e-5 on every configuration of the equivalence
-// tests).
+// tests). RWKV-7 and RWKV-4 models go to their own kernel (native_rwkv.h) behind the
+// same calls.
 //
 // Ownership: a NativeStep reads the Model's weight tensors in place (and owns a fused
 // copy of the input projections); the Model must outlive it.
@@ -25,6 +26,8 @@
 #include "models/packed_linear.h"
 
 namespace fwmodel {
+
+class NativeRwkv;  // models/native_rwkv.h
 
 struct NativeStepOptions {
   // The projections' GEMMs on weights laid out once at load with libxsmm's JIT kernels
@@ -73,6 +76,9 @@ class NativeStep {
 
   const Model& model_;
   const int32_t threads_;  // NativeStepOptions::threads
+  // The RWKV kernel, which serves every call when set (architectures rwkv7 and rwkv4);
+  // the members below serve the contract's architectures.
+  std::unique_ptr<NativeRwkv> rwkv_;
   std::vector<Layer> layers_;
   // Contiguous views of the model's weights that the raw pointers below read.
   std::vector<torch::Tensor> kept_;

@@ -31,7 +31,13 @@ class PackedLinear {
 
   // y [rows, out] := x [rows, in] · Wᵀ (+ bias [out] when not null). Row-major,
   // contiguous, y not aliasing x; rows >= 0.
-  void Apply(const float* x, int64_t rows, const float* bias, float* y) const;
+  void Apply(const float* x, int64_t rows, const float* bias, float* y) const {
+    Apply(x, rows, bias, y, out_);
+  }
+  // The same with y's rows ldy >= out() floats apart: this product's columns of a wider
+  // output (a panel of a larger projection, native_rwkv.cc). Only y's first out()
+  // floats of each row are written.
+  void Apply(const float* x, int64_t rows, const float* bias, float* y, int64_t ldy) const;
 
   int64_t in() const { return in_; }
   int64_t out() const { return out_; }
@@ -42,8 +48,9 @@ class PackedLinear {
   bool packed() const { return !transposed_.empty(); }
 
  private:
-  // y [rows, out] (+)= x · Wᵀ through cblas_sgemm (accumulate: beta 1).
-  void Blas(const float* x, int64_t rows, bool accumulate, float* y) const;
+  // y [rows, out] (+)= x · Wᵀ through cblas_sgemm (accumulate: beta 1), y's rows ldy
+  // floats apart.
+  void Blas(const float* x, int64_t rows, bool accumulate, float* y, int64_t ldy) const;
 
   int64_t in_ = 0;
   int64_t out_ = 0;

@@ -16,6 +16,7 @@ add_executable(fwserve_model_tests
   unit/trainer_test.cc
   unit/pretrained_test.cc
   unit/native_step_test.cc
+  unit/native_rwkv_test.cc
   unit/graphed_step_test.cc
   unit/batch_sampler_test.cc
   unit/rwkv_test.cc

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -46,5 +47,25 @@ static inline float FastExp(float x) {
 }
 
 static inline float Sigmoid(float z) { return 1.0f / (1.0f + FastExp(-z)); }
+
+// y = LN(x) per row of width d, with weight and bias (biased variance, as torch). y may
+// be x.
+static inline void LayerNormRows(const float* x, int64_t rows, int64_t d, const float* weight,
+                                 const float* bias, float eps, float* y) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * d;
+    float* yr = y + r * d;
+    float sum = 0;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t c = 0; c < d; ++c) sum += xr[c];
+    const float mean = sum / static_cast<float>(d);
+    float squares = 0;
+#pragma omp simd reduction(+ : squares)
+    for (int64_t c = 0; c < d; ++c) squares += (xr[c] - mean) * (xr[c] - mean);
+    const float inv = 1.0f / std::sqrt(squares / static_cast<float>(d) + eps);
+#pragma omp simd
+    for (int64_t c = 0; c < d; ++c) yr[c] = (xr[c] - mean) * inv * weight[c] + bias[c];
+  }
+}
 
 }  // namespace fwmodel::native

@@ -89,6 +89,34 @@ TEST_P(PackedLinearTest, ZeroRowsWriteNothing) {
   EXPECT_EQ(sentinel, 42.0f);
 }
 
+// A product into a wider output (y's rows ldy floats apart, native_rwkv.cc's panels)
+// writes its own columns, equal to the contiguous product's, and no other float.
+TEST_P(PackedLinearTest, StridedOutputWritesOnlyItsColumns) {
+  const int64_t ldy = 300, first = 128;
+  for (int64_t rows : {1, 5, 64, 70}) {
+    const Product p = RandomProduct(44, 96, rows, 40 + static_cast<uint32_t>(rows));
+    const PackedLinear linear(p.w.data(), p.out, p.in, GetParam());
+    for (bool with_bias : {false, true}) {
+      const float* bias = with_bias ? p.bias.data() : nullptr;
+      std::vector<float> contiguous(static_cast<size_t>(rows * p.out));
+      linear.Apply(p.x.data(), rows, bias, contiguous.data());
+      std::vector<float> wide(static_cast<size_t>(rows * ldy), 42.0f);
+      linear.Apply(p.x.data(), rows, bias, wide.data() + first, ldy);
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t c = 0; c < ldy; ++c) {
+          const float got = wide[static_cast<size_t>(r * ldy + c)];
+          if (c < first || c >= first + p.out) {
+            ASSERT_EQ(got, 42.0f) << "row " << r << " column " << c << " written";
+          } else {
+            ASSERT_EQ(got, contiguous[static_cast<size_t>(r * p.out + c - first)])
+                << "rows " << rows << " row " << r << " column " << c;
+          }
+        }
+      }
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, PackedLinearTest, testing::Bool(),
                          [](const testing::TestParamInfo<bool>& info) {
                            return info.param ? "Libxsmm" : "OpenBlas";

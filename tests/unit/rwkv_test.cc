@@ -119,15 +119,55 @@ TEST_P(RwkvCppTinyTest, LogitsAfterQuoteInMatchRwkvCpp) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Tiny, RwkvCppTinyTest,
-    ::testing::Values(TinyCase{"7v0-834K", "FP32", Architecture::kRwkv7, 0.001, 1e-5},
-                      TinyCase{"7v0-834K", "FP16", Architecture::kRwkv7, 0.005766, 1e-5},
-                      TinyCase{"4v0-660K", "FP32", Architecture::kRwkv4, 0.001, 2e-5},
-                      TinyCase{"4v0-660K", "FP16", Architecture::kRwkv4, 0.013652, 5e-3}),
-    [](const ::testing::TestParamInfo<TinyCase>& info) {
-      return "v" + info.param.version.substr(0, 1) + "_" + info.param.format;
-    });
+// The same logits through the native CPU step (NativeStep, models/native_rwkv.h), the
+// server's default decode kernel: "in stepped token by token, and absorbed as a prompt.
+class RwkvCppTinyNativeTest : public ::testing::TestWithParam<TinyCase> {};
+
+TEST_P(RwkvCppTinyNativeTest, NativeStepLogitsMatchRwkvCpp) {
+  const TinyCase& c = GetParam();
+  const std::string dir = ConvertTiny(c.version + "-" + c.format);
+  const torch::Tensor expected = ExpectedLogits(c.version);
+  auto loaded = LoadCheckpoint(dir);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  const Model& model = loaded->model;
+  auto native = NativeStep::Create(model);
+  ASSERT_TRUE(native.ok()) << native.status();
+  const std::vector<int64_t> prompt = {34, 105, 110};  // "in
+  const int64_t vocab = model.config().vocab_size;
+  ASSERT_EQ(vocab, 256);
+  State pool = model.InitialState(3);
+  std::vector<float> stepped(static_cast<size_t>(vocab)), absorbed(stepped.size());
+  for (int64_t token : prompt) {
+    ASSERT_TRUE((*native)->Step({token}, {2}, &pool, stepped.data()).ok());
+  }
+  ASSERT_TRUE((*native)->Absorb(prompt, 3, {0}, &pool, absorbed.data()).ok());
+  for (const auto& [what, values] :
+       {std::pair<const char*, std::vector<float>*>{"steps", &stepped}, {"absorb", &absorbed}}) {
+    const torch::Tensor logits =
+        torch::from_blob(values->data(), {vocab}, torch::kFloat32).to(torch::kFloat64);
+    const double sum = (logits - expected).sum().item<double>();
+    const double max = (logits - expected).abs().max().item<double>();
+    EXPECT_LE(std::abs(sum), std::abs(c.difference_sum) * 1.05)
+        << what << ": difference sum " << sum;
+    EXPECT_LE(max, c.max_difference) << what;
+    std::printf("%s-%s native %s: difference sum %.6f, max %.3g\n", c.version.c_str(),
+                c.format.c_str(), what, sum, max);
+  }
+}
+
+std::string TinyCaseName(const ::testing::TestParamInfo<TinyCase>& info) {
+  return "v" + info.param.version.substr(0, 1) + "_" + info.param.format;
+}
+
+const std::vector<TinyCase> kTinyCases = {
+    {"7v0-834K", "FP32", Architecture::kRwkv7, 0.001, 1e-5},
+    {"7v0-834K", "FP16", Architecture::kRwkv7, 0.005766, 1e-5},
+    {"4v0-660K", "FP32", Architecture::kRwkv4, 0.001, 2e-5},
+    {"4v0-660K", "FP16", Architecture::kRwkv4, 0.013652, 5e-3}};
+
+INSTANTIATE_TEST_SUITE_P(Tiny, RwkvCppTinyTest, ::testing::ValuesIn(kTinyCases), TinyCaseName);
+INSTANTIATE_TEST_SUITE_P(Tiny, RwkvCppTinyNativeTest, ::testing::ValuesIn(kTinyCases),
+                         TinyCaseName);
 
 ModelConfig SmallRwkvConfig(Architecture arch) {
   ModelConfig c;
@@ -199,15 +239,13 @@ TEST_P(RwkvFormsTest, StateIsTokenShiftsAndRecurrence) {
   }
 }
 
-// The native CPU step has no RWKV kernel yet: it refuses, naming the architecture, so
-// that the server takes LibTorch's step.
-TEST_P(RwkvFormsTest, NativeStepRefusesNamingTheArchitecture) {
+// The native CPU step serves both architectures (models/native_rwkv.h;
+// native_rwkv_test.cc compares it with Model::Step).
+TEST_P(RwkvFormsTest, NativeStepServesTheArchitecture) {
   auto model = Model::InitRandom(SmallRwkvConfig(GetParam()), 1);
   ASSERT_TRUE(model.ok()) << model.status();
   auto native = NativeStep::Create(*model);
-  ASSERT_FALSE(native.ok());
-  EXPECT_NE(native.status().message().find(ArchitectureName(GetParam())), std::string::npos)
-      << native.status();
+  EXPECT_TRUE(native.ok()) << native.status();
 }
 
 // A saved RWKV model loads back with the same fingerprint and logits.

@@ -175,5 +175,44 @@ TEST_F(StatePoolTest, TheStepsDrawsAreHandedOutOnceForTheirOwnRequest) {
   EXPECT_EQ((*sampled)[0].token, pool.logits(slot).argmax().item<int64_t>());
 }
 
+// The engine's default kernel on a float32 CPU model is the native step for RWKV-7 and
+// RWKV-4 too (models/native_rwkv.h), and it steps a pool's rows as LibTorch's does.
+TEST(StepperKernelTest, NativeServesRwkv7AndRwkv4) {
+  torch::NoGradGuard no_grad;
+  for (Architecture arch : {Architecture::kRwkv7, Architecture::kRwkv4}) {
+    fwmodel::ModelConfig c;
+    c.architecture = arch;
+    c.d_model = 32;
+    c.n_layers = 2;
+    c.n_heads = arch == Architecture::kRwkv7 ? 4 : 1;
+    c.d_ff = 48;
+    if (arch == Architecture::kRwkv7) {
+      c.decay_low_rank_dim = 5;
+      c.a_low_rank_dim = 6;
+      c.v_low_rank_dim = 3;
+      c.gate_low_rank_dim = 7;
+    }
+    const fwmodel::Model model = fwtest::RandomModel(c, 4, torch::kFloat32);
+    StateMemoryBudget budget(int64_t{1} << 40);
+    StatePool pool(model, 4, &budget);
+    Stepper stepper(model, "native", /*packed_gemm=*/true, 1, 1, "test", &pool);
+    EXPECT_STREQ(stepper.kernel(), "native") << fwmodel::ArchitectureName(arch);
+    StatePool::Shortage shortage;
+    const int a = *pool.TryAllocate(&shortage), b = *pool.TryAllocate(&shortage);
+    pool.Reset(a);
+    pool.Reset(b);
+    fwmodel::State reference = model.InitialState(2);
+    for (int64_t token : {34, 105, 110}) {
+      ASSERT_TRUE(stepper.Step({a, b}, {token, token + 1}, pool, {}).ok());
+      auto expected = model.Step(torch::tensor({token, token + 1}, torch::kInt64), &reference);
+      ASSERT_TRUE(expected.ok()) << expected.status();
+      fwtest::ExpectNearRelative(pool.logits(a).unsqueeze(0), expected->narrow(0, 0, 1), 1e-4,
+                                 "row a");
+      fwtest::ExpectNearRelative(pool.logits(b).unsqueeze(0), expected->narrow(0, 1, 1), 1e-4,
+                                 "row b");
+    }
+  }
+}
+
 }  // namespace
 }  // namespace fwserve

@@ -1,0 +1,72 @@
+// The native float32 CPU step of the RWKV architectures, RWKV-7 (x070,
+// models/mixers/rwkv7.cc) and RWKV-4 (rwkv4.cc), for NativeStep (native_step.h), which
+// validates the arguments and dispatches here: the embedding with ln0, and per block LN1,
+// the token-shift mixes, the projections (and RWKV-7's LoRAs) as GEMMs over all the
+// call's tokens, the recurrence in tight loops over the pool's rows in place (RWKV-7: the
+// generalised delta rule per (session, head), then the per-head GroupNorm ln_x, the bonus
+// and gate; RWKV-4: the α, β, p recurrence per session), then LN2 and the ReLU² channel
+// mix (RWKV-4: gated by its receptance); ln_out and the head on each session's last
+// token. The math is rwkv7.cc's and rwkv4.cc's header comments; every decay and state
+// value is float32. Equal to Model::Step within float32 rounding
+// (tests/unit/native_rwkv_test.cc).
+//
+// Every projection is cut into panels of output columns (each a PackedLinear), and the
+// panels of the products that share a stage are split over the threads by their
+// multiply-adds: each thread reads only its panels' weights, which is what bounds the
+// step at batch 1 (the 0.1B model's head alone is 200 MB). Stages under 4M
+// multiply-adds stay on the calling thread (native_rwkv.cc, kParallelMacs).
+//
+// Ownership: copies the weights it multiplies (packed) and keeps contiguous views of the
+// others; the Model must outlive it. Thread-safety: Absorb uses the object's scratch;
+// one call at a time.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "models/model.h"
+#include "models/packed_linear.h"
+
+namespace fwmodel {
+
+class NativeRwkv {
+ public:
+  // FailedPrecondition unless the model is an rwkv7 or rwkv4 one computing in float32
+  // on the CPU.
+  // packed_gemm: NativeStepOptions::packed_gemm.
+  static absl::StatusOr<std::unique_ptr<NativeRwkv>> Create(const Model& model, bool packed_gemm);
+
+  // NativeStep::Absorb's contract, with its arguments already checked (CheckArguments)
+  // and `threads` resolved (>= 1): rows[b] absorbs tokens[b * steps .. (b + 1) * steps)
+  // in place in `pool`; logits [B, vocab] after each row's last token.
+  void Absorb(absl::Span<const int64_t> tokens, int64_t steps, absl::Span<const int64_t> rows,
+              State* pool, int threads, float* logits);
+
+  ~NativeRwkv();
+
+  // A projection W [out, in] as panels of at most kPanelColumns output columns.
+  struct Panels {
+    int64_t in = 0, out = 0;
+    std::vector<PackedLinear> panels;  // panel p: columns [p · kPanelColumns, ...)
+  };
+  static constexpr int64_t kPanelColumns = 128;
+
+ private:
+  struct Layer;
+  explicit NativeRwkv(const Model& model);
+
+  const Model& model_;
+  std::vector<Layer> layers_;
+  std::vector<torch::Tensor> kept_;  // contiguous views the raw pointers read
+  const float* emb_ = nullptr;
+  const float *ln0_w_ = nullptr, *ln0_b_ = nullptr, *ln_out_w_ = nullptr, *ln_out_b_ = nullptr;
+  Panels head_;
+  // Scratch for the largest call seen, [tokens, width] each (names as in rwkv7.cc; RWKV-4
+  // uses r, k, v, g, y, mixed and ffn).
+  std::vector<float> h_, x_, mixed_, r_, k_, v_, v_first_, lora_, w_, a_, vmix_, g_, y_, ffn_;
+};
+
+}  // namespace fwmodel

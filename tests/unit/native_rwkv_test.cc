@@ -1,0 +1,265 @@
+// The RWKV native float32 CPU step (models/native_rwkv.h, through NativeStep) equals
+// Model::Step (the LibTorch blocks of models/mixers/rwkv7.cc and rwkv4.cc) within 1e-4
+// relative: RWKV-7 with 64-wide heads and with narrow ones (widths off the vector
+// width), and RWKV-4, updating the pool's
+// rows in place and leaving every other row alone; its prefill equals its steps; and
+// splitting a call over threads changes nothing. rwkv_test.cc checks it against
+// rwkv.cpp's trained model.
+#include <gtest/gtest.h>
+
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "models/model.h"
+#include "models/native_step.h"
+#include "tests/unit/test_models.h"
+
+namespace {
+
+using fwmodel::Architecture;
+
+constexpr double kTolerance = 1e-4;
+
+struct RwkvCase {
+  std::string name;
+  Architecture arch;
+  int64_t d_model, n_heads, d_ff, vocab;
+  int layers;
+  bool tie;
+};
+
+// RWKV-7 with heads of 64 (the real models') with every projection over more than one
+// 128-column panel, a ragged last panel, and a vocabulary of three panels; and with heads
+// of 8 with LoRA ranks off the vector width, the head tied to the embedding. RWKV-4 over
+// two panels, a width off the vector width.
+std::vector<RwkvCase> Cases() {
+  return {{"rwkv7_heads64", Architecture::kRwkv7, 192, 3, 320, 300, 3, false},
+          {"rwkv7_heads8", Architecture::kRwkv7, 32, 4, 48, 256, 3, true},
+          {"rwkv4", Architecture::kRwkv4, 140, 1, 200, 260, 3, false}};
+}
+
+fwmodel::ModelConfig Config(const RwkvCase& c) {
+  fwmodel::ModelConfig config;
+  config.architecture = c.arch;
+  config.d_model = static_cast<int>(c.d_model);
+  config.n_layers = c.layers;
+  config.n_heads = static_cast<int>(c.n_heads);
+  config.d_ff = static_cast<int>(c.d_ff);
+  config.vocab_size = static_cast<int>(c.vocab);
+  config.tie_embeddings = c.tie;
+  if (c.arch == Architecture::kRwkv7) {
+    config.decay_low_rank_dim = 9;
+    config.a_low_rank_dim = 8;
+    config.v_low_rank_dim = 5;
+    config.gate_low_rank_dim = 12;
+  }
+  return config;
+}
+
+class NativeRwkvTest : public testing::TestWithParam<RwkvCase> {
+ protected:
+  void SetUp() override { config_ = Config(GetParam()); }
+  fwmodel::ModelConfig config_;
+};
+
+// Six sessions in a pool of eight rows; each step a different subset of them, in a
+// different order, absorbs a random token. Each session is mirrored by a batch-1
+// LibTorch state stepped with Model::Step.
+TEST_P(NativeRwkvTest, EqualsTheLibTorchStepRowByRowInPlace) {
+  torch::NoGradGuard no_grad;
+  fwmodel::Model model = fwtest::RandomModel(config_, 7, torch::kFloat32);
+  auto native = fwmodel::NativeStep::Create(model);
+  ASSERT_TRUE(native.ok()) << native.status();
+  const int64_t capacity = 8, vocab = config_.vocab_size;
+  fwmodel::State pool = model.InitialState(capacity);
+  const fwmodel::State fresh = model.InitialState(1);
+  const std::vector<int64_t> session_rows = {6, 0, 3, 5, 1, 2};  // rows 4 and 7 stay unused
+  std::vector<fwmodel::State> reference;
+  for (size_t s = 0; s < session_rows.size(); ++s) reference.push_back(model.InitialState(1));
+  std::mt19937_64 rng(11);
+  std::vector<int> absorbed(session_rows.size(), 0);
+  for (int step = 0; step < 12; ++step) {
+    std::vector<int64_t> sessions;
+    for (size_t s = 0; s < session_rows.size(); ++s) {
+      if (step < 2 || rng() % 3 != 0) sessions.push_back(static_cast<int64_t>(s));
+    }
+    std::shuffle(sessions.begin(), sessions.end(), rng);
+    std::vector<int64_t> tokens, rows;
+    for (int64_t s : sessions) {
+      tokens.push_back(static_cast<int64_t>(rng() % static_cast<uint64_t>(vocab)));
+      rows.push_back(session_rows[static_cast<size_t>(s)]);
+    }
+    std::vector<float> logits(tokens.size() * static_cast<size_t>(vocab));
+    ASSERT_TRUE((*native)->Step(tokens, rows, &pool, logits.data()).ok());
+    for (size_t i = 0; i < sessions.size(); ++i) {
+      const size_t s = static_cast<size_t>(sessions[i]);
+      auto expected = model.Step(torch::tensor({tokens[i]}, torch::kInt64), &reference[s]);
+      ASSERT_TRUE(expected.ok()) << expected.status();
+      torch::Tensor got =
+          torch::from_blob(logits.data() + i * static_cast<size_t>(vocab), {1, vocab}).clone();
+      fwtest::ExpectNearRelative(got, *expected, kTolerance,
+                                 absl::StrCat("logits, step ", step, ", session ", s));
+      ++absorbed[s];
+    }
+  }
+  for (size_t s = 0; s < session_rows.size(); ++s) {
+    EXPECT_GT(absorbed[s], 2);
+    for (size_t t = 0; t < pool.tensors.size(); ++t) {
+      fwtest::ExpectNearRelative(
+          pool.tensors[t].narrow(0, session_rows[s], 1), reference[s].tensors[t], kTolerance,
+          absl::StrCat("state ", model.state_spec()[t].name, ", session ", s));
+    }
+  }
+  for (int64_t unused : {4, 7}) {
+    for (size_t t = 0; t < pool.tensors.size(); ++t) {
+      EXPECT_TRUE(torch::equal(pool.tensors[t].narrow(0, unused, 1), fresh.tensors[t]))
+          << "row " << unused << " was written";
+    }
+  }
+}
+
+// Five sessions stepped together over ten tokens: the native step against one batched
+// LibTorch step each time, logits and the whole state.
+TEST_P(NativeRwkvTest, EqualsTheBatchedLibTorchStep) {
+  torch::NoGradGuard no_grad;
+  fwmodel::Model model = fwtest::RandomModel(config_, 3, torch::kFloat32);
+  auto native = fwmodel::NativeStep::Create(model);
+  ASSERT_TRUE(native.ok()) << native.status();
+  const int64_t batch = 5, vocab = config_.vocab_size;
+  const torch::Tensor tokens = fwtest::RandomTokens(batch, 10, vocab, 17);
+  fwmodel::State pool = model.InitialState(batch);
+  fwmodel::State reference = model.InitialState(batch);
+  std::vector<int64_t> rows(batch);
+  std::iota(rows.begin(), rows.end(), 0);
+  std::vector<float> logits(static_cast<size_t>(batch * vocab));
+  for (int64_t t = 0; t < 10; ++t) {
+    const torch::Tensor column = tokens.select(1, t).contiguous();
+    std::vector<int64_t> ids(column.data_ptr<int64_t>(), column.data_ptr<int64_t>() + batch);
+    ASSERT_TRUE((*native)->Step(ids, rows, &pool, logits.data()).ok());
+    auto expected = model.Step(column, &reference);
+    ASSERT_TRUE(expected.ok()) << expected.status();
+    fwtest::ExpectNearRelative(torch::from_blob(logits.data(), {batch, vocab}).clone(), *expected,
+                               kTolerance, absl::StrCat("logits, token ", t));
+  }
+  for (size_t t = 0; t < pool.tensors.size(); ++t) {
+    fwtest::ExpectNearRelative(pool.tensors[t], reference.tensors[t], kTolerance,
+                               "state " + model.state_spec()[t].name);
+  }
+  // The recurrence ran: the state moved away from its fresh values.
+  EXPECT_FALSE(torch::equal(pool.tensors[1], model.InitialState(batch).tensors[1]));
+}
+
+// Prefill: two sessions absorb nine tokens each in one Absorb call; the reference
+// steps them one token at a time with Model::Step. Then one more decode Step.
+TEST_P(NativeRwkvTest, AbsorbEqualsSteppingTokenByToken) {
+  torch::NoGradGuard no_grad;
+  fwmodel::Model model = fwtest::RandomModel(config_, 5, torch::kFloat32);
+  auto native = fwmodel::NativeStep::Create(model);
+  ASSERT_TRUE(native.ok()) << native.status();
+  const int64_t steps = 9, vocab = config_.vocab_size;
+  const std::vector<int64_t> rows = {3, 1};
+  torch::Tensor tokens = fwtest::RandomTokens(2, steps + 1, vocab, 13);
+  fwmodel::State pool = model.InitialState(5);
+  fwmodel::State reference = model.InitialState(2);
+  torch::Tensor expected;
+  for (int64_t t = 0; t < steps; ++t) {
+    auto logits = model.Step(tokens.select(1, t).contiguous(), &reference);
+    ASSERT_TRUE(logits.ok()) << logits.status();
+    expected = *logits;
+  }
+  torch::Tensor prompt = tokens.narrow(1, 0, steps).contiguous();
+  std::vector<int64_t> flat(prompt.data_ptr<int64_t>(), prompt.data_ptr<int64_t>() + 2 * steps);
+  std::vector<float> logits(2 * static_cast<size_t>(vocab));
+  ASSERT_TRUE((*native)->Absorb(flat, steps, rows, &pool, logits.data()).ok());
+  fwtest::ExpectNearRelative(torch::from_blob(logits.data(), {2, vocab}).clone(), expected,
+                             kTolerance, "prefill logits");
+  std::vector<int64_t> next = {tokens[0][steps].item<int64_t>(), tokens[1][steps].item<int64_t>()};
+  ASSERT_TRUE((*native)->Step(next, rows, &pool, logits.data()).ok());
+  auto step_expected = model.Step(tokens.select(1, steps).contiguous(), &reference);
+  ASSERT_TRUE(step_expected.ok());
+  fwtest::ExpectNearRelative(torch::from_blob(logits.data(), {2, vocab}).clone(), *step_expected,
+                             kTolerance, "step logits");
+  for (size_t t = 0; t < pool.tensors.size(); ++t) {
+    for (int64_t b = 0; b < 2; ++b) {
+      fwtest::ExpectNearRelative(
+          pool.tensors[t].narrow(0, rows[static_cast<size_t>(b)], 1),
+          reference.tensors[t].narrow(0, b, 1), kTolerance,
+          absl::StrCat("state ", model.state_spec()[t].name, ", session ", b));
+    }
+  }
+}
+
+// Splitting a call over threads (the GEMMs' panels, the (session, head) pairs, the
+// tokens) changes no result: 3 threads against 1, for a decode step of 40 sessions and
+// a prefill of 3 sessions x 20 tokens.
+TEST_P(NativeRwkvTest, ThreeThreadsEqualOne) {
+  torch::NoGradGuard no_grad;
+  fwmodel::Model model = fwtest::RandomModel(config_, 21, torch::kFloat32);
+  fwmodel::NativeStepOptions one, three;
+  one.threads = 1;
+  three.threads = 3;
+  auto serial = fwmodel::NativeStep::Create(model, one);
+  auto parallel = fwmodel::NativeStep::Create(model, three);
+  ASSERT_TRUE(serial.ok() && parallel.ok());
+  const int64_t vocab = config_.vocab_size, sessions = 40;
+  fwmodel::State pool_serial = model.InitialState(48);
+  std::mt19937_64 rng(5);
+  std::vector<int64_t> rows(static_cast<size_t>(sessions)), tokens(rows.size());
+  std::iota(rows.begin(), rows.end(), 0);
+  std::shuffle(rows.begin(), rows.end(), rng);
+  for (int64_t& t : tokens) t = static_cast<int64_t>(rng() % static_cast<uint64_t>(vocab));
+  std::vector<int64_t> prompt_rows = {41, 44, 47}, prompt(3 * 20);
+  for (int64_t& t : prompt) t = static_cast<int64_t>(rng() % static_cast<uint64_t>(vocab));
+  std::vector<float> warm(static_cast<size_t>(sessions * vocab));
+  ASSERT_TRUE((*serial)->Step(tokens, rows, &pool_serial, warm.data()).ok());
+  fwmodel::State pool_parallel = pool_serial.Clone();
+  std::vector<float> logits_serial(warm.size()), logits_parallel(warm.size());
+  ASSERT_TRUE((*serial)->Step(tokens, rows, &pool_serial, logits_serial.data()).ok());
+  ASSERT_TRUE((*parallel)->Step(tokens, rows, &pool_parallel, logits_parallel.data()).ok());
+  auto as_tensor = [&](std::vector<float>& v, int64_t n) {
+    return torch::from_blob(v.data(), {n, vocab}).clone();
+  };
+  fwtest::ExpectNearRelative(as_tensor(logits_parallel, sessions),
+                             as_tensor(logits_serial, sessions), 1e-6, "step logits");
+  ASSERT_TRUE((*serial)->Absorb(prompt, 20, prompt_rows, &pool_serial, logits_serial.data()).ok());
+  ASSERT_TRUE(
+      (*parallel)->Absorb(prompt, 20, prompt_rows, &pool_parallel, logits_parallel.data()).ok());
+  fwtest::ExpectNearRelative(as_tensor(logits_parallel, 3), as_tensor(logits_serial, 3), 1e-6,
+                             "prefill logits");
+  for (size_t t = 0; t < pool_serial.tensors.size(); ++t) {
+    fwtest::ExpectNearRelative(pool_parallel.tensors[t], pool_serial.tensors[t], 1e-6,
+                               "state " + model.state_spec()[t].name);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, NativeRwkvTest, testing::ValuesIn(Cases()),
+                         [](const testing::TestParamInfo<RwkvCase>& info) {
+                           return info.param.name;
+                         });
+
+// Bad arguments are refused before anything is written, as for every architecture.
+TEST(NativeRwkvInputTest, BadArgumentsAreRefusedAndChangeNothing) {
+  torch::NoGradGuard no_grad;
+  const fwmodel::ModelConfig config = Config(Cases()[1]);
+  fwmodel::Model model = fwtest::RandomModel(config, 3, torch::kFloat32);
+  auto native = fwmodel::NativeStep::Create(model);
+  ASSERT_TRUE(native.ok()) << native.status();
+  fwmodel::State pool = model.InitialState(4);
+  const fwmodel::State before = pool.Clone();
+  std::vector<float> logits(2 * static_cast<size_t>(config.vocab_size));
+  absl::Status s = (*native)->Step({1, config.vocab_size}, {0, 1}, &pool, logits.data());
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  s = (*native)->Step({1, 2}, {3, 3}, &pool, logits.data());
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  for (size_t t = 0; t < pool.tensors.size(); ++t) {
+    EXPECT_TRUE(torch::equal(pool.tensors[t], before.tensors[t]));
+  }
+  fwmodel::Model f64 = fwtest::RandomModel(config, 3, torch::kFloat64);
+  EXPECT_EQ(fwmodel::NativeStep::Create(f64).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+}  // namespace
