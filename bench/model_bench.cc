@@ -14,6 +14,7 @@
 //                      session, as the server's prefill thread runs it (T = its chunk);
 //                      baseline: BM_Prefill at the same T
 //   BM_PrefillByStep   baseline: the same prompt fed token by token
+//   BM_Rwkv7NativeAbsorb RWKV-7 0.1B: a 256-token prompt through the native prefill
 //   BM_Rwkv7NativeStep RWKV-7 at the 0.1B G1 shape (random weights): the native step
 //                      (models/native_rwkv.h) over B rows, as BM_NativeStep; counter
 //                      "flops": the GEMMs' FLOP per second (head included), to compare
@@ -255,6 +256,29 @@ void BM_Rwkv7NativeStep(benchmark::State& state) {
   SetRwkv7Counters(state, state.range(0));
 }
 
+// RWKV-7 at the 0.1B shape: one session absorbs a prompt of range(0) tokens through the
+// native prefill (NativeStep::Absorb: every projection once over the prompt); items =
+// prompt tokens, against BM_Rwkv7NativeStep/1's one token a step (issue 38: prefill
+// >= 8x batch-1 decode).
+void BM_Rwkv7NativeAbsorb(benchmark::State& state) {
+  torch::NoGradGuard no_grad;
+  const fwmodel::Model& model = Rwkv7Model();
+  const int64_t steps = state.range(0);
+  auto native = fwmodel::NativeStep::Create(model, fwmodel::NativeStepOptions{});
+  if (!native.ok()) return state.SkipWithError("native step unavailable");
+  fwmodel::State pool = model.InitialState(1);
+  std::vector<int64_t> tokens(static_cast<size_t>(steps)), rows = {0};
+  for (int64_t t = 0; t < steps; ++t) tokens[static_cast<size_t>(t)] = (t * 977) % 65536;
+  std::vector<float> logits(static_cast<size_t>(model.config().vocab_size));
+  for (auto _ : state) {
+    if (!(*native)->Absorb(tokens, steps, rows, &pool, logits.data()).ok()) {
+      return state.SkipWithError("absorb failed");
+    }
+    benchmark::DoNotOptimize(logits.data());
+  }
+  state.SetItemsProcessed(state.iterations() * steps);
+}
+
 // This machine's sgemm roof (issue 24's target 3): one n x n x n product through
 // libblas.so.3 (OpenBLAS, its default threads). Counter "flops": FLOP per second.
 void BM_SgemmPeak(benchmark::State& state) {
@@ -306,7 +330,13 @@ BENCHMARK(BM_PrefillByStep)
     ->UseRealTime();
 
 BENCHMARK(BM_Rwkv7Step)->Arg(1)->Arg(64)->Unit(benchmark::kMillisecond)->UseRealTime();
-BENCHMARK(BM_Rwkv7NativeStep)->Arg(1)->Arg(64)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_Rwkv7NativeStep)
+    ->Arg(1)
+    ->Arg(16)
+    ->Arg(64)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK(BM_Rwkv7NativeAbsorb)->Arg(256)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 }  // namespace
 

@@ -48,20 +48,42 @@ const char* PackedLinear::Backend() {
 }
 
 PackedLinear::PackedLinear(const float* w, int64_t out, int64_t in, bool use_libxsmm)
-    : in_(in), out_(out), weight_(w, w + out * in) {
+    : in_(in), out_(out) {
 #ifdef FWSERVE_HAVE_LIBXSMM
-  if (!use_libxsmm || !JitAvailable()) return;
-  transposed_.resize(static_cast<size_t>(in * out));
-  for (int64_t o = 0; o < out; ++o) {
-    for (int64_t k = 0; k < in; ++k) transposed_[static_cast<size_t>(k * out + o)] = w[o * in + k];
+  if (use_libxsmm && JitAvailable()) {
+    // Only Wᵀ is kept: the cblas fallback reads it too (Blas).
+    transposed_.resize(static_cast<size_t>(in * out));
+    for (int64_t o = 0; o < out; ++o) {
+      for (int64_t k = 0; k < in; ++k) {
+        transposed_[static_cast<size_t>(k * out + o)] = w[o * in + k];
+      }
+    }
+    return;
   }
 #else
   (void)use_libxsmm;
 #endif
+  weight_.assign(w, w + out * in);
 }
 
 void PackedLinear::Blas(const float* x, int64_t rows, bool accumulate, float* y,
                         int64_t ldy) const {
+  const float beta = accumulate ? 1.0f : 0.0f;
+  if (weight_.empty()) {
+    // Packed: Wᵀ [in, out] row-major.
+    if (rows < kGemvBelow) {
+      for (int64_t r = 0; r < rows; ++r) {
+        cblas_sgemv(CblasRowMajor, CblasTrans, static_cast<int>(in_), static_cast<int>(out_), 1.0f,
+                    transposed_.data(), static_cast<int>(out_), x + r * in_, 1, beta, y + r * ldy,
+                    1);
+      }
+      return;
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(rows),
+                static_cast<int>(out_), static_cast<int>(in_), 1.0f, x, static_cast<int>(in_),
+                transposed_.data(), static_cast<int>(out_), beta, y, static_cast<int>(ldy));
+    return;
+  }
   if (rows < kGemvBelow) {
     for (int64_t r = 0; r < rows; ++r) {
       cblas_sgemv(CblasRowMajor, CblasNoTrans, static_cast<int>(out_), static_cast<int>(in_), 1.0f,

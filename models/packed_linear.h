@@ -39,6 +39,12 @@ class PackedLinear {
   // floats of each row are written.
   void Apply(const float* x, int64_t rows, const float* bias, float* y, int64_t ldy) const;
 
+  // Apply through cblas whatever the backend: the path a libxsmm instance takes for a
+  // shape the JIT declines (it reads the packed Wᵀ then). For tests.
+  void ApplyWithBlas(const float* x, int64_t rows, float* y) const {
+    Blas(x, rows, false, y, out_);
+  }
+
   int64_t in() const { return in_; }
   int64_t out() const { return out_; }
   // "libxsmm" when small products run on libxsmm's JIT kernels in this build on this
@@ -54,8 +60,11 @@ class PackedLinear {
 
   int64_t in_ = 0;
   int64_t out_ = 0;
-  std::vector<float> weight_;      // W [out, in], as given (cblas)
-  std::vector<float> transposed_;  // Wᵀ [in, out] row-major: libxsmm's column-major A
+  // Exactly one is kept: W [out, in] as given (cblas), or, when libxsmm serves this
+  // instance, Wᵀ [in, out] row-major (libxsmm's column-major A; cblas reads it too
+  // when the JIT declines a shape).
+  std::vector<float> weight_;
+  std::vector<float> transposed_;
 };
 
 }  // namespace fwmodel
