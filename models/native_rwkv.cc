@@ -311,6 +311,13 @@ struct NativeRwkv::Layer {
 
 NativeRwkv::NativeRwkv(const Model& model) : model_(model) {}
 NativeRwkv::~NativeRwkv() = default;
+NativeRwkv::Weights::~Weights() = default;
+
+std::unique_ptr<NativeRwkv> NativeRwkv::SharingWeights(const NativeRwkv& other) {
+  std::unique_ptr<NativeRwkv> step(new NativeRwkv(other.model_));
+  step->weights_ = other.weights_;
+  return step;
+}
 
 absl::StatusOr<std::unique_ptr<NativeRwkv>> NativeRwkv::Create(const Model& model,
                                                                bool packed_gemm) {
@@ -322,13 +329,14 @@ absl::StatusOr<std::unique_ptr<NativeRwkv>> NativeRwkv::Create(const Model& mode
   }
   const bool v7 = c.architecture == Architecture::kRwkv7;
   std::unique_ptr<NativeRwkv> step(new NativeRwkv(model));
+  auto weights = std::make_shared<Weights>();
   try {
     auto tensor = [&](const std::string& name) {
       return model.weights().at(name).detach().contiguous();
     };
     auto weight = [&](const std::string& name) {
       torch::Tensor t = tensor(name);
-      step->kept_.push_back(t);
+      weights->kept.push_back(t);
       return t.data_ptr<float>();
     };
     auto panels = [&](const std::string& name) {
@@ -374,7 +382,7 @@ absl::StatusOr<std::unique_ptr<NativeRwkv>> NativeRwkv::Create(const Model& mode
         const torch::Tensor decay = -torch::exp(tensor(p + "att.time_decay"));
         l.decay.assign(decay.data_ptr<float>(), decay.data_ptr<float>() + decay.numel());
         l.ffn_r = panels(p + "ffn.receptance.weight");
-        step->layers_.push_back(std::move(l));
+        weights->layers.push_back(std::move(l));
         continue;
       }
       for (int m = 0; m < 6; ++m) l.mix[m] = weight(p + kMixNames[m]);
@@ -397,17 +405,18 @@ absl::StatusOr<std::unique_ptr<NativeRwkv>> NativeRwkv::Create(const Model& mode
       l.ln_x_w = weight(p + "att.ln_x.weight");
       l.ln_x_b = weight(p + "att.ln_x.bias");
       l.ffn_x_k = weight(p + "ffn.x_k");
-      step->layers_.push_back(std::move(l));
+      weights->layers.push_back(std::move(l));
     }
-    step->emb_ = weight("emb.weight");
-    step->ln0_w_ = weight("blocks.0.ln0.weight");
-    step->ln0_b_ = weight("blocks.0.ln0.bias");
-    step->ln_out_w_ = weight("ln_out.weight");
-    step->ln_out_b_ = weight("ln_out.bias");
-    step->head_ = panels(c.tie_embeddings ? "emb.weight" : "head.weight");
+    weights->emb = weight("emb.weight");
+    weights->ln0_w = weight("blocks.0.ln0.weight");
+    weights->ln0_b = weight("blocks.0.ln0.bias");
+    weights->ln_out_w = weight("ln_out.weight");
+    weights->ln_out_b = weight("ln_out.bias");
+    weights->head = panels(c.tie_embeddings ? "emb.weight" : "head.weight");
   } catch (const std::exception& e) {
     return absl::InternalError(absl::StrCat("native rwkv step: ", e.what()));
   }
+  step->weights_ = std::move(weights);
   return step;
 }
 
@@ -444,9 +453,10 @@ void NativeRwkv::Absorb(absl::Span<const int64_t> tokens, int64_t steps,
 
   ParallelRows(threads, B, kRowGrain, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin * T; i < end * T; ++i) {
-      std::memcpy(h + i * d, emb_ + tokens[static_cast<size_t>(i)] * d, sizeof(float) * d);
+      std::memcpy(h + i * d, weights_->emb + tokens[static_cast<size_t>(i)] * d, sizeof(float) * d);
     }
-    LayerNorm(h + begin * T * d, (end - begin) * T, d, ln0_w_, ln0_b_, eps, h + begin * T * d);
+    LayerNorm(h + begin * T * d, (end - begin) * T, d, weights_->ln0_w, weights_->ln0_b, eps,
+              h + begin * T * d);
   });
   // x = LN(h), then out_m[i] = x[i] + (x[i − 1] − x[i]) ⊙ mix_m (RWKV-4: x[i] ⊙ mix_m +
   // x[i − 1] ⊙ (1 − mix_m)), x[−1] the session's shift state, which then holds its last
@@ -470,8 +480,8 @@ void NativeRwkv::Absorb(absl::Span<const int64_t> tokens, int64_t steps,
     });
   };
 
-  for (size_t li = 0; li < layers_.size(); ++li) {
-    const Layer& l = layers_[li];
+  for (size_t li = 0; li < weights_->layers.size(); ++li) {
+    const Layer& l = weights_->layers[li];
     if (!v7) {  // RWKV-4 (rwkv4.cc)
       norm_and_shift(l.ln1_w, l.ln1_b, pool->tensors[l.att_shift].data_ptr<float>(), 3, l.mix4,
                      mixed);
@@ -539,9 +549,10 @@ void NativeRwkv::Absorb(absl::Span<const int64_t> tokens, int64_t steps,
   }
   // Logits of each session's last token only.
   for (int64_t b = 0; b < B; ++b) {
-    LayerNorm(h + ((b + 1) * T - 1) * d, 1, d, ln_out_w_, ln_out_b_, eps, x + b * d);
+    LayerNorm(h + ((b + 1) * T - 1) * d, 1, d, weights_->ln_out_w, weights_->ln_out_b, eps,
+              x + b * d);
   }
-  RunGemms(threads, B, {Gemm{&head_, x, nullptr, logits}});
+  RunGemms(threads, B, {Gemm{&weights_->head, x, nullptr, logits}});
 }
 
 }  // namespace fwmodel

@@ -38,6 +38,9 @@ class NativeRwkv {
   // on the CPU.
   // packed_gemm: NativeStepOptions::packed_gemm.
   static absl::StatusOr<std::unique_ptr<NativeRwkv>> Create(const Model& model, bool packed_gemm);
+  // Another instance over `other`'s weights (shared, immutable: no second copy), with
+  // scratch of its own: the server's decode and prefill threads each hold one.
+  static std::unique_ptr<NativeRwkv> SharingWeights(const NativeRwkv& other);
 
   // NativeStep::Absorb's contract, with its arguments already checked (CheckArguments)
   // and `threads` resolved (>= 1): rows[b] absorbs tokens[b * steps .. (b + 1) * steps)
@@ -56,14 +59,20 @@ class NativeRwkv {
 
  private:
   struct Layer;
+  // What the step multiplies and reads: built once, then shared by every instance made
+  // with SharingWeights. Immutable after Create.
+  struct Weights {
+    std::vector<Layer> layers;
+    std::vector<torch::Tensor> kept;  // contiguous views the raw pointers read
+    const float* emb = nullptr;
+    const float *ln0_w = nullptr, *ln0_b = nullptr, *ln_out_w = nullptr, *ln_out_b = nullptr;
+    Panels head;
+    ~Weights();
+  };
   explicit NativeRwkv(const Model& model);
 
   const Model& model_;
-  std::vector<Layer> layers_;
-  std::vector<torch::Tensor> kept_;  // contiguous views the raw pointers read
-  const float* emb_ = nullptr;
-  const float *ln0_w_ = nullptr, *ln0_b_ = nullptr, *ln_out_w_ = nullptr, *ln_out_b_ = nullptr;
-  Panels head_;
+  std::shared_ptr<const Weights> weights_;
   // Scratch for the largest call seen, [tokens, width] each (names as in rwkv7.cc; RWKV-4
   // uses r, k, v, g, y, mixed and ffn).
   std::vector<float> h_, x_, mixed_, r_, k_, v_, v_first_, lora_, w_, a_, vmix_, g_, y_, ffn_;

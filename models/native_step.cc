@@ -114,6 +114,18 @@ NativeStep::NativeStep(const Model& model, int32_t threads) : model_(model), thr
 int NativeStep::Threads() const { return threads_ > 0 ? threads_ : at::get_num_threads(); }
 NativeStep::~NativeStep() = default;
 
+absl::StatusOr<std::unique_ptr<NativeStep>> NativeStep::CreateSharing(
+    const NativeStep& other, const NativeStepOptions& options) {
+  if (other.rwkv_ == nullptr) return Create(other.model_, options);
+  if (options.threads < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("threads must be >= 0 (0: LibTorch's count), got ", options.threads));
+  }
+  std::unique_ptr<NativeStep> step(new NativeStep(other.model_, options.threads));
+  step->rwkv_ = NativeRwkv::SharingWeights(*other.rwkv_);
+  return step;
+}
+
 absl::StatusOr<std::unique_ptr<NativeStep>> NativeStep::Create(const Model& model,
                                                                const NativeStepOptions& options) {
   if (!model.options().device.is_cpu() || model.options().dtype != torch::kFloat32) {

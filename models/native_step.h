@@ -47,6 +47,12 @@ class NativeStep {
   // FailedPrecondition unless the model computes in float32 on the CPU.
   static absl::StatusOr<std::unique_ptr<NativeStep>> Create(const Model& model,
                                                             const NativeStepOptions& options = {});
+  // Another instance for `other`'s model with `options` (its threads; packed_gemm is
+  // other's): the RWKV kernel shares `other`'s laid-out weights (no second copy, which
+  // is most of a real model's size), with scratch of its own; the other kernels copy
+  // theirs, as Create does. `other` must outlive the new instance's use of them.
+  static absl::StatusOr<std::unique_ptr<NativeStep>> CreateSharing(
+      const NativeStep& other, const NativeStepOptions& options);
 
   // Row rows[b] of every tensor of `pool` (each [capacity, spec shape...], float32,
   // contiguous, on the CPU) absorbs tokens[b], in place; logits [B, vocab] row-major are

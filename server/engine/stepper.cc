@@ -41,7 +41,10 @@ Stepper::Stepper(const fwmodel::Model& model, const std::string& decode_kernel, 
     options.threads = step_threads;
     auto native = fwmodel::NativeStep::Create(model_, options);
     options.threads = prefill_threads > 0 ? prefill_threads : AvailableCpus();
-    auto native_prefill = fwmodel::NativeStep::Create(model_, options);
+    // The prefill thread's instance shares the decode instance's weights where the
+    // kernel can (RWKV: the copy is most of a real model's size).
+    absl::StatusOr<std::unique_ptr<fwmodel::NativeStep>> native_prefill =
+        native.ok() ? fwmodel::NativeStep::CreateSharing(**native, options) : native.status();
     if (native.ok() && native_prefill.ok()) {
       native_step_ = std::move(*native);
       native_prefill_ = std::move(*native_prefill);

@@ -10,6 +10,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -232,6 +233,47 @@ TEST_P(NativeRwkvTest, ThreeThreadsEqualOne) {
   for (size_t t = 0; t < pool_serial.tensors.size(); ++t) {
     fwtest::ExpectNearRelative(pool_parallel.tensors[t], pool_serial.tensors[t], 1e-6,
                                "state " + model.state_spec()[t].name);
+  }
+}
+
+// An instance made with CreateSharing (the server's prefill instance) reads the first's
+// weights, not a copy, with scratch of its own: the two run at once on two threads (a
+// step on one pool, a prefill on another) and give what an instance of its own gives.
+TEST_P(NativeRwkvTest, AnInstanceSharingWeightsRunsBesideTheFirst) {
+  torch::NoGradGuard no_grad;
+  fwmodel::Model model = fwtest::RandomModel(config_, 23, torch::kFloat32);
+  fwmodel::NativeStepOptions one;
+  one.threads = 1;
+  auto first = fwmodel::NativeStep::Create(model, one);
+  ASSERT_TRUE(first.ok()) << first.status();
+  auto sharing = fwmodel::NativeStep::CreateSharing(**first, one);
+  auto own = fwmodel::NativeStep::Create(model, one);
+  ASSERT_TRUE(sharing.ok() && own.ok());
+  const int64_t vocab = config_.vocab_size;
+  std::mt19937_64 rng(9);
+  std::vector<int64_t> step_rows = {0, 2, 3}, step_tokens(3), prompt_rows = {1, 4}, prompt(2 * 16);
+  for (int64_t& t : step_tokens) t = static_cast<int64_t>(rng() % static_cast<uint64_t>(vocab));
+  for (int64_t& t : prompt) t = static_cast<int64_t>(rng() % static_cast<uint64_t>(vocab));
+  fwmodel::State step_pool = model.InitialState(5), prompt_pool = model.InitialState(5);
+  fwmodel::State step_reference = step_pool.Clone(), prompt_reference = prompt_pool.Clone();
+  std::vector<float> step_logits(3 * static_cast<size_t>(vocab)), prompt_logits(2 * vocab);
+  std::vector<float> step_want(step_logits.size()), prompt_want(prompt_logits.size());
+  for (int round = 0; round < 3; ++round) {
+    std::thread stepping([&] {
+      EXPECT_TRUE((*first)->Step(step_tokens, step_rows, &step_pool, step_logits.data()).ok());
+    });
+    EXPECT_TRUE(
+        (*sharing)->Absorb(prompt, 16, prompt_rows, &prompt_pool, prompt_logits.data()).ok());
+    stepping.join();
+    ASSERT_TRUE((*own)->Step(step_tokens, step_rows, &step_reference, step_want.data()).ok());
+    ASSERT_TRUE(
+        (*own)->Absorb(prompt, 16, prompt_rows, &prompt_reference, prompt_want.data()).ok());
+    EXPECT_EQ(step_logits, step_want) << "round " << round;
+    EXPECT_EQ(prompt_logits, prompt_want) << "round " << round;
+  }
+  for (size_t t = 0; t < step_pool.tensors.size(); ++t) {
+    EXPECT_TRUE(torch::equal(step_pool.tensors[t], step_reference.tensors[t])) << t;
+    EXPECT_TRUE(torch::equal(prompt_pool.tensors[t], prompt_reference.tensors[t])) << t;
   }
 }
 
