@@ -28,6 +28,7 @@
 #include "models/file_util.h"
 #include "server/base/log.h"
 #include "server/core/core.h"
+#include "server/engine/engine_options.h"
 #include "server/metrics/metrics.h"
 #include "server/sessions/session_seal.h"
 #include "server/tenancy/authenticator.h"
@@ -390,8 +391,10 @@ int main(int argc, char** argv) {
     sealer = std::move(*loaded);
   }
   fwserve::CoreOptions core_options;
+  fwserve::EngineOptions& engine = core_options.engine;
+  fwserve::SchedulerOptions& scheduler = engine.scheduler;
   core_options.tenants = tenants.get();
-  core_options.sealer = sealer.get();
+  engine.sealer = sealer.get();
   core_options.model_dirs = absl::GetFlag(FLAGS_model);
   if (core_options.model_dirs.empty()) core_options.model_dirs.push_back(DefaultModelDir());
   core_options.session_store = absl::GetFlag(FLAGS_session_store);
@@ -408,26 +411,26 @@ int main(int argc, char** argv) {
   core_options.device = absl::GetFlag(FLAGS_device);
   core_options.max_prompt_bytes = absl::GetFlag(FLAGS_max_prompt_bytes);
   core_options.max_tokens = absl::GetFlag(FLAGS_max_tokens);
-  core_options.max_sessions = absl::GetFlag(FLAGS_max_sessions);
-  core_options.max_state_memory_bytes = absl::GetFlag(FLAGS_max_state_memory_bytes);
-  core_options.max_queued_requests = absl::GetFlag(FLAGS_max_queued_requests);
-  core_options.max_queue_wait = absl::GetFlag(FLAGS_max_queue_wait);
-  core_options.preempt_for_fair_share = absl::GetFlag(FLAGS_preempt_for_fair_share);
-  core_options.queue_codel_target = absl::GetFlag(FLAGS_queue_codel_target);
-  core_options.queue_codel_interval = absl::GetFlag(FLAGS_queue_codel_interval);
-  core_options.max_active_streams = absl::GetFlag(FLAGS_max_active_streams);
-  core_options.prefill_chunk_tokens = absl::GetFlag(FLAGS_prefill_chunk_tokens);
-  core_options.prefill_batch_tokens = absl::GetFlag(FLAGS_prefill_batch_tokens);
+  engine.max_sessions = absl::GetFlag(FLAGS_max_sessions);
+  engine.max_state_memory_bytes = absl::GetFlag(FLAGS_max_state_memory_bytes);
+  engine.max_queued_requests = absl::GetFlag(FLAGS_max_queued_requests);
+  engine.max_queue_wait = absl::GetFlag(FLAGS_max_queue_wait);
+  engine.preempt_for_fair_share = absl::GetFlag(FLAGS_preempt_for_fair_share);
+  engine.codel_target = absl::GetFlag(FLAGS_queue_codel_target);
+  engine.codel_interval = absl::GetFlag(FLAGS_queue_codel_interval);
+  scheduler.max_active_streams = absl::GetFlag(FLAGS_max_active_streams);
+  scheduler.prefill_chunk_tokens = absl::GetFlag(FLAGS_prefill_chunk_tokens);
+  scheduler.prefill_batch_tokens = absl::GetFlag(FLAGS_prefill_batch_tokens);
   core_options.prefix_reuse_entries = absl::GetFlag(FLAGS_prefix_reuse_entries);
-  core_options.session_ttl = absl::GetFlag(FLAGS_session_ttl);
-  core_options.batch_wait = absl::GetFlag(FLAGS_batch_wait);
-  core_options.sample_in_step = absl::GetFlag(FLAGS_sample_in_step);
-  core_options.decode_steps_per_launch = absl::GetFlag(FLAGS_decode_steps_per_launch);
-  core_options.overlap_steps = absl::GetFlag(FLAGS_overlap_steps);
-  core_options.decode_kernel = absl::GetFlag(FLAGS_decode_kernel);
-  core_options.native_gemm = absl::GetFlag(FLAGS_native_gemm);
-  core_options.decode_lookahead = absl::GetFlag(FLAGS_decode_lookahead);
-  core_options.stream_flush_interval = absl::GetFlag(FLAGS_stream_flush_interval);
+  engine.session_ttl = absl::GetFlag(FLAGS_session_ttl);
+  scheduler.batch_wait = absl::GetFlag(FLAGS_batch_wait);
+  engine.sample_in_step = absl::GetFlag(FLAGS_sample_in_step);
+  engine.decode_steps_per_launch = absl::GetFlag(FLAGS_decode_steps_per_launch);
+  engine.overlap_steps = absl::GetFlag(FLAGS_overlap_steps);
+  engine.decode_kernel = absl::GetFlag(FLAGS_decode_kernel);
+  engine.native_gemm = absl::GetFlag(FLAGS_native_gemm);
+  engine.decode_lookahead = absl::GetFlag(FLAGS_decode_lookahead);
+  engine.stream_flush_interval = absl::GetFlag(FLAGS_stream_flush_interval);
   if (absl::StartsWith(core_options.device, "cuda")) {
     // A GPU's defaults where the flag is not given (docs/serving.md): a graph step
     // batches up to 4,096 rows and costs less than waiting for more; a prefill job
@@ -435,12 +438,12 @@ int main(int argc, char** argv) {
     const auto given = [](const char* flag) {
       return absl::flags_internal::WasPresentOnCommandLine(flag);
     };
-    if (!given("max_active_streams")) core_options.max_active_streams = 4096;
-    if (!given("batch_wait")) core_options.batch_wait = absl::ZeroDuration();
-    if (core_options.prefill_batch_tokens == 0) core_options.prefill_batch_tokens = 16384;
+    if (!given("max_active_streams")) scheduler.max_active_streams = 4096;
+    if (!given("batch_wait")) scheduler.batch_wait = absl::ZeroDuration();
+    if (scheduler.prefill_batch_tokens == 0) scheduler.prefill_batch_tokens = 16384;
   }
-  core_options.intra_op_threads = absl::GetFlag(FLAGS_threads);
-  core_options.prefill_threads = absl::GetFlag(FLAGS_prefill_threads);
+  engine.intra_op_threads = absl::GetFlag(FLAGS_threads);
+  engine.prefill_threads = absl::GetFlag(FLAGS_prefill_threads);
   core_options.metrics = metrics.get();
   auto core = fwserve::Core::Create(core_options);
   if (!core.ok()) return Fail(std::string(core.status().message()));

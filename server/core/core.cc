@@ -42,107 +42,79 @@ std::string ModelNameOf(const std::string& dir) {
   return path.filename().string();
 }
 
-// What each engine is told of the options.
-EngineOptions ToEngineOptions(const CoreOptions& o) {
-  EngineOptions e;
-  e.max_queued_requests = o.max_queued_requests;
-  e.max_queue_wait = o.max_queue_wait;
-  e.preempt_for_fair_share = o.preempt_for_fair_share;
-  e.codel_target = o.queue_codel_target;
-  e.codel_interval = o.queue_codel_interval;
-  e.max_active_streams = o.max_active_streams;
-  e.prefill_chunk_tokens = o.prefill_chunk_tokens;
-  e.prefill_batch_tokens = o.prefill_batch_tokens;
-  e.batch_wait = o.batch_wait;
-  e.intra_op_threads = o.intra_op_threads;
-  e.prefill_threads = o.prefill_threads;
-  e.decode_kernel = o.decode_kernel;
-  e.packed_gemm = o.native_gemm == "libxsmm";
-  e.sample_in_step = o.sample_in_step;
-  e.decode_steps_per_launch = o.decode_steps_per_launch;
-  e.overlap_steps = o.overlap_steps;
-  e.max_sessions = o.max_sessions;
-  e.decode_lookahead = o.decode_lookahead;
-  e.stream_flush_interval = o.stream_flush_interval;
-  e.max_state_memory_bytes = o.max_state_memory_bytes;
-  e.session_ttl = o.session_ttl;
-  e.sealer = o.sealer;
-  e.before_decode_step_for_testing = o.before_decode_step_for_testing;
-  e.stream_admitted_for_testing = o.stream_admitted_for_testing;
-  return e;
-}
-
 // Errors name the flag (--max-tokens ...) and the bad value.
 absl::Status ValidateCoreOptions(const CoreOptions& o) {
+  const EngineOptions& e = o.engine;
+  const SchedulerOptions& scheduler = e.scheduler;
   auto positive = [](const char* flag, int64_t value) {
     return value > 0 ? absl::OkStatus()
                      : absl::InvalidArgumentError(absl::StrCat(flag, " must be > 0, got ", value));
   };
   for (absl::Status s :
        {positive("--max-prompt-bytes", o.max_prompt_bytes), positive("--max-tokens", o.max_tokens),
-        positive("--max-sessions", o.max_sessions),
-        positive("--max-state-memory-bytes", o.max_state_memory_bytes),
-        positive("--max-queued-requests", o.max_queued_requests),
-        positive("--max-active-streams", o.max_active_streams),
-        positive("--prefill-chunk-tokens", o.prefill_chunk_tokens)}) {
+        positive("--max-sessions", e.max_sessions),
+        positive("--max-state-memory-bytes", e.max_state_memory_bytes),
+        positive("--max-queued-requests", e.max_queued_requests),
+        positive("--max-active-streams", scheduler.max_active_streams),
+        positive("--prefill-chunk-tokens", scheduler.prefill_chunk_tokens)}) {
     if (!s.ok()) return s;
   }
   if (o.prefix_reuse_entries < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--prefix-reuse-entries must be >= 0 (0 = off), got ", o.prefix_reuse_entries));
   }
-  if (o.prefill_batch_tokens < 0) {
+  if (scheduler.prefill_batch_tokens < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("--prefill-batch-tokens must be >= 0 (0 = --prefill-chunk-tokens), got ",
-                     o.prefill_batch_tokens));
+                     scheduler.prefill_batch_tokens));
   }
-  if (o.max_queue_wait < absl::ZeroDuration()) {
+  if (e.max_queue_wait < absl::ZeroDuration()) {
     return absl::InvalidArgumentError(absl::StrCat("--max-queue-wait must be >= 0, got ",
-                                                   absl::FormatDuration(o.max_queue_wait)));
+                                                   absl::FormatDuration(e.max_queue_wait)));
   }
-  if (o.queue_codel_target < absl::ZeroDuration()) {
+  if (e.codel_target < absl::ZeroDuration()) {
     return absl::InvalidArgumentError(absl::StrCat("--queue-codel-target must be >= 0, got ",
-                                                   absl::FormatDuration(o.queue_codel_target)));
+                                                   absl::FormatDuration(e.codel_target)));
   }
-  if (o.queue_codel_interval <= absl::ZeroDuration()) {
+  if (e.codel_interval <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError(absl::StrCat("--queue-codel-interval must be positive, got ",
-                                                   absl::FormatDuration(o.queue_codel_interval)));
+                                                   absl::FormatDuration(e.codel_interval)));
   }
-  if (o.session_ttl <= absl::ZeroDuration()) {
+  if (e.session_ttl <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("--session-ttl must be positive");
   }
-  if (o.batch_wait < absl::ZeroDuration()) {
+  if (scheduler.batch_wait < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("--batch-wait must not be negative");
   }
-  if (o.intra_op_threads < 0) {
+  if (e.intra_op_threads < 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--threads must be >= 0, got ", o.intra_op_threads));
+        absl::StrCat("--threads must be >= 0, got ", e.intra_op_threads));
   }
-  if (o.prefill_threads < 0) {
+  if (e.prefill_threads < 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--prefill-threads must be >= 0, got ", o.prefill_threads));
+        absl::StrCat("--prefill-threads must be >= 0, got ", e.prefill_threads));
   }
-  if (o.stream_flush_interval < absl::ZeroDuration() ||
-      o.stream_flush_interval > absl::Seconds(1)) {
+  if (e.stream_flush_interval < absl::ZeroDuration() ||
+      e.stream_flush_interval > absl::Seconds(1)) {
     return absl::InvalidArgumentError(
         absl::StrCat("--stream-flush-interval must be in [0, 1s], got ",
-                     absl::FormatDuration(o.stream_flush_interval)));
+                     absl::FormatDuration(e.stream_flush_interval)));
   }
-  if (o.decode_steps_per_launch < 1 || o.decode_steps_per_launch > 64) {
+  if (e.decode_steps_per_launch < 1 || e.decode_steps_per_launch > 64) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "--decode-steps-per-launch must be in [1, 64], got ", o.decode_steps_per_launch));
+        "--decode-steps-per-launch must be in [1, 64], got ", e.decode_steps_per_launch));
   }
-  if (o.decode_lookahead < 1 || o.decode_lookahead > 4096) {
+  if (e.decode_lookahead < 1 || e.decode_lookahead > 4096) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--decode-lookahead must be in [1, 4096], got ", o.decode_lookahead));
+        absl::StrCat("--decode-lookahead must be in [1, 4096], got ", e.decode_lookahead));
   }
-  if (o.decode_kernel != "native" && o.decode_kernel != "graph" && o.decode_kernel != "libtorch") {
+  if (e.decode_kernel != "native" && e.decode_kernel != "graph" && e.decode_kernel != "libtorch") {
     return absl::InvalidArgumentError(absl::StrCat(
-        "--decode-kernel must be native, graph or libtorch, got '", o.decode_kernel, "'"));
+        "--decode-kernel must be native, graph or libtorch, got '", e.decode_kernel, "'"));
   }
-  if (o.native_gemm != "libxsmm" && o.native_gemm != "openblas") {
+  if (e.native_gemm != "libxsmm" && e.native_gemm != "openblas") {
     return absl::InvalidArgumentError(
-        absl::StrCat("--native-gemm must be libxsmm or openblas, got '", o.native_gemm, "'"));
+        absl::StrCat("--native-gemm must be libxsmm or openblas, got '", e.native_gemm, "'"));
   }
   if (o.session_lease_ttl < absl::Milliseconds(100)) {
     return absl::InvalidArgumentError(
@@ -167,14 +139,14 @@ class CoreImpl : public Core {
         clock_(options.clock != nullptr ? options.clock : Clock::Real()),
         quotas_(options.tenants, clock_, metrics_),
         directory_(MakeSessionDirectory(DirectoryOptions(options, std::move(store)))),
-        budget_(options.max_state_memory_bytes),
+        budget_(options.engine.max_state_memory_bytes),
         prefix_index_(static_cast<size_t>(std::max(0, options.prefix_reuse_entries))) {}
 
   ~CoreImpl() override { Stop(); }
 
   absl::Status Init() {
     if (options_.model_dirs.empty()) return absl::InvalidArgumentError("no model given (--model)");
-    LimitIntraOpThreads(options_.intra_op_threads);  // loading runs on this thread
+    LimitIntraOpThreads(options_.engine.intra_op_threads);  // loading runs on this thread
     fwmodel::ModelOptions model_options;
     if (options_.device == "cuda" || options_.device.rfind("cuda:", 0) == 0) {
       if (!torch::cuda::is_available()) {
@@ -230,7 +202,7 @@ class CoreImpl : public Core {
       context.metrics = model_metrics;
       context.tokenizer = std::move(*tokenizer);
       engines_.push_back(
-          std::make_unique<Engine>(name, std::move(*loaded), ToEngineOptions(options_), context));
+          std::make_unique<Engine>(name, std::move(*loaded), options_.engine, context));
       Log(LogLevel::kInfo,
           absl::StrCat("loaded model ", name, " (", description.architecture, ", ",
                        description.parameters, " parameters, ", description.state_bytes_per_session,
@@ -404,10 +376,10 @@ class CoreImpl : public Core {
                                                      params.max_tokens));
     }
     if (params.min_tokens_per_message < 0 ||
-        params.min_tokens_per_message > options_.decode_lookahead) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("stream.min_tokens_per_message must be in [0, ", options_.decode_lookahead,
-                       "] (--decode-lookahead), got ", params.min_tokens_per_message));
+        params.min_tokens_per_message > options_.engine.decode_lookahead) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "stream.min_tokens_per_message must be in [0, ", options_.engine.decode_lookahead,
+          "] (--decode-lookahead), got ", params.min_tokens_per_message));
     }
     if (params.max_message_delay < absl::ZeroDuration() ||
         params.max_message_delay > absl::Seconds(60)) {
@@ -642,7 +614,7 @@ class CoreImpl : public Core {
     directory.is_served = [this](const std::string& model) { return FindEngine(model).ok(); };
     directory.store = std::move(store);
     directory.store_threads = options.store_threads;
-    directory.max_sessions = options.max_sessions;
+    directory.max_sessions = options.engine.max_sessions;
     directory.lease_ttl = options.session_lease_ttl;
     directory.store_timeout = options.session_store_timeout;
     return directory;
@@ -876,7 +848,7 @@ absl::StatusOr<std::unique_ptr<Core>> Core::Create(const CoreOptions& options) {
   SessionStoreOptions store_options;
   store_options.password_file = options.session_store_password_file;
   store_options.timeout = options.session_store_timeout;
-  store_options.session_ttl = options.session_ttl;
+  store_options.session_ttl = options.engine.session_ttl;
   // Every store thread, plus the lease-renewal thread, has a connection of its own.
   store_options.pool_size = options.store_threads + 1;
   if (options.session_lease_ttl < 3 * options.session_store_timeout) {

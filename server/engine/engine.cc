@@ -96,7 +96,7 @@ Engine::Engine(std::string name, fwmodel::LoadedModel loaded, const EngineOption
       admission_{name_,
                  options.max_queued_requests,
                  options.max_queue_wait,
-                 options.max_active_streams,
+                 options.scheduler.max_active_streams,
                  options.codel_target,
                  options.codel_interval},
       queue_(admission_, [](const WorkItem& item) { return item.IsStream(); }),
@@ -386,9 +386,9 @@ Engine::IterationWork Engine::WaitForWork() {
   }
   // WaitIdle must not see admitted (or parked) work as idle.
   active_tasks_ = driver_.tasks() + static_cast<int64_t>(work.admitted.size());
-  drain_.Tick(absl::Now(), active >= options_.max_active_streams);
+  drain_.Tick(absl::Now(), active >= options_.scheduler.max_active_streams);
   published_queued_.store(queue_.size(), std::memory_order_relaxed);
-  published_free_slots_.store(std::max<int64_t>(0, options_.max_active_streams - active),
+  published_free_slots_.store(std::max<int64_t>(0, options_.scheduler.max_active_streams - active),
                               std::memory_order_relaxed);
   published_drain_rate_.store(drain_.rate(), std::memory_order_relaxed);
   work.end_all = end_all_;

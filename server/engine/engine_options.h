@@ -1,5 +1,7 @@
-// What one model's engine is told: its limits, its batching and its kernels. Filled by
-// the core from CoreOptions (the flags are documented there and in docs/serving.md).
+// What one model's engine is told: its limits, its batching and its kernels. Embedded in
+// CoreOptions (CoreOptions::engine), which hands it to each model's engine as it is;
+// each field is set where its flag is read (server/fwserve.cc; the flags are documented
+// in docs/serving.md) and checked by Core::Create (errors name the flag). Torch-free.
 #pragma once
 
 #include <cstdint>
@@ -7,20 +9,24 @@
 #include <string>
 
 #include "absl/time/time.h"
+#include "server/engine/scheduler_options.h"
 
 namespace fwserve {
 
 class SessionSealer;
 
 struct EngineOptions {
-  // Work items waiting for the engine (--max-queued-requests); beyond it
+  // The scheduler's slots, prefill chunks and batch wait (--max-active-streams,
+  // --prefill-chunk-tokens, --prefill-batch-tokens, --batch-wait).
+  SchedulerOptions scheduler;
+  // Work items waiting for the engine (--max-queued-requests; > 0); beyond it
   // RESOURCE_EXHAUSTED.
   int64_t max_queued_requests = 1024;
-  // The longest a stream should wait in the queue (--max-queue-wait): once the engine
-  // has measured how fast its slots free up, the queue holds only what drains within
-  // it (at least 2 items, at most max_queued_requests). Zero = no such bound.
+  // The longest a stream should wait in the queue (--max-queue-wait; >= 0): once the
+  // engine has measured how fast its slots free up, the queue holds only what drains
+  // within it (at least 2 items, at most max_queued_requests). Zero = no such bound.
   absl::Duration max_queue_wait = absl::ZeroDuration();
-  // CoDel with adaptive LIFO (--queue-codel-target, --queue-codel-interval;
+  // CoDel with adaptive LIFO (--queue-codel-target >= 0, --queue-codel-interval > 0;
   // AdmissionQueue): once the queue has not been empty for codel_interval, or was full
   // within it, streams start newest first and one queued longer than codel_target is
   // refused with a retry hint. Zero target = off.
@@ -31,51 +37,77 @@ struct EngineOptions {
   // of the tenant furthest above it, which resumes when a slot frees
   // (--preempt-for-fair-share).
   bool preempt_for_fair_share = false;
-  // Generate/Score/CreateSession streams served at once (--max-active-streams).
-  int64_t max_active_streams = 256;
-  // Tokens of one prompt absorbed per prefill job (--prefill-chunk-tokens).
-  int32_t prefill_chunk_tokens = 256;
-  // Tokens of one prefill job over all the prompts it batches (--prefill-batch-tokens);
-  // 0 = prefill_chunk_tokens.
-  int32_t prefill_batch_tokens = 0;
-  // How long a decode step may wait for more streams to become ready (--batch-wait).
-  absl::Duration batch_wait = absl::Microseconds(300);
-  // Intra-op threads of the engine and prefill threads; 0 = the libraries' defaults.
+  // LibTorch intra-op threads of the engine, its decode step and model loading
+  // (--threads; >= 0); 0 = leave the libraries' defaults.
   int32_t intra_op_threads = 0;
-  // Threads one native prefill chunk may use; 0 = the CPUs this process may run on
-  // (--prefill-threads). The decode step's count is intra_op_threads.
+  // Threads one native prefill chunk may use (--prefill-threads; >= 0); 0 = the CPUs
+  // this process may run on.
   int32_t prefill_threads = 0;
-  // "native", "graph" or "libtorch" (CoreOptions::decode_kernel).
+  // The decode step (--decode-kernel): "native" (float32 CPU models,
+  // models/native_step.h: fused sgemm projections, state updated in place in the pool;
+  // on a CUDA model it means "graph"), "graph" (models/graphed_step.h: the step on
+  // per-batch-size buffers, replayed as CUDA Graphs on CUDA and run eagerly on the CPU,
+  // with sampling on the device) or "libtorch" (Model::Step on gathered rows, the
+  // reference). What a model cannot use falls back to "libtorch" (float64 models
+  // always do).
   std::string decode_kernel = "native";
-  // The graph kernel on a preallocated pool samples inside its step (--sample-in-step;
-  // Stepper). Off: the step only steps, and sampling runs apart (the A/B of issue 39).
+  // The native kernel's GEMMs (--native-gemm; models/packed_linear.h): "libxsmm" (JIT
+  // kernels on weights laid out at load, OpenBLAS where unavailable) or "openblas"
+  // (cblas_sgemm).
+  std::string native_gemm = "libxsmm";
+  // The graph kernel on a CUDA model (or with decode_kernel "graph") samples inside its
+  // in-place step: one copy each way and one synchronisation per token
+  // (--sample-in-step; Stepper). False: the step only steps; sampling runs apart (the
+  // A/B of issue 39).
   bool sample_in_step = true;
-  // Tokens one decode launch may draw and absorb per throwaway stream
-  // (--decode-steps-per-launch; Stepper::StepAhead); 1 = one.
+  // Multi-step decode (--decode-steps-per-launch; Stepper::StepAhead): with the in-place
+  // graph step and sample_in_step, a launch may draw and absorb up to this many tokens
+  // per stream, each fed back on the device, for streams without a session or a
+  // repetition penalty (bounded by their max tokens and decode_lookahead; the others
+  // draw one). A stop string stops the stream on the host; the tokens drawn past it are
+  // dropped with the stream's state. 1 = one token per launch. In [1, 64].
   int32_t decode_steps_per_launch = 1;
-  // A decode step runs on the runner's step thread while the engine plans the next
-  // prefill chunk (--overlap-steps; Runner).
+  // Each decode step runs on a step thread of the runner, and the engine plans the next
+  // prefill chunk while it runs (--overlap-steps; Runner): on a GPU the host work of a
+  // step hides behind the device's. Off: the engine thread runs the step itself.
   bool overlap_steps = false;
-  // Sessions held at once (--max-sessions): with the graph kernel the pool is allocated
-  // whole at start, min(this, max_state_memory_bytes / state bytes) rows.
+  // Sessions held, resident plus spilled (--max-sessions; > 0; the core's session
+  // directory keeps to it): with the graph kernel the pool is allocated whole at start,
+  // min(this, max_state_memory_bytes / state bytes) rows.
   int64_t max_sessions = 100000;
-  // The native kernel's GEMMs on libxsmm (true) or cblas_sgemm (CoreOptions::native_gemm).
-  bool packed_gemm = true;
-  // Tokens a stream may sample beyond the last confirmed write (--decode-lookahead).
+  // Decode pipelining (--decode-lookahead; in [1, 4096]): tokens a stream may sample and
+  // absorb beyond the last one whose write was confirmed. While a write is in flight the
+  // stream keeps decoding; what it samples meanwhile goes out as one chunk when the
+  // write returns. 1 = the next token is computed during the write of the previous one.
+  // Also the bound of a request's stream.min_tokens_per_message (checked by the core).
   int32_t decode_lookahead = 16;
-  // How long a stream's tokens may wait to go out together (--stream-flush-interval).
+  // How long a stream's tokens may wait to be written together (--stream-flush-interval;
+  // in [0, 1s]; 0: each goes out as soon as the previous write returns). Fewer, fuller
+  // messages cost less CPU per token in gRPC, the kernel and the client, for up to this
+  // much added latency on the first token of each message. Bounded by decode_lookahead
+  // tokens per message.
   absl::Duration stream_flush_interval = absl::ZeroDuration();
-  // Bytes of resident state over all models (--max-state-memory-bytes); sizes the pool.
+  // Bytes of recurrent state resident in memory, over all models (sessions in use and
+  // idle; spilled ones do not count; --max-state-memory-bytes; > 0): the core's budget,
+  // and the size of each engine's pool.
   int64_t max_state_memory_bytes = int64_t{1} << 30;
-  // Idle sessions are deleted after this long (--session-ttl).
+  // Idle sessions are deleted after this long (--session-ttl; > 0); the core's session
+  // store expires stored ones after it too.
   absl::Duration session_ttl = absl::Hours(24);
-  // Seals exported blobs and opens imported ones; null = unsigned. Not owned.
+  // Seals exported blobs and checks imported ones (--session-key-file). Null: blobs are
+  // not signed, and signed ones are refused on import. Not owned.
   const SessionSealer* sealer = nullptr;
-  // Test-only: runs on the step thread (--overlap-steps) before each step.
+  // Test-only; null in production. Runs on the step thread (--overlap-steps) before each
+  // step.
   std::function<void()> step_started_for_testing;
-  // Test-only (CoreOptions::before_decode_step_for_testing).
+  // Test-only; null in production. Called on the engine thread before each decode step;
+  // `ending()` is true once shutdown has asked the engine to end the remaining work
+  // (EndAllWork). Tests block here to hold streams open without depending on how fast
+  // the machine decodes (tests/integration/server_test.cc, StepGate).
   std::function<void(const std::function<bool()>& ending)> before_decode_step_for_testing;
-  // Test-only (CoreOptions::stream_admitted_for_testing).
+  // Test-only; null in production. Called on the engine thread when a stream (Generate,
+  // Score, CreateSession) is admitted, with its tenant: the server's own admission
+  // order, which tests of the fair share read instead of racing client threads.
   std::function<void(const std::string& tenant)> stream_admitted_for_testing;
 };
 

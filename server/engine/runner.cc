@@ -30,8 +30,9 @@ Runner::Runner(const fwmodel::Model& model, const EngineOptions& options, StateM
                 : options.max_state_memory_bytes /
                       std::max<int64_t>(1, model.state_bytes_per_session()),
             budget, /*preallocate=*/Stepper::UsesGraphKernel(model, options.decode_kernel)),
-      stepper_(model, options.decode_kernel, options.packed_gemm, options.intra_op_threads,
-               options.prefill_threads, name, &pool_, options.sample_in_step) {
+      stepper_(model, options.decode_kernel, options.native_gemm == "libxsmm",
+               options.intra_op_threads, options.prefill_threads, name, &pool_,
+               options.sample_in_step) {
   if (options_.overlap_steps) {
     step_thread_ = std::thread([this] {
       pthread_setname_np(pthread_self(), "fwserve-step");
@@ -183,7 +184,7 @@ void Runner::PrefillThreadLoop() {
     try {
       if (work->score_context != nullptr) {
         auto logprobs = fwmodel::ScoreTokens(model_, work->piece, work->score_context,
-                                             options_.prefill_chunk_tokens);
+                                             options_.scheduler.prefill_chunk_tokens);
         if (logprobs.ok()) {
           work->logprobs = std::move(*logprobs);
         } else {

@@ -32,6 +32,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "server/api/requests.h"
+#include "server/engine/scheduler_options.h"
 #include "server/engine/stream_task.h"
 
 namespace fwserve {
@@ -111,18 +112,6 @@ struct PrefillChunk {
 struct Readiness {
   // Work is ready now: the loop must not sleep.
   bool immediate = false;
-};
-
-struct SchedulerOptions {
-  // Streams served at once (--max-active-streams): what parking and resuming keep to.
-  int64_t max_active_streams = 256;
-  // Prompt tokens one task absorbs per prefill chunk (--prefill-chunk-tokens).
-  int64_t prefill_chunk_tokens = 256;
-  // Tokens one prefill chunk absorbs at most over all the tasks it batches
-  // (--prefill-batch-tokens); 0 = prefill_chunk_tokens.
-  int64_t prefill_batch_tokens = 0;
-  // How long a decode step waits for streams still writing to join it (--batch-wait).
-  absl::Duration batch_wait = absl::Microseconds(300);
 };
 
 class Scheduler {

@@ -41,7 +41,7 @@ namespace fwserve {
 class Stepper {
  public:
   // `decode_kernel`: "native", "graph" or "libtorch" (EngineOptions::decode_kernel);
-  // `packed_gemm`: the native kernel's GEMMs on libxsmm (EngineOptions::packed_gemm).
+  // `packed_gemm`: the native kernel's GEMMs on libxsmm (EngineOptions::native_gemm == "libxsmm").
   // `model` is not owned and outlives this. `name` names the model in log lines.
   // step_threads, prefill_threads: EngineOptions::intra_op_threads and prefill_threads.
   // `pool` (not owned, outlives this): the graph kernel binds it when it is preallocated.

@@ -82,8 +82,7 @@ StreamDriver::StreamDriver(StreamDriverContext context)
       keeper_(*context.keeper),
       drain_(context.drain),
       host_(context.host),
-      scheduler_(SchedulerOptions{options_.max_active_streams, options_.prefill_chunk_tokens,
-                                  options_.prefill_batch_tokens, options_.batch_wait}) {}
+      scheduler_(options_.scheduler) {}
 
 StreamDriver::~StreamDriver() = default;
 

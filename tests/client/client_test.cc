@@ -5,11 +5,11 @@
 #include <grpcpp/health_check_service_interface.h>
 #include <gtest/gtest.h>
 
-#include <algorithm>
 #include <openssl/evp.h>
 #include <openssl/pem.h>
 #include <openssl/x509.h>
 #include <openssl/x509v3.h>
+#include <algorithm>
 
 #include <chrono>
 #include <map>
@@ -21,8 +21,8 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/client.h"
-#include "server/tenancy/tenants.h"
 #include "server/tenancy/authenticator.h"
+#include "server/tenancy/tenants.h"
 #include "tests/integration/harness.h"
 
 namespace fwtest {
@@ -445,7 +445,7 @@ TEST_F(ClientTest, TlsWithServerRootsAndClientCertificates) {
 TEST_F(ClientTest, IteratorAndCallbackGenerateGiveTheSameTokens) {
   // One token per message (no decode pipelining), so both ways see the same messages.
   fwserve::CoreOptions options = Options();
-  options.decode_lookahead = 1;
+  options.engine.decode_lookahead = 1;
   auto server = Harness::Start(options);
   ASSERT_NE(server, nullptr);
   v1::GenerateRequest request = Request("Same seed, same text", 200);

@@ -48,7 +48,7 @@ class ErrorPathsTest : public ::testing::Test {
         if (probe == nullptr) return nullptr;
         state_bytes_ = probe->client().DescribeModel()->state_bytes_per_session();
       }
-      options.max_state_memory_bytes = resident * state_bytes_;
+      options.engine.max_state_memory_bytes = resident * state_bytes_;
     }
     return Harness::Start(options);
   }

@@ -652,7 +652,7 @@ class SlowHttpTest : public HttpTest {
   bool ManualStart() const override { return true; }
   void SetUp() override {
     fwserve::CoreOptions options = Options();
-    options.before_decode_step_for_testing = [](const std::function<bool()>& ending) {
+    options.engine.before_decode_step_for_testing = [](const std::function<bool()>& ending) {
       if (!ending()) std::this_thread::sleep_for(std::chrono::milliseconds(4));
     };
     StartServer({}, options);

@@ -180,7 +180,7 @@ TEST(MetricsTest, ScrapedSeriesAgreeWithTheLoadAndPassPromtool) {
   const double state_bytes = Value(samples, "fwserve_session_state_resident_bytes", aft);
   EXPECT_GT(state_bytes, 0);
   EXPECT_DOUBLE_EQ(Value(samples, "fwserve_state_memory_usage_ratio", aft),
-                   state_bytes / static_cast<double>(options.max_state_memory_bytes));
+                   state_bytes / static_cast<double>(options.engine.max_state_memory_bytes));
   EXPECT_EQ(
       Value(samples, "fwserve_session_operations_total", {{"model", "aft"}, {"op", "created"}}), 1);
   EXPECT_EQ(Value(samples, "fwserve_model_info", {{"model", "aft"}, {"architecture", "aft"}}), 1);
@@ -206,7 +206,7 @@ TEST(MetricsTest, AbandonedScoreIsDroppedAsCancelled) {
   WriteTinyCheckpoint(dir + "/aft", "aft", 3);
   fwserve::CoreOptions options;
   options.model_dirs = {dir + "/aft"};
-  options.prefill_chunk_tokens = 64;
+  options.engine.scheduler.prefill_chunk_tokens = 64;
   auto server = Harness::Start(options);
   ASSERT_NE(server, nullptr);
   fwserve::ClientOptions client_options;
@@ -263,14 +263,14 @@ TEST(MetricsTest, SessionOperationsRemovalsAndGaugesOnALiveServer) {
   }
   fwserve::FakeClock clock;
   options.clock = &clock;
-  options.session_ttl = absl::Hours(1);
+  options.engine.session_ttl = absl::Hours(1);
   options.session_store = "dir:" + MakeTempDir("metrics-ops-store");
-  options.max_state_memory_bytes = 2 * state_bytes;
-  options.max_active_streams = 1;
+  options.engine.max_state_memory_bytes = 2 * state_bytes;
+  options.engine.scheduler.max_active_streams = 1;
   options.max_tokens = 100000;
   // Each decode step takes at least 5 ms: a 100,000-token stream runs far longer than
   // the test looks at it.
-  options.before_decode_step_for_testing = [](const std::function<bool()>&) {
+  options.engine.before_decode_step_for_testing = [](const std::function<bool()>&) {
     absl::SleepFor(absl::Milliseconds(5));
   };
   auto server = Harness::Start(options, {}, /*expose_metrics=*/true);
@@ -354,7 +354,7 @@ TEST(MetricsTest, EvictedSessionsAreCounted) {
     ASSERT_NE(probe, nullptr);
     state_bytes = probe->client().DescribeModel()->state_bytes_per_session();
   }
-  options.max_state_memory_bytes = 2 * state_bytes;
+  options.engine.max_state_memory_bytes = 2 * state_bytes;
   auto server = Harness::Start(options, {}, /*expose_metrics=*/true);
   ASSERT_NE(server, nullptr);
   for (const char* prefix : {"one", "two", "three"}) {

@@ -22,8 +22,8 @@
 #include "google/rpc/status.pb.h"
 #include "gtest/gtest.h"
 #include "models/checkpoint.h"
-#include "server/tenancy/tenants.h"
 #include "server/tenancy/authenticator.h"
+#include "server/tenancy/tenants.h"
 #include "tests/integration/harness.h"
 
 namespace fwserve {
@@ -53,8 +53,8 @@ class OverloadTest : public ::testing::Test {
     CoreOptions options;
     options.model_dirs = {*model_dir_};
     options.max_tokens = 10000000;
-    options.max_active_streams = active;
-    options.max_queued_requests = queued;
+    options.engine.scheduler.max_active_streams = active;
+    options.engine.max_queued_requests = queued;
     return options;
   }
 
@@ -313,7 +313,7 @@ TEST_F(OverloadTest, DeadlineAdmission) {
 // as reason queue_wait.
 TEST_F(OverloadTest, QueueWaitBoundsTheQueue) {
   CoreOptions options = Options(1, 64);
-  options.max_queue_wait = absl::Milliseconds(1);
+  options.engine.max_queue_wait = absl::Milliseconds(1);
   auto server = Harness::Start(options);
   ASSERT_NE(server, nullptr);
   // About 10 streams end a second: 1 ms drains less than one, so the capacity is 2.
@@ -415,7 +415,7 @@ TEST_F(OverloadTest, AStormStaysWithItsTenant) {
 // where it was: its tokens are those of the same request never interrupted.
 TEST_F(OverloadTest, ATenantBelowItsShareParksAStreamOfTheTenantAboveIt) {
   CoreOptions options = Options(1, 4);
-  options.preempt_for_fair_share = true;
+  options.engine.preempt_for_fair_share = true;
   TwoTenants t = StartTwoTenants(options, GrpcServerOptions());
   ASSERT_NE(t.server, nullptr);
   Client* storm = t.storm.get();
@@ -473,8 +473,8 @@ TEST_F(OverloadTest, ATenantBelowItsShareParksAStreamOfTheTenantAboveIt) {
 // forms and counted; without CoDel they would wait for the stream forever.
 TEST_F(OverloadTest, AStandingQueueShedsWhatWaitedPastTheTarget) {
   CoreOptions options = Options(1, 8);
-  options.queue_codel_target = absl::Milliseconds(1);
-  options.queue_codel_interval = absl::Milliseconds(20);
+  options.engine.codel_target = absl::Milliseconds(1);
+  options.engine.codel_interval = absl::Milliseconds(20);
   GrpcServerOptions server_options;
   server_options.max_refusal_delay = absl::ZeroDuration();  // the hint whole in the trailer
   auto server = Harness::Start(options, server_options);

@@ -117,7 +117,7 @@ bool Eventually(Predicate done, absl::Duration limit = absl::Seconds(10)) {
 // Holds every engine of a server before its decode steps, so that a stream stays open
 // for as long as a test needs, however fast the machine decodes: lets `free_steps` steps
 // through, then holds each step until Open() or, with `until_ending`, until shutdown
-// asks the engine to end the remaining work (CoreOptions::before_decode_step_for_testing).
+// asks the engine to end the remaining work (EngineOptions::before_decode_step_for_testing).
 // Declare it before the server it is installed in, and Open() it before the server stops.
 class StepGate {
  public:
@@ -125,7 +125,7 @@ class StepGate {
       : free_steps_(free_steps), until_ending_(until_ending) {}
 
   void Install(fwserve::CoreOptions& options) {
-    options.before_decode_step_for_testing = [this](const std::function<bool()>& ending) {
+    options.engine.before_decode_step_for_testing = [this](const std::function<bool()>& ending) {
       absl::MutexLock lock(&mu_);
       if (steps_ < free_steps_ || open_) {
         ++steps_;
@@ -185,7 +185,7 @@ double FinishedRequests(fwserve::Metrics& metrics, const std::string& rpc,
 // per token.
 TEST_F(ServerTest, StreamsValidUtf8TokenByTokenWithUsage) {
   fwserve::CoreOptions options = Options();
-  options.decode_lookahead = 1;
+  options.engine.decode_lookahead = 1;
   auto server = Harness::Start(options);
   ASSERT_NE(server, nullptr);
   v1::GenerateRequest request = Greedy("Hello, world", 40);
@@ -247,7 +247,7 @@ TEST_F(ServerTest, TokensDecodedDuringAWriteArriveTogetherAndAddUp) {
   EXPECT_EQ(result->usage.session_tokens(), 312);
   // Every message but the last (finish_reason and usage only) carries 1 to
   // decode_lookahead tokens: so 300 / 16 rounded up, plus one, to 300 + 1 messages.
-  const int lookahead = Options().decode_lookahead;
+  const int lookahead = Options().engine.decode_lookahead;
   ASSERT_EQ(lookahead, 16);
   ASSERT_FALSE(tokens_per_message.empty());
   EXPECT_EQ(tokens_per_message.back(), 0);
@@ -259,7 +259,7 @@ TEST_F(ServerTest, TokensDecodedDuringAWriteArriveTogetherAndAddUp) {
   EXPECT_LE(messages, 301);
 
   fwserve::CoreOptions one_by_one = Options();
-  one_by_one.decode_lookahead = 1;
+  one_by_one.engine.decode_lookahead = 1;
   auto reference_server = Harness::Start(one_by_one);
   ASSERT_NE(reference_server, nullptr);
   auto reference = reference_server->client().Generate(request);
@@ -304,7 +304,7 @@ TEST_F(ServerTest, WritesOnTheWriterThreadCarryTheSameTokens) {
   auto server = Harness::Start(Options(), writer_thread);
   ASSERT_NE(server, nullptr);
   fwserve::CoreOptions one_by_one = Options();
-  one_by_one.decode_lookahead = 1;
+  one_by_one.engine.decode_lookahead = 1;
   fwserve::GrpcServerOptions engine_writes;
   engine_writes.writer_thread_from_streams = 0;
   auto reference_server = Harness::Start(one_by_one, engine_writes);
@@ -355,7 +355,7 @@ TEST_F(ServerTest, WritesShardedOverWriterThreadsCarryTheSameTokens) {
   auto server = Harness::Start(Options(), sharded);
   ASSERT_NE(server, nullptr);
   fwserve::CoreOptions one_by_one = Options();
-  one_by_one.decode_lookahead = 1;
+  one_by_one.engine.decode_lookahead = 1;
   fwserve::GrpcServerOptions engine_writes;
   engine_writes.writer_thread_from_streams = 0;
   auto reference_server = Harness::Start(one_by_one, engine_writes);
@@ -394,7 +394,7 @@ TEST_F(ServerTest, WritesShardedOverWriterThreadsCarryTheSameTokens) {
 // they are the tokens an unbatched stream gets.
 TEST_F(ServerTest, AFlushIntervalSendsFullMessages) {
   fwserve::CoreOptions options = Options();
-  options.stream_flush_interval = absl::Seconds(1);
+  options.engine.stream_flush_interval = absl::Seconds(1);
   auto server = Harness::Start(options);
   ASSERT_NE(server, nullptr);
   v1::GenerateRequest request = Greedy("Hello, world", 40);
@@ -461,7 +461,7 @@ TEST_F(ServerTest, AMinimumOfTokensPerMessageIsHonoured) {
 // and 49 decode steps), each token's logprob to 1e-4.
 TEST_F(ServerTest, TheLibTorchDecodeKernelServesTheSameModel) {
   fwserve::CoreOptions options = Options();
-  options.decode_kernel = "libtorch";
+  options.engine.decode_kernel = "libtorch";
   std::unique_ptr<Harness> libtorch_server, native_server;
   StartBesideTheDefault(options, &libtorch_server, &native_server);
 }
@@ -470,7 +470,7 @@ TEST_F(ServerTest, TheLibTorchDecodeKernelServesTheSameModel) {
 // libxsmm kernels) serves the same model: the same greedy continuation, logprobs to 1e-4.
 TEST_F(ServerTest, TheOpenBlasGemmServesTheSameModel) {
   fwserve::CoreOptions options = Options();
-  options.native_gemm = "openblas";
+  options.engine.native_gemm = "openblas";
   std::unique_ptr<Harness> openblas_server, default_server;
   StartBesideTheDefault(options, &openblas_server, &default_server);
 }
@@ -483,7 +483,7 @@ TEST_F(ServerTest, TheOpenBlasGemmServesTheSameModel) {
 // goes on for 10 more tokens.
 TEST_F(ServerTest, TheGraphDecodeKernelServesTheSameModel) {
   fwserve::CoreOptions options = Options();
-  options.decode_kernel = "graph";
+  options.engine.decode_kernel = "graph";
   std::unique_ptr<Harness> graph_server, native_server;
   StartBesideTheDefault(options, &graph_server, &native_server);
   if (HasFatalFailure()) return;
@@ -537,8 +537,8 @@ TEST_F(ServerTest, TheGraphDecodeKernelServesTheSameModel) {
 // launches.
 TEST_F(ServerTest, MultiStepDecodeServesTheSameTokens) {
   fwserve::CoreOptions options = Options();
-  options.decode_kernel = "graph";
-  options.decode_steps_per_launch = 4;
+  options.engine.decode_kernel = "graph";
+  options.engine.decode_steps_per_launch = 4;
   std::unique_ptr<Harness> multi_server, native_server;
   StartBesideTheDefault(options, &multi_server, &native_server);
   if (HasFatalFailure()) return;
@@ -617,10 +617,10 @@ TEST_F(ServerTest, MultiStepDecodeServesTheSameTokens) {
 // server.
 TEST_F(ServerTest, OverlappedStepsServeTheSameTokens) {
   fwserve::CoreOptions options = Options();
-  options.overlap_steps = true;
-  options.prefill_chunk_tokens = 64;
+  options.engine.overlap_steps = true;
+  options.engine.scheduler.prefill_chunk_tokens = 64;
   fwserve::CoreOptions reference_options = Options();
-  reference_options.prefill_chunk_tokens = 64;
+  reference_options.engine.scheduler.prefill_chunk_tokens = 64;
   auto overlapped = Harness::Start(options);
   auto reference = Harness::Start(reference_options);
   ASSERT_NE(overlapped, nullptr);
@@ -1008,7 +1008,8 @@ TEST_F(ServerTest, CancellationMidStreamWithWritesOnTheWriterThread) {
 
 TEST_F(ServerTest, CancelBeforeTheFirstTokenChangesNothing) {
   fwserve::CoreOptions options = Options();
-  options.prefill_chunk_tokens = 4;  // a long prefill, so the cancel lands inside it
+  options.engine.scheduler.prefill_chunk_tokens =
+      4;  // a long prefill, so the cancel lands inside it
   auto server = Harness::Start(options);
   ASSERT_NE(server, nullptr);
   auto session = server->client().CreateSession("", "kept");
@@ -1043,7 +1044,7 @@ TEST_F(ServerTest, CancelBeforeTheFirstTokenChangesNothing) {
 
 TEST_F(ServerTest, AGenerateCancelledWhileQueuedNeverRuns) {
   fwserve::CoreOptions options = Options();
-  options.max_active_streams = 1;
+  options.engine.scheduler.max_active_streams = 1;
   options.max_tokens = 1000000;
   auto server = Harness::Start(options);
   ASSERT_NE(server, nullptr);
@@ -1493,8 +1494,8 @@ TEST_F(ServerTest, ScoreMatchesTheModelLibraryAndLeavesSessionsUnchanged) {
 
 TEST_F(ServerTest, FullQueueAnswersResourceExhaustedAtOnce) {
   fwserve::CoreOptions options = Options();
-  options.max_active_streams = 1;
-  options.max_queued_requests = 1;
+  options.engine.scheduler.max_active_streams = 1;
+  options.engine.max_queued_requests = 1;
   options.max_tokens = 1000000;
   auto server = Harness::Start(options);
   ASSERT_NE(server, nullptr);
@@ -1523,7 +1524,7 @@ TEST_F(ServerTest, FullQueueAnswersResourceExhaustedAtOnce) {
 
 TEST_F(ServerTest, SessionLimitAndInputLimitsNameTheLimit) {
   fwserve::CoreOptions options = Options();
-  options.max_sessions = 2;
+  options.engine.max_sessions = 2;
   options.max_prompt_bytes = 100;
   auto server = Harness::Start(options);
   ASSERT_NE(server, nullptr);
@@ -1592,7 +1593,7 @@ TEST_F(ServerTest, IdleSessionsExpireAndLeaveTheStore) {
   fwserve::FakeClock clock;
   fwserve::CoreOptions options = Options();
   options.clock = &clock;
-  options.session_ttl = absl::Hours(1);
+  options.engine.session_ttl = absl::Hours(1);
   const std::string dir = MakeTempDir("ttl");
   options.session_store = "dir:" + dir;
   auto server = Harness::Start(options);
@@ -1620,7 +1621,7 @@ TEST_F(ServerTest, OverTheMemoryBudgetIdleSessionsAreEvictedWithoutASessionDir) 
   ASSERT_NE(probe, nullptr);
   const int64_t state_bytes = probe->client().DescribeModel()->state_bytes_per_session();
   probe.reset();
-  options.max_state_memory_bytes = 2 * state_bytes;
+  options.engine.max_state_memory_bytes = 2 * state_bytes;
   auto server = Harness::Start(options);
   ASSERT_NE(server, nullptr);
   auto first = server->client().CreateSession("", "one");
@@ -1654,7 +1655,7 @@ TEST_F(ServerTest, OneModelsIdleSessionsMakeRoomForAnother) {
   probe.reset();
   // Room for aft sessions only; a fast_weight session needs some of them to go.
   const int64_t aft_sessions = (fw_bytes + aft_bytes - 1) / aft_bytes + 1;
-  options.max_state_memory_bytes = aft_sessions * aft_bytes;
+  options.engine.max_state_memory_bytes = aft_sessions * aft_bytes;
   auto server = Harness::Start(options);
   ASSERT_NE(server, nullptr);
   for (int64_t i = 0; i < aft_sessions; ++i) {
@@ -1683,7 +1684,7 @@ TEST_F(ServerTest, IdleSessionsSpillToDiskAndComeBack) {
   auto expected = probe->client().Generate(Greedy("first session!", 20));
   ASSERT_TRUE(expected.ok());
   probe.reset();
-  options.max_state_memory_bytes = 2 * state_bytes;
+  options.engine.max_state_memory_bytes = 2 * state_bytes;
   auto server = Harness::Start(options);
   ASSERT_NE(server, nullptr);
   auto first = server->client().CreateSession("", "first");
@@ -1711,7 +1712,7 @@ TEST_F(ServerTest, ASpilledSessionThatCannotBeReadBackIsDataLoss) {
   ASSERT_NE(server, nullptr);
   const int64_t state_bytes = server->client().DescribeModel()->state_bytes_per_session();
   server.reset();
-  options.max_state_memory_bytes = state_bytes;  // one resident session at a time
+  options.engine.max_state_memory_bytes = state_bytes;  // one resident session at a time
   server = Harness::Start(options);
   ASSERT_NE(server, nullptr);
   auto first = server->client().CreateSession("", "first");
@@ -1996,7 +1997,7 @@ TEST_F(ServerTest, DrainTimeoutEndsLongStreamsWithReasonShutdown) {
   EXPECT_EQ(last.usage().session_tokens(), 4 + received);
   // The session was persisted with exactly what was streamed.
   server.reset();  // releases the store directory
-  options.before_decode_step_for_testing = nullptr;
+  options.engine.before_decode_step_for_testing = nullptr;
   auto restarted = Harness::Start(options);
   ASSERT_NE(restarted, nullptr);
   EXPECT_EQ(restarted->client().GetSession(session->session_id())->tokens(), 4 + received);

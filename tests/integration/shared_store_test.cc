@@ -114,7 +114,7 @@ TEST_F(SharedStoreTest, BusySessionIsAbortedOnAnotherServer) {
   std::atomic<int> steps{0};
   std::atomic<bool> b_done{false};
   CoreOptions a_options = Options(redis_->spec());
-  a_options.before_decode_step_for_testing = [&](const std::function<bool()>& ending) {
+  a_options.engine.before_decode_step_for_testing = [&](const std::function<bool()>& ending) {
     if (!armed.load() || ++steps < 2) return;
     while (!b_done.load() && !ending()) absl::SleepFor(absl::Milliseconds(1));
   };
@@ -156,7 +156,7 @@ TEST_F(SharedStoreTest, WriteOfALostLeaseIsRefused) {
   // has committed: gRPC buffers a's messages, so a blocked client alone does not keep a
   // fast server from finishing (and committing) before the lease is taken away.
   CoreOptions a_options = Options(redis_->spec());
-  a_options.before_decode_step_for_testing = [&](const std::function<bool()>& ending) {
+  a_options.engine.before_decode_step_for_testing = [&](const std::function<bool()>& ending) {
     while (received.load() > 0 && !b_done.load() && !ending()) {
       absl::SleepFor(absl::Milliseconds(1));
     }

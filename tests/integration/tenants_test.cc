@@ -70,7 +70,7 @@ class TenantsTest : public ::testing::Test {
       auto sealer = SessionSealer::FromKey(session_key);
       EXPECT_TRUE(sealer.ok());
       sealers_.push_back(std::move(*sealer));
-      options.sealer = sealers_.back().get();
+      options.engine.sealer = sealers_.back().get();
     }
     return StartWith(tenants_.back().get(), options);
   }
@@ -330,19 +330,19 @@ TEST_F(TenantsTest, AFreeStreamSlotGoesToTheTenantServedLeast) {
   auto tenants = Tenants::FromText(KeysFile());
   ASSERT_TRUE(tenants.ok());
   CoreOptions options;
-  options.max_active_streams = 1;
+  options.engine.scheduler.max_active_streams = 1;
   // The holder's stream must outlast the queueing below, however fast the machine
   // decodes (a tiny model makes 100000 tokens in about a second): its decode steps are
   // slowed until the queue is in place. The engine loop still turns (it publishes the
   // queue gauge), one step every few milliseconds.
   std::atomic<bool> slow_steps{true};
-  options.before_decode_step_for_testing = [&slow_steps](const std::function<bool()>&) {
+  options.engine.before_decode_step_for_testing = [&slow_steps](const std::function<bool()>&) {
     if (slow_steps.load()) absl::SleepFor(absl::Milliseconds(5));
   };
   // The order the engine admits streams in (its own, not the client threads' wake-ups).
   absl::Mutex admitted_mu;
   std::vector<std::string> admitted;
-  options.stream_admitted_for_testing = [&](const std::string& tenant) {
+  options.engine.stream_admitted_for_testing = [&](const std::string& tenant) {
     absl::MutexLock lock(&admitted_mu);
     admitted.push_back(tenant);
   };

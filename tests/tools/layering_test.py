@@ -35,9 +35,10 @@ TORCH_FREE = {"server/base", "server/api", "server/metrics", "server/sessions/st
               "server/sessions", "server/tenancy", "server/transport/grpc",
               "server/transport/http", "server"}
 # Files inside a LibTorch folder that stay torch-free (the scheduler's library,
-# fwserve_scheduler, and what it is unit-tested with): no LibTorch, and of server/engine
-# only one another.
+# fwserve_scheduler, and what it is unit-tested with; the options headers that the
+# torch-free core.h includes): no LibTorch, and of server/engine only one another.
 TORCH_FREE_FILES = {"server/engine/scheduler.h", "server/engine/scheduler.cc",
+                    "server/engine/scheduler_options.h", "server/engine/engine_options.h",
                     "server/engine/stream_task.h", "server/engine/stream_task.cc",
                     "server/engine/admission_queue.h"}
 TORCH_INCLUDE = re.compile(r'#include\s*[<"](torch/|ATen/|c10/)')
