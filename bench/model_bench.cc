@@ -159,18 +159,20 @@ void BM_Prefill(benchmark::State& state) {
   SetLabel(state);
 }
 
-void RunNativeAbsorb(benchmark::State& state, bool packed_gemm) {
+// One session of `model` absorbs a prompt of `steps` tokens through the native prefill
+// (NativeStep::Absorb); items = prompt tokens.
+void RunNativeAbsorb(benchmark::State& state, const fwmodel::Model& model, int64_t steps,
+                     bool packed_gemm) {
   torch::NoGradGuard no_grad;
-  fwmodel::Model model = MakeModel(state.range(0));
-  const int64_t steps = state.range(1);
   fwmodel::NativeStepOptions options;
   options.packed_gemm = packed_gemm;
   auto native = fwmodel::NativeStep::Create(model, options);
   if (!native.ok()) return state.SkipWithError("native step unavailable");
   fwmodel::State pool = model.InitialState(1);
+  const int64_t vocab = model.config().vocab_size;
   std::vector<int64_t> tokens(static_cast<size_t>(steps)), rows = {0};
-  for (int64_t t = 0; t < steps; ++t) tokens[static_cast<size_t>(t)] = (t * 37) % 256;
-  std::vector<float> logits(static_cast<size_t>(model.config().vocab_size));
+  for (int64_t t = 0; t < steps; ++t) tokens[static_cast<size_t>(t)] = (t * 977) % vocab;
+  std::vector<float> logits(static_cast<size_t>(vocab));
   for (auto _ : state) {
     if (!(*native)->Absorb(tokens, steps, rows, &pool, logits.data()).ok()) {
       return state.SkipWithError("absorb failed");
@@ -178,12 +180,17 @@ void RunNativeAbsorb(benchmark::State& state, bool packed_gemm) {
     benchmark::DoNotOptimize(logits.data());
   }
   state.SetItemsProcessed(state.iterations() * steps);
-  SetLabel(state);
 }
 
-void BM_NativeAbsorb(benchmark::State& state) { RunNativeAbsorb(state, /*packed_gemm=*/true); }
+void BM_NativeAbsorb(benchmark::State& state) {
+  fwmodel::Model model = MakeModel(state.range(0));
+  RunNativeAbsorb(state, model, state.range(1), /*packed_gemm=*/true);
+  SetLabel(state);
+}
 void BM_NativeAbsorbOpenBlas(benchmark::State& state) {
-  RunNativeAbsorb(state, /*packed_gemm=*/false);
+  fwmodel::Model model = MakeModel(state.range(0));
+  RunNativeAbsorb(state, model, state.range(1), /*packed_gemm=*/false);
+  SetLabel(state);
 }
 
 void BM_PrefillByStep(benchmark::State& state) {
@@ -261,22 +268,7 @@ void BM_Rwkv7NativeStep(benchmark::State& state) {
 // prompt tokens, against BM_Rwkv7NativeStep/1's one token a step (issue 38: prefill
 // >= 8x batch-1 decode).
 void BM_Rwkv7NativeAbsorb(benchmark::State& state) {
-  torch::NoGradGuard no_grad;
-  const fwmodel::Model& model = Rwkv7Model();
-  const int64_t steps = state.range(0);
-  auto native = fwmodel::NativeStep::Create(model, fwmodel::NativeStepOptions{});
-  if (!native.ok()) return state.SkipWithError("native step unavailable");
-  fwmodel::State pool = model.InitialState(1);
-  std::vector<int64_t> tokens(static_cast<size_t>(steps)), rows = {0};
-  for (int64_t t = 0; t < steps; ++t) tokens[static_cast<size_t>(t)] = (t * 977) % 65536;
-  std::vector<float> logits(static_cast<size_t>(model.config().vocab_size));
-  for (auto _ : state) {
-    if (!(*native)->Absorb(tokens, steps, rows, &pool, logits.data()).ok()) {
-      return state.SkipWithError("absorb failed");
-    }
-    benchmark::DoNotOptimize(logits.data());
-  }
-  state.SetItemsProcessed(state.iterations() * steps);
+  RunNativeAbsorb(state, Rwkv7Model(), state.range(0), /*packed_gemm=*/true);
 }
 
 // This machine's sgemm roof (issue 24's target 3): one n x n x n product through

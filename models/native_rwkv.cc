@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "models/mixers/native_math.h"
 #include "models/native_parallel.h"
+#include "models/native_weights.h"
 
 namespace fwmodel {
 namespace {
@@ -331,14 +332,9 @@ absl::StatusOr<std::unique_ptr<NativeRwkv>> NativeRwkv::Create(const Model& mode
   std::unique_ptr<NativeRwkv> step(new NativeRwkv(model));
   auto weights = std::make_shared<Weights>();
   try {
-    auto tensor = [&](const std::string& name) {
-      return model.weights().at(name).detach().contiguous();
-    };
-    auto weight = [&](const std::string& name) {
-      torch::Tensor t = tensor(name);
-      weights->kept.push_back(t);
-      return t.data_ptr<float>();
-    };
+    NativeWeightReader read(model, &weights->kept);
+    auto tensor = [&](const std::string& name) { return read.Tensor(name); };
+    auto weight = [&](const std::string& name) { return read.Kept(name); };
     auto panels = [&](const std::string& name) {
       torch::Tensor t = tensor(name);
       return MakePanels(t.data_ptr<float>(), t.size(0), t.size(1), packed_gemm);

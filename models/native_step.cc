@@ -14,6 +14,7 @@
 #include "models/mixers/native_math.h"
 #include "models/native_parallel.h"
 #include "models/native_rwkv.h"
+#include "models/native_weights.h"
 #include "models/packed_linear.h"
 
 namespace fwmodel {
@@ -145,14 +146,9 @@ absl::StatusOr<std::unique_ptr<NativeStep>> NativeStep::Create(const Model& mode
   const ModelConfig& c = model.config();
   const int64_t d = c.d_model;
   try {
-    auto tensor = [&](const std::string& name) {
-      return model.weights().at(name).detach().contiguous();
-    };
-    auto weight = [&](const std::string& name) {
-      torch::Tensor t = tensor(name);
-      step->kept_.push_back(t);
-      return t.data_ptr<float>();
-    };
+    NativeWeightReader read(model, &step->kept_);
+    auto tensor = [&](const std::string& name) { return read.Tensor(name); };
+    auto weight = [&](const std::string& name) { return read.Kept(name); };
     auto copy = [&](const std::string& name) {
       torch::Tensor t = tensor(name);
       return std::vector<float>(t.data_ptr<float>(), t.data_ptr<float>() + t.numel());
