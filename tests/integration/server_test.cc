@@ -85,6 +85,28 @@ class ServerTest : public ::testing::Test {
     return fwtest::GreedyRequest(prompt, max_tokens, session_id);
   }
 
+  // Runs `requests` at once, each on a client thread of its own, then 10 greedy tokens on
+  // `session_id`; returns every result in order, the continuation's last. A failed call
+  // fails the test and leaves its result empty.
+  static std::vector<fwserve::GenerateResult> GenerateAtOnceThenContinue(
+      Harness& server, const std::vector<v1::GenerateRequest>& requests,
+      const std::string& session_id) {
+    std::vector<fwserve::GenerateResult> results(requests.size());
+    std::vector<std::thread> threads;
+    for (size_t i = 0; i < requests.size(); ++i) {
+      threads.emplace_back([&, i] {
+        auto result = server.client().Generate(requests[i]);
+        EXPECT_TRUE(result.ok()) << result.status();
+        if (result.ok()) results[i] = *result;
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    auto more = server.client().Generate(Greedy("", 10, session_id));
+    EXPECT_TRUE(more.ok()) << more.status();
+    results.push_back(more.ok() ? *more : fwserve::GenerateResult{});
+    return results;
+  }
+
   void ExpectCancellationMidStreamKeepsAStreamedPrefix(fwserve::GrpcServerOptions server_options);
 
   static std::string* models_dir_;
@@ -499,19 +521,11 @@ TEST_F(ServerTest, TheGraphDecodeKernelServesTheSameModel) {
       if (i == 4) r.mutable_sampling()->set_repetition_penalty(1.3f);
       requests.push_back(r);
     }
-    std::vector<std::vector<int64_t>> tokens(requests.size());
-    std::vector<std::thread> threads;
-    for (size_t i = 0; i < requests.size(); ++i) {
-      threads.emplace_back([&, i] {
-        auto result = server.client().Generate(requests[i]);
-        EXPECT_TRUE(result.ok()) << result.status();
-        if (result.ok()) tokens[i] = result->token_ids;
-      });
+    std::vector<std::vector<int64_t>> tokens;
+    for (const fwserve::GenerateResult& r :
+         GenerateAtOnceThenContinue(server, requests, session_id)) {
+      tokens.push_back(r.token_ids);
     }
-    for (std::thread& t : threads) t.join();
-    auto more = server.client().Generate(Greedy("", 10, session_id));
-    EXPECT_TRUE(more.ok()) << more.status();
-    if (more.ok()) tokens.push_back(more->token_ids);
     return tokens;
   };
   auto graph_session = graph_server->client().CreateSession("", "");
@@ -566,20 +580,7 @@ TEST_F(ServerTest, MultiStepDecodeServesTheSameTokens) {
     std::vector<v1::GenerateRequest> requests;
     for (int i = 0; i < 5; ++i) requests.push_back(request(i, i == 4 ? session_id : ""));
     requests[2].add_stop(stop);
-    std::vector<fwserve::GenerateResult> results(requests.size());
-    std::vector<std::thread> threads;
-    for (size_t i = 0; i < requests.size(); ++i) {
-      threads.emplace_back([&, i] {
-        auto result = server.client().Generate(requests[i]);
-        EXPECT_TRUE(result.ok()) << result.status();
-        if (result.ok()) results[i] = *result;
-      });
-    }
-    for (std::thread& t : threads) t.join();
-    auto more = server.client().Generate(Greedy("", 10, session_id));
-    EXPECT_TRUE(more.ok()) << more.status();
-    if (more.ok()) results.push_back(*more);
-    return results;
+    return GenerateAtOnceThenContinue(server, requests, session_id);
   };
   auto multi_session = multi_server->client().CreateSession("", "");
   auto native_session = native_server->client().CreateSession("", "");
@@ -640,19 +641,11 @@ TEST_F(ServerTest, OverlappedStepsServeTheSameTokens) {
       }
       requests.push_back(r);
     }
-    std::vector<std::vector<int64_t>> tokens(requests.size());
-    std::vector<std::thread> threads;
-    for (size_t i = 0; i < requests.size(); ++i) {
-      threads.emplace_back([&, i] {
-        auto result = server.client().Generate(requests[i]);
-        EXPECT_TRUE(result.ok()) << result.status();
-        if (result.ok()) tokens[i] = result->token_ids;
-      });
+    std::vector<std::vector<int64_t>> tokens;
+    for (const fwserve::GenerateResult& r :
+         GenerateAtOnceThenContinue(server, requests, session_id)) {
+      tokens.push_back(r.token_ids);
     }
-    for (std::thread& t : threads) t.join();
-    auto more = server.client().Generate(Greedy("", 10, session_id));
-    EXPECT_TRUE(more.ok()) << more.status();
-    if (more.ok()) tokens.push_back(more->token_ids);
     return tokens;
   };
   const auto got = served_on(*overlapped);
