@@ -721,7 +721,11 @@ class CoreImpl : public Core {
           if (status.ok()) return;
           {
             absl::MutexLock lock(&pending->mu);
-            if (!pending->returned) {
+            // Before the return, the caller returns the error, unless a store claim is
+            // bound to the item (SessionKeeper::BindClaim): its answers end the claim,
+            // which dropping the item would leave held until its lease expired.
+            const bool claim_bound = pending->item != nullptr && pending->item->ticket != nullptr;
+            if (!pending->returned && !claim_bound) {
               pending->immediate = status;
               pending->item.reset();
               return;

@@ -324,9 +324,14 @@ void Engine::Loop() {
     // Tensor code outside Model::Forward/Step (gather, scatter, copies) can still throw
     // c10::Error (e.g. out of memory); it must not take the process down. The requests in
     // flight fail with INTERNAL; sessions keep their last committed state.
+    // The prefill thread's report, taken from the lock, until CompletePrefill takes the job.
+    bool prefill_report_taken = work.prefill_done;
     try {
       for (auto& continuation : work.continuations) continuation();
-      if (work.prefill_done) driver_.CompletePrefill();
+      if (work.prefill_done) {
+        prefill_report_taken = false;  // CompletePrefill takes the job first thing
+        driver_.CompletePrefill();
+      }
       for (const Event& event : work.events) ApplyEvent(event);
       ShedAll(work.shed);
       AdmitAll(work.admitted, work.end_all);
@@ -335,7 +340,7 @@ void Engine::Loop() {
     } catch (const std::exception& e) {
       Log(LogLevel::kError, absl::StrCat("model ", name_, ": engine iteration failed: ", e.what()));
       try {
-        driver_.FailAll(absl::InternalError("the engine failed"));
+        driver_.FailAll(absl::InternalError("the engine failed"), prefill_report_taken);
       } catch (const std::exception& again) {
         Log(LogLevel::kError, absl::StrCat("model ", name_, ": recovery failed: ", again.what()));
       }

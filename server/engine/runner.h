@@ -14,8 +14,9 @@
 // Thread-safety: everything but the prefill and step threads' own work runs on the
 // engine thread. Rows handed to a prefill chunk are copies (PrefillWork::state). While a
 // step is in flight on the step thread (between Launch and Wait) it alone touches the
-// stepped rows and the Stepper; the engine may read and write other rows of the pool,
-// but must not allocate, free or grow it, nor launch anything else.
+// stepped rows and the Stepper; the engine may read and write other rows of the pool
+// and give rows back (StatePool::Free touches only the free list and the budget), but
+// must not allocate or grow it, nor launch anything else.
 #pragma once
 
 #include <cstdint>

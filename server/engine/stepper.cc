@@ -107,8 +107,14 @@ absl::Status Stepper::StepAhead(const std::vector<int64_t>& rows,
   if (multi.steps <= 1 || !multi_step() || draws.size() != rows.size()) {
     return Step(rows, tokens, pool, draws);
   }
+  // No more replays than the most any row may draw: a launch whose rows may all draw
+  // one is a plain step.
+  int64_t steps = 1;
+  for (size_t i = 0; i < rows.size() && i < multi.limits.size(); ++i) {
+    steps = std::max(steps, std::min(multi.limits[i], multi.steps));
+  }
+  if (steps <= 1) return Step(rows, tokens, pool, draws);
   presampled_.clear();
-  const int64_t steps = multi.steps;
   std::vector<RowDraw> row_draws(draws.size());
   std::vector<double> uniforms(draws.size() * static_cast<size_t>(steps), 0.0);
   std::vector<int64_t> limits(draws.size(), 1);

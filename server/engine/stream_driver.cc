@@ -91,7 +91,14 @@ void StreamDriver::RunIteration() {
     // --overlap-steps: the step runs on the runner's thread while the next prefill
     // chunk is planned here (it touches only rows in prefill, and no allocation).
     std::optional<InFlightStep> step = LaunchDecodeStep();
-    StartPrefill();
+    try {
+      StartPrefill();
+    } catch (...) {
+      // The step's rows absorbed their tokens: count them before the loop fails the
+      // tasks (a session must be stored with the tokens its state holds).
+      if (step) FinishDecodeStep(std::move(*step));
+      throw;
+    }
     if (step) FinishDecodeStep(std::move(*step));
   } else {
     StartPrefill();   // prefill: the next chunk to the prefill thread
@@ -100,9 +107,9 @@ void StreamDriver::RunIteration() {
   SampleAndEmit();  // sample, and emit what may go out
 }
 
-void StreamDriver::FailAll(const absl::Status& status) {
+void StreamDriver::FailAll(const absl::Status& status, bool prefill_returned) {
   runner_.AbandonStep();
-  AbandonPrefillJob();
+  AbandonPrefillJob(prefill_returned);
   while (!tasks_.empty()) FailTask(*tasks_.begin()->second, status);
 }
 
@@ -335,9 +342,9 @@ void StreamDriver::CompletePrefill() {
   Apply(scheduler_.AfterPrefill(job->chunk, /*ok=*/true));
 }
 
-void StreamDriver::AbandonPrefillJob() {
+void StreamDriver::AbandonPrefillJob(bool returned) {
   if (prefill_job_ == nullptr) return;
-  { host_->AwaitPrefillDone(); }
+  if (!returned) host_->AwaitPrefillDone();
   for (Task* t : prefill_job_->tasks) t->s->in_prefill_job = false;
   prefill_job_.reset();
 }
@@ -413,7 +420,8 @@ int64_t StreamDriver::TokensPerLaunch(const Task& t, int64_t steps) const {
   // Only a throwaway stream may absorb tokens it will not keep (past a stop string);
   // a session's state must hold exactly the tokens sent. The penalty window is the
   // host's.
-  if (!t.session_id.empty() || s.cancelled || t.generate->sampling.repetition_penalty != 1.0f) {
+  if (!t.session_id.empty() || s.cancelled || s.stream.done_sampling() ||
+      t.generate->sampling.repetition_penalty != 1.0f) {
     return 1;
   }
   const StreamTask& stream = s.stream;

@@ -78,9 +78,10 @@ class StreamDriver {
   // every stream ready to absorb (overlapped with the prefill planning under
   // --overlap-steps), then sampling and emission.
   void RunIteration();
-  // After an iteration threw: waits for the step and the chunk in flight, then fails
+  // After an iteration threw: waits for the step and the chunk in flight (unless the
+  // prefill thread's report of it was already taken: `prefill_returned`), then fails
   // every task with `status`.
-  void FailAll(const absl::Status& status);
+  void FailAll(const absl::Status& status, bool prefill_returned);
 
   Scheduler& scheduler() { return scheduler_; }
   // Tasks being served (running or parked).
@@ -105,8 +106,9 @@ class StreamDriver {
   // Hands the next prefill chunk (one task, or several with equal chunk lengths) to the
   // prefill thread, unless one is in flight.
   void StartPrefill();
-  // Blocks until the in-flight prefill job (if any) is done and drops its result.
-  void AbandonPrefillJob();
+  // Drops the in-flight prefill job (if any) and its result, first waiting for the
+  // prefill thread's report unless it was already taken (`returned`).
+  void AbandonPrefillJob(bool returned = false);
   void RunDecodeStep();
   std::optional<InFlightStep> LaunchDecodeStep();
   void FinishDecodeStep(InFlightStep step);

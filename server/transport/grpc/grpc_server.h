@@ -55,7 +55,8 @@ struct GrpcServerOptions {
   // stream gained 1.12-1.19x tokens/s with no TTFT cost (docs/benchmarks.md).
   int writer_thread_from_streams = 1;
   // Writer threads the streams' sends are sharded over (a stream always uses the same
-  // one); 0 = one per 4 CPUs, 1 to 8 (--writer-threads).
+  // one); 0 = one per 4 CPUs, 1 to 8; a positive count is used as given (--writer-threads
+  // takes 0 to 64).
   int writer_threads = 0;
   // How long Shutdown() lets in-flight work finish before ending it.
   absl::Duration drain_timeout = absl::Seconds(30);
