@@ -340,12 +340,7 @@ absl::StatusOr<std::unique_ptr<NativeRwkv>> NativeRwkv::Create(const Model& mode
       return MakePanels(t.data_ptr<float>(), t.size(0), t.size(1), packed_gemm);
     };
     auto state_index = [&](int layer, const char* suffix) {
-      const std::string name = absl::StrCat("blocks.", layer, ".", suffix);
-      const auto& spec = model.state_spec();
-      for (size_t i = 0; i < spec.size(); ++i) {
-        if (spec[i].name == name) return static_cast<int>(i);
-      }
-      return -1;
+      return read.StateIndex(layer, suffix);
     };
     static constexpr const char* kMixNames[6] = {"att.x_r", "att.x_w", "att.x_k",
                                                  "att.x_v", "att.x_a", "att.x_g"};

@@ -158,12 +158,7 @@ absl::StatusOr<std::unique_ptr<NativeStep>> NativeStep::Create(const Model& mode
       return PackedLinear(t.data_ptr<float>(), t.size(0), t.size(1), options.packed_gemm);
     };
     auto state_index = [&](int layer, const char* suffix) {
-      const std::string name = absl::StrCat("blocks.", layer, ".", suffix);
-      const auto& spec = model.state_spec();
-      for (size_t i = 0; i < spec.size(); ++i) {
-        if (spec[i].name == name) return static_cast<int>(i);
-      }
-      return -1;
+      return read.StateIndex(layer, suffix);
     };
     for (int i = 0; i < c.n_layers; ++i) {
       Layer l;

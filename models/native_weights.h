@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "models/model.h"
 
 namespace fwmodel {
@@ -26,6 +27,17 @@ class NativeWeightReader {
     torch::Tensor t = Tensor(name);
     kept_->push_back(t);
     return t.data_ptr<float>();
+  }
+
+  // The index in State::tensors of block `layer`'s state tensor `suffix` (e.g.
+  // "att_shift"), or -1 when the model has none.
+  int StateIndex(int layer, const char* suffix) const {
+    const std::string name = absl::StrCat("blocks.", layer, ".", suffix);
+    const auto& spec = model_.state_spec();
+    for (size_t i = 0; i < spec.size(); ++i) {
+      if (spec[i].name == name) return static_cast<int>(i);
+    }
+    return -1;
   }
 
  private:
