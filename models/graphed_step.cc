@@ -198,6 +198,14 @@ absl::StatusOr<std::unique_ptr<GraphedStep>> GraphedStep::Create(const Model& mo
   return step;
 }
 
+GraphedStep::Bucket& GraphedStep::BucketForPass(int64_t n) {
+  const int64_t size = BucketFor(n);
+  Bucket& bucket = **std::find_if(buckets_.begin(), buckets_.end(),
+                                  [size](const auto& b) { return b->size == size; });
+  padded_rows_ += size - n;
+  return bucket;
+}
+
 int64_t GraphedStep::BucketFor(int64_t n) const {
   for (int64_t size : options_.buckets) {
     if (size >= n) return size;
@@ -403,10 +411,8 @@ void GraphedStep::RunMultiStepPass(absl::Span<const int64_t> tokens, absl::Span<
                                    absl::Span<const int64_t> stop_tokens,
                                    std::vector<SampledToken>* drawn) {
   const int64_t n = static_cast<int64_t>(tokens.size());
-  const int64_t size = BucketFor(n);
-  Bucket& bucket = **std::find_if(buckets_.begin(), buckets_.end(),
-                                  [size](const auto& b) { return b->size == size; });
-  padded_rows_ += size - n;
+  Bucket& bucket = BucketForPass(n);
+  const int64_t size = bucket.size;
   // Step 0's parameters in the bucket's layout (the first uniform of each row).
   std::vector<RowDraw> first(draws.begin(), draws.end());
   for (int64_t b = 0; b < n; ++b) first[static_cast<size_t>(b)].uniform = uniforms[b * steps];
@@ -484,10 +490,8 @@ void GraphedStep::RunMultiStepPass(absl::Span<const int64_t> tokens, absl::Span<
 void GraphedStep::RunInPlacePass(absl::Span<const int64_t> tokens, absl::Span<const int64_t> rows,
                                  absl::Span<const RowDraw> draws, SampledToken* sampled) {
   const int64_t n = static_cast<int64_t>(tokens.size());
-  const int64_t size = BucketFor(n);
-  Bucket& bucket = **std::find_if(buckets_.begin(), buckets_.end(),
-                                  [size](const auto& b) { return b->size == size; });
-  padded_rows_ += size - n;
+  Bucket& bucket = BucketForPass(n);
+  const int64_t size = bucket.size;
   const int64_t words_used = StageUpload(tokens, rows, draws, size);
   // One copy to the device; the staging buffer is rewritten only after this pass's
   // results came back (below), so the copy may run asynchronously.
@@ -593,10 +597,8 @@ void GraphedStep::EndTiming(absl::Time host_start) {
 torch::Tensor GraphedStep::RunPass(absl::Span<const int64_t> tokens, absl::Span<const int64_t> rows,
                                    State* pool, torch::Tensor* row_logits) {
   const int64_t n = static_cast<int64_t>(tokens.size());
-  const int64_t size = BucketFor(n);
-  Bucket& bucket = **std::find_if(buckets_.begin(), buckets_.end(),
-                                  [size](const auto& b) { return b->size == size; });
-  padded_rows_ += size - n;
+  Bucket& bucket = BucketForPass(n);
+  const int64_t size = bucket.size;
   // Tokens and rows, padded (token 0 on a copy of the first row), in one copy.
   int64_t* host = host_indices_.data_ptr<int64_t>();
   const int64_t stride = host_indices_.size(1);

@@ -182,6 +182,8 @@ class GraphedStep {
   // into host_upload_; returns the words used.
   int64_t StageUpload(absl::Span<const int64_t> tokens, absl::Span<const int64_t> rows,
                       absl::Span<const RowDraw> draws, int64_t size);
+  // The bucket a pass of n <= the largest bucket's rows runs on; counts its padding.
+  Bucket& BucketForPass(int64_t n);
   // Runs the model on the bucket's inputs: replay, or eagerly.
   void Compute(Bucket& bucket);
   // What a bucket computes (captured, or run eagerly): the step and, in place, the
