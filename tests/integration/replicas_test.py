@@ -542,7 +542,7 @@ class ReplicasTest(unittest.TestCase):
             try:
                 for message in stub_a.Generate(pb.GenerateRequest(
                         session_id=script.session_id, prompt=b"\nA long speech:\n",
-                        max_tokens=2000, sampling=greedy()), timeout=RPC_TIMEOUT_S):
+                        max_tokens=20000, sampling=greedy()), timeout=RPC_TIMEOUT_S):
                     received.extend(message.token_ids)
                     first_tokens.set()
                     if message.HasField("usage"):
