@@ -135,10 +135,11 @@ ABSL_FLAG(bool, overlap_steps, false,
           "chunk (on a GPU the host work hides behind the device's)");
 ABSL_FLAG(int32_t, threads, 0,
           "intra-op threads: LibTorch's, and those one decode step of the native kernel may "
-          "use; 0 = LibTorch's default (its count of physical cores)");
+          "use; 0 = OMP_NUM_THREADS if set, else the physical cores this process may run on "
+          "(its CPU affinity, capped by a cgroup CPU quota such as a Kubernetes limit)");
 ABSL_FLAG(int32_t, prefill_threads, 0,
           "threads one prefill chunk of the native kernel may use (its projections split "
-          "by rows, its sessions over tasks); 0 = the CPUs this process may run on");
+          "by rows, its sessions over tasks); 0 = as --threads 0");
 ABSL_FLAG(int32_t, decode_lookahead, 16,
           "tokens a stream may decode beyond its last confirmed write; those sampled while "
           "a write is in flight go out as one message when it returns (1..4096)");

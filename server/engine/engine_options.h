@@ -38,10 +38,11 @@ struct EngineOptions {
   // (--preempt-for-fair-share).
   bool preempt_for_fair_share = false;
   // LibTorch intra-op threads of the engine, its decode step and model loading
-  // (--threads; >= 0); 0 = leave the libraries' defaults.
+  // (--threads; >= 0); 0 = OMP_NUM_THREADS if set, else the physical cores this process
+  // may use (server/base/cpu_count.h: affinity mask, cgroup CPU quota).
   int32_t intra_op_threads = 0;
-  // Threads one native prefill chunk may use (--prefill-threads; >= 0); 0 = the CPUs
-  // this process may run on.
+  // Threads one native prefill chunk may use (--prefill-threads; >= 0); 0 = as
+  // intra_op_threads 0.
   int32_t prefill_threads = 0;
   // The decode step (--decode-kernel): "native" (float32 CPU models,
   // models/native_step.h: fused sgemm projections, state updated in place in the pool;

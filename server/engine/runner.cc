@@ -8,14 +8,14 @@
 
 #include "absl/strings/str_cat.h"
 #include "models/blas_check.h"
+#include "server/base/cpu_count.h"
 
 namespace fwserve {
 
 void LimitIntraOpThreads(int32_t threads) {
-  if (threads > 0) {
-    at::set_num_threads(threads);
-    fwmodel::SetOpenBlasThreads(threads);
-  }
+  threads = ResolveComputeThreads(threads);
+  at::set_num_threads(threads);
+  fwmodel::SetOpenBlasThreads(threads);
 }
 
 Runner::Runner(const fwmodel::Model& model, const EngineOptions& options, StateMemoryBudget* budget,
@@ -31,7 +31,8 @@ Runner::Runner(const fwmodel::Model& model, const EngineOptions& options, StateM
                       std::max<int64_t>(1, model.state_bytes_per_session()),
             budget, /*preallocate=*/Stepper::UsesGraphKernel(model, options.decode_kernel)),
       stepper_(model, options.decode_kernel, options.native_gemm == "libxsmm",
-               options.intra_op_threads, options.prefill_threads, name, &pool_,
+               ResolveComputeThreads(options.intra_op_threads),
+               ResolveComputeThreads(options.prefill_threads), name, &pool_,
                options.sample_in_step) {
   if (options_.overlap_steps) {
     step_thread_ = std::thread([this] {

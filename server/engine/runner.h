@@ -38,9 +38,10 @@
 
 namespace fwserve {
 
-// --threads (`threads` > 0) on the calling thread: LibTorch's intra-op threads, OpenMP
-// (the native step's per-session loops) and OpenBLAS. The counts are per thread, so
-// each thread that runs model code applies it; 0 leaves the libraries' defaults.
+// --threads on the calling thread: LibTorch's intra-op threads, OpenMP (the native step's
+// per-session loops) and OpenBLAS. The counts are per thread, so each thread that runs
+// model code applies it. `threads` 0 stands for ResolveComputeThreads(0)
+// (server/base/cpu_count.h): OMP_NUM_THREADS if set, else the usable physical cores.
 void LimitIntraOpThreads(int32_t threads);
 
 // One batched decode step: pool row rows[i] absorbs tokens[i].

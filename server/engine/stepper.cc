@@ -1,29 +1,13 @@
 #include "server/engine/stepper.h"
 
-#include <sched.h>
-
 #include <algorithm>
 #include <numeric>
-#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
 #include "server/base/log.h"
 
 namespace fwserve {
-namespace {
-
-// CPUs in this process's affinity mask (what taskset or a cpuset allows; a CPU quota such
-// as a Kubernetes limit does not show here), at least 1.
-int32_t AvailableCpus() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
-  return static_cast<int32_t>(std::max(1u, std::thread::hardware_concurrency()));
-}
-
-}  // namespace
-
 bool Stepper::UsesGraphKernel(const fwmodel::Model& model, const std::string& decode_kernel) {
   return decode_kernel == "graph" ||
          (decode_kernel == "native" && model.options().device.is_cuda());
@@ -40,7 +24,7 @@ Stepper::Stepper(const fwmodel::Model& model, const std::string& decode_kernel, 
     options.packed_gemm = packed_gemm;
     options.threads = step_threads;
     auto native = fwmodel::NativeStep::Create(model_, options);
-    options.threads = prefill_threads > 0 ? prefill_threads : AvailableCpus();
+    options.threads = prefill_threads;
     // The prefill thread's instance shares the decode instance's weights where the
     // kernel can (RWKV: the copy is most of a real model's size).
     absl::StatusOr<std::unique_ptr<fwmodel::NativeStep>> native_prefill =

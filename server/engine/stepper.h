@@ -44,7 +44,8 @@ class Stepper {
   // `decode_kernel`: "native", "graph" or "libtorch" (EngineOptions::decode_kernel);
   // `packed_gemm`: the native kernel's GEMMs on libxsmm (EngineOptions::native_gemm == "libxsmm").
   // `model` is not owned and outlives this. `name` names the model in log lines.
-  // step_threads, prefill_threads: EngineOptions::intra_op_threads and prefill_threads.
+  // step_threads, prefill_threads (> 0): EngineOptions::intra_op_threads and
+  // prefill_threads, resolved (ResolveComputeThreads).
   // `pool` (not owned, outlives this): the graph kernel binds it when it is preallocated.
   // `sample_in_step`: the in-place graph step samples too (EngineOptions).
   Stepper(const fwmodel::Model& model, const std::string& decode_kernel, bool packed_gemm,
