@@ -243,14 +243,22 @@ absl::StatusOr<std::vector<SampledToken>> Stepper::SampleApart(
     return sampled;
   }
   std::vector<SampledToken> sampled(requests.size());
-  for (size_t i = 0; i < requests.size(); ++i) {
-    const SampleRequest& r = requests[i];
-    const torch::Tensor row_logits = pool.logits(r.slot);
-    const float* logits = row_logits.data_ptr<float>();
-    sampled[i].token = SampleToken(logits, vocab_, *r.params, *r.rng, *r.recent);
-    sampled[i].logprob =
-        r.logprobs ? static_cast<float>(TokenLogProb(logits, vocab_, sampled[i].token)) : 0.0f;
-  }
+  const torch::Tensor& all_logits = pool.all_logits();
+  const float* logits_base = all_logits.data_ptr<float>();
+  const int64_t row_stride = all_logits.stride(0);
+  // Rows are independent (each draws from its own generator), so they split over the
+  // intra-op threads; the draws are the same however they split.
+  at::parallel_for(
+      0, static_cast<int64_t>(requests.size()), /*grain_size=*/1, [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) {
+          const SampleRequest& r = requests[static_cast<size_t>(i)];
+          const float* logits = logits_base + r.slot * row_stride;
+          SampledToken& out = sampled[static_cast<size_t>(i)];
+          out.token = SampleToken(logits, vocab_, *r.params, *r.rng, *r.recent);
+          out.logprob =
+              r.logprobs ? static_cast<float>(TokenLogProb(logits, vocab_, out.token)) : 0.0f;
+        }
+      });
   return sampled;
 }
 

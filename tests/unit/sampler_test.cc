@@ -2,9 +2,12 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <map>
+#include <set>
 #include <vector>
 
 namespace {
@@ -178,6 +181,165 @@ TEST(SamplerTest, ExpInPlaceMatchesStdExp) {
           << "n=" << n << " i=" << i;
     }
   }
+}
+
+}  // namespace
+
+namespace {
+
+// SampleToken as first written (one scalar pass per stage, a full sort for top_p),
+// frozen here as the reference the reworked sampler must equal draw for draw: same
+// logits, parameters and generator state give the same token and leave the generator
+// in the same state.
+int64_t ReferenceSampleToken(const float* raw_logits, int64_t vocab, const SamplingParams& params,
+                             std::mt19937_64& rng, const std::vector<int64_t>& recent) {
+  const float* logits = raw_logits;
+  std::vector<float> penalized;
+  if (params.repetition_penalty != 1.0f && !recent.empty()) {
+    penalized.assign(raw_logits, raw_logits + vocab);
+    std::vector<bool> seen(static_cast<size_t>(vocab), false);
+    for (int64_t t : recent) {
+      if (t < 0 || t >= vocab || seen[static_cast<size_t>(t)]) continue;
+      seen[static_cast<size_t>(t)] = true;
+      float& v = penalized[static_cast<size_t>(t)];
+      v = v > 0 ? v / params.repetition_penalty : v * params.repetition_penalty;
+    }
+    logits = penalized.data();
+  }
+  auto value = [&](int64_t i) {
+    return std::isfinite(logits[i]) ? logits[i] : -std::numeric_limits<float>::infinity();
+  };
+  int64_t best = 0;
+  for (int64_t i = 1; i < vocab; ++i) {
+    if (value(i) > value(best)) best = i;
+  }
+  if (params.temperature == 0 || !std::isfinite(value(best))) return best;
+  const double top = value(best);
+  std::vector<double> probs(static_cast<size_t>(vocab));
+  for (int64_t i = 0; i < vocab; ++i) {
+    const float v = value(i);
+    probs[static_cast<size_t>(i)] = std::isfinite(v) ? (v - top) / params.temperature
+                                                     : -std::numeric_limits<double>::infinity();
+  }
+  fwserve::ExpInPlace(probs.data(), probs.size());
+  if (params.top_k > 0 && params.top_k < vocab) {
+    std::vector<double> sorted = probs;
+    const auto kth = sorted.begin() + (params.top_k - 1);
+    std::nth_element(sorted.begin(), kth, sorted.end(), std::greater<double>());
+    const double threshold = *kth;
+    int64_t above = 0;
+    for (double p : probs) above += p > threshold ? 1 : 0;
+    int64_t ties_kept = params.top_k - above;
+    for (double& p : probs) {
+      if (p > threshold) continue;
+      if (p == threshold && ties_kept > 0) {
+        --ties_kept;
+      } else {
+        p = 0;
+      }
+    }
+  }
+  if (params.min_p > 0) {
+    for (double& p : probs) {
+      if (p < params.min_p) p = 0;
+    }
+  }
+  if (params.top_p < 1) {
+    std::vector<int64_t> order;
+    double kept_total = 0;
+    for (int64_t i = 0; i < vocab; ++i) {
+      if (probs[static_cast<size_t>(i)] > 0) {
+        order.push_back(i);
+        kept_total += probs[static_cast<size_t>(i)];
+      }
+    }
+    std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+      const double pa = probs[static_cast<size_t>(a)], pb = probs[static_cast<size_t>(b)];
+      return pa != pb ? pa > pb : a < b;
+    });
+    double cumulative = 0;
+    size_t cut = order.size();
+    for (size_t i = 0; i < order.size(); ++i) {
+      cumulative += probs[static_cast<size_t>(order[i])] / kept_total;
+      if (cumulative >= params.top_p) {
+        cut = i + 1;
+        break;
+      }
+    }
+    for (size_t i = cut; i < order.size(); ++i) probs[static_cast<size_t>(order[i])] = 0;
+  }
+  double mass = 0;
+  for (double p : probs) mass += p;
+  const double u = std::uniform_real_distribution<double>(0.0, mass)(rng);
+  double acc = 0;
+  int64_t last = best;
+  for (int64_t i = 0; i < vocab; ++i) {
+    const double p = probs[static_cast<size_t>(i)];
+    if (p <= 0) continue;
+    acc += p;
+    last = i;
+    if (u < acc) return i;
+  }
+  return last;
+}
+
+TEST(SamplerTest, EveryDrawEqualsTheFirstVersions) {
+  std::mt19937_64 maker(2024);
+  int64_t compared = 0, distinct_tokens = 0;
+  for (int64_t vocab : {1, 3, 7, 8, 9, 33, 256, 1000, 65536}) {
+    for (int trial = 0; trial < (vocab >= 65536 ? 12 : 40); ++trial) {
+      // Logits of several shapes: flat, peaked, with ties, with non-finite values.
+      std::normal_distribution<float> normal(0.0f, trial % 3 == 0 ? 0.5f : 4.0f);
+      std::vector<float> logits(static_cast<size_t>(vocab));
+      for (float& v : logits) v = normal(maker);
+      if (trial % 4 == 1) {
+        for (size_t i = 0; i < logits.size(); i += 3) logits[i] = logits[0];  // ties
+      }
+      if (trial % 5 == 2) {
+        logits[maker() % logits.size()] = std::numeric_limits<float>::quiet_NaN();
+        logits[maker() % logits.size()] = std::numeric_limits<float>::infinity();
+        logits[maker() % logits.size()] = -std::numeric_limits<float>::infinity();
+      }
+      if (trial % 11 == 7) {
+        for (float& v : logits) v = std::numeric_limits<float>::quiet_NaN();  // none finite
+      }
+      SamplingParams params;
+      const int mode = trial % 8;
+      params.temperature = mode == 0 ? 0.0f : mode == 1 ? 0.7f : mode == 2 ? 1e-20f : 1.0f;
+      if (mode == 3) params.top_k = 1 + static_cast<int32_t>(maker() % 50);
+      if (mode == 4) params.top_p = 0.05f + 0.9f * static_cast<float>(trial % 10) / 10;
+      if (mode == 5) params.min_p = 0.05f;
+      if (mode == 6) {
+        params.top_k = 40;
+        params.top_p = 0.9f;
+        params.min_p = 0.01f;
+        params.temperature = 1.3f;
+      }
+      std::vector<int64_t> recent;
+      if (mode == 7 || trial % 3 == 1) {
+        params.repetition_penalty = trial % 2 == 0 ? 1.3f : 0.8f;
+        for (int i = 0; i < 20; ++i) recent.push_back(static_cast<int64_t>(maker() % vocab));
+        recent.push_back(recent.front());  // a repeat
+        recent.push_back(-1);              // out of range: ignored
+      }
+      const uint64_t seed = maker();
+      std::mt19937_64 mine(seed), reference(seed);
+      std::set<int64_t> tokens;
+      for (int draw = 0; draw < 8; ++draw) {
+        const int64_t expected =
+            ReferenceSampleToken(logits.data(), vocab, params, reference, recent);
+        ASSERT_EQ(SampleToken(logits.data(), vocab, params, mine, recent), expected)
+            << "vocab " << vocab << " trial " << trial << " draw " << draw;
+        ASSERT_EQ(mine, reference)
+            << "the generators diverged: vocab " << vocab << " trial " << trial;
+        tokens.insert(expected);
+        ++compared;
+      }
+      distinct_tokens += static_cast<int64_t>(tokens.size());
+    }
+  }
+  // The cases drew real variety, not one token each.
+  EXPECT_GT(distinct_tokens, compared / 4);
 }
 
 }  // namespace
