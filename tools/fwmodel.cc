@@ -6,8 +6,10 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "common/cli_util.h"
 #include "common/load_time_env.h"
 #include "models/blas_check.h"
@@ -21,11 +23,14 @@
 
 ABSL_FLAG(std::string, config, "", "init: path of the config.json to initialise from");
 ABSL_FLAG(uint64_t, seed, 0, "init: initialisation seed; generate: sampling seed");
-ABSL_FLAG(std::string, text_file, "", "score: file whose bytes are scored");
+ABSL_FLAG(std::string, text_file, "",
+          "score: file whose bytes are scored; tokenize: file to encode");
+ABSL_FLAG(bool, vocabulary, false,
+          "tokenize: print every token's bytes (id, then the bytes in hex) instead of encoding");
 ABSL_FLAG(int64_t, window, 0,
           "score: also print the mean loss of every WINDOW consecutive tokens (how loss "
           "changes with context length); 0 = off");
-ABSL_FLAG(bool, json, false, "info, score: print JSON instead of text");
+ABSL_FLAG(bool, json, false, "info, score, tokenize: print JSON instead of text");
 ABSL_FLAG(std::string, prompt, "", "generate: prompt text (empty = start from bos_token_id)");
 ABSL_FLAG(int32_t, max_tokens, 200, "generate: number of tokens to generate");
 ABSL_FLAG(float, temperature, 0.8f, "generate: sampling temperature; 0 = greedy");
@@ -48,6 +53,10 @@ constexpr char kUsage[] = R"(fwmodel: inspect, create, score and sample fwserve 
       Per-token log-probs (contract scoring: fresh state, n-1 values; or with --window the
       mean loss of each N-token window), mean nats/byte and
       bits/byte. --json prints {"logprobs":[...],"mean_nll":x}.
+  fwmodel tokenize DIR --text-file F [--json] | --vocabulary
+      The token ids of a file's bytes under the model's tokenizer (bytes, or the world
+      vocabulary in DIR), one line; --json prints {"tokenizer":..,"ids":[...]}.
+      --vocabulary prints each id that stands for bytes, then those bytes in hex.
   fwmodel generate DIR --prompt S --max-tokens N [--temperature T --top-k K --top-p P --seed N]
       Streams generated text to stdout: sequence-form prefill, then recurrent steps.)";
 
@@ -192,6 +201,32 @@ int Score(const std::string& dir) {
   return 0;
 }
 
+int Tokenize(const std::string& dir) {
+  auto loaded = Load(dir);
+  if (!loaded.ok()) return Fail(loaded.status());
+  auto tokenizer = fwmodel::TextTokenizer::ForModel(loaded->model.config(), dir);
+  if (!tokenizer.ok()) return Fail(tokenizer.status());
+  if (absl::GetFlag(FLAGS_vocabulary)) {
+    for (int64_t id = 0; id < loaded->model.config().vocab_size; ++id) {
+      const std::string bytes = tokenizer->TokenBytes(id);
+      if (!bytes.empty()) std::cout << id << "\t" << absl::BytesToHexString(bytes) << "\n";
+    }
+    return 0;
+  }
+  const std::string path = absl::GetFlag(FLAGS_text_file);
+  if (path.empty())
+    return Fail(absl::InvalidArgumentError("tokenize needs --text-file F or --vocabulary"));
+  auto text = fwmodel::ReadFile(path);
+  if (!text.ok()) return Fail(text.status());
+  const std::vector<int64_t> ids = tokenizer->Encode(*text);
+  if (absl::GetFlag(FLAGS_json)) {
+    std::cout << nlohmann::json{{"tokenizer", tokenizer->name()}, {"ids", ids}}.dump() << "\n";
+  } else {
+    std::cout << absl::StrJoin(ids, " ") << "\n";
+  }
+  return 0;
+}
+
 int Generate(const std::string& dir) {
   fwserve::SamplingParams params;
   params.temperature = absl::GetFlag(FLAGS_temperature);
@@ -255,6 +290,7 @@ int main(int argc, char** argv) {
   if (command == "init") return Init(dir);
   if (command == "score") return Score(dir);
   if (command == "generate") return Generate(dir);
+  if (command == "tokenize") return Tokenize(dir);
   std::fprintf(stderr, "fwmodel: unknown command '%s'\n\n%s\n", command.c_str(), kUsage);
   return 2;
 }
