@@ -4,6 +4,7 @@
 //   BM_SampleToken/V/mode  one draw over V logits, normal(0, 3) as a peaked model's;
 //                          mode 0 greedy, 1 temperature 1, 2 top_p 0.9, 3 top_k 40,
 //                          4 repetition penalty 1.2 over 64 recent tokens.
+//   BM_TokenLogProb/V      the log-probability of one token (requests with logprobs).
 // The reference for speed-ups is the previous build's binary on the same machine, in
 // interleaved rounds.
 #include <benchmark/benchmark.h>
@@ -49,6 +50,24 @@ void BM_SampleToken(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations());
 }
 BENCHMARK(BM_SampleToken)->ArgsProduct({{65536}, {0, 1, 2, 3, 4}})->Unit(benchmark::kMicrosecond);
+
+// TokenLogProb: the log-probability a request with logprobs gets for each token.
+void BM_TokenLogProb(benchmark::State& state) {
+  const int64_t vocab = state.range(0);
+  std::vector<float> logits(static_cast<size_t>(vocab));
+  std::mt19937_64 fill(7);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  for (float& v : logits) v = normal(fill);
+  double sum = 0;
+  int64_t token = 0;
+  for (auto _ : state) {
+    sum += fwserve::TokenLogProb(logits.data(), vocab, token);
+    token = (token + 7919) % vocab;
+  }
+  benchmark::DoNotOptimize(sum);
+  state.SetItemsProcessed(state.iterations());
+}
+BENCHMARK(BM_TokenLogProb)->Arg(65536)->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 

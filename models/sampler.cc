@@ -223,16 +223,24 @@ absl::Status SamplingParams::Validate() const {
 }
 
 double TokenLogProb(const float* logits, int64_t vocab, int64_t token) {
-  double top = -std::numeric_limits<double>::infinity();
-  for (int64_t i = 0; i < vocab; ++i) {
-    if (std::isfinite(logits[i])) top = std::max<double>(top, logits[i]);
-  }
-  if (token < 0 || token >= vocab || !std::isfinite(logits[token]) || !std::isfinite(top)) {
+  if (token < 0 || token >= vocab || !std::isfinite(logits[token])) {
     return -std::numeric_limits<double>::infinity();
   }
+  const float top = logits[FiniteArgmax(logits, vocab)];  // finite: logits[token] is
+  // exp(logit - top) over the finite logits (the others add exp(-inf) = 0), a block at a
+  // time through the vectorised exp.
+  constexpr int64_t kBlock = 1024;
+  double block[kBlock];
   double total = 0;
-  for (int64_t i = 0; i < vocab; ++i) {
-    if (std::isfinite(logits[i])) total += std::exp(static_cast<double>(logits[i]) - top);
+  for (int64_t begin = 0; begin < vocab; begin += kBlock) {
+    const int64_t n = std::min(kBlock, vocab - begin);
+    for (int64_t i = 0; i < n; ++i) {
+      const float v = logits[begin + i];
+      block[i] = std::isfinite(v) ? static_cast<double>(v) - top
+                                  : -std::numeric_limits<double>::infinity();
+    }
+    ExpInPlace(block, static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) total += block[i];
   }
   return static_cast<double>(logits[token]) - top - std::log(total);
 }

@@ -283,6 +283,37 @@ int64_t ReferenceSampleToken(const float* raw_logits, int64_t vocab, const Sampl
   return last;
 }
 
+// Over a real vocabulary's width (blocks of the vectorised exp, a partial last block)
+// and with non-finite logits, equal to the log-softmax summed with std::exp.
+TEST(SamplerTest, TokenLogProbOverAWideVocabularyIsLogSoftmax) {
+  const int64_t vocab = 65536 + 77;
+  std::mt19937_64 maker(5);
+  std::normal_distribution<float> normal(0.0f, 4.0f);
+  std::vector<float> logits(static_cast<size_t>(vocab));
+  for (float& v : logits) v = normal(maker);
+  logits[10] = std::numeric_limits<float>::quiet_NaN();
+  logits[2000] = -std::numeric_limits<float>::infinity();
+  logits[vocab - 1] = std::numeric_limits<float>::infinity();
+  double top = -std::numeric_limits<double>::infinity();
+  for (float v : logits) {
+    if (std::isfinite(v)) top = std::max<double>(top, v);
+  }
+  double total = 0;
+  for (float v : logits) {
+    if (std::isfinite(v)) total += std::exp(static_cast<double>(v) - top);
+  }
+  for (int64_t token : {int64_t{0}, int64_t{1234}, vocab - 2}) {
+    const double expected =
+        static_cast<double>(logits[static_cast<size_t>(token)]) - top - std::log(total);
+    EXPECT_NEAR(fwserve::TokenLogProb(logits.data(), vocab, token), expected, 1e-9) << token;
+  }
+  for (int64_t token : {int64_t{10}, int64_t{2000}, vocab - 1, vocab, int64_t{-1}}) {
+    EXPECT_EQ(fwserve::TokenLogProb(logits.data(), vocab, token),
+              -std::numeric_limits<double>::infinity())
+        << token;
+  }
+}
+
 TEST(SamplerTest, EveryDrawEqualsTheFirstVersions) {
   std::mt19937_64 maker(2024);
   int64_t compared = 0, distinct_tokens = 0;
