@@ -58,9 +58,11 @@ void GatedAddInPlace(float* __restrict h, const float* __restrict gate, const fl
 FW_VECTOR_KERNEL
 void SquaredRelu(float* v, int64_t n) {
 #pragma omp simd
+  // A select, not std::max: GCC compiled that to a branch per element, mispredicted on
+  // half of them (5% of the served RWKV-7 step).
   for (int64_t i = 0; i < n; ++i) {
-    const float r = std::max(v[i], 0.0f);
-    v[i] = r * r;
+    const float x = v[i];
+    v[i] = x > 0.0f ? x * x : 0.0f;
   }
 }
 
