@@ -5,6 +5,7 @@ Writes OUT_DIR/report.md and OUT_DIR/report.json (plus the raw outputs beside th
   machine      nvidia-smi, the versions used (compiler, CMake, nvcc, PyTorch, LibTorch, protoc)
   model_tests  fwserve_model_tests: the CUDA equivalence cases (CUDA logits and log-probs
                equal the CPU reference within 1e-4 relative, every architecture incl. PKM,
+               RWKV-7 and RWKV-4,
                sequence and recurrent form, TF32 off) and, with CHECK_MODEL_TESTS=all
                (the default), every other model test (ctest, in parallel)
   serving      fwserve --device DEVICE beside fwserve --device cpu, every shipped model:

@@ -312,6 +312,9 @@ TEST_P(GraphedStepTest, MultiStepEqualsSingleStepsWithItsMasks) {
 
 INSTANTIATE_TEST_SUITE_P(AllConfigurations, GraphedStepTest,
                          testing::ValuesIn(fwtest::AllConfigCases()), fwtest::ConfigCaseName);
+// RWKV-7 and RWKV-4: the graph kernel a CUDA server runs them on (eager here).
+INSTANTIATE_TEST_SUITE_P(Rwkv, GraphedStepTest, testing::ValuesIn(fwtest::RwkvConfigCases()),
+                         fwtest::ConfigCaseName);
 
 TEST(GraphedStepBucketsTest, AStepPadsToTheSmallestBucketThatFits) {
   fwmodel::Model model = fwtest::RandomModel(

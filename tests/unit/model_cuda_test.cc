@@ -1,4 +1,5 @@
-// CUDA == CPU (issue 26): for every architecture x ffn x dconv (PKM included), the
+// CUDA == CPU (issues 26, 38): for every architecture x ffn x dconv (PKM included) and
+// RWKV-7 and RWKV-4 (fwtest::RwkvConfigCases), the
 // sequence form's and the recurrent step's logits and log-probs on CUDA equal the CPU
 // reference's in float32 with TF32 off, within 1e-4 relative to the logits' magnitude
 // (1e-4 * (1 + max |logit|), as the form-equivalence tests compare states). Skipped
@@ -181,5 +182,8 @@ INSTANTIATE_TEST_SUITE_P(AllArchitectures, CudaEquivalenceTest,
                          [](const testing::TestParamInfo<Case>& info) {
                            return info.param.Name();
                          });
+// RWKV-7 (with heads of 64, the real models') and RWKV-4 (issue 38).
+INSTANTIATE_TEST_SUITE_P(Rwkv, CudaEquivalenceTest, testing::ValuesIn(fwtest::RwkvConfigCases()),
+                         fwtest::ConfigCaseName);
 
 }  // namespace

@@ -74,12 +74,32 @@ double MaxAbsDiff(const torch::Tensor& a, const torch::Tensor& b) {
 }
 
 fwmodel::ModelConfig ConfigCase::Config() const {
+  if (arch == fwmodel::Architecture::kRwkv7 || arch == fwmodel::Architecture::kRwkv4) {
+    fwmodel::ModelConfig config;
+    config.architecture = arch;
+    config.d_model = d_model;
+    config.n_layers = 2;
+    config.n_heads = n_heads;
+    config.d_ff = d_model * 3 / 2;
+    config.vocab_size = 256;
+    config.tie_embeddings = d_model < 64;
+    if (arch == fwmodel::Architecture::kRwkv7) {
+      config.decay_low_rank_dim = 9;
+      config.a_low_rank_dim = 8;
+      config.v_low_rank_dim = 5;
+      config.gate_low_rank_dim = 12;
+    }
+    return config;
+  }
   fwmodel::ModelConfig config = TinyConfig(arch, ffn, dconv, nu, /*tie=*/dconv == 0);
   config.d_model = d_model;
   return pkm ? WithPkm(config) : config;
 }
 
 std::string ConfigCase::Name() const {
+  if (arch == fwmodel::Architecture::kRwkv7 || arch == fwmodel::Architecture::kRwkv4) {
+    return absl::StrCat(fwmodel::ArchitectureName(arch), "_d", d_model, "_heads", n_heads);
+  }
   return absl::StrCat(fwmodel::ArchitectureName(arch), "_", fwmodel::FfnKindName(ffn), "_dconv",
                       dconv, "_nu", nu, pkm ? "_pkm" : "",
                       d_model == 16 ? "" : absl::StrCat("_d", d_model));
@@ -102,6 +122,15 @@ std::vector<ConfigCase> AllConfigCases() {
     for (int dconv : {0, 3}) cases.push_back({arch, FfnKind::kGeglu, dconv, 2, /*pkm=*/true});
   }
   return cases;
+}
+
+std::vector<ConfigCase> RwkvConfigCases() {
+  using fwmodel::Architecture;
+  using fwmodel::FfnKind;
+  return {
+      {Architecture::kRwkv7, FfnKind::kSquaredRelu, 0, 1, false, /*d_model=*/32, /*n_heads=*/4},
+      {Architecture::kRwkv7, FfnKind::kSquaredRelu, 0, 1, false, /*d_model=*/64, /*n_heads=*/1},
+      {Architecture::kRwkv4, FfnKind::kSquaredRelu, 0, 1, false, /*d_model=*/40, /*n_heads=*/1}};
 }
 
 }  // namespace fwtest

@@ -37,12 +37,17 @@ struct ConfigCase {
   int nu;
   bool pkm = false;  // block 1's FFN is a product-key memory
   int d_model = 16;  // TinyConfig's; others give head widths that are not a multiple of 8
+  int n_heads = 2;   // TinyConfig's
 
+  // An RWKV case (RwkvConfigCases) ignores ffn, dconv, nu and pkm: RWKV-7 has its LoRA
+  // ranks off the vector width, RWKV-4 one head; the head is tied when d_model < 64.
   fwmodel::ModelConfig Config() const;
   // For test names: e.g. "aft_geglu_dconv3_nu2_pkm".
   std::string Name() const;
 };
 std::vector<ConfigCase> AllConfigCases();
+// RWKV-7 with heads of 8 and with one head of 64 (the real models' width), and RWKV-4.
+std::vector<ConfigCase> RwkvConfigCases();
 // A parameterised test's name for its ConfigCase (its Name()).
 std::string ConfigCaseName(const testing::TestParamInfo<ConfigCase>& info);
 
