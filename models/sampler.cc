@@ -133,11 +133,21 @@ void RelativeProbabilities(const float* logits, int64_t vocab, float top, float 
 // Keeps the k most likely (k < probs->size()); among equals at the boundary, the lowest
 // ids. The rest become 0.
 void KeepTopK(int64_t k, std::vector<double>* probs) {
-  thread_local std::vector<double> sorted;
-  sorted.assign(probs->begin(), probs->end());
-  const auto kth = sorted.begin() + (k - 1);
-  std::nth_element(sorted.begin(), kth, sorted.end(), std::greater<double>());
-  const double threshold = *kth;
+  // The k-th largest value: a heap of the k largest seen (most values are rejected by
+  // one comparison with its least) for the usual small k, a selection over a copy else.
+  thread_local std::vector<double> largest;
+  double threshold;
+  if (k <= 4096) {
+    largest.resize(static_cast<size_t>(k));
+    std::partial_sort_copy(probs->begin(), probs->end(), largest.begin(), largest.end(),
+                           std::greater<double>());
+    threshold = largest.back();
+  } else {
+    largest.assign(probs->begin(), probs->end());
+    const auto kth = largest.begin() + (k - 1);
+    std::nth_element(largest.begin(), kth, largest.end(), std::greater<double>());
+    threshold = *kth;
+  }
   int64_t above = 0;
   for (double p : *probs) above += p > threshold ? 1 : 0;
   int64_t ties_kept = k - above;

@@ -337,7 +337,11 @@ TEST(SamplerTest, EveryDrawEqualsTheFirstVersions) {
       SamplingParams params;
       const int mode = trial % 8;
       params.temperature = mode == 0 ? 0.0f : mode == 1 ? 0.7f : mode == 2 ? 1e-20f : 1.0f;
-      if (mode == 3) params.top_k = 1 + static_cast<int32_t>(maker() % 50);
+      if (mode == 3) {
+        // Both ways of finding the k-th largest: a heap (k <= 4096) and a selection.
+        params.top_k =
+            static_cast<int32_t>(trial / 8 % 2 == 0 ? 1 + maker() % 50 : 4000 + maker() % 200);
+      }
       if (mode == 4) params.top_p = 0.05f + 0.9f * static_cast<float>(trial % 10) / 10;
       if (mode == 5) params.min_p = 0.05f;
       if (mode == 6) {
