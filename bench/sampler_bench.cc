@@ -16,12 +16,18 @@
 
 namespace {
 
-void BM_SampleToken(benchmark::State& state) {
-  const int64_t vocab = state.range(0);
+// normal(0, 3) logits, as a peaked model's.
+std::vector<float> RandomLogits(int64_t vocab) {
   std::vector<float> logits(static_cast<size_t>(vocab));
   std::mt19937_64 fill(7);
   std::normal_distribution<float> normal(0.0f, 3.0f);
   for (float& v : logits) v = normal(fill);
+  return logits;
+}
+
+void BM_SampleToken(benchmark::State& state) {
+  const int64_t vocab = state.range(0);
+  const std::vector<float> logits = RandomLogits(vocab);
   fwserve::SamplingParams params;
   std::vector<int64_t> recent;
   switch (state.range(1)) {
@@ -54,10 +60,7 @@ BENCHMARK(BM_SampleToken)->ArgsProduct({{65536}, {0, 1, 2, 3, 4}})->Unit(benchma
 // TokenLogProb: the log-probability a request with logprobs gets for each token.
 void BM_TokenLogProb(benchmark::State& state) {
   const int64_t vocab = state.range(0);
-  std::vector<float> logits(static_cast<size_t>(vocab));
-  std::mt19937_64 fill(7);
-  std::normal_distribution<float> normal(0.0f, 3.0f);
-  for (float& v : logits) v = normal(fill);
+  const std::vector<float> logits = RandomLogits(vocab);
   double sum = 0;
   int64_t token = 0;
   for (auto _ : state) {

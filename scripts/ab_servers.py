@@ -33,7 +33,11 @@ def main():
     ap.add_argument("a", help="the baseline fwserve binary")
     ap.add_argument("b", help="the fwserve binary compared with it")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--archs", default="aft,fast_weight")
+    ap.add_argument("--archs", default="aft,fast_weight",
+                    help="shipped models (models/pretrained/ARCH-shakespeare)")
+    ap.add_argument("--model-dirs", default="",
+                    help="comma-separated model directories, in place of --archs (e.g. "
+                    "/tmp/fwserve-rwkv7-0.1b, which scripts/bench_mb_sessions.py writes)")
     ap.add_argument("--concurrency", default="1,64", help="comma-separated stream counts")
     ap.add_argument("--duration", default="8s")
     ap.add_argument("--server-flags", default="", help="extra flags for both, space-separated")
@@ -45,10 +49,14 @@ def main():
     if args.rounds < 1:
         ap.error("--rounds must be at least 1, got %d" % args.rounds)
     flags = args.server_flags.split()
-    for arch in args.archs.split(","):
-        model_dir = os.path.join(REPO, "models", "pretrained", arch + "-shakespeare")
+    if args.model_dirs:
+        models = [(os.path.basename(d.rstrip("/")), d) for d in args.model_dirs.split(",")]
+    else:
+        models = [(arch, os.path.join(REPO, "models", "pretrained", arch + "-shakespeare"))
+                  for arch in args.archs.split(",")]
+    for arch, model_dir in models:
         if not os.path.isdir(model_dir):
-            ap.error("--archs: no shipped model '%s'" % (arch + "-shakespeare"))
+            ap.error("no model directory %s" % model_dir)
         tok_ratios, itl_ratios = {}, {}
         for r in range(args.rounds):
             a = measure(args.build_dir, args.a, model_dir, args.concurrency, args.duration,
