@@ -24,6 +24,11 @@ using native::ParallelRows;
 
 // Rows per task of the per-session loops; below it the loop stays on one thread.
 constexpr int64_t kRowGrain = 8;
+// And at least this many floats of state read and written per task (a layer's state
+// per session times its tokens): a team's start and join cost more than a smaller share
+// saves. aft's 1.5K floats a layer went 0.77x the tokens/s at 16 streams on two threads
+// with 8 sessions a task (docs/benchmarks.md).
+constexpr int64_t kStateFloatsPerTask = 32768;
 // Rows per task of a projection (a libxsmm kernel call each): smaller products stay on
 // the calling thread.
 constexpr int64_t kGemmRowGrain = 32;
@@ -351,7 +356,11 @@ absl::Status NativeStep::Absorb(absl::Span<const int64_t> tokens, int64_t steps,
     float* conv_base = l.conv_state >= 0 ? pool->tensors[l.conv_state].data_ptr<float>() : nullptr;
     const int64_t conv_row = l.conv_state >= 0 ? pool->tensors[l.conv_state].stride(0) : 0;
 
-    ParallelRows(threads, B, kRowGrain, [&](int64_t begin, int64_t end) {
+    int64_t state_floats = l.conv_state >= 0 ? conv_row : 0;
+    for (int j = 0; j < l.mixer_states; ++j) state_floats += mixer_row[j];
+    const int64_t sessions_per_task =
+        std::max(kRowGrain, kStateFloatsPerTask / std::max<int64_t>(1, state_floats * T));
+    ParallelRows(threads, B, sessions_per_task, [&](int64_t begin, int64_t end) {
       std::vector<float> scratch(static_cast<size_t>(d + mixer_scratch));
       if (K >= 2) {  // the dconv of every token first: it does not depend on the mixer
         float* saved = scratch.data();

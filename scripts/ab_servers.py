@@ -65,7 +65,9 @@ def main():
                         flags + args.b_flags.split())
             for c in sorted(a):
                 tok_ratios.setdefault(c, []).append(b[c][0] / a[c][0])
-                itl_ratios.setdefault(c, []).append(b[c][1] / a[c][1])
+                # An ITL p50 of 0 (tokens arriving several to a message) has no ratio.
+                itl_ratios.setdefault(c, []).append(
+                    b[c][1] / a[c][1] if a[c][1] > 0 else float("nan"))
                 print("%s round %d, %d streams: A %.0f tok/s ITL p50 %.3f ms | B %.0f tok/s ITL "
                       "p50 %.3f ms | B/A tok/s %.3f ITL %.3f" % (
                           arch, r + 1, c, a[c][0], a[c][1], b[c][0], b[c][1],
