@@ -19,6 +19,9 @@
 //                      (models/native_rwkv.h) over B rows, as BM_NativeStep; counter
 //                      "flops": the GEMMs' FLOP per second (head included), to compare
 //                      with BM_SgemmPeak's; baseline BM_Rwkv7Step (LibTorch's step)
+//   BM_Rwkv7NativeStepBf16 the same model with its weights rounded to bf16 (as real
+//                      checkpoints ship): the kernel keeps them in 16 bits and computes
+//                      in float32 (packed_linear.h); baseline BM_Rwkv7NativeStep
 //
 // Rates are per wall-clock second (UseRealTime): the native step and OpenBLAS run on
 // worker threads too, whose CPU time the default (the main thread's CPU time) leaves
@@ -231,6 +234,18 @@ const fwmodel::Model& Rwkv7Model() {
   return *model;
 }
 
+// Rwkv7Model with every weight rounded to the nearest bf16 value (held in float32, as
+// the loader widens a bf16 checkpoint), made once.
+const fwmodel::Model& Rwkv7Bf16Model() {
+  static const fwmodel::Model* const model = [] {
+    const fwmodel::Model& f32 = Rwkv7Model();
+    auto weights = f32.ExportWeights();
+    for (auto& [name, t] : weights) t = t.to(torch::kBFloat16).to(torch::kFloat32);
+    return new fwmodel::Model(std::move(*fwmodel::Model::Create(f32.config(), std::move(weights))));
+  }();
+  return *model;
+}
+
 // FLOP of the GEMMs of one token's step: every weight matrix multiplied (the head
 // included; not the embedding lookup, nor the state's products).
 double Rwkv7GemmFlopsPerToken(const fwmodel::Model& model) {
@@ -261,6 +276,12 @@ void BM_Rwkv7Step(benchmark::State& state) {
 void BM_Rwkv7NativeStep(benchmark::State& state) {
   RunNativeStep(state, Rwkv7Model(), state.range(0));
   SetRwkv7Counters(state, state.range(0));
+}
+
+void BM_Rwkv7NativeStepBf16(benchmark::State& state) {
+  RunNativeStep(state, Rwkv7Bf16Model(), state.range(0));
+  SetRwkv7Counters(state, state.range(0));
+  state.SetLabel("rwkv7_0.1b_bf16");
 }
 
 // RWKV-7 at the 0.1B shape: one session absorbs a prompt of range(0) tokens through the
@@ -324,6 +345,15 @@ BENCHMARK(BM_PrefillByStep)
 BENCHMARK(BM_Rwkv7Step)->Arg(1)->Arg(64)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_Rwkv7NativeStep)
     ->Arg(1)
+    ->Arg(16)
+    ->Arg(64)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK(BM_Rwkv7NativeStepBf16)
+    ->Arg(1)
+    ->Arg(2)
+    ->Arg(4)
+    ->Arg(8)
     ->Arg(16)
     ->Arg(64)
     ->Unit(benchmark::kMillisecond)

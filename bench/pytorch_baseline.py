@@ -26,6 +26,11 @@ prints the mean NLL in nats/token; with --fwmodel PATH it also runs
 `PATH score DIR --text-file ... --json` on the same bytes and fails (exit 1) when
 the two differ by more than --check-tol.
 
+--matmul-dtype bf16 (RWKV-7 only) keeps every weight matrix in bfloat16 and runs the
+matrix products in bfloat16 (activations cast to it, results back to float32): what a
+user gets by `.to(torch.bfloat16)` on the weights, to compare with fwserve's 16-bit
+weights (which compute in float32). The elementwise work stays float32.
+
 --device cuda (or cuda:N) runs the same eager code on a GPU (PyTorch 2.x: the weights
 are moved there and torch.set_default_device puts every tensor made afterwards there;
 each timed part ends with torch.cuda.synchronize()). The default is cpu.
@@ -39,6 +44,7 @@ Usage:
       --check /work/shared/data/tinyshakespeare.txt --fwmodel build/tools/fwmodel
 """
 import argparse
+import functools
 import json
 import math
 import os
@@ -252,20 +258,27 @@ def read_safetensors(path, expected):
 #   (weight 1 at the current slot, 0 elsewhere, bias 0), again exact.
 
 
-def both(weight):
-    """A linear map's weight [out, in] in both layouts: (W for gemv, W^T for gemm)."""
+def both(weight, dtype=None):
+    """A linear map's weight [out, in] in both layouts: (W for gemv, W^T for gemm), in
+    `dtype` when given (the products then run in it: matmul below)."""
+    if dtype is not None:
+        weight = weight.to(dtype)
     return weight.contiguous(), weight.t().contiguous()
 
 
 # x [B, in] times W^T. At B = 1 these use gemv: BLAS gemm with one row costs about
 # three times as much per call here, and a batch-1 step is mostly such calls.
 def matmul(x, w, out=None):
+    if w[0].dtype != x.dtype:  # --matmul-dtype: the product in the weights' dtype
+        return matmul(x.to(w[0].dtype), w).to(x.dtype)
     if x.shape[0] == 1:
         return torch.mv(w[0], x[0], out=None if out is None else out[0]).unsqueeze(0)
     return torch.mm(x, w[1], out=out)
 
 
 def addmatmul(bias, x, w):
+    if w[0].dtype != x.dtype:
+        return bias + matmul(x, w)
     if x.shape[0] == 1:
         return torch.addmv(bias, w[0], x[0]).unsqueeze(0)
     return torch.addmm(bias, x, w[1])
@@ -273,6 +286,8 @@ def addmatmul(bias, x, w):
 
 def addmatmul_(acc, x, w):
     """acc += x W^T, in place."""
+    if w[0].dtype != x.dtype:
+        return acc.add_(matmul(x, w))
     if x.shape[0] == 1:
         acc[0].addmv_(w[0], x[0])
     else:
@@ -520,10 +535,11 @@ class Rwkv7State:
 class Rwkv7LM:
     DECAY_SCALE = -math.exp(-0.5)
 
-    def __init__(self, model_dir, cfg, device="cpu"):
+    def __init__(self, model_dir, cfg, device="cpu", matmul_dtype=None):
         self.name = os.path.basename(os.path.normpath(model_dir))
         self.cfg = cfg
         w = read_safetensors(os.path.join(model_dir, "model.safetensors"), rwkv7_tensors(cfg))
+        pair = functools.partial(both, dtype=matmul_dtype)
         if device != "cpu":
             w = {name: t.to(device) for name, t in w.items()}
             torch.set_default_device(device)
@@ -532,7 +548,7 @@ class Rwkv7LM:
         self.emb = w["emb.weight"]
         self.ln0 = (w["blocks.0.ln0.weight"], w["blocks.0.ln0.bias"])
         self.ln_out = (w["ln_out.weight"], w["ln_out.bias"])
-        self.head = both(w["emb.weight"] if cfg["tie_embeddings"] else w["head.weight"])
+        self.head = pair(w["emb.weight"] if cfg["tie_embeddings"] else w["head.weight"])
         self.blocks = []
         for i in range(cfg["n_layers"]):
             g = lambda n: w[f"blocks.{i}.{n}"]
@@ -541,14 +557,14 @@ class Rwkv7LM:
                    # The six mixes stacked: [6, 1, d] (r, w, k, v, a, g).
                    "mix": torch.stack([g(f"att.x_{x}") for x in "rwkvag"]).unsqueeze(1),
                    "k_k": g("att.k_k"), "k_a": g("att.k_a"), "r_k": g("att.r_k"),
-                   "ffn_x_k": g("ffn.x_k"), "key": both(g("ffn.key.weight")),
-                   "value": both(g("ffn.value.weight"))}
+                   "ffn_x_k": g("ffn.x_k"), "key": pair(g("ffn.key.weight")),
+                   "value": pair(g("ffn.value.weight"))}
             for p in ("receptance", "key", "value", "output"):
-                blk["att." + p] = both(g(f"att.{p}.weight"))
+                blk["att." + p] = pair(g(f"att.{p}.weight"))
             for p in ("w", "a", "v", "g"):
                 if p == "v" and i == 0:
                     continue
-                blk[p + "1"], blk[p + "2"] = both(g(f"att.{p}1")), both(g(f"att.{p}2"))
+                blk[p + "1"], blk[p + "2"] = pair(g(f"att.{p}1")), pair(g(f"att.{p}2"))
                 if p != "g":
                     blk[p + "0"] = g(f"att.{p}0")
             self.blocks.append(blk)
@@ -596,10 +612,12 @@ class Rwkv7LM:
         return matmul(F.layer_norm(h, (d,), *self.ln_out, eps), self.head)
 
 
-def load_model(model_dir, device="cpu"):
+def load_model(model_dir, device="cpu", matmul_dtype=None):
     cfg = load_config(model_dir)
     if cfg["architecture"] == "rwkv7":
-        return Rwkv7LM(model_dir, cfg, device)
+        return Rwkv7LM(model_dir, cfg, device, matmul_dtype)
+    if matmul_dtype is not None:
+        raise ValueError("--matmul-dtype bf16 is for rwkv7 checkpoints only")
     return RecurrentLM(model_dir, device)
 
 
@@ -667,7 +685,7 @@ def run_mode(model, mode, args):
             "tokens_per_second": round(batch * steps / seconds, 1),
             "ms_per_step": round(1000 * seconds / steps, 4),
             "threads": torch.get_num_threads(), "tokens": args.tokens, "streams": batch * sessions,
-            "device": args.device}
+            "device": args.device, "matmul_dtype": args.matmul_dtype}
 
 
 def check(model, args):
@@ -709,6 +727,8 @@ def main():
                     help="untimed prompt steps per stream before each timed part (>= 1)")
     ap.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
     ap.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
+    ap.add_argument("--matmul-dtype", choices=("f32", "bf16"), default="f32",
+                    help="rwkv7: weight matrices and their products in this dtype")
     ap.add_argument("--check", metavar="TEXTFILE", help="score TEXTFILE's first bytes")
     ap.add_argument("--check-bytes", type=int, default=2000)
     ap.add_argument("--fwmodel", metavar="PATH", help="compare --check with `PATH score`")
@@ -723,7 +743,8 @@ def main():
         modes = ["batch1"]
     torch.set_num_threads(args.threads)
     with torch.inference_mode():
-        model = load_model(args.model_dir, args.device)
+        model = load_model(args.model_dir, args.device,
+                           torch.bfloat16 if args.matmul_dtype == "bf16" else None)
         ok = check(model, args) if args.check else True
         for mode in modes:
             print(json.dumps(run_mode(model, mode, args)), flush=True)

@@ -31,13 +31,16 @@ constexpr float kDecayScale = static_cast<float>(-0.60653065971263342);
 
 using Panels = NativeRwkv::Panels;
 
-Panels MakePanels(const float* w, int64_t out, int64_t in, bool packed) {
+// narrow: keep the weights in 16 bits when every value of the projection is exact in
+// them (the decision is the whole projection's).
+Panels MakePanels(const float* w, int64_t out, int64_t in, bool packed, bool narrow) {
   Panels p;
   p.in = in;
   p.out = out;
+  p.format = narrow ? PackedLinear::ExactFormat(w, out * in) : WeightFormat::kF32;
   for (int64_t first = 0; first < out; first += NativeRwkv::kPanelColumns) {
     const int64_t width = std::min(NativeRwkv::kPanelColumns, out - first);
-    p.panels.emplace_back(w + first * in, width, in, packed);
+    p.panels.emplace_back(w + first * in, width, in, packed, p.format);
   }
   return p;
 }
@@ -322,8 +325,19 @@ std::unique_ptr<NativeRwkv> NativeRwkv::SharingWeights(const NativeRwkv& other) 
   return step;
 }
 
-absl::StatusOr<std::unique_ptr<NativeRwkv>> NativeRwkv::Create(const Model& model,
-                                                               bool packed_gemm) {
+std::string NativeRwkv::weight_format() const {
+  std::string formats;
+  for (WeightFormat f : {WeightFormat::kBf16, WeightFormat::kF16, WeightFormat::kF32}) {
+    if (weights_->formats[static_cast<int>(f)] == 0) continue;
+    absl::StrAppend(&formats, formats.empty() ? "" : "+", WeightFormatName(f));
+  }
+  return formats;
+}
+
+int NativeRwkv::weight_bits() const { return weights_->formats[0] == 0 ? 16 : 32; }
+
+absl::StatusOr<std::unique_ptr<NativeRwkv>> NativeRwkv::Create(const Model& model, bool packed_gemm,
+                                                               bool narrow_weights) {
   const ModelConfig& c = model.config();
   if (!c.is_rwkv() || !model.options().device.is_cpu() ||
       model.options().dtype != torch::kFloat32) {
@@ -339,7 +353,9 @@ absl::StatusOr<std::unique_ptr<NativeRwkv>> NativeRwkv::Create(const Model& mode
     auto weight = [&](const std::string& name) { return read.Kept(name); };
     auto panels = [&](const std::string& name) {
       torch::Tensor t = tensor(name);
-      return MakePanels(t.data_ptr<float>(), t.size(0), t.size(1), packed_gemm);
+      Panels p = MakePanels(t.data_ptr<float>(), t.size(0), t.size(1), packed_gemm, narrow_weights);
+      ++weights->formats[static_cast<int>(p.format)];
+      return p;
     };
     auto state_index = [&](int layer, const char* suffix) {
       return read.StateIndex(layer, suffix);

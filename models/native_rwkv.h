@@ -16,6 +16,11 @@
 // step at batch 1 (the 0.1B model's head alone is 200 MB). Stages under 4M
 // multiply-adds stay on the calling thread (native_rwkv.cc, kParallelMacs).
 //
+// Weights exactly representable in 16 bits (real checkpoints ship in bf16 or f16 and the
+// loader widens them) are kept in 16 bits only, per projection (every value must
+// round-trip, PackedLinear::ExactFormat), halving what a batch-1 step reads; products
+// still compute in float32 (packed_linear.h).
+//
 // Ownership: copies the weights it multiplies (packed) and keeps contiguous views of the
 // others; the Model must outlive it. Thread-safety: Absorb uses the object's scratch;
 // one call at a time.
@@ -23,6 +28,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -36,8 +42,9 @@ class NativeRwkv {
  public:
   // FailedPrecondition unless the model is an rwkv7 or rwkv4 one computing in float32
   // on the CPU.
-  // packed_gemm: NativeStepOptions::packed_gemm.
-  static absl::StatusOr<std::unique_ptr<NativeRwkv>> Create(const Model& model, bool packed_gemm);
+  // packed_gemm, narrow_weights: NativeStepOptions's.
+  static absl::StatusOr<std::unique_ptr<NativeRwkv>> Create(const Model& model, bool packed_gemm,
+                                                            bool narrow_weights = true);
   // Another instance over `other`'s weights (shared, immutable: no second copy), with
   // scratch of its own: the server's decode and prefill threads each hold one.
   static std::unique_ptr<NativeRwkv> SharingWeights(const NativeRwkv& other);
@@ -50,10 +57,17 @@ class NativeRwkv {
 
   ~NativeRwkv();
 
+  // The formats the projections (the head included) keep, in the order bf16, f16, f32,
+  // joined by '+': "bf16", "bf16+f16", "f32"... A projection exact in both 16-bit
+  // formats keeps bf16. weight_bits: 16 when every projection keeps 16 bits, else 32.
+  std::string weight_format() const;
+  int weight_bits() const;
+
   // A projection W [out, in] as panels of at most kPanelColumns output columns.
   struct Panels {
     int64_t in = 0, out = 0;
-    std::vector<PackedLinear> panels;  // panel p: columns [p · kPanelColumns, ...)
+    WeightFormat format = WeightFormat::kF32;  // every panel's
+    std::vector<PackedLinear> panels;          // panel p: columns [p · kPanelColumns, ...)
   };
   static constexpr int64_t kPanelColumns = 128;
 
@@ -67,6 +81,8 @@ class NativeRwkv {
     const float* emb = nullptr;
     const float *ln0_w = nullptr, *ln0_b = nullptr, *ln_out_w = nullptr, *ln_out_b = nullptr;
     Panels head;
+    // Projections per WeightFormat (indexed by its value).
+    int64_t formats[3] = {0, 0, 0};
     ~Weights();
   };
   explicit NativeRwkv(const Model& model);

@@ -135,6 +135,12 @@ NativeStep::NativeStep(const Model& model, int32_t threads) : model_(model), thr
 int NativeStep::Threads() const { return threads_ > 0 ? threads_ : at::get_num_threads(); }
 NativeStep::~NativeStep() = default;
 
+std::string NativeStep::weight_format() const {
+  return rwkv_ != nullptr ? rwkv_->weight_format() : "f32";
+}
+
+int NativeStep::weight_bits() const { return rwkv_ != nullptr ? rwkv_->weight_bits() : 32; }
+
 absl::StatusOr<std::unique_ptr<NativeStep>> NativeStep::CreateSharing(
     const NativeStep& other, const NativeStepOptions& options) {
   if (other.rwkv_ == nullptr) return Create(other.model_, options);
@@ -158,7 +164,7 @@ absl::StatusOr<std::unique_ptr<NativeStep>> NativeStep::Create(const Model& mode
   }
   std::unique_ptr<NativeStep> step(new NativeStep(model, options.threads));
   if (model.config().is_rwkv()) {
-    auto rwkv = NativeRwkv::Create(model, options.packed_gemm);
+    auto rwkv = NativeRwkv::Create(model, options.packed_gemm, options.narrow_weights);
     if (!rwkv.ok()) return rwkv.status();
     step->rwkv_ = std::move(*rwkv);
     return step;

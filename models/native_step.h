@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -40,6 +41,10 @@ struct NativeStepOptions {
   // instance's calls run one at a time, so two instances on two threads (the server's
   // engine and prefill threads) may be given different counts.
   int32_t threads = 0;
+  // The RWKV kernel (native_rwkv.h) keeps a projection's weights in 16 bits (bf16 or
+  // f16) when every value of it is exact in them, computing in float32 all the same;
+  // false: float32 weights always (the A/B baseline). The other kernels keep float32.
+  bool narrow_weights = true;
 };
 
 class NativeStep {
@@ -69,6 +74,12 @@ class NativeStep {
                       absl::Span<const int64_t> rows, State* pool, float* logits);
 
   ~NativeStep();
+
+  // The formats the projections' weights are kept in (NativeRwkv::weight_format: "bf16",
+  // "bf16+f16", "f32"...; always "f32" outside the RWKV kernel), and their bits (16 when
+  // every projection keeps 16, else 32).
+  std::string weight_format() const;
+  int weight_bits() const;
 
  private:
   struct Layer;

@@ -5,10 +5,11 @@ model of the 0.1B G1 shape with random weights (docs/models.md: 2,433,024 state 
 session). Standard library only.
 
 Usage: scripts/bench_mb_sessions.py [--build build] [--shape 0.1b|13mb] [--model-dir DIR]
-                                    [--rounds 5] [--store dir|redis]
+                                    [--storage-dtype F32|BF16] [--rounds 5] [--store dir|redis]
   --shape: 0.1b (2.4 MB of state a session) or 13mb (a 1.5B model's state size: 200
   layers of width 256); --model-dir: an existing checkpoint; default: written once with
-  `fwmodel init` into /tmp/fwserve-rwkv7-SHAPE.
+  `fwmodel init` into /tmp/fwserve-rwkv7-SHAPE (…-SHAPE-bf16 with --storage-dtype BF16:
+  the same random model stored in bf16).
 Prints one table row per operation: median and range of its latency over the rounds.
 """
 import argparse
@@ -47,7 +48,9 @@ def free_port():
         return s.getsockname()[1]
 
 
-def make_model(build, path, shape):
+def make_model(build, path, shape, storage_dtype="F32"):
+    """Writes the shape's random checkpoint into `path` once (fwmodel init, seed 1), its
+    tensors stored as storage_dtype (F32, F16 or BF16: the same model rounded)."""
     if os.path.exists(os.path.join(path, "model.safetensors")):
         return path
     os.makedirs(path, exist_ok=True)
@@ -55,7 +58,7 @@ def make_model(build, path, shape):
     with open(config, "w") as f:
         json.dump(SHAPES[shape], f)
     subprocess.run([os.path.join(build, "tools", "fwmodel"), "init", path, "--config", config,
-                    "--seed", "1"], check=True)
+                    "--seed", "1", "--storage-dtype", storage_dtype], check=True)
     shutil.copy(os.path.join(REPO, "tests", "data", "rwkv", "rwkv_vocab_v20230424.txt"), path)
     return path
 
@@ -70,6 +73,9 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", default=os.path.join(REPO, "build"))
     ap.add_argument("--shape", choices=sorted(SHAPES), default="0.1b")
+    ap.add_argument("--storage-dtype", choices=("F32", "F16", "BF16"), default="F32",
+                    help="the written checkpoint's tensors (BF16: as real RWKV checkpoints "
+                    "ship; the native kernel then keeps 16-bit weights)")
     ap.add_argument("--model-dir", default=None,
                     help="default: /tmp/fwserve-rwkv7-SHAPE, written once by fwmodel init")
     ap.add_argument("--rounds", type=int, default=5)
@@ -77,8 +83,10 @@ def main():
                     help="dir: a dir: store in a temporary folder; redis: a redis-server "
                          "started on a free loopback port (no persistence)")
     args = ap.parse_args()
-    model_dir = make_model(args.build, args.model_dir or "/tmp/fwserve-rwkv7-" + args.shape,
-                           args.shape)
+    default_dir = "/tmp/fwserve-rwkv7-" + args.shape + (
+        "" if args.storage_dtype == "F32" else "-" + args.storage_dtype.lower())
+    model_dir = make_model(args.build, args.model_dir or default_dir, args.shape,
+                           args.storage_dtype)
     store = tempfile.mkdtemp(prefix="fwserve-mb-store-")
     key = os.path.join(store, "..", os.path.basename(store) + ".key")
     with open(key, "w") as f:

@@ -3,10 +3,14 @@
 // relative: RWKV-7 with 64-wide heads and with narrow ones (widths off the vector
 // width), and RWKV-4, updating the pool's
 // rows in place and leaving every other row alone; its prefill equals its steps; and
-// splitting a call over threads changes nothing. rwkv_test.cc checks it against
-// rwkv.cpp's trained model.
+// splitting a call over threads changes nothing. With weights exact in bf16 or f16 the
+// kernel keeps them in 16 bits and equals its float32-weight self within 1e-5 relative
+// (decode at batch 1, 3 and 64, prefill); other weights stay float32, per projection.
+// rwkv_test.cc checks it against rwkv.cpp's trained models.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <map>
 #include <numeric>
 #include <random>
 #include <string>
@@ -23,6 +27,63 @@ namespace {
 using fwmodel::Architecture;
 
 constexpr double kTolerance = 1e-4;
+// 16-bit weights against the same values in float32: only the summation order differs.
+constexpr double kNarrowTolerance = 1e-5;
+
+// `model`'s weights rounded to `half` (kBFloat16 or kHalf), held in float32 as the
+// loader widens a 16-bit checkpoint; nudge: this weight's first value moved one float32
+// ulp off the 16-bit grid.
+fwmodel::Model Rounded(const fwmodel::Model& model, torch::ScalarType half,
+                       const std::string& nudge = "") {
+  auto weights = model.ExportWeights();
+  for (auto& [name, t] : weights) t = t.to(half).to(torch::kFloat32).contiguous();
+  if (!nudge.empty()) {
+    float* first = weights.at(nudge).data_ptr<float>();
+    *first = std::nextafter(*first, 1.0f);
+  }
+  auto rounded = fwmodel::Model::Create(model.config(), std::move(weights));
+  EXPECT_TRUE(rounded.ok()) << rounded.status();
+  return std::move(*rounded);
+}
+
+// The native step of `narrow` (16-bit weights) against `wide` (float32 weights, the same
+// values) on one model: `batch` sessions decode four tokens, then two of them (one at
+// batch 1) absorb a nine-token prompt; logits and the whole pool within kNarrowTolerance.
+void ExpectNarrowEqualsWide(const fwmodel::Model& model, fwmodel::NativeStep& narrow,
+                            fwmodel::NativeStep& wide, int64_t batch, const std::string& what) {
+  const int64_t vocab = model.config().vocab_size;
+  fwmodel::State pool_narrow = model.InitialState(batch), pool_wide = model.InitialState(batch);
+  std::vector<int64_t> rows(static_cast<size_t>(batch)), tokens(rows.size());
+  std::iota(rows.begin(), rows.end(), 0);
+  std::mt19937_64 rng(static_cast<uint64_t>(batch));
+  std::shuffle(rows.begin(), rows.end(), rng);
+  std::vector<float> got(static_cast<size_t>(batch * vocab)), want(got.size());
+  auto as_tensor = [&](std::vector<float>& v, int64_t n) {
+    return torch::from_blob(v.data(), {n, vocab}).clone();
+  };
+  for (int step = 0; step < 4; ++step) {
+    for (int64_t& t : tokens) t = static_cast<int64_t>(rng() % static_cast<uint64_t>(vocab));
+    ASSERT_TRUE(narrow.Step(tokens, rows, &pool_narrow, got.data()).ok());
+    ASSERT_TRUE(wide.Step(tokens, rows, &pool_wide, want.data()).ok());
+    fwtest::ExpectNearRelative(as_tensor(got, batch), as_tensor(want, batch), kNarrowTolerance,
+                               absl::StrCat(what, ": logits, batch ", batch, ", step ", step));
+  }
+  std::vector<int64_t> prompt(2 * 9);
+  for (int64_t& t : prompt) t = static_cast<int64_t>(rng() % static_cast<uint64_t>(vocab));
+  std::vector<int64_t> prompt_rows = {rows[0]};
+  if (batch > 1) prompt_rows.push_back(rows[static_cast<size_t>(batch - 1)]);
+  const int64_t prompts = static_cast<int64_t>(prompt_rows.size());
+  prompt.resize(static_cast<size_t>(prompts * 9));
+  ASSERT_TRUE(narrow.Absorb(prompt, 9, prompt_rows, &pool_narrow, got.data()).ok());
+  ASSERT_TRUE(wide.Absorb(prompt, 9, prompt_rows, &pool_wide, want.data()).ok());
+  fwtest::ExpectNearRelative(as_tensor(got, prompts), as_tensor(want, prompts), kNarrowTolerance,
+                             absl::StrCat(what, ": prefill logits, batch ", batch));
+  for (size_t t = 0; t < pool_narrow.tensors.size(); ++t) {
+    fwtest::ExpectNearRelative(
+        pool_narrow.tensors[t], pool_wide.tensors[t], kNarrowTolerance,
+        absl::StrCat(what, ": state ", model.state_spec()[t].name, ", batch ", batch));
+  }
+}
 
 struct RwkvCase {
   std::string name;
@@ -277,6 +338,28 @@ TEST_P(NativeRwkvTest, AnInstanceSharingWeightsRunsBesideTheFirst) {
   }
 }
 
+// Weights rounded to bf16, then to f16: every projection keeps 16 bits (weight_format),
+// and the step equals the float32-weight step on the same values at batch 1, 3 and 64
+// (the AVX-512 kernel up to 4 rows, the widened panels above) and in prefill.
+TEST_P(NativeRwkvTest, SixteenBitWeightsEqualFloat32Weights) {
+  torch::NoGradGuard no_grad;
+  const fwmodel::Model random = fwtest::RandomModel(config_, 31, torch::kFloat32);
+  for (torch::ScalarType half : {torch::kBFloat16, torch::kHalf}) {
+    const fwmodel::Model model = Rounded(random, half);
+    fwmodel::NativeStepOptions wide_options;
+    wide_options.narrow_weights = false;
+    auto narrow = fwmodel::NativeStep::Create(model);
+    auto wide = fwmodel::NativeStep::Create(model, wide_options);
+    ASSERT_TRUE(narrow.ok() && wide.ok());
+    const std::string what = half == torch::kBFloat16 ? "bf16" : "f16";
+    EXPECT_EQ((*narrow)->weight_format(), what);
+    EXPECT_EQ((*narrow)->weight_bits(), 16);
+    EXPECT_EQ((*wide)->weight_format(), "f32");
+    EXPECT_EQ((*wide)->weight_bits(), 32);
+    for (int64_t batch : {1, 3, 64}) ExpectNarrowEqualsWide(model, **narrow, **wide, batch, what);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Shapes, NativeRwkvTest, testing::ValuesIn(Cases()),
                          [](const testing::TestParamInfo<RwkvCase>& info) {
                            return info.param.name;
@@ -302,6 +385,28 @@ TEST(NativeRwkvInputTest, BadArgumentsAreRefusedAndChangeNothing) {
   fwmodel::Model f64 = fwtest::RandomModel(config, 3, torch::kFloat64);
   EXPECT_EQ(fwmodel::NativeStep::Create(f64).status().code(),
             absl::StatusCode::kFailedPrecondition);
+}
+
+// Float32 weights off the 16-bit grids stay float32; the decision is per projection: a
+// bf16 model with one value of one projection off the grid keeps that projection in
+// float32 ("bf16+f32") and still equals its float32-weight self.
+TEST(NativeRwkvWeightFormatTest, WeightsNotExactIn16BitsStayFloat32) {
+  torch::NoGradGuard no_grad;
+  const fwmodel::ModelConfig config = Config(Cases()[0]);
+  const fwmodel::Model random = fwtest::RandomModel(config, 3, torch::kFloat32);
+  auto plain = fwmodel::NativeStep::Create(random);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ((*plain)->weight_format(), "f32");
+  EXPECT_EQ((*plain)->weight_bits(), 32);
+  const fwmodel::Model mixed = Rounded(random, torch::kBFloat16, "blocks.1.att.key.weight");
+  auto narrow = fwmodel::NativeStep::Create(mixed);
+  fwmodel::NativeStepOptions wide_options;
+  wide_options.narrow_weights = false;
+  auto wide = fwmodel::NativeStep::Create(mixed, wide_options);
+  ASSERT_TRUE(narrow.ok() && wide.ok());
+  EXPECT_EQ((*narrow)->weight_format(), "bf16+f32");
+  EXPECT_EQ((*narrow)->weight_bits(), 32);
+  ExpectNarrowEqualsWide(mixed, **narrow, **wide, 3, "mixed");
 }
 
 }  // namespace

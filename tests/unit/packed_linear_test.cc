@@ -1,12 +1,18 @@
 // models/packed_linear.h: both backends equal a float64 reference on the shapes the
 // native step uses and on ragged ones (rows across the 64-row chunks and the 256-row
 // switch to cblas, widths off the vector width), with and without a bias; and where the
-// build has libxsmm on an AVX2 CPU, the small products really run on it.
+// build has libxsmm on an AVX2 CPU, the small products really run on it. 16-bit
+// instances (bf16, f16 weights, exact in them): ExactFormat finds the narrowest exact
+// format, and their products equal the float32 instance's within summation order on
+// every row count either side of kDirectRows, through the AVX-512 kernel, the portable
+// loop and the widened float32 path, keeping half the bytes.
 #include "models/packed_linear.h"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -16,6 +22,7 @@
 namespace {
 
 using fwmodel::PackedLinear;
+using fwmodel::WeightFormat;
 
 struct Product {
   std::vector<float> w, x, bias;
@@ -128,6 +135,143 @@ TEST_P(PackedLinearTest, TheBlasPathReadsWhicheverLayoutIsKept) {
     linear.ApplyWithBlas(p.x.data(), rows, y.data());
     EXPECT_LE(RelativeError(p, false, y), 2e-6) << "rows " << rows;
   }
+}
+
+// Round to the nearest bf16 value (ties to even), kept in float32.
+float RoundToBf16(float v) {
+  uint32_t b;
+  std::memcpy(&b, &v, sizeof(b));
+  b = (b + 0x7fffu + ((b >> 16) & 1u)) & 0xffff0000u;
+  std::memcpy(&v, &b, sizeof(v));
+  return v;
+}
+
+// Values exact in f16 and (but for a few) not in bf16: m · 2^-12, |m| < 2048 (11 bits).
+float RandomF16(std::mt19937& generator) {
+  return static_cast<float>(static_cast<int>(generator() % 4095) - 2047) * 0x1p-12f;
+}
+
+TEST(PackedLinearFormatTest, ExactFormatIsTheNarrowestExactOne) {
+  std::mt19937 generator(3);
+  std::normal_distribution<float> normal;
+  std::vector<float> w(500);
+  for (float& v : w) v = RoundToBf16(normal(generator));
+  EXPECT_EQ(PackedLinear::ExactFormat(w.data(), 500), WeightFormat::kBf16);
+  for (float& v : w) v = RandomF16(generator);
+  EXPECT_EQ(PackedLinear::ExactFormat(w.data(), 500), WeightFormat::kF16);
+  for (float& v : w) v = normal(generator);
+  EXPECT_EQ(PackedLinear::ExactFormat(w.data(), 500), WeightFormat::kF32);
+  // binary16's edges are exact: subnormals, the largest finite value, zeros, infinities.
+  const float inf = std::numeric_limits<float>::infinity();
+  const std::vector<float> edges = {0x1p-24f,       -0x1p-24f, 1023 * 0x1p-24f, 0x1p-14f, 65504.0f,
+                                    -65504.0f,      0.0f,      -0.0f,           inf,      -inf,
+                                    1.5f + 0x1p-10f};
+  EXPECT_EQ(PackedLinear::ExactFormat(edges.data(), static_cast<int64_t>(edges.size())),
+            WeightFormat::kF16);
+  // Each of these is not: past the largest finite value, below the smallest subnormal,
+  // one bit too many, a subnormal's bit too many; a NaN keeps float32 whatever it is.
+  for (float v : {65520.0f, 0x1p-25f, 1.0f + 0x1p-11f, 0x1p-15f + 0x1p-25f,
+                  std::numeric_limits<float>::quiet_NaN()}) {
+    std::vector<float> one = edges;
+    one.push_back(v);
+    EXPECT_EQ(PackedLinear::ExactFormat(one.data(), static_cast<int64_t>(one.size())),
+              WeightFormat::kF32)
+        << v;
+  }
+  // One value off bf16 makes the whole range f16 where it is exact there, else f32.
+  std::uniform_real_distribution<float> uniform(0.5f, 2.0f);
+  for (float& v : w) v = RoundToBf16(uniform(generator));  // 8 bits, f16's range: exact
+  EXPECT_EQ(PackedLinear::ExactFormat(w.data(), 500), WeightFormat::kBf16);
+  w[250] = 1.0f + 0x1p-10f;
+  EXPECT_EQ(PackedLinear::ExactFormat(w.data(), 500), WeightFormat::kF16);
+  w[499] = 1.0f + 0x1p-11f;
+  EXPECT_EQ(PackedLinear::ExactFormat(w.data(), 500), WeightFormat::kF32);
+}
+
+struct Narrow {
+  WeightFormat format;
+  bool libxsmm;
+};
+
+class PackedLinearNarrowTest : public testing::TestWithParam<Narrow> {};
+
+// The 16-bit instance against the float32 instance on the same (exact) weights and
+// the float64 reference, on rows either side of kDirectRows and the 64-row chunks,
+// panel widths 128 and ragged, with and without a bias, into a strided output.
+TEST_P(PackedLinearNarrowTest, EqualsTheFloat32InstanceOnEveryShape) {
+  const Narrow n = GetParam();
+  const int64_t shapes[][2] = {{128, 768}, {128, 128}, {44, 96}, {17, 33}, {1, 7}, {200, 3}};
+  const int64_t row_counts[] = {1, 2, 3, 4, 5, 7, 16, 64, 65, 130};
+  const int64_t ldy_extra = 21;
+  uint32_t seed = 100;
+  for (const auto& shape : shapes) {
+    for (int64_t rows : row_counts) {
+      Product p = RandomProduct(shape[0], shape[1], rows, seed++);
+      std::mt19937 generator(seed);
+      for (float& v : p.w)
+        v = n.format == WeightFormat::kBf16 ? RoundToBf16(v) : RandomF16(generator);
+      ASSERT_EQ(PackedLinear::ExactFormat(p.w.data(), p.out * p.in), n.format);
+      const PackedLinear narrow(p.w.data(), p.out, p.in, n.libxsmm, n.format);
+      const PackedLinear wide(p.w.data(), p.out, p.in, n.libxsmm);
+      ASSERT_EQ(narrow.format(), n.format);
+      ASSERT_EQ(narrow.weight_bytes() * 2, wide.weight_bytes());
+      const int64_t ldy = p.out + ldy_extra;
+      for (bool with_bias : {false, true}) {
+        const std::string what =
+            absl::StrCat("out ", p.out, " in ", p.in, " rows ", rows, " bias ", with_bias);
+        const float* bias = with_bias ? p.bias.data() : nullptr;
+        std::vector<float> want(static_cast<size_t>(rows * p.out));
+        wide.Apply(p.x.data(), rows, bias, want.data());
+        // NaN where nothing is written: every output computed; the extra columns stay.
+        std::vector<float> got(static_cast<size_t>(rows * ldy), std::nanf(""));
+        narrow.Apply(p.x.data(), rows, bias, got.data(), ldy);
+        std::vector<float> packed(static_cast<size_t>(rows * p.out));
+        double worst = 0, scale = 1;
+        for (int64_t r = 0; r < rows; ++r) {
+          for (int64_t c = 0; c < ldy; ++c) {
+            const float g = got[static_cast<size_t>(r * ldy + c)];
+            if (c >= p.out) {
+              ASSERT_TRUE(std::isnan(g)) << what << ": column " << c << " written";
+              continue;
+            }
+            const float w = want[static_cast<size_t>(r * p.out + c)];
+            packed[static_cast<size_t>(r * p.out + c)] = g;
+            worst = std::max(worst, std::isnan(g) ? INFINITY : std::abs(double{g} - w));
+            scale = std::max(scale, std::abs(double{w}));
+          }
+        }
+        EXPECT_LE(worst / scale, 1e-5) << what;
+        EXPECT_LE(RelativeError(p, with_bias, packed), 2e-6) << what;
+        std::vector<float> portable(static_cast<size_t>(rows * p.out), std::nanf(""));
+        narrow.ApplyPortable(p.x.data(), rows, bias, portable.data());
+        EXPECT_LE(RelativeError(p, with_bias, portable), 2e-6) << what << " (portable)";
+      }
+      std::vector<float> blas(static_cast<size_t>(rows * p.out), std::nanf(""));
+      narrow.ApplyWithBlas(p.x.data(), rows, blas.data());
+      EXPECT_LE(RelativeError(p, false, blas), 2e-6) << "blas rows " << rows;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Formats, PackedLinearNarrowTest,
+                         testing::Values(Narrow{WeightFormat::kBf16, true},
+                                         Narrow{WeightFormat::kF16, true},
+                                         Narrow{WeightFormat::kBf16, false},
+                                         Narrow{WeightFormat::kF16, false}),
+                         [](const testing::TestParamInfo<Narrow>& info) {
+                           return absl::StrCat(fwmodel::WeightFormatName(info.param.format),
+                                               info.param.libxsmm ? "Libxsmm" : "OpenBlas");
+                         });
+
+// Where the CPU has AVX-512 (this project's VMs do), up to kDirectRows rows run the
+// hand-written kernel: its result differs from the portable loop's only in rounding.
+TEST(PackedLinearNarrowKernelTest, TheAvx512KernelServesThisCpu) {
+  __builtin_cpu_init();
+  if (!__builtin_cpu_supports("avx512bw") || !__builtin_cpu_supports("avx512vl")) {
+    EXPECT_FALSE(PackedLinear::HasAvx512Kernel());
+    GTEST_SKIP() << "skip: no AVX-512";
+  }
+  EXPECT_TRUE(PackedLinear::HasAvx512Kernel());
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, PackedLinearTest, testing::Bool(),

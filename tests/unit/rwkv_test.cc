@@ -70,6 +70,8 @@ struct TinyCase {
   double difference_sum;
   // Ours, per logit: max |logit − expected|.
   double max_difference;
+  // The native kernel's NativeStep::weight_format for the file.
+  std::string native_weights;
 };
 
 class RwkvCppTinyTest : public ::testing::TestWithParam<TinyCase> {};
@@ -132,6 +134,10 @@ TEST_P(RwkvCppTinyNativeTest, NativeStepLogitsMatchRwkvCpp) {
   const Model& model = loaded->model;
   auto native = NativeStep::Create(model);
   ASSERT_TRUE(native.ok()) << native.status();
+  // The kernel keeps 16-bit weights: rwkv.cpp's FP16 files hold f16 matrices (exact in
+  // bf16 too where their values allow), and the 7v0 FP32 file's values are all bf16.
+  EXPECT_EQ((*native)->weight_format(), c.native_weights);
+  EXPECT_EQ((*native)->weight_bits(), c.native_weights == "f32" ? 32 : 16);
   const std::vector<int64_t> prompt = {34, 105, 110};  // "in
   const int64_t vocab = model.config().vocab_size;
   ASSERT_EQ(vocab, 256);
@@ -160,10 +166,10 @@ std::string TinyCaseName(const ::testing::TestParamInfo<TinyCase>& info) {
 }
 
 const std::vector<TinyCase> kTinyCases = {
-    {"7v0-834K", "FP32", Architecture::kRwkv7, 0.001, 1e-5},
-    {"7v0-834K", "FP16", Architecture::kRwkv7, 0.005766, 1e-5},
-    {"4v0-660K", "FP32", Architecture::kRwkv4, 0.001, 2e-5},
-    {"4v0-660K", "FP16", Architecture::kRwkv4, 0.013652, 5e-3}};
+    {"7v0-834K", "FP32", Architecture::kRwkv7, 0.001, 1e-5, "bf16"},
+    {"7v0-834K", "FP16", Architecture::kRwkv7, 0.005766, 1e-5, "bf16"},
+    {"4v0-660K", "FP32", Architecture::kRwkv4, 0.001, 2e-5, "f32"},
+    {"4v0-660K", "FP16", Architecture::kRwkv4, 0.013652, 5e-3, "bf16+f16"}};
 
 INSTANTIATE_TEST_SUITE_P(Tiny, RwkvCppTinyTest, ::testing::ValuesIn(kTinyCases), TinyCaseName);
 INSTANTIATE_TEST_SUITE_P(Tiny, RwkvCppTinyNativeTest, ::testing::ValuesIn(kTinyCases),
