@@ -139,7 +139,8 @@ ABSL_FLAG(int32_t, threads, 0,
           "(its CPU affinity, capped by a cgroup CPU quota such as a Kubernetes limit)");
 ABSL_FLAG(int32_t, prefill_threads, 0,
           "threads one prefill chunk of the native kernel may use (its projections split "
-          "by rows, its sessions over tasks); 0 = as --threads 0");
+          "by rows, its sessions over tasks); 0 = the physical cores this process may run "
+          "on (its CPU affinity, capped by a cgroup CPU quota)");
 ABSL_FLAG(int32_t, decode_lookahead, 16,
           "tokens a stream may decode beyond its last confirmed write; those sampled while "
           "a write is in flight go out as one message when it returns (1..4096)");

@@ -41,8 +41,8 @@ struct EngineOptions {
   // (--threads; >= 0); 0 = OMP_NUM_THREADS if set, else the physical cores this process
   // may use (server/base/cpu_count.h: affinity mask, cgroup CPU quota).
   int32_t intra_op_threads = 0;
-  // Threads one native prefill chunk may use (--prefill-threads; >= 0); 0 = as
-  // intra_op_threads 0.
+  // Threads one native prefill chunk may use (--prefill-threads; >= 0); 0 = the
+  // physical cores this process may use (UsableCores; OMP_NUM_THREADS does not apply).
   int32_t prefill_threads = 0;
   // The decode step (--decode-kernel): "native" (float32 CPU models,
   // models/native_step.h: fused sgemm projections, state updated in place in the pool;

@@ -32,7 +32,7 @@ Runner::Runner(const fwmodel::Model& model, const EngineOptions& options, StateM
             budget, /*preallocate=*/Stepper::UsesGraphKernel(model, options.decode_kernel)),
       stepper_(model, options.decode_kernel, options.native_gemm == "libxsmm",
                ResolveComputeThreads(options.intra_op_threads),
-               ResolveComputeThreads(options.prefill_threads), name, &pool_,
+               options.prefill_threads > 0 ? options.prefill_threads : UsableCores(), name, &pool_,
                options.sample_in_step) {
   if (options_.overlap_steps) {
     step_thread_ = std::thread([this] {

@@ -45,7 +45,7 @@ class Stepper {
   // `packed_gemm`: the native kernel's GEMMs on libxsmm (EngineOptions::native_gemm == "libxsmm").
   // `model` is not owned and outlives this. `name` names the model in log lines.
   // step_threads, prefill_threads (> 0): EngineOptions::intra_op_threads and
-  // prefill_threads, resolved (ResolveComputeThreads).
+  // prefill_threads, resolved (server/base/cpu_count.h).
   // `pool` (not owned, outlives this): the graph kernel binds it when it is preallocated.
   // `sample_in_step`: the in-place graph step samples too (EngineOptions).
   Stepper(const fwmodel::Model& model, const std::string& decode_kernel, bool packed_gemm,

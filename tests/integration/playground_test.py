@@ -8,9 +8,12 @@ again: cached_tokens > 0); the page then shows that branch (the first turn, then
 new one) with a "‹ 2/2 ›" switcher, and switching back shows the other branch, which a
 next turn continues. Exports the session, fails on any browser console error, and
 saves a screenshot as the test's artefact. A second server with API keys checks that
-the page asks for the key and sends it.
+the page asks for the key and sends it. A third serves a small RWKV-7 with the world
+vocabulary and RWKV's G1 chat template (issue 38): a multilingual prompt goes through
+the template and the world tokenizer, and the session continues.
 
 Usage: playground_test.py --fwserve PATH --model DIR --proto-dir DIR --screenshot PNG
+           --fwmodel PATH
 """
 import argparse
 import hashlib
@@ -18,6 +21,7 @@ import json
 import os
 import re
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -36,10 +40,10 @@ from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 ARGS = None
 
 
-def start_http_server(work, name, extra=()):
+def start_http_server(work, name, extra=(), model=None):
     """Starts fwserve with --http-listen on a port of its choosing; returns (process, base)."""
     log_path = os.path.join(work, name + ".log")
-    started = start_server(ARGS.fwserve, ARGS.model, log_path,
+    started = start_server(ARGS.fwserve, model or ARGS.model, log_path,
                            extra=["--http-listen", "127.0.0.1:0", *extra])
     if started.http_port is None:
         stop_server(started.process)
@@ -225,10 +229,63 @@ class PlaygroundTest(unittest.TestCase):
         finally:
             stop_server(server)
 
+    def test_world_vocabulary_chat_through_the_template(self):
+        model = os.path.join(self.work, "rwkv7-world")
+        config_path = os.path.join(self.work, "rwkv7-world.json")
+        with open(config_path, "w") as f:
+            json.dump({"format_version": 1, "architecture": "rwkv7", "d_model": 64,
+                       "n_layers": 1, "n_heads": 1, "d_ff": 64, "vocab_size": 65536,
+                       "tokenizer": "rwkv_world", "bos_token_id": 0,
+                       "decay_low_rank_dim": 4, "a_low_rank_dim": 4, "v_low_rank_dim": 4,
+                       "gate_low_rank_dim": 4, "tie_embeddings": True,
+                       "chat_template": {"message": "{Role}: {content}\n\n",
+                                         "generation_prompt": "Assistant:",
+                                         "stop": ["\n\n"]}}, f)
+        subprocess.run([ARGS.fwmodel, "init", model, "--config", config_path, "--seed", "3",
+                        "--storage-dtype", "BF16"], check=True, stdout=subprocess.DEVNULL)
+        shutil.copy(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data",
+                                 "rwkv", "rwkv_vocab_v20230424.txt"), model)
+
+        def template_tokens(content):
+            path = os.path.join(self.work, "rendered.txt")
+            with open(path, "w", encoding="utf-8") as f:
+                f.write("User: %s\n\nAssistant:" % content)
+            out = subprocess.run([ARGS.fwmodel, "tokenize", model, "--text-file", path,
+                                  "--json"], check=True, capture_output=True, text=True).stdout
+            return len(json.loads(out)["ids"])
+
+        server, base = start_http_server(self.work, "world", model=model)
+        try:
+            self.driver.get(base + "/")
+            WebDriverWait(self.driver, 30).until(
+                lambda d: len(d.find_elements(By.CSS_SELECTOR, "#model option")) > 0)
+            self.driver.find_element(By.ID, "max-tokens").clear()
+            self.driver.find_element(By.ID, "max-tokens").send_keys("24")
+            prompt_text = "Grüße 😀, 你好! Как дела?"
+            requests_before = self.driver.execute_script(
+                "return window.fwPlayground.requests.length")
+            first = self.send(prompt_text, requests_before)
+            # The prompt went through the template, tokenized by the world vocabulary.
+            self.assertEqual(first["usage"]["input_tokens"], template_tokens(prompt_text))
+            self.assertGreater(first["usage"]["output_tokens"], 0)
+            reply = "".join(d["text"] for d in first["deltas"])
+            self.assertNotIn("\n\n", reply, "the reply runs past the template's end marker")
+            turns = [e.text.strip() for e in self.driver.find_elements(
+                By.CSS_SELECTOR, "#log .user pre")]
+            self.assertEqual(turns, [prompt_text])
+            # The next turn continues the session: the first turn is not read again.
+            second = self.send("Ещё раз", requests_before + 1)
+            self.assertEqual(second["usage"]["input_tokens_details"]["cached_tokens"],
+                             first["usage"]["input_tokens"] + first["usage"]["output_tokens"])
+            self.assertEqual(console_errors(self.driver), [], "browser console errors")
+        finally:
+            stop_server(server)
+
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     add_server_arguments(parser)
     parser.add_argument("--screenshot", required=True)
+    parser.add_argument("--fwmodel", required=True, help="build/tools/fwmodel (world model)")
     ARGS, rest = parser.parse_known_args()
     unittest.main(argv=[sys.argv[0]] + rest)

@@ -53,7 +53,7 @@ Flags (docs/serving.md "Flags", docs/security.md, docs/sessions.md, docs/metrics
         a non-integer are refused at start-up naming the flag
   test_prefill_threads           --prefill-threads N: the prefill thread's team is N
         threads ("fwserve-prefill") after a 300-byte CreateSession; 1 is the prefill
-        thread alone; the default is the CPUs of the affinity mask; -1 and a non-integer
+        thread alone; the default is the physical cores of the affinity mask; -1 and a non-integer
         are refused at start-up naming the flag
   test_batch_wait                "a decode step may wait up to --batch-wait for streams
         waiting for a write": with --batch-wait 1h a stream stalls behind another whose
@@ -164,6 +164,20 @@ CAP = 64 << 20  # docs/security.md: the largest request message
 
 def broken(name):
     return ARGS.break_ == name
+
+
+def physical_cores_of_affinity():
+    """Distinct (package, core) among the CPUs this process may run on (cgroup quotas
+    aside: the tests run without one)."""
+    cores = set()
+    for cpu in os.sched_getaffinity(0):
+        topology = "/sys/devices/system/cpu/cpu%d/topology/" % cpu
+        try:
+            with open(topology + "physical_package_id") as p, open(topology + "core_id") as c:
+                cores.add((p.read().strip(), c.read().strip()))
+        except OSError:
+            return len(os.sched_getaffinity(0))
+    return len(cores)
 
 
 def key_line(key, tenant):
@@ -1071,8 +1085,8 @@ class PromisesFlagsTest(unittest.TestCase):
         flags = [] if broken("prefill-threads-default") else ["--prefill-threads", "3"]
         self.assertEqual(prefill_threads(flags), 3)
         self.assertEqual(prefill_threads(["--prefill-threads", "1"]), 1)
-        self.assertEqual(prefill_threads([]), len(os.sched_getaffinity(0)),
-                         "the documented default: the CPUs this process may run on")
+        self.assertEqual(prefill_threads([]), physical_cores_of_affinity(),
+                         "the documented default: the physical cores this process may run on")
         self.assert_refused_at_start(["--prefill-threads", "-1"],
                                      "--prefill-threads must be >= 0, got -1")
         self.assert_refused_at_start(["--prefill-threads", "two"], "prefill_threads")
