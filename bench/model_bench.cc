@@ -15,6 +15,7 @@
 //                      baseline: BM_Prefill at the same T
 //   BM_PrefillByStep   baseline: the same prompt fed token by token
 //   BM_Rwkv7NativeAbsorb RWKV-7 0.1B: a 256-token prompt through the native prefill
+//                      (BM_Rwkv7NativeAbsorbBf16: on the bf16-rounded model)
 //   BM_Rwkv7NativeStep RWKV-7 at the 0.1B G1 shape (random weights): the native step
 //                      (models/native_rwkv.h) over B rows, as BM_NativeStep; counter
 //                      "flops": the GEMMs' FLOP per second (head included), to compare
@@ -291,6 +292,10 @@ void BM_Rwkv7NativeStepBf16(benchmark::State& state) {
 void BM_Rwkv7NativeAbsorb(benchmark::State& state) {
   RunNativeAbsorb(state, Rwkv7Model(), state.range(0), /*packed_gemm=*/true);
 }
+// The same on the bf16-rounded model (against BM_Rwkv7NativeStepBf16/1).
+void BM_Rwkv7NativeAbsorbBf16(benchmark::State& state) {
+  RunNativeAbsorb(state, Rwkv7Bf16Model(), state.range(0), /*packed_gemm=*/true);
+}
 
 // This machine's sgemm roof (issue 24's target 3): one n x n x n product through
 // libblas.so.3 (OpenBLAS, its default threads). Counter "flops": FLOP per second.
@@ -359,6 +364,7 @@ BENCHMARK(BM_Rwkv7NativeStepBf16)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 BENCHMARK(BM_Rwkv7NativeAbsorb)->Arg(256)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_Rwkv7NativeAbsorbBf16)->Arg(256)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 }  // namespace
 
