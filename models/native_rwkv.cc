@@ -65,7 +65,7 @@ void SquaredRelu(float* v, int64_t n) {
   // half of them (5% of the served RWKV-7 step).
   for (int64_t i = 0; i < n; ++i) {
     const float x = v[i];
-    v[i] = x > 0.0f ? x * x : 0.0f;
+    v[i] = !(x <= 0.0f) ? x * x : 0.0f;  // NaN stays NaN, as std::max(NaN, 0) and torch
   }
 }
 

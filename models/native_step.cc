@@ -54,13 +54,13 @@ void AddInPlace(float* __restrict h, const float* __restrict y, int64_t n) {
 FW_VECTOR_KERNEL
 void ReluRow(const float* __restrict u, float* __restrict a, int64_t n) {
 #pragma omp simd
-  for (int64_t j = 0; j < n; ++j) a[j] = u[j] > 0.0f ? u[j] : 0.0f;
+  for (int64_t j = 0; j < n; ++j) a[j] = !(u[j] <= 0.0f) ? u[j] : 0.0f;  // NaN stays NaN
 }
 
 FW_VECTOR_KERNEL
 void SquaredReluRow(const float* __restrict u, float* __restrict a, int64_t n) {
 #pragma omp simd
-  for (int64_t j = 0; j < n; ++j) a[j] = u[j] > 0.0f ? u[j] * u[j] : 0.0f;
+  for (int64_t j = 0; j < n; ++j) a[j] = !(u[j] <= 0.0f) ? u[j] * u[j] : 0.0f;
 }
 
 float Gelu(float z) { return 0.5f * z * (1.0f + std::erf(z * static_cast<float>(M_SQRT1_2))); }

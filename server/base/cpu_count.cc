@@ -3,18 +3,18 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <climits>
 #include <cstdlib>
 #include <fstream>
 #include <set>
-#include <sstream>
 #include <thread>
-#include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
 
 namespace fwserve {
@@ -66,7 +66,8 @@ std::optional<int32_t> CpusOfCgroupQuota(const std::string& cpu_max) {
       period <= 0) {
     return std::nullopt;
   }
-  return static_cast<int32_t>(std::max<int64_t>(1, (quota + period - 1) / period));
+  const int64_t cpus = quota / period + (quota % period != 0 ? 1 : 0);
+  return static_cast<int32_t>(std::clamp<int64_t>(cpus, 1, INT32_MAX));
 }
 
 int32_t UsableCores() {
@@ -74,20 +75,22 @@ int32_t UsableCores() {
   CPU_ZERO(&set);
   int32_t cores = 0;
   if (sched_getaffinity(0, sizeof(set), &set) == 0) {
-    std::set<std::pair<std::string, std::string>> physical;  // (package, core id)
+    // A core is the set of CPUs that share it: its hardware threads' list is the same
+    // string for each of them (core_id alone repeats across dies on some machines).
+    std::set<std::string> physical;
     int32_t cpus = 0;
     bool topology_known = true;
     for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
       if (!CPU_ISSET(cpu, &set)) continue;
       ++cpus;
       const std::string dir = absl::StrCat("/sys/devices/system/cpu/cpu", cpu, "/topology/");
-      auto package = ReadFirstLine(dir + "physical_package_id");
-      auto core = ReadFirstLine(dir + "core_id");
-      if (!package || !core) {
+      auto siblings = ReadFirstLine(dir + "core_cpus_list");
+      if (!siblings) siblings = ReadFirstLine(dir + "thread_siblings_list");
+      if (!siblings) {
         topology_known = false;
         continue;
       }
-      physical.emplace(*package, *core);
+      physical.insert(*siblings);
     }
     cores = topology_known && !physical.empty() ? static_cast<int32_t>(physical.size()) : cpus;
   }
@@ -100,7 +103,13 @@ int32_t ResolveComputeThreads(int32_t requested) {
   if (requested > 0) return requested;
   int32_t from_env = 0;
   const char* env = std::getenv("OMP_NUM_THREADS");
-  if (env != nullptr && absl::SimpleAtoi(env, &from_env) && from_env > 0) return from_env;
+  // A list ("4,2": nested levels) gives the outermost level's count, as OpenMP reads it.
+  if (env != nullptr &&
+      absl::SimpleAtoi(absl::string_view(env).substr(0, absl::string_view(env).find(',')),
+                       &from_env) &&
+      from_env > 0) {
+    return from_env;
+  }
   return UsableCores();
 }
 

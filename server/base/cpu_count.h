@@ -8,7 +8,8 @@
 
 namespace fwserve {
 
-// The physical cores among the CPUs in this process's affinity mask (taskset, a cpuset),
+// The physical cores among the CPUs in the calling thread's affinity mask (taskset, a
+// cpuset; call it before pinning threads, e.g. from main),
 // capped by a cgroup v2 CPU quota (`cpu.max`, e.g. a Kubernetes CPU limit, rounded up),
 // at least 1. Two hyperthreads of one core count once: the decode step's GEMMs gain
 // nothing from the second.
@@ -19,7 +20,8 @@ namespace fwserve {
 int32_t UsableCores();
 
 // The thread count `requested` (>= 0) stands for: itself when > 0; else OMP_NUM_THREADS
-// when it is set to a positive integer (the user's choice, which LibTorch reads too);
+// when it is set to a positive integer (the user's choice, which LibTorch reads too; of a
+// list such as "4,2", the first);
 // else UsableCores().
 int32_t ResolveComputeThreads(int32_t requested);
 

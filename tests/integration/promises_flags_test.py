@@ -167,17 +167,40 @@ def broken(name):
 
 
 def physical_cores_of_affinity():
-    """Distinct (package, core) among the CPUs this process may run on (cgroup quotas
-    aside: the tests run without one)."""
+    """What --prefill-threads 0 documents (server/base/cpu_count.h): the distinct cores
+    (their CPU lists) among the CPUs this process may run on, capped by the tightest
+    cgroup v2 cpu.max quota on its cgroup and the cgroups above it, rounded up."""
     cores = set()
     for cpu in os.sched_getaffinity(0):
         topology = "/sys/devices/system/cpu/cpu%d/topology/" % cpu
+        for name in ("core_cpus_list", "thread_siblings_list"):
+            try:
+                with open(topology + name) as f:
+                    cores.add(f.read().strip())
+                break
+            except OSError:
+                continue
+        else:
+            cores = set(range(len(os.sched_getaffinity(0))))
+            break
+    count = len(cores)
+    try:
+        with open("/proc/self/cgroup") as f:
+            path = next((line[3:].strip() for line in f if line.startswith("0::")), "")
+    except OSError:
+        path = ""
+    while True:
         try:
-            with open(topology + "physical_package_id") as p, open(topology + "core_id") as c:
-                cores.add((p.read().strip(), c.read().strip()))
-        except OSError:
-            return len(os.sched_getaffinity(0))
-    return len(cores)
+            with open("/sys/fs/cgroup%s/cpu.max" % path.rstrip("/")) as f:
+                quota, period = f.read().split()
+            if quota != "max":
+                count = min(count, max(1, -(-int(quota) // int(period))))
+        except (OSError, ValueError):
+            pass
+        if path in ("", "/"):
+            break
+        path = path[:path.rfind("/")] or "/"
+    return max(1, count)
 
 
 def key_line(key, tenant):

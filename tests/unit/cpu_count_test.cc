@@ -21,6 +21,7 @@ TEST(CpuCountTest, CgroupQuotaIsRoundedUpToWholeCpus) {
   EXPECT_EQ(CpusOfCgroupQuota("0 100000"), std::nullopt);
   EXPECT_EQ(CpusOfCgroupQuota("100000"), std::nullopt);
   EXPECT_EQ(CpusOfCgroupQuota("x 100000"), std::nullopt);
+  EXPECT_EQ(CpusOfCgroupQuota("17592186044415 1000"), INT32_MAX);  // no wrap to negative
 }
 
 // An environment variable set for one test and restored after it.
@@ -52,6 +53,10 @@ TEST(CpuCountTest, AnExplicitCountWinsThenOmpNumThreadsThenTheCores) {
     ScopedEnv env("OMP_NUM_THREADS", "3");
     EXPECT_EQ(ResolveComputeThreads(5), 5);
     EXPECT_EQ(ResolveComputeThreads(0), 3);
+  }
+  {
+    ScopedEnv env("OMP_NUM_THREADS", "4,2");  // nested levels: the outermost
+    EXPECT_EQ(ResolveComputeThreads(0), 4);
   }
   {
     ScopedEnv env("OMP_NUM_THREADS", "not a number");
