@@ -36,52 +36,7 @@ class NativeStepTest : public testing::TestWithParam<fwtest::ConfigCase> {
 TEST_P(NativeStepTest, EqualsTheLibTorchStepRowByRowInPlace) {
   torch::NoGradGuard no_grad;
   fwmodel::Model model = fwtest::RandomModel(config_, 7, torch::kFloat32);
-  auto native = fwmodel::NativeStep::Create(model);
-  ASSERT_TRUE(native.ok()) << native.status();
-  const int64_t capacity = 8, vocab = config_.vocab_size;
-  fwmodel::State pool = model.InitialState(capacity);
-  const fwmodel::State fresh = model.InitialState(1);
-  const std::vector<int64_t> session_rows = {6, 0, 3, 5, 1, 2};  // rows 4 and 7 stay unused
-  std::vector<fwmodel::State> reference;
-  for (size_t s = 0; s < session_rows.size(); ++s) reference.push_back(model.InitialState(1));
-  std::mt19937_64 rng(11);
-  std::vector<int> absorbed(session_rows.size(), 0);
-  for (int step = 0; step < 14; ++step) {
-    std::vector<int64_t> sessions;
-    for (size_t s = 0; s < session_rows.size(); ++s) {
-      if (step < 2 || rng() % 3 != 0) sessions.push_back(static_cast<int64_t>(s));
-    }
-    std::shuffle(sessions.begin(), sessions.end(), rng);
-    std::vector<int64_t> tokens, rows;
-    for (int64_t s : sessions) {
-      tokens.push_back(static_cast<int64_t>(rng() % static_cast<uint64_t>(vocab)));
-      rows.push_back(session_rows[static_cast<size_t>(s)]);
-    }
-    std::vector<float> logits(tokens.size() * static_cast<size_t>(vocab));
-    ASSERT_TRUE((*native)->Step(tokens, rows, &pool, logits.data()).ok());
-    for (size_t i = 0; i < sessions.size(); ++i) {
-      const size_t s = static_cast<size_t>(sessions[i]);
-      auto expected = model.Step(torch::tensor({tokens[i]}, torch::kInt64), &reference[s]);
-      ASSERT_TRUE(expected.ok()) << expected.status();
-      torch::Tensor got =
-          torch::from_blob(logits.data() + i * static_cast<size_t>(vocab), {1, vocab}).clone();
-      ExpectNear(got, *expected, absl::StrCat("logits, step ", step, ", session ", s));
-      ++absorbed[s];
-    }
-  }
-  for (size_t s = 0; s < session_rows.size(); ++s) {
-    EXPECT_GT(absorbed[s], 2);
-    for (size_t t = 0; t < pool.tensors.size(); ++t) {
-      ExpectNear(pool.tensors[t].narrow(0, session_rows[s], 1), reference[s].tensors[t],
-                 absl::StrCat("state ", model.state_spec()[t].name, ", session ", s));
-    }
-  }
-  for (int64_t unused : {4, 7}) {
-    for (size_t t = 0; t < pool.tensors.size(); ++t) {
-      EXPECT_TRUE(torch::equal(pool.tensors[t].narrow(0, unused, 1), fresh.tensors[t]))
-          << "row " << unused << " was written";
-    }
-  }
+  fwtest::ExpectNativeStepEqualsModelStepRowByRow(model, /*steps=*/14, kTolerance);
 }
 
 // Prefill: two sessions absorb nine tokens each in one Absorb call; the reference

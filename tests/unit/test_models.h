@@ -62,4 +62,12 @@ double MaxAbsDiff(const torch::Tensor& a, const torch::Tensor& b);
 void ExpectNearRelative(const torch::Tensor& a, const torch::Tensor& b, double tolerance,
                         const std::string& what);
 
+// The native step (NativeStep::Create(model)) against Model::Step, row by row in place:
+// six sessions in a pool of eight rows; each of `steps` steps a different subset of them,
+// in a different order, absorbs a random token, and each session is mirrored by a
+// batch-1 LibTorch state. Logits and states equal the mirror's within `tolerance`
+// (ExpectNearRelative); rows 4 and 7 are never written.
+void ExpectNativeStepEqualsModelStepRowByRow(const fwmodel::Model& model, int steps,
+                                             double tolerance);
+
 }  // namespace fwtest
