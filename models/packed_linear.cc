@@ -353,14 +353,15 @@ void PackedLinear::ApplyPortable(const float* x, int64_t rows, const float* bias
   Run(x, rows, bias, y, out_, /*avx512=*/false);
 }
 
+std::pair<const float*, bool> PackedLinear::FloatWeights() const {
+  if (!narrow_.empty()) return {Widened(), true};
+  if (!transposed_.empty()) return {transposed_.data(), true};
+  return {weight_.data(), false};
+}
+
 void PackedLinear::ApplyWithBlas(const float* x, int64_t rows, float* y) const {
-  if (!narrow_.empty()) {
-    Blas(Widened(), true, x, rows, false, y, out_);
-  } else if (!transposed_.empty()) {
-    Blas(transposed_.data(), true, x, rows, false, y, out_);
-  } else {
-    Blas(weight_.data(), false, x, rows, false, y, out_);
-  }
+  const auto [w, transposed] = FloatWeights();
+  Blas(w, transposed, x, rows, false, y, out_);
 }
 
 void PackedLinear::Blas(const float* w, bool transposed, const float* x, int64_t rows,
@@ -422,13 +423,8 @@ void PackedLinear::Run(const float* x, int64_t rows, const float* bias, float* y
   if (accumulate) {
     for (int64_t r = 0; r < rows; ++r) std::memcpy(y + r * ldy, bias, sizeof(float) * out_);
   }
-  if (!narrow_.empty()) {
-    Product(Widened(), true, x, rows, accumulate, y, ldy);
-  } else if (!transposed_.empty()) {
-    Product(transposed_.data(), true, x, rows, accumulate, y, ldy);
-  } else {
-    Product(weight_.data(), false, x, rows, accumulate, y, ldy);
-  }
+  const auto [w, transposed] = FloatWeights();
+  Product(w, transposed, x, rows, accumulate, y, ldy);
 }
 
 void PackedLinear::Product(const float* w, bool transposed, const float* x, int64_t rows,

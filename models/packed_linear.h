@@ -22,6 +22,7 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 namespace fwmodel {
@@ -103,6 +104,9 @@ class PackedLinear {
             float* y, int64_t ldy) const;
   // The 16-bit Wᵀ widened into this thread's scratch (valid until the thread's next call).
   const float* Widened() const;
+  // The weights as Product and Blas take them, whichever layout is kept: (Wᵀ, true) when
+  // transposed or 16-bit (then widened, as Widened), else (W, false).
+  std::pair<const float*, bool> FloatWeights() const;
 
   int64_t in_ = 0;
   int64_t out_ = 0;
