@@ -279,21 +279,12 @@ void HeadStep(int64_t n, float* __restrict S, const HeadToken& t, const HeadWeig
     }
     y[i] = yi;
   }
-  float sum = 0;
-#pragma omp simd reduction(+ : sum)
-  for (int64_t i = 0; i < n; ++i) sum += y[i];
-  const float mean = sum / static_cast<float>(n);
-  float var = 0;
-#pragma omp simd reduction(+ : var)
-  for (int64_t i = 0; i < n; ++i) var += (y[i] - mean) * (y[i] - mean);
-  const float inv = 1.0f / std::sqrt(var / static_cast<float>(n) + hw.eps);
+  native::LayerNormRows(y, 1, n, hw.ln_w, hw.ln_b, hw.eps, y);  // ln_x: this head's group
   float bonus = 0;
 #pragma omp simd reduction(+ : bonus)
   for (int64_t j = 0; j < n; ++j) bonus += r[j] * k[j] * hw.r_k[j];
 #pragma omp simd
-  for (int64_t i = 0; i < n; ++i) {
-    y[i] = ((y[i] - mean) * inv * hw.ln_w[i] + hw.ln_b[i] + bonus * v[i]) * t.g[i];
-  }
+  for (int64_t i = 0; i < n; ++i) y[i] = (y[i] + bonus * v[i]) * t.g[i];
 }
 
 }  // namespace
