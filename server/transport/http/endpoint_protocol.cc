@@ -32,6 +32,21 @@ std::unique_ptr<EndpointProtocol> NewEndpointProtocol(OpenAiEndpoint endpoint, s
   return NewResponsesProtocol(std::move(model), created);
 }
 
+nlohmann::json ChoiceChunk(const OpenAiGenerateRequest& request, const std::string& id,
+                           const char* object, int64_t created, const std::string& model,
+                           const char* field, nlohmann::json value,
+                           const nlohmann::json& logprobs) {
+  nlohmann::json choice = {{"index", 0}, {"logprobs", logprobs}, {"finish_reason", nullptr}};
+  choice[field] = std::move(value);
+  nlohmann::json chunk = {{"id", id},
+                          {"object", object},
+                          {"created", created},
+                          {"model", model},
+                          {"choices", nlohmann::json::array({choice})}};
+  if (request.include_usage) chunk["usage"] = nullptr;
+  return chunk;
+}
+
 std::string ChoiceStreamClosing(const OpenAiGenerateRequest& request,
                                 const GenerateOutcome& outcome, nlohmann::json last,
                                 nlohmann::json usage_chunk) {

@@ -81,6 +81,13 @@ class EndpointProtocol {
   virtual std::string StreamError(const nlohmann::json& error) = 0;
 };
 
+// A chat or completions stream chunk: {id, object, created, model, one choice (index 0,
+// `logprobs`, no finish reason yet) whose `field` ("delta" or "text") is `value`}, and
+// "usage": null when the request asked for usage (the closing chunk carries it).
+nlohmann::json ChoiceChunk(const OpenAiGenerateRequest& request, const std::string& id,
+                           const char* object, int64_t created, const std::string& model,
+                           const char* field, nlohmann::json value, const nlohmann::json& logprobs);
+
 // The closing events of a chat or completions stream: `last` (a chunk with one choice,
 // given the outcome's finish reason here), then, when the request asked for usage,
 // `usage_chunk` with no choices and the usage, then "data: [DONE]".

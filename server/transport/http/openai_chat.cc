@@ -123,15 +123,9 @@ class ChatProtocol final : public EndpointProtocol {
  private:
   // A stream's chunk with one choice whose delta is `delta`.
   json Chunk(const OpenAiGenerateRequest& request, json delta, const json& logprobs) const {
-    json choice = {{"index", 0}, {"logprobs", logprobs}, {"finish_reason", nullptr}};
-    choice["delta"] = std::move(delta);
-    json chunk = {{"id", id_},
-                  {"object", "chat.completion.chunk"},
-                  {"created", created_},
-                  {"model", model_},
-                  {"choices", json::array({choice})},
-                  {"service_tier", ServiceTier(request)}};
-    if (request.include_usage) chunk["usage"] = nullptr;
+    json chunk = ChoiceChunk(request, id_, "chat.completion.chunk", created_, model_, "delta",
+                             std::move(delta), logprobs);
+    chunk["service_tier"] = ServiceTier(request);
     return chunk;
   }
 

@@ -101,15 +101,8 @@ class CompletionsProtocol final : public EndpointProtocol {
  private:
   // A stream's chunk with one choice whose text is `text`.
   json Chunk(const OpenAiGenerateRequest& request, json text, const json& logprobs) const {
-    json choice = {{"index", 0}, {"logprobs", logprobs}, {"finish_reason", nullptr}};
-    choice["text"] = std::move(text);
-    json chunk = {{"id", id_},
-                  {"object", "text_completion"},
-                  {"created", created_},
-                  {"model", model_},
-                  {"choices", json::array({choice})}};
-    if (request.include_usage) chunk["usage"] = nullptr;
-    return chunk;
+    return ChoiceChunk(request, id_, "text_completion", created_, model_, "text", std::move(text),
+                       logprobs);
   }
 
   // The legacy logprobs object of `chunk`'s tokens.
