@@ -213,41 +213,8 @@ TEST_P(NativeRwkvTest, AbsorbEqualsSteppingTokenByToken) {
 TEST_P(NativeRwkvTest, ThreeThreadsEqualOne) {
   torch::NoGradGuard no_grad;
   fwmodel::Model model = fwtest::RandomModel(config_, 21, torch::kFloat32);
-  fwmodel::NativeStepOptions one, three;
-  one.threads = 1;
-  three.threads = 3;
-  auto serial = fwmodel::NativeStep::Create(model, one);
-  auto parallel = fwmodel::NativeStep::Create(model, three);
-  ASSERT_TRUE(serial.ok() && parallel.ok());
-  const int64_t vocab = config_.vocab_size, sessions = 40;
-  fwmodel::State pool_serial = model.InitialState(48);
-  std::mt19937_64 rng(5);
-  std::vector<int64_t> rows(static_cast<size_t>(sessions)), tokens(rows.size());
-  std::iota(rows.begin(), rows.end(), 0);
-  std::shuffle(rows.begin(), rows.end(), rng);
-  for (int64_t& t : tokens) t = static_cast<int64_t>(rng() % static_cast<uint64_t>(vocab));
-  std::vector<int64_t> prompt_rows = {41, 44, 47}, prompt(3 * 20);
-  for (int64_t& t : prompt) t = static_cast<int64_t>(rng() % static_cast<uint64_t>(vocab));
-  std::vector<float> warm(static_cast<size_t>(sessions * vocab));
-  ASSERT_TRUE((*serial)->Step(tokens, rows, &pool_serial, warm.data()).ok());
-  fwmodel::State pool_parallel = pool_serial.Clone();
-  std::vector<float> logits_serial(warm.size()), logits_parallel(warm.size());
-  ASSERT_TRUE((*serial)->Step(tokens, rows, &pool_serial, logits_serial.data()).ok());
-  ASSERT_TRUE((*parallel)->Step(tokens, rows, &pool_parallel, logits_parallel.data()).ok());
-  auto as_tensor = [&](std::vector<float>& v, int64_t n) {
-    return torch::from_blob(v.data(), {n, vocab}).clone();
-  };
-  fwtest::ExpectNearRelative(as_tensor(logits_parallel, sessions),
-                             as_tensor(logits_serial, sessions), 1e-6, "step logits");
-  ASSERT_TRUE((*serial)->Absorb(prompt, 20, prompt_rows, &pool_serial, logits_serial.data()).ok());
-  ASSERT_TRUE(
-      (*parallel)->Absorb(prompt, 20, prompt_rows, &pool_parallel, logits_parallel.data()).ok());
-  fwtest::ExpectNearRelative(as_tensor(logits_parallel, 3), as_tensor(logits_serial, 3), 1e-6,
-                             "prefill logits");
-  for (size_t t = 0; t < pool_serial.tensors.size(); ++t) {
-    fwtest::ExpectNearRelative(pool_parallel.tensors[t], pool_serial.tensors[t], 1e-6,
-                               "state " + model.state_spec()[t].name);
-  }
+  fwtest::ExpectThreeThreadsEqualOne(model, /*sessions=*/40, /*capacity=*/48, {41, 44, 47},
+                                     /*prompt_tokens=*/20, 1e-6, "");
 }
 
 // An instance made with CreateSharing (the server's prefill instance) reads the first's

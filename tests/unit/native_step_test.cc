@@ -97,44 +97,9 @@ TEST(NativeStepThreadsTest, ThreeThreadsEqualOne) {
   for (Architecture arch : {Architecture::kFastWeight, Architecture::kAft}) {
     fwmodel::ModelConfig config = fwtest::TinyConfig(arch, FfnKind::kSquaredRelu, 3);
     fwmodel::Model model = fwtest::RandomModel(config, 21, torch::kFloat32);
-    fwmodel::NativeStepOptions one, three;
-    one.threads = 1;
-    three.threads = 3;
-    auto serial = fwmodel::NativeStep::Create(model, one);
-    auto parallel = fwmodel::NativeStep::Create(model, three);
-    ASSERT_TRUE(serial.ok() && parallel.ok());
-    const int64_t vocab = config.vocab_size, sessions = 70;
-    fwmodel::State pool_serial = model.InitialState(80);
-    std::mt19937_64 rng(5);
-    std::vector<int64_t> rows(static_cast<size_t>(sessions)), tokens(rows.size());
-    std::iota(rows.begin(), rows.end(), 0);
-    std::shuffle(rows.begin(), rows.end(), rng);
-    for (int64_t& t : tokens) t = static_cast<int64_t>(rng() % static_cast<uint64_t>(vocab));
-    std::vector<int64_t> prompt_rows = {71, 75, 79}, prompt(3 * 50);
-    for (int64_t& t : prompt) t = static_cast<int64_t>(rng() % static_cast<uint64_t>(vocab));
-    // Some history first, so the step reads non-initial states.
-    std::vector<float> warm(static_cast<size_t>(sessions * vocab));
-    ASSERT_TRUE((*serial)->Step(tokens, rows, &pool_serial, warm.data()).ok());
-    fwmodel::State pool_parallel = pool_serial.Clone();
-    std::vector<float> logits_serial(warm.size()), logits_parallel(warm.size());
-    ASSERT_TRUE((*serial)->Step(tokens, rows, &pool_serial, logits_serial.data()).ok());
-    ASSERT_TRUE((*parallel)->Step(tokens, rows, &pool_parallel, logits_parallel.data()).ok());
-    auto as_tensor = [&](std::vector<float>& v, int64_t n) {
-      return torch::from_blob(v.data(), {n, vocab}).clone();
-    };
-    const std::string name = fwmodel::ArchitectureName(arch);
-    ExpectNear(as_tensor(logits_parallel, sessions), as_tensor(logits_serial, sessions),
-               name + ": step logits");
-    ASSERT_TRUE(
-        (*serial)->Absorb(prompt, 50, prompt_rows, &pool_serial, logits_serial.data()).ok());
-    ASSERT_TRUE(
-        (*parallel)->Absorb(prompt, 50, prompt_rows, &pool_parallel, logits_parallel.data()).ok());
-    ExpectNear(as_tensor(logits_parallel, 3), as_tensor(logits_serial, 3),
-               name + ": prefill logits");
-    for (size_t t = 0; t < pool_serial.tensors.size(); ++t) {
-      ExpectNear(pool_parallel.tensors[t], pool_serial.tensors[t],
-                 name + ": state " + model.state_spec()[t].name);
-    }
+    fwtest::ExpectThreeThreadsEqualOne(model, /*sessions=*/70, /*capacity=*/80, {71, 75, 79},
+                                       /*prompt_tokens=*/50, kTolerance,
+                                       std::string(fwmodel::ArchitectureName(arch)) + ": ");
   }
   fwmodel::NativeStepOptions negative;
   negative.threads = -1;

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <numeric>
 #include <random>
 
 #include "absl/strings/str_cat.h"
@@ -187,6 +188,53 @@ void ExpectNativeStepEqualsModelStepRowByRow(const fwmodel::Model& model, int st
       EXPECT_TRUE(torch::equal(pool.tensors[t].narrow(0, unused, 1), fresh.tensors[t]))
           << "row " << unused << " was written";
     }
+  }
+}
+
+void ExpectThreeThreadsEqualOne(const fwmodel::Model& model, int64_t sessions, int64_t capacity,
+                                const std::vector<int64_t>& prompt_rows, int64_t prompt_tokens,
+                                double tolerance, const std::string& label) {
+  torch::NoGradGuard no_grad;
+  fwmodel::NativeStepOptions one, three;
+  one.threads = 1;
+  three.threads = 3;
+  auto serial = fwmodel::NativeStep::Create(model, one);
+  auto parallel = fwmodel::NativeStep::Create(model, three);
+  ASSERT_TRUE(serial.ok() && parallel.ok());
+  const int64_t vocab = model.config().vocab_size;
+  const int64_t prompts = static_cast<int64_t>(prompt_rows.size());
+  fwmodel::State pool_serial = model.InitialState(capacity);
+  std::mt19937_64 rng(5);
+  std::vector<int64_t> rows(static_cast<size_t>(sessions)), tokens(rows.size());
+  std::iota(rows.begin(), rows.end(), 0);
+  std::shuffle(rows.begin(), rows.end(), rng);
+  for (int64_t& t : tokens) t = static_cast<int64_t>(rng() % static_cast<uint64_t>(vocab));
+  std::vector<int64_t> prompt(static_cast<size_t>(prompts * prompt_tokens));
+  for (int64_t& t : prompt) t = static_cast<int64_t>(rng() % static_cast<uint64_t>(vocab));
+  // Some history first, so the step reads non-initial states.
+  std::vector<float> warm(static_cast<size_t>(sessions * vocab));
+  ASSERT_TRUE((*serial)->Step(tokens, rows, &pool_serial, warm.data()).ok());
+  fwmodel::State pool_parallel = pool_serial.Clone();
+  std::vector<float> logits_serial(warm.size()), logits_parallel(warm.size());
+  ASSERT_TRUE((*serial)->Step(tokens, rows, &pool_serial, logits_serial.data()).ok());
+  ASSERT_TRUE((*parallel)->Step(tokens, rows, &pool_parallel, logits_parallel.data()).ok());
+  auto as_tensor = [&](std::vector<float>& v, int64_t n) {
+    return torch::from_blob(v.data(), {n, vocab}).clone();
+  };
+  ExpectNearRelative(as_tensor(logits_parallel, sessions), as_tensor(logits_serial, sessions),
+                     tolerance, label + "step logits");
+  ASSERT_TRUE((*serial)
+                  ->Absorb(prompt, prompt_tokens, prompt_rows, &pool_serial, logits_serial.data())
+                  .ok());
+  ASSERT_TRUE(
+      (*parallel)
+          ->Absorb(prompt, prompt_tokens, prompt_rows, &pool_parallel, logits_parallel.data())
+          .ok());
+  ExpectNearRelative(as_tensor(logits_parallel, prompts), as_tensor(logits_serial, prompts),
+                     tolerance, label + "prefill logits");
+  for (size_t t = 0; t < pool_serial.tensors.size(); ++t) {
+    ExpectNearRelative(pool_parallel.tensors[t], pool_serial.tensors[t], tolerance,
+                       label + "state " + model.state_spec()[t].name);
   }
 }
 

@@ -70,4 +70,14 @@ void ExpectNearRelative(const torch::Tensor& a, const torch::Tensor& b, double t
 void ExpectNativeStepEqualsModelStepRowByRow(const fwmodel::Model& model, int steps,
                                              double tolerance);
 
+// Splitting a native call over threads changes no result: NativeStep with 3 threads
+// against 1 on clones of one pool (a warm-up step first, so states are not initial), for
+// a decode step of `sessions` rows (shuffled in [0, sessions)) and a prefill of
+// prompt_rows.size() sessions x `prompt_tokens` tokens, in a pool of `capacity` rows.
+// Logits and every state within `tolerance` (ExpectNearRelative); messages start with
+// `label`.
+void ExpectThreeThreadsEqualOne(const fwmodel::Model& model, int64_t sessions, int64_t capacity,
+                                const std::vector<int64_t>& prompt_rows, int64_t prompt_tokens,
+                                double tolerance, const std::string& label);
+
 }  // namespace fwtest
