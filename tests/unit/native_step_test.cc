@@ -19,10 +19,6 @@ using fwmodel::FfnKind;
 
 constexpr double kTolerance = 1e-5;
 
-void ExpectNear(const torch::Tensor& a, const torch::Tensor& b, const std::string& what) {
-  fwtest::ExpectNearRelative(a, b, kTolerance, what);
-}
-
 // Every configuration of the form-equivalence tests.
 class NativeStepTest : public testing::TestWithParam<fwtest::ConfigCase> {
  protected:
@@ -44,36 +40,7 @@ TEST_P(NativeStepTest, EqualsTheLibTorchStepRowByRowInPlace) {
 TEST_P(NativeStepTest, AbsorbEqualsSteppingTokenByToken) {
   torch::NoGradGuard no_grad;
   fwmodel::Model model = fwtest::RandomModel(config_, 5, torch::kFloat32);
-  auto native = fwmodel::NativeStep::Create(model);
-  ASSERT_TRUE(native.ok()) << native.status();
-  const int64_t steps = 9, vocab = config_.vocab_size;
-  const std::vector<int64_t> rows = {3, 1};
-  torch::Tensor tokens = fwtest::RandomTokens(2, steps + 1, vocab, 13);
-  fwmodel::State pool = model.InitialState(5);
-  fwmodel::State reference = model.InitialState(2);
-  torch::Tensor expected;
-  for (int64_t t = 0; t < steps; ++t) {
-    auto logits = model.Step(tokens.select(1, t).contiguous(), &reference);
-    ASSERT_TRUE(logits.ok()) << logits.status();
-    expected = *logits;
-  }
-  torch::Tensor prompt = tokens.narrow(1, 0, steps).contiguous();
-  std::vector<int64_t> flat(prompt.data_ptr<int64_t>(), prompt.data_ptr<int64_t>() + 2 * steps);
-  std::vector<float> logits(2 * static_cast<size_t>(vocab));
-  ASSERT_TRUE((*native)->Absorb(flat, steps, rows, &pool, logits.data()).ok());
-  ExpectNear(torch::from_blob(logits.data(), {2, vocab}).clone(), expected, "prefill logits");
-  std::vector<int64_t> next = {tokens[0][steps].item<int64_t>(), tokens[1][steps].item<int64_t>()};
-  ASSERT_TRUE((*native)->Step(next, rows, &pool, logits.data()).ok());
-  auto step_expected = model.Step(tokens.select(1, steps).contiguous(), &reference);
-  ASSERT_TRUE(step_expected.ok());
-  ExpectNear(torch::from_blob(logits.data(), {2, vocab}).clone(), *step_expected, "step logits");
-  for (size_t t = 0; t < pool.tensors.size(); ++t) {
-    for (int64_t b = 0; b < 2; ++b) {
-      ExpectNear(pool.tensors[t].narrow(0, rows[static_cast<size_t>(b)], 1),
-                 reference.tensors[t].narrow(0, b, 1),
-                 absl::StrCat("state ", model.state_spec()[t].name, ", session ", b));
-    }
-  }
+  fwtest::ExpectAbsorbEqualsSteppingTokenByToken(model, kTolerance);
 }
 
 INSTANTIATE_TEST_SUITE_P(AllConfigurations, NativeStepTest,

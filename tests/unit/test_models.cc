@@ -191,6 +191,42 @@ void ExpectNativeStepEqualsModelStepRowByRow(const fwmodel::Model& model, int st
   }
 }
 
+void ExpectAbsorbEqualsSteppingTokenByToken(const fwmodel::Model& model, double tolerance) {
+  torch::NoGradGuard no_grad;
+  auto native = fwmodel::NativeStep::Create(model);
+  ASSERT_TRUE(native.ok()) << native.status();
+  const int64_t steps = 9, vocab = model.config().vocab_size;
+  const std::vector<int64_t> rows = {3, 1};
+  torch::Tensor tokens = fwtest::RandomTokens(2, steps + 1, vocab, 13);
+  fwmodel::State pool = model.InitialState(5);
+  fwmodel::State reference = model.InitialState(2);
+  torch::Tensor expected;
+  for (int64_t t = 0; t < steps; ++t) {
+    auto logits = model.Step(tokens.select(1, t).contiguous(), &reference);
+    ASSERT_TRUE(logits.ok()) << logits.status();
+    expected = *logits;
+  }
+  torch::Tensor prompt = tokens.narrow(1, 0, steps).contiguous();
+  std::vector<int64_t> flat(prompt.data_ptr<int64_t>(), prompt.data_ptr<int64_t>() + 2 * steps);
+  std::vector<float> logits(2 * static_cast<size_t>(vocab));
+  ASSERT_TRUE((*native)->Absorb(flat, steps, rows, &pool, logits.data()).ok());
+  ExpectNearRelative(torch::from_blob(logits.data(), {2, vocab}).clone(), expected, tolerance,
+                     "prefill logits");
+  std::vector<int64_t> next = {tokens[0][steps].item<int64_t>(), tokens[1][steps].item<int64_t>()};
+  ASSERT_TRUE((*native)->Step(next, rows, &pool, logits.data()).ok());
+  auto step_expected = model.Step(tokens.select(1, steps).contiguous(), &reference);
+  ASSERT_TRUE(step_expected.ok());
+  ExpectNearRelative(torch::from_blob(logits.data(), {2, vocab}).clone(), *step_expected, tolerance,
+                     "step logits");
+  for (size_t t = 0; t < pool.tensors.size(); ++t) {
+    for (int64_t b = 0; b < 2; ++b) {
+      ExpectNearRelative(pool.tensors[t].narrow(0, rows[static_cast<size_t>(b)], 1),
+                         reference.tensors[t].narrow(0, b, 1), tolerance,
+                         absl::StrCat("state ", model.state_spec()[t].name, ", session ", b));
+    }
+  }
+}
+
 void ExpectThreeThreadsEqualOne(const fwmodel::Model& model, int64_t sessions, int64_t capacity,
                                 const std::vector<int64_t>& prompt_rows, int64_t prompt_tokens,
                                 double tolerance, const std::string& label) {

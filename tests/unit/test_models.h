@@ -70,6 +70,11 @@ void ExpectNearRelative(const torch::Tensor& a, const torch::Tensor& b, double t
 void ExpectNativeStepEqualsModelStepRowByRow(const fwmodel::Model& model, int steps,
                                              double tolerance);
 
+// Prefill: two sessions (pool rows 3 and 1 of 5) absorb nine tokens each in one
+// NativeStep::Absorb call; the reference steps them one token at a time with Model::Step.
+// Then one more decode Step. Logits and states within `tolerance`.
+void ExpectAbsorbEqualsSteppingTokenByToken(const fwmodel::Model& model, double tolerance);
+
 // Splitting a native call over threads changes no result: NativeStep with 3 threads
 // against 1 on clones of one pool (a warm-up step first, so states are not initial), for
 // a decode step of `sessions` rows (shuffled in [0, sessions)) and a prefill of
