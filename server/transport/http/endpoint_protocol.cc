@@ -19,6 +19,14 @@ UsageCounts CountUsage(const GenerateSummary& summary) {
   return u;
 }
 
+nlohmann::json ChoiceUsage(const GenerateSummary& summary) {
+  const UsageCounts u = CountUsage(summary);
+  return {{"prompt_tokens", u.input},
+          {"completion_tokens", u.output},
+          {"total_tokens", u.total},
+          {"prompt_tokens_details", {{"cached_tokens", u.cached}}}};
+}
+
 std::unique_ptr<EndpointProtocol> NewEndpointProtocol(OpenAiEndpoint endpoint, std::string model,
                                                       int64_t created, std::string id_suffix) {
   switch (endpoint) {

@@ -45,6 +45,9 @@ struct UsageCounts {
   int64_t total = 0;
 };
 UsageCounts CountUsage(const GenerateSummary& summary);
+// The usage block of chat and completions: prompt_tokens, completion_tokens,
+// total_tokens and prompt_tokens_details.cached_tokens (CountUsage's counts).
+nlohmann::json ChoiceUsage(const GenerateSummary& summary);
 
 // One answer's protocol: made per generation (NewEndpointProtocol), used on the
 // connection's strand only (not thread-safe). The `request` each call takes is the

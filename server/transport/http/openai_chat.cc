@@ -75,13 +75,7 @@ class ChatProtocol final : public EndpointProtocol {
     }
   }
 
-  json Usage(const GenerateSummary& summary) const override {
-    const UsageCounts u = CountUsage(summary);
-    return {{"prompt_tokens", u.input},
-            {"completion_tokens", u.output},
-            {"total_tokens", u.total},
-            {"prompt_tokens_details", {{"cached_tokens", u.cached}}}};
-  }
+  json Usage(const GenerateSummary& summary) const override { return ChoiceUsage(summary); }
 
   json Body(const OpenAiGenerateRequest& request, const GenerateOutcome& outcome) const override {
     json choice = {{"index", 0},
