@@ -64,14 +64,17 @@ class OverloadTest : public ::testing::Test {
         grpc::CreateChannel(server.target(), grpc::InsecureChannelCredentials()));
   }
 
-  // While alive, keeps the one stream slot of `server` saturated with streams of about
-  // a tenth of a second, 8 at a time, so that the drain rate is measured and 7 wait.
+  // While alive, keeps the one stream slot of `server` saturated with streams of 8,000
+  // tokens (about 60 ms on a 2-core VM, longer on a slower or busier machine), 8 at a
+  // time, so that the drain rate is measured and 7 wait.
+  static constexpr int kSaturatingTokens = 8000;
   class SaturatedSlot {
    public:
     explicit SaturatedSlot(Harness& server) {
       for (int i = 0; i < 8; ++i) {
         load_.emplace_back([this, &server] {
-          while (!stop_.load()) (void)server.client().Generate(GreedyRequest("a", 2000));
+          while (!stop_.load())
+            (void)server.client().Generate(GreedyRequest("a", kSaturatingTokens));
         });
       }
     }
@@ -108,22 +111,28 @@ class OverloadTest : public ::testing::Test {
     return "";
   }
 
-  // Fills a server of one stream slot and one queue place: an endless stream runs and a
-  // request on a session waits. Returns both streams once the session's lease shows
-  // the request arrived and the engine's queue gauge shows it queued: an arrival that
-  // was refused (the client library then retries it after the hint) must not leave the
-  // queue place to the test's own request, which would wait forever behind the stream.
+  // Fills a server of two stream slots (kFilledSlots) and one queue place: two endless
+  // streams run and a request on a session waits. Returns the streams once the session's
+  // lease shows the request arrived and the engine's queue gauge shows it queued: an
+  // arrival that was refused (the client library then retries it after the hint) must not
+  // leave the queue place to the test's own request, which would wait forever behind the
+  // streams. No task ends while the slots are all taken, so the drain stays unmeasured:
+  // the session's creation (a task of its own) runs while a slot is still free; with one
+  // slot its end would count as the drain of a saturated window.
+  static constexpr int64_t kFilledSlots = 2;
   struct Filled {
-    std::unique_ptr<GenerateStream> running;
+    std::vector<std::unique_ptr<GenerateStream>> running;
     std::unique_ptr<GenerateStream> queued;
   };
   static Filled Fill(Harness& server) {
     Filled filled;
     auto session = server.client().CreateSession("", "b");
     EXPECT_TRUE(session.ok());
-    filled.running = server.client().StartGenerate(GreedyRequest("a", 10000000));
-    v1::GenerateResponse message;
-    EXPECT_TRUE(filled.running->Next(&message));
+    for (int64_t i = 0; i < kFilledSlots; ++i) {
+      filled.running.push_back(server.client().StartGenerate(GreedyRequest("a", 10000000)));
+      v1::GenerateResponse message;
+      EXPECT_TRUE(filled.running.back()->Next(&message));
+    }
     filled.queued = server.client().StartGenerate(GreedyRequest("", 3, session->session_id()));
     EXPECT_TRUE(WaitUntilBusy(server.client(), session->session_id()));
     bool queued = false;
@@ -134,14 +143,17 @@ class OverloadTest : public ::testing::Test {
     }
     if (!queued) {
       ADD_FAILURE() << "the session's request never showed in the engine's queue";
-      filled.running->Cancel();  // so that no later request waits behind it forever
+      // So that no later request waits behind them forever.
+      for (auto& running : filled.running) running->Cancel();
     }
     return filled;
   }
   static void Drain(Filled& filled) {
     v1::GenerateResponse message;
-    filled.running->Cancel();
-    while (filled.running->Next(&message)) {
+    for (auto& running : filled.running) {
+      running->Cancel();
+      while (running->Next(&message)) {
+      }
     }
     while (filled.queued->Next(&message)) {
     }
@@ -190,7 +202,7 @@ std::string* OverloadTest::model_dir_ = nullptr;
 TEST_F(OverloadTest, RefusalCarriesPushbackAndRetryInfo) {
   GrpcServerOptions server_options;
   server_options.max_refusal_delay = absl::ZeroDuration();
-  auto server = Harness::Start(Options(1, 1), server_options);
+  auto server = Harness::Start(Options(kFilledSlots, 1), server_options);
   ASSERT_NE(server, nullptr);
   Filled filled = Fill(*server);
 
@@ -227,7 +239,7 @@ TEST_F(OverloadTest, RefusalCarriesPushbackAndRetryInfo) {
 TEST_F(OverloadTest, HeldRefusalPushesBackTheRest) {
   GrpcServerOptions server_options;
   server_options.max_refusal_delay = absl::Milliseconds(300);
-  auto server = Harness::Start(Options(1, 1), server_options);
+  auto server = Harness::Start(Options(kFilledSlots, 1), server_options);
   ASSERT_NE(server, nullptr);
   Filled filled = Fill(*server);
   auto stub = RawStub(*server);
@@ -253,7 +265,7 @@ TEST_F(OverloadTest, HeldRefusalPushesBackTheRest) {
 TEST_F(OverloadTest, ClientRetriesAfterTheHint) {
   GrpcServerOptions server_options;
   server_options.max_refusal_delay = absl::ZeroDuration();
-  auto server = Harness::Start(Options(1, 1), server_options);
+  auto server = Harness::Start(Options(kFilledSlots, 1), server_options);
   ASSERT_NE(server, nullptr);
   Filled filled = Fill(*server);
 
@@ -299,11 +311,12 @@ TEST_F(OverloadTest, ClientRetriesAfterTheHint) {
 TEST_F(OverloadTest, DeadlineAdmission) {
   auto server = Harness::Start(Options(1, 64));
   ASSERT_NE(server, nullptr);
-  // The expected wait of 7 streams of a tenth of a second is far beyond 150 ms.
+  // The expected wait of 7 streams of about 60 ms (0.4 s here; 0.1 s on a machine 4x
+  // faster) is far beyond 50 ms.
   SaturatedSlot load(*server);
   auto stub = RawStub(*server);
   const std::string refusal =
-      GenerateUntilRefused(*stub, absl::Milliseconds(150), grpc::StatusCode::DEADLINE_EXCEEDED,
+      GenerateUntilRefused(*stub, absl::Milliseconds(50), grpc::StatusCode::DEADLINE_EXCEEDED,
                            "cannot start this request before its deadline");
   EXPECT_TRUE(absl::StrContains(refusal, "expected wait")) << refusal;
 }
@@ -316,7 +329,7 @@ TEST_F(OverloadTest, QueueWaitBoundsTheQueue) {
   options.engine.max_queue_wait = absl::Milliseconds(1);
   auto server = Harness::Start(options);
   ASSERT_NE(server, nullptr);
-  // About 10 streams end a second: 1 ms drains less than one, so the capacity is 2.
+  // About 16 streams end a second: 1 ms drains less than one, so the capacity is 2.
   SaturatedSlot load(*server);
   auto stub = RawStub(*server);
   const std::string refusal = GenerateUntilRefused(
