@@ -55,7 +55,8 @@ class Model {
 
   const ModelConfig& config() const { return config_; }
   const ModelOptions& options() const { return options_; }
-  // Weights by contract name (on options().device, in options().dtype).
+  // Weights by contract name (on options().device, in options().dtype; with
+  // options().keep_16bit_matrices an RWKV matrix may be bf16 or f16 instead).
   const std::map<std::string, torch::Tensor>& weights() const { return weights_; }
   // Trainable parameters: every weight except the batch norms' running statistics
   // (buffers in PyTorch terms).
@@ -96,7 +97,8 @@ class Model {
   // Switches weights to trainable leaves (requires_grad) for the trainer; the running
   // statistics of batch norms never require grad.
   void SetRequiresGrad(bool requires_grad);
-  // Weights as float32 CPU tensors, detached, in name order (for saving).
+  // Weights as float32 CPU tensors, detached, in name order (for saving); a matrix kept
+  // in 16 bits (ModelOptions::keep_16bit_matrices) is widened, exactly.
   std::map<std::string, torch::Tensor> ExportWeights() const;
 
   Model(Model&&) = default;
@@ -106,6 +108,8 @@ class Model {
   struct LayerWeights;
   Model() = default;
   absl::Status BindWeights();
+  // ModelOptions::keep_16bit_matrices: narrows the RWKV matrices exact in 16 bits.
+  void KeepMatricesIn16Bits();
 
   torch::Tensor EmbedTokens(const torch::Tensor& tokens) const;
   torch::Tensor Head(const torch::Tensor& h) const;

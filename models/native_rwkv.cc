@@ -407,7 +407,14 @@ absl::StatusOr<std::unique_ptr<NativeRwkv>> NativeRwkv::Create(const Model& mode
       l.ffn_x_k = weight(p + "ffn.x_k");
       weights->layers.push_back(std::move(l));
     }
-    weights->emb = weight("emb.weight");
+    if (const torch::Tensor emb = read.Stored("emb.weight"); emb.scalar_type() == torch::kFloat32) {
+      weights->emb = weight("emb.weight");
+    } else {
+      weights->kept.push_back(emb);
+      weights->emb16 = reinterpret_cast<const uint16_t*>(emb.data_ptr());
+      weights->emb_format =
+          emb.scalar_type() == torch::kBFloat16 ? WeightFormat::kBf16 : WeightFormat::kF16;
+    }
     weights->ln0_w = weight("blocks.0.ln0.weight");
     weights->ln0_b = weight("blocks.0.ln0.bias");
     weights->ln_out_w = weight("ln_out.weight");
@@ -453,7 +460,12 @@ void NativeRwkv::Absorb(absl::Span<const int64_t> tokens, int64_t steps,
 
   ParallelRows(threads, B, kRowGrain, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin * T; i < end * T; ++i) {
-      std::memcpy(h + i * d, weights_->emb + tokens[static_cast<size_t>(i)] * d, sizeof(float) * d);
+      const int64_t token = tokens[static_cast<size_t>(i)];
+      if (weights_->emb16 != nullptr) {
+        WidenValues(weights_->emb_format, weights_->emb16 + token * d, d, h + i * d);
+      } else {
+        std::memcpy(h + i * d, weights_->emb + token * d, sizeof(float) * d);
+      }
     }
     LayerNorm(h + begin * T * d, (end - begin) * T, d, weights_->ln0_w, weights_->ln0_b, eps,
               h + begin * T * d);

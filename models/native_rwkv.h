@@ -78,7 +78,11 @@ class NativeRwkv {
   struct Weights {
     std::vector<Layer> layers;
     std::vector<torch::Tensor> kept;  // contiguous views the raw pointers read
+    // The embedding, float32 (emb) or as the model keeps it in 16 bits (emb16, in
+    // emb_format; ModelOptions::keep_16bit_matrices), widened a row at a time.
     const float* emb = nullptr;
+    const uint16_t* emb16 = nullptr;
+    WeightFormat emb_format = WeightFormat::kF32;
     const float *ln0_w = nullptr, *ln0_b = nullptr, *ln_out_w = nullptr, *ln_out_b = nullptr;
     Panels head;
     // Projections per WeightFormat (indexed by its value).

@@ -17,11 +17,14 @@ class NativeWeightReader {
   NativeWeightReader(const Model& model, std::vector<torch::Tensor>* kept)
       : model_(model), kept_(kept) {}
 
-  // The weight `name`, contiguous. Throws std::out_of_range for an unknown name (the
-  // kernels' Create catches it).
-  torch::Tensor Tensor(const std::string& name) const {
+  // The weight `name` as it is kept (float32, or 16 bits for a matrix under
+  // ModelOptions::keep_16bit_matrices), contiguous. Throws std::out_of_range for an
+  // unknown name (the kernels' Create catches it).
+  torch::Tensor Stored(const std::string& name) const {
     return model_.weights().at(name).detach().contiguous();
   }
+  // The weight `name` in float32 (a 16-bit matrix widened: a temporary), contiguous.
+  torch::Tensor Tensor(const std::string& name) const { return Stored(name).to(torch::kFloat32); }
   // Tensor(name)'s data, the tensor kept.
   float* Kept(const std::string& name) {
     torch::Tensor t = Tensor(name);

@@ -263,6 +263,14 @@ const char* WeightFormatName(WeightFormat format) {
 
 int WeightFormatBits(WeightFormat format) { return format == WeightFormat::kF32 ? 32 : 16; }
 
+void WidenValues(WeightFormat format, const uint16_t* in, int64_t n, float* out) {
+  if (format == WeightFormat::kF16) {
+    for (int64_t i = 0; i < n; ++i) out[i] = HalfToFloat(in[i]);
+  } else {
+    for (int64_t i = 0; i < n; ++i) out[i] = BfloatToFloat(in[i]);
+  }
+}
+
 WeightFormat PackedLinear::ExactFormat(const float* w, int64_t n) {
   bool bf16 = true, f16 = true;
   for (int64_t i = 0; i < n && (bf16 || f16); ++i) {

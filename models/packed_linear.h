@@ -32,6 +32,8 @@ namespace fwmodel {
 enum class WeightFormat { kF32, kBf16, kF16 };
 const char* WeightFormatName(WeightFormat format);  // "f32", "bf16", "f16"
 int WeightFormatBits(WeightFormat format);          // 32 or 16
+// out[0, n) := in[0, n) widened from `format` (kBf16 or kF16), exactly.
+void WidenValues(WeightFormat format, const uint16_t* in, int64_t n, float* out);
 
 class PackedLinear {
  public:
