@@ -2,7 +2,7 @@
 # FWSERVE_MODEL_TESTS_ONLY: scripts/gpu/build.sh on the GPU machine).
 
 # Helpers shared by the LibTorch tests (small random models).
-add_library(fwserve_test_util STATIC unit/test_models.cc)
+add_library(fwserve_test_util STATIC unit/test_models.cc unit/temp_dir.cc)
 target_include_directories(fwserve_test_util PUBLIC ${PROJECT_SOURCE_DIR})
 target_compile_options(fwserve_test_util PRIVATE ${FWSERVE_WARNINGS})
 target_link_libraries(fwserve_test_util PUBLIC fwserve_models GTest::gtest)

@@ -8,7 +8,6 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <filesystem>
 
 #include "models/checkpoint.h"
 #include "models/model.h"
@@ -34,17 +33,6 @@ std::vector<double> ReferenceScore(const std::string& checkpoint_dir, const std:
   auto scores = fwmodel::ScoreTokens(loaded->model, fwmodel::EncodeBytes(text));
   EXPECT_TRUE(scores.ok()) << scores.status();
   return scores.ok() ? *scores : std::vector<double>{};
-}
-
-std::string MakeTempDir(const std::string& tag) {
-  static std::atomic<int> counter{0};
-  const char* base = std::getenv("TEST_TMPDIR");
-  std::filesystem::path dir = std::filesystem::path(base != nullptr ? base : "/tmp") /
-                              ("fwserve-" + tag + "-" + std::to_string(getpid()) + "-" +
-                               std::to_string(counter.fetch_add(1)));
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  return dir.string();
 }
 
 int FreeLoopbackPort() {

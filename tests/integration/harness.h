@@ -15,6 +15,7 @@
 #include "server/metrics/metrics.h"
 #include "server/transport/grpc/grpc_server.h"
 #include "server/transport/http/http_server.h"
+#include "tests/unit/temp_dir.h"
 
 namespace fwtest {
 
@@ -25,10 +26,6 @@ void WriteTinyCheckpoint(const std::string& dir, const std::string& architecture
 // The contract's log-probs of `text` from a fresh state, computed with the model
 // library directly (not through the server).
 std::vector<double> ReferenceScore(const std::string& checkpoint_dir, const std::string& text);
-
-// A fresh temporary directory (removed by the process's test teardown is not needed:
-// it lives under the test's TEST_TMPDIR or /tmp).
-std::string MakeTempDir(const std::string& tag);
 
 // A Generate request with greedy sampling (temperature 0).
 fwserve::v1::GenerateRequest GreedyRequest(const std::string& prompt, int max_tokens,

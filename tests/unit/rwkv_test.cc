@@ -23,6 +23,7 @@
 #include "models/native_step.h"
 #include "models/safetensors.h"
 #include "nlohmann/json.hpp"
+#include "tests/unit/temp_dir.h"
 #include "tests/unit/test_models.h"
 
 namespace fwmodel {
@@ -35,17 +36,9 @@ std::string ReadAll(const std::string& path) {
   return buffer.str();
 }
 
-std::string TempDir(const std::string& name) {
-  std::string pattern = ::testing::TempDir() + "/rwkv_" + name + "_XXXXXX";
-  std::vector<char> buffer(pattern.begin(), pattern.end());
-  buffer.push_back('\0');
-  EXPECT_NE(mkdtemp(buffer.data()), nullptr);
-  return std::string(buffer.data());
-}
-
 // Converts tests/data/rwkv/tiny-rwkv-<name>.bin with tools/convert_rwkv_cpp.py.
 std::string ConvertTiny(const std::string& name) {
-  const std::string out = TempDir(name);
+  const std::string out = fwtest::MakeTempDir("rwkv-" + name);
   const std::string command = std::string(FWSERVE_PYTHON3) + " " + FWSERVE_SOURCE_DIR +
                               "/tools/convert_rwkv_cpp.py " + FWSERVE_SOURCE_DIR +
                               "/tests/data/rwkv/tiny-rwkv-" + name + ".bin " + out + " >/dev/null";
@@ -258,7 +251,7 @@ TEST_P(RwkvFormsTest, NativeStepServesTheArchitecture) {
 TEST_P(RwkvFormsTest, SaveAndLoadRoundTrip) {
   auto model = Model::InitRandom(SmallRwkvConfig(GetParam()), 5);
   ASSERT_TRUE(model.ok()) << model.status();
-  const std::string dir = TempDir("save");
+  const std::string dir = fwtest::MakeTempDir("rwkv-save");
   ASSERT_TRUE(SaveCheckpoint(*model, dir).ok());
   auto loaded = LoadCheckpoint(dir);
   ASSERT_TRUE(loaded.ok()) << loaded.status();
@@ -340,7 +333,7 @@ class HuggingFaceLayoutTest : public ::testing::Test {
   }
 
   std::string Write(int shards = 1) {
-    const std::string dir = TempDir("hf");
+    const std::string dir = fwtest::MakeTempDir("rwkv-hf");
     std::ofstream(dir + "/config.json") << config_.dump(2);
     std::vector<std::vector<TensorBlob>> files(static_cast<size_t>(shards));
     nlohmann::json weight_map = nlohmann::json::object();
