@@ -9,6 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "models/mixers/mixer.h"
 #include "models/mixers/rwkv_block.h"
+#include "models/native_step.h"
 #include "models/packed_linear.h"
 
 namespace fwmodel {
@@ -802,7 +803,8 @@ absl::StatusOr<torch::Tensor> Model::Step(const torch::Tensor& tokens, State* st
 
 absl::StatusOr<std::vector<double>> ScoreTokens(const Model& model,
                                                 const std::vector<int64_t>& tokens,
-                                                ScoringContext* context, int64_t chunk) {
+                                                ScoringContext* context, int64_t chunk,
+                                                NativeStep* native) {
   torch::NoGradGuard no_grad;
   std::vector<double> logprobs;
   if (tokens.empty()) return logprobs;
@@ -815,7 +817,20 @@ absl::StatusOr<std::vector<double>> ScoreTokens(const Model& model,
   for (int64_t start = 0; start < n; start += chunk) {
     const int64_t len = std::min(chunk, n - start);
     torch::Tensor piece = all.narrow(0, start, len);
-    auto logits = model.Forward(piece.unsqueeze(0), &context->state);
+    absl::StatusOr<torch::Tensor> logits;
+    if (native != nullptr) {
+      // The kernel reads its pool in place: contiguous rows (a state from Forward may be
+      // a view).
+      for (torch::Tensor& t : context->state.tensors) t = t.contiguous();
+      // [1, len, vocab] as Forward gives, from the kernel's row 0: the context's state.
+      logits = torch::empty({1, len, model.config().vocab_size}, torch::kFloat32);
+      const absl::Status absorbed = native->AbsorbEveryPosition(
+          absl::MakeConstSpan(tokens).subspan(static_cast<size_t>(start), static_cast<size_t>(len)),
+          len, {0}, &context->state, logits->data_ptr<float>());
+      if (!absorbed.ok()) return absorbed;
+    } else {
+      logits = model.Forward(piece.unsqueeze(0), &context->state);
+    }
     if (!logits.ok()) return logits.status();
     // Row i of `predictors` predicts token i of the piece.
     torch::Tensor logp = torch::log_softmax(logits->squeeze(0).to(torch::kFloat64), -1).cpu();

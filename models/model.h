@@ -147,13 +147,18 @@ struct ScoringContext {
   torch::Tensor next_logits;
 };
 
+class NativeStep;  // models/native_step.h
+
 // Natural-log probabilities of tokens by the contract's scoring convention. From a
 // fresh context, returns tokens.size() - 1 values: log p(t_i | t_<i) for i >= 1. From
 // a context that already holds tokens, returns one value per token. Advances
-// `context` past the tokens. Runs the sequence form in chunks of `chunk` tokens.
+// `context` past the tokens. Runs the sequence form in chunks of `chunk` tokens, or,
+// given `native` (a native kernel of `model`, used by this call alone), its prefill
+// with every position's logits: equal up to float32 summation order, and for RWKV
+// several times faster.
 absl::StatusOr<std::vector<double>> ScoreTokens(const Model& model,
                                                 const std::vector<int64_t>& tokens,
                                                 ScoringContext* context = nullptr,
-                                                int64_t chunk = 1024);
+                                                int64_t chunk = 1024, NativeStep* native = nullptr);
 
 }  // namespace fwmodel

@@ -428,7 +428,8 @@ absl::StatusOr<std::unique_ptr<NativeRwkv>> NativeRwkv::Create(const Model& mode
 }
 
 void NativeRwkv::Absorb(absl::Span<const int64_t> tokens, int64_t steps,
-                        absl::Span<const int64_t> rows, State* pool, int threads, float* logits) {
+                        absl::Span<const int64_t> rows, State* pool, int threads, float* logits,
+                        bool every_position) {
   const ModelConfig& c = model_.config();
   const int64_t B = static_cast<int64_t>(rows.size());
   if (B == 0) return;
@@ -558,6 +559,11 @@ void NativeRwkv::Absorb(absl::Span<const int64_t> tokens, int64_t steps,
                    mixed);
     RunGemms(threads, n, {Gemm{&l.key, mixed[0], nullptr, ffn, Epilogue::kSquaredRelu}});
     RunGemms(threads, n, {Gemm{&l.value, ffn, nullptr, x, Epilogue::kAddToResidual, h}});
+  }
+  if (every_position) {
+    LayerNorm(h, n, d, weights_->ln_out_w, weights_->ln_out_b, eps, x);
+    RunGemms(threads, n, {Gemm{&weights_->head, x, nullptr, logits}});
+    return;
   }
   // Logits of each session's last token only.
   for (int64_t b = 0; b < B; ++b) {

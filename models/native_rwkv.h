@@ -52,8 +52,10 @@ class NativeRwkv {
   // NativeStep::Absorb's contract, with its arguments already checked (CheckArguments)
   // and `threads` resolved (>= 1): rows[b] absorbs tokens[b * steps .. (b + 1) * steps)
   // in place in `pool`; logits [B, vocab] after each row's last token.
+  // every_position: logits [B·steps, vocab], after each token (NativeStep::
+  // AbsorbEveryPosition), instead of after each row's last.
   void Absorb(absl::Span<const int64_t> tokens, int64_t steps, absl::Span<const int64_t> rows,
-              State* pool, int threads, float* logits);
+              State* pool, int threads, float* logits, bool every_position = false);
 
   ~NativeRwkv();
 

@@ -303,9 +303,21 @@ absl::Status NativeStep::Step(absl::Span<const int64_t> tokens, absl::Span<const
 
 absl::Status NativeStep::Absorb(absl::Span<const int64_t> tokens, int64_t steps,
                                 absl::Span<const int64_t> rows, State* pool, float* logits) {
+  return AbsorbTokens(tokens, steps, rows, pool, logits, /*every_position=*/false);
+}
+
+absl::Status NativeStep::AbsorbEveryPosition(absl::Span<const int64_t> tokens, int64_t steps,
+                                             absl::Span<const int64_t> rows, State* pool,
+                                             float* logits) {
+  return AbsorbTokens(tokens, steps, rows, pool, logits, /*every_position=*/true);
+}
+
+absl::Status NativeStep::AbsorbTokens(absl::Span<const int64_t> tokens, int64_t steps,
+                                      absl::Span<const int64_t> rows, State* pool, float* logits,
+                                      bool every_position) {
   if (absl::Status s = CheckArguments(tokens, steps, rows, *pool); !s.ok()) return s;
   if (rwkv_ != nullptr) {
-    rwkv_->Absorb(tokens, steps, rows, pool, Threads(), logits);
+    rwkv_->Absorb(tokens, steps, rows, pool, Threads(), logits, every_position);
     return absl::OkStatus();
   }
   const ModelConfig& c = model_.config();
@@ -410,6 +422,11 @@ absl::Status NativeStep::Absorb(absl::Span<const int64_t> tokens, int64_t steps,
       ParallelApply(threads, l.down, a, N, l.down_b, y);
     }
     AddInPlace(h, y, N * d);
+  }
+  if (every_position) {
+    LayerNorm(h, N, d, norm_f_w_, norm_f_b_, norm_eps, x);
+    ParallelApply(threads, head_, x, N, nullptr, logits);
+    return absl::OkStatus();
   }
   // Logits of each session's last token only.
   for (int64_t b = 0; b < B; ++b) {

@@ -72,6 +72,10 @@ class NativeStep {
   // contract as Step otherwise.
   absl::Status Absorb(absl::Span<const int64_t> tokens, int64_t steps,
                       absl::Span<const int64_t> rows, State* pool, float* logits);
+  // Absorb with the logits after every token, for scoring: logits [B·steps, vocab], row
+  // b·steps + t after token t of row rows[b]. Same contract as Absorb otherwise.
+  absl::Status AbsorbEveryPosition(absl::Span<const int64_t> tokens, int64_t steps,
+                                   absl::Span<const int64_t> rows, State* pool, float* logits);
 
   ~NativeStep();
 
@@ -86,6 +90,9 @@ class NativeStep {
   NativeStep(const Model& model, int32_t threads);
   // The threads this call may use (NativeStepOptions::threads resolved).
   int Threads() const;
+  absl::Status AbsorbTokens(absl::Span<const int64_t> tokens, int64_t steps,
+                            absl::Span<const int64_t> rows, State* pool, float* logits,
+                            bool every_position);
   absl::Status CheckArguments(absl::Span<const int64_t> tokens, int64_t steps,
                               absl::Span<const int64_t> rows, const State& pool) const;
   // out [B, d] := the product-key memory FFN of x [B, d], its rows over `threads`.

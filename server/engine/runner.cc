@@ -184,8 +184,8 @@ void Runner::PrefillThreadLoop() {
     const absl::Time start = absl::Now();
     try {
       if (work->score_context != nullptr) {
-        auto logprobs = fwmodel::ScoreTokens(model_, work->piece, work->score_context,
-                                             options_.scheduler.prefill_chunk_tokens);
+        auto logprobs = stepper_.Score(work->piece, work->score_context,
+                                       options_.scheduler.prefill_chunk_tokens);
         if (logprobs.ok()) {
           work->logprobs = std::move(*logprobs);
         } else {

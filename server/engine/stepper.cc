@@ -288,4 +288,10 @@ absl::StatusOr<torch::Tensor> Stepper::Prefill(const torch::Tensor& tokens, fwmo
   return logits->select(1, length - 1).to(torch::kFloat32).contiguous();
 }
 
+absl::StatusOr<std::vector<double>> Stepper::Score(const std::vector<int64_t>& tokens,
+                                                   fwmodel::ScoringContext* context,
+                                                   int64_t chunk) {
+  return fwmodel::ScoreTokens(model_, tokens, context, chunk, native_prefill_.get());
+}
+
 }  // namespace fwserve

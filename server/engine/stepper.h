@@ -125,6 +125,10 @@ class Stepper {
   // place). Returns the logits after each row's last token, float32 [B, vocab] on the
   // model's device.
   absl::StatusOr<torch::Tensor> Prefill(const torch::Tensor& tokens, fwmodel::State* state);
+  // Prefill thread: fwmodel::ScoreTokens over `tokens` from `context`, in chunks of
+  // `chunk` tokens, on the native kernel's prefill instance when there is one.
+  absl::StatusOr<std::vector<double>> Score(const std::vector<int64_t>& tokens,
+                                            fwmodel::ScoringContext* context, int64_t chunk);
 
  private:
   absl::Status StepOnKernel(const std::vector<int64_t>& rows, const std::vector<int64_t>& tokens,

@@ -177,6 +177,13 @@ TEST_P(NativeRwkvTest, AbsorbEqualsSteppingTokenByToken) {
   fwtest::ExpectAbsorbEqualsSteppingTokenByToken(model, kTolerance);
 }
 
+// Score on the kernel's prefill with every position's logits equals the sequence form.
+TEST_P(NativeRwkvTest, ScoreEqualsTheSequenceForm) {
+  torch::NoGradGuard no_grad;
+  fwmodel::Model model = fwtest::RandomModel(config_, 19, torch::kFloat32);
+  fwtest::ExpectNativeScoreEqualsSequenceForm(model, kTolerance);
+}
+
 // Splitting a call over threads (the GEMMs' panels, the (session, head) pairs, the
 // tokens) changes no result: 3 threads against 1, for a decode step of 40 sessions and
 // a prefill of 3 sessions x 20 tokens.

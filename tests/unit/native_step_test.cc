@@ -43,6 +43,13 @@ TEST_P(NativeStepTest, AbsorbEqualsSteppingTokenByToken) {
   fwtest::ExpectAbsorbEqualsSteppingTokenByToken(model, kTolerance);
 }
 
+// Score on the kernel's prefill with every position's logits equals the sequence form.
+TEST_P(NativeStepTest, ScoreEqualsTheSequenceForm) {
+  torch::NoGradGuard no_grad;
+  fwmodel::Model model = fwtest::RandomModel(config_, 19, torch::kFloat32);
+  fwtest::ExpectNativeScoreEqualsSequenceForm(model, kTolerance);
+}
+
 INSTANTIATE_TEST_SUITE_P(AllConfigurations, NativeStepTest,
                          testing::ValuesIn(fwtest::AllConfigCases()), fwtest::ConfigCaseName);
 

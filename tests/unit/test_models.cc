@@ -227,6 +227,32 @@ void ExpectAbsorbEqualsSteppingTokenByToken(const fwmodel::Model& model, double 
   }
 }
 
+void ExpectNativeScoreEqualsSequenceForm(const fwmodel::Model& model, double tolerance) {
+  torch::NoGradGuard no_grad;
+  auto native = fwmodel::NativeStep::Create(model);
+  ASSERT_TRUE(native.ok()) << native.status();
+  const torch::Tensor random = fwtest::RandomTokens(1, 29, model.config().vocab_size, 17);
+  const std::vector<int64_t> all(random.data_ptr<int64_t>(), random.data_ptr<int64_t>() + 29);
+  const std::vector<int64_t> first(all.begin(), all.begin() + 23),
+      then(all.begin() + 23, all.end());
+  fwmodel::ScoringContext on_native, on_sequence;
+  for (const std::vector<int64_t>* part : {&first, &then}) {
+    auto got = fwmodel::ScoreTokens(model, *part, &on_native, /*chunk=*/7, native->get());
+    auto want = fwmodel::ScoreTokens(model, *part, &on_sequence, /*chunk=*/7);
+    ASSERT_TRUE(got.ok() && want.ok()) << got.status() << want.status();
+    ASSERT_EQ(got->size(), part == &first ? 22u : 6u);
+    ASSERT_EQ(got->size(), want->size());
+    for (size_t i = 0; i < got->size(); ++i) {
+      EXPECT_NEAR((*got)[i], (*want)[i], tolerance) << "token " << i << " of " << got->size();
+    }
+    ExpectNearRelative(on_native.next_logits, on_sequence.next_logits, tolerance, "next logits");
+    for (size_t t = 0; t < on_native.state.tensors.size(); ++t) {
+      ExpectNearRelative(on_native.state.tensors[t], on_sequence.state.tensors[t], tolerance,
+                         absl::StrCat("state ", model.state_spec()[t].name));
+    }
+  }
+}
+
 void ExpectThreeThreadsEqualOne(const fwmodel::Model& model, int64_t sessions, int64_t capacity,
                                 const std::vector<int64_t>& prompt_rows, int64_t prompt_tokens,
                                 double tolerance, const std::string& label) {

@@ -75,6 +75,12 @@ void ExpectNativeStepEqualsModelStepRowByRow(const fwmodel::Model& model, int st
 // Then one more decode Step. Logits and states within `tolerance`.
 void ExpectAbsorbEqualsSteppingTokenByToken(const fwmodel::Model& model, double tolerance);
 
+// Scoring on the native kernel (ScoreTokens given a NativeStep) equals the sequence form:
+// 23 tokens from a fresh context in chunks of 7 (a ragged last chunk), then 6 more tokens
+// continuing both contexts; every log-probability within `tolerance` (absolute), the
+// contexts' states and next-token logits within it (relative).
+void ExpectNativeScoreEqualsSequenceForm(const fwmodel::Model& model, double tolerance);
+
 // Splitting a native call over threads changes no result: NativeStep with 3 threads
 // against 1 on clones of one pool (a warm-up step first, so states are not initial), for
 // a decode step of `sessions` rows (shuffled in [0, sessions)) and a prefill of
