@@ -823,7 +823,11 @@ absl::StatusOr<std::vector<double>> ScoreTokens(const Model& model,
       // a view).
       for (torch::Tensor& t : context->state.tensors) t = t.contiguous();
       // [1, len, vocab] as Forward gives, from the kernel's row 0: the context's state.
-      logits = torch::empty({1, len, model.config().vocab_size}, torch::kFloat32);
+      try {
+        logits = torch::empty({1, len, model.config().vocab_size}, torch::kFloat32);
+      } catch (const c10::Error&) {
+        return absl::ResourceExhaustedError("score: no memory for a chunk's logits");
+      }
       const absl::Status absorbed = native->AbsorbEveryPosition(
           absl::MakeConstSpan(tokens).subspan(static_cast<size_t>(start), static_cast<size_t>(len)),
           len, {0}, &context->state, logits->data_ptr<float>());
@@ -844,7 +848,8 @@ absl::StatusOr<std::vector<double>> ScoreTokens(const Model& model,
     torch::Tensor picked = predictors.gather(1, targets.unsqueeze(1)).squeeze(1).contiguous();
     const double* values = picked.data_ptr<double>();
     logprobs.insert(logprobs.end(), values, values + picked.numel());
-    context->next_logits = logits->squeeze(0)[len - 1].detach();
+    // A copy: a view would keep the whole chunk's logits alive.
+    context->next_logits = logits->squeeze(0)[len - 1].detach().clone();
   }
   return logprobs;
 }

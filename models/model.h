@@ -155,7 +155,8 @@ class NativeStep;  // models/native_step.h
 // `context` past the tokens. Runs the sequence form in chunks of `chunk` tokens, or,
 // given `native` (a native kernel of `model`, used by this call alone), its prefill
 // with every position's logits: equal up to float32 summation order, and for RWKV
-// several times faster.
+// several times faster. The native path advances context->state in place (Forward
+// replaces its tensors): a context to keep apart must be a Clone, not a copy.
 absl::StatusOr<std::vector<double>> ScoreTokens(const Model& model,
                                                 const std::vector<int64_t>& tokens,
                                                 ScoringContext* context = nullptr,

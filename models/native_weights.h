@@ -1,5 +1,6 @@
-// How a native kernel reads its model's weights at Create: contiguous float32 tensors by
-// name, and raw pointers into them that stay valid while the tensors are kept.
+// How a native kernel reads its model's weights at Create: contiguous tensors by name
+// (float32, widened from a 16-bit matrix where ModelOptions::keep_16bit_matrices kept
+// one), and raw pointers into them that stay valid while the tensors are kept.
 #pragma once
 
 #include <string>

@@ -25,8 +25,10 @@ struct ModelOptions {
   // float32 values are all exact in bf16, else in f16, is kept in those 16 bits and
   // widened where it is used, so results are bit-identical. Real checkpoints ship in
   // BF16/F16, so this halves the weights a served model keeps beside the native kernel's
-  // own copy. The cost: the sequence form (Score) and LibTorch's step widen each matrix
-  // at each call. The server sets it when the native kernel serves the model.
+  // own copy. The cost: LibTorch's forms (Forward, Step) widen each matrix at each call.
+  // The server sets it when it asks for the native kernel on the CPU, which then serves
+  // decode, prefill and Score; LibTorch runs only if that kernel cannot be built (for a
+  // float32 RWKV model on the CPU it always can).
   bool keep_16bit_matrices = false;
 };
 

@@ -166,9 +166,10 @@ class CoreImpl : public Core {
       return absl::InvalidArgumentError(
           absl::StrCat("--device must be cpu, cuda or cuda:N, got '", options_.device, "'"));
     }
-    // Where the native kernel serves (it keeps its own copy of the weights), an RWKV
-    // checkpoint's 16-bit matrices stay 16-bit in the model too: Score and the fallback
-    // step widen them per call, with the same results (docs/models.md, "Memory").
+    // Where the native kernel serves (it keeps its own copy of the weights, and runs
+    // decode, prefill and Score), an RWKV checkpoint's 16-bit matrices stay 16-bit in the
+    // model too; LibTorch's forms would widen them per call, with the same results
+    // (docs/models.md, "Memory").
     model_options.keep_16bit_matrices =
         model_options.device.is_cpu() && options_.engine.decode_kernel == "native";
     std::set<std::string> names;
