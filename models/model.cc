@@ -378,6 +378,7 @@ absl::StatusOr<Model> Model::InitRandom(const ModelConfig& config, uint64_t seed
 const Mixer& Model::mixer(int layer) const { return *layers_[layer]->mixer; }
 
 int64_t Model::parameter_count() const {
+  if (matrices_released_) return released_parameter_count_;
   int64_t n = 0;
   for (const auto& [name, t] : weights_) {
     if (!IsBufferName(name)) n += t.numel();
@@ -437,6 +438,17 @@ void Model::SetRequiresGrad(bool requires_grad) {
   }
 }
 
+void Model::ReleaseMatrices() {
+  if (!config_.is_rwkv() || matrices_released_) return;
+  released_parameter_count_ = parameter_count();
+  for (auto& [name, tensor] : weights_) {
+    if (tensor.dim() == 2) tensor = torch::Tensor();
+  }
+  matrices_released_ = true;
+  // The blocks' handles go too; the state layout is rebuilt the same.
+  (void)BindWeights();
+}
+
 void Model::KeepMatricesIn16Bits() {
   if (!config_.is_rwkv() || !options_.device.is_cpu() || options_.dtype != torch::kFloat32) return;
   for (auto& [name, tensor] : weights_) {
@@ -458,6 +470,7 @@ void Model::KeepMatricesIn16Bits() {
 std::map<std::string, torch::Tensor> Model::ExportWeights() const {
   std::map<std::string, torch::Tensor> out;
   for (const auto& [name, t] : weights_) {
+    if (!t.defined()) continue;  // released (ReleaseMatrices)
     out[name] = t.detach().to(torch::kCPU, torch::kFloat32).contiguous().clone();
   }
   return out;
@@ -780,6 +793,10 @@ absl::Status CheckTokens(const torch::Tensor& tokens, int64_t dims, int64_t voca
 }  // namespace
 
 absl::StatusOr<torch::Tensor> Model::Forward(const torch::Tensor& tokens, State* state) const {
+  if (matrices_released_) {
+    return absl::FailedPreconditionError(
+        "the model's matrices were released to its native kernel (ReleaseMatrices)");
+  }
   absl::Status s = CheckTokens(tokens, 2, config_.vocab_size);
   if (!s.ok()) return s;
   if (!(s = CheckState(*state, tokens.size(0))).ok()) return s;
@@ -791,6 +808,10 @@ absl::StatusOr<torch::Tensor> Model::Forward(const torch::Tensor& tokens, State*
 }
 
 absl::StatusOr<torch::Tensor> Model::Step(const torch::Tensor& tokens, State* state) const {
+  if (matrices_released_) {
+    return absl::FailedPreconditionError(
+        "the model's matrices were released to its native kernel (ReleaseMatrices)");
+  }
   absl::Status s = CheckTokens(tokens, 1, config_.vocab_size);
   if (!s.ok()) return s;
   if (!(s = CheckState(*state, tokens.size(0))).ok()) return s;

@@ -101,6 +101,15 @@ class Model {
   // in 16 bits (ModelOptions::keep_16bit_matrices) is widened, exactly.
   std::map<std::string, torch::Tensor> ExportWeights() const;
 
+  // RWKV only (a no-op otherwise): drops this model's reference to every matrix (2-D
+  // weight), for a server whose native kernels, built from this model, serve decode,
+  // prefill and Score; a tensor a kernel keeps (the embedding) lives on through it.
+  // Afterwards Forward and Step fail with FailedPrecondition, ExportWeights leaves the
+  // matrices out, and config(), state_spec(), InitialState() and parameter_count() work
+  // as before. Not thread-safe: before any other use of the model begins.
+  void ReleaseMatrices();
+  bool matrices_released() const { return matrices_released_; }
+
   Model(Model&&) = default;
   Model& operator=(Model&&) = default;
 
@@ -126,6 +135,8 @@ class Model {
   ModelConfig config_;
   ModelOptions options_;
   std::map<std::string, torch::Tensor> weights_;
+  bool matrices_released_ = false;
+  int64_t released_parameter_count_ = 0;  // parameter_count() once released
   std::vector<std::shared_ptr<LayerWeights>> layers_;
   std::vector<StateTensorSpec> state_spec_;
   // Index in State::tensors of each layer's first mixer tensor and of its conv state

@@ -106,7 +106,16 @@ Engine::Engine(std::string name, fwmodel::LoadedModel loaded, const EngineOption
           name_, &model_, fingerprint_, &options_, context.directory, context.budget,
           context.clock != nullptr ? context.clock : Clock::Real(), metrics_, &pool_, this}),
       driver_(StreamDriverContext{name_, &model_, &tokenizer_, &options_, metrics_, &runner_,
-                                  &keeper_, &drain_, this}) {}
+                                  &keeper_, &drain_, this}) {
+  // An RWKV model's native kernels keep their own copy of its weights and serve every
+  // path: the model's matrices would only take memory (half of it, for a float32 file).
+  if (model_.config().is_rwkv() && runner_.native_serves_all()) {
+    model_.ReleaseMatrices();
+    Log(LogLevel::kInfo, absl::StrCat("model ", name_,
+                                      ": the native kernel serves every path; the model's "
+                                      "own copy of its matrices was released"));
+  }
+}
 
 Engine::~Engine() { Stop(); }
 

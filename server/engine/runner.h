@@ -120,6 +120,8 @@ class Runner {
   bool draws_ahead() const { return stepper_.draws_ahead(); }
   // Whether a step can draw several tokens per row (Stepper::multi_step).
   bool multi_step() const { return stepper_.multi_step(); }
+  // Stepper::native_serves_all.
+  bool native_serves_all() const { return stepper_.native_serves_all(); }
   // The engine's iteration ended: tokens a step drew for a sampling that did not come
   // are forgotten (Stepper::DiscardDrawsAhead).
   void EndIteration() { stepper_.DiscardDrawsAhead(); }

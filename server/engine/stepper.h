@@ -100,6 +100,9 @@ class Stepper {
   // Whether StepAhead can draw more than one token per row (the in-place graph step
   // with sample_in_step).
   bool multi_step() const { return draws_ahead(); }
+  // Whether the native kernel serves decode, prefill and Score (so LibTorch's forms, and
+  // the model's matrices, are never used).
+  bool native_serves_all() const { return native_step_ != nullptr && native_prefill_ != nullptr; }
   // Whether Step draws the next tokens of the rows it is given draws for (the in-place
   // graph step with sample_in_step); other kernels ignore the draws.
   bool draws_ahead() const {

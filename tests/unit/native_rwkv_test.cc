@@ -337,6 +337,64 @@ TEST_P(NativeRwkvTest, SixteenBitMatricesInTheModelChangeNothing) {
   }
 }
 
+// Model::ReleaseMatrices, as the server does once the native kernels exist: the kernels
+// (a decode instance and one sharing its weights, as the server's prefill) give the same
+// bits as on an unreleased twin (decode, prefill, Score); the model still gives its
+// state layout, fresh states and parameter count, refuses its LibTorch forms by name,
+// and exports only what it kept.
+TEST_P(NativeRwkvTest, ReleasedMatricesChangeNothingForTheKernels) {
+  torch::NoGradGuard no_grad;
+  const fwmodel::Model twin = fwtest::RandomModel(config_, 43, torch::kFloat32);
+  auto created = fwmodel::Model::Create(config_, twin.ExportWeights());
+  ASSERT_TRUE(created.ok()) << created.status();
+  fwmodel::Model released = std::move(*created);
+  auto decode_twin = fwmodel::NativeStep::Create(twin);
+  auto decode = fwmodel::NativeStep::Create(released);
+  ASSERT_TRUE(decode_twin.ok() && decode.ok());
+  auto prefill = fwmodel::NativeStep::CreateSharing(**decode, {});
+  ASSERT_TRUE(prefill.ok()) << prefill.status();
+  const int64_t parameters = released.parameter_count();
+  released.ReleaseMatrices();
+  EXPECT_TRUE(released.matrices_released());
+  EXPECT_EQ(released.parameter_count(), parameters);
+  ASSERT_EQ(released.state_spec().size(), twin.state_spec().size());
+  const fwmodel::State fresh = released.InitialState(2), fresh_twin = twin.InitialState(2);
+  for (size_t t = 0; t < fresh.tensors.size(); ++t) {
+    EXPECT_TRUE(torch::equal(fresh.tensors[t], fresh_twin.tensors[t])) << t;
+  }
+  for (const auto& [name, t] : released.ExportWeights()) EXPECT_NE(t.dim(), 2) << name;
+  const torch::Tensor one = torch::zeros({1}, torch::kInt64);
+  fwmodel::State state = released.InitialState(1);
+  EXPECT_EQ(released.Step(one, &state).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(released.Forward(one.view({1, 1}), &state).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+
+  const int64_t vocab = config_.vocab_size;
+  const torch::Tensor random = fwtest::RandomTokens(1, 20, vocab, 47);
+  const std::vector<int64_t> tokens(random.data_ptr<int64_t>(), random.data_ptr<int64_t>() + 20);
+  fwmodel::State pool = released.InitialState(3), pool_twin = twin.InitialState(3);
+  std::vector<float> got(3 * static_cast<size_t>(vocab)), want(got.size());
+  const std::vector<int64_t> rows = {2, 0};
+  ASSERT_TRUE((*decode)->Step({tokens[0], tokens[1]}, rows, &pool, got.data()).ok());
+  ASSERT_TRUE((*decode_twin)->Step({tokens[0], tokens[1]}, rows, &pool_twin, want.data()).ok());
+  EXPECT_EQ(got, want) << "decode";
+  ASSERT_TRUE((*prefill)
+                  ->Absorb(absl::MakeConstSpan(tokens).subspan(2, 18), 9, rows, &pool, got.data())
+                  .ok());
+  ASSERT_TRUE(
+      (*decode_twin)
+          ->Absorb(absl::MakeConstSpan(tokens).subspan(2, 18), 9, rows, &pool_twin, want.data())
+          .ok());
+  EXPECT_EQ(got, want) << "prefill";
+  auto score = fwmodel::ScoreTokens(released, tokens, nullptr, 8, prefill->get());
+  auto score_twin = fwmodel::ScoreTokens(twin, tokens, nullptr, 8, decode_twin->get());
+  ASSERT_TRUE(score.ok() && score_twin.ok()) << score.status() << score_twin.status();
+  EXPECT_EQ(*score, *score_twin) << "score";
+  // Without the kernel, Score needs the model's forms: refused, not wrong.
+  EXPECT_EQ(fwmodel::ScoreTokens(released, tokens).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
 INSTANTIATE_TEST_SUITE_P(Shapes, NativeRwkvTest, testing::ValuesIn(Cases()),
                          [](const testing::TestParamInfo<RwkvCase>& info) {
                            return info.param.name;
