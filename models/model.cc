@@ -10,7 +10,6 @@
 #include "models/mixers/mixer.h"
 #include "models/mixers/rwkv_block.h"
 #include "models/native_step.h"
-#include "models/packed_linear.h"
 
 namespace fwmodel {
 namespace {
@@ -231,7 +230,6 @@ absl::StatusOr<Model> Model::Create(const ModelConfig& config,
   } catch (const c10::Error& e) {
     return absl::InternalError("could not move weights to the compute device");
   }
-  if (options.keep_16bit_matrices) model.KeepMatricesIn16Bits();
   absl::Status bound = model.BindWeights();
   if (!bound.ok()) return bound;
   return model;
@@ -449,24 +447,6 @@ void Model::ReleaseMatrices() {
   (void)BindWeights();
 }
 
-void Model::KeepMatricesIn16Bits() {
-  if (!config_.is_rwkv() || !options_.device.is_cpu() || options_.dtype != torch::kFloat32) return;
-  for (auto& [name, tensor] : weights_) {
-    if (tensor.dim() != 2) continue;
-    const torch::Tensor values = tensor.contiguous();
-    switch (PackedLinear::ExactFormat(values.data_ptr<float>(), values.numel())) {
-      case WeightFormat::kBf16:
-        tensor = values.to(torch::kBFloat16);
-        break;
-      case WeightFormat::kF16:
-        tensor = values.to(torch::kHalf);
-        break;
-      case WeightFormat::kF32:
-        break;
-    }
-  }
-}
-
 std::map<std::string, torch::Tensor> Model::ExportWeights() const {
   std::map<std::string, torch::Tensor> out;
   for (const auto& [name, t] : weights_) {
@@ -481,11 +461,9 @@ std::map<std::string, torch::Tensor> Model::ExportWeights() const {
 
 torch::Tensor Model::EmbedTokens(const torch::Tensor& tokens) const {
   if (config_.is_rwkv()) {
-    // A 16-bit embedding (keep_16bit_matrices) is widened after the lookup, row by row.
-    return torch::layer_norm(
-        Widened(torch::embedding(weights_.at("emb.weight"), tokens), options_.dtype),
-        {config_.d_model}, weights_.at("blocks.0.ln0.weight"), weights_.at("blocks.0.ln0.bias"),
-        config_.norm_eps);
+    return torch::layer_norm(torch::embedding(weights_.at("emb.weight"), tokens), {config_.d_model},
+                             weights_.at("blocks.0.ln0.weight"), weights_.at("blocks.0.ln0.bias"),
+                             config_.norm_eps);
   }
   return torch::embedding(weights_.at("embed.weight"), tokens);
 }
@@ -495,7 +473,7 @@ torch::Tensor Model::Head(const torch::Tensor& h) const {
   if (config_.is_rwkv()) {
     torch::Tensor x = torch::layer_norm(h, {d}, weights_.at("ln_out.weight"),
                                         weights_.at("ln_out.bias"), config_.norm_eps);
-    return RwkvLinear(
+    return torch::linear(
         x, weights_.at(config_.tie_embeddings ? std::string("emb.weight") : "head.weight"));
   }
   torch::Tensor x = torch::layer_norm(h, {d}, weights_.at("norm_f.weight"),

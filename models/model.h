@@ -55,8 +55,7 @@ class Model {
 
   const ModelConfig& config() const { return config_; }
   const ModelOptions& options() const { return options_; }
-  // Weights by contract name (on options().device, in options().dtype; with
-  // options().keep_16bit_matrices an RWKV matrix may be bf16 or f16 instead).
+  // Weights by contract name (on options().device, in options().dtype).
   const std::map<std::string, torch::Tensor>& weights() const { return weights_; }
   // Trainable parameters: every weight except the batch norms' running statistics
   // (buffers in PyTorch terms).
@@ -97,8 +96,7 @@ class Model {
   // Switches weights to trainable leaves (requires_grad) for the trainer; the running
   // statistics of batch norms never require grad.
   void SetRequiresGrad(bool requires_grad);
-  // Weights as float32 CPU tensors, detached, in name order (for saving); a matrix kept
-  // in 16 bits (ModelOptions::keep_16bit_matrices) is widened, exactly.
+  // Weights as float32 CPU tensors, detached, in name order (for saving).
   std::map<std::string, torch::Tensor> ExportWeights() const;
 
   // RWKV only (a no-op otherwise): drops this model's reference to every matrix (2-D
@@ -117,8 +115,6 @@ class Model {
   struct LayerWeights;
   Model() = default;
   absl::Status BindWeights();
-  // ModelOptions::keep_16bit_matrices: narrows the RWKV matrices exact in 16 bits.
-  void KeepMatricesIn16Bits();
 
   torch::Tensor EmbedTokens(const torch::Tensor& tokens) const;
   torch::Tensor Head(const torch::Tensor& h) const;

@@ -407,13 +407,20 @@ absl::StatusOr<std::unique_ptr<NativeRwkv>> NativeRwkv::Create(const Model& mode
       l.ffn_x_k = weight(p + "ffn.x_k");
       weights->layers.push_back(std::move(l));
     }
-    if (const torch::Tensor emb = read.Stored("emb.weight"); emb.scalar_type() == torch::kFloat32) {
+    // The embedding in 16 bits when every value is exact in them, as the projections:
+    // its own copy, so that the model may release its float32 one (Model::ReleaseMatrices).
+    const torch::Tensor emb = tensor("emb.weight");
+    const WeightFormat emb_format =
+        narrow_weights ? PackedLinear::ExactFormat(emb.data_ptr<float>(), emb.numel())
+                       : WeightFormat::kF32;
+    if (emb_format == WeightFormat::kF32) {
       weights->emb = weight("emb.weight");
     } else {
-      weights->kept.push_back(emb);
-      weights->emb16 = reinterpret_cast<const uint16_t*>(emb.data_ptr());
-      weights->emb_format =
-          emb.scalar_type() == torch::kBFloat16 ? WeightFormat::kBf16 : WeightFormat::kF16;
+      const torch::Tensor emb16 =
+          emb.to(emb_format == WeightFormat::kBf16 ? torch::kBFloat16 : torch::kHalf);
+      weights->kept.push_back(emb16);
+      weights->emb16 = reinterpret_cast<const uint16_t*>(emb16.data_ptr());
+      weights->emb_format = emb_format;
     }
     weights->ln0_w = weight("blocks.0.ln0.weight");
     weights->ln0_b = weight("blocks.0.ln0.bias");

@@ -80,8 +80,8 @@ class NativeRwkv {
   struct Weights {
     std::vector<Layer> layers;
     std::vector<torch::Tensor> kept;  // contiguous views the raw pointers read
-    // The embedding, float32 (emb) or as the model keeps it in 16 bits (emb16, in
-    // emb_format; ModelOptions::keep_16bit_matrices), widened a row at a time.
+    // The embedding, float32 (emb, the model's) or, when every value is exact in 16 bits
+    // and narrow_weights, a 16-bit copy (emb16, in emb_format) widened a row at a time.
     const float* emb = nullptr;
     const uint16_t* emb16 = nullptr;
     WeightFormat emb_format = WeightFormat::kF32;

@@ -1,6 +1,5 @@
-// How a native kernel reads its model's weights at Create: contiguous tensors by name
-// (float32, widened from a 16-bit matrix where ModelOptions::keep_16bit_matrices kept
-// one), and raw pointers into them that stay valid while the tensors are kept.
+// How a native kernel reads its model's weights at Create: contiguous float32 tensors by
+// name, and raw pointers into them that stay valid while the tensors are kept.
 #pragma once
 
 #include <string>
@@ -18,14 +17,11 @@ class NativeWeightReader {
   NativeWeightReader(const Model& model, std::vector<torch::Tensor>* kept)
       : model_(model), kept_(kept) {}
 
-  // The weight `name` as it is kept (float32, or 16 bits for a matrix under
-  // ModelOptions::keep_16bit_matrices), contiguous. Throws std::out_of_range for an
-  // unknown name (the kernels' Create catches it).
-  torch::Tensor Stored(const std::string& name) const {
+  // The weight `name`, contiguous. Throws std::out_of_range for an unknown name (the
+  // kernels' Create catches it).
+  torch::Tensor Tensor(const std::string& name) const {
     return model_.weights().at(name).detach().contiguous();
   }
-  // The weight `name` in float32 (a 16-bit matrix widened: a temporary), contiguous.
-  torch::Tensor Tensor(const std::string& name) const { return Stored(name).to(torch::kFloat32); }
   // Tensor(name)'s data, the tensor kept.
   float* Kept(const std::string& name) {
     torch::Tensor t = Tensor(name);

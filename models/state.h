@@ -21,15 +21,6 @@ struct ModelOptions {
   // fewer sequential steps; results do not depend on them beyond float rounding.
   int64_t attention_chunk = 64;  // linear_attention, fast_weight: [B, H, C, C] per chunk
   int64_t aft_chunk = 16;        // aft: [B, C, C, d] per chunk
-  // RWKV in float32 on the CPU only (ignored otherwise): each matrix (2-D weight) whose
-  // float32 values are all exact in bf16, else in f16, is kept in those 16 bits and
-  // widened where it is used, so results are bit-identical. Real checkpoints ship in
-  // BF16/F16, so this halves the weights a served model keeps beside the native kernel's
-  // own copy. The cost: LibTorch's forms (Forward, Step) widen each matrix at each call.
-  // The server sets it when it asks for the native kernel on the CPU, which then serves
-  // decode, prefill and Score; LibTorch runs only if that kernel cannot be built (for a
-  // float32 RWKV model on the CPU it always can).
-  bool keep_16bit_matrices = false;
 };
 
 // Name and per-session shape of one state tensor. A batched State holds each with a

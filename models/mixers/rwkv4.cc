@@ -103,9 +103,9 @@ class Rwkv4Block final : public RwkvBlock {
     torch::Tensor x = torch::layer_norm(h, {d}, ln1_w_, ln1_b_, config_.norm_eps);
     torch::Tensor prev = TokenShift(x, &state[0]);
     auto mix = [&](const torch::Tensor& m) { return x * m + prev * (1 - m); };
-    torch::Tensor r = torch::sigmoid(RwkvLinear(mix(mix_r_), r_));
-    torch::Tensor k = RwkvLinear(mix(mix_k_), k_);
-    torch::Tensor v = RwkvLinear(mix(mix_v_), v_);
+    torch::Tensor r = torch::sigmoid(torch::linear(mix(mix_r_), r_));
+    torch::Tensor k = torch::linear(mix(mix_k_), k_);
+    torch::Tensor v = torch::linear(mix(mix_v_), v_);
     torch::Tensor alpha = state[1].select(1, 0), beta = state[1].select(1, 1),
                   p = state[1].select(1, 2);
     const torch::Tensor decay = -torch::exp(time_decay_);
@@ -126,14 +126,14 @@ class Rwkv4Block final : public RwkvBlock {
       p = q;
     }
     state[1] = torch::stack({alpha, beta, p}, 1);
-    torch::Tensor out = h + RwkvLinear(r * torch::stack(wkvs, 1), o_);
+    torch::Tensor out = h + torch::linear(r * torch::stack(wkvs, 1), o_);
     // ---- Channel mix
     torch::Tensor xf = torch::layer_norm(out, {d}, ln2_w_, ln2_b_, config_.norm_eps);
     torch::Tensor prev_f = TokenShift(xf, &state[2]);
     torch::Tensor xk = xf * ffn_mix_k_ + prev_f * (1 - ffn_mix_k_);
     torch::Tensor xr = xf * ffn_mix_r_ + prev_f * (1 - ffn_mix_r_);
-    torch::Tensor kf = torch::relu(RwkvLinear(xk, ffn_key_)).square();
-    return out + torch::sigmoid(RwkvLinear(xr, ffn_r_)) * RwkvLinear(kf, ffn_value_);
+    torch::Tensor kf = torch::relu(torch::linear(xk, ffn_key_)).square();
+    return out + torch::sigmoid(torch::linear(xr, ffn_r_)) * torch::linear(kf, ffn_value_);
   }
 
  private:

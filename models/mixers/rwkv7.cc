@@ -147,14 +147,14 @@ class Rwkv7Block final : public RwkvBlock {
     torch::Tensor delta = TokenShift(x, &state[0]) - x;
     torch::Tensor xp[6];
     for (int p = 0; p < 6; ++p) xp[p] = torch::addcmul(x, delta, mix_[p]);
-    torch::Tensor r = RwkvLinear(xp[0], r_);
+    torch::Tensor r = torch::linear(xp[0], r_);
     torch::Tensor w =
-        torch::exp(torch::sigmoid(RwkvLinear(torch::tanh(RwkvLinear(xp[1], w1_)), w2_, w0_)) *
+        torch::exp(torch::sigmoid(torch::linear(torch::tanh(torch::linear(xp[1], w1_)), w2_, w0_)) *
                    -std::exp(-0.5));
-    torch::Tensor k = RwkvLinear(xp[2], k_);
-    torch::Tensor v = RwkvLinear(xp[3], v_);
-    torch::Tensor a = torch::sigmoid(RwkvLinear(RwkvLinear(xp[4], a1_), a2_, a0_));
-    torch::Tensor g = RwkvLinear(torch::sigmoid(RwkvLinear(xp[5], g1_)), g2_);
+    torch::Tensor k = torch::linear(xp[2], k_);
+    torch::Tensor v = torch::linear(xp[3], v_);
+    torch::Tensor a = torch::sigmoid(torch::linear(torch::linear(xp[4], a1_), a2_, a0_));
+    torch::Tensor g = torch::linear(torch::sigmoid(torch::linear(xp[5], g1_)), g2_);
     torch::Tensor kk = torch::nn::functional::normalize(
         (k * k_k_).view({B, T, H, N}),
         torch::nn::functional::NormalizeFuncOptions().p(2.0).dim(-1).eps(1e-12));
@@ -162,7 +162,7 @@ class Rwkv7Block final : public RwkvBlock {
     if (layer_ == 0) {
       *v_first = v;
     } else {
-      v = v + (*v_first - v) * torch::sigmoid(RwkvLinear(RwkvLinear(xp[3], v1_), v2_, v0_));
+      v = v + (*v_first - v) * torch::sigmoid(torch::linear(torch::linear(xp[3], v1_), v2_, v0_));
     }
     // The generalised delta rule, token by token; state [B, H, N(v), N(k)].
     torch::Tensor rh = r.view({B, T, H, N}), wh = w.view({B, T, H, N}), kh = k.view({B, T, H, N}),
@@ -184,14 +184,13 @@ class Rwkv7Block final : public RwkvBlock {
     torch::Tensor var = (y - mean).square().mean(-1, /*keepdim=*/true);
     y = (y - mean) * torch::rsqrt(var + static_cast<double>(N) * config_.norm_eps);
     y = y.reshape({B, T, d}) * ln_x_w_ + ln_x_b_;
-    torch::Tensor bonus =
-        (rh * kh * Widened(r_k_, rh.scalar_type())).sum(-1, /*keepdim=*/true) * vh;  // [B, T, H, N]
+    torch::Tensor bonus = (rh * kh * r_k_).sum(-1, /*keepdim=*/true) * vh;  // [B, T, H, N]
     y = y + bonus.reshape({B, T, d});
-    torch::Tensor out = h + RwkvLinear(y * g, o_);
+    torch::Tensor out = h + torch::linear(y * g, o_);
     // ---- Channel mix
     torch::Tensor xf = torch::layer_norm(out, {d}, ln2_w_, ln2_b_, config_.norm_eps);
     torch::Tensor xk = torch::addcmul(xf, TokenShift(xf, &state[2]) - xf, ffn_x_k_);
-    return out + RwkvLinear(torch::relu(RwkvLinear(xk, ffn_key_)).square(), ffn_value_);
+    return out + torch::linear(torch::relu(torch::linear(xk, ffn_key_)).square(), ffn_value_);
   }
 
  private:

@@ -9,8 +9,6 @@
 // essential rank ([1, 1, C] -> [C]); the low-rank matrices of rwkv7 are stored as linear
 // weights [out, in], as rwkv.cpp and fla store them (transposed from BlinkDL's `.pth`).
 // The state is float (the model's compute dtype): token shifts and the recurrence.
-// Matrices may be kept in 16 bits (ModelOptions::keep_16bit_matrices): the blocks read
-// every one through RwkvLinear (or Widened), never as they are.
 //
 // Thread-safety: a bound block is immutable; its methods may run concurrently on
 // distinct states.
@@ -71,17 +69,6 @@ class RwkvBlock {
   const ModelConfig config_;
   const int layer_;
 };
-
-// `weight` in `dtype`: a matrix kept in 16 bits (ModelOptions::keep_16bit_matrices) is
-// widened, exactly; a weight already in `dtype` is returned as it is (no copy).
-inline torch::Tensor Widened(const torch::Tensor& weight, torch::ScalarType dtype) {
-  return weight.scalar_type() == dtype ? weight : weight.to(dtype);
-}
-// torch::linear on `weight` widened to the activations' dtype.
-inline torch::Tensor RwkvLinear(const torch::Tensor& x, const torch::Tensor& weight,
-                                const torch::Tensor& bias = {}) {
-  return torch::linear(x, Widened(weight, x.scalar_type()), bias);
-}
 
 // The block `layer` of an rwkv7 or rwkv4 config.
 std::unique_ptr<RwkvBlock> MakeRwkvBlock(const ModelConfig& config, int layer);

@@ -166,12 +166,6 @@ class CoreImpl : public Core {
       return absl::InvalidArgumentError(
           absl::StrCat("--device must be cpu, cuda or cuda:N, got '", options_.device, "'"));
     }
-    // Where the native kernel serves (it keeps its own copy of the weights, and runs
-    // decode, prefill and Score), an RWKV checkpoint's 16-bit matrices stay 16-bit in the
-    // model too; LibTorch's forms would widen them per call, with the same results
-    // (docs/models.md, "Memory").
-    model_options.keep_16bit_matrices =
-        model_options.device.is_cpu() && options_.engine.decode_kernel == "native";
     std::set<std::string> names;
     for (const std::string& dir : options_.model_dirs) {
       const std::string name = ModelNameOf(dir);
@@ -218,9 +212,10 @@ class CoreImpl : public Core {
                        " state bytes per session)"));
     }
 #ifdef __GLIBC__
-    // Loading widened each checkpoint and built the native kernels' copies through
-    // transient buffers; hand the freed heap back to the system before serving (glibc
-    // keeps it otherwise: 0.1 GB or more at a real RWKV shape).
+    // Loading widened each checkpoint, built the native kernels' copies through transient
+    // buffers and released the RWKV models' own matrices (Engine); hand the freed heap
+    // back to the system before serving (glibc keeps it otherwise: 0.25 GB at RWKV-7
+    // 0.1B).
     malloc_trim(0);
 #endif
     for (auto& engine : engines_) engine->Start();

@@ -6,8 +6,8 @@
 // splitting a call over threads changes nothing. With weights exact in bf16 or f16 the
 // kernel keeps them in 16 bits and equals its float32-weight self within 1e-5 relative
 // (decode at batch 1, 3 and 64, prefill); other weights stay float32, per projection.
-// A Model keeping its matrices in 16 bits (ModelOptions::keep_16bit_matrices) gives
-// bit-identical results in every form.
+// Releasing the Model's matrices (Model::ReleaseMatrices) changes nothing the kernel
+// computes.
 // rwkv_test.cc checks it against rwkv.cpp's trained models.
 #include <gtest/gtest.h>
 
@@ -257,142 +257,70 @@ TEST_P(NativeRwkvTest, SixteenBitWeightsEqualFloat32Weights) {
   }
 }
 
-// ModelOptions::keep_16bit_matrices, as the server loads: every matrix of a bf16 (then
-// f16) checkpoint stays in 16 bits in the Model, every vector in float32, and nothing
-// changes by a bit against the same values kept in float32: the sequence form, LibTorch's
-// step, the native kernel's decode and prefill (its embedding read in 16 bits), and
-// ExportWeights. Weights off the 16-bit grids stay float32.
-TEST_P(NativeRwkvTest, SixteenBitMatricesInTheModelChangeNothing) {
-  torch::NoGradGuard no_grad;
-  const fwmodel::Model random = fwtest::RandomModel(config_, 37, torch::kFloat32);
-  fwmodel::ModelOptions keep;
-  keep.keep_16bit_matrices = true;
-  auto off_grid = fwmodel::Model::Create(config_, random.ExportWeights(), keep);
-  ASSERT_TRUE(off_grid.ok()) << off_grid.status();
-  for (const auto& [name, t] : off_grid->weights()) {
-    EXPECT_EQ(t.scalar_type(), torch::kFloat32) << name;
-  }
-  const int64_t vocab = config_.vocab_size;
-  std::mt19937_64 rng(41);
-  auto random_tokens = [&](int64_t n) {
-    std::vector<int64_t> tokens(static_cast<size_t>(n));
-    for (int64_t& t : tokens) t = static_cast<int64_t>(rng() % static_cast<uint64_t>(vocab));
-    return tokens;
-  };
-  for (torch::ScalarType half : {torch::kBFloat16, torch::kHalf}) {
-    const std::string what = half == torch::kBFloat16 ? "bf16" : "f16";
-    const fwmodel::Model wide = Rounded(random, half);
-    auto narrow = fwmodel::Model::Create(config_, wide.ExportWeights(), keep);
-    ASSERT_TRUE(narrow.ok()) << narrow.status();
-    int64_t matrices = 0;
-    for (const auto& [name, t] : narrow->weights()) {
-      EXPECT_EQ(t.scalar_type(), t.dim() == 2 ? half : torch::kFloat32) << what << ": " << name;
-      matrices += t.dim() == 2;
-    }
-    EXPECT_GE(matrices, 2 * config_.n_layers);
-    const auto exported = narrow->ExportWeights(), wide_exported = wide.ExportWeights();
-    for (const auto& [name, t] : wide_exported) {
-      EXPECT_TRUE(torch::equal(exported.at(name), t)) << what << ": exported " << name;
-    }
-    // The sequence form over 11 tokens, then LibTorch's step, on two sessions.
-    const torch::Tensor prompt = torch::tensor(random_tokens(2 * 11), torch::kInt64).view({2, 11});
-    fwmodel::State state_narrow = narrow->InitialState(2), state_wide = wide.InitialState(2);
-    auto forward_narrow = narrow->Forward(prompt, &state_narrow);
-    auto forward_wide = wide.Forward(prompt, &state_wide);
-    ASSERT_TRUE(forward_narrow.ok() && forward_wide.ok());
-    EXPECT_TRUE(torch::equal(*forward_narrow, *forward_wide)) << what << ": sequence form";
-    const torch::Tensor next = torch::tensor(random_tokens(2), torch::kInt64);
-    auto step_narrow = narrow->Step(next, &state_narrow);
-    auto step_wide = wide.Step(next, &state_wide);
-    ASSERT_TRUE(step_narrow.ok() && step_wide.ok());
-    EXPECT_TRUE(torch::equal(*step_narrow, *step_wide)) << what << ": LibTorch step";
-    for (size_t t = 0; t < state_narrow.tensors.size(); ++t) {
-      EXPECT_TRUE(torch::equal(state_narrow.tensors[t], state_wide.tensors[t]))
-          << what << ": state " << t;
-    }
-    // The native kernel: three sessions decode twice, then two absorb a 7-token prompt.
-    auto native_narrow = fwmodel::NativeStep::Create(*narrow);
-    auto native_wide = fwmodel::NativeStep::Create(wide);
-    ASSERT_TRUE(native_narrow.ok() && native_wide.ok());
-    EXPECT_EQ((*native_narrow)->weight_format(), (*native_wide)->weight_format());
-    fwmodel::State pool_narrow = narrow->InitialState(3), pool_wide = wide.InitialState(3);
-    std::vector<float> got(3 * static_cast<size_t>(vocab)), want(got.size());
-    const std::vector<int64_t> rows = {2, 0, 1};
-    for (int step = 0; step < 2; ++step) {
-      const std::vector<int64_t> tokens = random_tokens(3);
-      ASSERT_TRUE((*native_narrow)->Step(tokens, rows, &pool_narrow, got.data()).ok());
-      ASSERT_TRUE((*native_wide)->Step(tokens, rows, &pool_wide, want.data()).ok());
-      EXPECT_EQ(got, want) << what << ": native step " << step;
-    }
-    const std::vector<int64_t> prompt_tokens = random_tokens(2 * 7), prompt_rows = {1, 2};
-    ASSERT_TRUE(
-        (*native_narrow)->Absorb(prompt_tokens, 7, prompt_rows, &pool_narrow, got.data()).ok());
-    ASSERT_TRUE(
-        (*native_wide)->Absorb(prompt_tokens, 7, prompt_rows, &pool_wide, want.data()).ok());
-    EXPECT_EQ(got, want) << what << ": native prefill";
-    for (size_t t = 0; t < pool_narrow.tensors.size(); ++t) {
-      EXPECT_TRUE(torch::equal(pool_narrow.tensors[t], pool_wide.tensors[t]))
-          << what << ": native state " << t;
-    }
-  }
-}
-
 // Model::ReleaseMatrices, as the server does once the native kernels exist: the kernels
 // (a decode instance and one sharing its weights, as the server's prefill) give the same
-// bits as on an unreleased twin (decode, prefill, Score); the model still gives its
+// bits as on an unreleased twin (decode, prefill, Score), for float32 values and for bf16
+// ones (whose embedding the kernel keeps in 16 bits); the model still gives its
 // state layout, fresh states and parameter count, refuses its LibTorch forms by name,
 // and exports only what it kept.
 TEST_P(NativeRwkvTest, ReleasedMatricesChangeNothingForTheKernels) {
   torch::NoGradGuard no_grad;
-  const fwmodel::Model twin = fwtest::RandomModel(config_, 43, torch::kFloat32);
-  auto created = fwmodel::Model::Create(config_, twin.ExportWeights());
-  ASSERT_TRUE(created.ok()) << created.status();
-  fwmodel::Model released = std::move(*created);
-  auto decode_twin = fwmodel::NativeStep::Create(twin);
-  auto decode = fwmodel::NativeStep::Create(released);
-  ASSERT_TRUE(decode_twin.ok() && decode.ok());
-  auto prefill = fwmodel::NativeStep::CreateSharing(**decode, {});
-  ASSERT_TRUE(prefill.ok()) << prefill.status();
-  const int64_t parameters = released.parameter_count();
-  released.ReleaseMatrices();
-  EXPECT_TRUE(released.matrices_released());
-  EXPECT_EQ(released.parameter_count(), parameters);
-  ASSERT_EQ(released.state_spec().size(), twin.state_spec().size());
-  const fwmodel::State fresh = released.InitialState(2), fresh_twin = twin.InitialState(2);
-  for (size_t t = 0; t < fresh.tensors.size(); ++t) {
-    EXPECT_TRUE(torch::equal(fresh.tensors[t], fresh_twin.tensors[t])) << t;
-  }
-  for (const auto& [name, t] : released.ExportWeights()) EXPECT_NE(t.dim(), 2) << name;
-  const torch::Tensor one = torch::zeros({1}, torch::kInt64);
-  fwmodel::State state = released.InitialState(1);
-  EXPECT_EQ(released.Step(one, &state).status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_EQ(released.Forward(one.view({1, 1}), &state).status().code(),
-            absl::StatusCode::kFailedPrecondition);
+  const fwmodel::Model random = fwtest::RandomModel(config_, 43, torch::kFloat32);
+  // Values off the 16-bit grids (the kernel reads the model's float32 embedding), then
+  // rounded to bf16 (the kernel keeps a 16-bit copy of its own).
+  for (const bool rounded : {false, true}) {
+    SCOPED_TRACE(rounded ? "bf16 values" : "float32 values");
+    const fwmodel::Model twin = rounded ? Rounded(random, torch::kBFloat16)
+                                        : fwtest::RandomModel(config_, 43, torch::kFloat32);
+    auto created = fwmodel::Model::Create(config_, twin.ExportWeights());
+    ASSERT_TRUE(created.ok()) << created.status();
+    fwmodel::Model released = std::move(*created);
+    auto decode_twin = fwmodel::NativeStep::Create(twin);
+    auto decode = fwmodel::NativeStep::Create(released);
+    ASSERT_TRUE(decode_twin.ok() && decode.ok());
+    auto prefill = fwmodel::NativeStep::CreateSharing(**decode, {});
+    ASSERT_TRUE(prefill.ok()) << prefill.status();
+    const int64_t parameters = released.parameter_count();
+    released.ReleaseMatrices();
+    EXPECT_TRUE(released.matrices_released());
+    EXPECT_EQ(released.parameter_count(), parameters);
+    ASSERT_EQ(released.state_spec().size(), twin.state_spec().size());
+    const fwmodel::State fresh = released.InitialState(2), fresh_twin = twin.InitialState(2);
+    for (size_t t = 0; t < fresh.tensors.size(); ++t) {
+      EXPECT_TRUE(torch::equal(fresh.tensors[t], fresh_twin.tensors[t])) << t;
+    }
+    for (const auto& [name, t] : released.ExportWeights()) EXPECT_NE(t.dim(), 2) << name;
+    const torch::Tensor one = torch::zeros({1}, torch::kInt64);
+    fwmodel::State state = released.InitialState(1);
+    EXPECT_EQ(released.Step(one, &state).status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_EQ(released.Forward(one.view({1, 1}), &state).status().code(),
+              absl::StatusCode::kFailedPrecondition);
 
-  const int64_t vocab = config_.vocab_size;
-  const torch::Tensor random = fwtest::RandomTokens(1, 20, vocab, 47);
-  const std::vector<int64_t> tokens(random.data_ptr<int64_t>(), random.data_ptr<int64_t>() + 20);
-  fwmodel::State pool = released.InitialState(3), pool_twin = twin.InitialState(3);
-  std::vector<float> got(3 * static_cast<size_t>(vocab)), want(got.size());
-  const std::vector<int64_t> rows = {2, 0};
-  ASSERT_TRUE((*decode)->Step({tokens[0], tokens[1]}, rows, &pool, got.data()).ok());
-  ASSERT_TRUE((*decode_twin)->Step({tokens[0], tokens[1]}, rows, &pool_twin, want.data()).ok());
-  EXPECT_EQ(got, want) << "decode";
-  ASSERT_TRUE((*prefill)
-                  ->Absorb(absl::MakeConstSpan(tokens).subspan(2, 18), 9, rows, &pool, got.data())
-                  .ok());
-  ASSERT_TRUE(
-      (*decode_twin)
-          ->Absorb(absl::MakeConstSpan(tokens).subspan(2, 18), 9, rows, &pool_twin, want.data())
-          .ok());
-  EXPECT_EQ(got, want) << "prefill";
-  auto score = fwmodel::ScoreTokens(released, tokens, nullptr, 8, prefill->get());
-  auto score_twin = fwmodel::ScoreTokens(twin, tokens, nullptr, 8, decode_twin->get());
-  ASSERT_TRUE(score.ok() && score_twin.ok()) << score.status() << score_twin.status();
-  EXPECT_EQ(*score, *score_twin) << "score";
-  // Without the kernel, Score needs the model's forms: refused, not wrong.
-  EXPECT_EQ(fwmodel::ScoreTokens(released, tokens).status().code(),
-            absl::StatusCode::kFailedPrecondition);
+    const int64_t vocab = config_.vocab_size;
+    const torch::Tensor random = fwtest::RandomTokens(1, 20, vocab, 47);
+    const std::vector<int64_t> tokens(random.data_ptr<int64_t>(), random.data_ptr<int64_t>() + 20);
+    fwmodel::State pool = released.InitialState(3), pool_twin = twin.InitialState(3);
+    std::vector<float> got(3 * static_cast<size_t>(vocab)), want(got.size());
+    const std::vector<int64_t> rows = {2, 0};
+    ASSERT_TRUE((*decode)->Step({tokens[0], tokens[1]}, rows, &pool, got.data()).ok());
+    ASSERT_TRUE((*decode_twin)->Step({tokens[0], tokens[1]}, rows, &pool_twin, want.data()).ok());
+    EXPECT_EQ(got, want) << "decode";
+    ASSERT_TRUE((*prefill)
+                    ->Absorb(absl::MakeConstSpan(tokens).subspan(2, 18), 9, rows, &pool, got.data())
+                    .ok());
+    ASSERT_TRUE(
+        (*decode_twin)
+            ->Absorb(absl::MakeConstSpan(tokens).subspan(2, 18), 9, rows, &pool_twin, want.data())
+            .ok());
+    EXPECT_EQ(got, want) << "prefill";
+    auto score = fwmodel::ScoreTokens(released, tokens, nullptr, 8, prefill->get());
+    auto score_twin = fwmodel::ScoreTokens(twin, tokens, nullptr, 8, decode_twin->get());
+    ASSERT_TRUE(score.ok() && score_twin.ok()) << score.status() << score_twin.status();
+    EXPECT_EQ(*score, *score_twin) << "score";
+    // Without the kernel, Score needs the model's forms: refused, not wrong.
+    EXPECT_EQ(fwmodel::ScoreTokens(released, tokens).status().code(),
+              absl::StatusCode::kFailedPrecondition);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, NativeRwkvTest, testing::ValuesIn(Cases()),
