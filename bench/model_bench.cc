@@ -4,7 +4,7 @@
 // does not depend on the values. Each family has its baseline in the same run:
 //   BM_Step            batched recurrent step over B sessions (one token each)
 //   BM_StepOneByOne    baseline: the same B sessions stepped one at a time
-//   BM_NativeStep      the native step (models/native_step.h) over B rows of a pool of
+//   BM_NativeStep      the native step (models/kernels/native_step.h) over B rows of a pool of
 //                      2B rows (every other row), state updated in place; baseline:
 //                      BM_Step at the same B (LibTorch, which the server used before)
 //   BM_NativeStepPkm   the same for aft with block 2's FFN a product-key memory (the
@@ -17,7 +17,7 @@
 //   BM_Rwkv7NativeAbsorb RWKV-7 0.1B: a 256-token prompt through the native prefill
 //                      (BM_Rwkv7NativeAbsorbBf16: on the bf16-rounded model)
 //   BM_Rwkv7NativeStep RWKV-7 at the 0.1B G1 shape (random weights): the native step
-//                      (models/native_rwkv.h) over B rows, as BM_NativeStep; counter
+//                      (models/kernels/native_rwkv.h) over B rows, as BM_NativeStep; counter
 //                      "flops": the GEMMs' FLOP per second (head included), to compare
 //                      with BM_SgemmPeak's; baseline BM_Rwkv7Step (LibTorch's step)
 //   BM_Rwkv7NativeStepBf16 the same model with its weights rounded to bf16 (as real
@@ -31,8 +31,8 @@
 #include <benchmark/benchmark.h>
 #include <cblas.h>
 
-#include "models/model.h"
-#include "models/native_step.h"
+#include "models/architectures/model.h"
+#include "models/kernels/native_step.h"
 
 namespace {
 
@@ -58,7 +58,7 @@ void SetLabel(benchmark::State& state) {
 
 // Model::Step (LibTorch) over `batch` sessions, one token each per iteration.
 void RunLibTorchStep(benchmark::State& state, const fwmodel::Model& model, int64_t batch) {
-  torch::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   fwmodel::State s = model.InitialState(batch);
   torch::Tensor tokens = torch::full({batch}, 65, torch::kInt64);
   for (auto _ : state) {
@@ -88,7 +88,7 @@ fwmodel::Model MakePkmModel() {
 
 void RunNativeStep(benchmark::State& state, const fwmodel::Model& model, int64_t batch,
                    bool packed_gemm = true) {
-  torch::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   fwmodel::NativeStepOptions options;
   options.packed_gemm = packed_gemm;
   auto native = fwmodel::NativeStep::Create(model, options);
@@ -113,7 +113,7 @@ void BM_NativeStep(benchmark::State& state) {
 }
 
 // The same step with every projection on cblas_sgemm (--native-gemm openblas): the
-// baseline of the libxsmm kernels (models/packed_linear.h).
+// baseline of the libxsmm kernels (models/kernels/packed_linear.h).
 void BM_NativeStepOpenBlas(benchmark::State& state) {
   fwmodel::Model model = MakeModel(state.range(0));
   RunNativeStep(state, model, state.range(1), /*packed_gemm=*/false);
@@ -133,7 +133,7 @@ void BM_StepPkm(benchmark::State& state) {
 }
 
 void BM_StepOneByOne(benchmark::State& state) {
-  torch::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   fwmodel::Model model = MakeModel(state.range(0));
   const int64_t batch = state.range(1);
   std::vector<fwmodel::State> sessions;
@@ -150,7 +150,7 @@ void BM_StepOneByOne(benchmark::State& state) {
 }
 
 void BM_Prefill(benchmark::State& state) {
-  torch::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   fwmodel::Model model = MakeModel(state.range(0));
   const int64_t steps = state.range(1);
   torch::Tensor tokens = torch::randint(256, {1, steps}, torch::kInt64);
@@ -167,7 +167,7 @@ void BM_Prefill(benchmark::State& state) {
 // (NativeStep::Absorb); items = prompt tokens.
 void RunNativeAbsorb(benchmark::State& state, const fwmodel::Model& model, int64_t steps,
                      bool packed_gemm) {
-  torch::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   fwmodel::NativeStepOptions options;
   options.packed_gemm = packed_gemm;
   auto native = fwmodel::NativeStep::Create(model, options);
@@ -198,7 +198,7 @@ void BM_NativeAbsorbOpenBlas(benchmark::State& state) {
 }
 
 void BM_PrefillByStep(benchmark::State& state) {
-  torch::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   fwmodel::Model model = MakeModel(state.range(0));
   const int64_t steps = state.range(1);
   torch::Tensor tokens = torch::randint(256, {steps}, torch::kInt64);

@@ -111,7 +111,7 @@ def load_config(model_dir):
 
 
 def rwkv7_tensors(cfg):
-    """rwkv7's tensors (models/mixers/rwkv7.cc: BlinkDL's names, LoRAs as [out, in])."""
+    """rwkv7's tensors (models/architectures/rwkv7.cc: BlinkDL's names, LoRAs as [out, in])."""
     d, f, H, V = cfg["d_model"], cfg["d_ff"], cfg["n_heads"], cfg["vocab_size"]
     shapes = {"emb.weight": (V, d), "ln_out.weight": (d,), "ln_out.bias": (d,)}
     if not cfg["tie_embeddings"]:
@@ -510,7 +510,7 @@ class RecurrentLM:
 
 
 # ---------------------------------------------------------------------------
-# RWKV-7 (x070), batched: the math of models/mixers/rwkv7.cc's header comment, as
+# RWKV-7 (x070), batched: the math of models/architectures/rwkv7.cc's header comment, as
 # BlinkDL's rwkv_v7_demo_rnn.py writes it but over B streams, with the state update
 # as matrix-vector products (S·(−kk) and S·r) rather than demo_rnn's S·(ab) matrix
 # product (N times fewer operations).

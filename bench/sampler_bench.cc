@@ -1,4 +1,4 @@
-// SampleToken (models/sampler.h) over one row of logits, the engine's per-token host work
+// SampleToken (models/sampling/sampler.h) over one row of logits, the engine's per-token host work
 // on the CPU (a sixth of the served RWKV-7 0.1B's time at 16 streams before it was
 // reworked: docs/benchmarks.md). Torch-free.
 //   BM_SampleToken/V/mode  one draw over V logits, normal(0, 3) as a peaked model's;
@@ -12,7 +12,7 @@
 #include <random>
 #include <vector>
 
-#include "models/sampler.h"
+#include "models/sampling/sampler.h"
 
 namespace {
 

@@ -25,8 +25,8 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/client.h"
-#include "models/checkpoint.h"
-#include "models/state_codec.h"
+#include "models/checkpoints/checkpoint.h"
+#include "models/checkpoints/state_codec.h"
 #include "server/sessions/store/redis_session_store.h"
 
 ABSL_FLAG(std::string, store, "", "redis://HOST:PORT[/DB] to load (required)");

@@ -3,7 +3,7 @@
 
 Per round, back to back:
   1. `model_bench` (OMP_NUM_THREADS=--threads): BM_SgemmPeak/2048 (the sgemm roof,
-     OpenBLAS), BM_Rwkv7NativeStep/{1,64} (the native step, models/native_rwkv.h),
+     OpenBLAS), BM_Rwkv7NativeStep/{1,64} (the native step, models/kernels/native_rwkv.h),
      BM_Rwkv7NativeStepBf16/{1,64} (the same on the model's weights rounded to bf16,
      which the kernel keeps in 16 bits) and BM_Rwkv7Step/{1,64} (LibTorch's step), on
      random weights made in the process;

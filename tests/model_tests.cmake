@@ -5,8 +5,8 @@
 add_library(fwserve_test_util STATIC unit/test_models.cc unit/temp_dir.cc)
 target_include_directories(fwserve_test_util PUBLIC ${PROJECT_SOURCE_DIR})
 target_compile_options(fwserve_test_util PRIVATE ${FWSERVE_WARNINGS})
-target_link_libraries(fwserve_test_util PUBLIC fwserve_models GTest::gtest)
-target_precompile_headers(fwserve_test_util REUSE_FROM fwserve_models)
+target_link_libraries(fwserve_test_util PUBLIC fwserve_models fwserve_training GTest::gtest)
+target_precompile_headers(fwserve_test_util REUSE_FROM fwserve_tensor_pch)
 
 # LibTorch unit tests.
 add_executable(fwserve_model_tests
@@ -30,7 +30,7 @@ if(TORCH_CUDA_LIBRARIES OR FWSERVE_CUDA_TESTS)
 endif()
 target_compile_options(fwserve_model_tests PRIVATE ${FWSERVE_WARNINGS})
 target_link_libraries(fwserve_model_tests PRIVATE fwserve_test_util GTest::gtest_main)
-target_precompile_headers(fwserve_model_tests REUSE_FROM fwserve_models)
+target_precompile_headers(fwserve_model_tests REUSE_FROM fwserve_tensor_pch)
 # Debian's python3 runs tools/convert_rwkv_cpp.py (standard library only) in rwkv_test.cc.
 find_program(FWSERVE_MODEL_TESTS_PYTHON3 python3 PATHS /usr/bin NO_DEFAULT_PATH REQUIRED)
 target_compile_definitions(fwserve_model_tests PRIVATE
@@ -44,6 +44,6 @@ add_executable(fwserve_core_tests unit/state_pool_test.cc unit/runner_test.cc
                unit/session_keeper_test.cc common/fake_shared_store.cc)
 target_compile_options(fwserve_core_tests PRIVATE ${FWSERVE_WARNINGS})
 target_link_libraries(fwserve_core_tests PRIVATE fwserve_engine fwserve_test_util GTest::gtest_main)
-target_precompile_headers(fwserve_core_tests REUSE_FROM fwserve_models)
+target_precompile_headers(fwserve_core_tests REUSE_FROM fwserve_tensor_pch)
 gtest_discover_tests(fwserve_core_tests DISCOVERY_TIMEOUT 120
                      PROPERTIES LABELS unit ENVIRONMENT OMP_NUM_THREADS=1)

@@ -12,13 +12,14 @@
 #include "absl/strings/str_join.h"
 #include "common/cli_util.h"
 #include "common/load_time_env.h"
-#include "models/blas_check.h"
-#include "models/checkpoint.h"
-#include "models/file_util.h"
-#include "models/model.h"
-#include "models/sampler.h"
-#include "models/text_tokenizer.h"
-#include "models/tokenizer.h"
+#include "models/base/blas_check.h"
+#include "models/checkpoints/checkpoint.h"
+#include "models/base/file_util.h"
+#include "models/architectures/model.h"
+#include "models/sampling/sampler.h"
+#include "models/tokenizers/text_tokenizer.h"
+#include "models/tokenizers/tokenizer.h"
+#include "models/kernels/scoring.h"
 #include "nlohmann/json.hpp"
 
 ABSL_FLAG(std::string, config, "", "init: path of the config.json to initialise from");
@@ -240,7 +241,7 @@ int Generate(const std::string& dir) {
   auto loaded = Load(dir);
   if (!loaded.ok()) return Fail(loaded.status());
   const fwmodel::Model& model = loaded->model;
-  torch::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
 
   std::string prompt = absl::GetFlag(FLAGS_prompt);
   auto tokenizer = fwmodel::TextTokenizer::ForModel(model.config(), dir);

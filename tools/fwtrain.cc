@@ -12,10 +12,10 @@
 #include "absl/strings/str_format.h"
 #include "common/cli_util.h"
 #include "common/load_time_env.h"
-#include "models/blas_check.h"
-#include "models/checkpoint.h"
-#include "models/file_util.h"
-#include "models/trainer.h"
+#include "models/base/blas_check.h"
+#include "models/checkpoints/checkpoint.h"
+#include "models/base/file_util.h"
+#include "models/training/trainer.h"
 
 namespace {
 const fwmodel::TrainOptions kDefaults;

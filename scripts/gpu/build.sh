@@ -19,7 +19,7 @@
 # Environment: BUILD_DIR (default build-gpu), JOBS (default nproc), TORCH_PREFIX,
 #              TORCH_CUDA_ARCH_LIST (default: the GPU's compute capability),
 #              CUDA_GRAPHS (ON; OFF builds the CUDA decode step without CUDA Graph
-#              capture, should models/graphed_step.cc not compile against this LibTorch).
+#              capture, should models/kernels/graphed_step.cc not compile against this LibTorch).
 # The executables carry the kit's library folders as RPATH (not RUNPATH), so they run
 # without LD_LIBRARY_PATH; build-gpu/gpu-build.json records what was used.
 set -euo pipefail

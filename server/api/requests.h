@@ -12,7 +12,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "models/sampler.h"
+#include "models/sampling/sampler.h"
 #include "server/api/session_record.h"
 
 namespace fwserve {

@@ -15,15 +15,13 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "models/blas_check.h"
-#include "models/checkpoint.h"
-#include "models/state_codec.h"
-#include "models/tokenizer.h"
+#include "models/checkpoints/state_format.h"
+#include "models/tokenizers/tokenizer.h"
 #include "server/base/log.h"
 #include "server/base/retry_delay.h"
 #include "server/base/session_id.h"
 #include "server/base/utf8.h"
-#include "server/engine/engine.h"
+#include "server/engine/model_engine.h"
 #include "server/metrics/metrics.h"
 #include "server/sessions/prefix_index.h"
 #include "server/sessions/session_directory.h"
@@ -149,23 +147,7 @@ class CoreImpl : public Core {
 
   absl::Status Init() {
     if (options_.model_dirs.empty()) return absl::InvalidArgumentError("no model given (--model)");
-    LimitIntraOpThreads(options_.engine.intra_op_threads);  // loading runs on this thread
-    fwmodel::ModelOptions model_options;
-    if (options_.device == "cuda" || options_.device.rfind("cuda:", 0) == 0) {
-      if (!torch::cuda::is_available()) {
-        return absl::FailedPreconditionError(
-            "--device=cuda, but this LibTorch build has no usable CUDA device");
-      }
-      try {
-        model_options.device = torch::Device(options_.device);
-      } catch (const c10::Error&) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("--device: bad value '", options_.device, "'"));
-      }
-    } else if (options_.device != "cpu") {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--device must be cpu, cuda or cuda:N, got '", options_.device, "'"));
-    }
+    if (absl::Status device = CheckDeviceName(options_.device); !device.ok()) return device;
     std::set<std::string> names;
     for (const std::string& dir : options_.model_dirs) {
       const std::string name = ModelNameOf(dir);
@@ -173,39 +155,29 @@ class CoreImpl : public Core {
         return absl::InvalidArgumentError(
             absl::StrCat("--model: two models are named '", name, "' (names are directory names)"));
       }
-      auto loaded = fwmodel::LoadCheckpoint(dir, model_options);
-      if (!loaded.ok()) {
-        return absl::Status(loaded.status().code(),
-                            absl::StrCat("--model ", dir, ": ", loaded.status().message()));
-      }
-      auto tokenizer = fwmodel::TextTokenizer::ForModel(loaded->model.config(), dir);
-      if (!tokenizer.ok()) {
-        return absl::Status(tokenizer.status().code(),
-                            absl::StrCat("--model ", dir, ": ", tokenizer.status().message()));
-      }
       ModelDescription description;
-      description.name = name;
-      description.is_default = engines_.empty();
-      const fwmodel::ModelConfig& config = loaded->model.config();
-      description.architecture = fwmodel::ArchitectureName(config.architecture);
-      description.config_json = fwmodel::ModelConfigToJson(config);
-      description.parameters = loaded->model.parameter_count();
-      description.state_bytes_per_session = loaded->model.state_bytes_per_session();
-      description.vocab_size = config.vocab_size;
-      description.fingerprint = loaded->fingerprint;
-      description.memory_slots = loaded->model.memory_slots();
-      ModelMetrics* model_metrics =
-          metrics_->AddModel(ModelInfoLabels{name, description.architecture, description.parameters,
-                                             description.state_bytes_per_session});
-      descriptions_.push_back(description);
       EngineContext context;
       context.directory = directory_.get();
       context.budget = &budget_;
       context.clock = clock_;
-      context.metrics = model_metrics;
-      context.tokenizer = std::move(*tokenizer);
-      engines_.push_back(
-          std::make_unique<Engine>(name, std::move(*loaded), options_.engine, context));
+      auto engine = LoadModelEngine(
+          ModelEngineSpec{name, dir, options_.device}, options_.engine, std::move(context),
+          [&](const LoadedModelInfo& info) {
+            description.name = name;
+            description.is_default = engines_.empty();
+            description.architecture = info.architecture;
+            description.config_json = info.config_json;
+            description.parameters = info.parameters;
+            description.state_bytes_per_session = info.state_bytes_per_session;
+            description.vocab_size = info.vocab_size;
+            description.fingerprint = info.fingerprint;
+            description.memory_slots = info.memory_slots;
+            return metrics_->AddModel(ModelInfoLabels{name, info.architecture, info.parameters,
+                                                      info.state_bytes_per_session});
+          });
+      if (!engine.ok()) return engine.status();
+      descriptions_.push_back(description);
+      engines_.push_back(std::move(*engine));
       Log(LogLevel::kInfo,
           absl::StrCat("loaded model ", name, " (", description.architecture, ", ",
                        description.parameters, " parameters, ", description.state_bytes_per_session,
@@ -443,7 +415,7 @@ class CoreImpl : public Core {
         if (absl::Status quota = CheckSessionQuota(caller); !quota.ok()) return quota;
       }
     }
-    Engine* engine = nullptr;
+    ModelEngine* engine = nullptr;
     if (session_id.empty()) {
       auto found = FindEngine(model);
       if (!found.ok()) return found.status();
@@ -670,7 +642,7 @@ class CoreImpl : public Core {
     return absl::OkStatus();
   }
 
-  absl::StatusOr<Engine*> FindEngine(const std::string& model) const {
+  absl::StatusOr<ModelEngine*> FindEngine(const std::string& model) const {
     if (model.empty()) return engines_.front().get();
     for (const auto& engine : engines_) {
       if (engine->name() == model) return engine.get();
@@ -690,7 +662,7 @@ class CoreImpl : public Core {
 
   // On failure the item comes back through `item` and is dropped here, before the
   // caller answers, so its lease is free by the time the client hears.
-  absl::Status SubmitOrRelease(Engine* engine, std::unique_ptr<WorkItem>& item) {
+  absl::Status SubmitOrRelease(ModelEngine* engine, std::unique_ptr<WorkItem>& item) {
     absl::Status queued = engine->Submit(item);
     if (!queued.ok()) {
       CountRefusal(queued);
@@ -752,7 +724,7 @@ class CoreImpl : public Core {
   // caller returns or answers through the item (which ends the claim first).
   template <typename Pending>
   absl::Status Submit(Pending& pending, SessionClaim& claim) {
-    SessionKeeper::BindClaim(*directory_, claim, *pending.item);
+    BindSessionClaim(*directory_, claim, *pending.item);
     auto engine = FindEngine(claim.model);
     if (!engine.ok()) return engine.status();  // the directory checked it is served
     absl::Status queued = (*engine)->SubmitClaimed(pending.item, std::move(claim.stored_state));
@@ -779,7 +751,7 @@ class CoreImpl : public Core {
   // served. Counts the refusal by reason (fwserve_requests_refused_total).
   absl::Status EarlyRefusal(const std::string& model, const std::string& session_id,
                             absl::Time deadline) {
-    Engine* engine = nullptr;
+    ModelEngine* engine = nullptr;
     if (session_id.empty() || engines_.size() == 1) {
       auto found = FindEngine(session_id.empty() ? model : "");
       if (!found.ok()) return absl::OkStatus();  // answered by the checks that follow
@@ -817,7 +789,7 @@ class CoreImpl : public Core {
     auto metadata = fwmodel::PeekStateMetadata(std::move(blob));
     if (!metadata.ok()) return metadata.status();
     auto labels = ParseStoredLabels(*metadata);
-    Engine* owner = nullptr;
+    ModelEngine* owner = nullptr;
     for (auto& engine : engines_) {
       if (engine->fingerprint() == (*metadata)["fingerprint"]) owner = engine.get();
     }
@@ -830,7 +802,7 @@ class CoreImpl : public Core {
     record.id = id;
     record.model = owner->name();
     record.tenant = labels->tenant;
-    record.state_bytes = owner->model().state_bytes_per_session();
+    record.state_bytes = owner->state_bytes_per_session();
     record.created = labels->created;
     record.last_used = labels->last_used;
     record.resident = false;
@@ -848,7 +820,7 @@ class CoreImpl : public Core {
   StateMemoryBudget budget_;
   // Stateless clients' kept conversations (GenerateParams::prefix_reuse).
   PrefixIndex prefix_index_;
-  std::vector<std::unique_ptr<Engine>> engines_;
+  std::vector<std::unique_ptr<ModelEngine>> engines_;
   std::vector<ModelDescription> descriptions_;
 
   static constexpr int kDefaultPageSize = 100;

@@ -8,7 +8,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
-#include "models/blas_check.h"
+#include "models/base/blas_check.h"
 #include "server/base/log.h"
 #include "server/base/retry_delay.h"
 #include "server/base/session_id.h"
@@ -220,7 +220,7 @@ absl::Status Engine::SubmitClaimed(std::unique_ptr<WorkItem>& item,
                                    std::optional<std::string> stored_state) {
   WorkItem& w = *item;
   if (stored_state.has_value() && !w.Is<DeleteWork>()) {
-    torch::NoGradGuard no_grad;
+    c10::NoGradGuard no_grad;
     auto decoded = fwmodel::DecodeStateRow(model_, fingerprint_, std::move(*stored_state));
     if (!decoded.ok()) {
       Log(LogLevel::kError, absl::StrCat("session ", w.session_id, ": stored state unreadable: ",
@@ -230,7 +230,7 @@ absl::Status Engine::SubmitClaimed(std::unique_ptr<WorkItem>& item,
                                                 "': its saved state could not be restored")));
       return absl::OkStatus();
     }
-    w.loaded = std::move(*decoded);
+    w.loaded = std::make_shared<fwmodel::DecodedState>(std::move(*decoded));
   }
   return Submit(item);
 }
@@ -325,7 +325,7 @@ bool Engine::HasImmediateWorkLocked() {
 }
 
 void Engine::Loop() {
-  torch::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   LimitIntraOpThreads(options_.intra_op_threads);
   while (true) {
     IterationWork work = WaitForWork();

@@ -37,17 +37,18 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "models/checkpoint.h"
-#include "models/model.h"
-#include "models/native_step.h"
-#include "models/state_codec.h"
-#include "models/text_tokenizer.h"
-#include "models/tokenizer.h"
+#include "models/checkpoints/checkpoint.h"
+#include "models/architectures/model.h"
+#include "models/kernels/native_step.h"
+#include "models/checkpoints/state_codec.h"
+#include "models/tokenizers/text_tokenizer.h"
+#include "models/tokenizers/tokenizer.h"
 #include "server/api/requests.h"
 #include "server/base/clock.h"
 #include "server/engine/admission_queue.h"
 #include "server/engine/drain_estimate.h"
 #include "server/engine/engine_options.h"
+#include "server/engine/model_engine.h"
 #include "server/engine/runner.h"
 #include "server/engine/scheduler.h"
 #include "server/engine/session_keeper.h"
@@ -59,70 +60,34 @@
 
 namespace fwserve {
 
-// What an engine shares with the rest of the core. Pointers are not owned and outlive
-// the engine.
-struct EngineContext {
-  // Where the sessions are kept: the registry, the store threads, the store I/O and
-  // what to do with a changed session (SessionDirectory::policy()).
-  SessionDirectory* directory = nullptr;
-  StateMemoryBudget* budget = nullptr;
-  const Clock* clock = nullptr;
-  // Never null (the null implementation when metrics are off).
-  ModelMetrics* metrics = nullptr;
-  // The model's tokenizer (config.json's `tokenizer`): bytes unless it names another.
-  fwmodel::TextTokenizer tokenizer;
-};
-
-// A Generate whose engine is known only once its session is claimed (a shared store
-// names the model): hands the item's observer its stream control now (OnStart; its
-// session_id() is the new session of a fork, else the item's session). The engine that
-// takes the item binds it (Engine::Submit); a Cancel before then reaches the engine
-// through the item's is_cancelled (polled at admission). Thread-safe.
-void OpenStreamBeforeClaim(WorkItem& item);
-
-class Engine : private KeeperHost, private StreamHost {
+class Engine : public ModelEngine, private KeeperHost, private StreamHost {
  public:
   Engine(std::string name, fwmodel::LoadedModel loaded, const EngineOptions& options,
          EngineContext context);
-  ~Engine();
+  ~Engine() override;
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
-  void Start();
-  const std::string& name() const { return name_; }
-  const fwmodel::Model& model() const { return model_; }
-  const fwmodel::TextTokenizer& tokenizer() const { return tokenizer_; }
-  const std::string& fingerprint() const { return fingerprint_; }
-
-  // Queues `item`. RESOURCE_EXHAUSTED when the queue is full, DEADLINE_EXCEEDED when a
-  // Generate could not start before its deadline (GenerateParams::deadline) by the
-  // queue's expected wait, UNAVAILABLE when draining; the first two carry a retry delay
-  // (server/base/retry_delay.h). On error the item is returned through `item`, its
-  // callbacks not called. A Generate's observer gets its stream control first (OnStart),
-  // unless OpenStreamBeforeClaim gave it one, which is bound here.
-  absl::Status Submit(std::unique_ptr<WorkItem>& item);
-  // Submit for an item whose claim is bound (SessionKeeper::BindClaim), with the
-  // session's state when the claim brought it (a shared store's, on a cache miss): it
-  // is decoded here, on the calling thread. A state that cannot be decoded answers the
-  // item with DATA_LOSS (its claim ended first), takes it and returns OK.
+  // ModelEngine (model_engine.h has the contracts).
+  void Start() override;
+  const std::string& name() const override { return name_; }
+  const std::string& fingerprint() const override { return fingerprint_; }
+  const fwmodel::TextTokenizer& tokenizer() const override { return tokenizer_; }
+  int64_t state_bytes_per_session() const override { return model_.state_bytes_per_session(); }
+  absl::Status Submit(std::unique_ptr<WorkItem>& item) override;
   absl::Status SubmitClaimed(std::unique_ptr<WorkItem>& item,
-                             std::optional<std::string> stored_state);
-  // The same refusals as Submit's, decided from published counts without the lock,
-  // before any per-request work (docs/serving.md "Overload"): the cheap early answer.
-  // OK does not promise that Submit accepts. Thread-safe, never blocks.
-  absl::Status CheckAdmission(absl::Time deadline) const;
-  // How long a stream queued now is expected to wait before it starts. Thread-safe.
-  absl::Duration ExpectedQueueWait() const;
+                             std::optional<std::string> stored_state) override;
+  absl::Status CheckAdmission(absl::Time deadline) const override;
+  absl::Duration ExpectedQueueWait() const override;
+  void BeginDrain() override;
+  bool WaitIdle(absl::Time deadline) override;
+  void EndAllWork() override;
+  void Stop() override;
+
+  const fwmodel::Model& model() const { return model_; }
+  // A stream's write finished (ok: delivered), or its client cancelled it.
   void PostWriteDone(uint64_t stream_id, bool ok);
   void PostCancel(uint64_t stream_id);
-
-  // Shutdown steps (see Core): refuse new work; wait for idle (store writes included);
-  // end the rest; stop the threads (a last attempt to store sessions whose writes
-  // failed). Stop is idempotent.
-  void BeginDrain();
-  bool WaitIdle(absl::Time deadline);
-  void EndAllWork();
-  void Stop();
 
  private:
   struct Event {

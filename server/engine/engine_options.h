@@ -45,14 +45,14 @@ struct EngineOptions {
   // physical cores this process may use (UsableCores; OMP_NUM_THREADS does not apply).
   int32_t prefill_threads = 0;
   // The decode step (--decode-kernel): "native" (float32 CPU models,
-  // models/native_step.h: fused sgemm projections, state updated in place in the pool;
-  // on a CUDA model it means "graph"), "graph" (models/graphed_step.h: the step on
+  // models/kernels/native_step.h: fused sgemm projections, state updated in place in the pool;
+  // on a CUDA model it means "graph"), "graph" (models/kernels/graphed_step.h: the step on
   // per-batch-size buffers, replayed as CUDA Graphs on CUDA and run eagerly on the CPU,
   // with sampling on the device) or "libtorch" (Model::Step on gathered rows, the
   // reference). What a model cannot use falls back to "libtorch" (float64 models
   // always do).
   std::string decode_kernel = "native";
-  // The native kernel's GEMMs (--native-gemm; models/packed_linear.h): "libxsmm" (JIT
+  // The native kernel's GEMMs (--native-gemm; models/kernels/packed_linear.h): "libxsmm" (JIT
   // kernels on weights laid out at load, OpenBLAS where unavailable) or "openblas"
   // (cblas_sgemm).
   std::string native_gemm = "libxsmm";

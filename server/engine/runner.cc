@@ -5,9 +5,10 @@
 #include <algorithm>
 #include <exception>
 #include <utility>
+#include <ATen/Parallel.h>
 
 #include "absl/strings/str_cat.h"
-#include "models/blas_check.h"
+#include "models/base/blas_check.h"
 #include "server/base/cpu_count.h"
 
 namespace fwserve {
@@ -69,7 +70,7 @@ StepResult Runner::RunStep(const StepWork& work) {
 }
 
 void Runner::StepThreadLoop() {
-  torch::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   LimitIntraOpThreads(options_.intra_op_threads);
   absl::MutexLock lock(&step_mu_);
   while (true) {
@@ -170,7 +171,7 @@ void Runner::StopPrefillThread() {
 }
 
 void Runner::PrefillThreadLoop() {
-  torch::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   LimitIntraOpThreads(options_.intra_op_threads);
   while (true) {
     PrefillWork* work = nullptr;

@@ -120,7 +120,7 @@ void SessionKeeper::EndLeaseAfterWrite(SessionLease& lease, const std::string& i
 void SessionKeeper::DropStaleCopy(WorkItem& item) {
   auto it = resident_.find(item.session_id);
   if (it == resident_.end() || it->second.in_use) return;
-  if (!item.loaded.has_value() && it->second.version == item.ticket->version &&
+  if (item.loaded == nullptr && it->second.version == item.ticket->version &&
       it->second.tag == item.ticket->tag) {
     return;
   }
@@ -142,7 +142,7 @@ bool SessionKeeper::NeedsLoad(WorkItem& item) {
 void SessionKeeper::RunStoreJob(std::function<std::function<void()>()> job) {
   host_->StoreJobStarted();
   executor_->Run([this, job = std::move(job)] {
-    torch::NoGradGuard no_grad;
+    c10::NoGradGuard no_grad;
     std::function<void()> then = job();  // jobs catch their own exceptions
     host_->StoreJobDone(std::move(then));
   });
@@ -208,7 +208,7 @@ void SessionKeeper::StartLoad(std::unique_ptr<WorkItem> item) {
       Log(LogLevel::kError, absl::StrCat("model ", name_, ": load failed: ", e.what()));
       failure = absl::InternalError("loading the session failed");
     }
-    if (failure.ok()) w.loaded = std::move(*decoded);
+    if (failure.ok()) w.loaded = std::make_shared<fwmodel::DecodedState>(std::move(*decoded));
     return [this, holder, failure] {
       if (!failure.ok()) return FailItem(std::move(*holder), failure);
       host_->Readmit(std::move(*holder));
@@ -647,7 +647,7 @@ absl::StatusOr<int> SessionKeeper::EnsureResident(WorkItem& item) {
     if (item.ticket != nullptr) metrics_->CountSessionCacheLookup(true);
     return it->second.slot;
   }
-  if (!item.loaded.has_value()) {
+  if (item.loaded == nullptr) {
     return absl::InternalError(absl::StrCat("session_id '", id, "' has no resident state"));
   }
   auto record = registry_->Get(id);

@@ -5,29 +5,6 @@
 
 namespace fwserve {
 
-bool StateMemoryBudget::TryReserve(int64_t bytes) {
-  int64_t used = used_.load();
-  do {
-    if (used + bytes > limit_) return false;
-  } while (!used_.compare_exchange_weak(used, used + bytes));
-  return true;
-}
-
-void StateMemoryBudget::Release(int64_t bytes) { used_.fetch_sub(bytes); }
-
-void StateMemoryBudget::RequestReclaim(int64_t bytes) {
-  int64_t wanted = reclaim_.load();
-  while (wanted < bytes && !reclaim_.compare_exchange_weak(wanted, bytes)) {
-  }
-}
-
-void StateMemoryBudget::Reclaimed(int64_t bytes) {
-  int64_t wanted = reclaim_.load();
-  while (wanted > 0 &&
-         !reclaim_.compare_exchange_weak(wanted, std::max<int64_t>(0, wanted - bytes))) {
-  }
-}
-
 StatePool::StatePool(const fwmodel::Model& model, int64_t max_slots, StateMemoryBudget* budget,
                      bool preallocate)
     : model_(model),
@@ -36,7 +13,7 @@ StatePool::StatePool(const fwmodel::Model& model, int64_t max_slots, StateMemory
       state_bytes_(model.state_bytes_per_session()),
       vocab_(model.config().vocab_size),
       budget_(budget) {
-  torch::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   fresh_row_ = model_.InitialState(1);
   for (const torch::Tensor& t : fresh_row_.tensors) row_floats_ += t.numel();
   pool_ = model_.InitialState(0);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <numeric>
+#include <ATen/Parallel.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"

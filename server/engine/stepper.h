@@ -1,7 +1,7 @@
 // The model's compute, as the engine uses it: one batched decode step over pool rows,
 // sampling of the next tokens, and prefill chunks on private rows. The kernel is picked
 // once, at construction:
-//   - native: the float32 CPU kernels (models/native_step.h: fused sgemm projections,
+//   - native: the float32 CPU kernels (models/kernels/native_step.h: fused sgemm projections,
 //     the pool's rows updated in place), where the model allows it and "native" was
 //     asked for;
 //   - graph: fwmodel::GraphedStep, the batched step on per-bucket buffers, replayed as
@@ -30,11 +30,12 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
-#include "models/batch_sampler.h"
-#include "models/graphed_step.h"
-#include "models/model.h"
-#include "models/native_step.h"
-#include "models/sampler.h"
+#include "models/sampling/batch_sampler.h"
+#include "models/kernels/graphed_step.h"
+#include "models/architectures/model.h"
+#include "models/kernels/native_step.h"
+#include "models/sampling/sampler.h"
+#include "models/kernels/scoring.h"
 #include "server/engine/state_pool.h"
 
 namespace fwserve {

@@ -17,8 +17,8 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
-#include "models/model.h"
-#include "models/text_tokenizer.h"
+#include "models/architectures/model.h"
+#include "models/tokenizers/text_tokenizer.h"
 #include "server/engine/drain_estimate.h"
 #include "server/engine/engine_options.h"
 #include "server/engine/runner.h"

@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "absl/time/time.h"
-#include "models/text_tokenizer.h"
-#include "models/tokenizer.h"
+#include "models/tokenizers/text_tokenizer.h"
+#include "models/tokenizers/tokenizer.h"
 #include "server/api/requests.h"
 #include "server/api/session_record.h"
 

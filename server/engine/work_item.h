@@ -1,6 +1,7 @@
 // A unit of work for an engine: a header every item has (its session, tenant, claim,
 // text, arrival) and one typed work (Work, a std::variant) saying what to do and whom
-// to answer. Internal to the core (includes LibTorch for a loaded state).
+// to answer. Torch-free: the core builds items; a loaded state is the engine's, behind a
+// forward declaration.
 #pragma once
 
 #include <cstdint>
@@ -13,10 +14,13 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
-#include "models/state_codec.h"
 #include "server/api/requests.h"
 #include "server/sessions/session_directory.h"
 #include "server/sessions/session_registry.h"
+
+namespace fwmodel {
+struct DecodedState;  // models/checkpoints/state_codec.h
+}  // namespace fwmodel
 
 namespace fwserve {
 
@@ -83,8 +87,10 @@ struct WorkItem {
   // into `tokens` with the model's tokenizer (the core may not know the model yet).
   std::string text;
   // The session's state read from the store (or the decoded import blob), when the
-  // session was not resident at admission.
-  std::optional<fwmodel::DecodedState> loaded;
+  // session was not resident at admission; null otherwise. Set and read on the engine's
+  // threads only (a shared_ptr so that the core, which cannot see the type, may destroy
+  // an item).
+  std::shared_ptr<fwmodel::DecodedState> loaded;
   // Generate, Score, Create: polled at admission and between prefill chunks; may be null.
   std::function<bool()> is_cancelled;
   absl::Time arrival;

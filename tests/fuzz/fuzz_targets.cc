@@ -19,9 +19,9 @@
 #include <cstdint>
 #include <string>
 
-#include "models/config.h"
-#include "models/safetensors.h"
-#include "models/tokenizer.h"
+#include "models/base/config.h"
+#include "models/checkpoints/safetensors.h"
+#include "models/tokenizers/tokenizer.h"
 #include "server/base/utf8.h"
 #include "server/tenancy/authenticator.h"
 #include "server/tenancy/tenants.h"

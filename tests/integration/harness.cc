@@ -9,9 +9,10 @@
 
 #include <atomic>
 
-#include "models/checkpoint.h"
-#include "models/model.h"
-#include "models/tokenizer.h"
+#include "models/checkpoints/checkpoint.h"
+#include "models/architectures/model.h"
+#include "models/tokenizers/tokenizer.h"
+#include "models/kernels/scoring.h"
 #include "tests/unit/test_models.h"
 
 namespace fwtest {

@@ -20,7 +20,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "models/config.h"
+#include "models/base/config.h"
 #include "server/tenancy/tenants.h"
 #include "server/transport/http/openai_api.h"
 #include "tests/common/redis_server.h"

@@ -23,7 +23,7 @@
 #include "google/rpc/error_details.pb.h"
 #include "google/rpc/status.pb.h"
 #include "gtest/gtest.h"
-#include "models/checkpoint.h"
+#include "models/checkpoints/checkpoint.h"
 #include "server/tenancy/authenticator.h"
 #include "server/tenancy/tenants.h"
 #include "tests/integration/harness.h"

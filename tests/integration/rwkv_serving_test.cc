@@ -14,10 +14,10 @@
 #include <gtest/gtest.h>
 
 #include "client/client.h"
-#include "models/checkpoint.h"
-#include "models/model.h"
-#include "models/text_tokenizer.h"
-#include "models/tokenizer.h"
+#include "models/checkpoints/checkpoint.h"
+#include "models/architectures/model.h"
+#include "models/tokenizers/text_tokenizer.h"
+#include "models/tokenizers/tokenizer.h"
 #include "tests/integration/harness.h"
 #include "tests/integration/http_client.h"
 

@@ -13,9 +13,9 @@
 #include <vector>
 
 #include "client/client.h"
-#include "models/checkpoint.h"
-#include "models/model.h"
-#include "models/tokenizer.h"
+#include "models/checkpoints/checkpoint.h"
+#include "models/architectures/model.h"
+#include "models/tokenizers/tokenizer.h"
 #include "tests/integration/harness.h"
 
 namespace fwtest {
@@ -137,7 +137,7 @@ TEST_F(SamplingLimitsTest, TheRepetitionPenaltyLooksBackRepetitionWindowTokensDe
 
     std::vector<int64_t> sequence = prompt_tokens;
     sequence.insert(sequence.end(), generated->token_ids.begin(), generated->token_ids.end());
-    torch::NoGradGuard no_grad;
+    c10::NoGradGuard no_grad;
     fwmodel::State state = loaded->model.InitialState(1);
     auto logits =
         loaded->model.Forward(torch::tensor(sequence, torch::kInt64).unsqueeze(0), &state);

@@ -497,7 +497,7 @@ TEST_F(ServerTest, TheOpenBlasGemmServesTheSameModel) {
   StartBesideTheDefault(options, &openblas_server, &default_server);
 }
 
-// --decode-kernel graph (models/graphed_step.h: the CUDA path's bucketed step, eager on
+// --decode-kernel graph (models/kernels/graphed_step.h: the CUDA path's bucketed step, eager on
 // the CPU, and its batched sampler) serves the native kernel's model: the same greedy
 // tokens with logprobs to 1e-4, and, for the same seeds, the same sampled tokens under
 // temperature, top-k, top-p, min-p and a repetition penalty, on 5 concurrent streams

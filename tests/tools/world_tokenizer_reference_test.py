@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""fwserve's world tokenizer (models/world_tokenizer.cc) against an independent
+"""fwserve's world tokenizer (models/tokenizers/world_tokenizer.cc) against an independent
 reference in Python, through `fwmodel tokenize`:
 
 - the vocabulary: every line of rwkv_vocab_v20230424.txt parsed as ChatRWKV's

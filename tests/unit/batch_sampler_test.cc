@@ -1,9 +1,9 @@
-// The batched sampler (models/batch_sampler.h), run on the CPU, draws what the host
-// sampler (models/sampler.h) draws. The same seeds give the same tokens, row by row,
+// The batched sampler (models/sampling/batch_sampler.h), run on the CPU, draws what the host
+// sampler (models/sampling/sampler.h) draws. The same seeds give the same tokens, row by row,
 // over every filter and their combinations, and the same log-probabilities. Each
 // stream's generator is consumed identically, so the streams agree over many rounds. The
 // rows are picked out of a larger pool of logits by index, as the engine's are.
-#include "models/batch_sampler.h"
+#include "models/sampling/batch_sampler.h"
 
 #include <gtest/gtest.h>
 

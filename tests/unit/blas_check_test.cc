@@ -1,7 +1,7 @@
-// models/blas_check.h: the reference-BLAS warning that fwserve, fwmodel and fwtrain print
+// models/base/blas_check.h: the reference-BLAS warning that fwserve, fwmodel and fwtrain print
 // at start (docs/serving.md), decided from a /proc/PID/maps text and the target of the
 // system's libblas.so.3 alternatives link.
-#include "models/blas_check.h"
+#include "models/base/blas_check.h"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-#include "models/checkpoint.h"
+#include "models/checkpoints/checkpoint.h"
 
 #include <gtest/gtest.h>
 
@@ -7,8 +7,9 @@
 #include <map>
 
 #include "absl/strings/str_cat.h"
-#include "models/file_util.h"
-#include "models/state_codec.h"
+#include "models/base/file_util.h"
+#include "models/checkpoints/state_codec.h"
+#include "models/kernels/scoring.h"
 #include "tests/unit/test_models.h"
 
 namespace {
@@ -271,7 +272,7 @@ TEST(PkmBatchNormTest, TrainingModeUpdatesRunningStatisticsServingDoesNot) {
   const torch::Tensor mean0 = w.at("blocks.0.ffn.query_norm.running_mean").clone();
   const torch::Tensor var0 = w.at("blocks.0.ffn.query_norm.running_var").clone();
   torch::Tensor tokens = fwtest::RandomTokens(2, 7, 256, 3);
-  torch::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   fwmodel::State s = model.InitialState(2);
   model.ForwardUnchecked(tokens, &s);
   ASSERT_TRUE(model.Step(tokens.select(1, 0).contiguous(), &s).ok());
@@ -358,7 +359,7 @@ TEST(ScoreTest, FreshScoringGivesNMinusOneValuesAndContinuationMatchesWhole) {
 namespace {
 
 TEST(StateCodecTest, RowRoundTripsAndContinuesIdentically) {
-  torch::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   auto config = fwtest::TinyConfig(Architecture::kAft, FfnKind::kGeglu, 3);
   fwmodel::Model model = fwtest::RandomModel(config, 12, torch::kFloat32);
   const std::string fingerprint = fwmodel::Fingerprint(config, model.ExportWeights());
@@ -395,7 +396,7 @@ TEST(StateCodecTest, RowRoundTripsAndContinuesIdentically) {
 }
 
 TEST(StateCodecTest, RejectsOtherModelsCorruptionAndGarbage) {
-  torch::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   auto config = fwtest::TinyConfig(Architecture::kFastWeight, FfnKind::kRelu, 0);
   fwmodel::Model model = fwtest::RandomModel(config, 12, torch::kFloat32);
   fwmodel::State s = model.InitialState(1);
@@ -421,7 +422,7 @@ TEST(StateCodecTest, RejectsOtherModelsCorruptionAndGarbage) {
 // changed in the header would otherwise import a 6-token session from a 5-token blob),
 // the labels (the stored session id and times) and the fingerprint.
 TEST(StateCodecTest, TheChecksumCoversTheMetadata) {
-  torch::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   auto config = fwtest::TinyConfig(Architecture::kAft, FfnKind::kRelu, 0);
   fwmodel::Model model = fwtest::RandomModel(config, 3, torch::kFloat32);
   fwmodel::State s = model.InitialState(1);
@@ -449,7 +450,7 @@ TEST(StateCodecTest, TheChecksumCoversTheMetadata) {
 // even when its checksum is valid by today's rule: an old or downgraded blob never
 // imports. The blob here is a current one relabelled "1" with its checksum recomputed.
 TEST(StateCodecTest, RefusesVersionOneBlobs) {
-  torch::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   auto config = fwtest::TinyConfig(Architecture::kAft, FfnKind::kRelu, 0);
   fwmodel::Model model = fwtest::RandomModel(config, 4, torch::kFloat32);
   fwmodel::State s = model.InitialState(1);

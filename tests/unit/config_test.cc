@@ -1,4 +1,4 @@
-#include "models/config.h"
+#include "models/base/config.h"
 
 #include <gtest/gtest.h>
 

@@ -1,10 +1,10 @@
-// The bucketed decode step (models/graphed_step.h) on the CPU, where it runs eagerly on
+// The bucketed decode step (models/kernels/graphed_step.h) on the CPU, where it runs eagerly on
 // its fixed buffers: what a CUDA Graph replays. It equals Model::Step row by row on
 // every configuration of the form-equivalence tests (padding, several passes when a
 // batch exceeds the largest bucket), writes no pool row but the stepped ones, and
 // refuses bad input without changing anything. Capture itself needs a CUDA run
 // (scripts/gpu/check.sh); here `captured()` must say false.
-#include "models/graphed_step.h"
+#include "models/kernels/graphed_step.h"
 
 #include <gtest/gtest.h>
 
@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "models/sampler.h"
+#include "models/sampling/sampler.h"
 #include "tests/unit/test_models.h"
 
 namespace {
@@ -33,7 +33,7 @@ class GraphedStepTest : public testing::TestWithParam<fwtest::ConfigCase> {};
 // in a different order, of 1 to 6 sessions (3 pads to 4; 5 and 6 run as 4 + 1 and
 // 4 + 2). Each session is mirrored by a batch-1 state stepped with Model::Step.
 TEST_P(GraphedStepTest, EqualsTheLibTorchStepRowByRow) {
-  torch::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   const fwmodel::ModelConfig config = GetParam().Config();
   fwmodel::Model model = fwtest::RandomModel(config, 7, torch::kFloat64);
   fwmodel::GraphedStepOptions options;
@@ -105,7 +105,7 @@ TEST_P(GraphedStepTest, EqualsTheLibTorchStepRowByRow) {
 // logits equal to the tolerance, and no row but the stepped ones and the pad row is
 // written.
 TEST_P(GraphedStepTest, InPlaceStepsAndSamplesLikeModelStepAndSampleToken) {
-  torch::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   const fwmodel::ModelConfig config = GetParam().Config();
   fwmodel::Model model = fwtest::RandomModel(config, 7, torch::kFloat64);
   const int64_t capacity = 9, pad_row = 9, vocab = config.vocab_size;
@@ -200,7 +200,7 @@ TEST_P(GraphedStepTest, InPlaceStepsAndSamplesLikeModelStepAndSampleToken) {
 // call equal to the tolerance (the row absorbed every drawn token but its last), and no
 // row but the stepped ones and the pad row is written.
 TEST_P(GraphedStepTest, MultiStepEqualsSingleStepsWithItsMasks) {
-  torch::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   const fwmodel::ModelConfig config = GetParam().Config();
   fwmodel::Model model = fwtest::RandomModel(config, 9, torch::kFloat64);
   const int64_t capacity = 9, pad_row = 9, vocab = config.vocab_size, kSteps = 4;
@@ -363,7 +363,7 @@ TEST(GraphedStepBucketsTest, BadBucketsAreRefused) {
 }
 
 TEST(GraphedStepInputTest, BadArgumentsAreRefusedAndChangeNothing) {
-  torch::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   fwmodel::ModelConfig config =
       fwtest::TinyConfig(Architecture::kFastWeight, FfnKind::kSquaredRelu, 3);
   fwmodel::Model model = fwtest::RandomModel(config, 3, torch::kFloat32);
@@ -397,7 +397,7 @@ TEST(GraphedStepInputTest, BadArgumentsAreRefusedAndChangeNothing) {
 }
 
 TEST(GraphedStepInPlaceTest, BadBindingsAndArgumentsAreRefused) {
-  torch::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   fwmodel::ModelConfig config = fwtest::TinyConfig(Architecture::kAft, FfnKind::kSquaredRelu, 0);
   fwmodel::Model model = fwtest::RandomModel(config, 3, torch::kFloat32);
   fwmodel::State pool = model.InitialState(5);

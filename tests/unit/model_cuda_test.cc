@@ -14,9 +14,9 @@
 #include <random>
 #include <vector>
 
-#include "models/batch_sampler.h"
-#include "models/graphed_step.h"
-#include "models/sampler.h"
+#include "models/sampling/batch_sampler.h"
+#include "models/kernels/graphed_step.h"
+#include "models/sampling/sampler.h"
 #include "tests/unit/test_models.h"
 
 namespace {
@@ -65,7 +65,7 @@ class CudaEquivalenceTest : public testing::TestWithParam<Case> {
 };
 
 TEST_P(CudaEquivalenceTest, SequenceAndRecurrentFormsEqualCpu) {
-  torch::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   const fwmodel::ModelConfig config = GetParam().Config();
   fwmodel::Model cpu = fwtest::RandomModel(config, 7, torch::kFloat32, 0.5, torch::kCPU);
   fwmodel::Model cuda = fwtest::RandomModel(config, 7, torch::kFloat32, 0.5, torch::kCUDA);
@@ -97,7 +97,7 @@ TEST_P(CudaEquivalenceTest, SequenceAndRecurrentFormsEqualCpu) {
   }
 }
 
-// The in-place graph step (models/graphed_step.h) on CUDA, captured with its sampling:
+// The in-place graph step (models/kernels/graphed_step.h) on CUDA, captured with its sampling:
 // six sessions in a device pool of nine rows plus the pad row, buckets {1, 2, 4}, ten
 // steps of 1 to 6 rows with greedy and sampled draws. The pool's logits rows equal the
 // CPU model's Model::Step within the tolerance, the states likewise, and each drawn
@@ -105,7 +105,7 @@ TEST_P(CudaEquivalenceTest, SequenceAndRecurrentFormsEqualCpu) {
 // same generator: at most one draw may differ, where a uniform falls within float
 // rounding of a boundary (exp on the GPU is not the host's).
 TEST_P(CudaEquivalenceTest, InPlaceGraphStepWithSamplingEqualsCpu) {
-  torch::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   const fwmodel::ModelConfig config = GetParam().Config();
   fwmodel::Model cpu = fwtest::RandomModel(config, 7, torch::kFloat32, 0.5, torch::kCPU);
   fwmodel::Model cuda = fwtest::RandomModel(config, 7, torch::kFloat32, 0.5, torch::kCUDA);

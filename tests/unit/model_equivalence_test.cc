@@ -71,7 +71,7 @@ class FormEquivalenceTest : public testing::TestWithParam<std::tuple<Case, bool>
 };
 
 TEST_P(FormEquivalenceTest, SequenceFormEqualsRecurrentSteps) {
-  torch::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   fwmodel::Model model = fwtest::RandomModel(config_, 7, dtype());
   const int64_t B = 3, T = 13;
   torch::Tensor tokens = fwtest::RandomTokens(B, T, config_.vocab_size, 11);
@@ -103,7 +103,7 @@ TEST_P(FormEquivalenceTest, SequenceFormEqualsRecurrentSteps) {
 }
 
 TEST_P(FormEquivalenceTest, PiecesWithCarriedStateEqualWholeSpan) {
-  torch::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   fwmodel::Model model = fwtest::RandomModel(config_, 8, dtype());
   const int64_t B = 2, T = 17;
   torch::Tensor tokens = fwtest::RandomTokens(B, T, config_.vocab_size, 21);
@@ -137,7 +137,7 @@ INSTANTIATE_TEST_SUITE_P(AllArchitectures, FormEquivalenceTest,
 // The state comparison itself can fail: it accepts an aft state rescaled to another
 // p (same meaning) and rejects a state whose running mean differs by 1e-3.
 TEST(StateComparisonTest, AftStatesCompareByMeaning) {
-  torch::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   auto config = fwtest::TinyConfig(Architecture::kAft, FfnKind::kRelu, 3);
   fwmodel::Model model = fwtest::RandomModel(config, 5, torch::kFloat64);
   fwmodel::State s = model.InitialState(2);
@@ -158,7 +158,7 @@ TEST(StateComparisonTest, AftStatesCompareByMeaning) {
 
 // Sessions at different positions stepped together equal each stepped alone.
 TEST(BatchedStepTest, BatchOfSessionsAtDifferentPositionsEqualsEachAlone) {
-  torch::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   for (auto [arch, pkm] :
        std::vector<std::pair<Architecture, bool>>{{Architecture::kLinearAttention, false},
                                                   {Architecture::kFastWeight, false},
@@ -204,7 +204,7 @@ TEST(BatchedStepTest, BatchOfSessionsAtDifferentPositionsEqualsEachAlone) {
 // State size depends on the config alone, and the state is a value: a clone evolves
 // independently (fork).
 TEST(StateTest, SizeIsFixedAndCloneIsIndependent) {
-  torch::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   auto config = fwtest::TinyConfig(Architecture::kFastWeight, FfnKind::kRelu, 3, 1);
   fwmodel::Model model = fwtest::RandomModel(config, 5, torch::kFloat32);
   fwmodel::State s = model.InitialState(1);

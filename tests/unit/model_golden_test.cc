@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "models/model.h"
+#include "models/architectures/model.h"
 
 namespace {
 
@@ -427,7 +427,7 @@ double MaxDiff(const std::vector<Vec>& a, const std::vector<Vec>& b) {
 class GoldenTest : public testing::TestWithParam<std::pair<Architecture, int>> {};
 
 TEST_P(GoldenTest, LogitsMatchDirectFormulas) {
-  torch::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   const auto config = GoldenConfig(GetParam().first, GetParam().second);
   Weights w = MakeWeights();
   RoundAll(w);
@@ -463,7 +463,7 @@ struct FfnCase {
 class FfnGoldenTest : public testing::TestWithParam<std::tuple<Architecture, FfnCase>> {};
 
 TEST_P(FfnGoldenTest, LogitsMatchDirectFormulas) {
-  torch::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   fwmodel::ModelConfig config = GoldenConfig(std::get<0>(GetParam()), 1);
   config.ffn = std::get<1>(GetParam()).ffn;
   config.tie_embeddings = std::get<1>(GetParam()).tied;
@@ -511,7 +511,7 @@ enum class PkmCase { kGeneral, kTies, kTopkEqualsNumKeys };
 class PkmGoldenTest : public testing::TestWithParam<std::tuple<Architecture, PkmCase>> {};
 
 TEST_P(PkmGoldenTest, LogitsMatchDirectFormulas) {
-  torch::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   const auto [arch, pkm_case] = GetParam();
   fwmodel::ModelConfig config = GoldenConfig(arch, 1);
   config.pkm_layers = {0};
@@ -595,7 +595,7 @@ INSTANTIATE_TEST_SUITE_P(PerMixer, PkmGoldenTest,
 // Hand-derived: the first token of a fresh aft session, where wkv_0 = v_0 exactly
 // (only the e^{u+k_0} term exists), so the logits follow by hand.
 TEST(GoldenHandDerivedTest, FirstTokenAftOutputIsGatedValue) {
-  torch::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   fwmodel::ModelConfig c = GoldenConfig(Architecture::kAft, 1);
   c.dconv_kernel = 0;
   c.n_heads = 1;

@@ -1,5 +1,5 @@
-// The RWKV native float32 CPU step (models/native_rwkv.h, through NativeStep) equals
-// Model::Step (the LibTorch blocks of models/mixers/rwkv7.cc and rwkv4.cc) within 1e-4
+// The RWKV native float32 CPU step (models/kernels/native_rwkv.h, through NativeStep) equals
+// Model::Step (the LibTorch blocks of models/architectures/rwkv7.cc and rwkv4.cc) within 1e-4
 // relative: RWKV-7 with 64-wide heads and with narrow ones (widths off the vector
 // width), and RWKV-4, updating the pool's
 // rows in place and leaving every other row alone; its prefill equals its steps; and
@@ -20,8 +20,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "models/model.h"
-#include "models/native_step.h"
+#include "models/architectures/model.h"
+#include "models/kernels/native_step.h"
+#include "models/kernels/scoring.h"
 #include "tests/unit/test_models.h"
 
 namespace {
@@ -133,7 +134,7 @@ class NativeRwkvTest : public testing::TestWithParam<RwkvCase> {
 // different order, absorbs a random token. Each session is mirrored by a batch-1
 // LibTorch state stepped with Model::Step.
 TEST_P(NativeRwkvTest, EqualsTheLibTorchStepRowByRowInPlace) {
-  torch::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   fwmodel::Model model = fwtest::RandomModel(config_, 7, torch::kFloat32);
   fwtest::ExpectNativeStepEqualsModelStepRowByRow(model, /*steps=*/12, kTolerance);
 }
@@ -141,7 +142,7 @@ TEST_P(NativeRwkvTest, EqualsTheLibTorchStepRowByRowInPlace) {
 // Five sessions stepped together over ten tokens: the native step against one batched
 // LibTorch step each time, logits and the whole state.
 TEST_P(NativeRwkvTest, EqualsTheBatchedLibTorchStep) {
-  torch::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   fwmodel::Model model = fwtest::RandomModel(config_, 3, torch::kFloat32);
   auto native = fwmodel::NativeStep::Create(model);
   ASSERT_TRUE(native.ok()) << native.status();
@@ -172,14 +173,14 @@ TEST_P(NativeRwkvTest, EqualsTheBatchedLibTorchStep) {
 // Prefill: two sessions absorb nine tokens each in one Absorb call; the reference
 // steps them one token at a time with Model::Step. Then one more decode Step.
 TEST_P(NativeRwkvTest, AbsorbEqualsSteppingTokenByToken) {
-  torch::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   fwmodel::Model model = fwtest::RandomModel(config_, 5, torch::kFloat32);
   fwtest::ExpectAbsorbEqualsSteppingTokenByToken(model, kTolerance);
 }
 
 // Score on the kernel's prefill with every position's logits equals the sequence form.
 TEST_P(NativeRwkvTest, ScoreEqualsTheSequenceForm) {
-  torch::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   fwmodel::Model model = fwtest::RandomModel(config_, 19, torch::kFloat32);
   fwtest::ExpectNativeScoreEqualsSequenceForm(model, kTolerance);
 }
@@ -188,7 +189,7 @@ TEST_P(NativeRwkvTest, ScoreEqualsTheSequenceForm) {
 // tokens) changes no result: 3 threads against 1, for a decode step of 40 sessions and
 // a prefill of 3 sessions x 20 tokens.
 TEST_P(NativeRwkvTest, ThreeThreadsEqualOne) {
-  torch::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   fwmodel::Model model = fwtest::RandomModel(config_, 21, torch::kFloat32);
   fwtest::ExpectThreeThreadsEqualOne(model, /*sessions=*/40, /*capacity=*/48, {41, 44, 47},
                                      /*prompt_tokens=*/20, 1e-6, "");
@@ -198,7 +199,7 @@ TEST_P(NativeRwkvTest, ThreeThreadsEqualOne) {
 // weights, not a copy, with scratch of its own: the two run at once on two threads (a
 // step on one pool, a prefill on another) and give what an instance of its own gives.
 TEST_P(NativeRwkvTest, AnInstanceSharingWeightsRunsBesideTheFirst) {
-  torch::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   fwmodel::Model model = fwtest::RandomModel(config_, 23, torch::kFloat32);
   fwmodel::NativeStepOptions one;
   one.threads = 1;
@@ -239,7 +240,7 @@ TEST_P(NativeRwkvTest, AnInstanceSharingWeightsRunsBesideTheFirst) {
 // and the step equals the float32-weight step on the same values at batch 1, 3 and 64
 // (the AVX-512 kernel up to 4 rows, the widened panels above) and in prefill.
 TEST_P(NativeRwkvTest, SixteenBitWeightsEqualFloat32Weights) {
-  torch::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   const fwmodel::Model random = fwtest::RandomModel(config_, 31, torch::kFloat32);
   for (torch::ScalarType half : {torch::kBFloat16, torch::kHalf}) {
     const fwmodel::Model model = Rounded(random, half);
@@ -264,7 +265,7 @@ TEST_P(NativeRwkvTest, SixteenBitWeightsEqualFloat32Weights) {
 // state layout, fresh states and parameter count, refuses its LibTorch forms by name,
 // and exports only what it kept.
 TEST_P(NativeRwkvTest, ReleasedMatricesChangeNothingForTheKernels) {
-  torch::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   const fwmodel::Model random = fwtest::RandomModel(config_, 43, torch::kFloat32);
   // Values off the 16-bit grids (the kernel reads the model's float32 embedding), then
   // rounded to bf16 (the kernel keeps a 16-bit copy of its own).
@@ -330,7 +331,7 @@ INSTANTIATE_TEST_SUITE_P(Shapes, NativeRwkvTest, testing::ValuesIn(Cases()),
 
 // Bad arguments are refused before anything is written, as for every architecture.
 TEST(NativeRwkvInputTest, BadArgumentsAreRefusedAndChangeNothing) {
-  torch::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   const fwmodel::ModelConfig config = Config(Cases()[1]);
   fwmodel::Model model = fwtest::RandomModel(config, 3, torch::kFloat32);
   auto native = fwmodel::NativeStep::Create(model);
@@ -354,7 +355,7 @@ TEST(NativeRwkvInputTest, BadArgumentsAreRefusedAndChangeNothing) {
 // bf16 model with one value of one projection off the grid keeps that projection in
 // float32 ("bf16+f32") and still equals its float32-weight self.
 TEST(NativeRwkvWeightFormatTest, WeightsNotExactIn16BitsStayFloat32) {
-  torch::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   const fwmodel::ModelConfig config = Config(Cases()[0]);
   const fwmodel::Model random = fwtest::RandomModel(config, 3, torch::kFloat32);
   auto plain = fwmodel::NativeStep::Create(random);

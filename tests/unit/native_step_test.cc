@@ -1,7 +1,7 @@
 // The native float32 CPU decode step equals Model::Step (the LibTorch reference) within
 // 1e-5 on every configuration the form-equivalence tests cover, updating the pool's
 // rows in place and leaving every other row alone.
-#include "models/native_step.h"
+#include "models/kernels/native_step.h"
 
 #include <gtest/gtest.h>
 
@@ -30,7 +30,7 @@ class NativeStepTest : public testing::TestWithParam<fwtest::ConfigCase> {
 // different order, absorbs a random token. Each session is mirrored by a batch-1
 // LibTorch state stepped with Model::Step.
 TEST_P(NativeStepTest, EqualsTheLibTorchStepRowByRowInPlace) {
-  torch::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   fwmodel::Model model = fwtest::RandomModel(config_, 7, torch::kFloat32);
   fwtest::ExpectNativeStepEqualsModelStepRowByRow(model, /*steps=*/14, kTolerance);
 }
@@ -38,14 +38,14 @@ TEST_P(NativeStepTest, EqualsTheLibTorchStepRowByRowInPlace) {
 // Prefill: two sessions absorb nine tokens each in one Absorb call; the reference
 // steps them one token at a time with Model::Step. Then one more decode Step.
 TEST_P(NativeStepTest, AbsorbEqualsSteppingTokenByToken) {
-  torch::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   fwmodel::Model model = fwtest::RandomModel(config_, 5, torch::kFloat32);
   fwtest::ExpectAbsorbEqualsSteppingTokenByToken(model, kTolerance);
 }
 
 // Score on the kernel's prefill with every position's logits equals the sequence form.
 TEST_P(NativeStepTest, ScoreEqualsTheSequenceForm) {
-  torch::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   fwmodel::Model model = fwtest::RandomModel(config_, 19, torch::kFloat32);
   fwtest::ExpectNativeScoreEqualsSequenceForm(model, kTolerance);
 }
@@ -67,7 +67,7 @@ INSTANTIATE_TEST_SUITE_P(PartialVectors, NativeStepTest,
 // GEMM tasks, three session tasks) and a prefill of 3 sessions x 50 tokens (three GEMM
 // tasks of 50 rows).
 TEST(NativeStepThreadsTest, ThreeThreadsEqualOne) {
-  torch::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   for (Architecture arch : {Architecture::kFastWeight, Architecture::kAft}) {
     fwmodel::ModelConfig config = fwtest::TinyConfig(arch, FfnKind::kSquaredRelu, 3);
     fwmodel::Model model = fwtest::RandomModel(config, 21, torch::kFloat32);
@@ -85,7 +85,7 @@ TEST(NativeStepThreadsTest, ThreeThreadsEqualOne) {
 }
 
 TEST(NativeStepInputTest, BadArgumentsAreRefusedAndChangeNothing) {
-  torch::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   fwmodel::ModelConfig config =
       fwtest::TinyConfig(Architecture::kFastWeight, FfnKind::kSquaredRelu, 3);
   fwmodel::Model model = fwtest::RandomModel(config, 3, torch::kFloat32);

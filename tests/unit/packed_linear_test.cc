@@ -1,4 +1,4 @@
-// models/packed_linear.h: both backends equal a float64 reference on the shapes the
+// models/kernels/packed_linear.h: both backends equal a float64 reference on the shapes the
 // native step uses and on ragged ones (rows across the 64-row chunks and the 256-row
 // switch to cblas, widths off the vector width), with and without a bias; and where the
 // build has libxsmm on an AVX2 CPU, the small products really run on it. 16-bit
@@ -6,7 +6,7 @@
 // format, and their products equal the float32 instance's within summation order on
 // every row count either side of kDirectRows, through the AVX-512 kernel, the portable
 // loop and the widened float32 path, keeping half the bytes.
-#include "models/packed_linear.h"
+#include "models/kernels/packed_linear.h"
 
 #include <gtest/gtest.h>
 

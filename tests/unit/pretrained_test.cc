@@ -5,9 +5,9 @@
 #include <filesystem>
 #include <regex>
 
-#include "models/checkpoint.h"
-#include "models/file_util.h"
-#include "models/trainer.h"
+#include "models/checkpoints/checkpoint.h"
+#include "models/base/file_util.h"
+#include "models/training/trainer.h"
 
 namespace {
 

@@ -40,7 +40,7 @@ class RunnerTest : public ::testing::Test {
     return rows;
   }
 
-  torch::NoGradGuard no_grad_;
+  c10::NoGradGuard no_grad_;
   fwmodel::Model model_;
   StateMemoryBudget budget_{int64_t{1} << 30};
 };

@@ -16,12 +16,12 @@
 #include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
-#include "models/checkpoint.h"
-#include "models/hf_checkpoint.h"
-#include "models/mixers/rwkv_block.h"
-#include "models/model.h"
-#include "models/native_step.h"
-#include "models/safetensors.h"
+#include "models/checkpoints/checkpoint.h"
+#include "models/checkpoints/hf_checkpoint.h"
+#include "models/architectures/rwkv_block.h"
+#include "models/architectures/model.h"
+#include "models/kernels/native_step.h"
+#include "models/checkpoints/safetensors.h"
 #include "nlohmann/json.hpp"
 #include "tests/unit/temp_dir.h"
 #include "tests/unit/test_models.h"
@@ -83,7 +83,7 @@ TEST_P(RwkvCppTinyTest, LogitsAfterQuoteInMatchRwkvCpp) {
     ASSERT_TRUE(loaded.ok()) << loaded.status();
     const Model& model = loaded->model;
     ASSERT_EQ(model.config().architecture, c.arch);
-    torch::NoGradGuard no_grad;
+    c10::NoGradGuard no_grad;
     State state = model.InitialState(1);
     torch::Tensor step_logits;
     for (int64_t token : prompt) {
@@ -114,7 +114,7 @@ TEST_P(RwkvCppTinyTest, LogitsAfterQuoteInMatchRwkvCpp) {
   }
 }
 
-// The same logits through the native CPU step (NativeStep, models/native_rwkv.h), the
+// The same logits through the native CPU step (NativeStep, models/kernels/native_rwkv.h), the
 // server's default decode kernel: "in stepped token by token, and absorbed as a prompt.
 class RwkvCppTinyNativeTest : public ::testing::TestWithParam<TinyCase> {};
 
@@ -193,7 +193,7 @@ TEST_P(RwkvFormsTest, SequenceInPiecesEqualsSteps) {
   float64.dtype = torch::kFloat64;
   auto model = Model::InitRandom(SmallRwkvConfig(GetParam()), 7, float64);
   ASSERT_TRUE(model.ok()) << model.status();
-  torch::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   const torch::Tensor tokens = fwtest::RandomTokens(2, 9, 256, 3);
   State whole = model->InitialState(2);
   auto all = model->Forward(tokens, &whole);
@@ -238,7 +238,7 @@ TEST_P(RwkvFormsTest, StateIsTokenShiftsAndRecurrence) {
   }
 }
 
-// The native CPU step serves both architectures (models/native_rwkv.h;
+// The native CPU step serves both architectures (models/kernels/native_rwkv.h;
 // native_rwkv_test.cc compares it with Model::Step).
 TEST_P(RwkvFormsTest, NativeStepServesTheArchitecture) {
   auto model = Model::InitRandom(SmallRwkvConfig(GetParam()), 1);
@@ -256,7 +256,7 @@ TEST_P(RwkvFormsTest, SaveAndLoadRoundTrip) {
   auto loaded = LoadCheckpoint(dir);
   ASSERT_TRUE(loaded.ok()) << loaded.status();
   EXPECT_EQ(loaded->fingerprint, Fingerprint(model->config(), model->ExportWeights()));
-  torch::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   State a = model->InitialState(1), b = loaded->model.InitialState(1);
   const torch::Tensor tokens = fwtest::RandomTokens(1, 5, 256, 9);
   EXPECT_EQ(fwtest::MaxAbsDiff(*model->Forward(tokens, &a), *loaded->model.Forward(tokens, &b)), 0);
@@ -374,7 +374,7 @@ class HuggingFaceLayoutTest : public ::testing::Test {
 };
 
 TEST_F(HuggingFaceLayoutTest, SingleAndShardedLoadAsTheSameModel) {
-  torch::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   const torch::Tensor tokens = fwtest::RandomTokens(1, 6, 256, 4);
   State reference_state = model_->InitialState(1);
   const torch::Tensor reference = *model_->Forward(tokens, &reference_state);

@@ -1,4 +1,4 @@
-#include "models/safetensors.h"
+#include "models/checkpoints/safetensors.h"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-#include "models/sampler.h"
+#include "models/sampling/sampler.h"
 
 #include <gtest/gtest.h>
 

@@ -169,7 +169,7 @@ class SessionKeeperTest : public ::testing::Test {
     return item;
   }
 
-  torch::NoGradGuard no_grad_;
+  c10::NoGradGuard no_grad_;
   fwmodel::Model model_;
   StateMemoryBudget budget_;
   StatePool pool_;

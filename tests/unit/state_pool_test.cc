@@ -19,7 +19,7 @@ class StatePoolTest : public ::testing::Test {
   StatePoolTest()
       : model_(fwtest::RandomModel(fwtest::TinyConfig(Architecture::kFastWeight, FfnKind::kRelu, 3),
                                    7, torch::kFloat32)) {}
-  torch::NoGradGuard no_grad_;
+  c10::NoGradGuard no_grad_;
   fwmodel::Model model_;
 };
 
@@ -176,9 +176,9 @@ TEST_F(StatePoolTest, TheStepsDrawsAreHandedOutOnceForTheirOwnRequest) {
 }
 
 // The engine's default kernel on a float32 CPU model is the native step for RWKV-7 and
-// RWKV-4 too (models/native_rwkv.h), and it steps a pool's rows as LibTorch's does.
+// RWKV-4 too (models/kernels/native_rwkv.h), and it steps a pool's rows as LibTorch's does.
 TEST(StepperKernelTest, NativeServesRwkv7AndRwkv4) {
-  torch::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   for (Architecture arch : {Architecture::kRwkv7, Architecture::kRwkv4}) {
     fwmodel::ModelConfig c;
     c.architecture = arch;

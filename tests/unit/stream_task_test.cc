@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "models/config.h"
-#include "models/text_tokenizer.h"
+#include "models/base/config.h"
+#include "models/tokenizers/text_tokenizer.h"
 
 namespace fwserve {
 namespace {

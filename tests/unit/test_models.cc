@@ -7,7 +7,7 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
-#include "models/native_step.h"
+#include "models/kernels/native_step.h"
 
 namespace fwtest {
 
@@ -140,7 +140,7 @@ std::vector<ConfigCase> RwkvConfigCases() {
 
 void ExpectNativeStepEqualsModelStepRowByRow(const fwmodel::Model& model, int steps,
                                              double tolerance) {
-  torch::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   auto native = fwmodel::NativeStep::Create(model);
   ASSERT_TRUE(native.ok()) << native.status();
   const int64_t capacity = 8, vocab = model.config().vocab_size;
@@ -192,7 +192,7 @@ void ExpectNativeStepEqualsModelStepRowByRow(const fwmodel::Model& model, int st
 }
 
 void ExpectAbsorbEqualsSteppingTokenByToken(const fwmodel::Model& model, double tolerance) {
-  torch::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   auto native = fwmodel::NativeStep::Create(model);
   ASSERT_TRUE(native.ok()) << native.status();
   const int64_t steps = 9, vocab = model.config().vocab_size;
@@ -228,7 +228,7 @@ void ExpectAbsorbEqualsSteppingTokenByToken(const fwmodel::Model& model, double 
 }
 
 void ExpectNativeScoreEqualsSequenceForm(const fwmodel::Model& model, double tolerance) {
-  torch::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   auto native = fwmodel::NativeStep::Create(model);
   ASSERT_TRUE(native.ok()) << native.status();
   const torch::Tensor random = fwtest::RandomTokens(1, 29, model.config().vocab_size, 17);
@@ -256,7 +256,7 @@ void ExpectNativeScoreEqualsSequenceForm(const fwmodel::Model& model, double tol
 void ExpectThreeThreadsEqualOne(const fwmodel::Model& model, int64_t sessions, int64_t capacity,
                                 const std::vector<int64_t>& prompt_rows, int64_t prompt_tokens,
                                 double tolerance, const std::string& label) {
-  torch::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   fwmodel::NativeStepOptions one, three;
   one.threads = 1;
   three.threads = 3;

@@ -8,8 +8,9 @@
 
 #include <gtest/gtest.h>
 
-#include "models/config.h"
-#include "models/model.h"
+#include "models/base/config.h"
+#include "models/architectures/model.h"
+#include "models/kernels/scoring.h"
 
 namespace fwtest {
 

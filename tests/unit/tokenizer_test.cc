@@ -1,4 +1,4 @@
-#include "models/tokenizer.h"
+#include "models/tokenizers/tokenizer.h"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-#include "models/trainer.h"
+#include "models/training/trainer.h"
 
 #include <gtest/gtest.h>
 
@@ -6,8 +6,8 @@
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
-#include "models/checkpoint.h"
-#include "models/file_util.h"
+#include "models/checkpoints/checkpoint.h"
+#include "models/base/file_util.h"
 #include "tests/unit/test_models.h"
 
 namespace {

@@ -1,6 +1,6 @@
-// The RWKV world tokenizer (models/world_tokenizer.h) on BlinkDL's
+// The RWKV world tokenizer (models/tokenizers/world_tokenizer.h) on BlinkDL's
 // rwkv_vocab_v20230424.txt (tests/data/rwkv).
-#include "models/world_tokenizer.h"
+#include "models/tokenizers/world_tokenizer.h"
 
 #include <algorithm>
 #include <fstream>
@@ -11,8 +11,8 @@
 
 #include <gtest/gtest.h>
 
-#include "models/text_tokenizer.h"
-#include "models/tokenizer.h"
+#include "models/tokenizers/text_tokenizer.h"
+#include "models/tokenizers/tokenizer.h"
 
 namespace fwmodel {
 namespace {

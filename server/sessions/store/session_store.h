@@ -1,6 +1,6 @@
 // Where sessions' states live durably: an interface with one implementation per
 // backend, chosen by --session-store. Backends store opaque blobs (the engine encodes
-// them; see models/state_codec.h) under session ids and know nothing of models, so a
+// them; see models/checkpoints/state_codec.h) under session ids and know nothing of models, so a
 // network store fits behind the same interface.
 //
 // Backends:

@@ -1,0 +1,48 @@
+#include "models/architectures/mixer.h"
+
+#include "models/architectures/rwkv_block.h"
+
+namespace fwmodel {
+
+// Defined in linear_attention.cc, fast_weight.cc, aft.cc.
+std::unique_ptr<Mixer> MakeLinearAttentionMixer(const ModelConfig& config,
+                                                const ModelOptions& options);
+std::unique_ptr<Mixer> MakeFastWeightMixer(const ModelConfig& config, const ModelOptions& options);
+std::unique_ptr<Mixer> MakeAftMixer(const ModelConfig& config, const ModelOptions& options);
+// rwkv7.cc, rwkv4.cc.
+std::unique_ptr<RwkvBlock> MakeRwkv7Block(const ModelConfig& config, int layer);
+std::unique_ptr<RwkvBlock> MakeRwkv4Block(const ModelConfig& config, int layer);
+
+int64_t Mixer::MacsPerToken() const {
+  const int64_t d = config_.d_model;
+  return 4 * d * d;  // q|r, k, v, o
+}
+
+torch::Tensor MergeChunkHeads(const std::vector<torch::Tensor>& outputs, int64_t batch,
+                              int64_t tokens, int64_t d_model) {
+  torch::Tensor heads = outputs.size() == 1 ? outputs[0] : torch::cat(outputs, 2);
+  return heads.transpose(1, 2).reshape({batch, tokens, d_model});
+}
+
+std::unique_ptr<Mixer> MakeMixer(const ModelConfig& config, const ModelOptions& options) {
+  switch (config.architecture) {
+    case Architecture::kLinearAttention:
+      return MakeLinearAttentionMixer(config, options);
+    case Architecture::kFastWeight:
+      return MakeFastWeightMixer(config, options);
+    case Architecture::kAft:
+      return MakeAftMixer(config, options);
+    case Architecture::kRwkv7:
+    case Architecture::kRwkv4:
+      return nullptr;  // whole blocks: MakeRwkvBlock
+  }
+  return nullptr;
+}
+
+std::unique_ptr<RwkvBlock> MakeRwkvBlock(const ModelConfig& config, int layer) {
+  if (config.architecture == Architecture::kRwkv7) return MakeRwkv7Block(config, layer);
+  if (config.architecture == Architecture::kRwkv4) return MakeRwkv4Block(config, layer);
+  return nullptr;
+}
+
+}  // namespace fwmodel

@@ -1,0 +1,219 @@
+// RWKV-7 "Goose" (x070): the block of BlinkDL's RWKV-LM `RWKV-v7/rwkv_v7_demo_rnn.py`,
+// equal to fla's `fla/layers/rwkv7.py` and rwkv.cpp's `rwkv_att_v7`/`rwkv_ffn_v7`.
+//
+// Per block, with x = LN(h; ln1) and x' the previous token's x (token shift):
+//   x_p = x + (x' - x) ⊙ x_p            p in r, w, k, v, a, g
+//   r = x_r·Rᵀ,  k = x_k·Kᵀ,  v = x_v·Vᵀ
+//   w = exp(−e^{−1/2} · sigmoid(w0 + tanh(x_w·w1ᵀ)·w2ᵀ))      decay, in (0, 1)
+//   a = sigmoid(a0 + (x_a·a1ᵀ)·a2ᵀ)                           in-context learning rate
+//   g = sigmoid(x_g·g1ᵀ)·g2ᵀ                                   output gate
+//   kk = normalise_per_head(k ⊙ k_k);  k ← k ⊙ (1 + (a − 1) ⊙ k_a)
+//   v ← v + (v_first − v) ⊙ sigmoid(v0 + (x_v·v1ᵀ)·v2ᵀ)   (block 0: v_first = v)
+//   per head, S ∈ R^{N×N} (rows: value channel i, columns: key channel j):
+//     S ← S·diag(w) + (S·(−kk)) (kk ⊙ a)ᵀ + v kᵀ;   y = S r
+//   y = GroupNorm_H(y; ln_x, eps = d_head · norm_eps) + Σ_head(r ⊙ k ⊙ r_k) · v
+//   h += (y ⊙ g)·Oᵀ
+// then the channel mix, with x = LN(h; ln2) and its own shift:
+//   h += relu((x + (x' − x) ⊙ x_k)·keyᵀ)² · valueᵀ
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "models/architectures/rwkv_block.h"
+
+namespace fwmodel {
+namespace {
+
+constexpr const char* kShiftNames[6] = {"att.x_r", "att.x_w", "att.x_k",
+                                        "att.x_v", "att.x_a", "att.x_g"};
+
+class Rwkv7Block final : public RwkvBlock {
+ public:
+  Rwkv7Block(const ModelConfig& config, int layer) : RwkvBlock(config, layer) {}
+
+  std::vector<std::pair<std::string, std::vector<int64_t>>> WeightShapes() const override {
+    const int64_t d = config_.d_model, f = config_.d_ff, H = config_.n_heads, N = config_.d_head();
+    std::vector<std::pair<std::string, std::vector<int64_t>>> shapes = {
+        {"ln1.weight", {d}},
+        {"ln1.bias", {d}},
+        {"ln2.weight", {d}},
+        {"ln2.bias", {d}},
+        {"att.receptance.weight", {d, d}},
+        {"att.key.weight", {d, d}},
+        {"att.value.weight", {d, d}},
+        {"att.output.weight", {d, d}},
+        {"att.k_k", {d}},
+        {"att.k_a", {d}},
+        {"att.r_k", {H, N}},
+        {"att.ln_x.weight", {d}},
+        {"att.ln_x.bias", {d}},
+        {"ffn.x_k", {d}},
+        {"ffn.key.weight", {f, d}},
+        {"ffn.value.weight", {d, f}},
+    };
+    for (const char* name : kShiftNames) shapes.push_back({name, {d}});
+    auto lora = [&](const char* p, int64_t rank, bool bias) {
+      if (bias) shapes.push_back({absl::StrCat("att.", p, "0"), {d}});
+      shapes.push_back({absl::StrCat("att.", p, "1"), {rank, d}});
+      shapes.push_back({absl::StrCat("att.", p, "2"), {d, rank}});
+    };
+    lora("w", config_.decay_low_rank_dim, true);
+    lora("a", config_.a_low_rank_dim, true);
+    if (layer_ > 0) lora("v", config_.v_low_rank_dim, true);
+    lora("g", config_.gate_low_rank_dim, false);
+    if (layer_ == 0) {
+      shapes.push_back({"ln0.weight", {d}});
+      shapes.push_back({"ln0.bias", {d}});
+    }
+    return shapes;
+  }
+
+  int64_t MacsPerToken() const override {
+    const int64_t d = config_.d_model, f = config_.d_ff;
+    int64_t lora = config_.decay_low_rank_dim + config_.a_low_rank_dim + config_.gate_low_rank_dim;
+    if (layer_ > 0) lora += config_.v_low_rank_dim;
+    const int64_t N = config_.d_head();
+    return 4 * d * d + 2 * d * lora + 2 * d * f + 3 * d * N;  // + the state's S·kk, S·r, update
+  }
+
+  std::vector<StateTensorSpec> StateSpec() const override {
+    const int64_t d = config_.d_model, H = config_.n_heads, N = config_.d_head();
+    return {{"att_shift", {d}}, {"wkv", {H, N, N}}, {"ffn_shift", {d}}};
+  }
+
+  torch::Tensor InitWeight(const std::string& name, const std::vector<int64_t>& shape,
+                           at::Generator& generator) const override {
+    auto f32 = torch::TensorOptions().dtype(torch::kFloat32);
+    const int64_t d = config_.d_model;
+    auto ends_with = [&](const std::string& s) {
+      return name.size() >= s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0;
+    };
+    if (ends_with("ln1.weight") || ends_with("ln2.weight") || ends_with("ln0.weight") ||
+        ends_with("ln_x.weight")) {
+      return torch::ones(shape, f32);
+    }
+    if (ends_with(".bias")) return torch::zeros(shape, f32);
+    if (name.rfind("att.x_", 0) == 0 || name == "ffn.x_k") {
+      return torch::rand(shape, generator, f32);  // mix fractions in [0, 1)
+    }
+    if (name == "att.w0") return torch::linspace(-6.0, -1.0, d, f32);  // slow to fast decay
+    if (name == "att.a0") return torch::zeros(shape, f32);
+    if (name == "att.v0") return torch::ones(shape, f32);
+    if (name == "att.k_k") return torch::full(shape, 0.85, f32);
+    if (name == "att.k_a") return torch::ones(shape, f32);
+    if (name == "att.r_k") return torch::randn(shape, generator, f32) * 0.1;
+    const double scale = 1.0 / std::sqrt(static_cast<double>(shape.back()));
+    return torch::randn(shape, generator, f32) * scale;
+  }
+
+  void Bind(const WeightGetter& get) override {
+    for (int p = 0; p < 6; ++p) mix_[p] = get(kShiftNames[p]);
+    ln1_w_ = get("ln1.weight");
+    ln1_b_ = get("ln1.bias");
+    ln2_w_ = get("ln2.weight");
+    ln2_b_ = get("ln2.bias");
+    r_ = get("att.receptance.weight");
+    k_ = get("att.key.weight");
+    v_ = get("att.value.weight");
+    o_ = get("att.output.weight");
+    w0_ = get("att.w0");
+    w1_ = get("att.w1");
+    w2_ = get("att.w2");
+    a0_ = get("att.a0");
+    a1_ = get("att.a1");
+    a2_ = get("att.a2");
+    if (layer_ > 0) {
+      v0_ = get("att.v0");
+      v1_ = get("att.v1");
+      v2_ = get("att.v2");
+    }
+    g1_ = get("att.g1");
+    g2_ = get("att.g2");
+    k_k_ = get("att.k_k");
+    k_a_ = get("att.k_a");
+    r_k_ = get("att.r_k");
+    ln_x_w_ = get("att.ln_x.weight");
+    ln_x_b_ = get("att.ln_x.bias");
+    ffn_x_k_ = get("ffn.x_k");
+    ffn_key_ = get("ffn.key.weight");
+    ffn_value_ = get("ffn.value.weight");
+  }
+
+  torch::Tensor Forward(const torch::Tensor& h, torch::Tensor* state,
+                        torch::Tensor* v_first) const override {
+    const int64_t B = h.size(0), T = h.size(1), d = config_.d_model, H = config_.n_heads,
+                  N = config_.d_head();
+    // ---- Time mix
+    torch::Tensor x = torch::layer_norm(h, {d}, ln1_w_, ln1_b_, config_.norm_eps);
+    torch::Tensor delta = TokenShift(x, &state[0]) - x;
+    torch::Tensor xp[6];
+    for (int p = 0; p < 6; ++p) xp[p] = torch::addcmul(x, delta, mix_[p]);
+    torch::Tensor r = torch::linear(xp[0], r_);
+    torch::Tensor w =
+        torch::exp(torch::sigmoid(torch::linear(torch::tanh(torch::linear(xp[1], w1_)), w2_, w0_)) *
+                   -std::exp(-0.5));
+    torch::Tensor k = torch::linear(xp[2], k_);
+    torch::Tensor v = torch::linear(xp[3], v_);
+    torch::Tensor a = torch::sigmoid(torch::linear(torch::linear(xp[4], a1_), a2_, a0_));
+    torch::Tensor g = torch::linear(torch::sigmoid(torch::linear(xp[5], g1_)), g2_);
+    // F.normalize(p=2, dim=-1, eps=1e-12), as LibTorch's functional computes it.
+    torch::Tensor kk = (k * k_k_).view({B, T, H, N});
+    kk = kk / kk.norm(2.0, -1, /*keepdim=*/true).clamp_min(1e-12).expand_as(kk);
+    k = k * (1 + (a - 1) * k_a_);
+    if (layer_ == 0) {
+      *v_first = v;
+    } else {
+      v = v + (*v_first - v) * torch::sigmoid(torch::linear(torch::linear(xp[3], v1_), v2_, v0_));
+    }
+    // The generalised delta rule, token by token; state [B, H, N(v), N(k)].
+    torch::Tensor rh = r.view({B, T, H, N}), wh = w.view({B, T, H, N}), kh = k.view({B, T, H, N}),
+                  vh = v.view({B, T, H, N});
+    torch::Tensor bh = kk * a.view({B, T, H, N});
+    torch::Tensor S = state[1];
+    std::vector<torch::Tensor> ys;
+    ys.reserve(static_cast<size_t>(T));
+    for (int64_t t = 0; t < T; ++t) {
+      torch::Tensor sa = torch::matmul(S, -kk.select(1, t).unsqueeze(-1));  // [B, H, N, 1]
+      S = S * wh.select(1, t).unsqueeze(-2) + sa * bh.select(1, t).unsqueeze(-2) +
+          vh.select(1, t).unsqueeze(-1) * kh.select(1, t).unsqueeze(-2);
+      ys.push_back(torch::matmul(S, rh.select(1, t).unsqueeze(-1)).squeeze(-1));  // [B, H, N]
+    }
+    state[1] = S;
+    torch::Tensor y = torch::stack(ys, 1);  // [B, T, H, N]
+    // GroupNorm per head (biased variance), then the per-head bonus r·(k ⊙ r_k) v.
+    torch::Tensor mean = y.mean(-1, /*keepdim=*/true);
+    torch::Tensor var = (y - mean).square().mean(-1, /*keepdim=*/true);
+    y = (y - mean) * torch::rsqrt(var + static_cast<double>(N) * config_.norm_eps);
+    y = y.reshape({B, T, d}) * ln_x_w_ + ln_x_b_;
+    torch::Tensor bonus = (rh * kh * r_k_).sum(-1, /*keepdim=*/true) * vh;  // [B, T, H, N]
+    y = y + bonus.reshape({B, T, d});
+    torch::Tensor out = h + torch::linear(y * g, o_);
+    // ---- Channel mix
+    torch::Tensor xf = torch::layer_norm(out, {d}, ln2_w_, ln2_b_, config_.norm_eps);
+    torch::Tensor xk = torch::addcmul(xf, TokenShift(xf, &state[2]) - xf, ffn_x_k_);
+    return out + torch::linear(torch::relu(torch::linear(xk, ffn_key_)).square(), ffn_value_);
+  }
+
+ private:
+  torch::Tensor mix_[6];
+  torch::Tensor ln1_w_, ln1_b_, ln2_w_, ln2_b_;
+  torch::Tensor r_, k_, v_, o_;
+  torch::Tensor w0_, w1_, w2_, a0_, a1_, a2_, v0_, v1_, v2_, g1_, g2_;
+  torch::Tensor k_k_, k_a_, r_k_, ln_x_w_, ln_x_b_;
+  torch::Tensor ffn_x_k_, ffn_key_, ffn_value_;
+};
+
+}  // namespace
+
+std::unique_ptr<RwkvBlock> MakeRwkv7Block(const ModelConfig& config, int layer) {
+  return std::make_unique<Rwkv7Block>(config, layer);
+}
+
+torch::Tensor TokenShift(const torch::Tensor& x, torch::Tensor* shift) {
+  const int64_t T = x.size(1);
+  torch::Tensor previous =
+      T == 1 ? shift->unsqueeze(1) : torch::cat({shift->unsqueeze(1), x.narrow(1, 0, T - 1)}, 1);
+  *shift = x.select(1, T - 1).clone();  // a copy: the state must not keep x alive
+  return previous;
+}
+
+}  // namespace fwmodel

@@ -1,0 +1,583 @@
+#include "models/kernels/native_rwkv.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "models/architectures/native_math.h"
+#include "models/kernels/native_parallel.h"
+#include "models/kernels/native_weights.h"
+
+namespace fwmodel {
+namespace {
+
+using native::FastExp;
+using native::ParallelRows;
+using native::Sigmoid;
+
+// Sessions per task of the norm and token-shift loop.
+constexpr int64_t kRowGrain = 16;
+// (session, head) pairs per task of the recurrence (a 64-wide head's token: ~5 µs).
+constexpr int64_t kHeadGrain = 16;
+// Multiply-adds below which a stage's products stay on the calling thread: waking the
+// workers costs more than it saves there, and on a loaded machine much more (a worker
+// waits for a time slice; a batch-1 step split everywhere ran 20x slower at load 8 on
+// 2 cores). At batch 1 only the head is split at the 0.1B shape.
+constexpr double kParallelMacs = 4.0 * (1 << 20);
+// −e^{−1/2}: w = exp(−e^{−1/2} · sigmoid(·)), as rwkv7.cc rounds it to float.
+constexpr float kDecayScale = static_cast<float>(-0.60653065971263342);
+
+using Panels = NativeRwkv::Panels;
+
+// narrow: keep the weights in 16 bits when every value of the projection is exact in
+// them (the decision is the whole projection's).
+Panels MakePanels(const float* w, int64_t out, int64_t in, bool packed, bool narrow) {
+  Panels p;
+  p.in = in;
+  p.out = out;
+  p.format = narrow ? PackedLinear::ExactFormat(w, out * in) : WeightFormat::kF32;
+  for (int64_t first = 0; first < out; first += NativeRwkv::kPanelColumns) {
+    const int64_t width = std::min(NativeRwkv::kPanelColumns, out - first);
+    p.panels.emplace_back(w + first * in, width, in, packed, p.format);
+  }
+  return p;
+}
+
+FW_VECTOR_KERNEL
+void AddInPlace(float* __restrict h, const float* __restrict y, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) h[i] += y[i];
+}
+
+FW_VECTOR_KERNEL
+void GatedAddInPlace(float* __restrict h, const float* __restrict gate, const float* __restrict y,
+                     int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) h[i] += gate[i] * y[i];
+}
+
+FW_VECTOR_KERNEL
+void SquaredRelu(float* v, int64_t n) {
+#pragma omp simd
+  // A select, not std::max: GCC compiled that to a branch per element, mispredicted on
+  // half of them (5% of the served RWKV-7 step).
+  for (int64_t i = 0; i < n; ++i) {
+    const float x = v[i];
+    v[i] = !(x <= 0.0f) ? x * x : 0.0f;  // NaN stays NaN, as std::max(NaN, 0) and torch
+  }
+}
+
+FW_VECTOR_KERNEL
+void SigmoidInPlace(float* v, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) v[i] = native::Sigmoid(v[i]);
+}
+
+void TanhInPlace(float* v, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) v[i] = std::tanh(v[i]);
+}
+
+// What a product does to its output columns once they are computed (by the same task).
+enum class Epilogue { kNone, kTanh, kSigmoid, kSquaredRelu, kAddToResidual, kGatedAddToResidual };
+
+// One product of a stage: y [rows, out] := x [rows, in] · Wᵀ (+ bias [out] when not null),
+// then the epilogue (kAddToResidual: residual [rows, out] += y; kGatedAddToResidual:
+// residual += gate ⊙ y, gate [rows, out]).
+struct Gemm {
+  const Panels* w;
+  const float* x;
+  const float* bias;
+  float* y;
+  Epilogue epilogue = Epilogue::kNone;
+  float* residual = nullptr;
+  const float* gate = nullptr;
+};
+
+// The products over `rows` rows, all their panels split over at most `threads` tasks of
+// about equal multiply-adds (contiguous runs of panels: each task reads only its own),
+// or on the calling thread below kParallelMacs.
+void RunGemms(int threads, int64_t rows, absl::Span<const Gemm> gemms) {
+  struct Item {
+    const Gemm* gemm;
+    int64_t panel;
+    double end;  // multiply-adds per row of the items up to this one, inclusive
+  };
+  std::vector<Item> items;
+  double total = 0;
+  for (const Gemm& g : gemms) {
+    for (size_t p = 0; p < g.w->panels.size(); ++p) {
+      total += static_cast<double>(g.w->panels[p].out() * g.w->in);
+      items.push_back({&g, static_cast<int64_t>(p), total});
+    }
+  }
+  auto run = [&](const Item& item) {
+    const Gemm& g = *item.gemm;
+    const PackedLinear& panel = g.w->panels[static_cast<size_t>(item.panel)];
+    const int64_t first = item.panel * NativeRwkv::kPanelColumns, width = panel.out(),
+                  out = g.w->out;
+    panel.Apply(g.x, rows, g.bias != nullptr ? g.bias + first : nullptr, g.y + first, out);
+    for (int64_t r = 0; r < rows && g.epilogue != Epilogue::kNone; ++r) {
+      float* y = g.y + r * out + first;
+      switch (g.epilogue) {
+        case Epilogue::kNone:
+          break;
+        case Epilogue::kTanh:
+          TanhInPlace(y, width);
+          break;
+        case Epilogue::kSigmoid:
+          SigmoidInPlace(y, width);
+          break;
+        case Epilogue::kSquaredRelu:
+          SquaredRelu(y, width);
+          break;
+        case Epilogue::kAddToResidual:
+          AddInPlace(g.residual + r * out + first, y, width);
+          break;
+        case Epilogue::kGatedAddToResidual:
+          GatedAddInPlace(g.residual + r * out + first, g.gate + r * out + first, y, width);
+          break;
+      }
+    }
+  };
+  const int64_t tasks = total * static_cast<double>(rows) < kParallelMacs
+                            ? 1
+                            : std::min<int64_t>(threads, static_cast<int64_t>(items.size()));
+  if (tasks <= 1) {
+    for (const Item& item : items) run(item);
+    return;
+  }
+  const int team = static_cast<int>(tasks);
+#pragma omp parallel for num_threads(team) schedule(static, 1)
+  for (int64_t task = 0; task < tasks; ++task) {
+    // Item i belongs to the task whose share of the total holds its midpoint.
+    const double begin = total * static_cast<double>(task) / static_cast<double>(tasks);
+    const double end = total * static_cast<double>(task + 1) / static_cast<double>(tasks);
+    double start = 0;
+    for (const Item& item : items) {
+      const double middle = (start + item.end) / 2;
+      start = item.end;
+      if (middle >= begin && middle < end) run(item);
+    }
+  }
+}
+
+FW_VECTOR_KERNEL
+void LayerNorm(const float* x, int64_t rows, int64_t d, const float* weight, const float* bias,
+               float eps, float* y) {
+  native::LayerNormRows(x, rows, d, weight, bias, eps, y);
+}
+
+// out = x + (previous − x) ⊙ mix, the token shift's interpolation (rwkv7.cc's addcmul).
+FW_VECTOR_KERNEL
+void ShiftMix(const float* __restrict x, const float* __restrict previous,
+              const float* __restrict mix, int64_t d, float* __restrict out) {
+#pragma omp simd
+  for (int64_t c = 0; c < d; ++c) out[c] = x[c] + (previous[c] - x[c]) * mix[c];
+}
+
+// out = x ⊙ mix + previous ⊙ (1 − mix), RWKV-4's token shift (rwkv4.cc's form).
+FW_VECTOR_KERNEL
+void ShiftMix4(const float* __restrict x, const float* __restrict previous,
+               const float* __restrict mix, int64_t d, float* __restrict out) {
+#pragma omp simd
+  for (int64_t c = 0; c < d; ++c) out[c] = x[c] * mix[c] + previous[c] * (1 - mix[c]);
+}
+
+// RWKV-4's time mix of one token over d channels (rwkv4.cc's header): the state α, β,
+// p [d each] advanced in place; y = r ⊙ wkv, with r already through its sigmoid and
+// w = −exp(time_decay), u = time_first.
+FW_VECTOR_KERNEL
+void Rwkv4Token(int64_t d, float* __restrict alpha, float* __restrict beta, float* __restrict p,
+                const float* __restrict k, const float* __restrict v, const float* __restrict r,
+                const float* __restrict u, const float* __restrict w, float* __restrict y) {
+#pragma omp simd
+  for (int64_t c = 0; c < d; ++c) {
+    const float uk = u[c] + k[c];
+    float q = std::max(p[c], uk);
+    float e1 = FastExp(p[c] - q), e2 = FastExp(uk - q);
+    y[c] = r[c] * ((e1 * alpha[c] + e2 * v[c]) / (e1 * beta[c] + e2));
+    const float pw = p[c] + w[c];
+    q = std::max(pw, k[c]);
+    e1 = FastExp(pw - q);
+    e2 = FastExp(k[c] - q);
+    alpha[c] = e1 * alpha[c] + e2 * v[c];
+    beta[c] = e1 * beta[c] + e2;
+    p[c] = q;
+  }
+}
+
+// One token of one head (width n): its slices of the projections in, y out.
+struct HeadToken {
+  const float* r;      // receptance
+  const float* w_raw;  // w0 + tanh(x_w·w1ᵀ)·w2ᵀ
+  const float* a_raw;  // a0 + (x_a·a1ᵀ)·a2ᵀ
+  float* k;            // key; becomes k ⊙ (1 + (a − 1) ⊙ k_a)
+  float* v;            // value; becomes the value residual's mix (blocks > 0)
+  const float* v_raw;  // v0 + (x_v·v1ᵀ)·v2ᵀ; null in block 0
+  float* v_first;      // block 0 writes v, later blocks read it
+  const float* g;      // gate
+  float* y;            // out: GroupNorm(S·r) + bonus, gated
+};
+
+// The head's weights' slices (width n) and the GroupNorm's epsilon.
+struct HeadWeights {
+  const float *k_k, *k_a, *r_k, *ln_w, *ln_b;
+  float eps;
+};
+
+// Advances the head's state S [n (value i), n (key j)] past one token, in place:
+//   S ← S·diag(w) + (S·(−kk)) (kk ⊙ a)ᵀ + v kᵀ;  y = S·r
+// then y = (GroupNorm(y) + (r · (k ⊙ r_k)) v) ⊙ g. `scratch`: 3n floats.
+FW_VECTOR_KERNEL
+void HeadStep(int64_t n, float* __restrict S, const HeadToken& t, const HeadWeights& hw,
+              float* __restrict scratch) {
+  float* __restrict w = scratch;
+  float* __restrict neg_kk = scratch + n;
+  float* __restrict kk_a = scratch + 2 * n;
+  float* __restrict k = t.k;
+  float* __restrict v = t.v;
+  float squares = 0;
+#pragma omp simd reduction(+ : squares)
+  for (int64_t j = 0; j < n; ++j) {
+    const float kk = k[j] * hw.k_k[j];
+    neg_kk[j] = kk;
+    squares += kk * kk;
+  }
+  const float norm = std::max(std::sqrt(squares), 1e-12f);  // F.normalize's eps
+#pragma omp simd
+  for (int64_t j = 0; j < n; ++j) {
+    const float a = Sigmoid(t.a_raw[j]);
+    w[j] = FastExp(Sigmoid(t.w_raw[j]) * kDecayScale);
+    const float kk = neg_kk[j] / norm;
+    neg_kk[j] = -kk;
+    kk_a[j] = kk * a;
+    k[j] = k[j] * (1 + (a - 1) * hw.k_a[j]);
+  }
+  if (t.v_raw == nullptr) {
+    std::memcpy(t.v_first, v, sizeof(float) * n);
+  } else {
+    const float* __restrict v_first = t.v_first;
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) v[i] = v[i] + (v_first[i] - v[i]) * Sigmoid(t.v_raw[i]);
+  }
+  const float* __restrict r = t.r;
+  float* __restrict y = t.y;
+  for (int64_t i = 0; i < n; ++i) {
+    float* __restrict row = S + i * n;
+    float sa = 0;
+#pragma omp simd reduction(+ : sa)
+    for (int64_t j = 0; j < n; ++j) sa += row[j] * neg_kk[j];
+    const float vi = v[i];
+    float yi = 0;
+#pragma omp simd reduction(+ : yi)
+    for (int64_t j = 0; j < n; ++j) {
+      const float s = row[j] * w[j] + sa * kk_a[j] + vi * k[j];
+      row[j] = s;
+      yi += s * r[j];
+    }
+    y[i] = yi;
+  }
+  native::LayerNormRows(y, 1, n, hw.ln_w, hw.ln_b, hw.eps, y);  // ln_x: this head's group
+  float bonus = 0;
+#pragma omp simd reduction(+ : bonus)
+  for (int64_t j = 0; j < n; ++j) bonus += r[j] * k[j] * hw.r_k[j];
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) y[i] = (y[i] + bonus * v[i]) * t.g[i];
+}
+
+}  // namespace
+
+struct NativeRwkv::Layer {
+  const float *ln1_w, *ln1_b, *ln2_w, *ln2_b;
+  Panels r, k, v, o, key, value;
+  // rwkv7
+  const float* mix[6];  // x_r, x_w, x_k, x_v, x_a, x_g
+  Panels w1, w2, a1, a2, v1, v2, g1, g2;
+  const float *w0, *a0, *v0 = nullptr;  // v0: blocks > 0
+  const float *k_k, *k_a, *r_k, *ln_x_w, *ln_x_b, *ffn_x_k;
+  // rwkv4
+  const float* mix4[3];                          // time_mix_k, _v, _r
+  const float* ffn_mix4[2];                      // ffn.time_mix_k, _r
+  std::vector<float> decay;                      // w = −exp(time_decay)
+  const float* first;                            // u = time_first
+  Panels ffn_r;                                  // ffn.receptance
+  int att_shift = -1, wkv = -1, ffn_shift = -1;  // indices in State::tensors
+};
+
+NativeRwkv::NativeRwkv(const Model& model) : model_(model) {}
+NativeRwkv::~NativeRwkv() = default;
+NativeRwkv::Weights::~Weights() = default;
+
+std::unique_ptr<NativeRwkv> NativeRwkv::SharingWeights(const NativeRwkv& other) {
+  std::unique_ptr<NativeRwkv> step(new NativeRwkv(other.model_));
+  step->weights_ = other.weights_;
+  return step;
+}
+
+std::string NativeRwkv::weight_format() const {
+  std::string formats;
+  for (WeightFormat f : {WeightFormat::kBf16, WeightFormat::kF16, WeightFormat::kF32}) {
+    if (weights_->formats[static_cast<int>(f)] == 0) continue;
+    absl::StrAppend(&formats, formats.empty() ? "" : "+", WeightFormatName(f));
+  }
+  return formats;
+}
+
+int NativeRwkv::weight_bits() const { return weights_->formats[0] == 0 ? 16 : 32; }
+
+absl::StatusOr<std::unique_ptr<NativeRwkv>> NativeRwkv::Create(const Model& model, bool packed_gemm,
+                                                               bool narrow_weights) {
+  const ModelConfig& c = model.config();
+  if (!c.is_rwkv() || !model.options().device.is_cpu() ||
+      model.options().dtype != torch::kFloat32) {
+    return absl::FailedPreconditionError(
+        "the native rwkv step needs a float32 rwkv7 or rwkv4 model on the CPU");
+  }
+  const bool v7 = c.architecture == Architecture::kRwkv7;
+  std::unique_ptr<NativeRwkv> step(new NativeRwkv(model));
+  auto weights = std::make_shared<Weights>();
+  try {
+    NativeWeightReader read(model, &weights->kept);
+    auto tensor = [&](const std::string& name) { return read.Tensor(name); };
+    auto weight = [&](const std::string& name) { return read.Kept(name); };
+    auto panels = [&](const std::string& name) {
+      torch::Tensor t = tensor(name);
+      Panels p = MakePanels(t.data_ptr<float>(), t.size(0), t.size(1), packed_gemm, narrow_weights);
+      ++weights->formats[static_cast<int>(p.format)];
+      return p;
+    };
+    auto state_index = [&](int layer, const char* suffix) {
+      return read.StateIndex(layer, suffix);
+    };
+    static constexpr const char* kMixNames[6] = {"att.x_r", "att.x_w", "att.x_k",
+                                                 "att.x_v", "att.x_a", "att.x_g"};
+    for (int i = 0; i < c.n_layers; ++i) {
+      const std::string p = absl::StrCat("blocks.", i, ".");
+      Layer l;
+      l.ln1_w = weight(p + "ln1.weight");
+      l.ln1_b = weight(p + "ln1.bias");
+      l.ln2_w = weight(p + "ln2.weight");
+      l.ln2_b = weight(p + "ln2.bias");
+      l.r = panels(p + "att.receptance.weight");
+      l.k = panels(p + "att.key.weight");
+      l.v = panels(p + "att.value.weight");
+      l.o = panels(p + "att.output.weight");
+      l.key = panels(p + "ffn.key.weight");
+      l.value = panels(p + "ffn.value.weight");
+      l.att_shift = state_index(i, "att_shift");
+      l.wkv = state_index(i, "wkv");
+      l.ffn_shift = state_index(i, "ffn_shift");
+      if (l.att_shift < 0 || l.wkv < 0 || l.ffn_shift < 0) {
+        return absl::InternalError("native rwkv step: unexpected state layout");
+      }
+      if (!v7) {
+        l.mix4[0] = weight(p + "att.time_mix_k");
+        l.mix4[1] = weight(p + "att.time_mix_v");
+        l.mix4[2] = weight(p + "att.time_mix_r");
+        l.ffn_mix4[0] = weight(p + "ffn.time_mix_k");
+        l.ffn_mix4[1] = weight(p + "ffn.time_mix_r");
+        l.first = weight(p + "att.time_first");
+        const torch::Tensor decay = -torch::exp(tensor(p + "att.time_decay"));
+        l.decay.assign(decay.data_ptr<float>(), decay.data_ptr<float>() + decay.numel());
+        l.ffn_r = panels(p + "ffn.receptance.weight");
+        weights->layers.push_back(std::move(l));
+        continue;
+      }
+      for (int m = 0; m < 6; ++m) l.mix[m] = weight(p + kMixNames[m]);
+      l.w1 = panels(p + "att.w1");
+      l.w2 = panels(p + "att.w2");
+      l.w0 = weight(p + "att.w0");
+      l.a1 = panels(p + "att.a1");
+      l.a2 = panels(p + "att.a2");
+      l.a0 = weight(p + "att.a0");
+      if (i > 0) {
+        l.v1 = panels(p + "att.v1");
+        l.v2 = panels(p + "att.v2");
+        l.v0 = weight(p + "att.v0");
+      }
+      l.g1 = panels(p + "att.g1");
+      l.g2 = panels(p + "att.g2");
+      l.k_k = weight(p + "att.k_k");
+      l.k_a = weight(p + "att.k_a");
+      l.r_k = weight(p + "att.r_k");
+      l.ln_x_w = weight(p + "att.ln_x.weight");
+      l.ln_x_b = weight(p + "att.ln_x.bias");
+      l.ffn_x_k = weight(p + "ffn.x_k");
+      weights->layers.push_back(std::move(l));
+    }
+    // The embedding in 16 bits when every value is exact in them, as the projections:
+    // its own copy, so that the model may release its float32 one (Model::ReleaseMatrices).
+    const torch::Tensor emb = tensor("emb.weight");
+    const WeightFormat emb_format =
+        narrow_weights ? PackedLinear::ExactFormat(emb.data_ptr<float>(), emb.numel())
+                       : WeightFormat::kF32;
+    if (emb_format == WeightFormat::kF32) {
+      weights->emb = weight("emb.weight");
+    } else {
+      const torch::Tensor emb16 =
+          emb.to(emb_format == WeightFormat::kBf16 ? torch::kBFloat16 : torch::kHalf);
+      weights->kept.push_back(emb16);
+      weights->emb16 = reinterpret_cast<const uint16_t*>(emb16.data_ptr());
+      weights->emb_format = emb_format;
+    }
+    weights->ln0_w = weight("blocks.0.ln0.weight");
+    weights->ln0_b = weight("blocks.0.ln0.bias");
+    weights->ln_out_w = weight("ln_out.weight");
+    weights->ln_out_b = weight("ln_out.bias");
+    weights->head = panels(c.tie_embeddings ? "emb.weight" : "head.weight");
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("native rwkv step: ", e.what()));
+  }
+  step->weights_ = std::move(weights);
+  return step;
+}
+
+void NativeRwkv::Absorb(absl::Span<const int64_t> tokens, int64_t steps,
+                        absl::Span<const int64_t> rows, State* pool, int threads, float* logits,
+                        bool every_position) {
+  const ModelConfig& c = model_.config();
+  const int64_t B = static_cast<int64_t>(rows.size());
+  if (B == 0) return;
+  // Token i = b·T + t: session b's t-th token. The projections run over all n tokens at
+  // once; the recurrence per (session, head), its tokens in order.
+  const int64_t T = steps, n = B * T;
+  const int64_t d = c.d_model, H = c.n_heads, N = c.d_head(), f = c.d_ff;
+  const int64_t Rw = c.decay_low_rank_dim, Ra = c.a_low_rank_dim, Rv = c.v_low_rank_dim,
+                Rg = c.gate_low_rank_dim;
+  const float eps = static_cast<float>(c.norm_eps);
+  auto fit = [](std::vector<float>& v, int64_t size) {
+    if (static_cast<int64_t>(v.size()) < size) v.resize(static_cast<size_t>(size));
+  };
+  for (std::vector<float>* v : {&h_, &x_, &r_, &k_, &v_, &v_first_, &w_, &a_, &vmix_, &g_, &y_}) {
+    fit(*v, n * d);
+  }
+  fit(mixed_, 6 * n * d);
+  fit(lora_, n * (Rw + Ra + Rv + Rg));
+  fit(ffn_, n * f);
+  float *h = h_.data(), *x = x_.data(), *r = r_.data(), *k = k_.data(), *v = v_.data(),
+        *v_first = v_first_.data(), *w_raw = w_.data(), *a_raw = a_.data(), *v_raw = vmix_.data(),
+        *g = g_.data(), *y = y_.data(), *ffn = ffn_.data();
+  float* mixed[6];
+  for (int m = 0; m < 6; ++m) mixed[m] = mixed_.data() + m * n * d;
+  float* w_low = lora_.data();
+  float* a_low = w_low + n * Rw;
+  float* v_low = a_low + n * Ra;
+  float* g_low = v_low + n * Rv;
+
+  ParallelRows(threads, B, kRowGrain, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin * T; i < end * T; ++i) {
+      const int64_t token = tokens[static_cast<size_t>(i)];
+      if (weights_->emb16 != nullptr) {
+        WidenValues(weights_->emb_format, weights_->emb16 + token * d, d, h + i * d);
+      } else {
+        std::memcpy(h + i * d, weights_->emb + token * d, sizeof(float) * d);
+      }
+    }
+    LayerNorm(h + begin * T * d, (end - begin) * T, d, weights_->ln0_w, weights_->ln0_b, eps,
+              h + begin * T * d);
+  });
+  // x = LN(h), then out_m[i] = x[i] + (x[i − 1] − x[i]) ⊙ mix_m (RWKV-4: x[i] ⊙ mix_m +
+  // x[i − 1] ⊙ (1 − mix_m)), x[−1] the session's shift state, which then holds its last
+  // token's x.
+  const bool v7 = c.architecture == Architecture::kRwkv7;
+  auto norm_and_shift = [&](const float* weight, const float* bias, float* state, int count,
+                            const float* const* mix, float* const* out) {
+    ParallelRows(threads, B, kRowGrain, [&](int64_t begin, int64_t end) {
+      LayerNorm(h + begin * T * d, (end - begin) * T, d, weight, bias, eps, x + begin * T * d);
+      for (int64_t b = begin; b < end; ++b) {
+        float* last = state + rows[static_cast<size_t>(b)] * d;
+        for (int64_t t = 0; t < T; ++t) {
+          const int64_t i = b * T + t;
+          const float* previous = t == 0 ? last : x + (i - 1) * d;
+          for (int m = 0; m < count; ++m) {
+            (v7 ? ShiftMix : ShiftMix4)(x + i * d, previous, mix[m], d, out[m] + i * d);
+          }
+        }
+        std::memcpy(last, x + (b * T + T - 1) * d, sizeof(float) * d);
+      }
+    });
+  };
+
+  for (size_t li = 0; li < weights_->layers.size(); ++li) {
+    const Layer& l = weights_->layers[li];
+    if (!v7) {  // RWKV-4 (rwkv4.cc)
+      norm_and_shift(l.ln1_w, l.ln1_b, pool->tensors[l.att_shift].data_ptr<float>(), 3, l.mix4,
+                     mixed);
+      RunGemms(threads, n,
+               {Gemm{&l.k, mixed[0], nullptr, k}, Gemm{&l.v, mixed[1], nullptr, v},
+                Gemm{&l.r, mixed[2], nullptr, r, Epilogue::kSigmoid}});
+      float* wkv = pool->tensors[l.wkv].data_ptr<float>();  // [capacity, 3 (α, β, p), d]
+      ParallelRows(threads, B, kRowGrain, [&](int64_t begin, int64_t end) {
+        for (int64_t b = begin; b < end; ++b) {
+          float* state = wkv + rows[static_cast<size_t>(b)] * 3 * d;
+          for (int64_t t = 0; t < T; ++t) {
+            const int64_t o = (b * T + t) * d;
+            Rwkv4Token(d, state, state + d, state + 2 * d, k + o, v + o, r + o, l.first,
+                       l.decay.data(), y + o);
+          }
+        }
+      });
+      RunGemms(threads, n, {Gemm{&l.o, y, nullptr, x, Epilogue::kAddToResidual, h}});
+      norm_and_shift(l.ln2_w, l.ln2_b, pool->tensors[l.ffn_shift].data_ptr<float>(), 2, l.ffn_mix4,
+                     mixed);
+      RunGemms(threads, n,
+               {Gemm{&l.key, mixed[0], nullptr, ffn, Epilogue::kSquaredRelu},
+                Gemm{&l.ffn_r, mixed[1], nullptr, g, Epilogue::kSigmoid}});
+      RunGemms(threads, n, {Gemm{&l.value, ffn, nullptr, x, Epilogue::kGatedAddToResidual, h, g}});
+      continue;
+    }
+    const bool first = li == 0;
+    // ---- Time mix
+    norm_and_shift(l.ln1_w, l.ln1_b, pool->tensors[l.att_shift].data_ptr<float>(), 6, l.mix, mixed);
+    std::vector<Gemm> stage = {
+        {&l.r, mixed[0], nullptr, r},      {&l.w1, mixed[1], nullptr, w_low, Epilogue::kTanh},
+        {&l.k, mixed[2], nullptr, k},      {&l.v, mixed[3], nullptr, v},
+        {&l.a1, mixed[4], nullptr, a_low}, {&l.g1, mixed[5], nullptr, g_low, Epilogue::kSigmoid}};
+    if (!first) stage.push_back({&l.v1, mixed[3], nullptr, v_low});
+    RunGemms(threads, n, stage);
+    stage = {{&l.w2, w_low, l.w0, w_raw}, {&l.a2, a_low, l.a0, a_raw}, {&l.g2, g_low, nullptr, g}};
+    if (!first) stage.push_back({&l.v2, v_low, l.v0, v_raw});
+    RunGemms(threads, n, stage);
+
+    float* wkv = pool->tensors[l.wkv].data_ptr<float>();
+    const float group_eps = static_cast<float>(static_cast<double>(N) * c.norm_eps);
+    ParallelRows(threads, B * H, kHeadGrain, [&](int64_t begin, int64_t end) {
+      std::vector<float> scratch(static_cast<size_t>(3 * N));
+      for (int64_t item = begin; item < end; ++item) {
+        const int64_t b = item / H, head = item % H, at = head * N;
+        float* S = wkv + (rows[static_cast<size_t>(b)] * H + head) * N * N;
+        const HeadWeights hw{l.k_k + at,    l.k_a + at,    l.r_k + at,
+                             l.ln_x_w + at, l.ln_x_b + at, group_eps};
+        for (int64_t t = 0; t < T; ++t) {
+          const int64_t o = (b * T + t) * d + at;
+          const HeadToken token{r + o,       w_raw + o, a_raw + o,
+                                k + o,       v + o,     first ? nullptr : v_raw + o,
+                                v_first + o, g + o,     y + o};
+          HeadStep(N, S, token, hw, scratch.data());
+        }
+      }
+    });
+    RunGemms(threads, n, {Gemm{&l.o, y, nullptr, x, Epilogue::kAddToResidual, h}});
+
+    // ---- Channel mix
+    norm_and_shift(l.ln2_w, l.ln2_b, pool->tensors[l.ffn_shift].data_ptr<float>(), 1, &l.ffn_x_k,
+                   mixed);
+    RunGemms(threads, n, {Gemm{&l.key, mixed[0], nullptr, ffn, Epilogue::kSquaredRelu}});
+    RunGemms(threads, n, {Gemm{&l.value, ffn, nullptr, x, Epilogue::kAddToResidual, h}});
+  }
+  if (every_position) {
+    LayerNorm(h, n, d, weights_->ln_out_w, weights_->ln_out_b, eps, x);
+    RunGemms(threads, n, {Gemm{&weights_->head, x, nullptr, logits}});
+    return;
+  }
+  // Logits of each session's last token only.
+  for (int64_t b = 0; b < B; ++b) {
+    LayerNorm(h + ((b + 1) * T - 1) * d, 1, d, weights_->ln_out_w, weights_->ln_out_b, eps,
+              x + b * d);
+  }
+  RunGemms(threads, B, {Gemm{&weights_->head, x, nullptr, logits}});
+}
+
+}  // namespace fwmodel

@@ -1,0 +1,178 @@
+#include "models/sampling/batch_sampler.h"
+
+#include <algorithm>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+
+namespace fwserve {
+
+double CanonicalDraw(std::mt19937_64& rng) {
+  return std::generate_canonical<double, std::numeric_limits<double>::digits>(rng);
+}
+
+bool PackDraws(absl::Span<const RowDraw> draws, int64_t vocab, int64_t penalty_width,
+               double* columns, int64_t* penalty_index, double* penalty_factor) {
+  const size_t rows = draws.size();
+  for (size_t r = 0; r < rows; ++r) {
+    const RowDraw& d = draws[r];
+    const SamplingParams& p = *d.params;
+    columns[kSampleTemperature * rows + r] = p.temperature;
+    columns[kSampleTopK * rows + r] =
+        static_cast<double>(p.top_k > 0 && p.top_k < vocab ? p.top_k : vocab);
+    columns[kSampleTopP * rows + r] = p.top_p;
+    columns[kSampleMinP * rows + r] = p.min_p;
+    columns[kSampleUniform * rows + r] = d.uniform;
+    columns[kSampleRow * rows + r] =
+        static_cast<double>(d.row == -1 ? static_cast<int64_t>(r) : d.row);
+    if (penalty_width <= 0) continue;
+    int64_t* index = penalty_index + r * static_cast<size_t>(penalty_width);
+    std::fill(index, index + penalty_width, int64_t{0});
+    penalty_factor[r] = 1.0;
+    if (p.repetition_penalty == 1.0f || d.recent == nullptr) continue;
+    int64_t kept = 0;
+    for (int64_t t : *d.recent) {
+      if (t < 0 || t >= vocab) continue;
+      if (kept == penalty_width) return false;
+      index[kept++] = t;
+    }
+    if (kept == 0) continue;
+    // Repeats write the same value: the penalty applies once per token, as on the host.
+    std::fill(index + kept, index + penalty_width, index[kept - 1]);
+    penalty_factor[r] = p.repetition_penalty;
+  }
+  return true;
+}
+
+int64_t PenaltyWidth(absl::Span<const RowDraw> draws) {
+  size_t width = 0;
+  for (const RowDraw& d : draws) {
+    if (d.params->repetition_penalty != 1.0f && d.recent != nullptr) {
+      width = std::max(width, d.recent->size());
+    }
+  }
+  return static_cast<int64_t>(width);
+}
+
+torch::Tensor SampleOnDevice(const torch::Tensor& raw_logits, const torch::Tensor& columns,
+                             const torch::Tensor& penalty_index,
+                             const torch::Tensor& penalty_factor) {
+  const torch::Device device = raw_logits.device();
+  const int64_t rows = raw_logits.size(0), vocab = raw_logits.size(1);
+  const double inf = std::numeric_limits<double>::infinity();
+  auto column = [&](int c) { return columns.select(0, c).unsqueeze(1); };  // [rows, 1]
+  torch::Tensor raw = raw_logits.to(torch::kFloat32);
+  torch::Tensor x = raw.clone();
+  if (penalty_index.defined() && penalty_index.size(1) > 0) {
+    // In float32, as SampleToken applies it. Rows without a penalty have index 0 and
+    // factor 1: an exact no-op.
+    torch::Tensor penalty = penalty_factor.to(torch::kFloat32);
+    torch::Tensor values = x.gather(1, penalty_index);
+    x.scatter_(1, penalty_index, torch::where(values > 0, values / penalty, values * penalty));
+  }
+  x = torch::where(torch::isfinite(x), x, torch::full({}, -inf, x.options()));
+  torch::Tensor best = x.argmax(1, /*keepdim=*/true);  // first of equals
+  torch::Tensor top = x.gather(1, best);
+  torch::Tensor t = column(kSampleTemperature).to(torch::kFloat32);
+  torch::Tensor greedy = t.eq(0) | torch::isinf(top);  // SampleToken: argmax
+  // Probabilities relative to the top token, in float32 as SampleToken computes them
+  // (a greedy row divides by 1 instead of 0; its probabilities are not used).
+  t = torch::where(t.eq(0), torch::ones_like(t), t);
+  torch::Tensor probs = ((x - top) / t).exp();
+  probs = torch::where(torch::isfinite(x), probs, torch::zeros_like(probs)).to(torch::kFloat64);
+  // Ranks by descending probability, lower ids first among equals.
+  torch::Tensor order =
+      std::get<1>(torch::sort(probs, /*stable=*/true, /*dim=*/1, /*descending=*/true));
+  torch::Tensor positions =
+      torch::arange(vocab, torch::dtype(torch::kInt64).device(device)).expand({rows, vocab});
+  torch::Tensor rank = torch::empty_like(order).scatter_(1, order, positions);
+  // top_k (k = vocab when off), then min_p (the top token has probability 1 here).
+  probs =
+      torch::where(rank.to(torch::kFloat64) < column(kSampleTopK), probs, torch::zeros_like(probs));
+  probs = torch::where(probs < column(kSampleMinP), torch::zeros_like(probs), probs);
+  // top_p: the smallest set of most likely tokens whose share reaches p.
+  torch::Tensor p_col = column(kSampleTopP);
+  torch::Tensor kept_total = probs.cumsum(1).select(1, vocab - 1).unsqueeze(1);
+  torch::Tensor sorted = probs.gather(1, order);
+  torch::Tensor share = (sorted / kept_total).cumsum(1);
+  torch::Tensor below = (share < p_col).sum(1, /*keepdim=*/true);  // positions before the cut
+  torch::Tensor keep_sorted = positions <= below;
+  torch::Tensor keep = torch::empty_like(keep_sorted).scatter_(1, order, keep_sorted);
+  probs = torch::where(p_col.lt(1) & ~keep, torch::zeros_like(probs), probs);
+  // Inverse CDF in id order: the first token whose running sum exceeds u · mass.
+  torch::Tensor running = probs.cumsum(1);
+  torch::Tensor u = column(kSampleUniform) * running.select(1, vocab - 1).unsqueeze(1);
+  torch::Tensor positive = probs > 0;
+  torch::Tensor hit = (running > u) & positive;
+  torch::Tensor first_hit = hit.to(torch::kInt32).argmax(1, /*keepdim=*/true);
+  torch::Tensor last_positive =
+      torch::where(positive, positions, torch::full({}, -1, positions.options()))
+          .amax(1, /*keepdim=*/true);
+  torch::Tensor drawn = torch::where(hit.any(1, /*keepdim=*/true), first_hit, last_positive);
+  drawn = torch::where(drawn < 0, best, drawn);
+  torch::Tensor token = torch::where(greedy, best, drawn);
+  // log softmax of the raw logits at the token (TokenLogProb), in float64.
+  torch::Tensor r64 = raw.to(torch::kFloat64);
+  torch::Tensor finite = torch::isfinite(r64);
+  torch::Tensor masked = torch::where(finite, r64, torch::full({}, -inf, r64.options()));
+  torch::Tensor raw_top = masked.amax(1, /*keepdim=*/true);
+  torch::Tensor total = torch::where(finite, (masked - raw_top).exp(), torch::zeros_like(r64))
+                            .sum(1, /*keepdim=*/true);
+  torch::Tensor logprob = masked.gather(1, token) - raw_top - total.log();
+  logprob =
+      torch::where(torch::isfinite(logprob), logprob, torch::full({}, -inf, logprob.options()));
+  return torch::cat({token.to(torch::kFloat64), logprob}, 1);
+}
+
+absl::StatusOr<std::vector<SampledToken>> SampleRows(const torch::Tensor& logits,
+                                                     absl::Span<const RowDraw> draws) {
+  if (!logits.defined() || logits.dim() != 2) {
+    return absl::InvalidArgumentError("logits must be [rows, vocab]");
+  }
+  for (size_t r = 0; r < draws.size(); ++r) {
+    if (draws[r].params == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("draw ", r, " has no sampling params"));
+    }
+    const int64_t row = draws[r].row;
+    if (row >= logits.size(0) || row < -1 ||
+        (row == -1 && logits.size(0) != static_cast<int64_t>(draws.size()))) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "draw ", r, ": row ", row, " is not a row of logits [", logits.size(0), ", vocab]"));
+    }
+  }
+  std::vector<SampledToken> out(draws.size());
+  if (draws.empty()) return out;
+  try {
+    c10::NoGradGuard no_grad;
+    const torch::Device device = logits.device();
+    const int64_t rows = static_cast<int64_t>(draws.size()), vocab = logits.size(1);
+    const int64_t width = PenaltyWidth(draws);
+    std::vector<double> packed(static_cast<size_t>(kSampleColumns * rows));
+    std::vector<int64_t> index(static_cast<size_t>(rows * width));
+    std::vector<double> factor(static_cast<size_t>(rows));
+    PackDraws(draws, vocab, width, packed.data(), index.data(), factor.data());
+    // The parameters, one column each: [kSampleColumns, rows] float64 in one copy to the
+    // device (a second one with a repetition penalty).
+    const torch::Tensor columns =
+        torch::tensor(packed, torch::kFloat64).view({kSampleColumns, rows}).to(device);
+    torch::Tensor penalty_index, penalty_factor;
+    if (width > 0) {
+      penalty_index = torch::tensor(index, torch::kInt64).view({rows, width}).to(device);
+      penalty_factor = torch::tensor(factor, torch::kFloat64).view({rows, 1}).to(device);
+    }
+    torch::Tensor raw = logits.index_select(0, columns.select(0, kSampleRow).to(torch::kInt64));
+    // One copy to the host: [rows, 2] = (token, logprob).
+    torch::Tensor result =
+        SampleOnDevice(raw, columns, penalty_index, penalty_factor).cpu().contiguous();
+    const double* values = result.data_ptr<double>();
+    for (int64_t r = 0; r < rows; ++r) {
+      out[static_cast<size_t>(r)].token = static_cast<int64_t>(values[2 * r]);
+      out[static_cast<size_t>(r)].logprob = static_cast<float>(values[2 * r + 1]);
+    }
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("sampling: ", e.what_without_backtrace()));
+  }
+  return out;
+}
+
+}  // namespace fwserve

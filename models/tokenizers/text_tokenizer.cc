@@ -1,0 +1,37 @@
+#include "models/tokenizers/text_tokenizer.h"
+
+#include "absl/strings/str_cat.h"
+#include "models/tokenizers/tokenizer.h"
+
+namespace fwmodel {
+
+absl::StatusOr<TextTokenizer> TextTokenizer::ForModel(const ModelConfig& config,
+                                                      const std::string& dir) {
+  TextTokenizer t;
+  if (config.tokenizer == "bytes") return t;
+  if (config.tokenizer != "rwkv_world") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("config.json: tokenizer \"", config.tokenizer, "\" is not supported"));
+  }
+  auto world = WorldTokenizer::LoadFromDirectory(dir);
+  if (!world.ok()) return world.status();
+  if (world->max_id() >= config.vocab_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(WorldTokenizer::kFileName, ": token ids up to ", world->max_id(),
+                     " do not fit the model's vocab_size ", config.vocab_size));
+  }
+  t.world_ = std::make_shared<const WorldTokenizer>(std::move(*world));
+  return t;
+}
+
+std::vector<int64_t> TextTokenizer::Encode(std::string_view text) const {
+  return world_ != nullptr ? world_->Encode(text) : EncodeBytes(text);
+}
+
+std::string TextTokenizer::TokenBytes(int64_t id) const {
+  if (world_ != nullptr) return std::string(world_->TokenBytes(id));
+  if (id < 0 || id > 255) return "";
+  return std::string(1, static_cast<char>(id));
+}
+
+}  // namespace fwmodel
