@@ -1,7 +1,7 @@
 // Completions, chat completions and responses: GenerateJob (one generation, streamed or
 // not, its endpoint's protocol an EndpointProtocol) and the routes that start it; the
 // Responses route first picks the session to generate on.
-#include "server/transport/http/http_internal.h"
+#include "server/transport/http/http_api.h"
 
 namespace fwserve {
 
@@ -13,7 +13,7 @@ namespace {
 // posted to the connection's strand, where all the job's state lives.
 class GenerateJob : public GenerateObserver, public std::enable_shared_from_this<GenerateJob> {
  public:
-  GenerateJob(HttpServer::Impl* server, std::shared_ptr<Connection> conn,
+  GenerateJob(HttpApi* server, std::shared_ptr<HttpExchange> conn,
               std::unique_ptr<EndpointProtocol> protocol, OpenAiGenerateRequest request)
       : server_(server),
         conn_(std::move(conn)),
@@ -79,14 +79,14 @@ class GenerateJob : public GenerateObserver, public std::enable_shared_from_this
   void OnStart(std::shared_ptr<GenerateControl> control) override { control_ = std::move(control); }
 
   void OnChunk(GenerateChunk chunk) override {
-    conn_->Post([self = shared_from_this(), chunk = std::move(chunk)](Connection&) mutable {
+    conn_->RunOnStrand([self = shared_from_this(), chunk = std::move(chunk)]() mutable {
       self->HandleChunk(std::move(chunk));
     });
   }
 
   void OnFinish(absl::Status status, GenerateSummary summary) override {
     std::shared_ptr<GenerateJob> self = std::move(self_);
-    conn_->Post([self, status, summary = std::move(summary)](Connection&) mutable {
+    conn_->RunOnStrand([self, status, summary = std::move(summary)]() mutable {
       self->HandleFinish(status, std::move(summary));
     });
     server_->StreamFinished();
@@ -166,7 +166,7 @@ class GenerateJob : public GenerateObserver, public std::enable_shared_from_this
     session_owned_ = false;
     server_->core_->DeleteSession(conn_->caller(), request_.params.session_id,
                                   [conn = conn_, answer](absl::StatusOr<bool>) {
-                                    conn->Post([answer](Connection&) { answer(); });
+                                    conn->RunOnStrand([answer] { answer(); });
                                   });
   }
 
@@ -177,8 +177,8 @@ class GenerateJob : public GenerateObserver, public std::enable_shared_from_this
                                   [](absl::StatusOr<bool>) {});
   }
 
-  HttpServer::Impl* const server_;
-  const std::shared_ptr<Connection> conn_;
+  HttpApi* const server_;
+  const std::shared_ptr<HttpExchange> conn_;
   // Strand-confined, like everything below but gone_.
   const std::unique_ptr<EndpointProtocol> protocol_;
   OpenAiGenerateRequest request_;
@@ -204,10 +204,10 @@ struct ParsedGenerate {
 
 // The request `conn` holds, parsed for `endpoint`; nullopt once `conn` was answered
 // with the error.
-std::optional<ParsedGenerate> ParseGenerate(HttpServer::Impl* server,
-                                            const std::shared_ptr<Connection>& conn,
+std::optional<ParsedGenerate> ParseGenerate(HttpApi* server,
+                                            const std::shared_ptr<HttpExchange>& conn,
                                             OpenAiEndpoint endpoint) {
-  absl::StatusOr<json> body = ParseBody(conn->request().body(), false);
+  absl::StatusOr<json> body = ParseBody(conn->body(), false);
   if (!body.ok()) {
     conn->ReplyError(body.status());
     return std::nullopt;
@@ -238,7 +238,7 @@ std::optional<ParsedGenerate> ParseGenerate(HttpServer::Impl* server,
 
 }  // namespace
 
-void HttpServer::Impl::Generate(const std::shared_ptr<Connection>& conn, OpenAiEndpoint endpoint) {
+void HttpApi::Generate(const std::shared_ptr<HttpExchange>& conn, OpenAiEndpoint endpoint) {
   std::optional<ParsedGenerate> parsed = ParseGenerate(this, conn, endpoint);
   if (!parsed.has_value()) return;
   auto job = std::make_shared<GenerateJob>(
@@ -247,7 +247,7 @@ void HttpServer::Impl::Generate(const std::shared_ptr<Connection>& conn, OpenAiE
   job->Start();
 }
 
-void HttpServer::Impl::CreateResponse(const std::shared_ptr<Connection>& conn) {
+void HttpApi::CreateResponse(const std::shared_ptr<HttpExchange>& conn) {
   std::optional<ParsedGenerate> parsed = ParseGenerate(this, conn, OpenAiEndpoint::kResponses);
   if (!parsed.has_value()) return;
   if (parsed->request.item_references.empty()) {
@@ -257,7 +257,7 @@ void HttpServer::Impl::CreateResponse(const std::shared_ptr<Connection>& conn) {
                         std::make_shared<ItemTexts>());
 }
 
-void HttpServer::Impl::ResolveItemReferences(const std::shared_ptr<Connection>& conn,
+void HttpApi::ResolveItemReferences(const std::shared_ptr<HttpExchange>& conn,
                                              OpenAiGenerateRequest request,
                                              const ChatTemplate& chat_template,
                                              const std::string& model, size_t index,
@@ -285,15 +285,15 @@ void HttpServer::Impl::ResolveItemReferences(const std::shared_ptr<Connection>& 
                               return conn->ReplyError(r.status());
                             }
                             if (r.ok()) (*texts)[id] = r->output.text;
-                            conn->Post([this, request = std::move(request), chat_template, model,
-                                        index, texts](Connection& c) mutable {
-                              ResolveItemReferences(c.shared_from_this(), std::move(request),
+                            conn->RunOnStrand([this, conn, request = std::move(request), chat_template,
+                                               model, index, texts]() mutable {
+                              ResolveItemReferences(conn, std::move(request),
                                                     chat_template, model, index + 1, texts);
                             });
                           });
 }
 
-void HttpServer::Impl::StartResponse(const std::shared_ptr<Connection>& conn,
+void HttpApi::StartResponse(const std::shared_ptr<HttpExchange>& conn,
                                      OpenAiGenerateRequest request, const std::string& model_name) {
   // Responses: the session to generate on.
   const std::string previous = request.previous_response_id;
@@ -302,7 +302,7 @@ void HttpServer::Impl::StartResponse(const std::shared_ptr<Connection>& conn,
       this, conn, NewResponsesProtocol(model_name, NowSeconds()), std::move(request));
   auto start_on = [conn, job](absl::StatusOr<SessionRecord> session, bool owned) {
     if (!session.ok()) return conn->ReplyError(session.status());
-    conn->Post([job, id = session->id, owned](Connection&) {
+    conn->RunOnStrand([job, id = session->id, owned] {
       job->set_session(id, owned);
       job->Start();
     });

@@ -1,11 +1,10 @@
-// The HTTP server's internals, shared by its files (http_server.cc: the listener,
-// connections and routing; http_generate.cc: completions, chat and responses, each
-// endpoint's protocol being an EndpointProtocol; http_sessions.cc: stored responses,
-// conversations and the session API). Included by those files only: it brings the
-// server's helpers into namespace fwserve.
+// The HTTP server's socket side (Boost.Beast): the listener, the connections and the
+// routing, included by http_server.cc alone. The route handlers (http_api.h) see a
+// connection as an HttpExchange and include no Beast.
 #pragma once
 
 #include "server/transport/http/http_server.h"
+#include "server/transport/http/http_api.h"
 
 #include <algorithm>
 #include <atomic>
@@ -68,72 +67,15 @@ constexpr size_t kMaxReadAhead = 64 << 10;
 // answer instead of a reset), up to this many bytes.
 constexpr size_t kMaxDiscardBytes = size_t{64} << 20;
 
-inline int64_t UnixSeconds(absl::Time t) { return absl::ToUnixSeconds(t); }
-inline int64_t NowSeconds() { return absl::ToUnixSeconds(absl::Now()); }
-
-inline json SessionJson(const SessionRecord& r) {
-  return json{{"id", r.id},
-              {"object", "fwserve.session"},
-              {"model", r.model},
-              {"tokens", r.tokens},
-              {"state_bytes", r.state_bytes},
-              {"created", UnixSeconds(r.created)},
-              {"created_unix_ms", absl::ToUnixMillis(r.created)},
-              {"last_used_unix_ms", absl::ToUnixMillis(r.last_used)},
-              {"busy", r.busy},
-              {"resident", r.resident},
-              {"stored", r.stored}};
-}
-
-inline json ConversationJson(const SessionRecord& r) {
-  return json{{"id", kConversationPrefix + r.id},
-              {"object", "conversation"},
-              {"created_at", UnixSeconds(r.created)},
-              {"metadata", json::object()},
-              {"fwserve_session", SessionJson(r)}};
-}
-
-// The session id a prefixed id names ("resp_<id>" / "conv_<id>"); nullopt if `id` lacks
-// the prefix.
-inline std::optional<std::string> Unprefixed(absl::string_view id, absl::string_view prefix) {
-  if (!absl::ConsumePrefix(&id, prefix) || id.empty()) return std::nullopt;
-  return std::string(id);
-}
-
-// Client-supplied names in log lines: at most this many bytes.
-inline std::string Capped(absl::string_view s) {
-  return s.size() <= 128 ? std::string(s) : absl::StrCat(s.substr(0, 128), "...");
-}
-
-inline std::string ChunkFrame(absl::string_view data) {
-  char size[24];
-  std::snprintf(size, sizeof(size), "%zx\r\n", data.size());
-  return absl::StrCat(size, data, "\r\n");
-}
-
-// A model lookup's error as OpenAI words it: an unknown model is 404 "model_not_found".
-inline absl::Status ModelError(const absl::Status& error, absl::string_view name) {
-  if (error.code() != absl::StatusCode::kNotFound) return error;
-  return WithErrorCode(
-      WithParam(absl::NotFoundError(
-                    absl::StrCat("the model '", Capped(name), "' does not exist (GET /v1/models)")),
-                "model"),
-      "model_not_found");
-}
-
 }  // namespace http_internal
 using namespace http_internal;  // NOLINT: internal header of one library
 
 class Connection;
 
-class HttpServer::Impl {
+class HttpServer::Impl : public HttpApi {
  public:
   Impl(const HttpServerOptions& options, Core* core)
-      : options_(options),
-        core_(core),
-        metrics_(Metrics::OrNull(options.metrics)),
-        acceptor_(ioc_),
-        work_(net::make_work_guard(ioc_)) {}
+      : HttpApi(options, core), acceptor_(ioc_), work_(net::make_work_guard(ioc_)) {}
 
   absl::Status Listen();
   void Accept();
@@ -143,15 +85,6 @@ class HttpServer::Impl {
   // Routing (on the connection's strand).
   void Handle(const std::shared_ptr<Connection>& conn);
 
-  // Stream accounting: accepted by the core until OnFinish.
-  void StreamAccepted() {
-    absl::MutexLock lock(&mu_);
-    ++streams_in_engine_;
-  }
-  void StreamFinished() {
-    absl::MutexLock lock(&mu_);
-    --streams_in_engine_;
-  }
   void AddConnection(uint64_t id, std::weak_ptr<Connection> conn) {
     absl::MutexLock lock(&mu_);
     connections_[id] = std::move(conn);
@@ -161,13 +94,8 @@ class HttpServer::Impl {
     connections_.erase(id);
   }
 
-  const HttpServerOptions options_;
-  Core* const core_;
-  Metrics* const metrics_;  // never null
   // Declared before ioc_: handlers destroyed with the io_context release connections,
   // which unregister themselves here.
-  absl::Mutex mu_;
-  int64_t streams_in_engine_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<uint64_t, std::weak_ptr<Connection>> connections_ ABSL_GUARDED_BY(mu_);
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
   net::io_context ioc_;
@@ -179,30 +107,11 @@ class HttpServer::Impl {
   std::atomic<uint64_t> next_id_{1};
 
  private:
-  // Route handlers; each answers through conn->Reply... exactly once.
   void Models(const std::shared_ptr<Connection>& conn);
-  // Completions and chat: one GenerateJob with `endpoint`'s protocol.
-  void Generate(const std::shared_ptr<Connection>& conn, OpenAiEndpoint endpoint);
-  // POST /v1/responses: resolves the input's item_references, then StartResponse.
-  void CreateResponse(const std::shared_ptr<Connection>& conn);
-  // Responses: resolves the input's item_references from the `index`th on (the texts
-  // found so far in `texts`), one session read at a time, then StartResponse.
-  void ResolveItemReferences(const std::shared_ptr<Connection>& conn, OpenAiGenerateRequest request,
-                             const ChatTemplate& chat_template, const std::string& model,
-                             size_t index, std::shared_ptr<ItemTexts> texts);
-  // Responses: picks the session (a fork of previous_response_id, the conversation's,
-  // or a new one) and generates on it.
-  void StartResponse(const std::shared_ptr<Connection>& conn, OpenAiGenerateRequest request,
-                     const std::string& model_name);
-  void GetResponse(const std::shared_ptr<Connection>& conn, const std::string& id, bool remove);
-  void CreateConversation(const std::shared_ptr<Connection>& conn);
-  void Conversation(const std::shared_ptr<Connection>& conn, const std::string& id, bool remove);
-  void Sessions(const std::shared_ptr<Connection>& conn, const std::vector<std::string>& parts,
-                const std::string& query);
 };
 
 // One TCP connection. Everything but Post/Close runs on its strand.
-class Connection : public std::enable_shared_from_this<Connection> {
+class Connection : public HttpExchange, public std::enable_shared_from_this<Connection> {
  public:
   Connection(tcp::socket socket, HttpServer::Impl* server)
       : socket_(std::move(socket)),
@@ -221,6 +130,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
     net::post(socket_.get_executor(),
               [self = shared_from_this(), fn = std::move(fn)] { fn(*self); });
   }
+  // HttpExchange (http_api.h has the contracts).
+  void RunOnStrand(std::function<void()> fn) override {
+    Post([fn = std::move(fn)](Connection&) { fn(); });
+  }
   // Closes the socket (from any thread): pending operations fail.
   void Close() {
     Post([](Connection& c) { c.CloseSocket(); });
@@ -228,26 +141,41 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   // --- the request being served (strand) ---
   const http::request<http::string_body>& request() const { return request_; }
-  const Caller& caller() const { return caller_; }
+  const std::string& body() const override { return request_.body(); }
+  const Caller& caller() const override { return caller_; }
   // The request's method, HEAD read as GET (set_head_only).
-  http::verb method() const { return head_only_ ? http::verb::get : request_.method(); }
+  http::verb verb() const { return head_only_ ? http::verb::get : request_.method(); }
+  HttpMethod method() const override {
+    switch (verb()) {
+      case http::verb::get:
+        return HttpMethod::kGet;
+      case http::verb::post:
+        return HttpMethod::kPost;
+      case http::verb::delete_:
+        return HttpMethod::kDelete;
+      default:
+        return HttpMethod::kOther;
+    }
+  }
   // The answer goes without its body (HEAD).
   void set_head_only() { head_only_ = true; }
   void set_caller(Caller caller) { caller_ = std::move(caller); }
-  void set_route(std::string route) { route_ = std::move(route); }
-  void set_model(const std::string& model) { model_ = Capped(model); }
+  void set_route(std::string route) override { route_ = std::move(route); }
+  void set_model(const std::string& model) override { model_ = Capped(model); }
   // Thread-safe (polled by the core as is_cancelled).
-  bool client_gone() const { return client_gone_.load(); }
+  bool client_gone() const override { return client_gone_.load(); }
   // Called (on the strand) when the client goes away while the request is served.
-  void set_on_client_gone(std::function<void()> fn) { on_client_gone_ = std::move(fn); }
+  void set_on_client_gone(std::function<void()> fn) override {
+    on_client_gone_ = std::move(fn);
+  }
 
   // Answers the request (from any thread).
-  void ReplyJson(int status, json body, absl::StatusCode code = absl::StatusCode::kOk) {
+  void ReplyJson(int status, json body, absl::StatusCode code = absl::StatusCode::kOk) override {
     Post([status, body = std::move(body), code](Connection& c) {
       c.WriteReply(status, Dump(body), "application/json", {}, code, {});
     });
   }
-  void ReplyError(const absl::Status& error) {
+  void ReplyError(const absl::Status& error) override {
     const int status = HttpStatusOf(error);
     std::vector<std::pair<std::string, std::string>> headers;
     // The retry hint (server/base/retry_delay.h): Retry-After in whole seconds (HTTP),
@@ -274,7 +202,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
                    error.code(), error.message());
     });
   }
-  void ReplyBinary(std::string body, std::vector<std::pair<std::string, std::string>> headers) {
+  void ReplyBinary(std::string body,
+                   std::vector<std::pair<std::string, std::string>> headers) override {
     Post([body = std::move(body), headers = std::move(headers)](Connection& c) mutable {
       c.WriteReply(200, std::move(body), "application/octet-stream", headers, absl::StatusCode::kOk,
                    {});
@@ -283,7 +212,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   // --- streaming (strand) ---
   // Sends the header of a chunked text/event-stream response.
-  void BeginStream() {
+  void BeginStream() override {
     streaming_ = true;
     std::string header =
         "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
@@ -296,11 +225,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
     Enqueue(std::move(header), nullptr);
   }
   // Sends `data` as one chunk; `done(ok)` when written.
-  void StreamWrite(absl::string_view data, std::function<void(bool)> done) {
+  void StreamWrite(absl::string_view data, std::function<void(bool)> done) override {
     Enqueue(ChunkFrame(data), std::move(done));
   }
   // The last chunk; the connection then serves the next request or closes.
-  void EndStream(absl::string_view data, absl::StatusCode code) {
+  void EndStream(absl::string_view data, absl::StatusCode code) override {
     std::string bytes = data.empty() ? "" : ChunkFrame(data);
     bytes += "0\r\n\r\n";
     Finished(200, code, {});

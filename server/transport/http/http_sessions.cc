@@ -1,10 +1,10 @@
 // Stored responses (GET/DELETE), conversations and the session API
 // (/fwserve/v1/sessions).
-#include "server/transport/http/http_internal.h"
+#include "server/transport/http/http_api.h"
 
 namespace fwserve {
 
-void HttpServer::Impl::GetResponse(const std::shared_ptr<Connection>& conn, const std::string& id,
+void HttpApi::GetResponse(const std::shared_ptr<HttpExchange>& conn, const std::string& id,
                                    bool remove) {
   std::optional<std::string> session = Unprefixed(id, kResponsePrefix);
   if (!session.has_value()) {
@@ -29,8 +29,8 @@ void HttpServer::Impl::GetResponse(const std::shared_ptr<Connection>& conn, cons
   });
 }
 
-void HttpServer::Impl::CreateConversation(const std::shared_ptr<Connection>& conn) {
-  absl::StatusOr<json> body = ParseBody(conn->request().body(), true);
+void HttpApi::CreateConversation(const std::shared_ptr<HttpExchange>& conn) {
+  absl::StatusOr<json> body = ParseBody(conn->body(), true);
   if (!body.ok()) return conn->ReplyError(body.status());
   std::string model_name;
   const json* items = nullptr;
@@ -68,7 +68,7 @@ void HttpServer::Impl::CreateConversation(const std::shared_ptr<Connection>& con
       [conn] { return conn->client_gone(); });
 }
 
-void HttpServer::Impl::Conversation(const std::shared_ptr<Connection>& conn, const std::string& id,
+void HttpApi::Conversation(const std::shared_ptr<HttpExchange>& conn, const std::string& id,
                                     bool remove) {
   const std::string session = Unprefixed(id, kConversationPrefix).value_or(id);
   if (remove) {
@@ -84,17 +84,17 @@ void HttpServer::Impl::Conversation(const std::shared_ptr<Connection>& conn, con
   });
 }
 
-void HttpServer::Impl::Sessions(const std::shared_ptr<Connection>& conn,
+void HttpApi::Sessions(const std::shared_ptr<HttpExchange>& conn,
                                 const std::vector<std::string>& parts, const std::string& query) {
-  const http::verb method = conn->method();
+  const HttpMethod method = conn->method();
   std::map<std::string, std::string> params = ParseQuery(query);
   auto session_reply = [conn](absl::StatusOr<SessionRecord> r) {
     if (!r.ok()) return conn->ReplyError(r.status());
     conn->ReplyJson(200, SessionJson(*r));
   };
   const Caller& caller = conn->caller();
-  if (parts.size() == 3 && method == http::verb::post) {  // create
-    absl::StatusOr<json> body = ParseBody(conn->request().body(), true);
+  if (parts.size() == 3 && method == HttpMethod::kPost) {  // create
+    absl::StatusOr<json> body = ParseBody(conn->body(), true);
     if (!body.ok()) return conn->ReplyError(body.status());
     std::string model, prefix;
     for (auto it = body->begin(); it != body->end(); ++it) {
@@ -112,7 +112,7 @@ void HttpServer::Impl::Sessions(const std::shared_ptr<Connection>& conn,
                          [conn] { return conn->client_gone(); });
     return;
   }
-  if (parts.size() == 3 && method == http::verb::get) {  // list
+  if (parts.size() == 3 && method == HttpMethod::kGet) {  // list
     ListSessionsParams list;
     list.model = params["model"];
     list.page_token = params["page_token"];
@@ -137,27 +137,27 @@ void HttpServer::Impl::Sessions(const std::shared_ptr<Connection>& conn,
     });
     return;
   }
-  if (parts.size() == 4 && parts[3] == "import" && method == http::verb::post) {
+  if (parts.size() == 4 && parts[3] == "import" && method == HttpMethod::kPost) {
     conn->set_model(params["model"]);
-    core_->ImportSession(caller, params["model"], conn->request().body(), session_reply);
+    core_->ImportSession(caller, params["model"], conn->body(), session_reply);
     return;
   }
-  if (parts.size() == 4 && method == http::verb::get) {
+  if (parts.size() == 4 && method == HttpMethod::kGet) {
     core_->GetSession(caller, parts[3], session_reply);
     return;
   }
-  if (parts.size() == 4 && method == http::verb::delete_) {
+  if (parts.size() == 4 && method == HttpMethod::kDelete) {
     core_->DeleteSession(caller, parts[3], [conn, id = parts[3]](absl::StatusOr<bool> r) {
       if (!r.ok()) return conn->ReplyError(r.status());
       conn->ReplyJson(200, {{"id", id}, {"object", "fwserve.session.deleted"}, {"deleted", true}});
     });
     return;
   }
-  if (parts.size() == 5 && parts[4] == "fork" && method == http::verb::post) {
+  if (parts.size() == 5 && parts[4] == "fork" && method == HttpMethod::kPost) {
     core_->ForkSession(caller, parts[3], session_reply);
     return;
   }
-  if (parts.size() == 5 && parts[4] == "export" && method == http::verb::get) {
+  if (parts.size() == 5 && parts[4] == "export" && method == HttpMethod::kGet) {
     core_->ExportSession(caller, parts[3], [conn](absl::StatusOr<ExportResult> r) {
       if (!r.ok()) return conn->ReplyError(r.status());
       conn->ReplyBinary(std::move(r->blob), {{"X-Fwserve-Model", r->model},
