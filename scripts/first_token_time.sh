@@ -15,6 +15,8 @@
 #        scripts/first_token_time.sh --here
 #          measures in the current directory (used inside the container).
 # ccache is off (CCACHE_DISABLE=1) unless --ccache: a fresh machine has an empty cache.
+# Last, the build's summed compile time and its ten slowest steps (from build/.ninja_log,
+# scripts/ninja_log_summary.py): the stable measure where wall time swings with load.
 # The server listens on free ports (port 0) and is stopped at the end.
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"
@@ -117,4 +119,9 @@ echo "  first token after listening:     $(elapsed "$listening" "$token") s"
 echo "  total, clone to first token:     $(elapsed "$start" "$token") s"
 echo "  CPU time of serve.sh and its children: user ${cpu_user:-?} s, system ${cpu_sys:-?} s"
 echo "  load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
+# What the build weighs: the summed compile time of its steps (stable where the wall
+# time swings with the load) and the slowest objects.
+if [[ -f build/.ninja_log ]] && command -v python3 >/dev/null; then
+  python3 scripts/ninja_log_summary.py build --top 10 | sed 's/^/  /'
+fi
 echo "  log: $log"

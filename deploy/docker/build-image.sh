@@ -3,7 +3,8 @@
 # checkout, so local build output (build/, caches) can never leak into it.
 #
 # Usage: deploy/docker/build-image.sh [--tag TAG] [--source worktree|head|DIR]
-#                                     [--dockerfile PATH] [-- EXTRA BUILD ARGS...]
+#                                     [--dockerfile PATH] [--prebuilt BUILD_DIR]
+#                                     [-- EXTRA BUILD ARGS...]
 #   --tag         image name (default fwserve:latest; Podman stores it as
 #                 localhost/fwserve:latest)
 #   --source      worktree (default): the tracked and the untracked, not ignored files
@@ -11,6 +12,11 @@
 #                 of the test suite builds); head: `git archive HEAD`; or a directory:
 #                 an export made by hand (used as it is, not copied)
 #   --dockerfile  relative to the repository root (default deploy/docker/Dockerfile)
+#   --prebuilt    a CMake build directory of this tree on a Debian 12 host (BUILD_DIR/
+#                 server/fwserve and client/fwctl, Release): the build stage installs
+#                 the same packages and takes these binaries instead of compiling them
+#                 (the test suite's image, which its own build has just compiled). Only
+#                 with --source worktree or head: the binaries must be of that tree
 #
 # Engine (deploy/docker/engine.sh): `docker build` when a Docker daemon answers.
 # Otherwise Podman, with the recipe for machines without a registry (issue 14):
@@ -27,12 +33,14 @@ engine_sh="$repo/deploy/docker/engine.sh"
 tag=fwserve:latest
 source=worktree
 dockerfile=deploy/docker/Dockerfile
+prebuilt=""
 extra=()
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --tag) tag="$2"; shift 2 ;;
     --source) source="$2"; shift 2 ;;
     --dockerfile) dockerfile="$2"; shift 2 ;;
+    --prebuilt) prebuilt="$2"; shift 2 ;;
     --) shift; extra=("$@"); break ;;
     -h|--help) sed -n '2,/^set -e/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "build-image.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
@@ -67,7 +75,22 @@ case "$source" in
     context="$(cd "$source" && pwd)"
     ;;
 esac
-echo "build-image.sh: $engine, context from $source ($(du -sh "$context" | cut -f1))"
+if [[ -n "$prebuilt" ]]; then
+  if [[ -z "$tmp_context" ]]; then
+    echo "build-image.sh: --prebuilt goes with --source worktree or head" >&2
+    exit 2
+  fi
+  for binary in server/fwserve client/fwctl; do
+    if [[ ! -x "$prebuilt/$binary" ]]; then
+      echo "build-image.sh: --prebuilt $prebuilt has no $binary" >&2
+      exit 2
+    fi
+  done
+  # The Dockerfile's build stage takes what it finds in prebuilt/ (deploy/docker/Dockerfile).
+  mkdir -p "$context/prebuilt"
+  cp "$prebuilt/server/fwserve" "$prebuilt/client/fwctl" "$context/prebuilt/"
+fi
+echo "build-image.sh: $engine, context from $source ($(du -sh "$context" | cut -f1))${prebuilt:+, fwserve and fwctl prebuilt in $prebuilt}"
 
 if [[ "$engine" == docker ]]; then
   "$engine_sh" build -f "$context/$dockerfile" -t "$tag" "${extra[@]}" "$context"

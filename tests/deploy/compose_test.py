@@ -32,6 +32,15 @@ from unittest_run import check, report_and_exit  # noqa: E402
 
 NAME = "compose_test"
 ARGS = None
+
+
+def prebuilt():
+    """The build directory whose binaries the image takes: only when the image is built
+    from the working tree, which that build compiled (not from HEAD)."""
+    source = os.environ.get("FWSERVE_IMAGE_SOURCE") or "worktree"
+    return ARGS.prebuilt if source == "worktree" else None
+
+
 ENGINE = None
 IMAGE = "fwserve-ctest:latest"
 STACK_IMAGE = "fwserve-stack:latest"
@@ -92,7 +101,7 @@ class ComposeTest(unittest.TestCase):
     def test_conversation_hops_replicas_and_survives_a_killed_one(self):
         start = time.monotonic()
         timings = []
-        ENGINE.build_image(IMAGE, os.environ.get("FWSERVE_IMAGE_SOURCE"))
+        ENGINE.build_image(IMAGE, os.environ.get("FWSERVE_IMAGE_SOURCE"), prebuilt=prebuilt())
         ENGINE.build_image(STACK_IMAGE, dockerfile="deploy/docker/Dockerfile.stack")
         timings.append(("images", time.monotonic() - start))
 
@@ -209,6 +218,9 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--repo", required=True)
     parser.add_argument("--fwctl", required=True)
+    parser.add_argument("--prebuilt", default=None,
+                        help="a CMake build directory of this tree whose fwserve and fwctl the "
+                             "image takes instead of compiling them (build-image.sh --prebuilt)")
     parser.add_argument("--keep", action="store_true", help="leave the stack running")
     ARGS = parser.parse_args()
     ARGS.repo = os.path.abspath(ARGS.repo)

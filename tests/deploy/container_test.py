@@ -33,6 +33,15 @@ from unittest_run import check, report_and_exit  # noqa: E402
 
 NAME = "container_test"
 ARGS = None
+
+
+def prebuilt():
+    """The build directory whose binaries the image takes: only when the image is built
+    from the working tree, which that build compiled (not from HEAD)."""
+    source = os.environ.get("FWSERVE_IMAGE_SOURCE") or "worktree"
+    return ARGS.prebuilt if source == "worktree" else None
+
+
 ENGINE = None
 TAG = "fwserve-ctest:latest"
 UID = "10001"
@@ -106,7 +115,8 @@ class ContainerTest(unittest.TestCase):
     def test_image_serves_and_keeps_sessions_across_containers(self):
         steps = []
         start = time.monotonic()
-        steps.append(("build", ENGINE.build_image(TAG, os.environ.get("FWSERVE_IMAGE_SOURCE"))))
+        steps.append(("build", ENGINE.build_image(TAG, os.environ.get("FWSERVE_IMAGE_SOURCE"),
+                                               prebuilt=prebuilt())))
 
         # The image's metadata: the user, the health check, the session volume.
         check(ENGINE.inspect(TAG, "{{.Config.User}}").startswith(UID),
@@ -222,6 +232,9 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--repo", required=True)
     parser.add_argument("--fwctl", required=True)
+    parser.add_argument("--prebuilt", default=None,
+                        help="a CMake build directory of this tree whose fwserve and fwctl the "
+                             "image takes instead of compiling them (build-image.sh --prebuilt)")
     parser.add_argument("--keep", action="store_true", help="keep containers and volume")
     ARGS = parser.parse_args()
     ENGINE = Engine(os.path.abspath(ARGS.repo), NAME)

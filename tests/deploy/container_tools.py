@@ -41,13 +41,16 @@ class Engine:
                 self.name, " ".join(args), result.returncode, result.stdout, result.stderr))
         return result
 
-    def build_image(self, tag, source=None, dockerfile=None):
-        """Builds with build-image.sh, its output streaming to ours; returns seconds."""
+    def build_image(self, tag, source=None, dockerfile=None, prebuilt=None):
+        """Builds with build-image.sh, its output streaming to ours; returns seconds.
+        `prebuilt`: a build directory whose fwserve and fwctl the image takes."""
         argv = [os.path.join(self.repo, "deploy", "docker", "build-image.sh"), "--tag", tag]
         if source:
             argv += ["--source", source]
         if dockerfile:
             argv += ["--dockerfile", dockerfile]
+        if prebuilt:
+            argv += ["--prebuilt", prebuilt]
         start = time.monotonic()
         print("+ " + " ".join(argv), flush=True)
         subprocess.run(argv, check=True, stdout=sys.stdout, stderr=sys.stderr)
