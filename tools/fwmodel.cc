@@ -12,14 +12,14 @@
 #include "absl/strings/str_join.h"
 #include "common/cli_util.h"
 #include "common/load_time_env.h"
-#include "models/base/blas_check.h"
-#include "models/checkpoints/checkpoint.h"
-#include "models/base/file_util.h"
 #include "models/architectures/model.h"
+#include "models/base/blas_check.h"
+#include "models/base/file_util.h"
+#include "models/checkpoints/checkpoint.h"
+#include "models/kernels/scoring.h"
 #include "models/sampling/sampler.h"
 #include "models/tokenizers/text_tokenizer.h"
 #include "models/tokenizers/tokenizer.h"
-#include "models/kernels/scoring.h"
 #include "nlohmann/json.hpp"
 
 ABSL_FLAG(std::string, config, "", "init: path of the config.json to initialise from");

@@ -13,8 +13,8 @@
 #include "common/cli_util.h"
 #include "common/load_time_env.h"
 #include "models/base/blas_check.h"
-#include "models/checkpoints/checkpoint.h"
 #include "models/base/file_util.h"
+#include "models/checkpoints/checkpoint.h"
 #include "models/training/trainer.h"
 
 namespace {

@@ -1,11 +1,11 @@
 #include "models/architectures/model.h"
 
+#include <ATen/Parallel.h>
+#include <torch/cuda.h>
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <numeric>
-#include <ATen/Parallel.h>
-#include <torch/cuda.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -646,9 +646,9 @@ torch::Tensor Model::PkmFfn(const LayerWeights& w, const torch::Tensor& x, bool 
   torch::Tensor bag_weights = weights.permute({1, 0, 2}).reshape({N, Hm * k});
   // F.embedding_bag(mode=sum, per_sample_weights) on 2-D input, as LibTorch's functional
   // lowers it: fixed-length bags at offsets 0, Hm·k, 2·Hm·k, ...
-  torch::Tensor offsets = torch::arange(0, bag_slots.numel(), bag_slots.size(1),
-                                        torch::TensorOptions().dtype(torch::kLong).device(
-                                            bag_slots.device()));
+  torch::Tensor offsets =
+      torch::arange(0, bag_slots.numel(), bag_slots.size(1),
+                    torch::TensorOptions().dtype(torch::kLong).device(bag_slots.device()));
   torch::Tensor out = std::get<0>(torch::embedding_bag(
       w.values, bag_slots.reshape(-1), offsets, /*scale_grad_by_freq=*/false, /*mode=*/0,
       /*sparse=*/false, bag_weights.reshape(-1), /*include_last_offset=*/false,

@@ -18,8 +18,8 @@
 #include <torch/types.h>
 
 #include "absl/status/statusor.h"
-#include "models/base/config.h"
 #include "models/architectures/state.h"
+#include "models/base/config.h"
 
 namespace fwmodel {
 

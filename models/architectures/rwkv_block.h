@@ -23,8 +23,8 @@
 
 #include <torch/types.h>
 
-#include "models/base/config.h"
 #include "models/architectures/state.h"
+#include "models/base/config.h"
 
 namespace fwmodel {
 

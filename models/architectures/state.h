@@ -1,6 +1,7 @@
 // The types a model's parts share below the Model class: where and in what precision it
 // computes, and the recurrent state of a batch of sessions. The mixers
-// (models/architectures/) include this, not models/architectures/model.h: a part never includes the whole.
+// (models/architectures/) include this, not models/architectures/model.h: a part never includes the
+// whole.
 #pragma once
 
 #include <cstdint>

@@ -6,8 +6,8 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "models/base/config.h"
 #include "models/architectures/model.h"
+#include "models/base/config.h"
 #include "models/checkpoints/safetensors.h"
 #include "models/checkpoints/state_format.h"
 

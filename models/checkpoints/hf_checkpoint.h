@@ -12,8 +12,8 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "models/checkpoints/checkpoint.h"
 #include "models/base/config.h"
+#include "models/checkpoints/checkpoint.h"
 
 namespace fwmodel {
 

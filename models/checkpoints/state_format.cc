@@ -24,11 +24,11 @@ const char kStateFormat[] = "fwserve-state";
 const char kStateVersion[] = "2";
 const char kStateChecksumKey[] = "sha256";
 
-
 // The checksum covers every metadata field but itself (tokens, fingerprint, labels:
 // everything a reader trusts) and then the data section, so no field can be changed
 // without detection. Keys are NUL-terminated; a key or value cannot hold a NUL.
-std::string StateChecksum(const std::map<std::string, std::string>& metadata, const std::string& data) {
+std::string StateChecksum(const std::map<std::string, std::string>& metadata,
+                          const std::string& data) {
   std::string covered;
   for (const auto& [key, value] : metadata) {
     if (key == kStateChecksumKey) continue;
@@ -53,7 +53,8 @@ absl::Status CheckStateFormat(const std::map<std::string, std::string>& meta) {
     auto it = meta.find(key);
     return it == meta.end() ? "" : it->second;
   };
-  if (field("format") != kStateFormat) return absl::InvalidArgumentError("state: not an fwserve state");
+  if (field("format") != kStateFormat)
+    return absl::InvalidArgumentError("state: not an fwserve state");
   if (field("version") != kStateVersion) {
     return absl::InvalidArgumentError(absl::StrCat("state: unsupported version '",
                                                    field("version").substr(0, 16), "' (expected ",

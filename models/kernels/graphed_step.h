@@ -51,8 +51,8 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
-#include "models/sampling/batch_sampler.h"
 #include "models/architectures/model.h"
+#include "models/sampling/batch_sampler.h"
 
 namespace fwmodel {
 

@@ -2,13 +2,13 @@
 
 #include <cblas.h>
 
+#include <ATen/Parallel.h>
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <numeric>
 #include <string>
-#include <ATen/Parallel.h>
 
 #include "absl/strings/str_cat.h"
 #include "models/architectures/mixer.h"

@@ -10,19 +10,19 @@
 #include <optional>
 
 // Training alone needs LibTorch beyond tensors: optimisers, serialisation, the loss.
+#include <ATen/Parallel.h>
 #include <torch/nn/functional/loss.h>
 #include <torch/nn/utils/clip_grad.h>
 #include <torch/optim/adamw.h>
 #include <torch/serialize.h>
-#include <ATen/Parallel.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "models/checkpoints/checkpoint.h"
-#include "models/base/file_util.h"
 #include "models/architectures/model.h"
-#include "models/tokenizers/tokenizer.h"
+#include "models/base/file_util.h"
+#include "models/checkpoints/checkpoint.h"
 #include "models/kernels/scoring.h"
+#include "models/tokenizers/tokenizer.h"
 #include "nlohmann/json.hpp"
 
 namespace fwmodel {

@@ -9,8 +9,8 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "models/base/config.h"
 #include "models/architectures/model.h"
+#include "models/base/config.h"
 
 namespace fwmodel {
 

@@ -49,7 +49,7 @@ struct LoadedModelInfo {
   int64_t parameters = 0;
   int64_t state_bytes_per_session = 0;
   int64_t vocab_size = 0;
-  std::string fingerprint;  // fwmodel::Fingerprint: what stored states are tied to
+  std::string fingerprint;   // fwmodel::Fingerprint: what stored states are tied to
   int64_t memory_slots = 0;  // product-key memory value slots; 0 without
 };
 
@@ -97,8 +97,8 @@ class ModelEngine {
 
 // Where and how a model directory is served.
 struct ModelEngineSpec {
-  std::string name;        // the model's name in requests (its directory's name)
-  std::string dir;         // config.json, the weights, the tokenizer's files
+  std::string name;            // the model's name in requests (its directory's name)
+  std::string dir;             // config.json, the weights, the tokenizer's files
   std::string device = "cpu";  // "cpu", "cuda" or "cuda:N" (--device)
 };
 

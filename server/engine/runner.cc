@@ -2,10 +2,10 @@
 
 #include <pthread.h>
 
+#include <ATen/Parallel.h>
 #include <algorithm>
 #include <exception>
 #include <utility>
-#include <ATen/Parallel.h>
 
 #include "absl/strings/str_cat.h"
 #include "models/base/blas_check.h"

@@ -1,8 +1,8 @@
 #include "server/engine/stepper.h"
 
+#include <ATen/Parallel.h>
 #include <algorithm>
 #include <numeric>
-#include <ATen/Parallel.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"

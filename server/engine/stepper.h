@@ -30,12 +30,12 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
-#include "models/sampling/batch_sampler.h"
-#include "models/kernels/graphed_step.h"
 #include "models/architectures/model.h"
+#include "models/kernels/graphed_step.h"
 #include "models/kernels/native_step.h"
-#include "models/sampling/sampler.h"
 #include "models/kernels/scoring.h"
+#include "models/sampling/batch_sampler.h"
+#include "models/sampling/sampler.h"
 #include "server/engine/state_pool.h"
 
 namespace fwserve {

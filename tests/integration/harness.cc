@@ -9,10 +9,10 @@
 
 #include <atomic>
 
-#include "models/checkpoints/checkpoint.h"
 #include "models/architectures/model.h"
-#include "models/tokenizers/tokenizer.h"
+#include "models/checkpoints/checkpoint.h"
 #include "models/kernels/scoring.h"
+#include "models/tokenizers/tokenizer.h"
 #include "tests/unit/test_models.h"
 
 namespace fwtest {

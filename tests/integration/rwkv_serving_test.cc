@@ -14,8 +14,8 @@
 #include <gtest/gtest.h>
 
 #include "client/client.h"
-#include "models/checkpoints/checkpoint.h"
 #include "models/architectures/model.h"
+#include "models/checkpoints/checkpoint.h"
 #include "models/tokenizers/text_tokenizer.h"
 #include "models/tokenizers/tokenizer.h"
 #include "tests/integration/harness.h"

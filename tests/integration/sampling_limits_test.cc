@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "client/client.h"
-#include "models/checkpoints/checkpoint.h"
 #include "models/architectures/model.h"
+#include "models/checkpoints/checkpoint.h"
 #include "models/tokenizers/tokenizer.h"
 #include "tests/integration/harness.h"
 

@@ -309,8 +309,8 @@ TEST(GradientTest, EveryParameterGetsAFiniteNonzeroGradient) {
       fwmodel::State state = model.InitialState(2);
       torch::Tensor tokens = fwtest::RandomTokens(2, 9, 256, 3);
       torch::Tensor logits = model.ForwardUnchecked(tokens, &state, /*training=*/pkm);
-      torch::Tensor loss = at::cross_entropy_loss(
-          logits.reshape({-1, 256}), fwtest::RandomTokens(2, 9, 256, 4).reshape({-1}));
+      torch::Tensor loss = at::cross_entropy_loss(logits.reshape({-1, 256}),
+                                                  fwtest::RandomTokens(2, 9, 256, 4).reshape({-1}));
       loss.backward();
       for (const auto& [name, t] : model.weights()) {
         if (fwmodel::IsBufferName(name)) {  // running statistics: not parameters

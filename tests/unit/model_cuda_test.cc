@@ -14,8 +14,8 @@
 #include <random>
 #include <vector>
 
-#include "models/sampling/batch_sampler.h"
 #include "models/kernels/graphed_step.h"
+#include "models/sampling/batch_sampler.h"
 #include "models/sampling/sampler.h"
 #include "tests/unit/test_models.h"
 

@@ -270,8 +270,7 @@ INSTANTIATE_TEST_SUITE_P(Formats, PackedLinearNarrowTest,
 // answers are checked, so the test runs, and can fail, on either kind of CPU.
 TEST(PackedLinearNarrowKernelTest, TheAvx512KernelServesThisCpu) {
   __builtin_cpu_init();
-  const bool has_avx512 =
-      __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
+  const bool has_avx512 = __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
   EXPECT_EQ(PackedLinear::HasAvx512Kernel(), has_avx512);
 }
 

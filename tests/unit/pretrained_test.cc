@@ -5,8 +5,8 @@
 #include <filesystem>
 #include <regex>
 
-#include "models/checkpoints/checkpoint.h"
 #include "models/base/file_util.h"
+#include "models/checkpoints/checkpoint.h"
 #include "models/training/trainer.h"
 
 namespace {

@@ -16,12 +16,12 @@
 #include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
+#include "models/architectures/model.h"
+#include "models/architectures/rwkv_block.h"
 #include "models/checkpoints/checkpoint.h"
 #include "models/checkpoints/hf_checkpoint.h"
-#include "models/architectures/rwkv_block.h"
-#include "models/architectures/model.h"
-#include "models/kernels/native_step.h"
 #include "models/checkpoints/safetensors.h"
+#include "models/kernels/native_step.h"
 #include "nlohmann/json.hpp"
 #include "tests/unit/temp_dir.h"
 #include "tests/unit/test_models.h"

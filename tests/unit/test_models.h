@@ -8,8 +8,8 @@
 
 #include <gtest/gtest.h>
 
-#include "models/base/config.h"
 #include "models/architectures/model.h"
+#include "models/base/config.h"
 #include "models/kernels/scoring.h"
 
 namespace fwtest {

@@ -6,8 +6,8 @@
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
-#include "models/checkpoints/checkpoint.h"
 #include "models/base/file_util.h"
+#include "models/checkpoints/checkpoint.h"
 #include "tests/unit/test_models.h"
 
 namespace {

@@ -170,8 +170,7 @@ class HttpApi {
                      const std::string& model_name);
   void GetResponse(const std::shared_ptr<HttpExchange>& conn, const std::string& id, bool remove);
   void CreateConversation(const std::shared_ptr<HttpExchange>& conn);
-  void Conversation(const std::shared_ptr<HttpExchange>& conn, const std::string& id,
-                    bool remove);
+  void Conversation(const std::shared_ptr<HttpExchange>& conn, const std::string& id, bool remove);
   void Sessions(const std::shared_ptr<HttpExchange>& conn, const std::vector<std::string>& parts,
                 const std::string& query);
 

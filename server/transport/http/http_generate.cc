@@ -258,10 +258,9 @@ void HttpApi::CreateResponse(const std::shared_ptr<HttpExchange>& conn) {
 }
 
 void HttpApi::ResolveItemReferences(const std::shared_ptr<HttpExchange>& conn,
-                                             OpenAiGenerateRequest request,
-                                             const ChatTemplate& chat_template,
-                                             const std::string& model, size_t index,
-                                             std::shared_ptr<ItemTexts> texts) {
+                                    OpenAiGenerateRequest request,
+                                    const ChatTemplate& chat_template, const std::string& model,
+                                    size_t index, std::shared_ptr<ItemTexts> texts) {
   // An id that names no message is left out of `texts`: the rendering answers 404
   // naming its item.
   while (index < request.item_references.size() &&
@@ -285,16 +284,16 @@ void HttpApi::ResolveItemReferences(const std::shared_ptr<HttpExchange>& conn,
                               return conn->ReplyError(r.status());
                             }
                             if (r.ok()) (*texts)[id] = r->output.text;
-                            conn->RunOnStrand([this, conn, request = std::move(request), chat_template,
-                                               model, index, texts]() mutable {
-                              ResolveItemReferences(conn, std::move(request),
-                                                    chat_template, model, index + 1, texts);
+                            conn->RunOnStrand([this, conn, request = std::move(request),
+                                               chat_template, model, index, texts]() mutable {
+                              ResolveItemReferences(conn, std::move(request), chat_template, model,
+                                                    index + 1, texts);
                             });
                           });
 }
 
 void HttpApi::StartResponse(const std::shared_ptr<HttpExchange>& conn,
-                                     OpenAiGenerateRequest request, const std::string& model_name) {
+                            OpenAiGenerateRequest request, const std::string& model_name) {
   // Responses: the session to generate on.
   const std::string previous = request.previous_response_id;
   const std::string conversation = request.conversation;

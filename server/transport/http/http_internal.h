@@ -3,8 +3,8 @@
 // connection as an HttpExchange and include no Beast.
 #pragma once
 
-#include "server/transport/http/http_server.h"
 #include "server/transport/http/http_api.h"
+#include "server/transport/http/http_server.h"
 
 #include <algorithm>
 #include <atomic>
@@ -165,9 +165,7 @@ class Connection : public HttpExchange, public std::enable_shared_from_this<Conn
   // Thread-safe (polled by the core as is_cancelled).
   bool client_gone() const override { return client_gone_.load(); }
   // Called (on the strand) when the client goes away while the request is served.
-  void set_on_client_gone(std::function<void()> fn) override {
-    on_client_gone_ = std::move(fn);
-  }
+  void set_on_client_gone(std::function<void()> fn) override { on_client_gone_ = std::move(fn); }
 
   // Answers the request (from any thread).
   void ReplyJson(int status, json body, absl::StatusCode code = absl::StatusCode::kOk) override {

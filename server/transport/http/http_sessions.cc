@@ -5,7 +5,7 @@
 namespace fwserve {
 
 void HttpApi::GetResponse(const std::shared_ptr<HttpExchange>& conn, const std::string& id,
-                                   bool remove) {
+                          bool remove) {
   std::optional<std::string> session = Unprefixed(id, kResponsePrefix);
   if (!session.has_value()) {
     return conn->ReplyError(absl::NotFoundError(absl::StrCat("no response '", Capped(id), "'")));
@@ -69,7 +69,7 @@ void HttpApi::CreateConversation(const std::shared_ptr<HttpExchange>& conn) {
 }
 
 void HttpApi::Conversation(const std::shared_ptr<HttpExchange>& conn, const std::string& id,
-                                    bool remove) {
+                           bool remove) {
   const std::string session = Unprefixed(id, kConversationPrefix).value_or(id);
   if (remove) {
     core_->DeleteSession(conn->caller(), session, [conn, id](absl::StatusOr<bool> r) {
@@ -85,7 +85,7 @@ void HttpApi::Conversation(const std::shared_ptr<HttpExchange>& conn, const std:
 }
 
 void HttpApi::Sessions(const std::shared_ptr<HttpExchange>& conn,
-                                const std::vector<std::string>& parts, const std::string& query) {
+                       const std::vector<std::string>& parts, const std::string& query) {
   const HttpMethod method = conn->method();
   std::map<std::string, std::string> params = ParseQuery(query);
   auto session_reply = [conn](absl::StatusOr<SessionRecord> r) {
