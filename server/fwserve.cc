@@ -158,6 +158,10 @@ ABSL_FLAG(std::string, native_gemm, "libxsmm",
           "laid out once at load; OpenBLAS where libxsmm is not built in or its JIT does "
           "not serve this CPU, and for products over 128 rows) or openblas (cblas_sgemm, "
           "which repacks the weights on every call)");
+ABSL_FLAG(bool, benchmark_null_step, false,
+          "BENCHMARK ONLY: the decode step and prefill do no model work and tokens are "
+          "pre-drawn, to measure the host path (scheduling, delivery, transports) alone; "
+          "what it generates is not the model's");
 ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(30),
           "on SIGTERM/SIGINT, how long in-flight requests may run before they are ended");
 ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9464",
@@ -269,7 +273,7 @@ std::vector<fwserve::FlagGroup> HelpGroups() {
        {"threads", "prefill_threads", "prefill_chunk_tokens", "prefill_batch_tokens", "batch_wait",
         "decode_kernel", "sample_in_step", "decode_steps_per_launch", "overlap_steps",
         "native_gemm", "decode_lookahead", "stream_flush_interval", "writer_thread_from_streams",
-        "writer_threads"}},
+        "writer_threads", "benchmark_null_step"}},
   };
 }
 
@@ -431,6 +435,7 @@ int main(int argc, char** argv) {
   engine.overlap_steps = absl::GetFlag(FLAGS_overlap_steps);
   engine.decode_kernel = absl::GetFlag(FLAGS_decode_kernel);
   engine.native_gemm = absl::GetFlag(FLAGS_native_gemm);
+  engine.null_step = absl::GetFlag(FLAGS_benchmark_null_step);
   engine.decode_lookahead = absl::GetFlag(FLAGS_decode_lookahead);
   engine.stream_flush_interval = absl::GetFlag(FLAGS_stream_flush_interval);
   if (absl::StartsWith(core_options.device, "cuda")) {

@@ -52,6 +52,12 @@ struct EngineOptions {
   // reference). What a model cannot use falls back to "libtorch" (float64 models
   // always do).
   std::string decode_kernel = "native";
+  // BENCHMARK ONLY (--benchmark-null-step): the decode step and prefill do no model work
+  // and sampling hands out pre-drawn tokens (printable bytes for a byte vocabulary),
+  // so that a benchmark measures the host path alone: scheduling, delivery, the
+  // transports (docs/benchmarks.md, "The host path"). What it generates is not the
+  // model's. Score still runs the model.
+  bool null_step = false;
   // The native kernel's GEMMs (--native-gemm; models/kernels/packed_linear.h): "libxsmm" (JIT
   // kernels on weights laid out at load, OpenBLAS where unavailable) or "openblas"
   // (cblas_sgemm).

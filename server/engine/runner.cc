@@ -31,7 +31,8 @@ Runner::Runner(const fwmodel::Model& model, const EngineOptions& options, StateM
                 : options.max_state_memory_bytes /
                       std::max<int64_t>(1, model.state_bytes_per_session()),
             budget, /*preallocate=*/Stepper::UsesGraphKernel(model, options.decode_kernel)),
-      stepper_(model, options.decode_kernel, options.native_gemm == "libxsmm",
+      stepper_(model, options.null_step ? Stepper::kNullKernel : options.decode_kernel,
+               options.native_gemm == "libxsmm",
                ResolveComputeThreads(options.intra_op_threads),
                options.prefill_threads > 0 ? options.prefill_threads : UsableCores(), name, &pool_,
                options.sample_in_step) {

@@ -3,6 +3,7 @@
 #include <ATen/Parallel.h>
 #include <algorithm>
 #include <numeric>
+#include <random>
 
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
@@ -18,6 +19,20 @@ Stepper::Stepper(const fwmodel::Model& model, const std::string& decode_kernel, 
                  int32_t step_threads, int32_t prefill_threads, const std::string& name,
                  StatePool* pool, bool sample_in_step)
     : model_(model), vocab_(model.config().vocab_size) {
+  if (decode_kernel == kNullKernel) {
+    // Pre-drawn tokens, the same every run: printable ASCII for a byte vocabulary (every
+    // token a whole character), else any id but 0 (RWKV's end of text).
+    null_step_ = true;
+    std::mt19937_64 rng(20261128);
+    const bool bytes = vocab_ <= 256;
+    std::uniform_int_distribution<int64_t> pick(bytes ? 32 : 1, bytes ? 126 : vocab_ - 1);
+    null_tokens_.resize(4096);
+    for (int64_t& token : null_tokens_) token = pick(rng);
+    Log(LogLevel::kWarning,
+        absl::StrCat("model ", name, ": --benchmark-null-step: the decode step and prefill do ",
+                     "no model work, tokens are pre-drawn (benchmarks only)"));
+    return;
+  }
   const bool cpu_float32 =
       model_.options().device.is_cpu() && model_.options().dtype == torch::kFloat32;
   if (decode_kernel == "native" && cpu_float32) {
@@ -79,6 +94,10 @@ Stepper::Stepper(const fwmodel::Model& model, const std::string& decode_kernel, 
 absl::Status Stepper::Step(const std::vector<int64_t>& rows, const std::vector<int64_t>& tokens,
                            StatePool& pool, absl::Span<const SampleRequest> draws) {
   presampled_.clear();
+  if (null_step_) {
+    last_step_time_ = absl::ZeroDuration();
+    return absl::OkStatus();
+  }
   const absl::Time start = absl::Now();
   absl::Status stepped = StepOnKernel(rows, tokens, pool, draws);
   last_step_time_ =
@@ -182,8 +201,18 @@ absl::Status Stepper::StepOnKernel(const std::vector<int64_t>& rows,
   return absl::OkStatus();
 }
 
+std::vector<SampledToken> Stepper::SampleNull(absl::Span<const SampleRequest> requests) {
+  std::vector<SampledToken> out(requests.size());
+  for (SampledToken& sampled : out) {
+    sampled.token = null_tokens_[null_next_];
+    null_next_ = (null_next_ + 1) % null_tokens_.size();
+  }
+  return out;
+}
+
 absl::StatusOr<std::vector<SampledToken>> Stepper::Sample(absl::Span<const SampleRequest> requests,
                                                           const StatePool& pool) {
+  if (null_step_) return SampleNull(requests);
   if (!presampled_.empty()) {
     // Drawn inside the last step: hand those out, and sample the rest as usual.
     std::vector<SampledToken> out(requests.size());
@@ -272,6 +301,10 @@ absl::StatusOr<std::vector<SampledToken>> Stepper::SampleApart(
 absl::StatusOr<torch::Tensor> Stepper::Prefill(const torch::Tensor& tokens, fwmodel::State* state) {
   const int64_t batch = tokens.size(0);
   const int64_t length = tokens.size(1);
+  if (null_step_) {
+    return torch::zeros({batch, vocab_},
+                        torch::TensorOptions(torch::kFloat32).device(model_.options().device));
+  }
   if (native_prefill_ != nullptr) {
     // The rows are the job's own copy ([B, ...], contiguous): rows 0..B-1.
     torch::Tensor contiguous = tokens.contiguous();

@@ -53,13 +53,20 @@ class Stepper {
           int32_t step_threads, int32_t prefill_threads, const std::string& name,
           StatePool* pool = nullptr, bool sample_in_step = true);
 
+  // The benchmark-only kernel (EngineOptions::null_step): Step and Prefill do no model
+  // work, Sample hands out pre-drawn tokens.
+  static constexpr char kNullKernel[] = "null";
+
   // Whether `decode_kernel` gives the graph kernel for `model` (the pool is then
   // preallocated, so the step can bind it).
   static bool UsesGraphKernel(const fwmodel::Model& model, const std::string& decode_kernel);
 
   // "native", "graph" or "libtorch": the kernel in use.
   const char* kernel() const {
-    return native_step_ != nullptr ? "native" : graphed_step_ != nullptr ? "graph" : "libtorch";
+    return null_step_                ? kNullKernel
+           : native_step_ != nullptr ? "native"
+           : graphed_step_ != nullptr ? "graph"
+                                      : "libtorch";
   }
 
   // One stream's next token, drawn from its pool row's logits.
@@ -141,8 +148,15 @@ class Stepper {
   absl::StatusOr<std::vector<SampledToken>> SampleApart(absl::Span<const SampleRequest> requests,
                                                         const StatePool& pool);
 
+  // Sample on the null kernel: the next of null_tokens_, in turn.
+  std::vector<SampledToken> SampleNull(absl::Span<const SampleRequest> requests);
+
   const fwmodel::Model& model_;
   const int64_t vocab_;
+  // The null kernel (kNullKernel): its pre-drawn tokens and the next one handed out.
+  bool null_step_ = false;
+  std::vector<int64_t> null_tokens_;
+  size_t null_next_ = 0;
   // At most one of native_step_ and graphed_step_; neither: LibTorch.
   std::unique_ptr<fwmodel::NativeStep> native_step_;     // engine thread
   std::unique_ptr<fwmodel::NativeStep> native_prefill_;  // prefill thread
