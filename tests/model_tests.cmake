@@ -47,3 +47,6 @@ target_link_libraries(fwserve_core_tests PRIVATE fwserve_engine fwserve_test_uti
 target_precompile_headers(fwserve_core_tests REUSE_FROM fwserve_tensor_pch)
 gtest_discover_tests(fwserve_core_tests DISCOVERY_TIMEOUT 120
                      PROPERTIES LABELS unit ENVIRONMENT OMP_NUM_THREADS=1)
+# Unity builds (fwserve_unity_build, the top CMakeLists.txt): four files a unit.
+fwserve_unity_build(fwserve_model_tests 4)
+fwserve_unity_build(fwserve_core_tests 4)

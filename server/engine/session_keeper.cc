@@ -15,7 +15,7 @@
 namespace fwserve {
 namespace {
 
-double Seconds(absl::Time from, absl::Time to) { return absl::ToDoubleSeconds(to - from); }
+double SecondsFrom(absl::Time from, absl::Time to) { return absl::ToDoubleSeconds(to - from); }
 
 // Wraps `done` so that it first ends the claim's store lease, then answers.
 template <typename T>
@@ -282,7 +282,7 @@ absl::StatusOr<int64_t> SessionKeeper::StoreRow(const StoredSessionLabels& label
     version = absl::InternalError(e.what());
   }
   if (version.ok()) {
-    metrics_->ObserveSessionStoreWrite(Seconds(start, absl::Now()));
+    metrics_->ObserveSessionStoreWrite(SecondsFrom(start, absl::Now()));
   } else {
     metrics_->CountSessionStoreError("write");
   }

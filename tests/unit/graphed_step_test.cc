@@ -21,10 +21,10 @@ using fwmodel::Architecture;
 using fwmodel::FfnKind;
 
 // float64: the same operations as Model::Step on other batch shapes.
-constexpr double kTolerance = 1e-10;
+constexpr double kGraphTolerance = 1e-10;
 
 void ExpectNear(const torch::Tensor& a, const torch::Tensor& b, const std::string& what) {
-  fwtest::ExpectNearRelative(a, b, kTolerance, what);
+  fwtest::ExpectNearRelative(a, b, kGraphTolerance, what);
 }
 
 class GraphedStepTest : public testing::TestWithParam<fwtest::ConfigCase> {};

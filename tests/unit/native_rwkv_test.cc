@@ -29,7 +29,7 @@ namespace {
 
 using fwmodel::Architecture;
 
-constexpr double kTolerance = 1e-4;
+constexpr double kRwkvTolerance = 1e-4;
 // 16-bit weights against the same values in float32: only the summation order differs.
 constexpr double kNarrowTolerance = 1e-5;
 
@@ -136,7 +136,7 @@ class NativeRwkvTest : public testing::TestWithParam<RwkvCase> {
 TEST_P(NativeRwkvTest, EqualsTheLibTorchStepRowByRowInPlace) {
   c10::NoGradGuard no_grad;
   fwmodel::Model model = fwtest::RandomModel(config_, 7, torch::kFloat32);
-  fwtest::ExpectNativeStepEqualsModelStepRowByRow(model, /*steps=*/12, kTolerance);
+  fwtest::ExpectNativeStepEqualsModelStepRowByRow(model, /*steps=*/12, kRwkvTolerance);
 }
 
 // Five sessions stepped together over ten tokens: the native step against one batched
@@ -160,10 +160,10 @@ TEST_P(NativeRwkvTest, EqualsTheBatchedLibTorchStep) {
     auto expected = model.Step(column, &reference);
     ASSERT_TRUE(expected.ok()) << expected.status();
     fwtest::ExpectNearRelative(torch::from_blob(logits.data(), {batch, vocab}).clone(), *expected,
-                               kTolerance, absl::StrCat("logits, token ", t));
+                               kRwkvTolerance, absl::StrCat("logits, token ", t));
   }
   for (size_t t = 0; t < pool.tensors.size(); ++t) {
-    fwtest::ExpectNearRelative(pool.tensors[t], reference.tensors[t], kTolerance,
+    fwtest::ExpectNearRelative(pool.tensors[t], reference.tensors[t], kRwkvTolerance,
                                "state " + model.state_spec()[t].name);
   }
   // The recurrence ran: the state moved away from its fresh values.
@@ -175,14 +175,14 @@ TEST_P(NativeRwkvTest, EqualsTheBatchedLibTorchStep) {
 TEST_P(NativeRwkvTest, AbsorbEqualsSteppingTokenByToken) {
   c10::NoGradGuard no_grad;
   fwmodel::Model model = fwtest::RandomModel(config_, 5, torch::kFloat32);
-  fwtest::ExpectAbsorbEqualsSteppingTokenByToken(model, kTolerance);
+  fwtest::ExpectAbsorbEqualsSteppingTokenByToken(model, kRwkvTolerance);
 }
 
 // Score on the kernel's prefill with every position's logits equals the sequence form.
 TEST_P(NativeRwkvTest, ScoreEqualsTheSequenceForm) {
   c10::NoGradGuard no_grad;
   fwmodel::Model model = fwtest::RandomModel(config_, 19, torch::kFloat32);
-  fwtest::ExpectNativeScoreEqualsSequenceForm(model, kTolerance);
+  fwtest::ExpectNativeScoreEqualsSequenceForm(model, kRwkvTolerance);
 }
 
 // Splitting a call over threads (the GEMMs' panels, the (session, head) pairs, the

@@ -10,11 +10,11 @@
 namespace fwserve {
 namespace {
 
-const absl::Time kT0 = absl::FromUnixSeconds(1'700'000'000);
+const absl::Time kResidencyT0 = absl::FromUnixSeconds(1'700'000'000);
 
 ResidentSession At(int minutes, const std::string& tenant, bool in_use = false) {
   ResidentSession r;
-  r.last_used = kT0 + absl::Minutes(minutes);
+  r.last_used = kResidencyT0 + absl::Minutes(minutes);
   r.tenant = tenant;
   r.in_use = in_use;
   return r;

@@ -17,7 +17,7 @@ using ::testing::ElementsAre;
 using ::testing::IsEmpty;
 using Phase = ScheduledTask::Phase;
 
-const absl::Time kT0 = absl::FromUnixSeconds(1000);
+const absl::Time kSchedulerT0 = absl::FromUnixSeconds(1000);
 
 StreamLimits Limits(int64_t max_tokens, int64_t lookahead = 16) {
   StreamLimits limits;
@@ -153,10 +153,10 @@ TEST(SchedulerTest, DecodeRunsBesideAPrefillInFlight) {
   auto chunk = s.PlanPrefill();  // task 2's first chunk is on the prefill thread
   ASSERT_TRUE(chunk.has_value());
   std::vector<TaskId> sampled;
-  std::vector<Action> emitted = SampleAll(s, kT0, &sampled);
+  std::vector<Action> emitted = SampleAll(s, kSchedulerT0, &sampled);
   EXPECT_THAT(sampled, ElementsAre(1));
   EXPECT_THAT(Ids(emitted, Action::Kind::kEmit), ElementsAre(1));
-  EXPECT_THAT(s.PlanStep(kT0), ElementsAre(1));
+  EXPECT_THAT(s.PlanStep(kSchedulerT0), ElementsAre(1));
   EXPECT_THAT(s.AfterStep({1}), IsEmpty());
   EXPECT_EQ(s.Find(1)->phase, Phase::kReadyToSample);
   EXPECT_EQ(s.Find(2)->phase, Phase::kPrefill);
@@ -186,21 +186,21 @@ TEST(SchedulerTest, AStepWaitsBatchWaitForStreamsStillWriting) {
   AddGenerate(s, 2, "a", 1, 10, /*lookahead=*/1);
   PrefillAll(s);
   std::vector<TaskId> sampled;
-  SampleAll(s, kT0, &sampled);
-  EXPECT_THAT(s.PlanStep(kT0), ElementsAre(1, 2));
+  SampleAll(s, kSchedulerT0, &sampled);
+  EXPECT_THAT(s.PlanStep(kSchedulerT0), ElementsAre(1, 2));
   EXPECT_THAT(s.AfterStep({1, 2}), IsEmpty());
   // Both wrote their token; lookahead 1: blocked until a write returns.
   EXPECT_EQ(s.Find(1)->phase, Phase::kBlocked);
-  EXPECT_THAT(s.OnWriteDone(1, true, kT0), IsEmpty());
+  EXPECT_THAT(s.OnWriteDone(1, true, kSchedulerT0), IsEmpty());
   EXPECT_EQ(s.Find(1)->phase, Phase::kReadyToSample);
-  SampleAll(s, kT0, &sampled);
+  SampleAll(s, kSchedulerT0, &sampled);
   EXPECT_THAT(sampled, ElementsAre(1));
   // Stream 2 is still writing: the step waits for it, up to batch_wait.
-  EXPECT_THAT(s.PlanStep(kT0), IsEmpty());
-  EXPECT_EQ(s.batch_deadline(), kT0 + absl::Milliseconds(2));
+  EXPECT_THAT(s.PlanStep(kSchedulerT0), IsEmpty());
+  EXPECT_EQ(s.batch_deadline(), kSchedulerT0 + absl::Milliseconds(2));
   EXPECT_FALSE(s.ReadinessAfterIteration(false).immediate);
-  EXPECT_THAT(s.PlanStep(kT0 + absl::Milliseconds(1)), IsEmpty());
-  EXPECT_THAT(s.PlanStep(kT0 + absl::Milliseconds(2)), ElementsAre(1));
+  EXPECT_THAT(s.PlanStep(kSchedulerT0 + absl::Milliseconds(1)), IsEmpty());
+  EXPECT_THAT(s.PlanStep(kSchedulerT0 + absl::Milliseconds(2)), ElementsAre(1));
   EXPECT_EQ(s.batch_deadline(), absl::InfiniteFuture());
 }
 
@@ -213,9 +213,10 @@ TEST(SchedulerTest, LookaheadBoundsUnconfirmedTokensAndAFailedWriteEndsTheStream
   int emitted = 0;
   for (int i = 0; i < 3; ++i) {
     std::vector<TaskId> sampled;
-    emitted += static_cast<int>(Ids(SampleAll(s, kT0, &sampled), Action::Kind::kEmit).size());
+    emitted +=
+        static_cast<int>(Ids(SampleAll(s, kSchedulerT0, &sampled), Action::Kind::kEmit).size());
     ASSERT_THAT(sampled, ElementsAre(1)) << i;
-    ASSERT_THAT(s.PlanStep(kT0), ElementsAre(1));
+    ASSERT_THAT(s.PlanStep(kSchedulerT0), ElementsAre(1));
     EXPECT_THAT(s.AfterStep({1}), IsEmpty());
   }
   // The first token went out at once; two wait unsent behind the write in flight.
@@ -223,12 +224,12 @@ TEST(SchedulerTest, LookaheadBoundsUnconfirmedTokensAndAFailedWriteEndsTheStream
   EXPECT_EQ(s.Find(1)->phase, Phase::kBlocked);
   EXPECT_EQ(s.Find(1)->stream.sampled(), 3);
   // The write returns: confirmed, and the unsent two go out as one chunk.
-  std::vector<Action> after = s.OnWriteDone(1, true, kT0);
+  std::vector<Action> after = s.OnWriteDone(1, true, kSchedulerT0);
   ASSERT_THAT(Ids(after, Action::Kind::kEmit), ElementsAre(1));
   EXPECT_EQ(after[0].chunk.token_ids.size(), 2u);
   EXPECT_EQ(s.Find(1)->stream.confirmed(), 1);
   // That write fails: the stream ends as cancelled, for the engine to roll back.
-  std::vector<Action> failed = s.OnWriteDone(1, false, kT0);
+  std::vector<Action> failed = s.OnWriteDone(1, false, kSchedulerT0);
   ASSERT_EQ(failed.size(), 1u);
   EXPECT_EQ(failed[0].kind, Action::Kind::kFinish);
   EXPECT_EQ(failed[0].reason, FinishReason::kCancelled);
@@ -240,11 +241,11 @@ TEST(SchedulerTest, AStreamDoneSamplingDrainsUntilItsLastWrite) {
   AddGenerate(s, 1, "a", 1, 1);
   PrefillAll(s);
   std::vector<TaskId> sampled;
-  EXPECT_THAT(Ids(SampleAll(s, kT0, &sampled), Action::Kind::kEmit), ElementsAre(1));
-  ASSERT_THAT(s.PlanStep(kT0), ElementsAre(1));
+  EXPECT_THAT(Ids(SampleAll(s, kSchedulerT0, &sampled), Action::Kind::kEmit), ElementsAre(1));
+  ASSERT_THAT(s.PlanStep(kSchedulerT0), ElementsAre(1));
   EXPECT_THAT(s.AfterStep({1}), IsEmpty());
   EXPECT_EQ(s.Find(1)->phase, Phase::kDraining);
-  std::vector<Action> done = s.OnWriteDone(1, true, kT0);
+  std::vector<Action> done = s.OnWriteDone(1, true, kSchedulerT0);
   ASSERT_EQ(done.size(), 1u);
   EXPECT_EQ(done[0].reason, FinishReason::kLength);
 }
@@ -284,11 +285,11 @@ TEST(SchedulerTest, ADeliveredTokenIsAbsorbedBeforeACancelEndsTheStream) {
   AddGenerate(s, 1, "a", 1, 10);
   PrefillAll(s);
   std::vector<TaskId> sampled;
-  SampleAll(s, kT0, &sampled);
-  EXPECT_THAT(s.OnWriteDone(1, true, kT0), IsEmpty());  // the client has the token
+  SampleAll(s, kSchedulerT0, &sampled);
+  EXPECT_THAT(s.OnWriteDone(1, true, kSchedulerT0), IsEmpty());  // the client has the token
   // Ready to absorb with nothing in flight: the token is absorbed first.
   EXPECT_THAT(s.OnCancel(1), IsEmpty());
-  ASSERT_THAT(s.PlanStep(kT0), ElementsAre(1));
+  ASSERT_THAT(s.PlanStep(kSchedulerT0), ElementsAre(1));
   std::vector<Action> after = s.AfterStep({1});
   ASSERT_EQ(after.size(), 1u);
   EXPECT_EQ(after[0].reason, FinishReason::kCancelled);
@@ -311,7 +312,7 @@ TEST(SchedulerTest, ShutdownEndsWhatWaitsOnNothingAndLetsWritesReturn) {
   std::vector<Action> ended;
   std::vector<TaskId> ready = s.PlanSample(&ended);
   ASSERT_THAT(ready, ::testing::Contains(1));
-  std::vector<Action> emitted = s.AfterSample({1}, {'a'}, {0.0f}, kT0);
+  std::vector<Action> emitted = s.AfterSample({1}, {'a'}, {0.0f}, kSchedulerT0);
   ASSERT_THAT(Ids(emitted, Action::Kind::kEmit), ElementsAre(1));
   std::vector<Action> cut = s.CancelAll();
   // Stream 2 ends now as shut down; stream 1 waits for its write (and its token);

@@ -14,7 +14,7 @@
 namespace fwserve {
 namespace {
 
-const absl::Time kT0 = absl::FromUnixSeconds(1'700'000'000);
+const absl::Time kStreamT0 = absl::FromUnixSeconds(1'700'000'000);
 
 StreamLimits Limits(int64_t max_tokens, std::vector<std::string> stop = {},
                     int64_t lookahead = 16) {
@@ -31,8 +31,8 @@ std::vector<std::string> SampleAll(StreamTask& stream, const std::string& text) 
   std::vector<std::string> chunks;
   for (unsigned char byte : text) {
     if (stream.done_sampling()) break;
-    stream.AddSampled(byte, 0.0f, kT0);
-    if (stream.ShouldFlush(kT0)) {
+    stream.AddSampled(byte, 0.0f, kStreamT0);
+    if (stream.ShouldFlush(kStreamT0)) {
       chunks.push_back(stream.TakeChunkForWrite().text);
       stream.ConfirmWrite();
     }
@@ -64,16 +64,16 @@ TEST(StreamTaskTest, AStopStringAcrossAChunkHeldByTheFlushIntervalIsFound) {
   StreamLimits limits = Limits(/*max_tokens=*/100, {"END"});
   limits.flush_interval = absl::Milliseconds(10);
   StreamTask stream(limits);
-  stream.AddSampled('x', 0, kT0);
-  stream.AddSampled('E', 0, kT0);
-  EXPECT_FALSE(stream.ShouldFlush(kT0 + absl::Milliseconds(5)));  // held for company
-  EXPECT_TRUE(stream.ShouldFlush(kT0 + absl::Milliseconds(10)));
+  stream.AddSampled('x', 0, kStreamT0);
+  stream.AddSampled('E', 0, kStreamT0);
+  EXPECT_FALSE(stream.ShouldFlush(kStreamT0 + absl::Milliseconds(5)));  // held for company
+  EXPECT_TRUE(stream.ShouldFlush(kStreamT0 + absl::Milliseconds(10)));
   EXPECT_EQ(stream.TakeChunkForWrite().text, "xE");
-  stream.AddSampled('N', 0, kT0 + absl::Milliseconds(11));
-  stream.AddSampled('D', 0, kT0 + absl::Milliseconds(12));
+  stream.AddSampled('N', 0, kStreamT0 + absl::Milliseconds(11));
+  stream.AddSampled('D', 0, kStreamT0 + absl::Milliseconds(12));
   EXPECT_TRUE(stream.stop_hit());
   // Sampling is done: the rest goes out at once, without waiting for the interval.
-  EXPECT_TRUE(stream.ShouldFlush(kT0 + absl::Milliseconds(12)));
+  EXPECT_TRUE(stream.ShouldFlush(kStreamT0 + absl::Milliseconds(12)));
 }
 
 // A request's min_tokens_per_message (v1::StreamOptions): a message waits for that many
@@ -84,24 +84,24 @@ TEST(StreamTaskTest, AMinimumOfTokensPerMessageHoldsTokensUntilItIsReached) {
   limits.min_tokens_per_message = 3;
   limits.flush_interval = absl::InfiniteDuration();  // no max_message_delay_ms
   StreamTask stream(limits);
-  stream.AddSampled('a', 0, kT0);
-  stream.AddSampled('b', 0, kT0);
-  EXPECT_FALSE(stream.ShouldFlush(kT0 + absl::Hours(1)));
-  stream.AddSampled('c', 0, kT0);
-  EXPECT_TRUE(stream.ShouldFlush(kT0));
+  stream.AddSampled('a', 0, kStreamT0);
+  stream.AddSampled('b', 0, kStreamT0);
+  EXPECT_FALSE(stream.ShouldFlush(kStreamT0 + absl::Hours(1)));
+  stream.AddSampled('c', 0, kStreamT0);
+  EXPECT_TRUE(stream.ShouldFlush(kStreamT0));
   EXPECT_EQ(stream.TakeChunkForWrite().text, "abc");
   stream.ConfirmWrite();
-  for (char c : std::string("defg")) stream.AddSampled(c, 0, kT0);
+  for (char c : std::string("defg")) stream.AddSampled(c, 0, kStreamT0);
   EXPECT_TRUE(stream.done_sampling());
-  EXPECT_TRUE(stream.ShouldFlush(kT0));
+  EXPECT_TRUE(stream.ShouldFlush(kStreamT0));
   EXPECT_EQ(stream.TakeChunkForWrite().text, "defg");
 
   // With max_message_delay_ms 10: a lone token goes after 10 ms.
   limits.flush_interval = absl::Milliseconds(10);
   StreamTask bounded(limits);
-  bounded.AddSampled('a', 0, kT0);
-  EXPECT_FALSE(bounded.ShouldFlush(kT0 + absl::Milliseconds(9)));
-  EXPECT_TRUE(bounded.ShouldFlush(kT0 + absl::Milliseconds(10)));
+  bounded.AddSampled('a', 0, kStreamT0);
+  EXPECT_FALSE(bounded.ShouldFlush(kStreamT0 + absl::Milliseconds(9)));
+  EXPECT_TRUE(bounded.ShouldFlush(kStreamT0 + absl::Milliseconds(10)));
 }
 
 TEST(StreamTaskTest, AStopStringInsideAMultiByteCharacterMatchesBytes) {
@@ -113,12 +113,12 @@ TEST(StreamTaskTest, AStopStringInsideAMultiByteCharacterMatchesBytes) {
 
 TEST(StreamTaskTest, LookaheadBoundsUnconfirmedTokens) {
   StreamTask stream(Limits(/*max_tokens=*/100, {}, /*lookahead=*/3));
-  stream.AddSampled('a', 0, kT0);
+  stream.AddSampled('a', 0, kStreamT0);
   GenerateChunk first = stream.TakeChunkForWrite();  // in flight, unconfirmed
   EXPECT_TRUE(stream.write_in_flight());
-  stream.AddSampled('b', 0, kT0);
+  stream.AddSampled('b', 0, kStreamT0);
   EXPECT_TRUE(stream.CanSample());
-  stream.AddSampled('c', 0, kT0);
+  stream.AddSampled('c', 0, kStreamT0);
   EXPECT_FALSE(stream.CanSample());  // 1 in flight + 2 unsent = lookahead
   stream.ConfirmWrite();
   EXPECT_EQ(stream.confirmed(), 1);
@@ -128,12 +128,12 @@ TEST(StreamTaskTest, LookaheadBoundsUnconfirmedTokens) {
 
 TEST(StreamTaskTest, AFailedWriteRollsBackToBeforeTheChunkInFlight) {
   StreamTask stream(Limits(/*max_tokens=*/100));
-  stream.AddSampled('a', 0, kT0);
+  stream.AddSampled('a', 0, kStreamT0);
   (void)stream.TakeChunkForWrite();
   stream.ConfirmWrite();  // "a" is the client's
-  stream.AddSampled('b', 0, kT0);
-  (void)stream.TakeChunkForWrite();  // "b" in flight
-  stream.AddSampled('c', 0, kT0);    // "c" unsent
+  stream.AddSampled('b', 0, kStreamT0);
+  (void)stream.TakeChunkForWrite();      // "b" in flight
+  stream.AddSampled('c', 0, kStreamT0);  // "c" unsent
   EXPECT_EQ(stream.DropUnconfirmed(), StreamTask::RollbackPoint::kBeforeInflight);
   EXPECT_FALSE(stream.write_in_flight());
   EXPECT_FALSE(stream.has_unsent());
@@ -144,10 +144,10 @@ TEST(StreamTaskTest, AFailedWriteRollsBackToBeforeTheChunkInFlight) {
 
 TEST(StreamTaskTest, ACancellationWithOnlyUnsentTokensRollsBackToBeforeThem) {
   StreamTask stream(Limits(/*max_tokens=*/100));
-  stream.AddSampled('a', 0, kT0);
+  stream.AddSampled('a', 0, kStreamT0);
   (void)stream.TakeChunkForWrite();
   stream.ConfirmWrite();
-  stream.AddSampled('b', 0, kT0);
+  stream.AddSampled('b', 0, kStreamT0);
   EXPECT_EQ(stream.DropUnconfirmed(), StreamTask::RollbackPoint::kBeforeUnsent);
 }
 
@@ -156,10 +156,10 @@ TEST(StreamTaskTest, TheDecoderIsRolledBackWithTheTokens) {
   // is incomplete); the second's write fails. The decoder must be back to holding one
   // byte, so that the final text reports the incomplete character, not a whole "é".
   StreamTask stream(Limits(/*max_tokens=*/100));
-  stream.AddSampled(0xC3, 0, kT0);
+  stream.AddSampled(0xC3, 0, kStreamT0);
   EXPECT_EQ(stream.TakeChunkForWrite().text, "");
   stream.ConfirmWrite();
-  stream.AddSampled(0xA9, 0, kT0);
+  stream.AddSampled(0xA9, 0, kStreamT0);
   EXPECT_EQ(stream.TakeChunkForWrite().text, "\xC3\xA9");
   EXPECT_EQ(stream.DropUnconfirmed(), StreamTask::RollbackPoint::kBeforeInflight);
   EXPECT_EQ(stream.FinishText(), "\xEF\xBF\xBD");  // U+FFFD for the lone lead byte
@@ -167,16 +167,16 @@ TEST(StreamTaskTest, TheDecoderIsRolledBackWithTheTokens) {
 
 TEST(StreamTaskTest, TheOutputIsTheConfirmedChunksTextThenTheTrailingText) {
   StreamTask stream(Limits(/*max_tokens=*/100));
-  stream.AddSampled('a', 0, kT0);
-  stream.AddSampled(0xC3, 0, kT0);  // the first byte of "é": held back by the decoder
+  stream.AddSampled('a', 0, kStreamT0);
+  stream.AddSampled(0xC3, 0, kStreamT0);  // the first byte of "é": held back by the decoder
   EXPECT_EQ(stream.TakeChunkForWrite().text, "a");
   EXPECT_EQ(stream.output().text, "");  // in flight: not the client's yet
   stream.ConfirmWrite();
   EXPECT_EQ(stream.output().text, "a");
-  stream.AddSampled(0xA9, 0, kT0);
-  (void)stream.TakeChunkForWrite();  // "é" in flight
-  stream.AddSampled('z', 0, kT0);    // unsent
-  (void)stream.DropUnconfirmed();    // the write failed: "é" and "z" never arrived
+  stream.AddSampled(0xA9, 0, kStreamT0);
+  (void)stream.TakeChunkForWrite();      // "é" in flight
+  stream.AddSampled('z', 0, kStreamT0);  // unsent
+  (void)stream.DropUnconfirmed();        // the write failed: "é" and "z" never arrived
   EXPECT_EQ(stream.output().text, "a");
   // The trailing text (the lone lead byte as U+FFFD) ends the output, as it ends the
   // text the client receives.
@@ -190,10 +190,10 @@ TEST(StreamTaskTest, TheOutputKeepsItsFirstBytesAndSaysItWasCut) {
   StreamTask stream(Limits(/*max_tokens=*/static_cast<int64_t>(max) + 10));
   // All but one byte of the bound in ASCII, then "é" (two bytes): it does not fit whole
   // and is left out rather than split.
-  for (size_t i = 0; i + 1 < max; ++i) stream.AddSampled('x', 0, kT0);
-  stream.AddSampled(0xC3, 0, kT0);
-  stream.AddSampled(0xA9, 0, kT0);
-  stream.AddSampled('y', 0, kT0);
+  for (size_t i = 0; i + 1 < max; ++i) stream.AddSampled('x', 0, kStreamT0);
+  stream.AddSampled(0xC3, 0, kStreamT0);
+  stream.AddSampled(0xA9, 0, kStreamT0);
+  stream.AddSampled('y', 0, kStreamT0);
   (void)stream.TakeChunkForWrite();
   stream.ConfirmWrite();
   EXPECT_EQ(stream.output().text, std::string(max - 1, 'x'));
@@ -206,12 +206,12 @@ TEST(StreamTaskTest, LogprobsAreKeptOnlyWhenAsked) {
   StreamLimits limits = Limits(/*max_tokens=*/10);
   limits.logprobs = true;
   StreamTask with(limits);
-  with.AddSampled('a', -0.5f, kT0);
+  with.AddSampled('a', -0.5f, kStreamT0);
   GenerateChunk chunk = with.TakeChunkForWrite();
   ASSERT_EQ(chunk.logprobs.size(), 1u);
   EXPECT_FLOAT_EQ(chunk.logprobs[0], -0.5f);
   StreamTask without(Limits(/*max_tokens=*/10));
-  without.AddSampled('a', -0.5f, kT0);
+  without.AddSampled('a', -0.5f, kStreamT0);
   EXPECT_TRUE(without.TakeChunkForWrite().logprobs.empty());
 }
 

@@ -24,7 +24,7 @@ constexpr char kLockName[] = ".lock";
 
 std::string Errno() { return std::strerror(errno); }
 
-absl::Status BadId(const std::string& id) {
+absl::Status NotASessionId(const std::string& id) {
   return absl::InvalidArgumentError(absl::StrCat("not a session id: '", id.substr(0, 64), "'"));
 }
 
@@ -126,7 +126,7 @@ absl::Status DirectorySessionStore::SyncDirectory(const std::string& what) {
 }
 
 absl::Status DirectorySessionStore::Put(const std::string& id, const std::string& blob) {
-  if (!IsWellFormedSessionId(id)) return BadId(id);
+  if (!IsWellFormedSessionId(id)) return NotASessionId(id);
   const std::string temp = absl::StrCat(kTempPrefix, id, "-", RandomSuffix());
   const std::string target = absl::StrCat(id, kSuffix);
   const int fd = ::openat(dir_fd_, temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
@@ -149,7 +149,7 @@ absl::Status DirectorySessionStore::Put(const std::string& id, const std::string
 }
 
 absl::StatusOr<std::string> DirectorySessionStore::Get(const std::string& id) {
-  if (!IsWellFormedSessionId(id)) return BadId(id);
+  if (!IsWellFormedSessionId(id)) return NotASessionId(id);
   const std::string name = absl::StrCat(id, kSuffix);
   const int fd = ::openat(dir_fd_, name.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
@@ -180,7 +180,7 @@ absl::StatusOr<std::string> DirectorySessionStore::Get(const std::string& id) {
 }
 
 absl::Status DirectorySessionStore::Delete(const std::string& id) {
-  if (!IsWellFormedSessionId(id)) return BadId(id);
+  if (!IsWellFormedSessionId(id)) return NotASessionId(id);
   const std::string name = absl::StrCat(id, kSuffix);
   if (::unlinkat(dir_fd_, name.c_str(), 0) != 0) {
     if (errno == ENOENT) return absl::OkStatus();

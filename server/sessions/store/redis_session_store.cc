@@ -268,7 +268,7 @@ absl::Status NotFound(const std::string& id) {
   return absl::NotFoundError(absl::StrCat("session_id '", id, "' not found"));
 }
 
-absl::Status BadId(const std::string& id) {
+absl::Status MalformedSessionId(const std::string& id) {
   return absl::InvalidArgumentError(
       absl::StrCat("session_id '", id.substr(0, 64), "' is not a well-formed session id"));
 }
@@ -871,7 +871,7 @@ absl::StatusOr<int64_t> RedisSessionStore::CommitLeased(const std::string& id,
 absl::Status RedisSessionStore::CreateSession(const StoredSessionInfo& info,
                                               const std::string& blob) {
   return Observed("create", [&]() -> absl::Status {
-    if (!IsWellFormedSessionId(info.id)) return BadId(info.id);
+    if (!IsWellFormedSessionId(info.id)) return MalformedSessionId(info.id);
     auto conn = Checkout();
     if (!conn.ok()) return conn.status();
     const int64_t created = std::max<int64_t>(0, absl::ToUnixMillis(info.created));
@@ -954,7 +954,7 @@ absl::StatusOr<std::string> RedisSessionStore::Get(const std::string& id) {
 
 absl::Status RedisSessionStore::Put(const std::string& id, const std::string& blob) {
   return Observed("put", [&]() -> absl::Status {
-    if (!IsWellFormedSessionId(id)) return BadId(id);
+    if (!IsWellFormedSessionId(id)) return MalformedSessionId(id);
     auto conn = Checkout();
     if (!conn.ok()) return conn.status();
     auto reply = (*conn)->Eval(PutScript(), {SessionKey(id), LeaseKey(id)},

@@ -416,20 +416,29 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse>,
     stream_ = std::move(stream);
   }
 
+  // On the engine thread: hands the chunk over. The message is built where it is
+  // written (the writer thread, when the service has one), so that the engine thread's
+  // work per message stays a move and a hand-off (issue 48).
   void OnChunk(GenerateChunk chunk) override {
     const bool first = !chunk_started_.exchange(true);
-    chunk_message_.Clear();
-    if (first) chunk_message_.set_session_id(KeptSessionId());
-    chunk_message_.set_text(std::move(chunk.text));
-    chunk_message_.mutable_token_ids()->Add(chunk.token_ids.begin(), chunk.token_ids.end());
-    chunk_message_.mutable_logprobs()->Add(chunk.logprobs.begin(), chunk.logprobs.end());
     {
       absl::MutexLock lock(&mu_);
       write_in_flight_ = true;
     }
-    // Until OnWriteDone nothing else touches chunk_message_, and the call cannot finish
+    // Until OnWriteDone nothing else touches pending_chunk_ and chunk_message_ (the
+    // writer's queue orders this write before the build), and the call cannot finish
     // (FinishAfterWrite waits), so the reactor outlives a write started later.
-    service_->StartGenerateWrite(this, [this] { StartWrite(&chunk_message_); });
+    pending_chunk_ = std::move(chunk);
+    service_->StartGenerateWrite(this, [this, first] {
+      chunk_message_.Clear();
+      if (first) chunk_message_.set_session_id(KeptSessionId());
+      chunk_message_.set_text(std::move(pending_chunk_.text));
+      chunk_message_.mutable_token_ids()->Add(pending_chunk_.token_ids.begin(),
+                                              pending_chunk_.token_ids.end());
+      chunk_message_.mutable_logprobs()->Add(pending_chunk_.logprobs.begin(),
+                                             pending_chunk_.logprobs.end());
+      StartWrite(&chunk_message_);
+    });
   }
 
   void OnFinish(absl::Status status, GenerateSummary summary) override {
@@ -528,6 +537,7 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse>,
   std::atomic<bool> finishing_{false};
   std::atomic<bool> chunk_started_{false};  // OnChunk was called at least once
   bool keeps_session_ = true;               // set before StartGenerate
+  GenerateChunk pending_chunk_;             // OnChunk's, until its message is built
   v1::GenerateResponse chunk_message_;      // the one write in flight
   v1::GenerateResponse final_message_;
 };
