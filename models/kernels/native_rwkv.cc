@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "models/architectures/native_math.h"
 #include "models/kernels/native_parallel.h"
+#include "models/kernels/native_rows.h"
 #include "models/kernels/native_weights.h"
 
 namespace fwmodel {
@@ -18,7 +19,7 @@ using native::ParallelRows;
 using native::Sigmoid;
 
 // Sessions per task of the norm and token-shift loop.
-constexpr int64_t kRowGrain = 16;
+constexpr int64_t kRwkvRowGrain = 16;
 // (session, head) pairs per task of the recurrence (a 64-wide head's token: ~5 µs).
 constexpr int64_t kHeadGrain = 16;
 // Multiply-adds below which a stage's products stay on the calling thread: waking the
@@ -45,11 +46,7 @@ Panels MakePanels(const float* w, int64_t out, int64_t in, bool packed, bool nar
   return p;
 }
 
-FW_VECTOR_KERNEL
-void AddInPlace(float* __restrict h, const float* __restrict y, int64_t n) {
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) h[i] += y[i];
-}
+using native::AddInPlace;
 
 FW_VECTOR_KERNEL
 void GatedAddInPlace(float* __restrict h, const float* __restrict gate, const float* __restrict y,
@@ -163,11 +160,7 @@ void RunGemms(int threads, int64_t rows, absl::Span<const Gemm> gemms) {
   }
 }
 
-FW_VECTOR_KERNEL
-void LayerNorm(const float* x, int64_t rows, int64_t d, const float* weight, const float* bias,
-               float eps, float* y) {
-  native::LayerNormRows(x, rows, d, weight, bias, eps, y);
-}
+using native::LayerNorm;
 
 // out = x + (previous − x) ⊙ mix, the token shift's interpolation (rwkv7.cc's addcmul).
 FW_VECTOR_KERNEL
@@ -466,7 +459,7 @@ void NativeRwkv::Absorb(absl::Span<const int64_t> tokens, int64_t steps,
   float* v_low = a_low + n * Ra;
   float* g_low = v_low + n * Rv;
 
-  ParallelRows(threads, B, kRowGrain, [&](int64_t begin, int64_t end) {
+  ParallelRows(threads, B, kRwkvRowGrain, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin * T; i < end * T; ++i) {
       const int64_t token = tokens[static_cast<size_t>(i)];
       if (weights_->emb16 != nullptr) {
@@ -484,7 +477,7 @@ void NativeRwkv::Absorb(absl::Span<const int64_t> tokens, int64_t steps,
   const bool v7 = c.architecture == Architecture::kRwkv7;
   auto norm_and_shift = [&](const float* weight, const float* bias, float* state, int count,
                             const float* const* mix, float* const* out) {
-    ParallelRows(threads, B, kRowGrain, [&](int64_t begin, int64_t end) {
+    ParallelRows(threads, B, kRwkvRowGrain, [&](int64_t begin, int64_t end) {
       LayerNorm(h + begin * T * d, (end - begin) * T, d, weight, bias, eps, x + begin * T * d);
       for (int64_t b = begin; b < end; ++b) {
         float* last = state + rows[static_cast<size_t>(b)] * d;
@@ -509,7 +502,7 @@ void NativeRwkv::Absorb(absl::Span<const int64_t> tokens, int64_t steps,
                {Gemm{&l.k, mixed[0], nullptr, k}, Gemm{&l.v, mixed[1], nullptr, v},
                 Gemm{&l.r, mixed[2], nullptr, r, Epilogue::kSigmoid}});
       float* wkv = pool->tensors[l.wkv].data_ptr<float>();  // [capacity, 3 (α, β, p), d]
-      ParallelRows(threads, B, kRowGrain, [&](int64_t begin, int64_t end) {
+      ParallelRows(threads, B, kRwkvRowGrain, [&](int64_t begin, int64_t end) {
         for (int64_t b = begin; b < end; ++b) {
           float* state = wkv + rows[static_cast<size_t>(b)] * 3 * d;
           for (int64_t t = 0; t < T; ++t) {

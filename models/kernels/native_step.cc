@@ -14,11 +14,27 @@
 #include "models/architectures/mixer.h"
 #include "models/architectures/native_math.h"
 #include "models/kernels/native_parallel.h"
+#include "models/kernels/native_rows.h"
 #include "models/kernels/native_rwkv.h"
 #include "models/kernels/native_weights.h"
 #include "models/kernels/packed_linear.h"
 
 namespace fwmodel {
+namespace native {
+
+FW_VECTOR_KERNEL
+void LayerNorm(const float* x, int64_t rows, int64_t d, const float* weight, const float* bias,
+               float eps, float* y) {
+  LayerNormRows(x, rows, d, weight, bias, eps, y);
+}
+
+FW_VECTOR_KERNEL
+void AddInPlace(float* __restrict h, const float* __restrict y, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) h[i] += y[i];
+}
+
+}  // namespace native
 namespace {
 
 using native::ParallelRows;
@@ -36,18 +52,8 @@ constexpr int64_t kGemmRowGrain = 32;
 // Most state tensors a mixer has (linear_attention: S and z).
 constexpr int kMaxMixerStates = 4;
 
-// y = LN(x) per row of width d, with weight and bias (biased variance, as torch).
-FW_VECTOR_KERNEL
-void LayerNorm(const float* x, int64_t rows, int64_t d, const float* weight, const float* bias,
-               float eps, float* y) {
-  native::LayerNormRows(x, rows, d, weight, bias, eps, y);
-}
-
-FW_VECTOR_KERNEL
-void AddInPlace(float* __restrict h, const float* __restrict y, int64_t n) {
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) h[i] += y[i];
-}
+using native::AddInPlace;
+using native::LayerNorm;
 
 // a[j] = relu(u[j]), or its square. Selects, not std::max: GCC compiled that to a branch
 // per element, mispredicted on half of them (5% of the served RWKV-7 step in

@@ -71,7 +71,8 @@ TORCH_FREE_FILES = {
     "models/checkpoints/safetensors.h", "models/checkpoints/safetensors.cc",
     "models/checkpoints/state_format.h", "models/checkpoints/state_format.cc",
     "models/kernels/packed_linear.h", "models/kernels/packed_linear.cc",
-    "models/kernels/native_parallel.h", "models/architectures/native_math.h",
+    "models/kernels/native_parallel.h", "models/kernels/native_rows.h",
+    "models/architectures/native_math.h",
 }
 # The only folder that may include <torch/torch.h> (nn, optim, data, JIT, pybind11): the
 # rest include the narrowest header that has what they use (<torch/types.h>, ATen).
