@@ -111,6 +111,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "bench/fwbench_http.h"
+#include "bench/process_cpu.h"
 #include "client/client.h"
 #include "common/cli_util.h"
 #include "nlohmann/json.hpp"
@@ -259,12 +260,7 @@ nlohmann::ordered_json Summary(std::vector<double> values) {
   return out;
 }
 
-double CpuSecondsSelf() {
-  rusage usage{};
-  getrusage(RUSAGE_SELF, &usage);
-  return static_cast<double>(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) +
-         static_cast<double>(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) * 1e-6;
-}
+double CpuSecondsSelf() { return fwbench::ProcessCpuSeconds(); }
 
 // CPU seconds of each thread of a process, keyed "name/tid" (gRPC and LibTorch threads
 // mostly carry the executable's name, so the tid tells them apart). Empty when the process

@@ -12,13 +12,12 @@
 // One JSON object per line with --json. The process's CPU includes this program's
 // observers (a counter and an acknowledgement per message).
 #include <pthread.h>
-#include <sys/resource.h>
 #include <unistd.h>
 
+#include <dirent.h>
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
-#include <dirent.h>
 #include <fstream>
 #include <memory>
 #include <sstream>
@@ -34,9 +33,11 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "bench/process_cpu.h"
 #include "server/core/core.h"
 
-ABSL_FLAG(std::string, model, "", "model directory (required), e.g. models/pretrained/aft-shakespeare");
+ABSL_FLAG(std::string, model, "",
+          "model directory (required), e.g. models/pretrained/aft-shakespeare");
 ABSL_FLAG(std::string, streams, "64,1024,4096", "comma-separated stream counts, one run each");
 ABSL_FLAG(int32_t, tokens, 256, "tokens each stream generates (max_tokens)");
 ABSL_FLAG(int32_t, rounds, 3, "runs per stream count; the report gives the median");
@@ -44,6 +45,7 @@ ABSL_FLAG(bool, json, false, "one JSON object per stream count instead of a tabl
 
 namespace {
 
+using fwbench::ProcessCpuSeconds;
 using fwserve::Caller;
 using fwserve::GenerateChunk;
 using fwserve::GenerateControl;
@@ -80,13 +82,6 @@ std::vector<std::string> ThreadsNamed(const std::string& name) {
   }
   closedir(dir);
   return tids;
-}
-
-double ProcessCpuSeconds() {
-  rusage usage{};
-  getrusage(RUSAGE_SELF, &usage);
-  return static_cast<double>(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) +
-         static_cast<double>(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) * 1e-6;
 }
 
 // Counts what the streams received; every stream's observer. Thread-safe.
@@ -161,9 +156,8 @@ absl::StatusOr<RunResult> Run(fwserve::Core& core, int64_t streams, int32_t toke
   // Threads the engine thread starts (OpenMP's workers) inherit its name: the engine
   // thread is the first of them.
   const std::string engine_thread = *std::min_element(
-      engine_threads.begin(), engine_threads.end(), [](const std::string& a, const std::string& b) {
-        return std::stoll(a) < std::stoll(b);
-      });
+      engine_threads.begin(), engine_threads.end(),
+      [](const std::string& a, const std::string& b) { return std::stoll(a) < std::stoll(b); });
   const double engine_before = ThreadCpuSeconds(engine_thread);
   const double process_before = ProcessCpuSeconds();
   const absl::Time start = absl::Now();
@@ -234,8 +228,8 @@ int main(int argc, char** argv) {
     for (int32_t r = 0; r < rounds; ++r) {
       auto run = Run(**core, streams, tokens);
       if (!run.ok()) {
-        std::fprintf(stderr, "host_path_bench: %lld streams: %s\n",
-                     static_cast<long long>(streams), std::string(run.status().message()).c_str());
+        std::fprintf(stderr, "host_path_bench: %lld streams: %s\n", static_cast<long long>(streams),
+                     std::string(run.status().message()).c_str());
         return 1;
       }
       runs.push_back(*run);
@@ -256,13 +250,13 @@ int main(int argc, char** argv) {
           "\"engine_cpu_us_per_token\": %.3f, \"engine_cpu_us_per_token_range\": [%.3f, %.3f], "
           "\"process_cpu_us_per_token\": %.3f, \"messages_per_s\": %.0f, "
           "\"tokens_per_message\": %.2f, \"seconds\": %.3f}\n",
-          static_cast<long long>(streams), tokens, rounds, m.tokens / m.seconds, engine_us,
-          lowest, highest, process_us, m.messages / m.seconds,
+          static_cast<long long>(streams), tokens, rounds, m.tokens / m.seconds, engine_us, lowest,
+          highest, process_us, m.messages / m.seconds,
           static_cast<double>(m.tokens) / std::max<int64_t>(1, m.messages), m.seconds);
     } else {
       std::printf("%8lld %12.0f %9.3f (%.2f-%.2f) %17.3f %12.0f %12.2f %10.3f\n",
-                  static_cast<long long>(streams), m.tokens / m.seconds, engine_us, lowest,
-                  highest, process_us, m.messages / m.seconds,
+                  static_cast<long long>(streams), m.tokens / m.seconds, engine_us, lowest, highest,
+                  process_us, m.messages / m.seconds,
                   static_cast<double>(m.tokens) / std::max<int64_t>(1, m.messages), m.seconds);
     }
     std::fflush(stdout);
