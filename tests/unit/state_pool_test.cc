@@ -175,6 +175,53 @@ TEST_F(StatePoolTest, TheStepsDrawsAreHandedOutOnceForTheirOwnRequest) {
   EXPECT_EQ((*sampled)[0].token, pool.logits(slot).argmax().item<int64_t>());
 }
 
+// The benchmark-only null kernel (--benchmark-null-step) does no model work: a step
+// leaves the pool's rows as they were, prefill gives zero logits, and sampling hands out
+// the same pre-drawn printable bytes on every run without touching the generators.
+TEST_F(StatePoolTest, TheNullKernelDoesNoModelWorkAndHandsOutPreDrawnTokens) {
+  StateMemoryBudget budget(int64_t{1} << 40);
+  StatePool pool(model_, 4, &budget);
+  Stepper stepper(model_, Stepper::kNullKernel, false, 1, 1, "test", &pool);
+  Stepper again(model_, Stepper::kNullKernel, false, 1, 1, "test", &pool);
+  ASSERT_STREQ(stepper.kernel(), "null");
+  StatePool::Shortage shortage;
+  const int slot = *pool.TryAllocate(&shortage);
+  pool.Reset(slot);
+  // A row that is not the initial state, so that a step that wrote it would show.
+  for (torch::Tensor& t : pool.mutable_state()->tensors) t.normal_();
+  std::vector<torch::Tensor> before;
+  for (const torch::Tensor& t : pool.mutable_state()->tensors) before.push_back(t.clone());
+  ASSERT_TRUE(stepper.Step({slot}, {65}, pool, {}).ok());
+  for (size_t i = 0; i < before.size(); ++i) {
+    EXPECT_TRUE(torch::equal(pool.mutable_state()->tensors[i], before[i])) << "state " << i;
+  }
+  SamplingParams warm;
+  warm.temperature = 1.0f;
+  std::vector<int64_t> recent;
+  std::mt19937_64 rng(5);
+  const std::mt19937_64 untouched = rng;
+  std::vector<int64_t> first_run;
+  std::set<int64_t> distinct;
+  for (int i = 0; i < 64; ++i) {
+    Stepper::SampleRequest request{slot, &warm, &rng, &recent, true};
+    auto sampled = stepper.Sample({request}, pool);
+    auto repeated = again.Sample({request}, pool);
+    ASSERT_TRUE(sampled.ok() && repeated.ok());
+    const int64_t token = (*sampled)[0].token;
+    EXPECT_GE(token, 32);
+    EXPECT_LE(token, 126);
+    EXPECT_EQ(token, (*repeated)[0].token) << "draw " << i;
+    distinct.insert(token);
+  }
+  EXPECT_GT(distinct.size(), 20u) << "the pre-drawn tokens vary";
+  EXPECT_TRUE(rng == untouched) << "no generator is consumed";
+  fwmodel::State prefill_rows = model_.InitialState(2);
+  auto logits = stepper.Prefill(torch::full({2, 5}, 66, torch::kInt64), &prefill_rows);
+  ASSERT_TRUE(logits.ok()) << logits.status();
+  EXPECT_EQ(logits->sizes(), (std::vector<int64_t>{2, model_.config().vocab_size}));
+  EXPECT_EQ(logits->abs().sum().item<float>(), 0.0f);
+}
+
 // The engine's default kernel on a float32 CPU model is the native step for RWKV-7 and
 // RWKV-4 too (models/kernels/native_rwkv.h), and it steps a pool's rows as LibTorch's does.
 TEST(StepperKernelTest, NativeServesRwkv7AndRwkv4) {
