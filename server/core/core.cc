@@ -162,18 +162,11 @@ class CoreImpl : public Core {
       context.clock = clock_;
       auto engine = LoadModelEngine(
           ModelEngineSpec{name, dir, options_.device}, options_.engine, std::move(context),
-          [&](const LoadedModelInfo& info) {
-            description.name = name;
+          [&](const ModelDescription& loaded) {
+            description = loaded;
             description.is_default = engines_.empty();
-            description.architecture = info.architecture;
-            description.config_json = info.config_json;
-            description.parameters = info.parameters;
-            description.state_bytes_per_session = info.state_bytes_per_session;
-            description.vocab_size = info.vocab_size;
-            description.fingerprint = info.fingerprint;
-            description.memory_slots = info.memory_slots;
-            return metrics_->AddModel(ModelInfoLabels{name, info.architecture, info.parameters,
-                                                      info.state_bytes_per_session});
+            return metrics_->AddModel(ModelInfoLabels{name, loaded.architecture, loaded.parameters,
+                                                      loaded.state_bytes_per_session});
           });
       if (!engine.ok()) return engine.status();
       descriptions_.push_back(description);

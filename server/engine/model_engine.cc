@@ -27,7 +27,7 @@ absl::Status CheckDeviceName(const std::string& device) {
 
 absl::StatusOr<std::unique_ptr<ModelEngine>> LoadModelEngine(
     const ModelEngineSpec& spec, const EngineOptions& options, EngineContext context,
-    const std::function<ModelMetrics*(const LoadedModelInfo&)>& metrics_for) {
+    const std::function<ModelMetrics*(const ModelDescription&)>& metrics_for) {
   if (absl::Status device = CheckDeviceName(spec.device); !device.ok()) return device;
   LimitIntraOpThreads(options.intra_op_threads);  // loading runs on this thread
   fwmodel::ModelOptions model_options;
@@ -53,15 +53,16 @@ absl::StatusOr<std::unique_ptr<ModelEngine>> LoadModelEngine(
                         absl::StrCat("--model ", spec.dir, ": ", tokenizer.status().message()));
   }
   const fwmodel::ModelConfig& config = loaded->model.config();
-  LoadedModelInfo info;
-  info.architecture = fwmodel::ArchitectureName(config.architecture);
-  info.config_json = fwmodel::ModelConfigToJson(config);
-  info.parameters = loaded->model.parameter_count();
-  info.state_bytes_per_session = loaded->model.state_bytes_per_session();
-  info.vocab_size = config.vocab_size;
-  info.fingerprint = loaded->fingerprint;
-  info.memory_slots = loaded->model.memory_slots();
-  context.metrics = metrics_for(info);
+  ModelDescription description;
+  description.name = spec.name;
+  description.architecture = fwmodel::ArchitectureName(config.architecture);
+  description.config_json = fwmodel::ModelConfigToJson(config);
+  description.parameters = loaded->model.parameter_count();
+  description.state_bytes_per_session = loaded->model.state_bytes_per_session();
+  description.vocab_size = config.vocab_size;
+  description.fingerprint = loaded->fingerprint;
+  description.memory_slots = loaded->model.memory_slots();
+  context.metrics = metrics_for(description);
   context.tokenizer = std::move(*tokenizer);
   return std::make_unique<Engine>(spec.name, std::move(*loaded), options, std::move(context));
 }

@@ -18,6 +18,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "models/tokenizers/text_tokenizer.h"
+#include "server/api/requests.h"
 #include "server/base/clock.h"
 #include "server/engine/engine_options.h"
 #include "server/engine/state_memory_budget.h"
@@ -40,17 +41,6 @@ struct EngineContext {
   // The model's tokenizer (config.json's `tokenizer`): bytes unless it names another.
   // LoadModelEngine sets it from the model directory.
   fwmodel::TextTokenizer tokenizer;
-};
-
-// What a loaded model is, for the model catalog and its metrics.
-struct LoadedModelInfo {
-  std::string architecture;  // fwmodel::ArchitectureName
-  std::string config_json;   // the config as the model library writes it
-  int64_t parameters = 0;
-  int64_t state_bytes_per_session = 0;
-  int64_t vocab_size = 0;
-  std::string fingerprint;   // fwmodel::Fingerprint: what stored states are tied to
-  int64_t memory_slots = 0;  // product-key memory value slots; 0 without
 };
 
 // One served model's engine (engine.h). Created by LoadModelEngine, started once by
@@ -108,13 +98,15 @@ absl::Status CheckDeviceName(const std::string& device);
 
 // Loads spec.dir (the checkpoint in any layout the model library reads, and the
 // tokenizer its config names) onto spec.device and builds its engine, not yet started.
-// `metrics_for` is called once, with what was loaded, before the engine is built; it
-// returns the model's metrics (never null; context.metrics is replaced by it). Runs the
+// `metrics_for` is called once, with the model's description (server/api/requests.h:
+// its name, architecture, sizes and fingerprint; is_default left false), before the
+// engine is built; it returns the model's metrics (never null; context.metrics is
+// replaced by it). Runs the
 // loading on the calling thread with --threads applied to it. Errors name the model
 // directory as the operator gave it.
 absl::StatusOr<std::unique_ptr<ModelEngine>> LoadModelEngine(
     const ModelEngineSpec& spec, const EngineOptions& options, EngineContext context,
-    const std::function<ModelMetrics*(const LoadedModelInfo&)>& metrics_for);
+    const std::function<ModelMetrics*(const ModelDescription&)>& metrics_for);
 
 // Binds `claim` (SessionDirectory::Claim's answer for the item's session) to `item`
 // before it is submitted (ModelEngine::SubmitClaimed), on any thread: the item takes the

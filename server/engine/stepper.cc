@@ -22,7 +22,6 @@ Stepper::Stepper(const fwmodel::Model& model, const std::string& decode_kernel, 
   if (decode_kernel == kNullKernel) {
     // Pre-drawn tokens, the same every run: printable ASCII for a byte vocabulary (every
     // token a whole character), else any id but 0 (RWKV's end of text).
-    null_step_ = true;
     std::mt19937_64 rng(20261128);
     const bool bytes = vocab_ <= 256;
     std::uniform_int_distribution<int64_t> pick(bytes ? 32 : 1, bytes ? 126 : vocab_ - 1);
@@ -94,7 +93,7 @@ Stepper::Stepper(const fwmodel::Model& model, const std::string& decode_kernel, 
 absl::Status Stepper::Step(const std::vector<int64_t>& rows, const std::vector<int64_t>& tokens,
                            StatePool& pool, absl::Span<const SampleRequest> draws) {
   presampled_.clear();
-  if (null_step_) {
+  if (null_step()) {
     last_step_time_ = absl::ZeroDuration();
     return absl::OkStatus();
   }
@@ -212,7 +211,7 @@ std::vector<SampledToken> Stepper::SampleNull(absl::Span<const SampleRequest> re
 
 absl::StatusOr<std::vector<SampledToken>> Stepper::Sample(absl::Span<const SampleRequest> requests,
                                                           const StatePool& pool) {
-  if (null_step_) return SampleNull(requests);
+  if (null_step()) return SampleNull(requests);
   if (!presampled_.empty()) {
     // Drawn inside the last step: hand those out, and sample the rest as usual.
     std::vector<SampledToken> out(requests.size());
@@ -301,7 +300,7 @@ absl::StatusOr<std::vector<SampledToken>> Stepper::SampleApart(
 absl::StatusOr<torch::Tensor> Stepper::Prefill(const torch::Tensor& tokens, fwmodel::State* state) {
   const int64_t batch = tokens.size(0);
   const int64_t length = tokens.size(1);
-  if (null_step_) {
+  if (null_step()) {
     return torch::zeros({batch, vocab_},
                         torch::TensorOptions(torch::kFloat32).device(model_.options().device));
   }

@@ -63,8 +63,8 @@ class Stepper {
 
   // "native", "graph" or "libtorch": the kernel in use.
   const char* kernel() const {
-    return null_step_                ? kNullKernel
-           : native_step_ != nullptr ? "native"
+    return null_step()                ? kNullKernel
+           : native_step_ != nullptr  ? "native"
            : graphed_step_ != nullptr ? "graph"
                                       : "libtorch";
   }
@@ -150,11 +150,12 @@ class Stepper {
 
   // Sample on the null kernel: the next of null_tokens_, in turn.
   std::vector<SampledToken> SampleNull(absl::Span<const SampleRequest> requests);
+  bool null_step() const { return !null_tokens_.empty(); }
 
   const fwmodel::Model& model_;
   const int64_t vocab_;
-  // The null kernel (kNullKernel): its pre-drawn tokens and the next one handed out.
-  bool null_step_ = false;
+  // The null kernel (kNullKernel): its pre-drawn tokens (empty for every other kernel)
+  // and the next one handed out.
   std::vector<int64_t> null_tokens_;
   size_t null_next_ = 0;
   // At most one of native_step_ and graphed_step_; neither: LibTorch.
