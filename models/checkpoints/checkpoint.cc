@@ -4,7 +4,9 @@
 
 #include <openssl/evp.h>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "models/base/file_util.h"
 #include "models/checkpoints/hf_checkpoint.h"
 
@@ -23,13 +25,8 @@ class Sha256 {
     unsigned char digest[EVP_MAX_MD_SIZE];
     unsigned int len = 0;
     EVP_DigestFinal_ex(ctx_, digest, &len);
-    static const char kHex[] = "0123456789abcdef";
-    std::string hex;
-    for (unsigned int i = 0; i < len; ++i) {
-      hex.push_back(kHex[digest[i] >> 4]);
-      hex.push_back(kHex[digest[i] & 15]);
-    }
-    return hex;
+    return absl::BytesToHexString(
+        absl::string_view(reinterpret_cast<const char*>(digest), static_cast<size_t>(len)));
   }
 
  private:

@@ -2,7 +2,9 @@
 
 #include <openssl/evp.h>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "models/checkpoints/safetensors.h"
 
 namespace fwmodel {
@@ -11,13 +13,8 @@ std::string Sha256Hex(const std::string& bytes) {
   unsigned char digest[EVP_MAX_MD_SIZE];
   unsigned int len = 0;
   EVP_Digest(bytes.data(), bytes.size(), digest, &len, EVP_sha256(), nullptr);
-  static const char kHex[] = "0123456789abcdef";
-  std::string hex;
-  for (unsigned int i = 0; i < len; ++i) {
-    hex.push_back(kHex[digest[i] >> 4]);
-    hex.push_back(kHex[digest[i] & 15]);
-  }
-  return hex;
+  return absl::BytesToHexString(
+      absl::string_view(reinterpret_cast<const char*>(digest), static_cast<size_t>(len)));
 }
 
 const char kStateFormat[] = "fwserve-state";
