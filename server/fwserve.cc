@@ -130,9 +130,6 @@ ABSL_FLAG(int32_t, decode_steps_per_launch, 1,
           "graph kernel with --sample-in-step: tokens one decode launch may draw and absorb "
           "per stream without a session or a repetition penalty, each fed back on the "
           "device (1..64; 1 = one token per launch)");
-ABSL_FLAG(bool, overlap_steps, false,
-          "run each decode step on a step thread while the engine plans the next prefill "
-          "chunk (on a GPU the host work hides behind the device's)");
 ABSL_FLAG(int32_t, threads, 0,
           "intra-op threads: LibTorch's, and those one decode step of the native kernel may "
           "use; 0 = OMP_NUM_THREADS if set, else the physical cores this process may run on "
@@ -271,7 +268,7 @@ std::vector<fwserve::FlagGroup> HelpGroups() {
         "preempt_for_fair_share", "max_refusal_delay"}},
       {"Performance",
        {"threads", "prefill_threads", "prefill_chunk_tokens", "prefill_batch_tokens", "batch_wait",
-        "decode_kernel", "sample_in_step", "decode_steps_per_launch", "overlap_steps",
+        "decode_kernel", "sample_in_step", "decode_steps_per_launch",
         "native_gemm", "decode_lookahead", "stream_flush_interval", "writer_thread_from_streams",
         "writer_threads", "benchmark_null_step"}},
   };
@@ -432,7 +429,6 @@ int main(int argc, char** argv) {
   scheduler.batch_wait = absl::GetFlag(FLAGS_batch_wait);
   engine.sample_in_step = absl::GetFlag(FLAGS_sample_in_step);
   engine.decode_steps_per_launch = absl::GetFlag(FLAGS_decode_steps_per_launch);
-  engine.overlap_steps = absl::GetFlag(FLAGS_overlap_steps);
   engine.decode_kernel = absl::GetFlag(FLAGS_decode_kernel);
   engine.native_gemm = absl::GetFlag(FLAGS_native_gemm);
   engine.null_step = absl::GetFlag(FLAGS_benchmark_null_step);

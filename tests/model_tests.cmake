@@ -40,7 +40,7 @@ gtest_discover_tests(fwserve_model_tests DISCOVERY_TIMEOUT 120
 
 # The serving core's LibTorch pieces that need no server (StatePool, Runner,
 # SessionKeeper; the shared store's semantics over the in-memory fake).
-add_executable(fwserve_core_tests unit/state_pool_test.cc unit/runner_test.cc
+add_executable(fwserve_core_tests unit/state_pool_test.cc
                unit/session_keeper_test.cc common/fake_shared_store.cc)
 target_compile_options(fwserve_core_tests PRIVATE ${FWSERVE_WARNINGS})
 target_link_libraries(fwserve_core_tests PRIVATE fwserve_engine fwserve_test_util GTest::gtest_main)

@@ -1,5 +1,7 @@
 #include "models/tokenizers/text_tokenizer.h"
 
+#include <array>
+
 #include "absl/strings/str_cat.h"
 #include "models/tokenizers/tokenizer.h"
 
@@ -28,10 +30,17 @@ std::vector<int64_t> TextTokenizer::Encode(std::string_view text) const {
   return world_ != nullptr ? world_->Encode(text) : EncodeBytes(text);
 }
 
-std::string TextTokenizer::TokenBytes(int64_t id) const {
-  if (world_ != nullptr) return std::string(world_->TokenBytes(id));
-  if (id < 0 || id > 255) return "";
-  return std::string(1, static_cast<char>(id));
+std::string TextTokenizer::TokenBytes(int64_t id) const { return std::string(TokenBytesView(id)); }
+
+std::string_view TextTokenizer::TokenBytesView(int64_t id) const {
+  if (world_ != nullptr) return world_->TokenBytes(id);
+  if (id < 0 || id > 255) return {};
+  static const std::array<char, 256> kBytes = [] {
+    std::array<char, 256> bytes{};
+    for (int b = 0; b < 256; ++b) bytes[b] = static_cast<char>(b);
+    return bytes;
+  }();
+  return std::string_view(&kBytes[static_cast<size_t>(id)], 1);
 }
 
 }  // namespace fwmodel

@@ -27,6 +27,9 @@ class TextTokenizer {
   // The bytes token `id` stands for: one byte for `bytes` ids below 256; the world
   // vocabulary's bytes otherwise; empty for end of text and ids with no bytes.
   std::string TokenBytes(int64_t id) const;
+  // The same, as a view into the vocabulary (or a static table of the 256 bytes); valid
+  // while this tokenizer (or a copy) lives.
+  std::string_view TokenBytesView(int64_t id) const;
   // The id that ends a generation (the world vocabulary's 0), or -1 (bytes: none).
   int64_t end_of_text() const { return world_ != nullptr ? WorldTokenizer::kEndOfText : -1; }
   const char* name() const { return world_ != nullptr ? "rwkv_world" : "bytes"; }

@@ -29,6 +29,18 @@ class Utf8StreamDecoder {
   // byte as Push does: the result never ends inside a character, whatever the token
   // boundaries. Returns the text that became complete.
   std::string PushBytes(std::string_view bytes);
+  // Push and PushBytes, appending the text to `*out` (no temporary; an ASCII byte with
+  // nothing held back is one push_back).
+  void Append(int64_t token, std::string* out) {
+    if (pending_.empty() && token >= 0 && token < 0x80) {
+      out->push_back(static_cast<char>(token));
+      return;
+    }
+    out->append(Push(token));
+  }
+  void AppendBytes(std::string_view bytes, std::string* out) {
+    for (char c : bytes) Append(static_cast<uint8_t>(c), out);
+  }
   // Flushes a trailing incomplete sequence as U+FFFD. The decoder is reset.
   std::string Finish();
   // Bytes held back waiting for the rest of a character (0 to 3).

@@ -341,6 +341,7 @@ void Engine::Loop() {
         prefill_report_taken = false;  // CompletePrefill takes the job first thing
         driver_.CompletePrefill();
       }
+      driver_.Tick();
       for (const Event& event : work.events) ApplyEvent(event);
       ShedAll(work.shed);
       AdmitAll(work.admitted, work.end_all);

@@ -69,15 +69,14 @@ struct EngineOptions {
   bool sample_in_step = true;
   // Multi-step decode (--decode-steps-per-launch; Stepper::StepAhead): with the in-place
   // graph step and sample_in_step, a launch may draw and absorb up to this many tokens
-  // per stream, each fed back on the device, for streams without a session or a
-  // repetition penalty (bounded by their max tokens and decode_lookahead; the others
-  // draw one). A stop string stops the stream on the host; the tokens drawn past it are
-  // dropped with the stream's state. 1 = one token per launch. In [1, 64].
+  // per stream, each fed back on the device, for streams without a repetition penalty
+  // (bounded by their max tokens and decode_lookahead; the others draw one). A stop
+  // string stops a throwaway stream on the host; the tokens drawn past it are dropped
+  // with the stream's state. A session stream draws ahead only where no rollback point
+  // falls inside the launch: without stop strings, its pending token in an unsent chunk
+  // behind a write in flight (StreamDriver::TokensPerLaunch). 1 = one token per launch.
+  // In [1, 64].
   int32_t decode_steps_per_launch = 1;
-  // Each decode step runs on a step thread of the runner, and the engine plans the next
-  // prefill chunk while it runs (--overlap-steps; Runner): on a GPU the host work of a
-  // step hides behind the device's. Off: the engine thread runs the step itself.
-  bool overlap_steps = false;
   // Sessions held, resident plus spilled (--max-sessions; > 0; the core's session
   // directory keeps to it): with the graph kernel the pool is allocated whole at start,
   // min(this, max_state_memory_bytes / state bytes) rows.
@@ -104,9 +103,6 @@ struct EngineOptions {
   // Seals exported blobs and checks imported ones (--session-key-file). Null: blobs are
   // not signed, and signed ones are refused on import. Not owned.
   const SessionSealer* sealer = nullptr;
-  // Test-only; null in production. Runs on the step thread (--overlap-steps) before each
-  // step.
-  std::function<void()> step_started_for_testing;
   // Test-only; null in production. Called on the engine thread before each decode step;
   // `ending()` is true once shutdown has asked the engine to end the remaining work
   // (EndAllWork). Tests block here to hold streams open without depending on how fast

@@ -35,26 +35,9 @@ Runner::Runner(const fwmodel::Model& model, const EngineOptions& options, StateM
                options.native_gemm == "libxsmm",
                ResolveComputeThreads(options.intra_op_threads),
                options.prefill_threads > 0 ? options.prefill_threads : UsableCores(), name, &pool_,
-               options.sample_in_step) {
-  if (options_.overlap_steps) {
-    step_thread_ = std::thread([this] {
-      pthread_setname_np(pthread_self(), "fwserve-step");
-      StepThreadLoop();
-    });
-  }
-}
+               options.sample_in_step) {}
 
-Runner::~Runner() {
-  StopPrefillThread();
-  if (step_thread_.joinable()) {
-    {
-      absl::MutexLock lock(&step_mu_);
-      step_stop_ = true;
-      step_cv_.SignalAll();
-    }
-    step_thread_.join();
-  }
-}
+Runner::~Runner() { StopPrefillThread(); }
 
 StepResult Runner::RunStep(const StepWork& work) {
   StepResult result;
@@ -70,42 +53,8 @@ StepResult Runner::RunStep(const StepWork& work) {
   return result;
 }
 
-void Runner::StepThreadLoop() {
-  c10::NoGradGuard no_grad;
-  LimitIntraOpThreads(options_.intra_op_threads);
-  absl::MutexLock lock(&step_mu_);
-  while (true) {
-    while (!step_pending_.has_value() && !step_stop_) step_cv_.Wait(&step_mu_);
-    if (!step_pending_.has_value()) return;
-    StepWork work = std::move(*step_pending_);
-    step_pending_.reset();
-    step_mu_.Unlock();
-    if (options_.step_started_for_testing) options_.step_started_for_testing();
-    StepResult result = RunStep(work);
-    step_mu_.Lock();
-    step_result_ = std::move(result);
-    step_cv_.SignalAll();
-  }
-}
-
-void Runner::AbandonStep() {
-  if (!options_.overlap_steps) return;
-  absl::MutexLock lock(&step_mu_);
-  while (step_handle_ != 0 && !step_result_.has_value()) step_cv_.Wait(&step_mu_);
-  step_handle_ = 0;
-  step_result_.reset();
-}
-
 Runner::Handle Runner::Launch(const StepWork& work) {
   const Handle handle = next_handle_++;
-  if (options_.overlap_steps) {
-    absl::MutexLock lock(&step_mu_);
-    step_pending_ = work;
-    step_handle_ = handle;
-    step_result_.reset();
-    step_cv_.SignalAll();
-    return handle;
-  }
   done_.emplace(handle, RunStep(work));
   return handle;
 }
@@ -126,16 +75,6 @@ Runner::Handle Runner::Launch(const SampleWork& work) {
 }
 
 StepResult Runner::Wait(Handle handle) {
-  if (options_.overlap_steps) {
-    absl::MutexLock lock(&step_mu_);
-    if (handle == step_handle_) {
-      while (!step_result_.has_value()) step_cv_.Wait(&step_mu_);
-      StepResult result = std::move(*step_result_);
-      step_result_.reset();
-      step_handle_ = 0;
-      return result;
-    }
-  }
   auto it = done_.find(handle);
   if (it == done_.end()) {
     StepResult unknown;

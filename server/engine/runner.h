@@ -3,20 +3,14 @@
 // sessions, streams or tenants: what runs is decided by the Scheduler, and whose rows
 // they are by the engine's session keeping.
 //
-// Work is launched and waited for: `Launch` returns a handle, `Wait` the result. By
-// default a step completes inside Launch (Wait only hands the result over). With
-// EngineOptions::overlap_steps (--overlap-steps) a decode step runs on the runner's step
-// thread: Launch returns at once and the engine plans the next prefill chunk while the
-// step runs (on a GPU, while the step thread waits for the device). A prefill chunk runs
-// on the prefill thread, beside the decode step; its end is signalled through
-// `on_prefill_done`.
+// Work is launched and waited for: `Launch` returns a handle, `Wait` the result; a step
+// completes inside Launch (Wait hands the result over). A prefill chunk runs on the
+// prefill thread, beside the decode step; its end is signalled through
+// `on_prefill_done`. (Overlapped steps on a step thread were measured on an H200 and
+// lost, 0.92x at 1 stream and 0.95x at 64: removed with --overlap-steps, issue 48.)
 //
-// Thread-safety: everything but the prefill and step threads' own work runs on the
-// engine thread. Rows handed to a prefill chunk are copies (PrefillWork::state). While a
-// step is in flight on the step thread (between Launch and Wait) it alone touches the
-// stepped rows and the Stepper; the engine may read and write other rows of the pool
-// and give rows back (StatePool::Free touches only the free list and the budget), but
-// must not allocate or grow it, nor launch anything else.
+// Thread-safety: everything but the prefill thread's own work runs on the engine
+// thread. Rows handed to a prefill chunk are copies (PrefillWork::state).
 #pragma once
 
 #include <cstdint>
@@ -112,11 +106,6 @@ class Runner {
   Handle Launch(const StepWork& work);
   Handle Launch(const SampleWork& work);
   StepResult Wait(Handle handle);
-  // Whether a launched step may still be running (Launch returned before it ended).
-  bool overlaps_steps() const { return options_.overlap_steps; }
-  // Blocks until no step is in flight, dropping its result (the engine's recovery
-  // from a failed iteration).
-  void AbandonStep();
   // Whether a step uses StepWork::draws (Stepper::draws_ahead).
   bool draws_ahead() const { return stepper_.draws_ahead(); }
   // Whether a step can draw several tokens per row (Stepper::multi_step).
@@ -137,7 +126,6 @@ class Runner {
 
  private:
   void PrefillThreadLoop();
-  void StepThreadLoop();
   StepResult RunStep(const StepWork& work);
 
   const fwmodel::Model& model_;
@@ -148,15 +136,6 @@ class Runner {
   Handle next_handle_ = 1;
   // Completed work not waited for yet (the CPU runner completes in Launch).
   absl::flat_hash_map<Handle, StepResult> done_;
-
-  // --overlap-steps: the step thread and the step in flight (at most one).
-  std::thread step_thread_;
-  absl::Mutex step_mu_;
-  absl::CondVar step_cv_;
-  std::optional<StepWork> step_pending_ ABSL_GUARDED_BY(step_mu_);
-  Handle step_handle_ ABSL_GUARDED_BY(step_mu_) = 0;  // 0: none in flight
-  std::optional<StepResult> step_result_ ABSL_GUARDED_BY(step_mu_);
-  bool step_stop_ ABSL_GUARDED_BY(step_mu_) = false;
 
   std::thread prefill_thread_;
   std::function<void()> on_prefill_done_;

@@ -14,10 +14,9 @@
 //     the fallback for anything else (float64, a failed graph setup).
 // Prefill uses the native kernel with `native`, else Model::Forward.
 //
-// Thread-safety: Step, StepAhead and Sample run on one thread at a time (the engine
-// thread, or the runner's step thread under --overlap-steps, handed over through the
-// runner's lock), Prefill on the prefill thread only. Each has kernels and scratch of its
-// own, so the two may run at once.
+// Thread-safety: Step, StepAhead and Sample run on the engine thread, Prefill on the
+// prefill thread only. Each has kernels and scratch of its own, so the two may run at
+// once.
 #pragma once
 
 #include <cstdint>

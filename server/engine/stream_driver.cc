@@ -41,7 +41,9 @@ struct StreamDriver::Task {
   // Decode.
   std::mt19937_64 rng;
   int64_t pending_token = -1;
-  std::vector<int64_t> recent;  // prompt + generated, for the repetition penalty
+  // The last repetition_window tokens of prompt + generated, for the repetition
+  // penalty; kept only when the request sets one (the sampler ignores it otherwise).
+  std::vector<int64_t> recent;
   // A failed write or a cancellation puts the slot back to the rollback point of the
   // first unconfirmed token (StreamTask names it), so the session holds exactly the
   // tokens the client was sent.
@@ -49,6 +51,14 @@ struct StreamDriver::Task {
   RollbackPoint before_unsent;    // valid while the stream has unsent tokens
   absl::Time first_token_at = absl::InfinitePast();
   absl::Time last_emit_at;
+
+  // Adds an absorbed token to the repetition window (a Generate's).
+  void Remember(int64_t token) {
+    if (generate->sampling.repetition_penalty == 1.0f) return;
+    recent.push_back(token);
+    const size_t window = static_cast<size_t>(generate->repetition_window);
+    if (recent.size() > window) recent.erase(recent.begin());
+  }
 };
 
 // A prefill chunk in flight: the scheduler's plan, its tasks and the runner's work.
@@ -87,28 +97,12 @@ StreamDriver::StreamDriver(StreamDriverContext context)
 StreamDriver::~StreamDriver() = default;
 
 void StreamDriver::RunIteration() {
-  if (runner_.overlaps_steps()) {
-    // --overlap-steps: the step runs on the runner's thread while the next prefill
-    // chunk is planned here (it touches only rows in prefill, and no allocation).
-    std::optional<InFlightStep> step = LaunchDecodeStep();
-    try {
-      StartPrefill();
-    } catch (...) {
-      // The step's rows absorbed their tokens: count them before the loop fails the
-      // tasks (a session must be stored with the tokens its state holds).
-      if (step) FinishDecodeStep(std::move(*step));
-      throw;
-    }
-    if (step) FinishDecodeStep(std::move(*step));
-  } else {
-    StartPrefill();   // prefill: the next chunk to the prefill thread
-    RunDecodeStep();  // step: one batched step for every stream ready to absorb
-  }
+  StartPrefill();   // prefill: the next chunk to the prefill thread
+  RunDecodeStep();  // step: one batched step for every stream ready to absorb
   SampleAndEmit();  // sample, and emit what may go out
 }
 
 void StreamDriver::FailAll(const absl::Status& status, bool prefill_returned) {
-  runner_.AbandonStep();
   AbandonPrefillJob(prefill_returned);
   while (!tasks_.empty()) FailTask(*tasks_.begin()->second, status);
 }
@@ -116,7 +110,7 @@ void StreamDriver::FailAll(const absl::Status& status, bool prefill_returned) {
 void StreamDriver::OnWriteDone(uint64_t stream_id, bool ok) {
   auto it = tasks_by_stream_.find(stream_id);
   if (it == tasks_by_stream_.end()) return;  // already finished
-  Apply(scheduler_.OnWriteDone(it->second, ok, absl::Now()));
+  Apply(scheduler_.OnWriteDone(it->second, ok, now_));
 }
 
 void StreamDriver::OnCancel(uint64_t stream_id) {
@@ -205,10 +199,12 @@ void StreamDriver::AdmitStream(Task& t) {
     limits = StreamLimits{g.max_tokens,   g.stop,
                           g.logprobs,     options_.decode_lookahead,
                           flush_interval, g.min_tokens_per_message,
-                          &tokenizer_};
+                          &tokenizer_,    /*keep_output=*/!t.session_id.empty()};
     t.rng.seed(g.sampling.seed);
-    t.recent.assign(w.tokens.end() - std::min<size_t>(w.tokens.size(), g.repetition_window),
-                    w.tokens.end());
+    if (g.sampling.repetition_penalty != 1.0f) {
+      t.recent.assign(w.tokens.end() - std::min<size_t>(w.tokens.size(), g.repetition_window),
+                      w.tokens.end());
+    }
     metrics_->AddPromptTokensSaved(t.tokens_before);
     tasks_by_stream_[generate->stream_id] = t.s->id;
   }
@@ -237,14 +233,13 @@ void StreamDriver::Apply(std::vector<Action> actions) {
 void StreamDriver::Deliver(Task& t, GenerateChunk chunk) {
   std::swap(t.before_inflight, t.before_unsent);  // reuses the buffers
   const int64_t count = static_cast<int64_t>(chunk.token_ids.size());
-  const absl::Time now = absl::Now();
+  const absl::Time now = now_;
   if (t.first_token_at == absl::InfinitePast()) {
     metrics_->ObserveTimeToFirstToken(Seconds(t.item->arrival, now));
-  } else {
+  } else if (count > 0) {
     // A chunk of n tokens: each is counted as arriving n-th of the wait.
-    for (int64_t i = 0; i < count; ++i) {
-      metrics_->ObserveInterTokenLatency(Seconds(t.last_emit_at, now) / count);
-    }
+    metrics_->ObserveInterTokenLatency(Seconds(t.last_emit_at, now) / static_cast<double>(count),
+                                       count);
   }
   if (t.first_token_at == absl::InfinitePast()) t.first_token_at = now;
   t.last_emit_at = now;
@@ -373,9 +368,7 @@ std::optional<StreamDriver::InFlightStep> StreamDriver::LaunchDecodeStep() {
     work.rows.push_back(t->slot);
     work.tokens.push_back(t->pending_token);
     // The repetition window as the next sampling sees it: with the absorbed token.
-    t->recent.push_back(t->pending_token);
-    const size_t window = static_cast<size_t>(t->generate->repetition_window);
-    if (t->recent.size() > window) t->recent.erase(t->recent.begin());
+    t->Remember(t->pending_token);
     // What the row's next sampling will ask, for a kernel that samples inside the step
     // (Stepper::Step; a row that does not sample next leaves its draw unused).
     if (draws_ahead) {
@@ -417,14 +410,24 @@ void StreamDriver::FinishDecodeStep(InFlightStep step) {
 
 int64_t StreamDriver::TokensPerLaunch(const Task& t, int64_t steps) const {
   const ScheduledTask& s = *t.s;
-  // Only a throwaway stream may absorb tokens it will not keep (past a stop string);
-  // a session's state must hold exactly the tokens sent. The penalty window is the
-  // host's.
-  if (!t.session_id.empty() || s.cancelled || s.stream.done_sampling() ||
-      t.generate->sampling.repetition_penalty != 1.0f) {
+  const StreamTask& stream = s.stream;
+  // The penalty window is the host's.
+  if (s.cancelled || stream.done_sampling() || t.generate->sampling.repetition_penalty != 1.0f) {
     return 1;
   }
-  const StreamTask& stream = s.stream;
+  // A session's state must hold exactly the tokens its client was sent, and a rollback
+  // restores a row saved where a chunk began. A session stream therefore draws ahead
+  // only where no rollback point can fall inside the launch: it has no stop strings
+  // (found on the host, after the launch absorbed what followed them; an end-of-text
+  // token stops the row on the device, unabsorbed, as a single step leaves it), and its
+  // pending token already sits in an unsent chunk behind a write in flight, so every
+  // token of the launch joins that chunk (nothing is emitted before the write returns,
+  // an event between iterations) and its saved row undoes them all. A throwaway stream's
+  // state is dropped with it, so it may absorb tokens past a stop string.
+  if (!t.session_id.empty() &&
+      (!stream.limits().stop.empty() || !stream.write_in_flight() || !stream.has_unsent())) {
+    return 1;
+  }
   // What the stream may still sample after this step: its lookahead room (nothing is
   // confirmed during the launch) and its max tokens.
   const int64_t room =
@@ -434,7 +437,8 @@ int64_t StreamDriver::TokensPerLaunch(const Task& t, int64_t steps) const {
 }
 
 void StreamDriver::TakeTokensAhead(TaskId id, const std::vector<SampledToken>& ahead) {
-  const absl::Time now = absl::Now();
+  Tick();
+  const absl::Time now = now_;
   for (const SampledToken& drawn : ahead) {
     // Sample: the token the launch drew next.
     auto it = tasks_.find(id);
@@ -452,9 +456,7 @@ void StreamDriver::TakeTokensAhead(TaskId id, const std::vector<SampledToken>& a
     t = it->second.get();
     // Stopped (a stop string, cancelled): the rest is dropped with this throwaway state.
     if (t->s->phase != ScheduledTask::Phase::kReadyToAbsorb) return;
-    t->recent.push_back(t->pending_token);
-    const size_t window = static_cast<size_t>(t->generate->repetition_window);
-    if (t->recent.size() > window) t->recent.erase(t->recent.begin());
+    t->Remember(t->pending_token);
     ++t->tokens;
     t->pending_token = -1;
     Apply(scheduler_.AfterStep({id}));
@@ -508,7 +510,8 @@ void StreamDriver::SampleAndEmit() {
     logprobs[i] = sampled.sampled[i].logprob;
     sampling[i]->pending_token = tokens[i];
   }
-  Apply(scheduler_.AfterSample(sampling_ids, tokens, logprobs, absl::Now()));
+  Tick();
+  Apply(scheduler_.AfterSample(sampling_ids, tokens, logprobs, now_));
 }
 
 std::unique_ptr<WorkItem> StreamDriver::TakeTask(Task& t) {

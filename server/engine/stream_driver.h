@@ -69,14 +69,17 @@ class StreamDriver {
   // Shutdown: every task is cancelled as SHUTDOWN; those not waiting on a write, a step
   // or the prefill thread end now.
   void EndAll();
-  // The transport's events for stream `stream_id` (ignored once it ended).
+  // Reads the clock: what the events and deliveries that follow count as now (one read
+  // per batch of events or sampled tokens, not one per token).
+  void Tick() { now_ = absl::Now(); }
+  // The transport's events for stream `stream_id` (ignored once it ended); they happen
+  // at the last Tick.
   void OnWriteDone(uint64_t stream_id, bool ok);
   void OnCancel(uint64_t stream_id);
   // The prefill thread returned the chunk in flight: its rows go back, its tasks on.
   void CompletePrefill();
   // One iteration's compute: the next prefill chunk out, one batched decode step for
-  // every stream ready to absorb (overlapped with the prefill planning under
-  // --overlap-steps), then sampling and emission.
+  // every stream ready to absorb, then sampling and emission.
   void RunIteration();
   // After an iteration threw: waits for the step and the chunk in flight (unless the
   // prefill thread's report of it was already taken: `prefill_returned`), then fails
@@ -154,6 +157,7 @@ class StreamDriver {
   absl::flat_hash_map<TaskId, std::unique_ptr<Task>> tasks_;
   absl::flat_hash_map<uint64_t, TaskId> tasks_by_stream_;
   TaskId next_task_id_ = 1;
+  absl::Time now_ = absl::Now();  // Tick's
   std::unique_ptr<PrefillJob> prefill_job_;  // in flight on the prefill thread, or null
 };
 

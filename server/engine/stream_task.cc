@@ -1,8 +1,27 @@
 #include "server/engine/stream_task.h"
 
+#include <algorithm>
 #include <utility>
 
 namespace fwserve {
+
+StreamTask::StreamTask(StreamLimits limits) : limits_(std::move(limits)) {
+  for (const std::string& stop : limits_.stop) longest_stop_ = std::max(longest_stop_, stop.size());
+}
+
+void StreamTask::MatchStops(std::string_view bytes) {
+  // Keep the last longest_stop_ bytes at most (trimmed in bulk: amortised O(1)).
+  stop_tail_.append(bytes);
+  if (stop_tail_.size() > 4 * longest_stop_ + 64) {
+    stop_tail_.erase(0, stop_tail_.size() - longest_stop_);
+  }
+  for (const std::string& stop : limits_.stop) {
+    if (stop_tail_.size() >= stop.size() &&
+        stop_tail_.compare(stop_tail_.size() - stop.size(), stop.size(), stop) == 0) {
+      stop_hit_ = true;
+    }
+  }
+}
 
 void StreamTask::AddSampled(int64_t token, float logprob, absl::Time now) {
   if (unsent_.token_ids.empty()) {
@@ -12,26 +31,22 @@ void StreamTask::AddSampled(int64_t token, float logprob, absl::Time now) {
   unsent_.token_ids.push_back(token);
   if (limits_.logprobs) unsent_.logprobs.push_back(logprob);
   ++sampled_;
-  if (limits_.tokenizer != nullptr) {
-    const std::string bytes = limits_.tokenizer->TokenBytes(token);
-    unsent_.text += decoder_.PushBytes(bytes);
-    generated_bytes_ += bytes;
-    if (limits_.logprobs) unsent_.token_bytes.push_back(bytes);
-    if (token == limits_.tokenizer->end_of_text()) stop_hit_ = true;
+  const fwmodel::TextTokenizer* tokenizer = limits_.tokenizer;
+  char byte = 0;
+  std::string_view bytes;
+  if (tokenizer != nullptr) {
+    bytes = tokenizer->TokenBytesView(token);
+    decoder_.AppendBytes(bytes, &unsent_.text);
+    if (token == tokenizer->end_of_text()) stop_hit_ = true;
   } else {
-    unsent_.text += decoder_.Push(token);
-    if (token < 256) generated_bytes_.push_back(static_cast<char>(token));
-    if (limits_.logprobs) {
-      unsent_.token_bytes.push_back(
-          token >= 0 && token < 256 ? std::string(1, static_cast<char>(token)) : std::string());
+    if (token >= 0 && token < 256) {
+      byte = static_cast<char>(token);
+      bytes = std::string_view(&byte, 1);
     }
+    decoder_.Append(token, &unsent_.text);
   }
-  for (const std::string& stop : limits_.stop) {
-    if (generated_bytes_.size() >= stop.size() &&
-        generated_bytes_.compare(generated_bytes_.size() - stop.size(), stop.size(), stop) == 0) {
-      stop_hit_ = true;
-    }
-  }
+  if (limits_.logprobs) unsent_.token_bytes.emplace_back(bytes);
+  if (longest_stop_ > 0) MatchStops(bytes);
 }
 
 bool StreamTask::CanSample() const {
@@ -53,7 +68,7 @@ GenerateChunk StreamTask::TakeChunkForWrite() {
   std::swap(decoder_before_inflight_, decoder_before_unsent_);
   inflight_tokens_ = static_cast<int64_t>(unsent_.token_ids.size());
   write_in_flight_ = true;
-  inflight_text_ = unsent_.text;
+  if (limits_.keep_output) inflight_text_ = unsent_.text;
   GenerateChunk chunk = std::move(unsent_);
   unsent_ = GenerateChunk();
   return chunk;
@@ -63,8 +78,10 @@ void StreamTask::ConfirmWrite() {
   write_in_flight_ = false;
   confirmed_ += inflight_tokens_;
   inflight_tokens_ = 0;
-  output_.Append(inflight_text_);
-  inflight_text_.clear();
+  if (limits_.keep_output) {
+    output_.Append(inflight_text_);
+    inflight_text_.clear();
+  }
 }
 
 StreamTask::RollbackPoint StreamTask::DropUnconfirmed() {
@@ -85,7 +102,7 @@ StreamTask::RollbackPoint StreamTask::DropUnconfirmed() {
 
 std::string StreamTask::FinishText() {
   std::string rest = decoder_.Finish();
-  output_.Append(rest);
+  if (limits_.keep_output) output_.Append(rest);
   return rest;
 }
 

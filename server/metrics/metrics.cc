@@ -4,11 +4,13 @@
 #include <pthread.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <exception>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <iterator>
 #include <limits>
 #include <map>
 #include <optional>
@@ -183,7 +185,17 @@ class PrometheusModelMetrics final : public ModelMetrics {
         cache_misses_(f.cache_lookups.Add({{"model", model}, {"result", "miss"}})) {}
 
   void ObserveTimeToFirstToken(double seconds) override { ttft_.Observe(seconds); }
-  void ObserveInterTokenLatency(double seconds) override { inter_token_.Observe(seconds); }
+  void ObserveInterTokenLatency(double seconds, int64_t count) override {
+    if (count == 1) return inter_token_.Observe(seconds);
+    if (count <= 0) return;
+    // One update for the message: `count` observations of `seconds` in its bucket (the
+    // first bound >= seconds, as Observe picks it).
+    std::vector<double> increments(std::size(kStepBuckets) + 1, 0.0);
+    increments[static_cast<size_t>(
+        std::lower_bound(std::begin(kStepBuckets), std::end(kStepBuckets), seconds) -
+        std::begin(kStepBuckets))] = static_cast<double>(count);
+    inter_token_.ObserveMultiple(increments, seconds * static_cast<double>(count));
+  }
   void ObserveGenerationDuration(double seconds) override { generation_.Observe(seconds); }
   void AddPromptTokens(int64_t tokens) override { Add(prompt_tokens_, tokens); }
   void AddGeneratedTokens(int64_t tokens) override { Add(generated_tokens_, tokens); }
@@ -262,7 +274,7 @@ class PrometheusModelMetrics final : public ModelMetrics {
 class NullModelMetrics final : public ModelMetrics {
  public:
   void ObserveTimeToFirstToken(double) override {}
-  void ObserveInterTokenLatency(double) override {}
+  void ObserveInterTokenLatency(double, int64_t) override {}
   void ObserveGenerationDuration(double) override {}
   void AddPromptTokens(int64_t) override {}
   void AddGeneratedTokens(int64_t) override {}

@@ -23,8 +23,10 @@ class ModelMetrics {
   virtual ~ModelMetrics() = default;
   // Generate: seconds from the request's arrival to its first streamed token.
   virtual void ObserveTimeToFirstToken(double seconds) = 0;
-  // Generate: seconds between consecutive streamed tokens of one stream.
-  virtual void ObserveInterTokenLatency(double seconds) = 0;
+  // Generate: seconds between consecutive streamed tokens of one stream, observed
+  // `count` times (the tokens of one message share the wait since the previous one).
+  virtual void ObserveInterTokenLatency(double seconds, int64_t count) = 0;
+  void ObserveInterTokenLatency(double seconds) { ObserveInterTokenLatency(seconds, 1); }
   // Generate: seconds from arrival to the final message.
   virtual void ObserveGenerationDuration(double seconds) = 0;
   // Tokens absorbed by prefill (prompts, session prefixes).

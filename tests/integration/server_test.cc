@@ -546,7 +546,8 @@ TEST_F(ServerTest, TheGraphDecodeKernelServesTheSameModel) {
 // it. Against the native kernel drawing one per step: the same tokens for the same
 // seeds on 4 concurrent throwaway streams (greedy; temperature with top-k, top-p,
 // min-p), one of which ends on a stop string the host finds mid-launch, and on a
-// session's stream, which draws one token per launch and then goes on for 10 more
+// session's stream (which draws ahead only behind a write in flight:
+// MultiStepDecodeDrawsAheadOnASessionBehindASlowWrite), which then goes on for 10 more
 // greedy tokens from exactly what it kept. A lone stream takes about a quarter of the
 // launches.
 TEST_F(ServerTest, MultiStepDecodeServesTheSameTokens) {
@@ -611,51 +612,95 @@ TEST_F(ServerTest, MultiStepDecodeServesTheSameTokens) {
   EXPECT_GE(launches, 9u);
 }
 
-// --overlap-steps: each decode step runs on the runner's step thread while the engine
-// plans the next prefill chunk. Six concurrent streams (greedy and seeded sampling,
-// two with 3,000-byte prompts prefilled in 64-token chunks while the others decode, one
-// on a session that then goes on for 10 greedy tokens) get the tokens of the default
-// server.
-TEST_F(ServerTest, OverlappedStepsServeTheSameTokens) {
+// Multi-step decode on a session: a session stream draws ahead only while its write is
+// in flight and its pending token already waits in the unsent chunk, so no rollback
+// point falls inside a launch. A transport that confirms each message 30 ms late (an
+// observer on the core) keeps it there: a 37-token greedy stream on a session then
+// takes far fewer launches than tokens, and it and the 10 greedy tokens that continue
+// the session equal the native kernel's, one token per step.
+TEST_F(ServerTest, MultiStepDecodeDrawsAheadOnASessionBehindASlowWrite) {
   fwserve::CoreOptions options = Options();
-  options.engine.overlap_steps = true;
-  options.engine.scheduler.prefill_chunk_tokens = 64;
-  fwserve::CoreOptions reference_options = Options();
-  reference_options.engine.scheduler.prefill_chunk_tokens = 64;
-  auto overlapped = Harness::Start(options);
-  auto reference = Harness::Start(reference_options);
-  ASSERT_NE(overlapped, nullptr);
-  ASSERT_NE(reference, nullptr);
+  options.engine.decode_kernel = "graph";
+  options.engine.decode_steps_per_launch = 4;
+  std::unique_ptr<Harness> multi_server, native_server;
+  StartBesideTheDefault(options, &multi_server, &native_server);
+  if (HasFatalFailure()) return;
+
+  // Confirms each message from a thread of its own, 30 ms after it came.
+  class SlowWrites : public fwserve::GenerateObserver {
+   public:
+    void OnStart(std::shared_ptr<fwserve::GenerateControl> stream) override {
+      control_ = std::move(stream);
+    }
+    void OnChunk(fwserve::GenerateChunk chunk) override {
+      tokens_.insert(tokens_.end(), chunk.token_ids.begin(), chunk.token_ids.end());
+      acks_.emplace_back([control = control_] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(30));
+        control->WriteDone(true);
+      });
+    }
+    void OnFinish(absl::Status status, fwserve::GenerateSummary) override {
+      absl::MutexLock lock(&mu_);
+      status_ = std::move(status);
+      finished_ = true;
+    }
+    // The tokens and the final status, once the stream finished.
+    std::pair<std::vector<int64_t>, absl::Status> Wait() {
+      {
+        absl::MutexLock lock(&mu_);
+        mu_.Await(absl::Condition(&finished_));
+      }
+      for (std::thread& ack : acks_) ack.join();
+      return {tokens_, status_};
+    }
+
+   private:
+    std::shared_ptr<fwserve::GenerateControl> control_;
+    std::vector<int64_t> tokens_;     // engine thread until OnFinish
+    std::vector<std::thread> acks_;  // engine thread until OnFinish
+    absl::Mutex mu_;
+    bool finished_ ABSL_GUARDED_BY(mu_) = false;
+    absl::Status status_ ABSL_GUARDED_BY(mu_);
+  };
+
+  struct Served {
+    std::vector<int64_t> tokens, more;
+    uint64_t launches = 0;
+  };
   auto served_on = [&](Harness& server) {
+    Served served;
     auto session = server.client().CreateSession("", "");
     EXPECT_TRUE(session.ok()) << session.status();
-    const std::string session_id = session.ok() ? session->session_id() : "";
-    std::vector<v1::GenerateRequest> requests;
-    for (int i = 0; i < 6; ++i) {
-      const std::string prompt =
-          i >= 4 ? std::string(3000, static_cast<char>('a' + i)) : absl::StrCat("abc", i);
-      v1::GenerateRequest r = Greedy(prompt, 30, i == 0 ? session_id : "");
-      if (i % 2 == 1) {
-        r.mutable_sampling()->set_temperature(0.9f);
-        r.mutable_sampling()->set_seed(400 + static_cast<uint64_t>(i));
-      }
-      requests.push_back(r);
-    }
-    std::vector<std::vector<int64_t>> tokens;
-    for (const fwserve::GenerateResult& r :
-         GenerateAtOnceThenContinue(server, requests, session_id)) {
-      tokens.push_back(r.token_ids);
-    }
-    return tokens;
+    if (!session.ok()) return served;
+    const uint64_t launches_before = HistogramCount(server, "fwserve_engine_step_duration_seconds");
+    fwserve::GenerateParams params;
+    params.session_id = session->session_id();
+    params.prompt = "abc";
+    params.max_tokens = 37;
+    params.sampling.temperature = 0;
+    SlowWrites observer;
+    const absl::Status started = server.core().StartGenerate(fwserve::Caller{}, params, &observer);
+    EXPECT_TRUE(started.ok()) << started;
+    if (!started.ok()) return served;
+    auto [tokens, status] = observer.Wait();
+    EXPECT_TRUE(status.ok()) << status;
+    served.tokens = tokens;
+    served.launches =
+        HistogramCount(server, "fwserve_engine_step_duration_seconds") - launches_before;
+    auto more = server.client().Generate(Greedy("", 10, session->session_id()));
+    EXPECT_TRUE(more.ok()) << more.status();
+    if (more.ok()) served.more = more->token_ids;
+    return served;
   };
-  const auto got = served_on(*overlapped);
-  const auto want = served_on(*reference);
-  ASSERT_EQ(got.size(), 7u);
-  ASSERT_EQ(want.size(), 7u);
-  for (size_t i = 0; i < got.size(); ++i) {
-    EXPECT_EQ(got[i].size(), i < 6 ? 30u : 10u) << "stream " << i;
-    EXPECT_EQ(got[i], want[i]) << "stream " << i;
-  }
+  const Served multi = served_on(*multi_server);
+  const Served native = served_on(*native_server);
+  ASSERT_EQ(multi.tokens.size(), 37u);
+  EXPECT_EQ(multi.tokens, native.tokens);
+  EXPECT_EQ(multi.more.size(), 10u);
+  EXPECT_EQ(multi.more, native.more) << "the session kept other tokens than it streamed";
+  // One token per step would be 36 launches after the prefill's first token.
+  EXPECT_GE(native.launches, 36u);
+  EXPECT_LT(multi.launches, 24u) << "the session stream drew about one token per launch";
 }
 
 TEST_F(ServerTest, SameSeedSameOutputAndSeedsDiffer) {

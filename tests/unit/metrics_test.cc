@@ -183,6 +183,27 @@ TEST(MetricsTest, BucketsFitWhatTheyMeasure) {
   EXPECT_EQ(BucketCount(*chunk_seconds, 0.05), 1);
 }
 
+// A message of n tokens is n observations of the same gap, in one update; a gap equal to
+// a bound counts in that bound's bucket, as one observation does.
+TEST(MetricsTest, AMessageOfSeveralTokensObservesEachOfThem) {
+  auto metrics = Metrics::Create();
+  ModelMetrics* m = metrics->AddModel(Info("m"));
+  m->ObserveInterTokenLatency(0.0002, 3);
+  m->ObserveInterTokenLatency(0.001, 2);
+  m->ObserveInterTokenLatency(5.0, 4);  // beyond every bound: +Inf only
+  m->ObserveInterTokenLatency(0.001, 0);
+  const auto families = Collect(*metrics);
+  const auto* itl = FindSeries(families, "fwserve_inter_token_latency_seconds", {{"model", "m"}});
+  ASSERT_NE(itl, nullptr);
+  EXPECT_EQ(itl->histogram.sample_count, 9u);
+  EXPECT_NEAR(itl->histogram.sample_sum, 0.0006 + 0.002 + 20.0, 1e-12);
+  EXPECT_EQ(BucketCount(*itl, 0.0001), 0);
+  EXPECT_EQ(BucketCount(*itl, 0.00025), 3);
+  EXPECT_EQ(BucketCount(*itl, 0.0005), 3);
+  EXPECT_EQ(BucketCount(*itl, 0.001), 5);
+  EXPECT_EQ(BucketCount(*itl, std::numeric_limits<double>::infinity()), 9);
+}
+
 TEST(MetricsTest, DecodeStepObservesBatchSizeAndDuration) {
   auto metrics = Metrics::Create();
   ModelMetrics* m = metrics->AddModel(Info("m"));
