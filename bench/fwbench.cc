@@ -11,15 +11,40 @@
 // inside the window, an ITL sample if its second token does, a TTFT sample if its request
 // started inside the window and its first token arrived before the window ended. ITL is
 // per token: a message of n tokens gives the gap since the previous message for its
-// first token and 0 for the other n-1 (they arrived together). At the
-// end of the window the requests still running are cancelled (not counted as errors), so
-// every level starts from an idle server.
+// first token and 0 for the other n-1 (they arrived together). Messages (gRPC
+// GenerateResponse messages with token ids; HTTP SSE chunks with text, neither the usage
+// chunk nor [DONE]) count as tokens do, by arrival inside the window: "messages",
+// "messages_per_s" and "tokens_per_message" (tokens / messages, 0 without messages; the
+// tok/msg column). At the end of the window the requests still running are cancelled
+// (not counted as errors), so every level starts from an idle server.
 //
-// Clients (gRPC). All threads share one fwserve::Client (thread-safe by contract). Separate
-// Clients would not give separate connections anyway: gRPC channels with the same target
-// and arguments share one subchannel (its global subchannel pool), and client.h does not
-// expose channel arguments. So every level runs over one HTTP/2 connection, as a server
+// Clients (gRPC). All threads of a process share one fwserve::Client (thread-safe by
+// contract). Separate Clients would not give separate connections anyway: gRPC channels
+// with the same target and arguments share one subchannel (its global subchannel pool),
+// and client.h does not expose channel arguments. So every level runs over one HTTP/2
+// connection per client process (one connection without --processes), as a server
 // behind one proxy would see it.
+//
+// Client processes (--processes N, default 1). One process's threads (and its one HTTP/2
+// connection, or its one asio thread) can be the bound before the server is. With N > 1,
+// a level of C streams runs in min(N, C) worker processes instead: stream i in process
+// i % N, with the stream index, seeds, prompt and session prefix it has with N = 1. A
+// worker is this binary re-executed (/proc/self/exe --worker_of=PID, so no gRPC state
+// crosses a fork) with its own fwserve::Client (its own channel and connection) and, over
+// HTTP, its own asio thread and connections; it talks to the parent over its stdin and
+// stdout. The parent waits until every worker's streams have done their set-up, then
+// sends each the same window as steady-clock times (one clock for the processes of one
+// machine); each worker returns its streams' raw samples and its own CPU time over the
+// window, and the parent merges the streams exactly as it merges the streams of one
+// process (sums; percentiles over all the samples together). The parent takes the
+// snapshots (--metrics-target, --server-pid) itself. The level's "processes" is min(N, C)
+// (1: the level ran in this process, as without the flag); the bench's CPU figures are
+// the parent's plus every worker's, and "bench_cpu_fraction_by_process" lists them
+// (parent first; a worker near 1.0 is a bound again). A worker that exits, is killed or
+// has not reported 120 s after the window becomes one error of the level ("worker
+// process: exit 1", "worker process: killed by signal 9", ...), its streams counting
+// nothing; workers die with the parent. --requests-per-stream is refused with N > 1: the
+// first stream to finish ends the window, and the workers do not share that.
 //
 // Long context (--context-tokens N > 0): before a level starts, each stream creates a
 // session prefilled with N tokens of text (CreateSession prefix; the bytes tokenizer makes
@@ -65,20 +90,34 @@
 // completed request; `--max-tokens 1 --prompt-bytes 1` at --concurrency 1,64 makes that
 // the cost of a minimal request in each protocol.
 //
+// Per-token cost: CPU time over the window per output token of the window:
+// "bench_cpu_us_per_token" (the bench, all its client processes), and with --server-pid
+// "server_cpu_us_per_token" (every server thread) and
+// "server_engine_thread_cpu_us_per_token" (the threads named fwserve-engine: the engine
+// loop, and the OpenMP workers it starts, which inherit its name; also as
+// "server_engine_thread_cpu_fraction"). Absent when the window has no tokens.
+//
 // Server-side numbers (optional): --metrics-target scrapes the server's Prometheus
 // endpoint at both ends of the window (decode steps, mean batch size, share of the
 // window spent in the batched model step and in prefill); --server-pid reads the server's
 // CPU time per thread name from /proc (same machine only).
+#include <fcntl.h>
 #include <netdb.h>
+#include <poll.h>
+#include <spawn.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
+#include <csignal>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -103,6 +142,7 @@
 #include "absl/flags/usage.h"
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -170,6 +210,15 @@ ABSL_FLAG(std::string, trace, "",
           "TTFT and every inter-token gap, ms), for looking at where latency goes");
 ABSL_FLAG(absl::Duration, connect_timeout, absl::Seconds(30),
           "how long to wait for the server's health check to pass");
+ABSL_FLAG(int32_t, processes, 1,
+          "client processes per level: N > 1 splits each level's streams over N worker "
+          "processes (stream i in process i % N, each process with its own gRPC channel and "
+          "HTTP connections), so that one client process is not the bound; the bench's CPU "
+          "figures add them all up. 1 = every stream in this process. Not with "
+          "--requests-per-stream");
+ABSL_FLAG(int32_t, worker_of, 0,
+          "internal (--processes): run as a worker process of the fwbench with this pid, "
+          "which sends the level on stdin; not for use by hand");
 
 namespace {
 
@@ -369,6 +418,31 @@ std::map<std::string, double> ParseMetrics(const std::string& text) {
   return sums;
 }
 
+// One instant, read by the bench's own process: its CPU time, and with --server-pid /
+// --metrics-target the server's CPU time per thread and its metrics.
+struct ServerSnapshot {
+  std::map<std::string, double> metrics;
+  std::map<std::string, double> thread_cpu;
+  double self_cpu = 0;
+  int64_t at_ns = 0;
+};
+
+ServerSnapshot Snapshot(const std::string& metrics_target, int server_pid) {
+  ServerSnapshot s;
+  s.at_ns = NowNs();
+  s.self_cpu = CpuSecondsSelf();
+  if (server_pid > 0) s.thread_cpu = ThreadCpuSeconds(server_pid);
+  if (!metrics_target.empty()) {
+    auto body = HttpGetMetrics(metrics_target);
+    if (body.ok()) {
+      s.metrics = ParseMetrics(*body);
+    } else {
+      std::fprintf(stderr, "fwbench: %s\n", std::string(body.status().message()).c_str());
+    }
+  }
+  return s;
+}
+
 struct Config {
   std::string model;
   int max_tokens = 128;
@@ -392,6 +466,7 @@ struct StreamResult {
   std::vector<double> request_ms;  // sent -> final message, completed requests of the window
   std::vector<double> session_create_ms;
   int64_t tokens = 0;              // token messages' tokens inside the window
+  int64_t messages = 0;            // messages (SSE chunks) with tokens (text) inside it
   int64_t requests_completed = 0;  // OK inside the window
   int64_t requests_started = 0;    // started inside the window
   int64_t measured_done = 0;       // completed requests that started inside the window
@@ -407,19 +482,37 @@ enum class Protocol { kGrpc, kHttp };
 
 const char* ProtocolName(Protocol p) { return p == Protocol::kGrpc ? "grpc" : "http"; }
 
-// Where the HTTP API is: resolved once, before any level.
+// Where the HTTP API is: resolved once, before any level (once per worker process).
 struct HttpTarget {
   fwbench::Endpoints endpoints;
   std::string host;  // HOST:PORT, the Host header
 };
 
-// One level: `concurrency` streams against one server. gRPC: a worker thread per stream,
-// all sharing `client`. HTTP: every stream on one io_context thread, each on its own
-// keep-alive connection to `http`.
+// What one level measured, in this process or in its worker processes: the input of
+// LevelReport().
+struct Measured {
+  std::vector<StreamResult> results;  // by stream index, all C of them
+  int processes = 1;                  // the client processes the streams ran in
+  int64_t begin_ns = 0;               // the window
+  int64_t end_ns = 0;
+  ServerSnapshot first, last;  // taken by this process at both ends of the window
+  // CPU seconds of the bench over the window: this process's (last.self_cpu -
+  // first.self_cpu) plus, with worker processes, theirs.
+  double bench_cpu_s = 0;
+  std::vector<double> process_cpu_s;  // with workers: this process's, then each worker's
+  std::map<std::string, int64_t> process_errors;  // "worker process: exit 1", ...
+  std::optional<std::vector<double>> load_before, load_after;
+};
+
+// One level: `concurrency` streams against one server, or of them the streams i with
+// i % processes == process (a worker process's share; stream indices, seeds and prompts
+// are those of the whole level). gRPC: a worker thread per stream, all sharing `client`.
+// HTTP: every stream on one io_context thread, each on its own keep-alive connection to
+// `http`.
 class Level {
  public:
   Level(Protocol protocol, fwserve::Client* client, const HttpTarget* http, const Config& config,
-        int concurrency, int context_tokens, int repeat)
+        int concurrency, int context_tokens, int repeat, int process = 0, int processes = 1)
       : protocol_(protocol),
         client_(client),
         http_(http),
@@ -428,11 +521,29 @@ class Level {
         context_tokens_(context_tokens),
         repeat_(repeat),
         results_(concurrency),
-        slots_(concurrency) {}
+        slots_(concurrency) {
+    for (int i = process; i < concurrency; i += processes) streams_.push_back(i);
+  }
 
-  nlohmann::ordered_json Run(const std::string& metrics_target, int server_pid);
-  // With --trace, after Run: one JSON line per measured request.
-  const std::vector<std::string>& trace() const { return trace_; }
+  // The whole level in this process: Start(), the window from now (after --warmup),
+  // Go(), WaitForEnd() and Stop(), with snapshots at both ends of the window.
+  Measured Run(const std::string& metrics_target, int server_pid);
+
+  // The phases, for a worker process whose window the parent sets. Start() starts this
+  // process's streams and returns once each has done its set-up (connection, session);
+  // Go() sets the window (steady-clock ns: load starts, window begins, window ends;
+  // INT64_MAX = --requests-per-stream ends it) and lets them run; WaitForEnd() returns
+  // at the end of the window (earlier with --requests-per-stream, or at once when every
+  // stream failed its set-up); Stop() cancels what is in flight and ends the streams.
+  void Start();
+  void Go(int64_t start_ns, int64_t begin_ns, int64_t end_ns);
+  void WaitForEnd();
+  void Stop();
+  // After Start(): this process's streams whose set-up failed.
+  int setup_failures() const;
+  const std::vector<int>& streams() const { return streams_; }
+  // After Stop(): what stream i observed (empty for streams of other processes).
+  const StreamResult& result(int i) const { return results_[i]; }
 
  private:
   struct Slot {
@@ -492,7 +603,8 @@ class Level {
   const int repeat_;
   std::vector<StreamResult> results_;
   std::vector<Slot> slots_;
-  std::vector<std::string> trace_;
+  std::vector<int> streams_;          // this process's stream indices
+  std::vector<std::thread> threads_;  // gRPC: one per stream
 
   int64_t start_ns_ = 0;  // load starts
   int64_t begin_ns_ = 0;  // window starts
@@ -627,6 +739,7 @@ void Level::Work(int index) {
       if (message.token_ids_size() == 0) continue;
       if (now >= begin_ns_) {
         r.tokens += message.token_ids_size();
+        ++r.messages;
         // Per token: the message's first token waited the gap since the previous
         // message; the others in the same message (decode pipelining, a flush
         // interval) arrived with it, a gap of 0.
@@ -938,6 +1051,7 @@ void Level::HttpStream::OnEvent(absl::string_view data, int64_t now) {
       // As Work(): the chunk's first token waited the gap since the previous chunk, the
       // others arrived with it.
       r_.tokens += n;
+      ++r_.messages;
       int64_t same_chunk = n - 1;
       if (last_ < 0) {
         ttft_ms_ = static_cast<double>(now - sent_) * 1e-6;
@@ -1029,9 +1143,7 @@ void Level::HttpStream::DeleteFork(std::string fork, int attempt, std::function<
 void Level::StartHttp() {
   http_load_ = std::make_unique<HttpLoad>();
   HttpLoad& load = *http_load_;
-  for (int i = 0; i < concurrency_; ++i) {
-    load.streams.push_back(std::make_shared<HttpStream>(this, i, load.io));
-  }
+  for (int i : streams_) load.streams.push_back(std::make_shared<HttpStream>(this, i, load.io));
   for (auto& stream : load.streams) net::post(load.io, [stream] { stream->Setup(); });
   load.thread = std::thread([&load] { load.io.run(); });
 }
@@ -1062,74 +1174,548 @@ void Level::StopHttp() {
   http_load_.reset();
 }
 
-struct ServerSnapshot {
-  std::map<std::string, double> metrics;
-  std::map<std::string, double> thread_cpu;
-  double self_cpu = 0;
-  int64_t at_ns = 0;
-};
-
-ServerSnapshot Snapshot(const std::string& metrics_target, int server_pid) {
-  ServerSnapshot s;
-  s.at_ns = NowNs();
-  s.self_cpu = CpuSecondsSelf();
-  if (server_pid > 0) s.thread_cpu = ThreadCpuSeconds(server_pid);
-  if (!metrics_target.empty()) {
-    auto body = HttpGetMetrics(metrics_target);
-    if (body.ok()) {
-      s.metrics = ParseMetrics(*body);
-    } else {
-      std::fprintf(stderr, "fwbench: %s\n", std::string(body.status().message()).c_str());
-    }
-  }
-  return s;
-}
-
-nlohmann::ordered_json Level::Run(const std::string& metrics_target, int server_pid) {
-  setup_pending_ = concurrency_;
-  live_workers_ = concurrency_;
-  std::vector<std::thread> threads;
+void Level::Start() {
+  setup_pending_ = static_cast<int>(streams_.size());
+  live_workers_ = static_cast<int>(streams_.size());
   if (protocol_ == Protocol::kGrpc) {
-    threads.reserve(concurrency_);
-    for (int i = 0; i < concurrency_; ++i) threads.emplace_back([this, i] { Worker(i); });
+    threads_.reserve(streams_.size());
+    for (int i : streams_) threads_.emplace_back([this, i] { Worker(i); });
   } else {
     StartHttp();
   }
+  std::unique_lock<std::mutex> lock(setup_mu_);
+  setup_cv_.wait(lock, [this] { return setup_pending_ == 0; });
+}
+
+int Level::setup_failures() const {
+  int failed = 0;
+  for (int i : streams_) failed += results_[i].setup_error.empty() ? 0 : 1;
+  return failed;
+}
+
+void Level::Go(int64_t start_ns, int64_t begin_ns, int64_t end_ns) {
   {
-    std::unique_lock<std::mutex> lock(setup_mu_);
-    setup_cv_.wait(lock, [this] { return setup_pending_ == 0; });
-    start_ns_ = NowNs();
-    begin_ns_ = start_ns_ + absl::ToInt64Nanoseconds(config_.warmup);
-    if (config_.requests_per_stream <= 0) {
-      end_ns_ = begin_ns_ + absl::ToInt64Nanoseconds(config_.duration);
-    }
+    std::lock_guard<std::mutex> lock(setup_mu_);
+    start_ns_ = start_ns;
+    begin_ns_ = begin_ns;
+    end_ns_ = end_ns;
     go_ = true;
     setup_cv_.notify_all();
   }
   if (protocol_ == Protocol::kHttp) GoHttp();
-  const std::optional<std::vector<double>> load_before = LoadAverage();
-  std::this_thread::sleep_for(std::chrono::nanoseconds(std::max<int64_t>(0, begin_ns_ - NowNs())));
-  const ServerSnapshot first = Snapshot(metrics_target, server_pid);
+}
+
+void Level::WaitForEnd() {
   while (NowNs() < end_ns_.load()) {
     if (live_workers_.load() == 0) EndWindowAt(NowNs());  // every stream failed its setup
     const int64_t left = end_ns_.load() - NowNs();
     std::this_thread::sleep_for(std::chrono::nanoseconds(std::clamp<int64_t>(left, 0, 5000000)));
   }
-  const ServerSnapshot last = Snapshot(metrics_target, server_pid);
+}
+
+void Level::Stop() {
   stop_ = true;
   if (protocol_ == Protocol::kGrpc) {
     CancelAll();
-    for (std::thread& t : threads) t.join();
+    for (std::thread& t : threads_) t.join();
+    threads_.clear();
   } else {
     StopHttp();
   }
-  const std::optional<std::vector<double>> load_after = LoadAverage();
+}
 
-  // Merge.
+void SleepUntil(int64_t t_ns) {
+  std::this_thread::sleep_for(std::chrono::nanoseconds(std::max<int64_t>(0, t_ns - NowNs())));
+}
+
+Measured Level::Run(const std::string& metrics_target, int server_pid) {
+  Start();
+  const int64_t start = NowNs();
+  const int64_t begin = start + absl::ToInt64Nanoseconds(config_.warmup);
+  Go(start, begin,
+     config_.requests_per_stream > 0 ? INT64_MAX
+                                     : begin + absl::ToInt64Nanoseconds(config_.duration));
+  Measured m;
+  m.load_before = LoadAverage();
+  SleepUntil(begin_ns_);
+  m.first = Snapshot(metrics_target, server_pid);
+  WaitForEnd();
+  m.last = Snapshot(metrics_target, server_pid);
+  Stop();
+  m.load_after = LoadAverage();
+  m.begin_ns = begin_ns_;
+  m.end_ns = end_ns_.load();
+  m.bench_cpu_s = m.last.self_cpu - m.first.self_cpu;
+  m.results = std::move(results_);
+  return m;
+}
+
+// ---- Worker processes (--processes N > 1) ----
+//
+// Each level with N > 1 (and C > 1) runs min(N, C) workers: this binary re-executed
+// (/proc/self/exe --worker_of=PID), so that no gRPC state crosses a fork. Parent and
+// worker exchange messages on the worker's stdin and stdout (the worker moves its
+// stdout to a private descriptor first and points fd 1 at stderr, so nothing it prints
+// can corrupt them): CBOR documents, each after its length (8 bytes, host order; both
+// ends are one binary on one machine), sample vectors as binary arrays of doubles.
+//   parent -> worker: the level (config, protocol, targets, C, context, which share);
+//   worker -> parent: {"setup_failures"} once its streams have done their set-up;
+//   parent -> worker: the window {"start_ns", "begin_ns", "end_ns"} (steady clock, which
+//                     the processes of one machine share);
+//   worker -> parent: after the window and Stop(): its CPU seconds over the window and
+//                     every one of its streams' StreamResult; then it exits 0.
+// A worker that exits, is killed or says nothing becomes one error of the level
+// ("worker process: exit 1", "worker process: killed by signal 9", "worker process: no
+// result 120 s after the window (killed)"), its streams counting nothing; it says why on
+// stderr. A worker dies with its parent (PR_SET_PDEATHSIG, which watches the thread that
+// spawned it: the parent's main thread).
+
+constexpr int64_t kNoDeadline = INT64_MAX;
+
+absl::Status WriteAll(int fd, const void* data, size_t size) {
+  const char* p = static_cast<const char*>(data);
+  while (size > 0) {
+    const ssize_t n = write(fd, p, size);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return absl::UnavailableError(absl::StrCat("write: ", std::strerror(errno)));
+    p += n;
+    size -= static_cast<size_t>(n);
+  }
+  return absl::OkStatus();
+}
+
+// Exactly `size` bytes, or an error: end of stream, a read error, or the deadline (steady
+// ns) passing (DEADLINE_EXCEEDED).
+absl::Status ReadExactly(int fd, void* data, size_t size, int64_t deadline_ns) {
+  char* p = static_cast<char*>(data);
+  while (size > 0) {
+    int timeout_ms = -1;
+    if (deadline_ns != kNoDeadline) {
+      const int64_t left = deadline_ns - NowNs();
+      if (left <= 0) return absl::DeadlineExceededError("no message in time");
+      timeout_ms = static_cast<int>(std::min<int64_t>(left / 1000000 + 1, 60000));
+    }
+    pollfd waiting{fd, POLLIN, 0};
+    const int ready = poll(&waiting, 1, timeout_ms);
+    if (ready < 0 && errno != EINTR) {
+      return absl::UnavailableError(absl::StrCat("poll: ", std::strerror(errno)));
+    }
+    if (ready <= 0) continue;
+    const ssize_t n = read(fd, p, size);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return absl::UnavailableError(absl::StrCat("read: ", std::strerror(errno)));
+    if (n == 0) return absl::UnavailableError("end of stream");
+    p += n;
+    size -= static_cast<size_t>(n);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WriteMessage(int fd, const nlohmann::json& message) {
+  const std::vector<uint8_t> bytes = nlohmann::json::to_cbor(message);
+  const uint64_t size = bytes.size();
+  if (absl::Status s = WriteAll(fd, &size, sizeof(size)); !s.ok()) return s;
+  return WriteAll(fd, bytes.data(), bytes.size());
+}
+
+absl::StatusOr<nlohmann::json> ReadMessage(int fd, int64_t deadline_ns) {
+  uint64_t size = 0;
+  if (absl::Status s = ReadExactly(fd, &size, sizeof(size), deadline_ns); !s.ok()) return s;
+  if (size > (uint64_t{1} << 36)) return absl::DataLossError("message length out of range");
+  std::vector<uint8_t> bytes(size);
+  if (absl::Status s = ReadExactly(fd, bytes.data(), bytes.size(), deadline_ns); !s.ok()) {
+    return s;
+  }
+  nlohmann::json message = nlohmann::json::from_cbor(bytes, true, /*allow_exceptions=*/false);
+  if (message.is_discarded()) return absl::DataLossError("message is not CBOR");
+  return message;
+}
+
+nlohmann::json DoublesToIpc(const std::vector<double>& values) {
+  std::vector<uint8_t> bytes(values.size() * sizeof(double));
+  if (!values.empty()) std::memcpy(bytes.data(), values.data(), bytes.size());
+  return nlohmann::json::binary(std::move(bytes));
+}
+
+std::vector<double> DoublesFromIpc(const nlohmann::json& value) {
+  if (!value.is_binary()) return {};
+  const auto& bytes = value.get_binary();
+  std::vector<double> values(bytes.size() / sizeof(double));
+  if (!values.empty()) std::memcpy(values.data(), bytes.data(), values.size() * sizeof(double));
+  return values;
+}
+
+nlohmann::json StreamResultToIpc(const StreamResult& r) {
+  nlohmann::json j;
+  j["ttft_ms"] = DoublesToIpc(r.ttft_ms);
+  j["itl_ms"] = DoublesToIpc(r.itl_ms);
+  j["finish_ms"] = DoublesToIpc(r.finish_ms);
+  j["request_ms"] = DoublesToIpc(r.request_ms);
+  j["session_create_ms"] = DoublesToIpc(r.session_create_ms);
+  j["tokens"] = r.tokens;
+  j["messages"] = r.messages;
+  j["requests_completed"] = r.requests_completed;
+  j["requests_started"] = r.requests_started;
+  j["measured_done"] = r.measured_done;
+  j["context_tokens_seen"] = r.context_tokens_seen;
+  j["usage_token_correction"] = r.usage_token_correction;
+  j["errors"] = r.errors;
+  j["warmup_errors"] = r.warmup_errors;
+  j["setup_error"] = r.setup_error;
+  j["trace"] = r.trace;
+  return j;
+}
+
+StreamResult StreamResultFromIpc(const nlohmann::json& j) {
+  StreamResult r;
+  r.ttft_ms = DoublesFromIpc(j.at("ttft_ms"));
+  r.itl_ms = DoublesFromIpc(j.at("itl_ms"));
+  r.finish_ms = DoublesFromIpc(j.at("finish_ms"));
+  r.request_ms = DoublesFromIpc(j.at("request_ms"));
+  r.session_create_ms = DoublesFromIpc(j.at("session_create_ms"));
+  r.tokens = j.at("tokens").get<int64_t>();
+  r.messages = j.at("messages").get<int64_t>();
+  r.requests_completed = j.at("requests_completed").get<int64_t>();
+  r.requests_started = j.at("requests_started").get<int64_t>();
+  r.measured_done = j.at("measured_done").get<int64_t>();
+  r.context_tokens_seen = j.at("context_tokens_seen").get<int64_t>();
+  r.usage_token_correction = j.at("usage_token_correction").get<int64_t>();
+  r.errors = j.at("errors").get<std::map<std::string, int64_t>>();
+  r.warmup_errors = j.at("warmup_errors").get<std::map<std::string, int64_t>>();
+  r.setup_error = j.at("setup_error").get<std::string>();
+  r.trace = j.at("trace").get<std::vector<std::string>>();
+  return r;
+}
+
+// The client options a worker needs to make its own fwserve::Client like the parent's.
+struct WorkerTargets {
+  fwserve::ClientOptions client;  // target, auth_token, max_overload_retries
+  std::string http_target;        // HOST:PORT
+};
+
+// One worker process, as the parent sees it.
+struct WorkerProcess {
+  pid_t pid = -1;
+  int to = -1;          // its stdin
+  int from = -1;        // its stdout
+  std::string failure;  // the level's error key once it failed ("" = fine so far)
+  std::string exit;     // once reaped: "exit 0", "killed by signal 9", ...
+  bool killed = false;  // by the parent
+};
+
+// Reaps `w` (once), waiting up to `grace` for it to exit and then killing it.
+void Reap(WorkerProcess& w, absl::Duration grace) {
+  if (w.pid <= 0 || !w.exit.empty()) return;
+  const absl::Time give_up = absl::Now() + grace;
+  int status = 0;
+  while (true) {
+    const pid_t done = waitpid(w.pid, &status, WNOHANG);
+    if (done == w.pid) break;
+    if (done < 0 && errno != EINTR) {
+      w.exit = absl::StrCat("waitpid: ", std::strerror(errno));
+      return;
+    }
+    if (absl::Now() >= give_up) {
+      w.killed = true;
+      kill(w.pid, SIGKILL);
+      while (waitpid(w.pid, &status, 0) < 0 && errno == EINTR) {
+      }
+      break;
+    }
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  if (WIFEXITED(status)) {
+    w.exit = absl::StrCat("exit ", WEXITSTATUS(status));
+  } else if (WIFSIGNALED(status)) {
+    w.exit = absl::StrCat("killed by signal ", WTERMSIG(status));
+  } else {
+    w.exit = absl::StrCat("wait status ", status);
+  }
+}
+
+// Marks `w` failed (once): reaps it (killing it if it still runs after 2 s) and keys the
+// level's error by how it ended ("worker process: exit 1", "worker process: killed by
+// signal 11"), or by `why` when it exited 0 or the parent killed it.
+void FailWorker(WorkerProcess& w, int k, const std::string& why) {
+  if (!w.failure.empty()) return;
+  Reap(w, absl::Seconds(2));
+  const bool own_words = w.exit.empty() || w.exit == "exit 0" || w.killed;
+  w.failure = absl::StrCat("worker process: ", own_words ? why : w.exit);
+  std::fprintf(stderr, "fwbench: worker process %d (pid %d): %s (%s)\n", k, static_cast<int>(w.pid),
+               why.c_str(), w.exit.empty() ? "not started" : w.exit.c_str());
+}
+
+// Starts /proc/self/exe --worker_of=<this pid> with pipes on its stdin and stdout.
+absl::Status SpawnWorker(WorkerProcess& w, const char* argv0) {
+  int to[2], from[2];
+  if (pipe2(to, O_CLOEXEC) != 0) return absl::InternalError(std::strerror(errno));
+  if (pipe2(from, O_CLOEXEC) != 0) {
+    close(to[0]);
+    close(to[1]);
+    return absl::InternalError(std::strerror(errno));
+  }
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, to[0], STDIN_FILENO);
+  posix_spawn_file_actions_adddup2(&actions, from[1], STDOUT_FILENO);
+  std::string arg0 = argv0;
+  std::string flag = absl::StrCat("--worker_of=", getpid());
+  char* args[] = {arg0.data(), flag.data(), nullptr};
+  pid_t pid = -1;
+  const int error = posix_spawn(&pid, "/proc/self/exe", &actions, nullptr, args, environ);
+  posix_spawn_file_actions_destroy(&actions);
+  close(to[0]);
+  close(from[1]);
+  if (error != 0) {
+    close(to[1]);
+    close(from[0]);
+    return absl::InternalError(absl::StrCat("posix_spawn: ", std::strerror(error)));
+  }
+  w.pid = pid;
+  w.to = to[1];
+  w.from = from[0];
+  return absl::OkStatus();
+}
+
+// The level in `processes` worker processes (2 <= processes <= concurrency): the parent
+// spawns them, waits for every one's set-up, sets the window, takes the snapshots and
+// merges what they return. A worker's streams are the Level's streams i with
+// i % processes == its number.
+Measured RunInProcesses(Protocol protocol, const WorkerTargets& targets, const Config& config,
+                        int concurrency, int context_tokens, int repeat, int processes,
+                        const char* argv0, const std::string& metrics_target, int server_pid) {
+  Measured m;
+  m.processes = processes;
+  m.results.resize(concurrency);
+  std::vector<WorkerProcess> workers(processes);
+
+  nlohmann::json level;
+  level["protocol"] = ProtocolName(protocol);
+  level["target"] = targets.client.target;
+  level["auth_token"] = targets.client.auth_token;
+  level["max_overload_retries"] = targets.client.max_overload_retries;
+  level["http_target"] = targets.http_target;
+  level["model"] = config.model;
+  level["max_tokens"] = config.max_tokens;
+  level["min_tokens_per_message"] = config.min_tokens_per_message;
+  level["prompt"] = config.prompt;
+  level["text"] = config.text;
+  level["temperature"] = config.temperature;
+  level["seed"] = config.seed;
+  level["trace"] = config.trace;
+  level["sessions"] = config.sessions;
+  level["concurrency"] = concurrency;
+  level["context_tokens"] = context_tokens;
+  level["repeat"] = repeat;
+  level["processes"] = processes;
+  for (int k = 0; k < processes; ++k) {
+    WorkerProcess& w = workers[k];
+    if (absl::Status s = SpawnWorker(w, argv0); !s.ok()) {
+      FailWorker(w, k, s.ToString());
+      continue;
+    }
+    level["process"] = k;
+    if (absl::Status s = WriteMessage(w.to, level); !s.ok()) FailWorker(w, k, s.ToString());
+  }
+  // Set-up: every worker's streams connected (and their sessions created).
+  int idle_streams = 0;  // streams that will not run: failed set-up, or a failed worker's
+  for (int k = 0; k < processes; ++k) {
+    WorkerProcess& w = workers[k];
+    const int owned = (concurrency - k + processes - 1) / processes;
+    if (w.failure.empty()) {
+      auto ready = ReadMessage(w.from, kNoDeadline);
+      if (ready.ok() && ready->contains("setup_failures") &&
+          (*ready)["setup_failures"].is_number_integer()) {
+        idle_streams += (*ready)["setup_failures"].get<int>();
+        continue;
+      }
+      FailWorker(w, k, ready.ok() ? "bad ready message" : std::string(ready.status().message()));
+    }
+    idle_streams += owned;
+  }
+  const int64_t start = NowNs();
+  const int64_t begin = start + absl::ToInt64Nanoseconds(config.warmup);
+  // As Level::WaitForEnd(): the window ends at once when no stream can run.
+  const int64_t end = idle_streams == concurrency
+                          ? begin + 1000000
+                          : begin + absl::ToInt64Nanoseconds(config.duration);
+  const nlohmann::json window = {{"start_ns", start}, {"begin_ns", begin}, {"end_ns", end}};
+  for (int k = 0; k < processes; ++k) {
+    WorkerProcess& w = workers[k];
+    if (!w.failure.empty()) continue;
+    if (absl::Status s = WriteMessage(w.to, window); !s.ok()) FailWorker(w, k, s.ToString());
+  }
+  m.load_before = LoadAverage();
+  SleepUntil(begin);
+  m.first = Snapshot(metrics_target, server_pid);
+  SleepUntil(end);
+  m.last = Snapshot(metrics_target, server_pid);
+  m.begin_ns = begin;
+  m.end_ns = end;
+  m.bench_cpu_s = m.last.self_cpu - m.first.self_cpu;
+  m.process_cpu_s.push_back(m.bench_cpu_s);
+  // Results: each worker stops its streams at the end of the window (cancelling what is
+  // in flight, deleting its sessions), then reports; 120 s is far beyond that.
+  const int64_t result_deadline = end + int64_t{120} * 1000000000;
+  for (int k = 0; k < processes; ++k) {
+    WorkerProcess& w = workers[k];
+    double cpu = 0;
+    if (w.failure.empty()) {
+      auto result = ReadMessage(w.from, result_deadline);
+      bool merged = false;
+      if (result.ok() && result->contains("streams") && result->contains("cpu_s")) {
+        try {
+          std::vector<std::pair<int, StreamResult>> streams;
+          for (const auto& s : (*result)["streams"]) {
+            const int i = s.at("index").get<int>();
+            if (i < 0 || i >= concurrency || i % processes != k) {
+              throw std::out_of_range("stream index");
+            }
+            streams.emplace_back(i, StreamResultFromIpc(s));
+          }
+          for (auto& [i, r] : streams) m.results[i] = std::move(r);
+          cpu = (*result)["cpu_s"].get<double>();
+          merged = true;
+        } catch (const std::exception& e) {
+          FailWorker(w, k, absl::StrCat("bad result message: ", e.what()));
+        }
+      } else if (result.ok()) {
+        FailWorker(w, k, "bad result message");
+      } else if (absl::IsDeadlineExceeded(result.status())) {
+        w.killed = true;
+        kill(w.pid, SIGKILL);
+        FailWorker(w, k, "no result 120 s after the window (killed)");
+      } else {
+        FailWorker(w, k, std::string(result.status().message()));
+      }
+      if (merged) {
+        Reap(w, absl::Seconds(10));
+        if (w.killed) {
+          FailWorker(w, k, "did not exit after its result (killed)");
+        } else if (w.exit != "exit 0") {
+          FailWorker(w, k, w.exit);
+        }
+      }
+    }
+    m.bench_cpu_s += cpu;
+    m.process_cpu_s.push_back(cpu);
+    if (w.to >= 0) close(w.to);
+    if (w.from >= 0) close(w.from);
+    Reap(w, absl::Seconds(10));
+    if (!w.failure.empty()) ++m.process_errors[w.failure];
+  }
+  m.load_after = LoadAverage();
+  return m;
+}
+
+// A worker's failure: said on stderr, then exit 1 (which the parent reports). _exit:
+// the Level's threads may be waiting for a window that will not come.
+[[noreturn]] void WorkerExit(int process, const std::string& message) {
+  std::fprintf(stderr, "fwbench worker %d: %s\n", process, message.c_str());
+  std::fflush(stderr);
+  _exit(1);
+}
+
+// --worker_of=PID: one share of one level, as RunInProcesses() describes.
+int WorkerMain(int parent_pid) {
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (getppid() != parent_pid) return 1;  // the parent is gone already
+  signal(SIGPIPE, SIG_IGN);
+  const int out = fcntl(STDOUT_FILENO, F_DUPFD_CLOEXEC, 3);
+  if (out < 0 || dup2(STDERR_FILENO, STDOUT_FILENO) < 0) WorkerExit(-1, "cannot move stdout");
+  auto message = ReadMessage(STDIN_FILENO, kNoDeadline);
+  if (!message.ok()) WorkerExit(-1, "no level: " + message.status().ToString());
+  const nlohmann::json& l = *message;
+  int process = -1;
+  Config config;
+  Protocol protocol = Protocol::kGrpc;
+  int concurrency = 0, context_tokens = 0, repeat = 0, processes = 0;
+  fwserve::ClientOptions options;
+  std::string http_target_name;
+  try {
+    process = l.at("process").get<int>();
+    protocol = l.at("protocol").get<std::string>() == "http" ? Protocol::kHttp : Protocol::kGrpc;
+    options.target = l.at("target").get<std::string>();
+    options.auth_token = l.at("auth_token").get<std::string>();
+    options.max_overload_retries = l.at("max_overload_retries").get<int>();
+    http_target_name = l.at("http_target").get<std::string>();
+    config.model = l.at("model").get<std::string>();
+    config.max_tokens = l.at("max_tokens").get<int>();
+    config.min_tokens_per_message = l.at("min_tokens_per_message").get<int>();
+    config.prompt = l.at("prompt").get<std::string>();
+    config.text = l.at("text").get<std::string>();
+    config.temperature = l.at("temperature").get<double>();
+    config.seed = l.at("seed").get<int64_t>();
+    config.trace = l.at("trace").get<bool>();
+    config.sessions = l.at("sessions").get<bool>();
+    concurrency = l.at("concurrency").get<int>();
+    context_tokens = l.at("context_tokens").get<int>();
+    repeat = l.at("repeat").get<int>();
+    processes = l.at("processes").get<int>();
+  } catch (const std::exception& e) {
+    WorkerExit(process, absl::StrCat("bad level message: ", e.what()));
+  }
+  if (processes < 1 || process < 0 || process >= processes) WorkerExit(process, "bad share");
+
+  std::unique_ptr<fwserve::Client> client;
+  HttpTarget http_target;
+  if (protocol == Protocol::kGrpc) {
+    auto connected = fwserve::Client::Connect(options);
+    if (!connected.ok()) WorkerExit(process, connected.status().ToString());
+    client = std::move(*connected);
+    // Connected before the window, as the parent's client is.
+    auto healthy = client->Health();
+    if (!healthy.ok() || !*healthy) {
+      WorkerExit(process, absl::StrCat("server at ", options.target, " is not healthy: ",
+                                       healthy.ok() ? "NOT_SERVING" : healthy.status().ToString()));
+    }
+  } else {
+    auto endpoints = fwbench::Resolve(http_target_name);
+    if (!endpoints.ok()) WorkerExit(process, endpoints.status().ToString());
+    http_target.endpoints = *endpoints;
+    http_target.host = http_target_name;
+  }
+  Level level(protocol, client.get(), &http_target, config, concurrency, context_tokens, repeat,
+              process, processes);
+  level.Start();
+  if (absl::Status s = WriteMessage(out, {{"setup_failures", level.setup_failures()}}); !s.ok()) {
+    WorkerExit(process, s.ToString());
+  }
+  auto window = ReadMessage(STDIN_FILENO, kNoDeadline);
+  if (!window.ok()) WorkerExit(process, "no window: " + window.status().ToString());
+  int64_t begin = 0;
+  try {
+    begin = window->at("begin_ns").get<int64_t>();
+    level.Go(window->at("start_ns").get<int64_t>(), begin, window->at("end_ns").get<int64_t>());
+  } catch (const std::exception& e) {
+    WorkerExit(process, absl::StrCat("bad window message: ", e.what()));
+  }
+  SleepUntil(begin);
+  const double cpu_before = CpuSecondsSelf();
+  level.WaitForEnd();
+  const double cpu_after = CpuSecondsSelf();
+  level.Stop();
+  nlohmann::json result;
+  result["cpu_s"] = cpu_after - cpu_before;
+  result["streams"] = nlohmann::json::array();
+  for (int i : level.streams()) {
+    nlohmann::json s = StreamResultToIpc(level.result(i));
+    s["index"] = i;
+    result["streams"].push_back(std::move(s));
+  }
+  if (absl::Status s = WriteMessage(out, result); !s.ok()) WorkerExit(process, s.ToString());
+  close(out);
+  return 0;
+}
+
+// The level's JSON, merged over its streams exactly as one process's: sums, and
+// percentiles of all the streams' raw samples together.
+nlohmann::ordered_json LevelReport(Protocol protocol, int repeat, int concurrency,
+                                   int context_tokens, const Measured& m, int server_pid) {
   StreamResult all;
   std::vector<std::string> setup_errors;
   int64_t context_seen = -1;
-  for (StreamResult& r : results_) {
+  for (const StreamResult& r : m.results) {
     all.ttft_ms.insert(all.ttft_ms.end(), r.ttft_ms.begin(), r.ttft_ms.end());
     all.itl_ms.insert(all.itl_ms.end(), r.itl_ms.begin(), r.itl_ms.end());
     all.finish_ms.insert(all.finish_ms.end(), r.finish_ms.begin(), r.finish_ms.end());
@@ -1138,29 +1724,39 @@ nlohmann::ordered_json Level::Run(const std::string& metrics_target, int server_
     all.session_create_ms.insert(all.session_create_ms.end(), r.session_create_ms.begin(),
                                  r.session_create_ms.end());
     all.tokens += r.tokens;
+    all.messages += r.messages;
     all.requests_completed += r.requests_completed;
     all.requests_started += r.requests_started;
     for (const auto& [k, v] : r.errors) all.errors[k] += v;
     for (const auto& [k, v] : r.warmup_errors) all.warmup_errors[k] += v;
     if (!r.setup_error.empty()) setup_errors.push_back(r.setup_error);
     if (r.context_tokens_seen >= 0) context_seen = r.context_tokens_seen;
-    trace_.insert(trace_.end(), r.trace.begin(), r.trace.end());
   }
-  const double window_s = static_cast<double>(end_ns_.load() - begin_ns_) * 1e-9;
+  for (const auto& [k, v] : m.process_errors) all.errors[k] += v;
+  const double window_s = static_cast<double>(m.end_ns - m.begin_ns) * 1e-9;
+  const ServerSnapshot& first = m.first;
+  const ServerSnapshot& last = m.last;
 
   nlohmann::ordered_json out;
-  out["protocol"] = ProtocolName(protocol_);
-  out["repeat"] = repeat_;
-  out["concurrency"] = concurrency_;
-  out["context_tokens"] = context_tokens_;
-  if (context_tokens_ > 0) {
+  out["protocol"] = ProtocolName(protocol);
+  out["repeat"] = repeat;
+  out["concurrency"] = concurrency;
+  out["processes"] = m.processes;
+  out["context_tokens"] = context_tokens;
+  if (context_tokens > 0) {
     out["session_tokens_after_prefill"] = context_seen;
     out["session_create_ms"] = Summary(all.session_create_ms);
   }
   out["window_s"] = window_s;
   out["output_tokens"] = all.tokens;
   out["output_tokens_per_s"] = static_cast<double>(all.tokens) / window_s;
-  out["output_tokens_per_s_per_stream"] = static_cast<double>(all.tokens) / window_s / concurrency_;
+  out["output_tokens_per_s_per_stream"] = static_cast<double>(all.tokens) / window_s / concurrency;
+  // Messages carrying tokens (gRPC GenerateResponse with token ids, SSE chunks with text)
+  // inside the window; tokens_per_message is the mean message size.
+  out["messages"] = all.messages;
+  out["messages_per_s"] = static_cast<double>(all.messages) / window_s;
+  out["tokens_per_message"] =
+      all.messages > 0 ? static_cast<double>(all.tokens) / static_cast<double>(all.messages) : 0.0;
   out["requests_started"] = all.requests_started;
   out["requests_completed"] = all.requests_completed;
   out["requests_per_s"] = static_cast<double>(all.requests_completed) / window_s;
@@ -1170,27 +1766,43 @@ nlohmann::ordered_json Level::Run(const std::string& metrics_target, int server_
   // Completed requests that started inside the window: sent -> final message (HTTP: the
   // end of the response).
   out["request_ms"] = Summary(all.request_ms);
-  if (protocol_ == Protocol::kHttp) out["usage_token_correction"] = all.usage_token_correction;
+  if (protocol == Protocol::kHttp) out["usage_token_correction"] = all.usage_token_correction;
   out["errors"] = all.errors;
   out["warmup_errors"] = all.warmup_errors;
   if (!setup_errors.empty()) out["setup_errors"] = setup_errors;
   const double measured_s = static_cast<double>(last.at_ns - first.at_ns) * 1e-9;
-  out["bench_cpu_fraction"] = (last.self_cpu - first.self_cpu) / measured_s;
+  out["bench_cpu_fraction"] = m.bench_cpu_s / measured_s;
+  if (m.process_cpu_s.size() > 1) {
+    // This process's, then each worker's: none should be near 1 (one core).
+    std::vector<double> fractions;
+    for (double s : m.process_cpu_s) fractions.push_back(s / measured_s);
+    out["bench_cpu_fraction_by_process"] = fractions;
+  }
   // Per-request cost: CPU time per request completed inside the window (the window and
   // the CPU interval are the same up to the two snapshots' timing).
   const double completed = static_cast<double>(all.requests_completed);
   if (completed > 0) {
-    out["bench_cpu_ms_per_request"] = (last.self_cpu - first.self_cpu) * 1e3 / completed;
+    out["bench_cpu_ms_per_request"] = m.bench_cpu_s * 1e3 / completed;
   }
-  if (load_before) out["loadavg_before"] = *load_before;
-  if (load_after) out["loadavg_after"] = *load_after;
+  // Per-token cost, likewise per output token of the window.
+  const double tokens = static_cast<double>(all.tokens);
+  if (tokens > 0) out["bench_cpu_us_per_token"] = m.bench_cpu_s * 1e6 / tokens;
+  if (m.load_before) out["loadavg_before"] = *m.load_before;
+  if (m.load_after) out["loadavg_after"] = *m.load_after;
   if (server_pid > 0 && !first.thread_cpu.empty()) {
     std::vector<std::pair<double, std::string>> busy;
     double total = 0;
+    double engine = 0;  // threads named fwserve-engine (the engine loop, and OpenMP's
+                        // workers it started, which inherit its name)
+    bool saw_engine = false;
     for (const auto& [name, seconds] : last.thread_cpu) {
       auto before = first.thread_cpu.find(name);
       const double delta = seconds - (before == first.thread_cpu.end() ? 0 : before->second);
       total += delta;
+      if (absl::StartsWith(name, "fwserve-engine")) {
+        engine += delta;
+        saw_engine = true;
+      }
       if (delta > 0) busy.emplace_back(delta / measured_s, name);
     }
     std::sort(busy.rbegin(), busy.rend());
@@ -1198,9 +1810,14 @@ nlohmann::ordered_json Level::Run(const std::string& metrics_target, int server_
     for (const auto& [fraction, name] : busy) threads_json.push_back({{name, fraction}});
     out["server_cpu_fraction"] = total / measured_s;
     if (completed > 0) out["server_cpu_ms_per_request"] = total * 1e3 / completed;
+    if (tokens > 0) out["server_cpu_us_per_token"] = total * 1e6 / tokens;
     // Busiest first; under load the busiest is the engine thread (model steps, sampling).
     out["server_cpu_fraction_by_thread"] = threads_json;
     out["server_busiest_thread_cpu_fraction"] = busy.empty() ? 0.0 : busy.front().first;
+    if (saw_engine) {
+      out["server_engine_thread_cpu_fraction"] = engine / measured_s;
+      if (tokens > 0) out["server_engine_thread_cpu_us_per_token"] = engine * 1e6 / tokens;
+    }
   }
   if (!first.metrics.empty() && !last.metrics.empty()) {
     auto delta = [&](const std::string& name) {
@@ -1232,6 +1849,7 @@ std::string Ms(const nlohmann::ordered_json& summary, const char* key) {
 }
 
 std::string HumanCount(double v) {
+  if (v >= 1e6) return absl::StrFormat("%.2fM", v / 1e6);
   if (v >= 1e4) return absl::StrFormat("%.1fk", v / 1e3);
   if (v >= 100) return absl::StrFormat("%.0f", v);
   return absl::StrFormat("%.1f", v);
@@ -1239,18 +1857,21 @@ std::string HumanCount(double v) {
 
 void PrintTable(const std::vector<nlohmann::ordered_json>& levels) {
   std::printf(
-      "%5s %3s %5s %7s %7s %8s %7s | %7s %7s %7s | %6s %6s %6s %6s | %6s %6s | %6s %6s | %5s %5s "
-      "%5s %5s %5s | %s\n",
-      "proto", "rep", "C", "context", "req/s", "tok/s", "tok/s/C", "TTFTp50", "p90", "p99",
-      "ITLp50", "p90", "p99", "mean", "ENDp50", "p99", "REQp50", "p99", "batch", "step%", "srv%",
-      "top%", "cli%", "errors");
+      "%5s %3s %5s %7s %7s %8s %7s %7s | %7s %7s %7s | %6s %6s %6s %6s | %6s %6s | %6s %6s | %5s "
+      "%5s %5s %5s %5s | %s\n",
+      "proto", "rep", "C", "context", "req/s", "tok/s", "tok/s/C", "tok/msg", "TTFTp50", "p90",
+      "p99", "ITLp50", "p90", "p99", "mean", "ENDp50", "p99", "REQp50", "p99", "batch", "step%",
+      "srv%", "top%", "cli%", "errors");
   for (const auto& l : levels) {
     std::string errors;
     for (const auto& [code, n] : l["errors"].items()) {
       absl::StrAppend(&errors, errors.empty() ? "" : ",", code, "=", n.get<int64_t>());
     }
     if (errors.empty()) errors = "0";
-    std::string batch = "-", step = "-", server = "-", top = "-";
+    std::string batch = "-", step = "-", server = "-", top = "-", per_message = "-";
+    if (l["messages"].get<int64_t>() > 0) {
+      per_message = absl::StrFormat("%.1f", l["tokens_per_message"].get<double>());
+    }
     if (l.contains("server_engine")) {
       const auto& e = l["server_engine"];
       batch = absl::StrFormat("%.1f", e["mean_batch_size"].get<double>());
@@ -1261,13 +1882,13 @@ void PrintTable(const std::vector<nlohmann::ordered_json>& levels) {
       top = absl::StrFormat("%.0f", 100 * l["server_busiest_thread_cpu_fraction"].get<double>());
     }
     std::printf(
-        "%5s %3d %5d %7d %7s %8s %7s | %7s %7s %7s | %6s %6s %6s %6s | %6s %6s | %6s %6s | %5s %5s "
-        "%5s %5s %5.0f | %s\n",
+        "%5s %3d %5d %7d %7s %8s %7s %7s | %7s %7s %7s | %6s %6s %6s %6s | %6s %6s | %6s %6s | %5s "
+        "%5s %5s %5s %5.0f | %s\n",
         l["protocol"].get<std::string>().c_str(), l["repeat"].get<int>(),
         l["concurrency"].get<int>(), l["context_tokens"].get<int>(),
         HumanCount(l["requests_per_s"].get<double>()).c_str(),
         HumanCount(l["output_tokens_per_s"].get<double>()).c_str(),
-        HumanCount(l["output_tokens_per_s_per_stream"].get<double>()).c_str(),
+        HumanCount(l["output_tokens_per_s_per_stream"].get<double>()).c_str(), per_message.c_str(),
         Ms(l["ttft_ms"], "p50").c_str(), Ms(l["ttft_ms"], "p90").c_str(),
         Ms(l["ttft_ms"], "p99").c_str(), Ms(l["itl_ms"], "p50").c_str(),
         Ms(l["itl_ms"], "p90").c_str(), Ms(l["itl_ms"], "p99").c_str(),
@@ -1476,6 +2097,7 @@ int main(int argc, char** argv) {
   const std::string command_line = fwserve::QuotedCommandLine(argc, argv);
   std::vector<std::string> positional = fwserve::ParseFlagsAllowingDashes(argc, argv);
   if (positional.size() > 1) return Fail("unexpected argument '" + positional[1] + "'");
+  if (const int parent = absl::GetFlag(FLAGS_worker_of); parent > 0) return WorkerMain(parent);
 
   auto concurrency = ParseList(absl::GetFlag(FLAGS_concurrency), 1, "concurrency");
   if (!concurrency.ok()) return Fail(std::string(concurrency.status().message()));
@@ -1525,6 +2147,15 @@ int main(int argc, char** argv) {
   if (config.warmup < absl::ZeroDuration()) return Fail("--warmup must not be negative");
   const int repeats = absl::GetFlag(FLAGS_repeat);
   if (repeats < 1) return Fail("--repeat must be >= 1");
+  const int processes = absl::GetFlag(FLAGS_processes);
+  if (processes < 1) return Fail("--processes must be >= 1");
+  if (processes > 1 && config.requests_per_stream > 0) {
+    return Fail(
+        "--requests-per-stream cannot be used with --processes > 1 (the first stream to "
+        "finish ends the window, and worker processes do not share that); use --duration");
+  }
+  // A worker that has died must not kill the bench when it writes to its pipe.
+  if (processes > 1) signal(SIGPIPE, SIG_IGN);
 
   config.text = kBuiltinText;
   const std::string text_file = absl::GetFlag(FLAGS_text_file);
@@ -1665,6 +2296,7 @@ int main(int argc, char** argv) {
   flags["requests_per_stream"] = config.requests_per_stream;
   flags["warmup_s"] = absl::ToDoubleSeconds(config.warmup);
   flags["repeat"] = repeats;
+  flags["processes"] = processes;
   flags["max_tokens"] = config.max_tokens;
   flags["min_tokens_per_message"] = config.min_tokens_per_message;
   flags["prompt_bytes"] = config.prompt.size();
@@ -1686,7 +2318,7 @@ int main(int argc, char** argv) {
   }
   std::printf(
       "fwbench: %s, model %s (%s, %lld parameters), %d cores; max_tokens %d, prompt %zu bytes, "
-      "temperature %.2f; %s per level after %s warmup\n",
+      "temperature %.2f; %s per level after %s warmup%s\n",
       where.c_str(), model_json["name"].get<std::string>().c_str(),
       model_json["architecture"].get<std::string>().c_str(),
       static_cast<long long>(model_json["parameters"].get<int64_t>()),
@@ -1695,17 +2327,28 @@ int main(int argc, char** argv) {
       config.requests_per_stream > 0
           ? absl::StrCat(config.requests_per_stream, " requests per stream").c_str()
           : absl::FormatDuration(config.duration).c_str(),
-      absl::FormatDuration(config.warmup).c_str());
+      absl::FormatDuration(config.warmup).c_str(),
+      processes > 1 ? absl::StrCat("; streams split over ", processes, " client processes").c_str()
+                    : "");
   std::fflush(stdout);
 
+  WorkerTargets worker_targets;
+  worker_targets.client = options;
+  worker_targets.http_target = http_target_flag;
   std::vector<nlohmann::ordered_json> levels;
   for (int rep = 0; rep < repeats; ++rep) {
     for (int c : *concurrency) {
       for (int context : *contexts) {
         for (Protocol p : protocols) {
-          Level level(p, client.get(), &http_target, config, c, context, rep);
-          levels.push_back(level.Run(metrics_target, server_pid));
-          for (const std::string& line : level.trace()) trace_out << line << "\n";
+          const int n = std::min(processes, c);
+          Measured measured = n > 1 ? RunInProcesses(p, worker_targets, config, c, context, rep, n,
+                                                     argv[0], metrics_target, server_pid)
+                                    : Level(p, client.get(), &http_target, config, c, context, rep)
+                                          .Run(metrics_target, server_pid);
+          levels.push_back(LevelReport(p, rep, c, context, measured, server_pid));
+          for (const StreamResult& r : measured.results) {
+            for (const std::string& line : r.trace) trace_out << line << "\n";
+          }
           std::fprintf(stderr, "fwbench: done %s C=%d context=%d (%s tokens/s)\n", ProtocolName(p),
                        c, context,
                        HumanCount(levels.back()["output_tokens_per_s"].get<double>()).c_str());

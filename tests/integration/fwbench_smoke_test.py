@@ -4,7 +4,11 @@
 stream, with and without session context (the fork path), and checks its JSON: every
 level generated tokens and completed requests with no errors (window, warm-up or set-up),
 each level says its protocol, the prefilled sessions hold the context, and the HTTP/gRPC
-ratios are there. Keeps the load generator's HTTP mode from rotting; it measures nothing.
+ratios are there. Then one short level per protocol with the streams split over two
+worker processes (`--processes 2`, `--server-pid`): the merged level has tokens,
+messages of at least one token, processes == 2, the bench's CPU per token (parent and
+workers) and the server's, and no errors. Keeps the load generator's HTTP mode and its
+worker processes from rotting; it measures nothing.
 
 Usage: fwbench_smoke_test.py FWSERVE_BINARY FWBENCH_BINARY MODEL_DIR
 """
@@ -65,9 +69,43 @@ def main():
         summary = report["protocol_ratios"]["summary"]
         assert len(summary) == 2 and all("output_tokens_per_s" in s for s in summary), summary
         assert "HTTP/gRPC" in run.stdout, output
+        for l in levels:
+            where = f"{l['protocol']} context={l['context_tokens']}: {json.dumps(l)}"
+            assert l["processes"] == 1, where
+            assert l["messages"] > 0 and l["tokens_per_message"] >= 1, where
+
+        # The streams split over two worker processes, a short window per protocol.
+        split_path = os.path.join(work, "fwbench-processes.json")
+        run = subprocess.run(
+            [fwbench, "--target", target, "--http-target", f"127.0.0.1:{http_port}",
+             "--protocol", "grpc,http", "--concurrency", "4", "--processes", "2",
+             "--duration", "700ms", "--warmup", "200ms", "--max-tokens", "16",
+             "--server-pid", str(process.pid), "--json", split_path],
+            capture_output=True, text=True, timeout=120)
+        output = run.stdout + run.stderr
+        assert run.returncode == 0, f"fwbench --processes 2 exited with {run.returncode}:\n{output}"
+        with open(split_path, encoding="utf-8") as f:
+            split = json.load(f)
+        assert split["flags"]["processes"] == 2, split["flags"]
+        assert [l["protocol"] for l in split["levels"]] == ["grpc", "http"], split["levels"]
+        for l in split["levels"]:
+            where = f"--processes 2 {l['protocol']}: {json.dumps(l)}\n{output}"
+            assert l["processes"] == 2, where
+            assert l["output_tokens"] > 0 and l["messages"] > 0, where
+            assert l["tokens_per_message"] >= 1, where
+            assert l["errors"] == {} and l["warmup_errors"] == {}, where
+            assert "setup_errors" not in l, where
+            assert l["ttft_ms"]["count"] > 0, where
+            assert l["bench_cpu_us_per_token"] > 0, where
+            # This process's, then each worker's.
+            assert len(l["bench_cpu_fraction_by_process"]) == 3, where
+            assert l["server_cpu_us_per_token"] >= 0, where
+            assert "server_engine_thread_cpu_us_per_token" in l, where
         print("PASS: " + ", ".join(
             f"{l['protocol']} context={l['context_tokens']} {l['output_tokens']} tokens "
-            f"{l['requests_completed']} requests" for l in levels))
+            f"{l['requests_completed']} requests" for l in levels) + "; --processes 2: " +
+            ", ".join(f"{l['protocol']} {l['output_tokens']} tokens in {l['messages']} messages"
+                      for l in split["levels"]))
     finally:
         stop_server(process)
 
