@@ -128,8 +128,10 @@ ABSL_FLAG(bool, sample_in_step, true,
           "decode step, one copy each way per step; false samples in a separate pass");
 ABSL_FLAG(int32_t, decode_steps_per_launch, 1,
           "graph kernel with --sample-in-step: tokens one decode launch may draw and absorb "
-          "per stream without a session or a repetition penalty, each fed back on the "
-          "device (1..64; 1 = one token per launch)");
+          "per stream without a repetition penalty (a session's stream only behind a write "
+          "in flight and without stop strings), each fed back on the device (1..64; 1 = one "
+          "token per launch); 4 on a CUDA device unless given (1.24x at 1,024 streams on an "
+          "H200)");
 ABSL_FLAG(int32_t, threads, 0,
           "intra-op threads: LibTorch's, and those one decode step of the native kernel may "
           "use; 0 = OMP_NUM_THREADS if set, else the physical cores this process may run on "
@@ -443,6 +445,7 @@ int main(int argc, char** argv) {
     };
     if (!given("max_active_streams")) scheduler.max_active_streams = 4096;
     if (!given("batch_wait")) scheduler.batch_wait = absl::ZeroDuration();
+    if (!given("decode_steps_per_launch")) engine.decode_steps_per_launch = 4;
     if (scheduler.prefill_batch_tokens == 0) scheduler.prefill_batch_tokens = 16384;
   }
   engine.intra_op_threads = absl::GetFlag(FLAGS_threads);

@@ -22,6 +22,8 @@ Writes OUT_DIR/report.md and OUT_DIR/report.json (plus the raw outputs beside th
                median ratios and their ranges
   real_shape   fwbench on an RWKV-7 of the 0.1B G1 shape (random weights, written by
                fwmodel init; 64-token replies) at CHECK_REAL_SHAPE_STREAMS (1,64) streams
+  host_path    the null step (--benchmark-null-step, a CPU server: no model work) at the
+               same levels, beside the device's: the host path's own ceiling (issue 48)
   baseline     bench/pytorch_baseline.py --device DEVICE at batch sizes equal to the levels
 DEVICE is cuda when nvidia-smi sees a GPU and the build's LibTorch has CUDA, else cpu:
 then the report says so, the CUDA cases are "needs a CUDA run", and the rest runs on CPU.
@@ -32,7 +34,8 @@ CUDA, 3s on CPU), CHECK_BENCH_MODEL (aft-shakespeare), CHECK_TOKENS (baseline to
 CHECK_PREFILL_RUNS (3), CHECK_REAL_SHAPE_STREAMS (1,64; empty skips), CHECK_KERNEL_STREAMS (1,64), CHECK_AB_LABEL and CHECK_AB_FLAGS (the
 kernels section's second arm: apart, --sample-in-step=false), CHECK_AB_ARMS ("label=flags;..."
 in place of that arm: several arms, each in every round), CHECK_KERNEL_DURATION (5s on CUDA, 2s
-on CPU), CHECK_SANITIZER_TIMEOUT (240 s).
+on CPU), CHECK_SANITIZER_TIMEOUT (240 s), CHECK_BENCH_PROCESSES (fwbench --processes: 4 on
+CUDA, 1 on CPU), CHECK_HOST_PATH (1; 0 skips the null-step section).
 Exit status: 0 when no check failed (skipped ones do not fail), 1 otherwise.
 """
 import datetime
@@ -484,7 +487,18 @@ def level_row(level):
         "errors": level.get("errors"),
         "mean_batch_size": rounded(engine.get("mean_batch_size")),
         "mean_step_ms": rounded(engine.get("mean_step_ms")),
+        "tokens_per_message": rounded(level.get("tokens_per_message")),
+        "server_cpu_us_per_token": rounded(level.get("server_cpu_us_per_token")),
+        "engine_thread_cpu_us_per_token": rounded(
+            level.get("server_engine_thread_cpu_us_per_token")),
+        "bench_cpu_us_per_token": rounded(level.get("bench_cpu_us_per_token")),
     }
+
+
+def bench_processes(device):
+    """fwbench --processes: CHECK_BENCH_PROCESSES, else 4 on CUDA (a GPU machine has the
+    cores; one client process caps near 200k tokens/s) and 1 on the CPU."""
+    return os.environ.get("CHECK_BENCH_PROCESSES", "4" if device == "cuda" else "1")
 
 
 def bench(rep, build, device, server, models, text):
@@ -512,6 +526,7 @@ def bench(rep, build, device, server, models, text):
         r = run([fwbench, "--target", server.target(), "--model", model, "--concurrency",
                  str(c), "--duration", duration, "--warmup", "2s" if cuda else "1s",
                  "--max_tokens", "128", "--json", json_path,
+                 "--processes", bench_processes(device),
                  "--metrics_target", "127.0.0.1:%d" % server.metrics_port,
                  "--server_pid", str(server.proc.pid), "--label", "scripts/gpu/check.sh"],
                 timeout=900)
@@ -730,6 +745,30 @@ def write_markdown(rep):
                 fmt(row.get("itl_p99_ms")), fmt(row.get("ttft_p50_ms")),
                 fmt(row.get("mean_batch_size")), fmt(row.get("gpu_mib_per_stream")),
                 fmt(b["tokens_per_second"], "%.0f") if b else "—"))
+    hp = d.get("host_path_null_step")
+    if hp and hp.get("levels"):
+        device_rows = {r["streams"]: r for r in (fb or {}).get("levels", [])}
+        lines += ["", "## The host path: the device's levels beside the null step", "",
+                  "The null step (`--benchmark-null-step`, a CPU server, no model work) is the "
+                  "ceiling the host puts on any device. CPU figures are microseconds per "
+                  "generated token, from /proc.", "",
+                  "| streams | device tokens/s | device tok/msg | device server us/tok | "
+                  "device engine us/tok | null tokens/s | null tok/msg | null server us/tok | "
+                  "null engine us/tok | fwbench us/tok (null) |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
+
+        def cell(row, key, f="%.3g"):
+            v = (row or {}).get(key)
+            return "—" if v is None else (f % v if isinstance(v, float) else str(v))
+        for row in hp["levels"]:
+            dev_row = device_rows.get(row["streams"])
+            lines.append("| %d | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
+                row["streams"], cell(dev_row, "tokens_per_s", "%.0f"),
+                cell(dev_row, "tokens_per_message"), cell(dev_row, "server_cpu_us_per_token"),
+                cell(dev_row, "engine_thread_cpu_us_per_token"),
+                cell(row, "tokens_per_s", "%.0f"), cell(row, "tokens_per_message"),
+                cell(row, "server_cpu_us_per_token"), cell(row, "engine_thread_cpu_us_per_token"),
+                cell(row, "bench_cpu_us_per_token")))
     if d.get("prefill_64k"):
         p = d["prefill_64k"]
         lines += ["", "64 KB prefill: %d tokens in %s s (best %d tokens/s)." % (
@@ -803,6 +842,44 @@ def real_shape(rep, build, device):
         server.stop()
 
 
+def host_path(rep, build, device, models, key):
+    """The null step beside the device's figures (issue 48): a CPU server with
+    --benchmark-null-step (no model work, pre-drawn tokens; --batch-wait 0 as on CUDA) at
+    the same stream counts, so the host path's own ceiling reads next to what the GPU
+    delivered."""
+    levels = [int(x) for x in os.environ.get(
+        "CHECK_STREAMS", "1,16,64,256,1024,4096" if device == "cuda" else "1,16").split(",")]
+    duration = os.environ.get("CHECK_DURATION", "10s" if device == "cuda" else "3s")
+    server = Server(rep, build, "cpu", models[:1], key, "null-step",
+                    extra=["--benchmark-null-step", "--batch-wait", "0"])
+    rows = []
+    try:
+        if not server.wait_healthy():
+            rep.check("host_path", "null-step server", "fail", "not healthy: see its log")
+            return
+        for c in levels:
+            json_path = os.path.join(rep.out, "null-step-%d.json" % c)
+            r = run([os.path.join(build, "bench", "fwbench"), "--target", server.target(),
+                     "--concurrency", str(c), "--duration", duration, "--warmup", "1s",
+                     "--max_tokens", "128", "--json", json_path,
+                     "--processes", bench_processes(device),
+                     "--metrics_target", "127.0.0.1:%d" % server.metrics_port,
+                     "--server_pid", str(server.proc.pid)], timeout=900)
+            row = {"streams": c, "exit": r.returncode}
+            try:
+                row.update(level_row(json.load(open(json_path))["levels"][0]))
+            except (OSError, ValueError, KeyError, IndexError) as e:
+                row["error"] = "no result (%s): %s" % (e, r.stderr.strip()[-500:])
+            rows.append(row)
+            ok = (r.returncode == 0 and row.get("tokens_per_s", 0) > 0 and not row.get("errors")
+                  and "error" not in row)
+            rep.check("host_path", "null step, %d streams" % c, "pass" if ok else "fail",
+                      ", ".join("%s %s" % (k, v) for k, v in row.items() if k != "streams"))
+    finally:
+        server.stop()
+        rep.data["host_path_null_step"] = {"duration": duration, "levels": rows}
+
+
 def main():
     if len(sys.argv) != 2 or sys.argv[1].startswith("-"):
         print(__doc__, file=sys.stderr)
@@ -833,6 +910,8 @@ def main():
     finally:
         for s in servers:
             s.stop()
+    if os.environ.get("CHECK_HOST_PATH", "1") != "0":
+        host_path(rep, build, device, models, os.path.join(rep.out, "tmp", "session.key"))
     real_shape(rep, build, device)
     baseline(rep, device)
     rep.data["seconds"] = round(time.monotonic() - start, 1)

@@ -47,7 +47,47 @@ ScheduledTask& Scheduler::Add(TaskId id, TaskKind kind, std::string tenant) {
   t.kind = kind;
   t.tenant = std::move(tenant);
   by_id_[id] = std::prev(tasks_.end());
+  Link(t);
   return t;
+}
+
+void Scheduler::Link(ScheduledTask& t) {
+  std::vector<ScheduledTask*>& list = by_phase_[static_cast<size_t>(t.phase)];
+  t.phase_slot = list.size();
+  list.push_back(&t);
+}
+
+void Scheduler::Unlink(ScheduledTask& t) {
+  std::vector<ScheduledTask*>& list = by_phase_[static_cast<size_t>(t.phase)];
+  ScheduledTask* last = list.back();
+  list[t.phase_slot] = last;
+  last->phase_slot = t.phase_slot;
+  list.pop_back();
+}
+
+void Scheduler::SetPhase(ScheduledTask& t, Phase phase) {
+  if (t.phase == phase) return;
+  Unlink(t);
+  t.phase = phase;
+  Link(t);
+}
+
+std::vector<TaskId> Scheduler::RunnableIn(Phase phase) const {
+  std::vector<TaskId> ids;
+  const std::vector<ScheduledTask*>& list = by_phase_[static_cast<size_t>(phase)];
+  ids.reserve(list.size());
+  for (const ScheduledTask* t : list) {
+    if (!t->Parked()) ids.push_back(t->id);
+  }
+  std::sort(ids.begin(), ids.end());
+  return ids;
+}
+
+bool Scheduler::AnyRunnableIn(Phase phase) const {
+  for (const ScheduledTask* t : by_phase_[static_cast<size_t>(phase)]) {
+    if (!t->Parked()) return true;
+  }
+  return false;
 }
 
 std::vector<Action> Scheduler::Start(TaskId id, size_t prompt_tokens, StreamLimits limits) {
@@ -58,7 +98,7 @@ std::vector<Action> Scheduler::Start(TaskId id, size_t prompt_tokens, StreamLimi
   // Only a Generate samples: a Score or CreateSession ends once its prompt is in.
   t->max_tokens = t->kind == TaskKind::kGenerate ? limits.max_tokens : 0;
   if (t->kind == TaskKind::kGenerate) t->stream = StreamTask(std::move(limits));
-  t->phase = prompt_tokens == 0 ? Phase::kReadyToSample : Phase::kPrefill;
+  SetPhase(*t, prompt_tokens == 0 ? Phase::kReadyToSample : Phase::kPrefill);
   if (t->phase == Phase::kReadyToSample && t->max_tokens == 0) {
     actions.push_back(Finish(id, FinishReason::kLength));
   }
@@ -68,6 +108,9 @@ std::vector<Action> Scheduler::Start(TaskId id, size_t prompt_tokens, StreamLimi
 void Scheduler::Remove(TaskId id) {
   auto it = by_id_.find(id);
   if (it == by_id_.end()) return;
+  ScheduledTask& t = *it->second;
+  Unlink(t);
+  if (t.parked) --parked_flagged_;
   tasks_.erase(it->second);
   by_id_.erase(it);
 }
@@ -89,16 +132,19 @@ absl::flat_hash_map<std::string, int64_t> Scheduler::RunningByTenant() const {
 }
 
 int64_t Scheduler::Running() const {
+  if (parked_flagged_ == 0) return static_cast<int64_t>(tasks_.size());
   int64_t running = 0;
   for (const ScheduledTask& t : tasks_) running += t.Parked() ? 0 : 1;
   return running;
 }
 
 int64_t Scheduler::ResumeParked(int64_t running) {
+  if (parked_flagged_ == 0) return running;
   for (ScheduledTask& t : tasks_) {
     if (running >= options_.max_active_streams) break;
     if (!t.Parked()) continue;
     t.parked = false;
+    --parked_flagged_;
     ++running;
   }
   return running;
@@ -144,6 +190,7 @@ std::optional<TaskId> Scheduler::PreemptForFairShare(
   }
   if (victim == nullptr) return std::nullopt;
   victim->parked = true;
+  ++parked_flagged_;
   return victim->id;
 }
 
@@ -152,10 +199,14 @@ std::optional<TaskId> Scheduler::PreemptForFairShare(
 
 std::optional<PrefillChunk> Scheduler::PlanPrefill() {
   std::vector<ScheduledTask*> prefilling;
-  for (ScheduledTask& t : tasks_) {
-    if (t.phase == Phase::kPrefill && !t.in_prefill_job) prefilling.push_back(&t);
+  for (ScheduledTask* t : InPhase(Phase::kPrefill)) {
+    if (!t->in_prefill_job) prefilling.push_back(t);
   }
   if (prefilling.empty()) return std::nullopt;
+  // In admission order: the round robin's turn and the batch's order do not depend on
+  // how the phase's list was shuffled.
+  std::sort(prefilling.begin(), prefilling.end(),
+            [](const ScheduledTask* a, const ScheduledTask* b) { return a->id < b->id; });
   const size_t piece = static_cast<size_t>(std::max<int64_t>(1, options_.prefill_chunk_tokens));
   const size_t budget = options_.prefill_batch_tokens > 0
                             ? static_cast<size_t>(options_.prefill_batch_tokens)
@@ -199,7 +250,7 @@ std::vector<Action> Scheduler::AfterPrefill(const PrefillChunk& chunk, bool ok) 
     } else if (t->prefilled < t->prompt_tokens) {
       continue;
     } else if (t->max_tokens > 0) {
-      t->phase = Phase::kReadyToSample;
+      SetPhase(*t, Phase::kReadyToSample);
     } else {
       actions.push_back(Finish(id, FinishReason::kLength));
     }
@@ -211,14 +262,9 @@ std::vector<Action> Scheduler::AfterPrefill(const PrefillChunk& chunk, bool ok) 
 // Decode.
 
 std::vector<TaskId> Scheduler::PlanStep(absl::Time now) {
-  std::vector<TaskId> batch;
-  bool awaiting = false;
-  for (const ScheduledTask& t : tasks_) {
-    if (t.Parked()) continue;
-    if (t.phase == Phase::kReadyToAbsorb) batch.push_back(t.id);
-    awaiting |= t.phase == Phase::kBlocked;
-  }
+  std::vector<TaskId> batch = RunnableIn(Phase::kReadyToAbsorb);
   if (batch.empty()) return batch;
+  const bool awaiting = AnyRunnableIn(Phase::kBlocked);
   // Streams whose write is still in flight get `batch_wait` to join this step.
   if (awaiting) {
     if (batch_deadline_ == absl::InfiniteFuture()) {
@@ -238,11 +284,11 @@ std::vector<Action> Scheduler::AfterStep(const std::vector<TaskId>& stepped) {
     if (t == nullptr) continue;
     const bool done = t->stream.done_sampling() || t->cancelled;
     if (done && t->stream.write_in_flight()) {
-      t->phase = Phase::kDraining;  // ends when the write returns (OnWriteDone)
+      SetPhase(*t, Phase::kDraining);  // ends when the write returns (OnWriteDone)
     } else if (done) {
       actions.push_back(Finish(id, t->cancelled ? t->CutReason() : t->DoneReason()));
     } else {
-      t->phase = t->stream.CanSample() ? Phase::kReadyToSample : Phase::kBlocked;
+      SetPhase(*t, t->stream.CanSample() ? Phase::kReadyToSample : Phase::kBlocked);
     }
   }
   return actions;
@@ -250,12 +296,12 @@ std::vector<Action> Scheduler::AfterStep(const std::vector<TaskId>& stepped) {
 
 std::vector<TaskId> Scheduler::PlanSample(std::vector<Action>* actions) {
   std::vector<TaskId> sampling;
-  for (ScheduledTask& t : tasks_) {
-    if (t.phase != Phase::kReadyToSample || t.Parked()) continue;
+  for (TaskId id : RunnableIn(Phase::kReadyToSample)) {
+    ScheduledTask& t = *Find(id);
     if (t.cancelled) {
       // Cancelled while a write is in flight: nothing more is sampled.
       if (t.stream.write_in_flight()) {
-        t.phase = Phase::kDraining;
+        SetPhase(t, Phase::kDraining);
       } else {
         actions->push_back(Finish(t.id, t.CutReason()));
       }
@@ -274,7 +320,7 @@ std::vector<Action> Scheduler::AfterSample(const std::vector<TaskId>& sampled,
     ScheduledTask* t = Find(sampled[i]);
     if (t == nullptr) continue;
     t->stream.AddSampled(tokens[i], i < logprobs.size() ? logprobs[i] : 0.0f, now);
-    t->phase = Phase::kReadyToAbsorb;
+    SetPhase(*t, Phase::kReadyToAbsorb);
     if (!t->stream.write_in_flight() && t->stream.ShouldFlush(now)) actions.push_back(Emit(*t));
   }
   return actions;
@@ -306,7 +352,7 @@ std::vector<Action> Scheduler::OnWriteDone(TaskId id, bool ok, absl::Time now) {
   if (t->phase == Phase::kDraining && !t->stream.write_in_flight()) {
     actions.push_back(Finish(id, t->DoneReason()));
   } else if (t->phase == Phase::kBlocked && t->stream.CanSample()) {
-    t->phase = Phase::kReadyToSample;
+    SetPhase(*t, Phase::kReadyToSample);
   }
   return actions;
 }
@@ -346,6 +392,16 @@ std::vector<Action> Scheduler::CancelAll() {
 
 Readiness Scheduler::ReadinessAfterIteration(bool prefill_in_flight) {
   Readiness readiness;
+  if (parked_flagged_ == 0) {
+    // Nothing parked: the phases' lists say it all, whatever the number of tasks.
+    const bool awaiting = !InPhase(Phase::kBlocked).empty();
+    const bool ready_to_absorb = !InPhase(Phase::kReadyToAbsorb).empty();
+    readiness.immediate = !InPhase(Phase::kReadyToSample).empty() ||
+                          (!prefill_in_flight && !InPhase(Phase::kPrefill).empty()) ||
+                          (ready_to_absorb && !awaiting);
+    if (!ready_to_absorb) batch_deadline_ = absl::InfiniteFuture();
+    return readiness;
+  }
   int64_t running = 0;  // counted against max_active_streams: all but the parked
   bool awaiting = false;
   bool ready_to_absorb = false;

@@ -22,6 +22,7 @@
 // Thread-safety: none; the engine thread alone calls it.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <list>
 #include <optional>
@@ -51,10 +52,15 @@ struct ScheduledTask {
   // kDraining: done sampling (stop, length or cancelled); waits for its last write.
   enum class Phase { kPrefill, kReadyToSample, kReadyToAbsorb, kBlocked, kDraining };
 
+  static constexpr int kPhases = 5;
+
   TaskId id = 0;
   TaskKind kind = TaskKind::kGenerate;
   std::string tenant;
+  // Set by the Scheduler alone (it indexes the tasks by phase).
   Phase phase = Phase::kPrefill;
+  // The task's place in the Scheduler's list of its phase (Scheduler-internal).
+  size_t phase_slot = 0;
   size_t prompt_tokens = 0;  // to absorb in prefill
   size_t prefilled = 0;      // absorbed so far
   // Generate: tokens at most; 0 ends the task after its prefill.
@@ -131,6 +137,12 @@ class Scheduler {
   // In admission order.
   const std::list<ScheduledTask>& tasks() const { return tasks_; }
   size_t size() const { return tasks_.size(); }
+  // The tasks in `phase`, parked ones included, in no particular order; invalidated by
+  // any call that changes a phase or removes a task. What an iteration plans is found
+  // here, so its cost follows the tasks that are ready, not all the tasks held.
+  const std::vector<ScheduledTask*>& InPhase(ScheduledTask::Phase phase) const {
+    return by_phase_[static_cast<size_t>(phase)];
+  }
 
   // --- Fair share (docs/serving.md "Admission").
   // Streams running per tenant (the parked ones not counted).
@@ -189,9 +201,23 @@ class Scheduler {
   absl::Time batch_deadline() const { return batch_deadline_; }
 
  private:
+  // Moves `t` to `phase`'s list.
+  void SetPhase(ScheduledTask& t, ScheduledTask::Phase phase);
+  void Link(ScheduledTask& t);
+  void Unlink(ScheduledTask& t);
+  // The ids of the non-parked tasks of `phase`, in admission order (ids increase).
+  std::vector<TaskId> RunnableIn(ScheduledTask::Phase phase) const;
+  // Whether some task of `phase` is not parked.
+  bool AnyRunnableIn(ScheduledTask::Phase phase) const;
+
   const SchedulerOptions options_;
   std::list<ScheduledTask> tasks_;
   absl::flat_hash_map<TaskId, std::list<ScheduledTask>::iterator> by_id_;
+  // Every task in the list of its phase (ScheduledTask::phase_slot is its index there).
+  std::array<std::vector<ScheduledTask*>, ScheduledTask::kPhases> by_phase_;
+  // Tasks whose `parked` flag is set (cancelled ones included): while none is, the
+  // counts of running tasks need no scan.
+  int64_t parked_flagged_ = 0;
   size_t prefill_turn_ = 0;
   // When the pending decode step runs even if some streams are still writing.
   absl::Time batch_deadline_ = absl::InfiniteFuture();

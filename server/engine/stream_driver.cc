@@ -269,9 +269,8 @@ void StreamDriver::StartPrefill() {
   if (prefill_job_ != nullptr) return;
   // A Score or CreateSession whose caller went away stops before its next chunk.
   std::vector<Task*> abandoned;
-  for (const ScheduledTask& s : scheduler_.tasks()) {
-    if (s.phase != ScheduledTask::Phase::kPrefill) continue;
-    Task& t = *tasks_.at(s.id);
+  for (const ScheduledTask* s : scheduler_.InPhase(ScheduledTask::Phase::kPrefill)) {
+    Task& t = *tasks_.at(s->id);
     const auto& is_cancelled = t.item->is_cancelled;
     if (is_cancelled && is_cancelled()) abandoned.push_back(&t);
   }
@@ -467,9 +466,9 @@ void StreamDriver::SampleAndEmit() {
   // A stream whose lease expired may be another request's now: its write would be
   // refused, so it stops here (FinishTask answers ABORTED).
   std::vector<Task*> lost;
-  for (const ScheduledTask& s : scheduler_.tasks()) {
-    if (s.phase != ScheduledTask::Phase::kReadyToSample || s.Parked()) continue;
-    Task& t = *tasks_.at(s.id);
+  for (const ScheduledTask* s : scheduler_.InPhase(ScheduledTask::Phase::kReadyToSample)) {
+    if (s->Parked()) continue;
+    Task& t = *tasks_.at(s->id);
     if (t.item->ticket != nullptr && t.item->ticket->lost.load()) lost.push_back(&t);
   }
   for (Task* t : lost) FinishTask(*t, FinishReason::kCancelled);
