@@ -147,6 +147,11 @@ ABSL_FLAG(absl::Duration, stream_flush_interval, absl::ZeroDuration(),
           "how long a stream's tokens may wait to be sent together in one message (0 = as "
           "soon as the previous write returns; at most --decode-lookahead tokens per "
           "message). Trades up to this much latency for less CPU per token");
+ABSL_FLAG(int32_t, stream_min_tokens_per_message, 0,
+          "tokens a stream's message waits for (0..--decode-lookahead; 0 = adaptive: a "
+          "message per step while the writer keeps up, the tokens decoded meanwhile "
+          "coalesced when it lags). The last tokens never wait; --stream-flush-interval > 0 "
+          "bounds the wait. A request's stream options replace both");
 ABSL_FLAG(std::string, decode_kernel, "native",
           "decode step: native (float32 CPU models: fused GEMMs, state updated in place; "
           "on CUDA it means graph), graph (the step on per-batch-size buffers, replayed "
@@ -271,7 +276,8 @@ std::vector<fwserve::FlagGroup> HelpGroups() {
       {"Performance",
        {"threads", "prefill_threads", "prefill_chunk_tokens", "prefill_batch_tokens", "batch_wait",
         "decode_kernel", "sample_in_step", "decode_steps_per_launch",
-        "native_gemm", "decode_lookahead", "stream_flush_interval", "writer_thread_from_streams",
+        "native_gemm", "decode_lookahead", "stream_flush_interval",
+        "stream_min_tokens_per_message", "writer_thread_from_streams",
         "writer_threads", "benchmark_null_step"}},
   };
 }
@@ -436,6 +442,7 @@ int main(int argc, char** argv) {
   engine.null_step = absl::GetFlag(FLAGS_benchmark_null_step);
   engine.decode_lookahead = absl::GetFlag(FLAGS_decode_lookahead);
   engine.stream_flush_interval = absl::GetFlag(FLAGS_stream_flush_interval);
+  engine.stream_min_tokens_per_message = absl::GetFlag(FLAGS_stream_min_tokens_per_message);
   if (absl::StartsWith(core_options.device, "cuda")) {
     // A GPU's defaults where the flag is not given (docs/serving.md): a graph step
     // batches up to 4,096 rows and costs less than waiting for more; a prefill job

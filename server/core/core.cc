@@ -101,6 +101,12 @@ absl::Status ValidateCoreOptions(const CoreOptions& o) {
         absl::StrCat("--stream-flush-interval must be in [0, 1s], got ",
                      absl::FormatDuration(e.stream_flush_interval)));
   }
+  if (e.stream_min_tokens_per_message < 0 ||
+      e.stream_min_tokens_per_message > e.decode_lookahead) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--stream-min-tokens-per-message must be in [0, ", e.decode_lookahead,
+                     "] (--decode-lookahead), got ", e.stream_min_tokens_per_message));
+  }
   if (e.decode_steps_per_launch < 1 || e.decode_steps_per_launch > 64) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--decode-steps-per-launch must be in [1, 64], got ", e.decode_steps_per_launch));

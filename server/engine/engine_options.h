@@ -93,6 +93,12 @@ struct EngineOptions {
   // much added latency on the first token of each message. Bounded by decode_lookahead
   // tokens per message.
   absl::Duration stream_flush_interval = absl::ZeroDuration();
+  // A message waits for this many tokens (--stream-min-tokens-per-message; in
+  // [0, decode_lookahead]; 0: the adaptive default, a message per step while the writer
+  // keeps up and the tokens decoded meanwhile coalesced when it lags). The last tokens
+  // of a stream never wait; with stream_flush_interval > 0 nothing waits longer than
+  // it. A request's own stream options replace both.
+  int32_t stream_min_tokens_per_message = 0;
   // Bytes of recurrent state resident in memory, over all models (sessions in use and
   // idle; spilled ones do not count; --max-state-memory-bytes; > 0): the core's budget,
   // and the size of each engine's pool.

@@ -477,6 +477,61 @@ TEST_F(ServerTest, AMinimumOfTokensPerMessageIsHonoured) {
   }
 }
 
+// --stream-min-tokens-per-message 5, the server's token interval: 40 tokens go out in
+// messages of 5 to 16 tokens (the last may be shorter), the plain server's tokens; a
+// request's own stream options replace it (min_tokens_per_message 1: messages as small
+// as one token are allowed again, and the whole 40 arrive). A value above
+// --decode-lookahead is refused at start, naming the flag.
+TEST_F(ServerTest, TheServersTokenIntervalGroupsMessages) {
+  fwserve::CoreOptions options = Options();
+  options.engine.stream_min_tokens_per_message = 5;
+  auto server = Harness::Start(options);
+  ASSERT_NE(server, nullptr);
+  auto sizes_of = [&](const v1::GenerateRequest& request, std::vector<int64_t>* tokens) {
+    std::vector<int> sizes;
+    auto result = server->client().Generate(request, [&](const v1::GenerateResponse& m) {
+      if (m.token_ids_size() > 0) sizes.push_back(m.token_ids_size());
+      return true;
+    });
+    EXPECT_TRUE(result.ok()) << result.status();
+    if (result.ok()) *tokens = result->token_ids;
+    return sizes;
+  };
+  std::vector<int64_t> grouped_tokens;
+  const std::vector<int> sizes = sizes_of(Greedy("Hello, world", 40), &grouped_tokens);
+  ASSERT_GE(sizes.size(), 2u);
+  int total = 0;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    total += sizes[i];
+    EXPECT_LE(sizes[i], 16) << "message " << i;
+    if (i + 1 < sizes.size()) {
+      EXPECT_GE(sizes[i], 5) << "message " << i;
+    }
+  }
+  EXPECT_EQ(total, 40);
+  auto plain_server = Harness::Start(Options());
+  ASSERT_NE(plain_server, nullptr);
+  auto plain = plain_server->client().Generate(Greedy("Hello, world", 40));
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ(grouped_tokens, plain->token_ids);
+
+  v1::GenerateRequest own = Greedy("Hello, world", 40);
+  own.mutable_stream()->set_min_tokens_per_message(1);
+  std::vector<int64_t> own_tokens;
+  const std::vector<int> own_sizes = sizes_of(own, &own_tokens);
+  EXPECT_EQ(own_tokens, plain->token_ids);
+  EXPECT_GT(own_sizes.size(), sizes.size()) << "the request's interval did not replace the server's";
+
+  fwserve::CoreOptions bad = Options();
+  bad.engine.stream_min_tokens_per_message = 17;
+  auto refused = fwserve::Core::Create(bad);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find(
+                "--stream-min-tokens-per-message must be in [0, 16] (--decode-lookahead), got 17"),
+            std::string::npos)
+      << refused.status();
+}
+
 // --decode-kernel libtorch (Model::Step on gathered rows, the LibTorch sequence form
 // for prompts) still serves, with pipelining, and gives the native kernel's tokens'
 // probabilities to float rounding: the same greedy continuation of 50 tokens (prefill
