@@ -31,9 +31,10 @@ export CHECK_KERNEL_STREAMS=${CHECK_KERNEL_STREAMS:-1,64}
 export CHECK_KERNEL_DURATION=${CHECK_KERNEL_DURATION:-2s}
 export CHECK_PREFILL_RUNS=${CHECK_PREFILL_RUNS:-1}
 export CHECK_SANITIZER_TIMEOUT=${CHECK_SANITIZER_TIMEOUT:-150}
-# The next GPU run's A/B (issues 39, 48): multi-step decode against the default, in every
-# round (overlapped steps lost on the H200 and were removed).
-export CHECK_AB_ARMS=${CHECK_AB_ARMS-multistep4=--decode-steps-per-launch=4}
+# The next GPU run's A/B (issues 39, 48): the default on CUDA (multi-step decode, K = 4)
+# against one token per launch, in every round (overlapped steps lost on the H200 and
+# were removed).
+export CHECK_AB_ARMS=${CHECK_AB_ARMS-single=--decode-steps-per-launch=1}
 # What is left of the call's limit (DEVICE_RUN_SECONDS, 580 s), less time to copy.
 left=$(( ${DEVICE_RUN_SECONDS:-580} - ($(date +%s) - start) - 10 ))
 timeout --kill-after=5 "$left" scripts/gpu/check.sh "$report"
@@ -41,7 +42,7 @@ check_status=$?
 echo "device-run: check.sh exit $check_status, $(($(date +%s) - start)) s in all"
 for f in report.md report.json report-partial.json model-tests-cuda.log compute-sanitizer.log \
          fwserve-device-cuda.log "fwserve-${CHECK_AB_LABEL:-apart}-cuda.log" \
-         fwserve-multistep4-cuda.log; do
+         fwserve-single-cuda.log; do
   [[ -f "$report/$f" ]] && cp "$report/$f" "$out/"
 done
 exit "$check_status"
