@@ -88,6 +88,7 @@ const std::set<std::string>& KnownKeys() {
                                                       "vocab_size",
                                                       "tokenizer",
                                                       "bos_token_id",
+                                                      "eos_token_id",
                                                       "d_model",
                                                       "n_layers",
                                                       "n_heads",
@@ -215,9 +216,9 @@ absl::Status ModelConfig::Validate() const {
   if (vocab_size < 1 || vocab_size > (1 << 24)) {
     return KeyError("vocab_size", absl::StrCat("must be in [1, 16777216], got ", vocab_size));
   }
-  if (tokenizer != "bytes" && tokenizer != "rwkv_world") {
+  if (tokenizer != "bytes" && tokenizer != "rwkv_world" && tokenizer != "sentencepiece") {
     return KeyError("tokenizer", absl::StrCat("has unknown value \"", tokenizer,
-                                              "\" (expected bytes or rwkv_world)"));
+                                              "\" (expected bytes, rwkv_world or sentencepiece)"));
   }
   if (tokenizer == "rwkv_world" && vocab_size < 65530) {
     return KeyError("vocab_size", absl::StrCat("must be at least 65530 for the rwkv_world "
@@ -230,6 +231,13 @@ absl::Status ModelConfig::Validate() const {
   }
   if (bos_token_id < 0 || bos_token_id >= vocab_size) {
     return KeyError("bos_token_id", absl::StrCat("must be in [0, vocab_size), got ", bos_token_id));
+  }
+  if (eos_token_id < -1 || eos_token_id >= vocab_size) {
+    return KeyError("eos_token_id",
+                    absl::StrCat("must be -1 (none) or in [0, vocab_size), got ", eos_token_id));
+  }
+  if (tokenizer == "sentencepiece" && eos_token_id < 0) {
+    return KeyError("eos_token_id", "is required with the sentencepiece tokenizer");
   }
   if (d_model < 1) return KeyError("d_model", absl::StrCat("must be positive, got ", d_model));
   if (n_layers < 1) return KeyError("n_layers", absl::StrCat("must be positive, got ", n_layers));
@@ -327,6 +335,7 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text) {
   if (!(s = ReadInt(j, "vocab_size", false, &c.vocab_size)).ok()) return s;
   if (!(s = ReadString(j, "tokenizer", false, &c.tokenizer)).ok()) return s;
   if (!(s = ReadInt(j, "bos_token_id", false, &c.bos_token_id)).ok()) return s;
+  if (!(s = ReadInt(j, "eos_token_id", false, &c.eos_token_id)).ok()) return s;
   if (!(s = ReadInt(j, "d_model", true, &c.d_model)).ok()) return s;
   if (!(s = ReadInt(j, "n_layers", true, &c.n_layers)).ok()) return s;
   if (!(s = ReadInt(j, "n_heads", true, &c.n_heads)).ok()) return s;
@@ -365,6 +374,7 @@ std::string ModelConfigToJson(const ModelConfig& c) {
   j["vocab_size"] = c.vocab_size;
   j["tokenizer"] = c.tokenizer;
   j["bos_token_id"] = c.bos_token_id;
+  if (c.eos_token_id >= 0) j["eos_token_id"] = c.eos_token_id;
   j["d_model"] = c.d_model;
   j["n_layers"] = c.n_layers;
   j["n_heads"] = c.n_heads;

@@ -28,10 +28,16 @@ struct ModelConfig {
   int format_version = 1;
   Architecture architecture = Architecture::kLinearAttention;
   int vocab_size = 256;
-  // "bytes" (token id = byte value), or "rwkv_world" (models/tokenizers/world_tokenizer.h, its
-  // vocabulary file in the model directory; id 0 is end of text).
+  // "bytes" (token id = byte value), "rwkv_world" (models/tokenizers/world_tokenizer.h, its
+  // vocabulary file in the model directory; id 0 is end of text), or "sentencepiece" (a
+  // SentencePiece model, `tokenizer.model` in the model directory, read by
+  // libsentencepiece).
   std::string tokenizer = "bytes";
   int bos_token_id = 10;
+  // The id that ends a generation, or -1: none (bytes), the vocabulary's own (rwkv_world:
+  // 0). Required meaning for sentencepiece (its EOS). Written to config.json only when
+  // set, so older configs and their fingerprints are unchanged.
+  int eos_token_id = -1;
   int d_model = 0;
   int n_layers = 0;
   int n_heads = 0;
