@@ -34,7 +34,9 @@ std::unique_ptr<Mixer> MakeMixer(const ModelConfig& config, const ModelOptions& 
       return MakeAftMixer(config, options);
     case Architecture::kRwkv7:
     case Architecture::kRwkv4:
-      return nullptr;  // whole blocks: MakeRwkvBlock
+    case Architecture::kDeltaNet:
+    case Architecture::kGatedDeltaNet:
+      return nullptr;  // whole blocks: MakeWholeBlock (block.h)
   }
   return nullptr;
 }

@@ -105,8 +105,8 @@ class Mixer {
 torch::Tensor MergeChunkHeads(const std::vector<torch::Tensor>& outputs, int64_t batch,
                               int64_t tokens, int64_t d_model);
 
-// The one place that picks a mixer: by config.architecture. Null for the RWKV
-// architectures, whose blocks are whole (MakeRwkvBlock, rwkv_block.h).
+// The one place that picks a mixer: by config.architecture. Null for the RWKV and
+// DeltaNet architectures, whose blocks are whole (MakeWholeBlock, block.h).
 std::unique_ptr<Mixer> MakeMixer(const ModelConfig& config, const ModelOptions& options = {});
 
 }  // namespace fwmodel

@@ -9,6 +9,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "models/architectures/block.h"
+#include "models/architectures/delta_net.h"
 #include "models/architectures/mixer.h"
 #include "models/architectures/rwkv_block.h"
 
@@ -48,8 +50,8 @@ struct Model::LayerWeights {
   torch::Tensor proj[3];  // q|r, k, v
   torch::Tensor conv_w[3], conv_b[3];
   torch::Tensor o_w, o_b;
-  std::unique_ptr<Mixer> mixer;     // bound to this layer's weights; null for RWKV
-  std::unique_ptr<RwkvBlock> rwkv;  // the whole block, bound (RWKV architectures only)
+  std::unique_ptr<Mixer> mixer;  // bound to this layer's weights; null for whole blocks
+  std::unique_ptr<Block> block;  // the whole block, bound (config.has_whole_blocks() only)
   torch::Tensor up_w, up_b, down_w, down_b;
   bool pkm = false;  // product-key memory instead of up/down
   torch::Tensor query_w, bn_w, bn_b, bn_mean, bn_var, keys, values;
@@ -87,20 +89,32 @@ State State::Detach() const {
 // ---------------------------------------------------------------------------
 // Shapes
 
+std::unique_ptr<Block> MakeWholeBlock(const ModelConfig& config, int layer) {
+  if (config.is_rwkv()) return MakeRwkvBlock(config, layer);
+  if (config.is_delta_net()) return MakeDeltaNetBlock(config, layer);
+  return nullptr;
+}
+
 std::vector<std::pair<std::string, std::vector<int64_t>>> ExpectedWeightShapes(
     const ModelConfig& c) {
   const int64_t d = c.d_model, f = c.d_ff, V = c.vocab_size;
   std::vector<std::pair<std::string, std::vector<int64_t>>> shapes;
-  if (c.is_rwkv()) {
-    shapes.push_back({"emb.weight", {V, d}});
+  if (c.has_whole_blocks()) {
+    // RWKV: BlinkDL's names around the blocks; DeltaNet: fla's without "model.".
+    const bool rwkv = c.is_rwkv();
+    shapes.push_back({rwkv ? "emb.weight" : "embeddings.weight", {V, d}});
     for (int i = 0; i < c.n_layers; ++i) {
-      for (const auto& [name, shape] : MakeRwkvBlock(c, i)->WeightShapes()) {
+      for (const auto& [name, shape] : MakeWholeBlock(c, i)->WeightShapes()) {
         shapes.push_back({LayerName(i, name), shape});
       }
     }
-    shapes.push_back({"ln_out.weight", {d}});
-    shapes.push_back({"ln_out.bias", {d}});
-    if (!c.tie_embeddings) shapes.push_back({"head.weight", {V, d}});
+    if (rwkv) {
+      shapes.push_back({"ln_out.weight", {d}});
+      shapes.push_back({"ln_out.bias", {d}});
+    } else {
+      shapes.push_back({"norm.weight", {d}});
+    }
+    if (!c.tie_embeddings) shapes.push_back({rwkv ? "head.weight" : "lm_head.weight", {V, d}});
     std::sort(shapes.begin(), shapes.end());
     return shapes;
   }
@@ -156,9 +170,9 @@ bool IsBufferName(const std::string& name) {
 
 int64_t FlopsPerToken(const ModelConfig& c) {
   const int64_t d = c.d_model, f = c.d_ff, V = c.vocab_size;
-  if (c.is_rwkv()) {
+  if (c.has_whole_blocks()) {
     int64_t macs = V * d;  // head
-    for (int i = 0; i < c.n_layers; ++i) macs += MakeRwkvBlock(c, i)->MacsPerToken();
+    for (int i = 0; i < c.n_layers; ++i) macs += MakeWholeBlock(c, i)->MacsPerToken();
     return 2 * macs;
   }
   const int64_t mixer_macs = MakeMixer(c)->MacsPerToken();  // q|r, k, v, o and its own
@@ -246,12 +260,12 @@ absl::Status Model::BindWeights() {
   for (int i = 0; i < c.n_layers; ++i) {
     auto w = std::make_shared<LayerWeights>();
     auto get = [&](const std::string& suffix) { return weights_.at(LayerName(i, suffix)); };
-    if (c.is_rwkv()) {
-      w->rwkv = MakeRwkvBlock(c, i);
-      w->rwkv->Bind(get);
+    if (c.has_whole_blocks()) {
+      w->block = MakeWholeBlock(c, i);
+      w->block->Bind(get);
       mixer_state_index_.push_back(static_cast<int>(state_spec_.size()));
       conv_state_index_.push_back(-1);
-      for (const StateTensorSpec& s : w->rwkv->StateSpec()) {
+      for (const StateTensorSpec& s : w->block->StateSpec()) {
         state_spec_.push_back({LayerName(i, s.name), s.shape});
       }
       layers_.push_back(std::move(w));
@@ -308,17 +322,17 @@ absl::Status Model::BindWeights() {
 }
 
 namespace {
-// A fresh weight of an RWKV model: the block's own initialisation inside blocks, LayerNorm
-// weights 1 and biases 0, embedding and head N(0, 1/d).
-torch::Tensor InitRwkvWeight(const ModelConfig& config, const std::string& name,
-                             const std::vector<int64_t>& shape, at::Generator& generator) {
+// A fresh weight of a model with whole blocks: the block's own initialisation inside
+// blocks, the final norm's weights 1 and biases 0, embedding and head N(0, 1/d).
+torch::Tensor InitWholeBlockWeight(const ModelConfig& config, const std::string& name,
+                                   const std::vector<int64_t>& shape, at::Generator& generator) {
   auto f32 = torch::TensorOptions().dtype(torch::kFloat32);
   if (name.rfind("blocks.", 0) == 0) {
     const size_t dot = name.find('.', 7);
     const int layer = std::stoi(name.substr(7, dot - 7));
-    return MakeRwkvBlock(config, layer)->InitWeight(name.substr(dot + 1), shape, generator);
+    return MakeWholeBlock(config, layer)->InitWeight(name.substr(dot + 1), shape, generator);
   }
-  if (name == "ln_out.weight") return torch::ones(shape, f32);
+  if (name == "ln_out.weight" || name == "norm.weight") return torch::ones(shape, f32);
   if (name == "ln_out.bias") return torch::zeros(shape, f32);
   return torch::randn(shape, generator, f32) / std::sqrt(static_cast<double>(config.d_model));
 }
@@ -334,8 +348,8 @@ absl::StatusOr<Model> Model::InitRandom(const ModelConfig& config, uint64_t seed
   const double residual_std = 0.02 / std::sqrt(2.0 * config.n_layers);
   std::map<std::string, torch::Tensor> weights;
   for (const auto& [name, shape] : ExpectedWeightShapes(config)) {
-    if (config.is_rwkv()) {
-      weights[name] = InitRwkvWeight(config, name, shape, generator);
+    if (config.has_whole_blocks()) {
+      weights[name] = InitWholeBlockWeight(config, name, shape, generator);
       continue;
     }
     auto ends_with = [&](const std::string& s) {
@@ -422,8 +436,8 @@ State Model::InitialState(int64_t batch) const {
   }
   for (int i = 0; i < config_.n_layers; ++i) {
     torch::Tensor* first = &state.tensors[mixer_state_index_[i]];
-    if (layers_[i]->rwkv != nullptr) {
-      layers_[i]->rwkv->InitState(first);
+    if (layers_[i]->block != nullptr) {
+      layers_[i]->block->InitState(first);
     } else {
       layers_[i]->mixer->InitState(first);
     }
@@ -461,6 +475,7 @@ std::map<std::string, torch::Tensor> Model::ExportWeights() const {
 // Shared pieces
 
 torch::Tensor Model::EmbedTokens(const torch::Tensor& tokens) const {
+  if (config_.is_delta_net()) return torch::embedding(weights_.at("embeddings.weight"), tokens);
   if (config_.is_rwkv()) {
     return torch::layer_norm(torch::embedding(weights_.at("emb.weight"), tokens), {config_.d_model},
                              weights_.at("blocks.0.ln0.weight"), weights_.at("blocks.0.ln0.bias"),
@@ -471,6 +486,11 @@ torch::Tensor Model::EmbedTokens(const torch::Tensor& tokens) const {
 
 torch::Tensor Model::Head(const torch::Tensor& h) const {
   const int64_t d = config_.d_model;
+  if (config_.is_delta_net()) {
+    return torch::linear(
+        RmsNorm(h, weights_.at("norm.weight"), config_.norm_eps),
+        weights_.at(config_.tie_embeddings ? std::string("embeddings.weight") : "lm_head.weight"));
+  }
   if (config_.is_rwkv()) {
     torch::Tensor x = torch::layer_norm(h, {d}, weights_.at("ln_out.weight"),
                                         weights_.at("ln_out.bias"), config_.norm_eps);
@@ -499,6 +519,8 @@ torch::Tensor Model::Ffn(const LayerWeights& w, const torch::Tensor& x, bool tra
       u = u.narrow(-1, 0, f) * torch::gelu(u.narrow(-1, f, f));
       break;
     }
+    case FfnKind::kSwiglu:  // the DeltaNet blocks' own MLP; Validate refuses it here
+      break;
   }
   return torch::linear(u, w.down_w, w.down_b);
 }
@@ -686,10 +708,10 @@ torch::Tensor Model::ForwardUnchecked(const torch::Tensor& tokens, State* state,
                                       bool training) const {
   const int64_t d = config_.d_model;
   torch::Tensor h = EmbedTokens(tokens);  // [B, T, d]
-  if (config_.is_rwkv()) {
+  if (config_.has_whole_blocks()) {
     torch::Tensor v_first;
     for (int i = 0; i < config_.n_layers; ++i) {
-      h = layers_[i]->rwkv->Forward(h, &state->tensors[mixer_state_index_[i]], &v_first);
+      h = layers_[i]->block->Forward(h, &state->tensors[mixer_state_index_[i]], &v_first);
     }
     return Head(h);
   }
@@ -717,10 +739,10 @@ torch::Tensor Model::MixerStep(int layer, const torch::Tensor& a, State* state) 
 torch::Tensor Model::StepUnchecked(const torch::Tensor& tokens, State* state) const {
   const int64_t d = config_.d_model;
   torch::Tensor h = EmbedTokens(tokens);  // [B, d]
-  if (config_.is_rwkv()) {
+  if (config_.has_whole_blocks()) {
     torch::Tensor v_first;
     for (int i = 0; i < config_.n_layers; ++i) {
-      h = layers_[i]->rwkv->Step(h, &state->tensors[mixer_state_index_[i]], &v_first);
+      h = layers_[i]->block->Step(h, &state->tensors[mixer_state_index_[i]], &v_first);
     }
     return Head(h);
   }

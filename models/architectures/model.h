@@ -66,7 +66,8 @@ class Model {
   int64_t memory_slots() const;
 
   // Layer `layer`'s mixer (its architecture's forms), bound to its weights. Only for the
-  // contract's architectures (config().is_rwkv() false): RWKV blocks are whole.
+  // contract's architectures (config().has_whole_blocks() false): RWKV and DeltaNet blocks
+  // are whole.
   const Mixer& mixer(int layer) const;
 
   const std::vector<StateTensorSpec>& state_spec() const { return state_spec_; }

@@ -109,7 +109,17 @@ const std::set<std::string>& KnownKeys() {
                                                       "decay_low_rank_dim",
                                                       "a_low_rank_dim",
                                                       "v_low_rank_dim",
-                                                      "gate_low_rank_dim"};
+                                                      "gate_low_rank_dim",
+                                                      "num_v_heads",
+                                                      "head_k_dim",
+                                                      "head_v_dim",
+                                                      "use_short_conv",
+                                                      "conv_size",
+                                                      "use_gate",
+                                                      "allow_neg_eigval",
+                                                      "use_beta",
+                                                      "qk_activation",
+                                                      "qk_norm"};
   return *keys;
 }
 
@@ -174,6 +184,10 @@ const char* ArchitectureName(Architecture arch) {
       return "rwkv7";
     case Architecture::kRwkv4:
       return "rwkv4";
+    case Architecture::kDeltaNet:
+      return "delta_net";
+    case Architecture::kGatedDeltaNet:
+      return "gated_deltanet";
   }
   return "?";
 }
@@ -186,6 +200,8 @@ const char* FfnKindName(FfnKind ffn) {
       return "squared_relu";
     case FfnKind::kGeglu:
       return "geglu";
+    case FfnKind::kSwiglu:
+      return "swiglu";
   }
   return "?";
 }
@@ -196,17 +212,20 @@ absl::StatusOr<Architecture> ParseArchitecture(const std::string& name) {
   if (name == "aft") return Architecture::kAft;
   if (name == "rwkv7") return Architecture::kRwkv7;
   if (name == "rwkv4") return Architecture::kRwkv4;
-  return KeyError("architecture",
-                  absl::StrCat("has unknown value \"", name,
-                               "\" (expected linear_attention, fast_weight, aft, rwkv7 or rwkv4)"));
+  if (name == "delta_net") return Architecture::kDeltaNet;
+  if (name == "gated_deltanet") return Architecture::kGatedDeltaNet;
+  return KeyError("architecture", absl::StrCat("has unknown value \"", name,
+                                               "\" (expected linear_attention, fast_weight, aft, "
+                                               "rwkv7, rwkv4, delta_net or gated_deltanet)"));
 }
 
 absl::StatusOr<FfnKind> ParseFfnKind(const std::string& name) {
   if (name == "relu") return FfnKind::kRelu;
   if (name == "squared_relu") return FfnKind::kSquaredRelu;
   if (name == "geglu") return FfnKind::kGeglu;
+  if (name == "swiglu") return FfnKind::kSwiglu;
   return KeyError("ffn", absl::StrCat("has unknown value \"", name,
-                                      "\" (expected relu, squared_relu or geglu)"));
+                                      "\" (expected relu, squared_relu, geglu or swiglu)"));
 }
 
 absl::Status ModelConfig::Validate() const {
@@ -242,7 +261,8 @@ absl::Status ModelConfig::Validate() const {
   if (d_model < 1) return KeyError("d_model", absl::StrCat("must be positive, got ", d_model));
   if (n_layers < 1) return KeyError("n_layers", absl::StrCat("must be positive, got ", n_layers));
   if (n_heads < 1) return KeyError("n_heads", absl::StrCat("must be positive, got ", n_heads));
-  if (d_model % n_heads != 0) {
+  // The DeltaNet architectures size their heads with head_k_dim and head_v_dim instead.
+  if (!is_delta_net() && d_model % n_heads != 0) {
     return KeyError("n_heads", absl::StrCat("must divide d_model=", d_model, ", got ", n_heads));
   }
   if (d_ff < 1) return KeyError("d_ff", absl::StrCat("must be positive, got ", d_ff));
@@ -308,6 +328,81 @@ absl::Status ModelConfig::Validate() const {
     if (has_pkm()) return KeyError("pkm_layers", "is not supported by the RWKV architectures");
     if (dpfp_nu != 1) return KeyError("dpfp_nu", "is only for architecture fast_weight");
   }
+  return ValidateDeltaNet();
+}
+
+absl::Status ModelConfig::ValidateDeltaNet() const {
+  if (!is_delta_net()) {
+    if (ffn == FfnKind::kSwiglu) {
+      return KeyError("ffn", "swiglu is only for architectures delta_net and gated_deltanet");
+    }
+    const ModelConfig defaults;
+    const std::pair<const char*, bool> set[] = {
+        {"num_v_heads", num_v_heads != defaults.num_v_heads},
+        {"head_k_dim", head_k_dim != defaults.head_k_dim},
+        {"head_v_dim", head_v_dim != defaults.head_v_dim},
+        {"use_short_conv", use_short_conv != defaults.use_short_conv},
+        {"conv_size", conv_size != defaults.conv_size},
+        {"use_gate", use_gate != defaults.use_gate},
+        {"allow_neg_eigval", allow_neg_eigval != defaults.allow_neg_eigval},
+        {"use_beta", use_beta != defaults.use_beta},
+        {"qk_activation", qk_activation != defaults.qk_activation},
+        {"qk_norm", qk_norm != defaults.qk_norm}};
+    for (const auto& [key, differs] : set) {
+      if (differs) return KeyError(key, "is only for architectures delta_net and gated_deltanet");
+    }
+    return absl::OkStatus();
+  }
+  // The block is fla's: its own norms, short convolutions and MLP; none of the contract's
+  // block options apply.
+  if (ffn != FfnKind::kSwiglu) {
+    return KeyError("ffn", "must be swiglu (fla's GatedMLP) for the DeltaNet architectures");
+  }
+  if (has_dconv()) {
+    return KeyError("dconv_kernel",
+                    "is not supported by the DeltaNet architectures (see conv_size)");
+  }
+  if (has_pkm()) return KeyError("pkm_layers", "is not supported by the DeltaNet architectures");
+  if (dpfp_nu != 1) return KeyError("dpfp_nu", "is only for architecture fast_weight");
+  const std::pair<const char*, int> widths[] = {
+      {"num_v_heads", num_v_heads}, {"head_k_dim", head_k_dim}, {"head_v_dim", head_v_dim}};
+  for (const auto& [key, value] : widths) {
+    if (value < 0 || value > 65536) {
+      return KeyError(key, absl::StrCat("must be in [1, 65536] (or absent), got ", value));
+    }
+  }
+  if (k_head_dim() < 1) {
+    return KeyError("head_k_dim", absl::StrCat("is required when n_heads=", n_heads,
+                                               " exceeds d_model=", d_model));
+  }
+  const int hv = v_heads();
+  if (architecture == Architecture::kDeltaNet && hv != n_heads) {
+    return KeyError("num_v_heads",
+                    absl::StrCat("must equal n_heads=", n_heads, " for delta_net, got ", hv));
+  }
+  if (hv < n_heads || hv % n_heads != 0) {
+    return KeyError("num_v_heads",
+                    absl::StrCat("must be a multiple of n_heads=", n_heads, ", got ", hv));
+  }
+  if (use_short_conv && (conv_size < 2 || conv_size > 64)) {
+    return KeyError("conv_size", absl::StrCat("must be in [2, 64], got ", conv_size));
+  }
+  if (qk_activation != "silu" && qk_activation != "relu" && qk_activation != "elu" &&
+      qk_activation != "identity") {
+    return KeyError("qk_activation", absl::StrCat("has unknown value \"", qk_activation,
+                                                  "\" (expected silu, relu, elu or identity)"));
+  }
+  if (qk_norm != "l2" && qk_norm != "sum") {
+    return KeyError("qk_norm",
+                    absl::StrCat("has unknown value \"", qk_norm, "\" (expected l2 or sum)"));
+  }
+  if (architecture == Architecture::kGatedDeltaNet) {
+    if (!use_beta) return KeyError("use_beta", "is only for architecture delta_net");
+    if (qk_activation != "silu") {
+      return KeyError("qk_activation", "is only for architecture delta_net");
+    }
+    if (qk_norm != "l2") return KeyError("qk_norm", "is only for architecture delta_net");
+  }
   return absl::OkStatus();
 }
 
@@ -341,6 +436,10 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text) {
   if (!(s = ReadInt(j, "n_heads", true, &c.n_heads)).ok()) return s;
   c.d_ff = 4 * c.d_model;
   if (!(s = ReadInt(j, "d_ff", false, &c.d_ff)).ok()) return s;
+  if (c.is_delta_net()) {  // fla's defaults
+    c.ffn = FfnKind::kSwiglu;
+    c.use_gate = c.architecture == Architecture::kGatedDeltaNet;
+  }
   if (j.contains("ffn")) {
     if (!(s = ReadString(j, "ffn", true, &ffn_name)).ok()) return s;
     auto ffn = ParseFfnKind(ffn_name);
@@ -362,6 +461,16 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text) {
   if (!(s = ReadInt(j, "a_low_rank_dim", false, &c.a_low_rank_dim)).ok()) return s;
   if (!(s = ReadInt(j, "v_low_rank_dim", false, &c.v_low_rank_dim)).ok()) return s;
   if (!(s = ReadInt(j, "gate_low_rank_dim", false, &c.gate_low_rank_dim)).ok()) return s;
+  if (!(s = ReadInt(j, "num_v_heads", false, &c.num_v_heads)).ok()) return s;
+  if (!(s = ReadInt(j, "head_k_dim", false, &c.head_k_dim)).ok()) return s;
+  if (!(s = ReadInt(j, "head_v_dim", false, &c.head_v_dim)).ok()) return s;
+  if (!(s = ReadBool(j, "use_short_conv", &c.use_short_conv)).ok()) return s;
+  if (!(s = ReadInt(j, "conv_size", false, &c.conv_size)).ok()) return s;
+  if (!(s = ReadBool(j, "use_gate", &c.use_gate)).ok()) return s;
+  if (!(s = ReadBool(j, "allow_neg_eigval", &c.allow_neg_eigval)).ok()) return s;
+  if (!(s = ReadBool(j, "use_beta", &c.use_beta)).ok()) return s;
+  if (!(s = ReadString(j, "qk_activation", false, &c.qk_activation)).ok()) return s;
+  if (!(s = ReadString(j, "qk_norm", false, &c.qk_norm)).ok()) return s;
   if (!(s = ReadChatTemplate(j, &c)).ok()) return s;
   if (!(s = c.Validate()).ok()) return s;
   return c;
@@ -400,6 +509,20 @@ std::string ModelConfigToJson(const ModelConfig& c) {
     j["a_low_rank_dim"] = c.a_low_rank_dim;
     j["v_low_rank_dim"] = c.v_low_rank_dim;
     j["gate_low_rank_dim"] = c.gate_low_rank_dim;
+  }
+  if (c.is_delta_net()) {  // only here: older fingerprints unchanged
+    j["num_v_heads"] = c.v_heads();
+    j["head_k_dim"] = c.k_head_dim();
+    j["head_v_dim"] = c.v_head_dim();
+    j["use_short_conv"] = c.use_short_conv;
+    j["conv_size"] = c.conv_size;
+    j["use_gate"] = c.use_gate;
+    j["allow_neg_eigval"] = c.allow_neg_eigval;
+    if (c.architecture == Architecture::kDeltaNet) {
+      j["use_beta"] = c.use_beta;
+      j["qk_activation"] = c.qk_activation;
+      j["qk_norm"] = c.qk_norm;
+    }
   }
   if (c.has_chat_template()) {
     j["chat_template"] = {{"message", c.chat_message_template},

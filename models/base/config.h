@@ -11,10 +11,21 @@
 
 namespace fwmodel {
 
-// The contract's three architectures, and two imported ones whose whole block (not just
-// the mixer) differs from the contract's (docs/models.md): RWKV-7 "Goose" (x070) and RWKV-4.
-enum class Architecture { kLinearAttention, kFastWeight, kAft, kRwkv7, kRwkv4 };
-enum class FfnKind { kRelu, kSquaredRelu, kGeglu };
+// The contract's three architectures, and imported ones whose whole block (not just the
+// mixer) differs from the contract's (docs/models.md): RWKV-7 "Goose" (x070), RWKV-4,
+// and fla's DeltaNet and Gated DeltaNet.
+enum class Architecture {
+  kLinearAttention,
+  kFastWeight,
+  kAft,
+  kRwkv7,
+  kRwkv4,
+  kDeltaNet,
+  kGatedDeltaNet
+};
+// kSwiglu (down(silu(gate x) ⊙ up x), fla's GatedMLP) is only for the DeltaNet
+// architectures, whose MLP it is.
+enum class FfnKind { kRelu, kSquaredRelu, kGeglu, kSwiglu };
 
 // Contract spellings ("linear_attention", "squared_relu", ...).
 const char* ArchitectureName(Architecture arch);
@@ -64,6 +75,24 @@ struct ModelConfig {
   int a_low_rank_dim = 0;
   int v_low_rank_dim = 0;
   int gate_low_rank_dim = 0;
+  // DeltaNet and Gated DeltaNet only (architectures delta_net, gated_deltanet; fla's names,
+  // docs/models.md). n_heads is the number of q/k heads H; d_ff the MLP's width. Written to
+  // the canonical JSON only for these architectures. The widths default (0 here) as
+  // v_heads(), k_head_dim() and v_head_dim() say; the canonical JSON holds the resolved
+  // values.
+  int num_v_heads = 0;         // HV, value heads: a multiple of H (gated_deltanet), H (delta_net)
+  int head_k_dim = 0;          // K, width of a q/k head
+  int head_v_dim = 0;          // V, width of a value head
+  bool use_short_conv = true;  // depthwise causal convolutions on q, k and v
+  int conv_size = 4;           // their width W (the state keeps W - 1 inputs), in [2, 64]
+  // The output gate silu(g_proj x). Parsing defaults it as fla does: off for delta_net, on
+  // for gated_deltanet.
+  bool use_gate = false;
+  bool allow_neg_eigval = false;  // β ∈ (0, 2) instead of (0, 1)
+  // delta_net only (gated_deltanet has fla's fixed choices: β on, silu, l2).
+  bool use_beta = true;                // β = sigmoid(b_proj x); off: β = 1
+  std::string qk_activation = "silu";  // silu, relu, elu (elu + 1) or identity
+  std::string qk_norm = "l2";          // l2 or sum
 
   // Serving metadata, not architecture (an fwserve extension of the contract; see
   // docs/http.md "Chat template"): how the HTTP API renders chat messages into a prompt.
@@ -87,9 +116,27 @@ struct ModelConfig {
   bool is_rwkv() const {
     return architecture == Architecture::kRwkv7 || architecture == Architecture::kRwkv4;
   }
+  // DeltaNet or Gated DeltaNet blocks (models/architectures/delta_net.h).
+  bool is_delta_net() const {
+    return architecture == Architecture::kDeltaNet || architecture == Architecture::kGatedDeltaNet;
+  }
+  // Whole blocks (models/architectures/block.h) instead of the contract's
+  // norm/mixer/norm/FFN blocks: the RWKV and DeltaNet architectures.
+  bool has_whole_blocks() const { return is_rwkv() || is_delta_net(); }
+  // The DeltaNet widths with their defaults applied: HV (n_heads), K (d_model / n_heads)
+  // and V (K).
+  int v_heads() const { return num_v_heads > 0 ? num_v_heads : n_heads; }
+  int k_head_dim() const {
+    return head_k_dim > 0 ? head_k_dim : (n_heads > 0 ? d_model / n_heads : 0);
+  }
+  int v_head_dim() const { return head_v_dim > 0 ? head_v_dim : k_head_dim(); }
 
   // Checks every value range and cross-field rule; the error names the key.
   absl::Status Validate() const;
+
+ private:
+  // Validate()'s rules for the DeltaNet keys (and their absence elsewhere).
+  absl::Status ValidateDeltaNet() const;
 };
 
 // Parses config.json text. Applies the contract's defaults, then Validate().

@@ -49,7 +49,8 @@ struct NativeStepOptions {
 
 class NativeStep {
  public:
-  // FailedPrecondition unless the model computes in float32 on the CPU.
+  // FailedPrecondition unless the model computes in float32 on the CPU; Unimplemented
+  // for the DeltaNet architectures (delta_net, gated_deltanet: LibTorch's step serves them).
   static absl::StatusOr<std::unique_ptr<NativeStep>> Create(const Model& model,
                                                             const NativeStepOptions& options = {});
   // Another instance for `other`'s model with `options` (its threads; packed_gemm is
