@@ -477,14 +477,14 @@ TEST_F(ServerTest, AMinimumOfTokensPerMessageIsHonoured) {
   }
 }
 
-// --stream-min-tokens-per-message 5, the server's token interval: 40 tokens go out in
-// messages of 5 to 16 tokens (the last may be shorter), the plain server's tokens; a
-// request's own stream options replace it (min_tokens_per_message 1: messages as small
-// as one token are allowed again, and the whole 40 arrive). A value above
-// --decode-lookahead is refused at start, naming the flag.
+// --stream-min-tokens-per-message 16 (= --decode-lookahead), the server's token
+// interval: 40 tokens go out as 16 + 16 + 8, the plain server's tokens. A request's own
+// stream options replace it: min_tokens_per_message 8 sends exactly 8 at a time (a
+// message waits for 8, and with 8 in flight no more than 8 more can be decoded). A value
+// above --decode-lookahead is refused at start, naming the flag.
 TEST_F(ServerTest, TheServersTokenIntervalGroupsMessages) {
   fwserve::CoreOptions options = Options();
-  options.engine.stream_min_tokens_per_message = 5;
+  options.engine.stream_min_tokens_per_message = 16;
   auto server = Harness::Start(options);
   ASSERT_NE(server, nullptr);
   auto sizes_of = [&](const v1::GenerateRequest& request, std::vector<int64_t>* tokens) {
@@ -498,17 +498,7 @@ TEST_F(ServerTest, TheServersTokenIntervalGroupsMessages) {
     return sizes;
   };
   std::vector<int64_t> grouped_tokens;
-  const std::vector<int> sizes = sizes_of(Greedy("Hello, world", 40), &grouped_tokens);
-  ASSERT_GE(sizes.size(), 2u);
-  int total = 0;
-  for (size_t i = 0; i < sizes.size(); ++i) {
-    total += sizes[i];
-    EXPECT_LE(sizes[i], 16) << "message " << i;
-    if (i + 1 < sizes.size()) {
-      EXPECT_GE(sizes[i], 5) << "message " << i;
-    }
-  }
-  EXPECT_EQ(total, 40);
+  EXPECT_EQ(sizes_of(Greedy("Hello, world", 40), &grouped_tokens), (std::vector<int>{16, 16, 8}));
   auto plain_server = Harness::Start(Options());
   ASSERT_NE(plain_server, nullptr);
   auto plain = plain_server->client().Generate(Greedy("Hello, world", 40));
@@ -516,11 +506,11 @@ TEST_F(ServerTest, TheServersTokenIntervalGroupsMessages) {
   EXPECT_EQ(grouped_tokens, plain->token_ids);
 
   v1::GenerateRequest own = Greedy("Hello, world", 40);
-  own.mutable_stream()->set_min_tokens_per_message(1);
+  own.mutable_stream()->set_min_tokens_per_message(8);
   std::vector<int64_t> own_tokens;
-  const std::vector<int> own_sizes = sizes_of(own, &own_tokens);
+  EXPECT_EQ(sizes_of(own, &own_tokens), (std::vector<int>{8, 8, 8, 8, 8}))
+      << "the request's interval did not replace the server's";
   EXPECT_EQ(own_tokens, plain->token_ids);
-  EXPECT_GT(own_sizes.size(), sizes.size()) << "the request's interval did not replace the server's";
 
   fwserve::CoreOptions bad = Options();
   bad.engine.stream_min_tokens_per_message = 17;
