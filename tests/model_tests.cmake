@@ -20,6 +20,7 @@ add_executable(fwserve_model_tests
   unit/graphed_step_test.cc
   unit/batch_sampler_test.cc
   unit/rwkv_test.cc
+  unit/delta_net_test.cc
 )
 # The CUDA equivalence cases only where this LibTorch has CUDA: on a CPU LibTorch they
 # could only skip, and under CI a skipped test fails the run (scripts/test.sh).

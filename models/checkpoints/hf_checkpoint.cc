@@ -1,5 +1,8 @@
 #include "models/checkpoints/hf_checkpoint.h"
 
+#include <sys/stat.h>
+
+#include <cmath>
 #include <cstring>
 #include <set>
 #include <utility>
@@ -91,8 +94,9 @@ absl::StatusOr<ModelConfig> ParseHuggingFaceRwkv7Config(const std::string& confi
   }
   const json& type = j["model_type"];
   if (!type.is_string() || (type != "rwkv7" && type != "rwkv7_fla")) {
-    return KeyError("model_type",
-                    "has unsupported value " + type.dump().substr(0, 64) + " (expected \"rwkv7\")");
+    return KeyError("model_type", "has unsupported value " + type.dump().substr(0, 64) +
+                                      " (expected \"rwkv7\", \"delta_net\" or "
+                                      "\"gated_deltanet\")");
   }
   if (j.contains("attn") && !j["attn"].is_null()) {
     return KeyError("attn", "sets hybrid attention layers, which are not supported");
@@ -218,12 +222,13 @@ std::string FlaTensorName(const std::string& name) {
   return absl::StrCat("model.layers.", layer, ".", part);
 }
 
-absl::StatusOr<LoadedModel> LoadHuggingFaceCheckpoint(const std::string& dir,
-                                                      const std::string& config_json,
-                                                      const ModelOptions& options) {
-  auto config = ParseHuggingFaceRwkv7Config(config_json);
-  if (!config.ok()) return config.status();
-  // The files: model.safetensors, or the shards of model.safetensors.index.json.
+namespace {
+
+// The tensors of a Hugging Face directory as float32 by their names in the files:
+// model.safetensors, or the shards model.safetensors.index.json lists (each tensor in the
+// shard the index names). Errors name the file and the tensor, never the directory.
+absl::StatusOr<std::map<std::string, torch::Tensor>> ReadHuggingFaceTensors(
+    const std::string& dir) {
   std::vector<std::string> shards;
   std::map<std::string, std::string> shard_of;  // tensor -> shard, when indexed
   auto single = ReadFile(dir + "/model.safetensors");
@@ -306,6 +311,17 @@ absl::StatusOr<LoadedModel> LoadHuggingFaceCheckpoint(const std::string& dir,
       }
     }
   }
+  return file_tensors;
+}
+
+absl::StatusOr<LoadedModel> LoadHuggingFaceRwkv7(const std::string& dir,
+                                                 const std::string& config_json,
+                                                 const ModelOptions& options) {
+  auto config = ParseHuggingFaceRwkv7Config(config_json);
+  if (!config.ok()) return config.status();
+  auto read = ReadHuggingFaceTensors(dir);
+  if (!read.ok()) return read.status();
+  std::map<std::string, torch::Tensor>& file_tensors = *read;
   // fla names -> ours, strictly, errors in fla's names.
   std::map<std::string, std::pair<std::string, std::vector<int64_t>>> expected;  // fla -> ours
   for (const auto& [name, shape] : ExpectedWeightShapes(*config)) {
@@ -347,6 +363,336 @@ absl::StatusOr<LoadedModel> LoadHuggingFaceCheckpoint(const std::string& dir,
   if (!model.ok()) return model.status();
   std::string fingerprint = Fingerprint(*config, weights);
   return LoadedModel{std::move(*model), std::move(fingerprint)};
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// DeltaNet and Gated DeltaNet (fla's DeltaNetConfig, GatedDeltaNetConfig)
+
+namespace {
+
+// Keys of both configs (PretrainedConfig's that fla's files carry included), then each
+// architecture's own. FlaDeltaNetIgnoredKeys do not change what the model computes at
+// inference (use_output_norm: fla's layers always apply o_norm, whatever it says).
+const std::set<std::string>& FlaDeltaNetCommonKeys() {
+  static const auto* keys = new std::set<std::string>{"model_type",
+                                                      "hidden_size",
+                                                      "num_hidden_layers",
+                                                      "num_heads",
+                                                      "expand_v",
+                                                      "use_gate",
+                                                      "use_short_conv",
+                                                      "allow_neg_eigval",
+                                                      "conv_size",
+                                                      "hidden_ratio",
+                                                      "intermediate_size",
+                                                      "hidden_act",
+                                                      "norm_eps",
+                                                      "norm_first",
+                                                      "attn",
+                                                      "attnres_block_size",
+                                                      "bos_token_id",
+                                                      "eos_token_id",
+                                                      "pad_token_id",
+                                                      "tie_word_embeddings",
+                                                      "vocab_size"};
+  return *keys;
+}
+const std::set<std::string>& FlaDeltaNetOwnKeys(bool gated) {
+  static const auto* delta =
+      new std::set<std::string>{"expand_k", "use_beta", "qk_norm", "qk_activation"};
+  static const auto* gated_keys = new std::set<std::string>{"head_dim", "num_v_heads"};
+  return gated ? *gated_keys : *delta;
+}
+const std::set<std::string>& FlaDeltaNetIgnoredKeys() {
+  static const auto* keys = new std::set<std::string>{"fuse_swiglu", "use_output_norm"};
+  return *keys;
+}
+
+// An optional JSON value: its default when absent or null.
+absl::StatusOr<double> FlaNumber(const json& j, const std::string& key, double fallback) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return fallback;
+  if (!it->is_number()) return KeyError(key, "must be a number, got " + it->dump().substr(0, 64));
+  return it->get<double>();
+}
+absl::StatusOr<bool> FlaBool(const json& j, const std::string& key, bool fallback) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return fallback;
+  if (!it->is_boolean()) {
+    return KeyError(key, "must be true or false, got " + it->dump().substr(0, 64));
+  }
+  return it->get<bool>();
+}
+absl::StatusOr<std::string> FlaString(const json& j, const std::string& key,
+                                      const std::string& fallback) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return fallback;
+  if (!it->is_string()) return KeyError(key, "must be a string, got " + it->dump().substr(0, 64));
+  return it->get<std::string>();
+}
+
+bool FlaFileExists(const std::string& path) {
+  struct stat info;
+  return ::stat(path.c_str(), &info) == 0 && S_ISREG(info.st_mode);
+}
+
+}  // namespace
+
+absl::StatusOr<ModelConfig> ParseHuggingFaceDeltaNetConfig(const std::string& config_json,
+                                                           bool sentencepiece, int mlp_width) {
+  json j = json::parse(config_json, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) {
+    return absl::InvalidArgumentError("config.json: not a JSON object");
+  }
+  const json& type = j["model_type"];
+  const bool gated = type == "gated_deltanet";
+  if (!gated && type != "delta_net") {
+    return KeyError("model_type", "has unsupported value " + type.dump().substr(0, 64) +
+                                      " (expected \"delta_net\" or \"gated_deltanet\")");
+  }
+  for (const auto& item : j.items()) {
+    const std::string& key = item.key();
+    if (FlaDeltaNetCommonKeys().count(key) == 0 && FlaDeltaNetOwnKeys(gated).count(key) == 0 &&
+        FlaDeltaNetIgnoredKeys().count(key) == 0 && IgnoredKeys().count(key) == 0) {
+      return KeyError(key.substr(0, 64),
+                      absl::StrCat("is unknown (not a key of fla's ",
+                                   gated ? "GatedDeltaNetConfig" : "DeltaNetConfig", ")"));
+    }
+  }
+  if (j.contains("attn") && !j["attn"].is_null()) {
+    return KeyError("attn", "sets hybrid attention layers, which are not supported");
+  }
+  if (j.contains("attnres_block_size") && !j["attnres_block_size"].is_null()) {
+    return KeyError("attnres_block_size",
+                    "sets attention residuals between blocks, which are not supported");
+  }
+  if (j.contains("norm_first") && j["norm_first"] != false) {
+    return KeyError("norm_first",
+                    "must be false (fla's older layout with the norms inside the layers is not "
+                    "supported)");
+  }
+  auto act = FlaString(j, "hidden_act", "swish");
+  if (!act.ok()) return act.status();
+  if (*act != "swish") {
+    return KeyError("hidden_act",
+                    "must be \"swish\" (the MLP is SwiGLU), got \"" + act->substr(0, 64) + "\"");
+  }
+  ModelConfig c;
+  c.architecture = gated ? Architecture::kGatedDeltaNet : Architecture::kDeltaNet;
+  c.ffn = FfnKind::kSwiglu;
+  absl::StatusOr<int> v;
+  if (!(v = Int(j, "hidden_size", true, 0)).ok()) return v.status();
+  c.d_model = *v;
+  if (!(v = Int(j, "num_hidden_layers", true, 0)).ok()) return v.status();
+  c.n_layers = *v;
+  if (!(v = Int(j, "vocab_size", true, 0)).ok()) return v.status();
+  c.vocab_size = *v;
+  if (!(v = Int(j, "num_heads", false, gated ? 6 : 16)).ok()) return v.status();
+  c.n_heads = *v;
+  if (c.n_heads < 1) return KeyError("num_heads", "must be positive");
+  auto expand_v = FlaNumber(j, "expand_v", gated ? 2.0 : 1.0);
+  if (!expand_v.ok()) return expand_v.status();
+  if (gated) {
+    // fla's GatedDeltaNet: head_k_dim = head_dim, head_v_dim = int(head_dim · expand_v).
+    if (!(v = Int(j, "head_dim", false, 256)).ok()) return v.status();
+    c.head_k_dim = *v;
+    if (!(v = Int(j, "num_v_heads", false, c.n_heads)).ok()) return v.status();
+    c.num_v_heads = *v;
+    const double width = c.head_k_dim * *expand_v;
+    c.head_v_dim = static_cast<int>(width);
+    if (c.head_k_dim < 1 || c.head_v_dim < 1 || std::abs(width - c.head_v_dim) > 1e-5 * width) {
+      return KeyError("expand_v", absl::StrCat("times head_dim=", c.head_k_dim,
+                                               " must be a positive integer, got ", width));
+    }
+  } else {
+    // fla's DeltaNet: key_dim = int(hidden_size · expand_k), split over num_heads.
+    auto expand_k = FlaNumber(j, "expand_k", 1.0);
+    if (!expand_k.ok()) return expand_k.status();
+    const std::pair<const char*, double> expands[] = {{"expand_k", *expand_k},
+                                                      {"expand_v", *expand_v}};
+    int* widths[] = {&c.head_k_dim, &c.head_v_dim};
+    for (int i = 0; i < 2; ++i) {
+      const int64_t dim = static_cast<int64_t>(c.d_model * expands[i].second);
+      if (dim < c.n_heads || dim % c.n_heads != 0) {
+        return KeyError(expands[i].first, absl::StrCat("gives a width of ", dim, " that num_heads=",
+                                                       c.n_heads, " does not divide"));
+      }
+      *widths[i] = static_cast<int>(dim / c.n_heads);
+    }
+    c.num_v_heads = c.n_heads;
+    auto beta = FlaBool(j, "use_beta", true);
+    if (!beta.ok()) return beta.status();
+    c.use_beta = *beta;
+    auto qk_norm = FlaString(j, "qk_norm", "l2");
+    if (!qk_norm.ok()) return qk_norm.status();
+    c.qk_norm = *qk_norm;
+    auto qk_activation = FlaString(j, "qk_activation", "silu");
+    if (!qk_activation.ok()) return qk_activation.status();
+    c.qk_activation = *qk_activation;
+  }
+  struct Flag {
+    const char* key;
+    bool fla_default;
+    bool* out;
+  };
+  const Flag flags[] = {{"use_gate", gated, &c.use_gate},
+                        {"use_short_conv", true, &c.use_short_conv},
+                        {"allow_neg_eigval", false, &c.allow_neg_eigval},
+                        {"tie_word_embeddings", false, &c.tie_embeddings}};
+  for (const Flag& flag : flags) {
+    auto value = FlaBool(j, flag.key, flag.fla_default);
+    if (!value.ok()) return value.status();
+    *flag.out = *value;
+  }
+  if (!(v = Int(j, "conv_size", false, 4)).ok()) return v.status();
+  c.conv_size = *v;
+  if (j.contains("intermediate_size") && !j["intermediate_size"].is_null()) {
+    if (!(v = Int(j, "intermediate_size", true, 0)).ok()) return v.status();
+    c.d_ff = *v;
+  } else if (mlp_width > 0) {
+    c.d_ff = mlp_width;
+  } else {  // fla's GatedMLP: 2/3 · hidden_ratio · hidden_size, up to a multiple of 256
+    auto ratio = FlaNumber(j, "hidden_ratio", 4.0);
+    if (!ratio.ok()) return ratio.status();
+    const int64_t width = static_cast<int64_t>(c.d_model * *ratio * 2 / 3);
+    c.d_ff = static_cast<int>(256 * ((width + 255) / 256));
+  }
+  auto eps = FlaNumber(j, "norm_eps", 1e-6);
+  if (!eps.ok()) return eps.status();
+  c.norm_eps = *eps;
+  if (!(v = Int(j, "pad_token_id", false, 0)).ok()) return v.status();
+  if (!(v = Int(j, "bos_token_id", false, 1)).ok()) return v.status();
+  c.bos_token_id = *v;
+  if (!(v = Int(j, "eos_token_id", false, 2)).ok()) return v.status();
+  // A byte vocabulary has no end-of-text id of its own (a byte is text); SentencePiece's
+  // is the config's.
+  c.tokenizer = sentencepiece ? "sentencepiece" : "bytes";
+  c.eos_token_id = sentencepiece ? *v : -1;
+  absl::Status valid = c.Validate();
+  if (!valid.ok()) return valid;
+  return c;
+}
+
+std::string FlaDeltaNetTensorName(const std::string& name) {
+  if (name == "lm_head.weight") return name;
+  if (name.rfind("blocks.", 0) == 0) return "model.layers." + name.substr(7);
+  return "model." + name;  // embeddings.weight, norm.weight
+}
+
+namespace {
+
+absl::StatusOr<LoadedModel> LoadFlaDeltaNet(const std::string& dir, const std::string& config_json,
+                                            const ModelOptions& options) {
+  // Fail fast on the config and the tokenizer, before reading the weights.
+  const bool sentencepiece = FlaFileExists(dir + "/tokenizer.model");
+  auto config = ParseHuggingFaceDeltaNetConfig(config_json, sentencepiece);
+  if (!config.ok()) return config.status();
+  if (!sentencepiece && FlaFileExists(dir + "/tokenizer.json")) {
+    return absl::InvalidArgumentError(
+        "tokenizer.json: Hugging Face's tokenizers are not supported; this model needs its "
+        "SentencePiece tokenizer.model (the directory has tokenizer.json but no "
+        "tokenizer.model)");
+  }
+  auto read = ReadHuggingFaceTensors(dir);
+  if (!read.ok()) return read.status();
+  std::map<std::string, torch::Tensor>& file_tensors = *read;
+  // The MLP's width from the tensors when config.json leaves it to hidden_ratio.
+  const json j = json::parse(config_json, nullptr, /*allow_exceptions=*/false);
+  if (!j.contains("intermediate_size") || j["intermediate_size"].is_null()) {
+    const std::string down = "model.layers.0.mlp.down_proj.weight";
+    auto it = file_tensors.find(down);
+    if (it == file_tensors.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("model.safetensors: missing tensor '", down, "'"));
+    }
+    if (it->second.dim() != 2 || it->second.size(0) != config->d_model) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "model.safetensors: tensor '", down, "' has shape ",
+          ShapeString(it->second.sizes().vec()), ", expected [", config->d_model, ", F]"));
+    }
+    config = ParseHuggingFaceDeltaNetConfig(config_json, sentencepiece,
+                                            static_cast<int>(it->second.size(1)));
+    if (!config.ok()) return config.status();
+  }
+  const ModelConfig& c = *config;
+  const int64_t f = c.d_ff;
+  for (int i = 0; i < c.n_layers; ++i) {
+    const std::string layer = absl::StrCat("model.layers.", i, ".");
+    // fla's older GatedMLP: one gate_proj [2F, D], the gate's rows then up's.
+    const std::string gate = layer + "mlp.gate_proj.weight", up = layer + "mlp.up_proj.weight";
+    auto fused = file_tensors.find(gate);
+    if (file_tensors.count(up) == 0 && fused != file_tensors.end() && fused->second.dim() == 2 &&
+        fused->second.size(0) == 2 * f) {
+      torch::Tensor both = fused->second;
+      file_tensors[up] = both.narrow(0, f, f).clone();
+      file_tensors[gate] = both.narrow(0, 0, f).clone();
+    }
+    // Older Gated DeltaNet files carry an unused `D` per head.
+    const std::string d_name = layer + "attn.D";
+    auto d = file_tensors.find(d_name);
+    if (c.architecture == Architecture::kGatedDeltaNet && d != file_tensors.end()) {
+      if (d->second.dim() != 1 ||
+          (d->second.size(0) != c.n_heads && d->second.size(0) != c.v_heads())) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "model.safetensors: tensor '", d_name, "' has shape ",
+            ShapeString(d->second.sizes().vec()), ", expected [", c.n_heads, "] (unused)"));
+      }
+      file_tensors.erase(d);
+    }
+  }
+  std::map<std::string, std::pair<std::string, std::vector<int64_t>>> expected;  // fla -> ours
+  for (const auto& [name, shape] : ExpectedWeightShapes(c)) {
+    expected[FlaDeltaNetTensorName(name)] = {name, shape};
+  }
+  std::map<std::string, torch::Tensor> weights;
+  for (auto& [fla_name, tensor] : file_tensors) {
+    auto it = expected.find(fla_name);
+    if (it == expected.end()) {
+      if (fla_name == "lm_head.weight" && c.tie_embeddings) {
+        return absl::InvalidArgumentError(
+            "model.safetensors: tensor 'lm_head.weight' is present but tie_word_embeddings is "
+            "true");
+      }
+      return absl::InvalidArgumentError(absl::StrCat(
+          "model.safetensors: unknown tensor '", fla_name.substr(0, 200), "' (not part of ",
+          ArchitectureName(c.architecture), " as implemented or as config.json sets it)"));
+    }
+    const auto& [ours, shape] = it->second;
+    // fla's convolutions are Conv1d weights [C, 1, W].
+    if (tensor.dim() == 3 && tensor.size(1) == 1 && shape.size() == 2) {
+      tensor = tensor.reshape({tensor.size(0), tensor.size(2)});
+    }
+    if (tensor.sizes().vec() != shape) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("model.safetensors: tensor '", fla_name, "' has shape ",
+                       ShapeString(tensor.sizes().vec()), ", expected ", ShapeString(shape)));
+    }
+    weights[ours] = tensor;
+  }
+  for (const auto& [fla_name, entry] : expected) {
+    if (weights.count(entry.first) == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("model.safetensors: missing tensor '", fla_name, "'"));
+    }
+  }
+  auto model = Model::Create(c, weights, options);
+  if (!model.ok()) return model.status();
+  std::string fingerprint = Fingerprint(c, weights);
+  return LoadedModel{std::move(*model), std::move(fingerprint)};
+}
+
+}  // namespace
+
+absl::StatusOr<LoadedModel> LoadHuggingFaceCheckpoint(const std::string& dir,
+                                                      const std::string& config_json,
+                                                      const ModelOptions& options) {
+  json j = json::parse(config_json, nullptr, /*allow_exceptions=*/false);
+  if (j.is_object() && (j["model_type"] == "delta_net" || j["model_type"] == "gated_deltanet")) {
+    return LoadFlaDeltaNet(dir, config_json, options);
+  }
+  return LoadHuggingFaceRwkv7(dir, config_json, options);
 }
 
 }  // namespace fwmodel
