@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -60,6 +61,11 @@ struct GenerateParams {
   enum class PrefixReuse { kOff, kServerKept, kCallerSession };
   PrefixReuse prefix_reuse = PrefixReuse::kOff;
   std::string prompt;
+  // Set by the core alone (a replayed history's continuation): the token ids to absorb,
+  // in place of encoding `prompt` (then empty), because a kept conversation is matched
+  // by the ids of the whole prompt and the rest must be those ids, not a fresh encoding
+  // of the rest of the text.
+  std::optional<std::vector<int64_t>> prompt_tokens;
   SamplingParams sampling;
   // Tokens the repetition penalty looks back over (prompt and generated tokens of
   // this request).

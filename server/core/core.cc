@@ -222,9 +222,9 @@ class CoreImpl : public Core {
   // deleted. Deletes itself after OnFinish.
   class ConversationKeeper : public GenerateObserver {
    public:
-    ConversationKeeper(CoreImpl* core, Caller caller, std::string model, std::string prompt,
-                       std::string session_id, bool server_kept, bool indexed,
-                       GenerateObserver* inner)
+    ConversationKeeper(CoreImpl* core, Caller caller, std::string model,
+                       PrefixIndex::Tokens prompt, std::string session_id, bool server_kept,
+                       bool indexed, GenerateObserver* inner)
         : core_(core),
           caller_(std::move(caller)),
           model_(std::move(model)),
@@ -235,18 +235,12 @@ class CoreImpl : public Core {
           inner_(inner) {}
     void OnStart(std::shared_ptr<GenerateControl> stream) override { inner_->OnStart(stream); }
     void OnChunk(GenerateChunk chunk) override {
-      for (int64_t id : chunk.token_ids) {
-        if (id < 0 || id > 255) {
-          bytes_only_ = false;
-        } else {
-          conversation_.push_back(static_cast<char>(id));
-        }
-      }
+      conversation_.insert(conversation_.end(), chunk.token_ids.begin(), chunk.token_ids.end());
       inner_->OnChunk(std::move(chunk));
     }
     void OnFinish(absl::Status status, GenerateSummary summary) override {
       const bool whole =
-          indexed_ && status.ok() && bytes_only_ &&
+          indexed_ && status.ok() &&
           (summary.reason == FinishReason::kStop || summary.reason == FinishReason::kLength) &&
           summary.session_tokens == static_cast<int64_t>(conversation_.size());
       std::vector<std::string> unneeded;
@@ -271,21 +265,20 @@ class CoreImpl : public Core {
     CoreImpl* const core_;
     const Caller caller_;
     const std::string model_;
-    std::string conversation_;  // the prompt, then the reply's bytes
+    PrefixIndex::Tokens conversation_;  // the prompt's token ids, then the reply's
     const std::string session_id_;
     const bool server_kept_;  // else the caller's (a response)
     const bool indexed_;      // its end state is to be indexed
     GenerateObserver* const inner_;
-    bool bytes_only_ = true;
   };
 
   // A request that may continue a kept conversation (docs/http.md "Replayed
   // histories"): forks the longest conversation of this tenant and model that the
   // prompt begins with and prefills only the rest (a hit), or runs on a new session
   // (a miss); the new session is then indexed as the conversation with this reply.
-  // When reuse cannot serve it (off, a vocabulary other than bytes, --max-sessions
-  // reached) a stateless chat runs as a plain throwaway stream and a response on a new
-  // session of its own.
+  // Conversations are matched by token ids (PrefixIndex), so every vocabulary reuses.
+  // When reuse cannot serve it (off, --max-sessions reached) a stateless chat runs as a
+  // plain throwaway stream and a response on a new session of its own.
   absl::Status StartReusingPrefix(const Caller& caller, GenerateParams params,
                                   GenerateObserver* observer) {
     const bool server_kept = params.prefix_reuse == GenerateParams::PrefixReuse::kServerKept;
@@ -297,12 +290,17 @@ class CoreImpl : public Core {
     }
     const std::string model = (*engine)->name();
     params.model = model;
-    if (std::string((*engine)->tokenizer().name()) != "bytes" || !registry().CheckCapacity().ok()) {
+    if (!registry().CheckCapacity().ok()) {
       metrics_->CountPrefixReuse(model, "skipped");
       return StartGenerateOn(caller, std::move(params), observer, "", plain);
     }
+    // The whole prompt's ids: a continuation absorbs the rest of these, never a fresh
+    // encoding of the rest of the text (GenerateParams::prompt_tokens).
+    if (absl::Status valid = ValidateText("prompt", params.prompt); !valid.ok()) return valid;
+    const fwmodel::TextTokenizer& tokenizer = (*engine)->tokenizer();
+    PrefixIndex::Tokens prompt_tokens = tokenizer.Encode(params.prompt);
     std::optional<PrefixIndex::Match> match =
-        prefix_index_.Find(caller.tenant, model, params.prompt);
+        prefix_index_.Find(caller.tenant, model, prompt_tokens);
     if (match.has_value()) {
       // A session deleted, expired or in use by another request is no start point.
       auto record = registry().Get(match->session_id);
@@ -315,12 +313,17 @@ class CoreImpl : public Core {
     const std::string new_session = NewSessionId();
     // A chat's end state is always kept; a response's when it is stored.
     if (server_kept) params.store = true;
-    auto* keeper = new ConversationKeeper(this, caller, model, params.prompt, new_session,
-                                          server_kept, params.store, observer);
     if (match.has_value()) {
       params.fork_from = match->session_id;
-      params.prompt.erase(0, match->length);
+      params.prompt.clear();
+      params.prompt_tokens.emplace(prompt_tokens.begin() + static_cast<ptrdiff_t>(match->length),
+                                   prompt_tokens.end());
+    } else {
+      params.prompt.clear();
+      params.prompt_tokens.emplace(prompt_tokens);
     }
+    auto* keeper = new ConversationKeeper(this, caller, model, std::move(prompt_tokens),
+                                          new_session, server_kept, params.store, observer);
     absl::Status started =
         StartGenerateOn(caller, std::move(params), keeper, new_session,
                         server_kept ? SessionSource::kServerKept : SessionSource::kNewSession);
@@ -393,7 +396,9 @@ class CoreImpl : public Core {
           "store: false is for a fork_from request (its new session is then not kept); a "
           "session's own changes are always stored");
     }
-    if (params.session_id.empty() && params.fork_from.empty() && params.prompt.empty()) {
+    const bool no_prompt = params.prompt_tokens.has_value() ? params.prompt_tokens->empty()
+                                                            : params.prompt.empty();
+    if (params.session_id.empty() && params.fork_from.empty() && no_prompt) {
       return absl::InvalidArgumentError("prompt: must not be empty without a session_id");
     }
     if (keep_new_session) {
@@ -438,7 +443,12 @@ class CoreImpl : public Core {
     if (!params.fork_from.empty() || keep_new_session) {
       generate.fork_id = new_session_id.empty() ? NewSessionId() : new_session_id;
     }
-    item->text = std::move(params.prompt);  // encoded by the engine (its model's tokenizer)
+    if (params.prompt_tokens.has_value()) {
+      item->tokens = std::move(*params.prompt_tokens);  // the core encoded it (prefix reuse)
+      params.prompt_tokens.reset();
+    } else {
+      item->text = std::move(params.prompt);  // encoded by the engine (its model's tokenizer)
+    }
     item->is_cancelled = std::move(params.is_cancelled);
     params.is_cancelled = nullptr;
     generate.params = std::move(params);

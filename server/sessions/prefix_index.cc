@@ -1,21 +1,23 @@
 #include "server/sessions/prefix_index.h"
 
+#include <algorithm>
+
 namespace fwserve {
 
 std::optional<PrefixIndex::Match> PrefixIndex::Find(const std::string& tenant,
                                                     const std::string& model,
-                                                    std::string_view prompt) {
+                                                    absl::Span<const int64_t> prompt) {
   absl::MutexLock lock(&mu_);
   auto owner = entries_.find(Owner{tenant, model});
   if (owner == entries_.end()) return std::nullopt;
   std::list<Entry>& list = owner->second;
   auto best = list.end();
   for (auto it = list.begin(); it != list.end(); ++it) {
-    const std::string& c = it->conversation;
+    const Tokens& c = it->conversation;
     if (c.size() > prompt.size() || (best != list.end() && c.size() <= best->conversation.size())) {
       continue;
     }
-    if (prompt.compare(0, c.size(), c) == 0) best = it;
+    if (std::equal(c.begin(), c.end(), prompt.begin())) best = it;
   }
   if (best == list.end()) return std::nullopt;
   list.splice(list.begin(), list, best);
@@ -23,7 +25,7 @@ std::optional<PrefixIndex::Match> PrefixIndex::Find(const std::string& tenant,
 }
 
 std::vector<std::string> PrefixIndex::Insert(const std::string& tenant, const std::string& model,
-                                             std::string conversation, std::string session_id,
+                                             Tokens conversation, std::string session_id,
                                              bool owned) {
   std::vector<std::string> evicted;
   if (capacity_ == 0) {

@@ -7,11 +7,14 @@
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
+
+#include "absl/strings/str_cat.h"
 
 #include "client/client.h"
 #include "models/architectures/model.h"
@@ -195,6 +198,71 @@ TEST(RwkvWorldServingTest, PromptsAndTextGoThroughTheWorldVocabulary) {
   }
   fwmodel::Utf8StreamDecoder whole;
   EXPECT_EQ(whole.PushBytes(all) + whole.Finish(), body["choices"][0]["message"]["content"]);
+}
+
+// Replayed histories on a world-vocabulary model (issue 49): kept conversations are
+// matched by token ids, so a stateless client replaying a 10-turn chat (greedy, short
+// replies) continues from the kept state whenever the previous turn's ids (prompt, then
+// reply) begin the new prompt's ids, and its replies and usage equal a server with
+// reuse off on every turn. A continued turn's cached tokens are a whole earlier
+// conversation: the last one's, or, when the last reply's tokens are not what the
+// vocabulary encodes its text as (then it cannot be continued exactly, and is not), an
+// earlier one's.
+TEST(RwkvWorldServingTest, AReplayedChatContinuesTheKeptConversationByTokenIds) {
+  fwmodel::ModelConfig config;
+  config.architecture = fwmodel::Architecture::kRwkv7;
+  config.d_model = 32;
+  config.n_layers = 2;
+  config.n_heads = 4;
+  config.d_ff = 48;
+  config.decay_low_rank_dim = 5;
+  config.a_low_rank_dim = 6;
+  config.v_low_rank_dim = 3;
+  config.gate_low_rank_dim = 7;
+  config.vocab_size = 65536;
+  config.tokenizer = "rwkv_world";
+  auto model = fwmodel::Model::InitRandom(config, 11, {});
+  ASSERT_TRUE(model.ok()) << model.status();
+  const std::string dir = MakeTempDir("rwkv-world-replay");
+  ASSERT_TRUE(fwmodel::SaveCheckpoint(*model, dir, fwmodel::DType::kF32).ok());
+  std::ifstream vocab(std::string(FWSERVE_SOURCE_DIR) + "/tests/data/rwkv/rwkv_vocab_v20230424.txt",
+                      std::ios::binary);
+  std::ofstream(dir + "/rwkv_vocab_v20230424.txt", std::ios::binary) << vocab.rdbuf();
+
+  fwserve::CoreOptions options;
+  options.model_dirs = {dir};
+  auto server = Harness::Start(options, {}, false, fwserve::HttpServerOptions{});
+  fwserve::CoreOptions off = options;
+  off.prefix_reuse_entries = 0;
+  auto reference = Harness::Start(off, {}, false, fwserve::HttpServerOptions{});
+  ASSERT_NE(server, nullptr);
+  ASSERT_NE(reference, nullptr);
+  json messages = json::array({{{"role", "user"}, {"content", "Hello"}}});
+  std::set<int64_t> kept;  // tokens of each conversation the reuse server kept
+  int continued = 0;
+  for (int turn = 0; turn < 10; ++turn) {
+    const json request = {{"messages", messages}, {"max_tokens", 2}, {"temperature", 0}};
+    Reply got = Post(server->http_port(), "/v1/chat/completions", request);
+    Reply want = Post(reference->http_port(), "/v1/chat/completions", request);
+    ASSERT_EQ(got.status, 200) << got.body;
+    ASSERT_EQ(want.status, 200) << want.body;
+    const json g = got.Json(), w = want.Json();
+    const std::string reply = g["choices"][0]["message"]["content"];
+    EXPECT_EQ(reply, w["choices"][0]["message"]["content"]) << "turn " << turn;
+    EXPECT_EQ(g["usage"]["prompt_tokens"], w["usage"]["prompt_tokens"]) << "turn " << turn;
+    EXPECT_EQ(g["usage"]["completion_tokens"], w["usage"]["completion_tokens"]) << "turn " << turn;
+    EXPECT_EQ(w["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    const int64_t cached = g["usage"]["prompt_tokens_details"]["cached_tokens"];
+    if (cached > 0) {
+      EXPECT_EQ(kept.count(cached), 1u) << "turn " << turn << ": not a whole kept conversation";
+      ++continued;
+    }
+    kept.insert(g["usage"]["prompt_tokens"].get<int64_t>() +
+                g["usage"]["completion_tokens"].get<int64_t>());
+    messages.push_back({{"role", "assistant"}, {"content", reply}});
+    messages.push_back({{"role", "user"}, {"content", absl::StrCat("And ", turn)}});
+  }
+  EXPECT_GE(continued, 3) << "too few of 9 replayed turns continued a kept conversation";
 }
 
 }  // namespace
