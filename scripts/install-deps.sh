@@ -12,12 +12,15 @@
 set -euo pipefail
 
 # Building fwserve and fwctl (cmake -DFWSERVE_BUILD_TESTS=OFF -DFWSERVE_BUILD_BENCH=OFF).
+# libsentencepiece-dev: its header at build time; fwserve dlopens its libsentencepiece0
+# at run time (models/tokenizers/sentencepiece_tokenizer.h).
 BUILD_PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config
   libtorch-dev libopenblas0-openmp libblas-dev libxsmm-dev
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev prometheus-cpp-dev
   nlohmann-json3-dev libssl-dev libhiredis-dev libcli11-dev libboost-dev
+  libsentencepiece-dev
 )
 # The tests, benchmarks and tools on top of that. The container engine (Podman with
 # runc, a local debian:12 base made by mmdebstrap, DNS on compose networks by the
