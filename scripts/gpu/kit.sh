@@ -40,6 +40,7 @@ PACKAGES=(
   prometheus-cpp-dev libhiredis-dev nlohmann-json3-dev libcli11-dev libboost-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libssl-dev zlib1g-dev libblas-dev libblas3 pkg-config
+  libsentencepiece-dev libsentencepiece0
 )
 # Runtime libraries of the base system that the -dev packages' libfoo.so links point
 # at: carried too, so the link never depends on the GPU machine's own versions.
