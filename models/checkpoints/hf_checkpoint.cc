@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <set>
 #include <utility>
 #include <vector>
@@ -224,6 +225,53 @@ std::string FlaTensorName(const std::string& name) {
 
 namespace {
 
+// The model whose weights are fla's tensors `file_tensors`, strictly: every tensor of
+// `config` (ExpectedWeightShapes) is found under its fla name (`fla_name_of`, ours ->
+// fla's), `adapt` puts fla's layout of one into our shape where they differ, and an
+// unknown, missing or wrong-shaped tensor is an error naming fla's tensor (`unknown_why`
+// says why a name is unknown).
+absl::StatusOr<LoadedModel> ModelFromFlaTensors(
+    const ModelConfig& config, std::map<std::string, torch::Tensor> file_tensors,
+    const std::function<std::string(const std::string&)>& fla_name_of,
+    const std::function<void(torch::Tensor*, const std::vector<int64_t>&)>& adapt,
+    const std::string& unknown_why, const ModelOptions& options) {
+  std::map<std::string, std::pair<std::string, std::vector<int64_t>>> expected;  // fla -> ours
+  for (const auto& [name, shape] : ExpectedWeightShapes(config)) {
+    expected[fla_name_of(name)] = {name, shape};
+  }
+  std::map<std::string, torch::Tensor> weights;
+  for (auto& [fla_name, tensor] : file_tensors) {
+    auto it = expected.find(fla_name);
+    if (it == expected.end()) {
+      if (fla_name == "lm_head.weight" && config.tie_embeddings) {
+        return absl::InvalidArgumentError(
+            "model.safetensors: tensor 'lm_head.weight' is present but tie_word_embeddings is "
+            "true");
+      }
+      return absl::InvalidArgumentError(absl::StrCat(
+          "model.safetensors: unknown tensor '", fla_name.substr(0, 200), "' (", unknown_why, ")"));
+    }
+    const auto& [ours, shape] = it->second;
+    adapt(&tensor, shape);
+    if (tensor.sizes().vec() != shape) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("model.safetensors: tensor '", fla_name, "' has shape ",
+                       ShapeString(tensor.sizes().vec()), ", expected ", ShapeString(shape)));
+    }
+    weights[ours] = tensor;
+  }
+  for (const auto& [fla_name, entry] : expected) {
+    if (weights.count(entry.first) == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("model.safetensors: missing tensor '", fla_name, "'"));
+    }
+  }
+  auto model = Model::Create(config, weights, options);
+  if (!model.ok()) return model.status();
+  std::string fingerprint = Fingerprint(config, weights);
+  return LoadedModel{std::move(*model), std::move(fingerprint)};
+}
+
 // The tensors of a Hugging Face directory as float32 by their names in the files:
 // model.safetensors, or the shards model.safetensors.index.json lists (each tensor in the
 // shard the index names). Errors name the file and the tensor, never the directory.
@@ -322,47 +370,18 @@ absl::StatusOr<LoadedModel> LoadHuggingFaceRwkv7(const std::string& dir,
   auto read = ReadHuggingFaceTensors(dir);
   if (!read.ok()) return read.status();
   std::map<std::string, torch::Tensor>& file_tensors = *read;
-  // fla names -> ours, strictly, errors in fla's names.
-  std::map<std::string, std::pair<std::string, std::vector<int64_t>>> expected;  // fla -> ours
-  for (const auto& [name, shape] : ExpectedWeightShapes(*config)) {
-    expected[FlaTensorName(name)] = {name, shape};
-  }
-  std::map<std::string, torch::Tensor> weights;
-  for (auto& [fla_name, tensor] : file_tensors) {
-    auto it = expected.find(fla_name);
-    if (it == expected.end()) {
-      if (fla_name == "lm_head.weight" && config->tie_embeddings) {
-        return absl::InvalidArgumentError(
-            "model.safetensors: tensor 'lm_head.weight' is present but tie_word_embeddings is "
-            "true");
-      }
-      return absl::InvalidArgumentError(absl::StrCat(
-          "model.safetensors: unknown tensor '", fla_name.substr(0, 200),
-          "' (not part of RWKV-7 x070 as implemented; variants such as rwkv7a/7b or hybrid "
-          "attention layers are not supported)"));
-    }
-    const auto& [ours, shape] = it->second;
-    // fla keeps the token-shift mixes as [1, 1, C].
-    if (tensor.dim() == 3 && tensor.size(0) == 1 && tensor.size(1) == 1 && shape.size() == 1) {
-      tensor = tensor.reshape({-1});
-    }
-    if (tensor.sizes().vec() != shape) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("model.safetensors: tensor '", fla_name, "' has shape ",
-                       ShapeString(tensor.sizes().vec()), ", expected ", ShapeString(shape)));
-    }
-    weights[ours] = tensor;
-  }
-  for (const auto& [fla_name, entry] : expected) {
-    if (weights.count(entry.first) == 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("model.safetensors: missing tensor '", fla_name, "'"));
-    }
-  }
-  auto model = Model::Create(*config, weights, options);
-  if (!model.ok()) return model.status();
-  std::string fingerprint = Fingerprint(*config, weights);
-  return LoadedModel{std::move(*model), std::move(fingerprint)};
+  return ModelFromFlaTensors(
+      *config, std::move(file_tensors), FlaTensorName,
+      [](torch::Tensor* tensor, const std::vector<int64_t>& shape) {
+        // fla keeps the token-shift mixes as [1, 1, C].
+        if (tensor->dim() == 3 && tensor->size(0) == 1 && tensor->size(1) == 1 &&
+            shape.size() == 1) {
+          *tensor = tensor->reshape({-1});
+        }
+      },
+      "not part of RWKV-7 x070 as implemented; variants such as rwkv7a/7b or hybrid attention "
+      "layers are not supported",
+      options);
 }
 
 }  // namespace
@@ -642,45 +661,17 @@ absl::StatusOr<LoadedModel> LoadFlaDeltaNet(const std::string& dir, const std::s
       file_tensors.erase(d);
     }
   }
-  std::map<std::string, std::pair<std::string, std::vector<int64_t>>> expected;  // fla -> ours
-  for (const auto& [name, shape] : ExpectedWeightShapes(c)) {
-    expected[FlaDeltaNetTensorName(name)] = {name, shape};
-  }
-  std::map<std::string, torch::Tensor> weights;
-  for (auto& [fla_name, tensor] : file_tensors) {
-    auto it = expected.find(fla_name);
-    if (it == expected.end()) {
-      if (fla_name == "lm_head.weight" && c.tie_embeddings) {
-        return absl::InvalidArgumentError(
-            "model.safetensors: tensor 'lm_head.weight' is present but tie_word_embeddings is "
-            "true");
-      }
-      return absl::InvalidArgumentError(absl::StrCat(
-          "model.safetensors: unknown tensor '", fla_name.substr(0, 200), "' (not part of ",
-          ArchitectureName(c.architecture), " as implemented or as config.json sets it)"));
-    }
-    const auto& [ours, shape] = it->second;
-    // fla's convolutions are Conv1d weights [C, 1, W].
-    if (tensor.dim() == 3 && tensor.size(1) == 1 && shape.size() == 2) {
-      tensor = tensor.reshape({tensor.size(0), tensor.size(2)});
-    }
-    if (tensor.sizes().vec() != shape) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("model.safetensors: tensor '", fla_name, "' has shape ",
-                       ShapeString(tensor.sizes().vec()), ", expected ", ShapeString(shape)));
-    }
-    weights[ours] = tensor;
-  }
-  for (const auto& [fla_name, entry] : expected) {
-    if (weights.count(entry.first) == 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("model.safetensors: missing tensor '", fla_name, "'"));
-    }
-  }
-  auto model = Model::Create(c, weights, options);
-  if (!model.ok()) return model.status();
-  std::string fingerprint = Fingerprint(c, weights);
-  return LoadedModel{std::move(*model), std::move(fingerprint)};
+  return ModelFromFlaTensors(
+      c, std::move(file_tensors), FlaDeltaNetTensorName,
+      [](torch::Tensor* tensor, const std::vector<int64_t>& shape) {
+        // fla's convolutions are Conv1d weights [C, 1, W].
+        if (tensor->dim() == 3 && tensor->size(1) == 1 && shape.size() == 2) {
+          *tensor = tensor->reshape({tensor->size(0), tensor->size(2)});
+        }
+      },
+      absl::StrCat("not part of ", ArchitectureName(c.architecture),
+                   " as implemented or as config.json sets it"),
+      options);
 }
 
 }  // namespace

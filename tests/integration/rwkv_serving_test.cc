@@ -123,11 +123,8 @@ INSTANTIATE_TEST_SUITE_P(Tiny, RwkvServingTest, ::testing::Values("7v0-834K", "4
                            return "v" + info.param.substr(0, 1);
                          });
 
-// A world-vocabulary RWKV-7 (random weights, 65,536 ids, the vocabulary file beside
-// them) is served with its own tokenizer: the prompt is encoded by the world vocabulary
-// (its token count in the usage), and the streamed text is each token's bytes, decoded
-// as UTF-8 across token edges.
-TEST(RwkvWorldServingTest, PromptsAndTextGoThroughTheWorldVocabulary) {
+// A world-vocabulary RWKV-7 of random weights (seed 11): its config.
+fwmodel::ModelConfig WorldRwkv7Config() {
   fwmodel::ModelConfig config;
   config.architecture = fwmodel::Architecture::kRwkv7;
   config.d_model = 32;
@@ -140,13 +137,29 @@ TEST(RwkvWorldServingTest, PromptsAndTextGoThroughTheWorldVocabulary) {
   config.gate_low_rank_dim = 7;
   config.vocab_size = 65536;
   config.tokenizer = "rwkv_world";
-  auto model = fwmodel::Model::InitRandom(config, 11, {});
-  ASSERT_TRUE(model.ok()) << model.status();
-  const std::string dir = MakeTempDir("rwkv-world");
-  ASSERT_TRUE(fwmodel::SaveCheckpoint(*model, dir, fwmodel::DType::kF32).ok());
+  return config;
+}
+
+// Writes that model, with the vocabulary file beside it, to a new directory.
+std::string WriteWorldRwkv7(const std::string& tag) {
+  auto model = fwmodel::Model::InitRandom(WorldRwkv7Config(), 11, {});
+  EXPECT_TRUE(model.ok()) << model.status();
+  const std::string dir = MakeTempDir(tag);
+  if (!model.ok()) return dir;
+  EXPECT_TRUE(fwmodel::SaveCheckpoint(*model, dir, fwmodel::DType::kF32).ok());
   std::ifstream vocab(std::string(FWSERVE_SOURCE_DIR) + "/tests/data/rwkv/rwkv_vocab_v20230424.txt",
                       std::ios::binary);
   std::ofstream(dir + "/rwkv_vocab_v20230424.txt", std::ios::binary) << vocab.rdbuf();
+  return dir;
+}
+
+// A world-vocabulary RWKV-7 (random weights, 65,536 ids, the vocabulary file beside
+// them) is served with its own tokenizer: the prompt is encoded by the world vocabulary
+// (its token count in the usage), and the streamed text is each token's bytes, decoded
+// as UTF-8 across token edges.
+TEST(RwkvWorldServingTest, PromptsAndTextGoThroughTheWorldVocabulary) {
+  const fwmodel::ModelConfig config = WorldRwkv7Config();
+  const std::string dir = WriteWorldRwkv7("rwkv-world");
   auto tokenizer = fwmodel::TextTokenizer::ForModel(config, dir);
   ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
 
@@ -209,26 +222,7 @@ TEST(RwkvWorldServingTest, PromptsAndTextGoThroughTheWorldVocabulary) {
 // vocabulary encodes its text as (then it cannot be continued exactly, and is not), an
 // earlier one's.
 TEST(RwkvWorldServingTest, AReplayedChatContinuesTheKeptConversationByTokenIds) {
-  fwmodel::ModelConfig config;
-  config.architecture = fwmodel::Architecture::kRwkv7;
-  config.d_model = 32;
-  config.n_layers = 2;
-  config.n_heads = 4;
-  config.d_ff = 48;
-  config.decay_low_rank_dim = 5;
-  config.a_low_rank_dim = 6;
-  config.v_low_rank_dim = 3;
-  config.gate_low_rank_dim = 7;
-  config.vocab_size = 65536;
-  config.tokenizer = "rwkv_world";
-  auto model = fwmodel::Model::InitRandom(config, 11, {});
-  ASSERT_TRUE(model.ok()) << model.status();
-  const std::string dir = MakeTempDir("rwkv-world-replay");
-  ASSERT_TRUE(fwmodel::SaveCheckpoint(*model, dir, fwmodel::DType::kF32).ok());
-  std::ifstream vocab(std::string(FWSERVE_SOURCE_DIR) + "/tests/data/rwkv/rwkv_vocab_v20230424.txt",
-                      std::ios::binary);
-  std::ofstream(dir + "/rwkv_vocab_v20230424.txt", std::ios::binary) << vocab.rdbuf();
-
+  const std::string dir = WriteWorldRwkv7("rwkv-world-replay");
   fwserve::CoreOptions options;
   options.model_dirs = {dir};
   auto server = Harness::Start(options, {}, false, fwserve::HttpServerOptions{});
