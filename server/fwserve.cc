@@ -21,6 +21,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/cli_util.h"
 #include "common/load_time_env.h"
@@ -294,6 +295,11 @@ int main(int argc, char** argv) {
   fwserve::LoadTimeEnvOptions load_time_env;
   load_time_env.passive_openmp_waits = true;
   fwserve::ReexecWithLoadTimeEnv(argv, load_time_env);
+  // Debian's Abseil is built without NDEBUG, so absl::Mutex checks every lock against a
+  // global lock-order graph (deadlock detection: a global spinlock and a graph update per
+  // Lock), in this process's mutexes and gRPC's alike. The tests keep it (it finds lock
+  // cycles); the server does not pay it per message (issue 48, docs/benchmarks.md).
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   absl::SetProgramUsageMessage(kHelpIntro);
   fwserve::SetGroupedHelp(kHelpIntro, HelpGroups(), "server/fwserve.cc");
   std::vector<std::string> rest;
