@@ -30,6 +30,7 @@ absl::StatusOr<TextTokenizer> TextTokenizer::ForModel(const ModelConfig& config,
     }
     t.sentencepiece_ = std::move(sp);
     t.end_of_text_ = config.eos_token_id;
+    t.begin_of_text_ = config.bos_token_id;
     return t;
   }
   if (config.tokenizer != "rwkv_world") {

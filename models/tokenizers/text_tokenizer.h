@@ -49,6 +49,11 @@ class TextTokenizer {
   // The id that ends a generation: the world vocabulary's 0, sentencepiece's
   // config.eos_token_id, or -1 (bytes: none).
   int64_t end_of_text() const { return end_of_text_; }
+  // The id a prompt that starts a fresh state begins with: sentencepiece's
+  // config.bos_token_id (its Llama/Mistral-family models were trained with it at the
+  // start of every sequence, as Hugging Face's tokenizer adds it), else -1 (none: the
+  // byte and world vocabularies' models were trained without one). Not added by Encode.
+  int64_t begin_of_text() const { return begin_of_text_; }
   const char* name() const {
     return world_ != nullptr ? "rwkv_world" : sentencepiece_ != nullptr ? "sentencepiece" : "bytes";
   }
@@ -57,6 +62,7 @@ class TextTokenizer {
   std::shared_ptr<const WorldTokenizer> world_;                  // null: not rwkv_world
   std::shared_ptr<const SentencePieceTokenizer> sentencepiece_;  // null: not sentencepiece
   int64_t end_of_text_ = -1;
+  int64_t begin_of_text_ = -1;
 };
 
 }  // namespace fwmodel

@@ -299,6 +299,10 @@ class CoreImpl : public Core {
     if (absl::Status valid = ValidateText("prompt", params.prompt); !valid.ok()) return valid;
     const fwmodel::TextTokenizer& tokenizer = (*engine)->tokenizer();
     PrefixIndex::Tokens prompt_tokens = tokenizer.Encode(params.prompt);
+    // The prompt starts a fresh state (a kept conversation began the same way).
+    if (tokenizer.begin_of_text() >= 0) {
+      prompt_tokens.insert(prompt_tokens.begin(), tokenizer.begin_of_text());
+    }
     std::optional<PrefixIndex::Match> match =
         prefix_index_.Find(caller.tenant, model, prompt_tokens);
     if (match.has_value()) {
@@ -448,6 +452,7 @@ class CoreImpl : public Core {
       params.prompt_tokens.reset();
     } else {
       item->text = std::move(params.prompt);  // encoded by the engine (its model's tokenizer)
+      item->fresh_prompt = session_id.empty() && params.fork_from.empty();
     }
     item->is_cancelled = std::move(params.is_cancelled);
     params.is_cancelled = nullptr;
@@ -503,6 +508,7 @@ class CoreImpl : public Core {
     auto item = std::make_unique<WorkItem>();
     item->tenant = caller.tenant;
     item->text = std::move(prefix);
+    item->fresh_prompt = true;  // a new session's state
     item->is_cancelled = std::move(is_cancelled);
     item->work = CreateWork{done};
     item->arrival = absl::Now();

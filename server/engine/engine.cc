@@ -202,6 +202,9 @@ absl::Status Engine::Submit(std::unique_ptr<WorkItem>& item) {
   }
   if (!item->text.empty()) {
     item->tokens = tokenizer_.Encode(item->text);
+    if (item->fresh_prompt && tokenizer_.begin_of_text() >= 0) {
+      item->tokens.insert(item->tokens.begin(), tokenizer_.begin_of_text());
+    }
     std::string().swap(item->text);  // the tokens are what the engine uses
   }
   if (generate != nullptr) {

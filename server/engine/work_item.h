@@ -84,8 +84,12 @@ struct WorkItem {
   std::shared_ptr<StoreTicket> ticket;
   std::vector<int64_t> tokens;  // prompt, scored text or prefix
   // The prompt, scored text or prefix as the caller sent it: Engine::Submit encodes it
-  // into `tokens` with the model's tokenizer (the core may not know the model yet).
+  // into `tokens` with the model's tokenizer (the core may not know the model yet), after
+  // the tokenizer's begin_of_text when `fresh_prompt`.
   std::string text;
+  // The text starts a fresh state (a Generate with neither session nor fork, a new
+  // session's prefix): set by the core.
+  bool fresh_prompt = false;
   // The session's state read from the store (or the decoded import blob), when the
   // session was not resident at admission; null otherwise. Set and read on the engine's
   // threads only (a shared_ptr so that the core, which cannot see the type, may destroy

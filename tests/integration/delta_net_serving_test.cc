@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <fstream>
 #include <optional>
 #include <string>
 #include <vector>
@@ -14,6 +15,7 @@
 #include "client/client.h"
 #include "models/architectures/model.h"
 #include "models/checkpoints/checkpoint.h"
+#include "models/tokenizers/text_tokenizer.h"
 #include "tests/integration/harness.h"
 #include "tests/integration/http_client.h"
 #include "tests/unit/temp_dir.h"
@@ -153,6 +155,75 @@ TEST_P(DeltaNetServingTest, AChatCompletionAnswersOverHttp) {
   const nlohmann::json body = chat.Json();
   EXPECT_EQ(body["usage"]["completion_tokens"], 6);
   EXPECT_TRUE(body["choices"][0]["message"]["content"].is_string());
+}
+
+// A Gated DeltaNet with a SentencePiece tokenizer (tests/data/sentencepiece, 400 pieces,
+// <s> = 1, </s> = 2): a prompt that starts a fresh state begins with BOS, as the model's
+// training sequences did, so the served greedy tokens are the model library's after
+// [BOS] + the prompt's ids, and the usage counts BOS; a session's continuation adds none.
+TEST(DeltaNetSentencePieceServingTest, AFreshPromptBeginsWithBos) {
+  fwmodel::ModelConfig c;
+  c.architecture = fwmodel::Architecture::kGatedDeltaNet;
+  c.ffn = fwmodel::FfnKind::kSwiglu;
+  c.vocab_size = 400;
+  c.tokenizer = "sentencepiece";
+  c.bos_token_id = 1;
+  c.eos_token_id = 2;
+  c.d_model = 32;
+  c.n_layers = 2;
+  c.n_heads = 2;
+  c.head_k_dim = 8;
+  c.head_v_dim = 8;
+  c.d_ff = 48;
+  c.use_gate = true;
+  auto model = fwmodel::Model::InitRandom(c, 29, {});
+  ASSERT_TRUE(model.ok()) << model.status();
+  const std::string dir = MakeTempDir("delta-net-sp");
+  ASSERT_TRUE(fwmodel::SaveCheckpoint(*model, dir, fwmodel::DType::kF32).ok());
+  {
+    std::ifstream in(std::string(FWSERVE_SOURCE_DIR) +
+                         "/tests/data/sentencepiece/shakespeare-bpe400.model",
+                     std::ios::binary);
+    std::ofstream(dir + "/tokenizer.model", std::ios::binary) << in.rdbuf();
+  }
+  auto tokenizer = fwmodel::TextTokenizer::ForModel(c, dir);
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+  EXPECT_EQ(tokenizer->begin_of_text(), 1);
+  fwserve::CoreOptions options;
+  options.model_dirs = {dir};
+  auto server = Harness::Start(options);
+  ASSERT_NE(server, nullptr);
+
+  const std::string prompt = "First Citizen: Before we proceed";
+  std::vector<int64_t> ids = tokenizer->Encode(prompt);
+  ids.insert(ids.begin(), 1);
+  // The library's greedy continuation of [BOS] + ids, never drawing </s> (its logit is
+  // what it is; the comparison stops where either ends).
+  c10::NoGradGuard no_grad;
+  fwmodel::State state = model->InitialState(1);
+  auto logits = model->Forward(torch::tensor(ids, torch::kInt64).view({1, -1}), &state);
+  ASSERT_TRUE(logits.ok()) << logits.status();
+  torch::Tensor last = (*logits)[0][-1];
+  std::vector<int64_t> want;
+  for (int i = 0; i < 12; ++i) {
+    const int64_t next = last.argmax().item<int64_t>();
+    want.push_back(next);
+    if (next == 2) break;  // end of text ends the stream
+    auto step = model->Step(torch::tensor({next}, torch::kInt64), &state);
+    ASSERT_TRUE(step.ok()) << step.status();
+    last = (*step)[0];
+  }
+  auto served = server->client().Generate(GreedyRequest(prompt, 12));
+  ASSERT_TRUE(served.ok()) << served.status();
+  EXPECT_EQ(served->token_ids, want);
+  EXPECT_EQ(served->usage.prompt_tokens(), static_cast<int64_t>(ids.size()));
+  // A session's prefix is a fresh state too; its continuation adds no BOS.
+  auto kept = server->client().CreateSession("", prompt);
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  EXPECT_EQ(kept->tokens(), static_cast<int64_t>(ids.size()));
+  auto more = server->client().Generate(GreedyRequest(" and", 3, kept->session_id()));
+  ASSERT_TRUE(more.ok()) << more.status();
+  EXPECT_EQ(more->usage.prompt_tokens(), static_cast<int64_t>(tokenizer->Encode(" and").size()));
 }
 
 INSTANTIATE_TEST_SUITE_P(Architectures, DeltaNetServingTest,
