@@ -137,6 +137,36 @@ fwserve::v1::GenerateRequest GreedyRequest(const std::string& prompt, int max_to
   return request;
 }
 
+std::string ExpectSessionContinuesTheSameAfterForkAndExportImport(fwserve::Client& client,
+                                                                  const std::string& prefix,
+                                                                  int tokens) {
+  auto session = client.CreateSession("", prefix);
+  EXPECT_TRUE(session.ok()) << session.status();
+  if (!session.ok()) return "";
+  auto fork = client.ForkSession(session->session_id());
+  EXPECT_TRUE(fork.ok()) << fork.status();
+  auto exported = client.ExportSession(session->session_id());
+  EXPECT_TRUE(exported.ok()) << exported.status();
+  if (!fork.ok() || !exported.ok()) return "";
+  auto imported = client.ImportSession(exported->blob());
+  EXPECT_TRUE(imported.ok()) << imported.status();
+  if (!imported.ok()) return "";
+  auto original = client.Generate(GreedyRequest("", tokens, session->session_id()));
+  auto forked = client.Generate(GreedyRequest("", tokens, fork->session_id()));
+  auto reimported = client.Generate(GreedyRequest("", tokens, imported->session_id()));
+  EXPECT_TRUE(original.ok() && forked.ok() && reimported.ok());
+  if (!original.ok() || !forked.ok() || !reimported.ok()) return "";
+  EXPECT_EQ(original->token_ids.size(), static_cast<size_t>(tokens));
+  EXPECT_EQ(forked->token_ids, original->token_ids);
+  EXPECT_EQ(reimported->token_ids, original->token_ids);
+  auto fresh = client.Generate(GreedyRequest(prefix, tokens));
+  EXPECT_TRUE(fresh.ok()) << fresh.status();
+  if (fresh.ok()) {
+    EXPECT_EQ(fresh->token_ids, original->token_ids);
+  }
+  return session->session_id();
+}
+
 namespace {
 
 // Sums `value(metric)` over the series of family `name` in `harness`'s metrics.

@@ -31,6 +31,14 @@ std::vector<double> ReferenceScore(const std::string& checkpoint_dir, const std:
 fwserve::v1::GenerateRequest GreedyRequest(const std::string& prompt, int max_tokens,
                                            const std::string& session_id = "");
 
+// The session contract through `client`, on the default model: a session created with
+// `prefix`, a fork of it, and an export of it imported again each continue with the same
+// `tokens` greedy tokens, which a fresh prompt of `prefix` gets too. Returns the
+// session's id (holding prefix and continuation), empty after a failure.
+std::string ExpectSessionContinuesTheSameAfterForkAndExportImport(fwserve::Client& client,
+                                                                  const std::string& prefix,
+                                                                  int tokens);
+
 // A loopback TCP port that was free a moment ago.
 int FreeLoopbackPort();
 

@@ -697,39 +697,7 @@ class FlaDeltaNetLayoutTest : public ::testing::Test {
   std::string Write(int shards = 1) {
     const std::string dir = fwtest::MakeTempDir("fla-delta-net");
     std::ofstream(dir + "/config.json") << fla_config_.dump(2);
-    std::vector<std::vector<TensorBlob>> files(static_cast<size_t>(shards));
-    nlohmann::json weight_map = nlohmann::json::object();
-    size_t i = 0;
-    for (const auto& [name, t] : tensors_) {
-      torch::Tensor c = t.contiguous();
-      const size_t shard = i++ % static_cast<size_t>(shards);
-      TensorBlob blob{name, bf16_ ? DType::kBF16 : DType::kF32, c.sizes().vec(), {}};
-      const float* values = c.data_ptr<float>();
-      if (bf16_) {
-        blob.bytes.resize(static_cast<size_t>(c.numel()) * 2);
-        for (int64_t k = 0; k < c.numel(); ++k) {
-          const uint16_t half = FloatToBFloat16(values[k]);
-          std::memcpy(&blob.bytes[static_cast<size_t>(2 * k)], &half, 2);
-        }
-      } else {
-        blob.bytes.assign(reinterpret_cast<const char*>(values),
-                          static_cast<size_t>(c.numel()) * sizeof(float));
-      }
-      files[shard].push_back(std::move(blob));
-      weight_map[name] = absl::StrCat("model-0000", shard + 1, "-of-0000", shards, ".safetensors");
-    }
-    for (int s = 0; s < shards; ++s) {
-      auto bytes = SerializeSafetensors(files[static_cast<size_t>(s)], {{"format", "pt"}});
-      EXPECT_TRUE(bytes.ok());
-      const std::string name =
-          shards == 1 ? std::string("model.safetensors")
-                      : absl::StrCat("model-0000", s + 1, "-of-0000", shards, ".safetensors");
-      std::ofstream(dir + "/" + name, std::ios::binary) << *bytes;
-    }
-    if (shards > 1) {
-      std::ofstream(dir + "/model.safetensors.index.json")
-          << nlohmann::json{{"metadata", {{"total_size", 0}}}, {"weight_map", weight_map}}.dump();
-    }
+    fwtest::WriteHuggingFaceSafetensors(dir, tensors_, shards, bf16_ ? DType::kBF16 : DType::kF32);
     return dir;
   }
 

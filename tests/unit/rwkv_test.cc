@@ -335,29 +335,7 @@ class HuggingFaceLayoutTest : public ::testing::Test {
   std::string Write(int shards = 1) {
     const std::string dir = fwtest::MakeTempDir("rwkv-hf");
     std::ofstream(dir + "/config.json") << config_.dump(2);
-    std::vector<std::vector<TensorBlob>> files(static_cast<size_t>(shards));
-    nlohmann::json weight_map = nlohmann::json::object();
-    size_t i = 0;
-    for (const auto& [name, t] : tensors_) {
-      torch::Tensor c = t.contiguous();
-      const size_t shard = i++ % static_cast<size_t>(shards);
-      files[shard].push_back({name, DType::kF32, c.sizes().vec(),
-                              std::string(static_cast<const char*>(c.data_ptr()),
-                                          static_cast<size_t>(c.numel()) * sizeof(float))});
-      weight_map[name] = absl::StrCat("model-0000", shard + 1, "-of-0000", shards, ".safetensors");
-    }
-    for (int s = 0; s < shards; ++s) {
-      auto bytes = SerializeSafetensors(files[static_cast<size_t>(s)], {{"format", "pt"}});
-      EXPECT_TRUE(bytes.ok());
-      const std::string name =
-          shards == 1 ? std::string("model.safetensors")
-                      : absl::StrCat("model-0000", s + 1, "-of-0000", shards, ".safetensors");
-      std::ofstream(dir + "/" + name, std::ios::binary) << *bytes;
-    }
-    if (shards > 1) {
-      std::ofstream(dir + "/model.safetensors.index.json")
-          << nlohmann::json{{"metadata", {{"total_size", 0}}}, {"weight_map", weight_map}}.dump();
-    }
+    fwtest::WriteHuggingFaceSafetensors(dir, tensors_, shards);
     return dir;
   }
 

@@ -3,11 +3,14 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstring>
+#include <fstream>
 #include <numeric>
 #include <random>
 
 #include "absl/strings/str_cat.h"
 #include "models/kernels/native_step.h"
+#include "nlohmann/json.hpp"
 
 namespace fwtest {
 
@@ -297,6 +300,47 @@ void ExpectThreeThreadsEqualOne(const fwmodel::Model& model, int64_t sessions, i
   for (size_t t = 0; t < pool_serial.tensors.size(); ++t) {
     ExpectNearRelative(pool_parallel.tensors[t], pool_serial.tensors[t], tolerance,
                        label + "state " + model.state_spec()[t].name);
+  }
+}
+
+void WriteHuggingFaceSafetensors(const std::string& dir,
+                                 const std::map<std::string, torch::Tensor>& tensors, int shards,
+                                 fwmodel::DType dtype) {
+  const bool bf16 = dtype == fwmodel::DType::kBF16;
+  std::vector<std::vector<fwmodel::TensorBlob>> files(static_cast<size_t>(shards));
+  nlohmann::json weight_map = nlohmann::json::object();
+  size_t i = 0;
+  for (const auto& [name, t] : tensors) {
+    const torch::Tensor c = t.to(torch::kFloat32).contiguous();
+    const size_t shard = i++ % static_cast<size_t>(shards);
+    fwmodel::TensorBlob blob{name, bf16 ? fwmodel::DType::kBF16 : fwmodel::DType::kF32,
+                             c.sizes().vec(), {}};
+    const float* values = c.data_ptr<float>();
+    if (bf16) {
+      blob.bytes.resize(static_cast<size_t>(c.numel()) * 2);
+      for (int64_t k = 0; k < c.numel(); ++k) {
+        const uint16_t half = fwmodel::FloatToBFloat16(values[k]);
+        std::memcpy(&blob.bytes[static_cast<size_t>(2 * k)], &half, 2);
+      }
+    } else {
+      blob.bytes.assign(reinterpret_cast<const char*>(values),
+                        static_cast<size_t>(c.numel()) * sizeof(float));
+    }
+    files[shard].push_back(std::move(blob));
+    weight_map[name] = absl::StrCat("model-0000", shard + 1, "-of-0000", shards, ".safetensors");
+  }
+  for (int s = 0; s < shards; ++s) {
+    auto bytes = fwmodel::SerializeSafetensors(files[static_cast<size_t>(s)], {{"format", "pt"}});
+    EXPECT_TRUE(bytes.ok());
+    if (!bytes.ok()) return;
+    const std::string name =
+        shards == 1 ? std::string("model.safetensors")
+                    : absl::StrCat("model-0000", s + 1, "-of-0000", shards, ".safetensors");
+    std::ofstream(dir + "/" + name, std::ios::binary) << *bytes;
+  }
+  if (shards > 1) {
+    std::ofstream(dir + "/model.safetensors.index.json")
+        << nlohmann::json{{"metadata", {{"total_size", 0}}}, {"weight_map", weight_map}}.dump();
   }
 }
 

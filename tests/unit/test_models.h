@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -10,6 +11,7 @@
 
 #include "models/architectures/model.h"
 #include "models/base/config.h"
+#include "models/checkpoints/safetensors.h"
 #include "models/kernels/scoring.h"
 
 namespace fwtest {
@@ -91,5 +93,13 @@ void ExpectNativeScoreEqualsSequenceForm(const fwmodel::Model& model, double tol
 void ExpectThreeThreadsEqualOne(const fwmodel::Model& model, int64_t sessions, int64_t capacity,
                                 const std::vector<int64_t>& prompt_rows, int64_t prompt_tokens,
                                 double tolerance, const std::string& label);
+
+// Writes `tensors` (float32, by their names in the files) into `dir` as a Hugging Face
+// directory does: model.safetensors, or with shards > 1 the files
+// model-0000{s}-of-0000{shards}.safetensors (tensor i in shard i % shards, in name order)
+// and model.safetensors.index.json. `dtype` is kF32 or kBF16 (rounded to nearest even).
+void WriteHuggingFaceSafetensors(const std::string& dir,
+                                 const std::map<std::string, torch::Tensor>& tensors,
+                                 int shards = 1, fwmodel::DType dtype = fwmodel::DType::kF32);
 
 }  // namespace fwtest
