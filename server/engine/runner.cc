@@ -39,7 +39,7 @@ Runner::Runner(const fwmodel::Model& model, const EngineOptions& options, StateM
 
 Runner::~Runner() { StopPrefillThread(); }
 
-StepResult Runner::RunStep(const StepWork& work) {
+StepResult Runner::Step(const StepWork& work) {
   StepResult result;
   try {
     result.status = work.multi.steps > 1
@@ -53,13 +53,7 @@ StepResult Runner::RunStep(const StepWork& work) {
   return result;
 }
 
-Runner::Handle Runner::Launch(const StepWork& work) {
-  const Handle handle = next_handle_++;
-  done_.emplace(handle, RunStep(work));
-  return handle;
-}
-
-Runner::Handle Runner::Launch(const SampleWork& work) {
+StepResult Runner::Sample(const SampleWork& work) {
   const absl::Time start = absl::Now();
   StepResult result;
   auto sampled = stepper_.Sample(work.requests, pool_);
@@ -69,20 +63,6 @@ Runner::Handle Runner::Launch(const SampleWork& work) {
     result.status = sampled.status();
   }
   result.elapsed = absl::Now() - start;
-  const Handle handle = next_handle_++;
-  done_.emplace(handle, std::move(result));
-  return handle;
-}
-
-StepResult Runner::Wait(Handle handle) {
-  auto it = done_.find(handle);
-  if (it == done_.end()) {
-    StepResult unknown;
-    unknown.status = absl::InternalError("no such launch");
-    return unknown;
-  }
-  StepResult result = std::move(it->second);
-  done_.erase(it);
   return result;
 }
 

@@ -3,8 +3,8 @@
 // sessions, streams or tenants: what runs is decided by the Scheduler, and whose rows
 // they are by the engine's session keeping.
 //
-// Work is launched and waited for: `Launch` returns a handle, `Wait` the result; a step
-// completes inside Launch (Wait hands the result over). A prefill chunk runs on the
+// A decode step and a sampling run on the calling (engine) thread and return their
+// result. A prefill chunk runs on the
 // prefill thread, beside the decode step; its end is signalled through
 // `on_prefill_done`. (Overlapped steps on a step thread were measured on an H200 and
 // lost, 0.92x at 1 stream and 0.95x at 64: removed with --overlap-steps, issue 48.)
@@ -21,7 +21,6 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -87,8 +86,6 @@ struct PrefillWork {
 
 class Runner {
  public:
-  using Handle = uint64_t;
-
   // `model` is not owned and outlives this; `budget` as StatePool's. `name` names the
   // model in log lines.
   Runner(const fwmodel::Model& model, const EngineOptions& options, StateMemoryBudget* budget,
@@ -102,10 +99,9 @@ class Runner {
   // "native", "graph" or "libtorch".
   const char* kernel() const { return stepper_.kernel(); }
 
-  // Decode and sampling: Launch, then Wait for each handle exactly once.
-  Handle Launch(const StepWork& work);
-  Handle Launch(const SampleWork& work);
-  StepResult Wait(Handle handle);
+  // One batched decode step; one sampling.
+  StepResult Step(const StepWork& work);
+  StepResult Sample(const SampleWork& work);
   // Whether a step uses StepWork::draws (Stepper::draws_ahead).
   bool draws_ahead() const { return stepper_.draws_ahead(); }
   // Whether a step can draw several tokens per row (Stepper::multi_step).
@@ -126,16 +122,12 @@ class Runner {
 
  private:
   void PrefillThreadLoop();
-  StepResult RunStep(const StepWork& work);
 
   const fwmodel::Model& model_;
   const EngineOptions& options_;  // the engine's; outlives this
   StatePool pool_;
   // The decode step (engine thread) and prefill chunks (prefill thread).
   Stepper stepper_;
-  Handle next_handle_ = 1;
-  // Completed work not waited for yet (the CPU runner completes in Launch).
-  absl::flat_hash_map<Handle, StepResult> done_;
 
   std::thread prefill_thread_;
   std::function<void()> on_prefill_done_;

@@ -351,12 +351,8 @@ void StreamDriver::AbandonPrefillJob(bool returned) {
 }
 
 void StreamDriver::RunDecodeStep() {
-  if (std::optional<InFlightStep> step = LaunchDecodeStep()) FinishDecodeStep(std::move(*step));
-}
-
-std::optional<StreamDriver::InFlightStep> StreamDriver::LaunchDecodeStep() {
   const std::vector<TaskId> batch_ids = scheduler_.PlanStep(absl::Now());
-  if (batch_ids.empty()) return std::nullopt;
+  if (batch_ids.empty()) return;
   if (options_.before_decode_step_for_testing) {
     options_.before_decode_step_for_testing([this] { return host_->EndAllAsked(); });
   }
@@ -383,17 +379,7 @@ std::optional<StreamDriver::InFlightStep> StreamDriver::LaunchDecodeStep() {
     }
     if (work.multi.steps > 1) work.multi.limits.push_back(TokensPerLaunch(*t, steps));
   }
-  InFlightStep step;
-  step.handle = runner_.Launch(work);
-  step.ids = batch_ids;
-  step.batch = std::move(batch);
-  return step;
-}
-
-void StreamDriver::FinishDecodeStep(InFlightStep step) {
-  const std::vector<TaskId>& batch_ids = step.ids;
-  const std::vector<Task*>& batch = step.batch;
-  const StepResult stepped = runner_.Wait(step.handle);
+  const StepResult stepped = runner_.Step(work);
   if (!stepped.status.ok()) {
     Log(LogLevel::kError,
         absl::StrCat("model ", name_, ": decode step failed: ", stepped.status.message()));
@@ -502,7 +488,7 @@ void StreamDriver::SampleAndEmit() {
     work.requests[i] = {t->slot, &t->generate->sampling, &t->rng, &t->recent,
                         t->generate->logprobs};
   }
-  const StepResult sampled = runner_.Wait(runner_.Launch(work));
+  const StepResult sampled = runner_.Sample(work);
   if (!sampled.status.ok()) {
     Log(LogLevel::kError,
         absl::StrCat("model ", name_, ": sampling failed: ", sampled.status.message()));

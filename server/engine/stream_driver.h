@@ -94,13 +94,6 @@ class StreamDriver {
  private:
   struct Task;
   struct PrefillJob;
-  // A launched decode step (its tasks stay in the scheduler until FinishDecodeStep,
-  // which waits for it and applies it).
-  struct InFlightStep {
-    Runner::Handle handle = 0;
-    std::vector<TaskId> ids;
-    std::vector<Task*> batch;
-  };
 
   // Carries out the scheduler's decisions, in order (an action for a task that an
   // earlier one ended is skipped).
@@ -112,9 +105,8 @@ class StreamDriver {
   // Drops the in-flight prefill job (if any) and its result, first waiting for the
   // prefill thread's report unless it was already taken (`returned`).
   void AbandonPrefillJob(bool returned = false);
+  // One batched decode step for every stream ready to absorb, and its results applied.
   void RunDecodeStep();
-  std::optional<InFlightStep> LaunchDecodeStep();
-  void FinishDecodeStep(InFlightStep step);
   // Multi-step decode (--decode-steps-per-launch): the tokens task `t` may draw in one
   // launch, in [1, steps].
   int64_t TokensPerLaunch(const Task& t, int64_t steps) const;
