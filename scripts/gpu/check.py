@@ -20,8 +20,9 @@ Writes OUT_DIR/report.md and OUT_DIR/report.json (plus the raw outputs beside th
                against the same kernel with --sample-in-step=false and against
                --decode-kernel libtorch (eager Model::Step), 3 rounds alternating, the
                median ratios and their ranges
-  real_shape   fwbench on an RWKV-7 of the 0.1B G1 shape (random weights, written by
-               fwmodel init; 64-token replies) at CHECK_REAL_SHAPE_STREAMS (1,64) streams
+  real_shape   fwbench on an RWKV-7 of the 0.1B G1 shape and a DeltaNet of fla-hub's 340M
+               shape (random weights, written by fwmodel init; 64-token replies; which:
+               CHECK_REAL_SHAPES) at CHECK_REAL_SHAPE_STREAMS (1,64) streams
   host_path    the null step (--benchmark-null-step, a CPU server: no model work) at the
                same levels, beside the device's: the host path's own ceiling (issue 48)
   baseline     bench/pytorch_baseline.py --device DEVICE at batch sizes equal to the levels
@@ -31,7 +32,8 @@ then the report says so, the CUDA cases are "needs a CUDA run", and the rest run
 Environment: BUILD_DIR (build-gpu), CHECK_MODEL_TESTS (all | cuda | none),
 CHECK_STREAMS (default 1,16,64,256,1024,4096 on CUDA, 1,16 on CPU), CHECK_DURATION (10s on
 CUDA, 3s on CPU), CHECK_BENCH_MODEL (aft-shakespeare), CHECK_TOKENS (baseline tokens, 128),
-CHECK_PREFILL_RUNS (3), CHECK_REAL_SHAPE_STREAMS (1,64; empty skips), CHECK_KERNEL_STREAMS (1,64), CHECK_AB_LABEL and CHECK_AB_FLAGS (the
+CHECK_PREFILL_RUNS (3), CHECK_REAL_SHAPE_STREAMS (1,64; empty skips), CHECK_REAL_SHAPES
+(rwkv7-0.1b,delta_net-340m), CHECK_KERNEL_STREAMS (1,64), CHECK_AB_LABEL and CHECK_AB_FLAGS (the
 kernels section's second arm: apart, --sample-in-step=false), CHECK_AB_ARMS ("label=flags;..."
 in place of that arm: several arms, each in every round), CHECK_KERNEL_DURATION (5s on CUDA, 2s
 on CPU), CHECK_SANITIZER_TIMEOUT (240 s), CHECK_BENCH_PROCESSES (fwbench --processes: 4 on
@@ -786,44 +788,65 @@ def write_markdown(rep):
         f.write("\n".join(lines))
 
 
-# The RWKV-7 0.1B G1 shape (docs/models.md), random weights, with the byte tokenizer
-# (the world vocabulary's file is test data that may not travel; fwbench's prompts are
-# bytes either way).
-REAL_SHAPE = {"format_version": 1, "architecture": "rwkv7", "vocab_size": 65536,
-              "tokenizer": "bytes", "bos_token_id": 0, "d_model": 768, "n_layers": 12,
-              "n_heads": 12, "d_ff": 3072, "decay_low_rank_dim": 64, "a_low_rank_dim": 64,
-              "v_low_rank_dim": 32, "gate_low_rank_dim": 128}
+# The real shapes (CHECK_REAL_SHAPES, default both), random weights written by fwmodel init,
+# with the byte tokenizer (fwbench's prompts are bytes either way):
+# - RWKV-7 at the 0.1B G1 shape (docs/models.md);
+# - DeltaNet at fla-hub's 340M shape (issue 49): hidden 1024, 24 layers, 8 heads of 128,
+#   SwiGLU of 2,816, short convolutions of 4, untied head over 32,000 tokens.
+REAL_SHAPES = {
+    "rwkv7-0.1b": {"format_version": 1, "architecture": "rwkv7", "vocab_size": 65536,
+                   "tokenizer": "bytes", "bos_token_id": 0, "d_model": 768, "n_layers": 12,
+                   "n_heads": 12, "d_ff": 3072, "decay_low_rank_dim": 64, "a_low_rank_dim": 64,
+                   "v_low_rank_dim": 32, "gate_low_rank_dim": 128},
+    "delta_net-340m": {"format_version": 1, "architecture": "delta_net", "vocab_size": 32000,
+                       "tokenizer": "bytes", "bos_token_id": 1, "d_model": 1024,
+                       "n_layers": 24, "n_heads": 8, "num_v_heads": 8, "head_k_dim": 128,
+                       "head_v_dim": 128, "d_ff": 2816, "ffn": "swiglu",
+                       "use_short_conv": True, "conv_size": 4, "use_gate": False,
+                       "tie_embeddings": False, "norm_eps": 1e-6},
+}
+REAL_SHAPE = REAL_SHAPES["rwkv7-0.1b"]
 
 
 def real_shape(rep, build, device):
-    """fwbench on the RWKV-7 0.1B shape (CHECK_REAL_SHAPE_STREAMS, default 1,64)."""
+    """fwbench on each of CHECK_REAL_SHAPES at CHECK_REAL_SHAPE_STREAMS (default 1,64)."""
     levels = [int(x) for x in os.environ.get("CHECK_REAL_SHAPE_STREAMS", "1,64").split(",") if x]
-    if not levels:
-        rep.check("real_shape", "RWKV-7 0.1B shape", "skip", "CHECK_REAL_SHAPE_STREAMS is empty")
+    names = [x for x in os.environ.get("CHECK_REAL_SHAPES", ",".join(REAL_SHAPES)).split(",") if x]
+    if not levels or not names:
+        rep.check("real_shape", "real shapes", "skip",
+                  "CHECK_REAL_SHAPE_STREAMS or CHECK_REAL_SHAPES is empty")
         return
-    model_dir = os.path.join(rep.out, "tmp", "rwkv7-0.1b")
+    for name in names:
+        if name not in REAL_SHAPES:
+            rep.check("real_shape", name, "fail", "unknown shape; known: %s" % ", ".join(REAL_SHAPES))
+            continue
+        real_shape_one(rep, build, device, name, REAL_SHAPES[name], levels)
+
+
+def real_shape_one(rep, build, device, name, shape, levels):
+    model_dir = os.path.join(rep.out, "tmp", name)
     os.makedirs(model_dir, exist_ok=True)
-    config = os.path.join(rep.out, "tmp", "rwkv7-0.1b.json")
+    config = os.path.join(rep.out, "tmp", name + ".json")
     with open(config, "w") as f:
-        json.dump(REAL_SHAPE, f)
+        json.dump(shape, f)
     r = run([os.path.join(build, "tools", "fwmodel"), "init", model_dir, "--config", config,
              "--seed", "1"], timeout=600)
     if r.returncode != 0:
-        rep.check("real_shape", "fwmodel init at the RWKV-7 0.1B shape", "fail",
+        rep.check("real_shape", "fwmodel init at the %s shape" % name, "fail",
                   r.stderr.strip()[-500:])
         return
     key = os.path.join(rep.out, "tmp", "session.key")
-    server = Server(rep, build, device, [model_dir], key, "rwkv7-0.1b-" + device)
+    server = Server(rep, build, device, [model_dir], key, name + "-" + device)
     try:
         if not server.wait_healthy():
-            rep.check("real_shape", "RWKV-7 0.1B shape serves", "fail",
+            rep.check("real_shape", "%s shape serves" % name, "fail",
                       open(server.log_path).read()[-2000:])
             return
         rows = []
         for c in levels:
-            json_path = os.path.join(rep.out, "tmp", "real-shape-%d.json" % c)
+            json_path = os.path.join(rep.out, "tmp", "real-shape-%s-%d.json" % (name, c))
             r = run([os.path.join(build, "bench", "fwbench"), "--target", server.target(),
-                     "--model", "rwkv7-0.1b", "--concurrency", str(c), "--duration",
+                     "--model", name, "--concurrency", str(c), "--duration",
                      os.environ.get("CHECK_DURATION", "10s" if device == "cuda" else "3s"),
                      "--warmup", "1s", "--max_tokens", "64", "--json", json_path,
                      "--metrics_target", "127.0.0.1:%d" % server.metrics_port], timeout=600)
@@ -834,10 +857,11 @@ def real_shape(rep, build, device):
                 row = {"streams": c, "error": "no result (%s): %s" % (e, r.stderr.strip()[-300:])}
             rows.append(row)
             ok = r.returncode == 0 and row.get("tokens_per_s", 0) > 0 and not row.get("errors")
-            rep.check("real_shape", "RWKV-7 0.1B shape, %d streams on %s" % (c, device),
+            rep.check("real_shape", "%s shape, %d streams on %s" % (name, c, device),
                       "pass" if ok else "fail",
                       ", ".join("%s %s" % (k, v) for k, v in row.items() if k != "streams"))
-        rep.data["real_shape"] = {"config": REAL_SHAPE, "device": device, "levels": rows}
+        key_name = "real_shape" if name == "rwkv7-0.1b" else "real_shape_" + name.replace("-", "_")
+        rep.data[key_name] = {"config": shape, "device": device, "levels": rows}
     finally:
         server.stop()
 

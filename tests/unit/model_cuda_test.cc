@@ -185,5 +185,9 @@ INSTANTIATE_TEST_SUITE_P(AllArchitectures, CudaEquivalenceTest,
 // RWKV-7 (with heads of 64, the real models') and RWKV-4 (issue 38).
 INSTANTIATE_TEST_SUITE_P(Rwkv, CudaEquivalenceTest, testing::ValuesIn(fwtest::RwkvConfigCases()),
                          fwtest::ConfigCaseName);
+// DeltaNet and Gated DeltaNet (issue 49).
+INSTANTIATE_TEST_SUITE_P(DeltaNet, CudaEquivalenceTest,
+                         testing::ValuesIn(fwtest::DeltaNetConfigCases()),
+                         fwtest::ConfigCaseName);
 
 }  // namespace

@@ -99,6 +99,26 @@ fwmodel::ModelConfig ConfigCase::Config() const {
     }
     return config;
   }
+  if (arch == fwmodel::Architecture::kDeltaNet || arch == fwmodel::Architecture::kGatedDeltaNet) {
+    // fla's layout at a small width: short convolutions of width 4, the output gate,
+    // SwiGLU; n_heads q/k heads of 8 and nu value heads per q/k head (num_v_heads).
+    fwmodel::ModelConfig config;
+    config.architecture = arch;
+    config.ffn = fwmodel::FfnKind::kSwiglu;
+    config.d_model = d_model;
+    config.n_layers = 2;
+    config.n_heads = n_heads;
+    config.num_v_heads = n_heads * nu;
+    config.head_k_dim = 8;
+    config.head_v_dim = 8;
+    config.d_ff = d_model * 2;
+    config.vocab_size = 256;
+    config.use_short_conv = dconv > 0;
+    config.conv_size = dconv > 0 ? dconv : 4;
+    config.use_gate = true;
+    config.tie_embeddings = dconv == 0;
+    return config;
+  }
   fwmodel::ModelConfig config = TinyConfig(arch, ffn, dconv, nu, /*tie=*/dconv == 0);
   config.d_model = d_model;
   return pkm ? WithPkm(config) : config;
@@ -107,6 +127,10 @@ fwmodel::ModelConfig ConfigCase::Config() const {
 std::string ConfigCase::Name() const {
   if (arch == fwmodel::Architecture::kRwkv7 || arch == fwmodel::Architecture::kRwkv4) {
     return absl::StrCat(fwmodel::ArchitectureName(arch), "_d", d_model, "_heads", n_heads);
+  }
+  if (arch == fwmodel::Architecture::kDeltaNet || arch == fwmodel::Architecture::kGatedDeltaNet) {
+    return absl::StrCat(fwmodel::ArchitectureName(arch), "_conv", dconv, "_heads", n_heads, "x",
+                        nu);
   }
   return absl::StrCat(fwmodel::ArchitectureName(arch), "_", fwmodel::FfnKindName(ffn), "_dconv",
                       dconv, "_nu", nu, pkm ? "_pkm" : "",
@@ -139,6 +163,18 @@ std::vector<ConfigCase> RwkvConfigCases() {
       {Architecture::kRwkv7, FfnKind::kSquaredRelu, 0, 1, false, /*d_model=*/32, /*n_heads=*/4},
       {Architecture::kRwkv7, FfnKind::kSquaredRelu, 0, 1, false, /*d_model=*/64, /*n_heads=*/1},
       {Architecture::kRwkv4, FfnKind::kSquaredRelu, 0, 1, false, /*d_model=*/40, /*n_heads=*/1}};
+}
+
+std::vector<ConfigCase> DeltaNetConfigCases() {
+  using fwmodel::Architecture;
+  using fwmodel::FfnKind;
+  return {
+      {Architecture::kDeltaNet, FfnKind::kSwiglu, 4, 1, false, /*d_model=*/32, /*n_heads=*/2},
+      {Architecture::kDeltaNet, FfnKind::kSwiglu, 0, 1, false, /*d_model=*/24, /*n_heads=*/3},
+      {Architecture::kGatedDeltaNet, FfnKind::kSwiglu, 4, 2, false, /*d_model=*/32,
+       /*n_heads=*/2},
+      {Architecture::kGatedDeltaNet, FfnKind::kSwiglu, 3, 1, false, /*d_model=*/32,
+       /*n_heads=*/4}};
 }
 
 void ExpectNativeStepEqualsModelStepRowByRow(const fwmodel::Model& model, int steps,

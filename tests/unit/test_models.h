@@ -51,6 +51,9 @@ struct ConfigCase {
 std::vector<ConfigCase> AllConfigCases();
 // RWKV-7 with heads of 8 and with one head of 64 (the real models' width), and RWKV-4.
 std::vector<ConfigCase> RwkvConfigCases();
+// DeltaNet and Gated DeltaNet (issue 49): q/k heads of 8, with and without short
+// convolutions, nu value heads per q/k head; the head tied without convolutions.
+std::vector<ConfigCase> DeltaNetConfigCases();
 // A parameterised test's name for its ConfigCase (its Name()).
 std::string ConfigCaseName(const testing::TestParamInfo<ConfigCase>& info);
 
