@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <ATen/Context.h>
+#include <torch/cuda.h>
 
 #include <algorithm>
 #include <cstdio>
