@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "models/architectures/native_math.h"
+#include "models/kernels/native_gemm.h"
 #include "models/kernels/native_parallel.h"
 #include "models/kernels/native_rows.h"
 #include "models/kernels/native_weights.h"
@@ -22,143 +23,13 @@ using native::Sigmoid;
 constexpr int64_t kRwkvRowGrain = 16;
 // (session, head) pairs per task of the recurrence (a 64-wide head's token: ~5 µs).
 constexpr int64_t kHeadGrain = 16;
-// Multiply-adds below which a stage's products stay on the calling thread: waking the
-// workers costs more than it saves there, and on a loaded machine much more (a worker
-// waits for a time slice; a batch-1 step split everywhere ran 20x slower at load 8 on
-// 2 cores). At batch 1 only the head is split at the 0.1B shape.
-constexpr double kParallelMacs = 4.0 * (1 << 20);
 // −e^{−1/2}: w = exp(−e^{−1/2} · sigmoid(·)), as rwkv7.cc rounds it to float.
 constexpr float kDecayScale = static_cast<float>(-0.60653065971263342);
 
-using Panels = NativeRwkv::Panels;
-
-// narrow: keep the weights in 16 bits when every value of the projection is exact in
-// them (the decision is the whole projection's).
-Panels MakePanels(const float* w, int64_t out, int64_t in, bool packed, bool narrow) {
-  Panels p;
-  p.in = in;
-  p.out = out;
-  p.format = narrow ? PackedLinear::ExactFormat(w, out * in) : WeightFormat::kF32;
-  for (int64_t first = 0; first < out; first += NativeRwkv::kPanelColumns) {
-    const int64_t width = std::min(NativeRwkv::kPanelColumns, out - first);
-    p.panels.emplace_back(w + first * in, width, in, packed, p.format);
-  }
-  return p;
-}
-
-using native::AddInPlace;
-
-FW_VECTOR_KERNEL
-void GatedAddInPlace(float* __restrict h, const float* __restrict gate, const float* __restrict y,
-                     int64_t n) {
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) h[i] += gate[i] * y[i];
-}
-
-FW_VECTOR_KERNEL
-void SquaredRelu(float* v, int64_t n) {
-#pragma omp simd
-  // A select, not std::max: GCC compiled that to a branch per element, mispredicted on
-  // half of them (5% of the served RWKV-7 step).
-  for (int64_t i = 0; i < n; ++i) {
-    const float x = v[i];
-    v[i] = !(x <= 0.0f) ? x * x : 0.0f;  // NaN stays NaN, as std::max(NaN, 0) and torch
-  }
-}
-
-FW_VECTOR_KERNEL
-void SigmoidInPlace(float* v, int64_t n) {
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) v[i] = native::Sigmoid(v[i]);
-}
-
-void TanhInPlace(float* v, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) v[i] = std::tanh(v[i]);
-}
-
-// What a product does to its output columns once they are computed (by the same task).
-enum class Epilogue { kNone, kTanh, kSigmoid, kSquaredRelu, kAddToResidual, kGatedAddToResidual };
-
-// One product of a stage: y [rows, out] := x [rows, in] · Wᵀ (+ bias [out] when not null),
-// then the epilogue (kAddToResidual: residual [rows, out] += y; kGatedAddToResidual:
-// residual += gate ⊙ y, gate [rows, out]).
-struct Gemm {
-  const Panels* w;
-  const float* x;
-  const float* bias;
-  float* y;
-  Epilogue epilogue = Epilogue::kNone;
-  float* residual = nullptr;
-  const float* gate = nullptr;
-};
-
-// The products over `rows` rows, all their panels split over at most `threads` tasks of
-// about equal multiply-adds (contiguous runs of panels: each task reads only its own),
-// or on the calling thread below kParallelMacs.
-void RunGemms(int threads, int64_t rows, absl::Span<const Gemm> gemms) {
-  struct Item {
-    const Gemm* gemm;
-    int64_t panel;
-    double end;  // multiply-adds per row of the items up to this one, inclusive
-  };
-  std::vector<Item> items;
-  double total = 0;
-  for (const Gemm& g : gemms) {
-    for (size_t p = 0; p < g.w->panels.size(); ++p) {
-      total += static_cast<double>(g.w->panels[p].out() * g.w->in);
-      items.push_back({&g, static_cast<int64_t>(p), total});
-    }
-  }
-  auto run = [&](const Item& item) {
-    const Gemm& g = *item.gemm;
-    const PackedLinear& panel = g.w->panels[static_cast<size_t>(item.panel)];
-    const int64_t first = item.panel * NativeRwkv::kPanelColumns, width = panel.out(),
-                  out = g.w->out;
-    panel.Apply(g.x, rows, g.bias != nullptr ? g.bias + first : nullptr, g.y + first, out);
-    for (int64_t r = 0; r < rows && g.epilogue != Epilogue::kNone; ++r) {
-      float* y = g.y + r * out + first;
-      switch (g.epilogue) {
-        case Epilogue::kNone:
-          break;
-        case Epilogue::kTanh:
-          TanhInPlace(y, width);
-          break;
-        case Epilogue::kSigmoid:
-          SigmoidInPlace(y, width);
-          break;
-        case Epilogue::kSquaredRelu:
-          SquaredRelu(y, width);
-          break;
-        case Epilogue::kAddToResidual:
-          AddInPlace(g.residual + r * out + first, y, width);
-          break;
-        case Epilogue::kGatedAddToResidual:
-          GatedAddInPlace(g.residual + r * out + first, g.gate + r * out + first, y, width);
-          break;
-      }
-    }
-  };
-  const int64_t tasks = total * static_cast<double>(rows) < kParallelMacs
-                            ? 1
-                            : std::min<int64_t>(threads, static_cast<int64_t>(items.size()));
-  if (tasks <= 1) {
-    for (const Item& item : items) run(item);
-    return;
-  }
-  const int team = static_cast<int>(tasks);
-#pragma omp parallel for num_threads(team) schedule(static, 1)
-  for (int64_t task = 0; task < tasks; ++task) {
-    // Item i belongs to the task whose share of the total holds its midpoint.
-    const double begin = total * static_cast<double>(task) / static_cast<double>(tasks);
-    const double end = total * static_cast<double>(task + 1) / static_cast<double>(tasks);
-    double start = 0;
-    for (const Item& item : items) {
-      const double middle = (start + item.end) / 2;
-      start = item.end;
-      if (middle >= begin && middle < end) run(item);
-    }
-  }
-}
+using native::Epilogue;
+using native::Gemm;
+using native::MakePanels;
+using native::RunGemms;
 
 using native::LayerNorm;
 

@@ -10,11 +10,8 @@
 // value is float32. Equal to Model::Step within float32 rounding
 // (tests/unit/native_rwkv_test.cc).
 //
-// Every projection is cut into panels of output columns (each a PackedLinear), and the
-// panels of the products that share a stage are split over the threads by their
-// multiply-adds: each thread reads only its panels' weights, which is what bounds the
-// step at batch 1 (the 0.1B model's head alone is 200 MB). Stages under 4M
-// multiply-adds stay on the calling thread (native_rwkv.cc, kParallelMacs).
+// Every projection is cut into panels of output columns, and the panels of the products
+// that share a stage are split over the threads by their multiply-adds (native_gemm.h).
 //
 // Weights exactly representable in 16 bits (real checkpoints ship in bf16 or f16 and the
 // loader widens them) are kept in 16 bits only, per projection (every value must
@@ -34,6 +31,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "models/architectures/model.h"
+#include "models/kernels/native_gemm.h"
 #include "models/kernels/packed_linear.h"
 
 namespace fwmodel {
@@ -65,13 +63,8 @@ class NativeRwkv {
   std::string weight_format() const;
   int weight_bits() const;
 
-  // A projection W [out, in] as panels of at most kPanelColumns output columns.
-  struct Panels {
-    int64_t in = 0, out = 0;
-    WeightFormat format = WeightFormat::kF32;  // every panel's
-    std::vector<PackedLinear> panels;          // panel p: columns [p · kPanelColumns, ...)
-  };
-  static constexpr int64_t kPanelColumns = 128;
+  // A projection W [out, in] as panels (native_gemm.h).
+  using Panels = native::Panels;
 
  private:
   struct Layer;

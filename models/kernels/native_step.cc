@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "models/architectures/mixer.h"
 #include "models/architectures/native_math.h"
+#include "models/kernels/native_delta_net.h"
 #include "models/kernels/native_parallel.h"
 #include "models/kernels/native_rows.h"
 #include "models/kernels/native_rwkv.h"
@@ -143,20 +144,27 @@ int NativeStep::Threads() const { return threads_ > 0 ? threads_ : at::get_num_t
 NativeStep::~NativeStep() = default;
 
 std::string NativeStep::weight_format() const {
-  return rwkv_ != nullptr ? rwkv_->weight_format() : "f32";
+  if (rwkv_ != nullptr) return rwkv_->weight_format();
+  return delta_net_ != nullptr ? delta_net_->weight_format() : "f32";
 }
 
-int NativeStep::weight_bits() const { return rwkv_ != nullptr ? rwkv_->weight_bits() : 32; }
+int NativeStep::weight_bits() const {
+  if (rwkv_ != nullptr) return rwkv_->weight_bits();
+  return delta_net_ != nullptr ? delta_net_->weight_bits() : 32;
+}
 
 absl::StatusOr<std::unique_ptr<NativeStep>> NativeStep::CreateSharing(
     const NativeStep& other, const NativeStepOptions& options) {
-  if (other.rwkv_ == nullptr) return Create(other.model_, options);
+  if (other.rwkv_ == nullptr && other.delta_net_ == nullptr) return Create(other.model_, options);
   if (options.threads < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("threads must be >= 0 (0: LibTorch's count), got ", options.threads));
   }
   std::unique_ptr<NativeStep> step(new NativeStep(other.model_, options.threads));
-  step->rwkv_ = NativeRwkv::SharingWeights(*other.rwkv_);
+  if (other.rwkv_ != nullptr) step->rwkv_ = NativeRwkv::SharingWeights(*other.rwkv_);
+  if (other.delta_net_ != nullptr) {
+    step->delta_net_ = NativeDeltaNet::SharingWeights(*other.delta_net_);
+  }
   return step;
 }
 
@@ -169,13 +177,13 @@ absl::StatusOr<std::unique_ptr<NativeStep>> NativeStep::Create(const Model& mode
     return absl::InvalidArgumentError(
         absl::StrCat("threads must be >= 0 (0: LibTorch's count), got ", options.threads));
   }
-  if (model.config().is_delta_net()) {
-    // Not written yet (docs/models.md): the engine falls back to LibTorch's Model::Step.
-    return absl::UnimplementedError(absl::StrCat("the native step does not implement ",
-                                                 ArchitectureName(model.config().architecture),
-                                                 " yet"));
-  }
   std::unique_ptr<NativeStep> step(new NativeStep(model, options.threads));
+  if (model.config().is_delta_net()) {
+    auto delta_net = NativeDeltaNet::Create(model, options.packed_gemm, options.narrow_weights);
+    if (!delta_net.ok()) return delta_net.status();
+    step->delta_net_ = std::move(*delta_net);
+    return step;
+  }
   if (model.config().is_rwkv()) {
     auto rwkv = NativeRwkv::Create(model, options.packed_gemm, options.narrow_weights);
     if (!rwkv.ok()) return rwkv.status();
@@ -331,6 +339,10 @@ absl::Status NativeStep::AbsorbTokens(absl::Span<const int64_t> tokens, int64_t 
   if (absl::Status s = CheckArguments(tokens, steps, rows, *pool); !s.ok()) return s;
   if (rwkv_ != nullptr) {
     rwkv_->Absorb(tokens, steps, rows, pool, Threads(), logits, every_position);
+    return absl::OkStatus();
+  }
+  if (delta_net_ != nullptr) {
+    delta_net_->Absorb(tokens, steps, rows, pool, Threads(), logits, every_position);
     return absl::OkStatus();
   }
   const ModelConfig& c = model_.config();

@@ -6,8 +6,8 @@
 // gather or scatter copies). Model::Step stays the reference, the trainer's, the
 // sequence form's and the CUDA path; this equals it within float32 rounding
 // (tests/unit/native_step_test.cc: 1e-5 on every configuration of the equivalence
-// tests). RWKV-7 and RWKV-4 models go to their own kernel (native_rwkv.h) behind the
-// same calls.
+// tests). RWKV-7 and RWKV-4 models go to their own kernel (native_rwkv.h), DeltaNet and
+// Gated DeltaNet to theirs (native_delta_net.h), behind the same calls.
 //
 // Ownership: a NativeStep reads the Model's weight tensors in place (and owns a fused
 // copy of the input projections); the Model must outlive it.
@@ -28,7 +28,8 @@
 
 namespace fwmodel {
 
-class NativeRwkv;  // models/kernels/native_rwkv.h
+class NativeRwkv;      // models/kernels/native_rwkv.h
+class NativeDeltaNet;  // models/kernels/native_delta_net.h
 
 struct NativeStepOptions {
   // The projections' GEMMs on weights laid out once at load with libxsmm's JIT kernels
@@ -41,7 +42,7 @@ struct NativeStepOptions {
   // instance's calls run one at a time, so two instances on two threads (the server's
   // engine and prefill threads) may be given different counts.
   int32_t threads = 0;
-  // The RWKV kernel (native_rwkv.h) keeps a projection's weights in 16 bits (bf16 or
+  // The RWKV and DeltaNet kernels keep a projection's weights in 16 bits (bf16 or
   // f16) when every value of it is exact in them, computing in float32 all the same;
   // false: float32 weights always (the A/B baseline). The other kernels keep float32.
   bool narrow_weights = true;
@@ -49,8 +50,7 @@ struct NativeStepOptions {
 
 class NativeStep {
  public:
-  // FailedPrecondition unless the model computes in float32 on the CPU; Unimplemented
-  // for the DeltaNet architectures (delta_net, gated_deltanet: LibTorch's step serves them).
+  // FailedPrecondition unless the model computes in float32 on the CPU.
   static absl::StatusOr<std::unique_ptr<NativeStep>> Create(const Model& model,
                                                             const NativeStepOptions& options = {});
   // Another instance for `other`'s model with `options` (its threads; packed_gemm is
@@ -104,6 +104,8 @@ class NativeStep {
   // The RWKV kernel, which serves every call when set (architectures rwkv7 and rwkv4);
   // the members below serve the contract's architectures.
   std::unique_ptr<NativeRwkv> rwkv_;
+  // The DeltaNet kernel, likewise for delta_net and gated_deltanet.
+  std::unique_ptr<NativeDeltaNet> delta_net_;
   std::vector<Layer> layers_;
   // Contiguous views of the model's weights that the raw pointers below read.
   std::vector<torch::Tensor> kept_;
