@@ -20,6 +20,10 @@
 //                      (models/kernels/native_rwkv.h) over B rows, as BM_NativeStep; counter
 //                      "flops": the GEMMs' FLOP per second (head included), to compare
 //                      with BM_SgemmPeak's; baseline BM_Rwkv7Step (LibTorch's step)
+//   BM_DeltaNetStep, BM_DeltaNetNativeStep, BM_DeltaNetNativeAbsorb: DeltaNet and Gated
+//                      DeltaNet at fla-hub's 340M shape (issue 49): LibTorch's step, the
+//                      native step (counter "flops" against BM_SgemmPeak) and the native
+//                      prefill of 256 tokens (against the native step at batch 1)
 //   BM_Rwkv7NativeStepBf16 the same model with its weights rounded to bf16 (as real
 //                      checkpoints ship): the kernel keeps them in 16 bits and computes
 //                      in float32 (packed_linear.h); baseline BM_Rwkv7NativeStep
@@ -297,6 +301,74 @@ void BM_Rwkv7NativeAbsorbBf16(benchmark::State& state) {
   RunNativeAbsorb(state, Rwkv7Bf16Model(), state.range(0), /*packed_gemm=*/true);
 }
 
+// DeltaNet at fla-hub's 340M shape (hidden 1024, 24 layers, 8 heads of 128, SwiGLU of
+// 2,816, short convolutions of 4, untied head over 32,000 tokens: scripts/gpu/check.py's
+// "delta_net-340m"), random weights, made once; Gated: gated_deltanet at the same widths
+// with the output gate.
+const fwmodel::Model& DeltaNetModel(bool gated) {
+  static const fwmodel::Model* models[2] = {nullptr, nullptr};
+  const fwmodel::Model*& model = models[gated ? 1 : 0];
+  if (model == nullptr) {
+    fwmodel::ModelConfig c;
+    c.architecture = gated ? Architecture::kGatedDeltaNet : Architecture::kDeltaNet;
+    c.ffn = fwmodel::FfnKind::kSwiglu;
+    c.vocab_size = 32000;
+    c.bos_token_id = 1;
+    c.d_model = 1024;
+    c.n_layers = 24;
+    c.n_heads = 8;
+    c.num_v_heads = 8;
+    c.head_k_dim = 128;
+    c.head_v_dim = 128;
+    c.d_ff = 2816;
+    c.use_short_conv = true;
+    c.conv_size = 4;
+    c.use_gate = gated;
+    c.norm_eps = 1e-6;
+    model = new fwmodel::Model(std::move(*fwmodel::Model::InitRandom(c, 1)));
+  }
+  return *model;
+}
+
+// FLOP of one token's GEMMs (every weight matrix but the embedding, the head included).
+double DeltaNetGemmFlopsPerToken(const fwmodel::Model& model) {
+  double macs = 0;
+  for (const auto& [name, t] : model.weights()) {
+    if (t.dim() == 2 && name != "embeddings.weight" && name.find("conv1d") == std::string::npos) {
+      macs += static_cast<double>(t.numel());
+    }
+  }
+  return 2 * macs;
+}
+
+void SetDeltaNetCounters(benchmark::State& state, bool gated, int64_t batch) {
+  state.SetItemsProcessed(state.iterations() * batch);
+  state.counters["flops"] = benchmark::Counter(DeltaNetGemmFlopsPerToken(DeltaNetModel(gated)) *
+                                                   batch * static_cast<double>(state.iterations()),
+                                               benchmark::Counter::kIsRate);
+  state.SetLabel(gated ? "gated_deltanet_340m" : "delta_net_340m");
+}
+
+// range(0): 0 delta_net, 1 gated_deltanet; range(1): batch. LibTorch's Model::Step (the
+// baseline) and the native step (models/kernels/native_delta_net.h) over B rows of a
+// pool of 2B; counter "flops" against BM_SgemmPeak's.
+void BM_DeltaNetStep(benchmark::State& state) {
+  RunLibTorchStep(state, DeltaNetModel(state.range(0) == 1), state.range(1));
+  SetDeltaNetCounters(state, state.range(0) == 1, state.range(1));
+}
+
+void BM_DeltaNetNativeStep(benchmark::State& state) {
+  RunNativeStep(state, DeltaNetModel(state.range(0) == 1), state.range(1));
+  SetDeltaNetCounters(state, state.range(0) == 1, state.range(1));
+}
+
+// One session absorbs a range(1)-token prompt through the native prefill; items = prompt
+// tokens, against BM_DeltaNetNativeStep/x/1 (issue 49: prefill >= 8x batch-1 decode).
+void BM_DeltaNetNativeAbsorb(benchmark::State& state) {
+  RunNativeAbsorb(state, DeltaNetModel(state.range(0) == 1), state.range(1), /*packed_gemm=*/true);
+  SetDeltaNetCounters(state, state.range(0) == 1, state.range(1));
+}
+
 // This machine's sgemm roof (issue 24's target 3): one n x n x n product through
 // libblas.so.3 (OpenBLAS, its default threads). Counter "flops": FLOP per second.
 void BM_SgemmPeak(benchmark::State& state) {
@@ -361,6 +433,18 @@ BENCHMARK(BM_Rwkv7NativeStepBf16)
     ->Arg(8)
     ->Arg(16)
     ->Arg(64)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK(BM_DeltaNetStep)
+    ->ArgsProduct({{0, 1}, {1, 64}})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK(BM_DeltaNetNativeStep)
+    ->ArgsProduct({{0, 1}, {1, 64}})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK(BM_DeltaNetNativeAbsorb)
+    ->ArgsProduct({{0, 1}, {256}})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 BENCHMARK(BM_Rwkv7NativeAbsorb)->Arg(256)->Unit(benchmark::kMillisecond)->UseRealTime();

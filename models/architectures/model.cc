@@ -452,7 +452,7 @@ void Model::SetRequiresGrad(bool requires_grad) {
 }
 
 void Model::ReleaseMatrices() {
-  if (!config_.is_rwkv() || matrices_released_) return;
+  if (!config_.has_whole_blocks() || matrices_released_) return;
   released_parameter_count_ = parameter_count();
   for (auto& [name, tensor] : weights_) {
     if (tensor.dim() == 2) tensor = torch::Tensor();

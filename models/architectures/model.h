@@ -100,9 +100,9 @@ class Model {
   // Weights as float32 CPU tensors, detached, in name order (for saving).
   std::map<std::string, torch::Tensor> ExportWeights() const;
 
-  // RWKV only (a no-op otherwise): drops this model's reference to every matrix (2-D
-  // weight), for a server whose native kernels, built from this model, serve decode,
-  // prefill and Score; a tensor a kernel keeps (the embedding) lives on through it.
+  // RWKV and DeltaNet only (a no-op otherwise): drops this model's reference to every
+  // matrix (2-D weight), for a server whose native kernels, built from this model, serve
+  // decode, prefill and Score; a tensor a kernel keeps (the embedding) lives on through it.
   // Afterwards Forward and Step fail with FailedPrecondition, ExportWeights leaves the
   // matrices out, and config(), state_spec(), InitialState() and parameter_count() work
   // as before. Not thread-safe: before any other use of the model begins.

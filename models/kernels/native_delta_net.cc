@@ -107,10 +107,10 @@ void NormaliseHeads(float* x, int64_t heads, int64_t K, bool l2, float scale) {
 
 // The recurrence of (session, value head) pairs [begin, end) over their T tokens.
 FW_VECTOR_KERNEL
-void RecurrenceItems(int64_t begin, int64_t end, int64_t T, int64_t HV, int64_t ratio,
-                     int64_t K, int64_t V, const int64_t* rows, float* state, const float* q,
-                     const float* k, const float* v, const float* beta, const float* decay,
-                     const float* o_norm, float eps, const float* gate, float* o) {
+void RecurrenceItems(int64_t begin, int64_t end, int64_t T, int64_t HV, int64_t ratio, int64_t K,
+                     int64_t V, const int64_t* rows, float* state, const float* q, const float* k,
+                     const float* v, const float* beta, const float* decay, const float* o_norm,
+                     float eps, const float* gate, float* o) {
   std::vector<float> read(static_cast<size_t>(V));
   const int64_t HK = HV / ratio * K, HVV = HV * V;
   for (int64_t item = begin; item < end; ++item) {
@@ -257,8 +257,8 @@ absl::StatusOr<std::unique_ptr<NativeDeltaNet>> NativeDeltaNet::Create(const Mod
 }
 
 void NativeDeltaNet::Absorb(absl::Span<const int64_t> tokens, int64_t steps,
-                            absl::Span<const int64_t> rows, State* pool, int threads,
-                            float* logits, bool every_position) {
+                            absl::Span<const int64_t> rows, State* pool, int threads, float* logits,
+                            bool every_position) {
   using delta_net_kernel::kHeadGrain;
   using delta_net_kernel::kSessionGrain;
   using delta_net_kernel::kTokenGrain;
@@ -321,8 +321,8 @@ void NativeDeltaNet::Absorb(absl::Span<const int64_t> tokens, int64_t steps,
   for (const Layer& l : wt.layers) {
     // ---- Attention: projections
     rms_norm(l.attn_norm);
-    std::vector<Gemm> stage = {{&l.q, x, nullptr, q_raw}, {&l.k, x, nullptr, k_raw},
-                               {&l.v, x, nullptr, v_raw}};
+    std::vector<Gemm> stage = {
+        {&l.q, x, nullptr, q_raw}, {&l.k, x, nullptr, k_raw}, {&l.v, x, nullptr, v_raw}};
     if (l.b.out > 0) stage.push_back({&l.b, x, nullptr, beta, Epilogue::kSigmoid});
     if (l.a.out > 0) stage.push_back({&l.a, x, nullptr, decay});
     if (l.g.out > 0) stage.push_back({&l.g, x, nullptr, g});
@@ -330,7 +330,8 @@ void NativeDeltaNet::Absorb(absl::Span<const int64_t> tokens, int64_t steps,
 
     // ---- Convolutions, activations, norms, β and the decay, per session in token order
     float* conv_state[3] = {nullptr, nullptr, nullptr};
-    for (int m = 0; m < 3 && W > 0; ++m) conv_state[m] = pool->tensors[l.conv_state[m]].data_ptr<float>();
+    for (int m = 0; m < 3 && W > 0; ++m)
+      conv_state[m] = pool->tensors[l.conv_state[m]].data_ptr<float>();
     ParallelRows(threads, B, kSessionGrain, [&](int64_t begin, int64_t end) {
       const float* inputs[64];  // conv_size <= 64 (ModelConfig::Validate)
       const float* raw[3] = {q_raw, k_raw, v_raw};
@@ -355,8 +356,8 @@ void NativeDeltaNet::Absorb(absl::Span<const int64_t> tokens, int64_t steps,
           // The history becomes the last W − 1 inputs (old entries read before written).
           for (int64_t r = 0; r + 1 < W; ++r) {
             const int64_t position = T - W + 1 + r;
-            const float* source = position >= 0 ? raw[m] + (b * T + position) * C
-                                                 : history + (W - 1 + position) * C;
+            const float* source =
+                position >= 0 ? raw[m] + (b * T + position) * C : history + (W - 1 + position) * C;
             std::memmove(history + r * C, source, sizeof(float) * C);
           }
         }
@@ -380,8 +381,8 @@ void NativeDeltaNet::Absorb(absl::Span<const int64_t> tokens, int64_t steps,
     // ---- The delta rule per (session, value head), the output norm and gate
     float* state = pool->tensors[l.recurrent].data_ptr<float>();
     ParallelRows(threads, B * HV, kHeadGrain, [&](int64_t begin, int64_t end) {
-      delta_net_kernel::RecurrenceItems(begin, end, T, HV, ratio, K, V, rows.data(), state, q, k,
-                                        v, beta, gated ? decay : nullptr, l.o_norm, eps,
+      delta_net_kernel::RecurrenceItems(begin, end, T, HV, ratio, K, V, rows.data(), state, q, k, v,
+                                        beta, gated ? decay : nullptr, l.o_norm, eps,
                                         l.g.out > 0 ? g : nullptr, o);
     });
     RunGemms(threads, n, {Gemm{&l.o, o, nullptr, x, Epilogue::kAddToResidual, h}});
@@ -389,8 +390,7 @@ void NativeDeltaNet::Absorb(absl::Span<const int64_t> tokens, int64_t steps,
     // ---- MLP: h += down(silu(gate x) ⊙ up x)
     rms_norm(l.mlp_norm);
     RunGemms(threads, n, {Gemm{&l.gate, x, nullptr, gate, Epilogue::kSilu}});
-    RunGemms(threads, n,
-             {Gemm{&l.up, x, nullptr, up, Epilogue::kMultiply, nullptr, gate}});
+    RunGemms(threads, n, {Gemm{&l.up, x, nullptr, up, Epilogue::kMultiply, nullptr, gate}});
     RunGemms(threads, n, {Gemm{&l.down, up, nullptr, x, Epilogue::kAddToResidual, h}});
   }
   if (every_position) {

@@ -61,8 +61,7 @@ class NativeDeltaNet {
   // Scratch for the largest call seen, [tokens, width] each: the residual stream, the
   // normalised input, the projections before and after the convolutions, β, the decay,
   // the gate, the heads' outputs, the MLP's hidden units.
-  std::vector<float> h_, x_, q_raw_, k_raw_, v_raw_, q_, k_, v_, beta_, decay_, g_, o_, gate_,
-      up_;
+  std::vector<float> h_, x_, q_raw_, k_raw_, v_raw_, q_, k_, v_, beta_, decay_, g_, o_, gate_, up_;
 };
 
 }  // namespace fwmodel

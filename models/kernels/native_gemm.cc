@@ -80,8 +80,7 @@ void RunGemms(int threads, int64_t rows, absl::Span<const Gemm> gemms) {
   auto run = [&](const Item& item) {
     const Gemm& g = *item.gemm;
     const PackedLinear& panel = g.w->panels[static_cast<size_t>(item.panel)];
-    const int64_t first = item.panel * Panels::kPanelColumns, width = panel.out(),
-                  out = g.w->out;
+    const int64_t first = item.panel * Panels::kPanelColumns, width = panel.out(), out = g.w->out;
     panel.Apply(g.x, rows, g.bias != nullptr ? g.bias + first : nullptr, g.y + first, out);
     for (int64_t r = 0; r < rows && g.epilogue != Epilogue::kNone; ++r) {
       float* y = g.y + r * out + first;

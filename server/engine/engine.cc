@@ -107,9 +107,10 @@ Engine::Engine(std::string name, fwmodel::LoadedModel loaded, const EngineOption
           context.clock != nullptr ? context.clock : Clock::Real(), metrics_, &pool_, this}),
       driver_(StreamDriverContext{name_, &model_, &tokenizer_, &options_, metrics_, &runner_,
                                   &keeper_, &drain_, this}) {
-  // An RWKV model's native kernels keep their own copy of its weights and serve every
-  // path: the model's matrices would only take memory (half of it, for a float32 file).
-  if (model_.config().is_rwkv() && runner_.native_serves_all()) {
+  // An RWKV or DeltaNet model's native kernels keep their own copy of its weights and
+  // serve every path: the model's matrices would only take memory (half of it, for a
+  // float32 file).
+  if (model_.config().has_whole_blocks() && runner_.native_serves_all()) {
     model_.ReleaseMatrices();
     Log(LogLevel::kInfo, absl::StrCat("model ", name_,
                                       ": the native kernel serves every path; the model's "

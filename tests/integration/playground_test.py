@@ -10,7 +10,8 @@ next turn continues. Exports the session, fails on any browser console error, an
 saves a screenshot as the test's artefact. A second server with API keys checks that
 the page asks for the key and sends it. A third serves a small RWKV-7 with the world
 vocabulary and RWKV's G1 chat template (issue 38): a multilingual prompt goes through
-the template and the world tokenizer, and the session continues.
+the template and the world tokenizer, and the session continues. A fourth serves a
+Gated DeltaNet with a SentencePiece vocabulary (issue 49): a chat streams and continues.
 
 Usage: playground_test.py --fwserve PATH --model DIR --proto-dir DIR --screenshot PNG
            --fwmodel PATH
@@ -275,6 +276,43 @@ class PlaygroundTest(unittest.TestCase):
             self.assertEqual(turns, [prompt_text])
             # The next turn continues the session: the first turn is not read again.
             second = self.send("Ещё раз", requests_before + 1)
+            self.assertEqual(second["usage"]["input_tokens_details"]["cached_tokens"],
+                             first["usage"]["input_tokens"] + first["usage"]["output_tokens"])
+            self.assertEqual(console_errors(self.driver), [], "browser console errors")
+        finally:
+            stop_server(server)
+
+
+    def test_gated_deltanet_with_sentencepiece(self):
+        """A Gated DeltaNet (issue 49) with a SentencePiece vocabulary in the playground: the
+        reply streams, and the next turn continues the session without reading the first
+        again."""
+        model = os.path.join(self.work, "gated-deltanet")
+        config_path = os.path.join(self.work, "gated-deltanet.json")
+        with open(config_path, "w") as f:
+            json.dump({"format_version": 1, "architecture": "gated_deltanet", "d_model": 32,
+                       "n_layers": 2, "n_heads": 2, "head_k_dim": 16, "head_v_dim": 16,
+                       "num_v_heads": 4, "d_ff": 64, "ffn": "swiglu", "use_short_conv": True,
+                       "conv_size": 4, "use_gate": True, "vocab_size": 400,
+                       "tokenizer": "sentencepiece", "bos_token_id": 1, "eos_token_id": 2}, f)
+        subprocess.run([ARGS.fwmodel, "init", model, "--config", config_path, "--seed", "5",
+                        "--storage-dtype", "BF16"], check=True, stdout=subprocess.DEVNULL)
+        shutil.copy(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data",
+                                 "sentencepiece", "shakespeare-bpe400.model"),
+                    os.path.join(model, "tokenizer.model"))
+        server, base = start_http_server(self.work, "gated-deltanet", model=model)
+        try:
+            self.driver.get(base + "/")
+            WebDriverWait(self.driver, 30).until(
+                lambda d: len(d.find_elements(By.CSS_SELECTOR, "#model option")) > 0)
+            self.driver.find_element(By.ID, "max-tokens").clear()
+            self.driver.find_element(By.ID, "max-tokens").send_keys("24")
+            requests_before = self.driver.execute_script(
+                "return window.fwPlayground.requests.length")
+            first = self.send("KING HENRY: What says the", requests_before)
+            self.assertGreater(first["usage"]["input_tokens"], 1)
+            self.assertGreater(first["usage"]["output_tokens"], 0)
+            second = self.send("And then?", requests_before + 1)
             self.assertEqual(second["usage"]["input_tokens_details"]["cached_tokens"],
                              first["usage"]["input_tokens"] + first["usage"]["output_tokens"])
             self.assertEqual(console_errors(self.driver), [], "browser console errors")

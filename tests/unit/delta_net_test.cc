@@ -20,6 +20,7 @@
 #include "models/checkpoints/safetensors.h"
 #include "models/kernels/graphed_step.h"
 #include "models/kernels/native_step.h"
+#include "models/kernels/scoring.h"
 #include "nlohmann/json.hpp"
 #include "tests/unit/temp_dir.h"
 #include "tests/unit/test_models.h"
@@ -521,6 +522,50 @@ TEST_P(DeltaNetNativeTest, Bf16WeightsStayIn16BitsAndEqualFloat32Weights) {
     fwtest::ExpectNearRelative(pool_narrow.tensors[t], pool_wide.tensors[t], 1e-5,
                                model.state_spec()[t].name);
   }
+}
+
+// Model::ReleaseMatrices, as the server does once the native kernel serves every path:
+// the kernels (a decode instance and one sharing its weights, as the server's prefill)
+// give the same bits as on an unreleased twin (decode, prefill, Score), and the model's
+// LibTorch forms are refused, not wrong.
+TEST_P(DeltaNetNativeTest, ReleasedMatricesChangeNothingForTheKernels) {
+  c10::NoGradGuard no_grad;
+  const ModelConfig config = DnConfig(GetParam().shape);
+  const auto weights = DnRandomWeights(config, 6);
+  const Model twin = DnModel(config, weights, torch::kFloat32);
+  Model released = DnModel(config, weights, torch::kFloat32);
+  auto decode_twin = NativeStep::Create(twin);
+  auto decode = NativeStep::Create(released);
+  ASSERT_TRUE(decode_twin.ok() && decode.ok());
+  auto prefill = NativeStep::CreateSharing(**decode, {});
+  ASSERT_TRUE(prefill.ok()) << prefill.status();
+  const int64_t parameters = released.parameter_count();
+  released.ReleaseMatrices();
+  EXPECT_TRUE(released.matrices_released());
+  EXPECT_EQ(released.parameter_count(), parameters);
+  for (const auto& [name, t] : released.ExportWeights()) EXPECT_NE(t.dim(), 2) << name;
+  const torch::Tensor one = torch::zeros({1}, torch::kInt64);
+  State state = released.InitialState(1);
+  EXPECT_EQ(released.Step(one, &state).status().code(), absl::StatusCode::kFailedPrecondition);
+
+  const int64_t vocab = config.vocab_size;
+  const torch::Tensor random = fwtest::RandomTokens(1, 20, vocab, 47);
+  const std::vector<int64_t> tokens(random.data_ptr<int64_t>(), random.data_ptr<int64_t>() + 20);
+  State pool = released.InitialState(3), pool_twin = twin.InitialState(3);
+  std::vector<float> got(3 * static_cast<size_t>(vocab)), want(got.size());
+  const std::vector<int64_t> rows = {2, 0};
+  ASSERT_TRUE((*decode)->Step({tokens[0], tokens[1]}, rows, &pool, got.data()).ok());
+  ASSERT_TRUE((*decode_twin)->Step({tokens[0], tokens[1]}, rows, &pool_twin, want.data()).ok());
+  EXPECT_EQ(got, want) << "decode";
+  const auto prompt = absl::MakeConstSpan(tokens).subspan(2, 18);
+  ASSERT_TRUE((*prefill)->Absorb(prompt, 9, rows, &pool, got.data()).ok());
+  ASSERT_TRUE((*decode_twin)->Absorb(prompt, 9, rows, &pool_twin, want.data()).ok());
+  EXPECT_EQ(got, want) << "prefill";
+  auto score = ScoreTokens(released, tokens, nullptr, 8, prefill->get());
+  auto score_twin = ScoreTokens(twin, tokens, nullptr, 8, decode_twin->get());
+  ASSERT_TRUE(score.ok() && score_twin.ok()) << score.status() << score_twin.status();
+  EXPECT_EQ(*score, *score_twin) << "score";
+  EXPECT_EQ(ScoreTokens(released, tokens).status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
 INSTANTIATE_TEST_SUITE_P(DeltaNet, DeltaNetNativeTest, testing::ValuesIn(DnCases()),

@@ -188,7 +188,6 @@ INSTANTIATE_TEST_SUITE_P(Rwkv, CudaEquivalenceTest, testing::ValuesIn(fwtest::Rw
                          fwtest::ConfigCaseName);
 // DeltaNet and Gated DeltaNet (issue 49).
 INSTANTIATE_TEST_SUITE_P(DeltaNet, CudaEquivalenceTest,
-                         testing::ValuesIn(fwtest::DeltaNetConfigCases()),
-                         fwtest::ConfigCaseName);
+                         testing::ValuesIn(fwtest::DeltaNetConfigCases()), fwtest::ConfigCaseName);
 
 }  // namespace

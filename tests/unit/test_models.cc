@@ -168,13 +168,12 @@ std::vector<ConfigCase> RwkvConfigCases() {
 std::vector<ConfigCase> DeltaNetConfigCases() {
   using fwmodel::Architecture;
   using fwmodel::FfnKind;
-  return {
-      {Architecture::kDeltaNet, FfnKind::kSwiglu, 4, 1, false, /*d_model=*/32, /*n_heads=*/2},
-      {Architecture::kDeltaNet, FfnKind::kSwiglu, 0, 1, false, /*d_model=*/24, /*n_heads=*/3},
-      {Architecture::kGatedDeltaNet, FfnKind::kSwiglu, 4, 2, false, /*d_model=*/32,
-       /*n_heads=*/2},
-      {Architecture::kGatedDeltaNet, FfnKind::kSwiglu, 3, 1, false, /*d_model=*/32,
-       /*n_heads=*/4}};
+  return {{Architecture::kDeltaNet, FfnKind::kSwiglu, 4, 1, false, /*d_model=*/32, /*n_heads=*/2},
+          {Architecture::kDeltaNet, FfnKind::kSwiglu, 0, 1, false, /*d_model=*/24, /*n_heads=*/3},
+          {Architecture::kGatedDeltaNet, FfnKind::kSwiglu, 4, 2, false, /*d_model=*/32,
+           /*n_heads=*/2},
+          {Architecture::kGatedDeltaNet, FfnKind::kSwiglu, 3, 1, false, /*d_model=*/32,
+           /*n_heads=*/4}};
 }
 
 void ExpectNativeStepEqualsModelStepRowByRow(const fwmodel::Model& model, int steps,
@@ -349,8 +348,8 @@ void WriteHuggingFaceSafetensors(const std::string& dir,
   for (const auto& [name, t] : tensors) {
     const torch::Tensor c = t.to(torch::kFloat32).contiguous();
     const size_t shard = i++ % static_cast<size_t>(shards);
-    fwmodel::TensorBlob blob{name, bf16 ? fwmodel::DType::kBF16 : fwmodel::DType::kF32,
-                             c.sizes().vec(), {}};
+    fwmodel::TensorBlob blob{
+        name, bf16 ? fwmodel::DType::kBF16 : fwmodel::DType::kF32, c.sizes().vec(), {}};
     const float* values = c.data_ptr<float>();
     if (bf16) {
       blob.bytes.resize(static_cast<size_t>(c.numel()) * 2);
