@@ -8,7 +8,14 @@ torch.inference_mode, torch.set_num_threads(N)) over a batch of B streams with
 preallocated state, and decode greedily (argmax, fed back as the next token).
 RWKV-7 checkpoints (architecture rwkv7, as `fwmodel init` or tools/convert_rwkv.py
 write them) run RWKV-7's recurrent step the same way (Rwkv7LM); their prompts are the
-same byte values taken as token ids.
+same byte values taken as token ids. DeltaNet and Gated DeltaNet checkpoints
+(architectures delta_net and gated_deltanet, fla's blocks with the names of
+models/architectures/delta_net.h, as `fwmodel init` writes them) run the delta rule's
+recurrent step the same way (DeltaNetLM): short causal depthwise convolutions on q, k
+and v over a ring buffer of the last conv_size inputs, per-head l2-normalised q and k,
+then per value head S <- decay * S (gated only), u = beta (v - S^T k), S += k u^T in
+place, o = S^T q, a per-head RMSNorm, the optional silu gate and the SwiGLU MLP (the math
+of models/architectures/delta_net.h's header comment).
 
 Modes (each prints one JSON line: model, mode, batch, tokens_per_second,
 ms_per_step, threads, plus tokens and streams):
@@ -42,6 +49,8 @@ Usage:
       --device cuda --modes batch1,batch64,batch1024 --tokens 128
   python3 bench/pytorch_baseline.py models/pretrained/aft-shakespeare \
       --check /work/shared/data/tinyshakespeare.txt --fwmodel build/tools/fwmodel
+  python3 bench/pytorch_baseline.py /tmp/dn340 --modes batch1,batch64 --tokens 8 \
+      --prompt-bytes 4 --threads 2     # a DeltaNet checkpoint (fwmodel init)
 """
 import argparse
 import functools
@@ -71,8 +80,18 @@ CONFIG_DEFAULTS = {
     # rate, value residual and gate.
     "decay_low_rank_dim": 0, "a_low_rank_dim": 0, "v_low_rank_dim": 0, "gate_low_rank_dim": 0,
 }
+# delta_net and gated_deltanet only (models/base/config.h): fla's defaults. 0 widths mean
+# num_v_heads = n_heads, head_k_dim = d_model / n_heads, head_v_dim = head_k_dim; ffn is
+# swiglu and use_gate defaults to true for gated_deltanet only (resolved in load_config).
+DELTA_NET_DEFAULTS = {
+    "num_v_heads": 0, "head_k_dim": 0, "head_v_dim": 0, "use_short_conv": True,
+    "conv_size": 4, "use_gate": None, "allow_neg_eigval": False, "use_beta": True,
+    "qk_activation": "silu", "qk_norm": "l2",
+}
+CONFIG_DEFAULTS.update(DELTA_NET_DEFAULTS)
 REQUIRED = ("format_version", "architecture", "d_model", "n_layers", "n_heads")
-ARCHITECTURES = ("linear_attention", "fast_weight", "aft", "rwkv7")
+DELTA_NETS = ("delta_net", "gated_deltanet")
+ARCHITECTURES = ("linear_attention", "fast_weight", "aft", "rwkv7") + DELTA_NETS
 
 
 def load_config(model_dir):
@@ -92,15 +111,21 @@ def load_config(model_dir):
         raise ValueError(f"config.json: format_version {cfg['format_version']} is not 1")
     if cfg["architecture"] not in ARCHITECTURES:
         raise ValueError(f"config.json: unknown architecture {cfg['architecture']!r}")
-    if cfg["ffn"] not in ("relu", "squared_relu", "geglu"):
-        raise ValueError(f"config.json: unknown ffn {cfg['ffn']!r}")
+    if cfg["architecture"] in DELTA_NETS:
+        resolve_delta_net(cfg, raw)
+    else:
+        for key in DELTA_NET_DEFAULTS:
+            if key in raw:
+                raise ValueError(f"config.json: {key} is only for delta_net and gated_deltanet")
+        if cfg["ffn"] not in ("relu", "squared_relu", "geglu"):
+            raise ValueError(f"config.json: unknown ffn {cfg['ffn']!r}")
     if cfg["architecture"] == "rwkv7":
         # The benchmark's prompts are byte values: ids of either tokenizer.
         if cfg["tokenizer"] not in ("bytes", "rwkv_world") or cfg["vocab_size"] < 256:
             raise ValueError("config.json: rwkv7 needs the bytes or rwkv_world tokenizer")
     elif cfg["tokenizer"] != "bytes" or cfg["vocab_size"] < 256:
         raise ValueError("config.json: the bytes tokenizer needs vocab_size >= 256")
-    if cfg["d_model"] % cfg["n_heads"] != 0:
+    if cfg["architecture"] not in DELTA_NETS and cfg["d_model"] % cfg["n_heads"] != 0:
         raise ValueError("config.json: d_model must divide by n_heads")
     if cfg["pkm_dim_key"] % 2 or cfg["pkm_topk"] > cfg["pkm_num_keys"]:
         raise ValueError("config.json: pkm_dim_key must be even, pkm_topk <= pkm_num_keys")
@@ -108,6 +133,68 @@ def load_config(model_dir):
     if bad:
         raise ValueError(f"config.json: pkm_layers {bad} outside 0..n_layers-1")
     return cfg
+
+
+def resolve_delta_net(cfg, raw):
+    """The DeltaNet keys resolved as models/base/config.cc does (fla's defaults), checked."""
+    arch, H = cfg["architecture"], cfg["n_heads"]
+    cfg["ffn"] = raw.get("ffn", "swiglu")
+    if cfg["ffn"] != "swiglu":
+        raise ValueError("config.json: ffn must be swiglu for the DeltaNet architectures")
+    if cfg["use_gate"] is None:
+        cfg["use_gate"] = arch == "gated_deltanet"
+    if cfg["dconv_kernel"] or cfg["pkm_layers"] or cfg["dpfp_nu"] != 1:
+        raise ValueError("config.json: dconv_kernel, pkm_layers and dpfp_nu are not for "
+                         "the DeltaNet architectures")
+    cfg["num_v_heads"] = cfg["num_v_heads"] or H
+    cfg["head_k_dim"] = cfg["head_k_dim"] or cfg["d_model"] // H
+    cfg["head_v_dim"] = cfg["head_v_dim"] or cfg["head_k_dim"]
+    HV = cfg["num_v_heads"]
+    if cfg["head_k_dim"] < 1:
+        raise ValueError("config.json: head_k_dim is required when n_heads exceeds d_model")
+    if HV % H or (arch == "delta_net" and HV != H):
+        raise ValueError(f"config.json: num_v_heads {HV} must be a multiple of n_heads {H} "
+                         "(equal for delta_net)")
+    if cfg["use_short_conv"] and not 2 <= cfg["conv_size"] <= 64:
+        raise ValueError("config.json: conv_size must be in [2, 64]")
+    if cfg["qk_activation"] not in ("silu", "relu", "elu", "identity"):
+        raise ValueError(f"config.json: unknown qk_activation {cfg['qk_activation']!r}")
+    if cfg["qk_norm"] not in ("l2", "sum"):
+        raise ValueError(f"config.json: unknown qk_norm {cfg['qk_norm']!r}")
+    if arch == "gated_deltanet" and (not cfg["use_beta"] or cfg["qk_activation"] != "silu"
+                                     or cfg["qk_norm"] != "l2"):
+        raise ValueError("config.json: use_beta, qk_activation and qk_norm are fixed "
+                         "(true, silu, l2) for gated_deltanet")
+
+
+def delta_net_tensors(cfg):
+    """delta_net / gated_deltanet tensors (models/architectures/delta_net.h: fla's names
+    without "model.", convolution weights [C, W])."""
+    d, f, V = cfg["d_model"], cfg["d_ff"], cfg["vocab_size"]
+    H, HV, K, Vh = cfg["n_heads"], cfg["num_v_heads"], cfg["head_k_dim"], cfg["head_v_dim"]
+    gated, W = cfg["architecture"] == "gated_deltanet", cfg["conv_size"]
+    shapes = {"embeddings.weight": (V, d), "norm.weight": (d,)}
+    if not cfg["tie_embeddings"]:
+        shapes["lm_head.weight"] = (V, d)
+    for i in range(cfg["n_layers"]):
+        b = f"blocks.{i}."
+        shapes.update({
+            b + "attn_norm.weight": (d,), b + "attn.q_proj.weight": (H * K, d),
+            b + "attn.k_proj.weight": (H * K, d), b + "attn.v_proj.weight": (HV * Vh, d),
+            b + "attn.o_norm.weight": (Vh,), b + "attn.o_proj.weight": (d, HV * Vh),
+            b + "mlp_norm.weight": (d,), b + "mlp.gate_proj.weight": (f, d),
+            b + "mlp.up_proj.weight": (f, d), b + "mlp.down_proj.weight": (d, f)})
+        if gated or cfg["use_beta"]:
+            shapes[b + "attn.b_proj.weight"] = (HV, d)
+        if gated:
+            shapes[b + "attn.a_proj.weight"] = (HV, d)
+            shapes[b + "attn.A_log"] = shapes[b + "attn.dt_bias"] = (HV,)
+        if cfg["use_short_conv"]:
+            for p, c in (("q", H * K), ("k", H * K), ("v", HV * Vh)):
+                shapes[f"{b}attn.{p}_conv1d.weight"] = (c, W)
+        if cfg["use_gate"]:
+            shapes[b + "attn.g_proj.weight"] = (HV * Vh, d)
+    return shapes
 
 
 def rwkv7_tensors(cfg):
@@ -612,12 +699,149 @@ class Rwkv7LM:
         return matmul(F.layer_norm(h, (d,), *self.ln_out, eps), self.head)
 
 
+# ---------------------------------------------------------------------------
+# DeltaNet and Gated DeltaNet, batched: the math of models/architectures/delta_net.h's
+# header comment (fla's fused_recurrent form) over B streams.
+#
+# Load-time rearrangements (exact): the block's input projections q, k, v, b, a, g are one
+# fused [C, d] matrix (and the MLP's gate and up one [2F, d]); the short convolutions keep
+# their inputs in a ring buffer [W, B, C_qkv] as RecurrentLM's does (the last W - 1 inputs
+# plus the slot the current one is written to, zeros when fresh; no bias); value head j
+# reads q/k head j / r (r = HV / H), so S is stored per q/k head as [B, H, K, r*V], S_j
+# being the columns j % r of head j / r: S_jᵀk for the r value heads of a q/k head is one
+# matrix-vector product, with no repeat_interleave of q and k.
+
+
+def rms_norm(x, weight, eps):
+    """x / sqrt(mean(x²) + eps) ⊙ weight over the last dimension (delta_net.cc's RmsNorm)."""
+    return x * torch.rsqrt(x.square().mean(-1, keepdim=True).add_(eps)) * weight
+
+
+class DeltaNetState:
+    """Per-stream state for B streams: per block S [B, H, K, r*V] and the conv ring buffer."""
+
+    def __init__(self, model, batch):
+        self.batch, self.t, self.layers = batch, 0, []
+        for _ in model.blocks:
+            s = {"S": torch.zeros(batch, model.H, model.K, model.r * model.V)}
+            if model.W:
+                s["conv"] = torch.zeros(model.W, batch, model.C)
+            self.layers.append(s)
+
+    def reset(self):
+        self.t = 0
+        for s in self.layers:
+            for x in s.values():
+                x.zero_()
+
+
+class DeltaNetLM:
+    def __init__(self, model_dir, cfg, device="cpu"):
+        self.name = os.path.basename(os.path.normpath(model_dir))
+        self.cfg = cfg
+        w = read_safetensors(os.path.join(model_dir, "model.safetensors"), delta_net_tensors(cfg))
+        if device != "cpu":
+            w = {name: t.to(device) for name, t in w.items()}
+            torch.set_default_device(device)
+        self.gated = cfg["architecture"] == "gated_deltanet"
+        self.d, self.H, self.HV = cfg["d_model"], cfg["n_heads"], cfg["num_v_heads"]
+        self.K, self.V, self.r = cfg["head_k_dim"], cfg["head_v_dim"], self.HV // self.H
+        self.W = cfg["conv_size"] if cfg["use_short_conv"] else 0
+        self.C = 2 * self.H * self.K + self.HV * self.V           # q, k, v channels
+        self.eps, self.q_scale = cfg["norm_eps"], self.K ** -0.5
+        self.has_beta = self.gated or cfg["use_beta"]
+        act = cfg["qk_activation"]
+        self.qk_act = {"silu": F.silu, "relu": torch.relu, "elu": lambda x: F.elu(x).add_(1.0),
+                       "identity": lambda x: x}[act]
+        self.embed = w["embeddings.weight"]
+        self.norm = w["norm.weight"]
+        self.head = both(w["embeddings.weight"] if cfg["tie_embeddings"] else w["lm_head.weight"])
+        self.blocks = [self._block(w, i) for i in range(cfg["n_layers"])]
+
+    def _block(self, w, i):
+        g = lambda n: w[f"blocks.{i}.{n}"]
+        W = self.W
+        # Fused projection rows: q, k, v (convolved), then b, a, g (not).
+        names = ["q_proj", "k_proj", "v_proj"] + (["b_proj"] if self.has_beta else [])
+        names += (["a_proj"] if self.gated else []) + (["g_proj"] if self.cfg["use_gate"] else [])
+        blk = {"attn_norm": g("attn_norm.weight"), "o_norm": g("attn.o_norm.weight"),
+               "proj": both(torch.cat([g(f"attn.{n}.weight") for n in names])),
+               "o_proj": both(g("attn.o_proj.weight")), "mlp_norm": g("mlp_norm.weight"),
+               "gate_up": both(torch.cat([g("mlp.gate_proj.weight"), g("mlp.up_proj.weight")])),
+               "down": both(g("mlp.down_proj.weight"))}
+        if self.gated:
+            blk["neg_A"] = -g("attn.A_log").exp()
+            blk["dt_bias"] = g("attn.dt_bias")
+        if W:
+            cw = torch.cat([g(f"attn.{p}_conv1d.weight") for p in "qkv"])   # [C, W]
+            # Ring slot s at write position pos holds x[t - ((pos - s) mod W)]: kernel tap
+            # W-1 - ((pos - s) mod W) (the current token on the last tap).
+            blk["conv_w"] = torch.stack([
+                torch.stack([cw[:, W - 1 - (pos - s) % W] for s in range(W)])
+                for pos in range(W)]).unsqueeze(2).contiguous()              # [W, W, 1, C]
+        return blk
+
+    def new_state(self, batch):
+        return DeltaNetState(self, batch)
+
+    def step(self, st, tokens):
+        H, HV, K, V, r, C, eps = self.H, self.HV, self.K, self.V, self.r, self.C, self.eps
+        B, HK, F_ = tokens.shape[0], self.H * self.K, self.cfg["d_ff"]
+        h = self.embed.index_select(0, tokens)                      # [B, d], fresh tensor
+        slot = st.t % self.W if self.W else 0
+        st.t += 1
+        for blk, s in zip(self.blocks, st.layers):
+            x = rms_norm(h, blk["attn_norm"], eps)
+            y = matmul(x, blk["proj"])                              # [B, C + extras]
+            if self.W:
+                buf = s["conv"]
+                buf[slot].copy_(y[:, :C])
+                qkv = (buf * blk["conv_w"][slot]).sum(0)            # [B, C]
+            else:
+                qkv = y[:, :C]
+            q = self.qk_act(qkv[:, :HK]).view(B, H, K)
+            k = self.qk_act(qkv[:, HK:2 * HK]).view(B, H, K)
+            v = F.silu(qkv[:, 2 * HK:]).view(B, H, 1, r * V)
+            if self.cfg["qk_norm"] == "l2":
+                q = q * torch.rsqrt(q.square().sum(-1, keepdim=True).add_(1e-6)).mul_(self.q_scale)
+                k = k * torch.rsqrt(k.square().sum(-1, keepdim=True).add_(1e-6))
+            else:
+                q = q / q.sum(-1, keepdim=True).div_(self.q_scale)
+                k = k / k.sum(-1, keepdim=True)
+            extra = C
+            S = s["S"]                                              # [B, H, K, r*V]
+            if self.has_beta:
+                beta = torch.sigmoid(y[:, extra:extra + HV])        # [B, HV]
+                if self.cfg["allow_neg_eigval"]:
+                    beta = beta.mul_(2.0)
+                extra += HV
+            if self.gated:
+                decay = torch.exp(F.softplus(y[:, extra:extra + HV] + blk["dt_bias"])
+                                  .mul_(blk["neg_A"]))              # [B, HV]
+                S.view(B, H, K, r, V).mul_(decay.view(B, H, 1, r, 1))
+                extra += HV
+            # The delta rule: u = β (v − Sᵀk); S += k uᵀ; o = Sᵀq (after the update).
+            u = v - torch.matmul(k.unsqueeze(2), S)                 # [B, H, 1, r*V]
+            if self.has_beta:
+                u.view(B, H, r, V).mul_(beta.view(B, H, r, 1))
+            S.addcmul_(k.unsqueeze(3), u)
+            o = rms_norm(torch.matmul(q.unsqueeze(2), S).view(B, HV, V), blk["o_norm"], eps)
+            if self.cfg["use_gate"]:
+                o.mul_(F.silu(y[:, extra:]).view(B, HV, V))
+            addmatmul_(h, o.view(B, HV * V), blk["o_proj"])
+            gu = matmul(rms_norm(h, blk["mlp_norm"], eps), blk["gate_up"])   # [B, 2F]
+            addmatmul_(h, F.silu(gu[:, :F_]).mul_(gu[:, F_:]), blk["down"])
+        return matmul(rms_norm(h, self.norm, eps), self.head)
+
+
 def load_model(model_dir, device="cpu", matmul_dtype=None):
     cfg = load_config(model_dir)
     if cfg["architecture"] == "rwkv7":
         return Rwkv7LM(model_dir, cfg, device, matmul_dtype)
     if matmul_dtype is not None:
         raise ValueError("--matmul-dtype bf16 is for rwkv7 checkpoints only")
+    if cfg["architecture"] in DELTA_NETS:
+        return DeltaNetLM(model_dir, cfg, device)
     return RecurrentLM(model_dir, device)
 
 
