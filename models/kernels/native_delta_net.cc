@@ -29,6 +29,11 @@ constexpr int64_t kSessionGrain = 4;
 // (session, value head) pairs per task of the recurrence (a 128 x 128 head's token: about
 // 10 µs).
 constexpr int64_t kHeadGrain = 2;
+// Multiply-adds from which a stage's products are split over the threads. Lower than
+// RWKV's (native_gemm.h): at the 340M shape every stage at batch 1 reads 4 to 12 MB of
+// weights, and on the calling thread alone the step took twice as long as PyTorch's
+// threaded gemv (docs/benchmarks.md, "DeltaNet at the 340M shape").
+constexpr double kDeltaNetParallelMacs = 1 << 18;
 
 // y = x / sqrt(mean(x²) + eps) ⊙ weight, per row of width d; y may be x.
 FW_VECTOR_KERNEL
@@ -259,6 +264,7 @@ absl::StatusOr<std::unique_ptr<NativeDeltaNet>> NativeDeltaNet::Create(const Mod
 void NativeDeltaNet::Absorb(absl::Span<const int64_t> tokens, int64_t steps,
                             absl::Span<const int64_t> rows, State* pool, int threads, float* logits,
                             bool every_position) {
+  using delta_net_kernel::kDeltaNetParallelMacs;
   using delta_net_kernel::kHeadGrain;
   using delta_net_kernel::kSessionGrain;
   using delta_net_kernel::kTokenGrain;
@@ -326,7 +332,7 @@ void NativeDeltaNet::Absorb(absl::Span<const int64_t> tokens, int64_t steps,
     if (l.b.out > 0) stage.push_back({&l.b, x, nullptr, beta, Epilogue::kSigmoid});
     if (l.a.out > 0) stage.push_back({&l.a, x, nullptr, decay});
     if (l.g.out > 0) stage.push_back({&l.g, x, nullptr, g});
-    RunGemms(threads, n, stage);
+    RunGemms(threads, n, stage, kDeltaNetParallelMacs);
 
     // ---- Convolutions, activations, norms, β and the decay, per session in token order
     float* conv_state[3] = {nullptr, nullptr, nullptr};
@@ -385,23 +391,26 @@ void NativeDeltaNet::Absorb(absl::Span<const int64_t> tokens, int64_t steps,
                                         beta, gated ? decay : nullptr, l.o_norm, eps,
                                         l.g.out > 0 ? g : nullptr, o);
     });
-    RunGemms(threads, n, {Gemm{&l.o, o, nullptr, x, Epilogue::kAddToResidual, h}});
+    RunGemms(threads, n, {Gemm{&l.o, o, nullptr, x, Epilogue::kAddToResidual, h}},
+             kDeltaNetParallelMacs);
 
     // ---- MLP: h += down(silu(gate x) ⊙ up x)
     rms_norm(l.mlp_norm);
-    RunGemms(threads, n, {Gemm{&l.gate, x, nullptr, gate, Epilogue::kSilu}});
-    RunGemms(threads, n, {Gemm{&l.up, x, nullptr, up, Epilogue::kMultiply, nullptr, gate}});
-    RunGemms(threads, n, {Gemm{&l.down, up, nullptr, x, Epilogue::kAddToResidual, h}});
+    RunGemms(threads, n, {Gemm{&l.gate, x, nullptr, gate, Epilogue::kSilu}}, kDeltaNetParallelMacs);
+    RunGemms(threads, n, {Gemm{&l.up, x, nullptr, up, Epilogue::kMultiply, nullptr, gate}},
+             kDeltaNetParallelMacs);
+    RunGemms(threads, n, {Gemm{&l.down, up, nullptr, x, Epilogue::kAddToResidual, h}},
+             kDeltaNetParallelMacs);
   }
   if (every_position) {
     rms_norm(wt.norm);
-    RunGemms(threads, n, {Gemm{&wt.head, x, nullptr, logits}});
+    RunGemms(threads, n, {Gemm{&wt.head, x, nullptr, logits}}, kDeltaNetParallelMacs);
     return;
   }
   for (int64_t b = 0; b < B; ++b) {
     RmsNormRows(h + ((b + 1) * T - 1) * D, 1, D, wt.norm, eps, x + b * D);
   }
-  RunGemms(threads, B, {Gemm{&wt.head, x, nullptr, logits}});
+  RunGemms(threads, B, {Gemm{&wt.head, x, nullptr, logits}}, kDeltaNetParallelMacs);
 }
 
 }  // namespace fwmodel

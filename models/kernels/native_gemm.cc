@@ -63,7 +63,7 @@ Panels MakePanels(const float* w, int64_t out, int64_t in, bool packed, bool nar
   return p;
 }
 
-void RunGemms(int threads, int64_t rows, absl::Span<const Gemm> gemms) {
+void RunGemms(int threads, int64_t rows, absl::Span<const Gemm> gemms, double min_parallel_macs) {
   struct Item {
     const Gemm* gemm;
     int64_t panel;
@@ -111,7 +111,7 @@ void RunGemms(int threads, int64_t rows, absl::Span<const Gemm> gemms) {
       }
     }
   };
-  const int64_t tasks = total * static_cast<double>(rows) < kParallelMacs
+  const int64_t tasks = total * static_cast<double>(rows) < min_parallel_macs
                             ? 1
                             : std::min<int64_t>(threads, static_cast<int64_t>(items.size()));
   if (tasks <= 1) {

@@ -63,8 +63,9 @@ struct Gemm {
 
 // The products over `rows` rows, all their panels split over at most `threads` tasks of
 // about equal multiply-adds (contiguous runs of panels: each task reads only its own),
-// or on the calling thread below kParallelMacs. A stage's products must not read each
-// other's outputs.
-void RunGemms(int threads, int64_t rows, absl::Span<const Gemm> gemms);
+// or on the calling thread below min_parallel_macs (rows included). A stage's products
+// must not read each other's outputs.
+void RunGemms(int threads, int64_t rows, absl::Span<const Gemm> gemms,
+              double min_parallel_macs = kParallelMacs);
 
 }  // namespace fwmodel::native

@@ -139,6 +139,36 @@ __attribute__((target_clones("arch=x86-64-v3", "default"))) void DirectPortable(
   }
 }
 
+// One row of x [in] times float32 Wᵀ [in, out] (+ bias) into y, by blocks of kBlock columns
+// accumulated over every k: each Wᵀ row streams once, in order. At one row this reads the
+// weights at the memory's speed where libxsmm's 1-row kernels did not (the 340M DeltaNet's
+// batch-1 step, docs/benchmarks.md).
+__attribute__((target_clones("arch=x86-64-v3", "default"))) void DirectFloatRow(
+    const float* __restrict wt, int64_t in, int64_t out, const float* __restrict x,
+    const float* __restrict bias, float* __restrict y) {
+  constexpr int64_t kBlock = 128;
+  alignas(64) float acc[kBlock];
+  for (int64_t c0 = 0; c0 < out; c0 += kBlock) {
+    const int64_t width = std::min(kBlock, out - c0);
+    if (width == kBlock) {
+      for (int64_t c = 0; c < kBlock; ++c) acc[c] = bias != nullptr ? bias[c0 + c] : 0.0f;
+      for (int64_t k = 0; k < in; ++k) {
+        const float xk = x[k];
+        const float* __restrict row = wt + k * out + c0;
+        for (int64_t c = 0; c < kBlock; ++c) acc[c] += row[c] * xk;
+      }
+    } else {
+      for (int64_t c = 0; c < width; ++c) acc[c] = bias != nullptr ? bias[c0 + c] : 0.0f;
+      for (int64_t k = 0; k < in; ++k) {
+        const float xk = x[k];
+        const float* __restrict row = wt + k * out + c0;
+        for (int64_t c = 0; c < width; ++c) acc[c] += row[c] * xk;
+      }
+    }
+    std::memcpy(y + c0, acc, sizeof(float) * static_cast<size_t>(width));
+  }
+}
+
 #ifdef FW_HAVE_AVX512_KERNEL
 // 16 values at p widened. Unmasked: masked 16-bit loads (vmovdqu16 {k}{z}) ran at a
 // quarter of the speed on this project's VMs; the 16-bit storage is padded instead
@@ -426,6 +456,10 @@ void PackedLinear::Run(const float* x, int64_t rows, const float* bias, float* y
                                                            y, ldy);
       return;
     }
+  }
+  if (rows == 1 && !transposed_.empty()) {
+    DirectFloatRow(transposed_.data(), in_, out_, x, bias, y);
+    return;
   }
   const bool accumulate = bias != nullptr;
   if (accumulate) {
