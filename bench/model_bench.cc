@@ -283,6 +283,12 @@ void BM_Rwkv7NativeStep(benchmark::State& state) {
   SetRwkv7Counters(state, state.range(0));
 }
 
+// The same with every projection on cblas_sgemm (--native-gemm openblas).
+void BM_Rwkv7NativeStepOpenBlas(benchmark::State& state) {
+  RunNativeStep(state, Rwkv7Model(), state.range(0), /*packed_gemm=*/false);
+  SetRwkv7Counters(state, state.range(0));
+}
+
 void BM_Rwkv7NativeStepBf16(benchmark::State& state) {
   RunNativeStep(state, Rwkv7Bf16Model(), state.range(0));
   SetRwkv7Counters(state, state.range(0));
@@ -369,6 +375,17 @@ void BM_DeltaNetNativeAbsorb(benchmark::State& state) {
   SetDeltaNetCounters(state, state.range(0) == 1, state.range(1));
 }
 
+// The same two with every projection on cblas_sgemm (--native-gemm openblas).
+void BM_DeltaNetNativeStepOpenBlas(benchmark::State& state) {
+  RunNativeStep(state, DeltaNetModel(state.range(0) == 1), state.range(1), /*packed_gemm=*/false);
+  SetDeltaNetCounters(state, state.range(0) == 1, state.range(1));
+}
+
+void BM_DeltaNetNativeAbsorbOpenBlas(benchmark::State& state) {
+  RunNativeAbsorb(state, DeltaNetModel(state.range(0) == 1), state.range(1), /*packed_gemm=*/false);
+  SetDeltaNetCounters(state, state.range(0) == 1, state.range(1));
+}
+
 // This machine's sgemm roof (issue 24's target 3): one n x n x n product through
 // libblas.so.3 (OpenBLAS, its default threads). Counter "flops": FLOP per second.
 void BM_SgemmPeak(benchmark::State& state) {
@@ -447,6 +464,15 @@ BENCHMARK(BM_DeltaNetNativeAbsorb)
     ->ArgsProduct({{0, 1}, {256}})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
+BENCHMARK(BM_DeltaNetNativeStepOpenBlas)
+    ->ArgsProduct({{0, 1}, {64}})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK(BM_DeltaNetNativeAbsorbOpenBlas)
+    ->ArgsProduct({{0, 1}, {256}})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK(BM_Rwkv7NativeStepOpenBlas)->Arg(16)->Arg(64)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_Rwkv7NativeAbsorb)->Arg(256)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_Rwkv7NativeAbsorbBf16)->Arg(256)->Unit(benchmark::kMillisecond)->UseRealTime();
 

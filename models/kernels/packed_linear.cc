@@ -472,7 +472,7 @@ void PackedLinear::Run(const float* x, int64_t rows, const float* bias, float* y
 void PackedLinear::Product(const float* w, bool transposed, const float* x, int64_t rows,
                            bool accumulate, float* y, int64_t ldy) const {
 #ifdef FWSERVE_HAVE_LIBXSMM
-  if (libxsmm_) {
+  if (libxsmm_ && !(rows >= kBlasMinRows && in_ >= kBlasMinIn)) {
     for (int64_t first = 0; first < rows; first += kChunkRows) {
       const int64_t n = std::min(kChunkRows, rows - first);
       const libxsmm_smmfunction kernel = Kernel(out_, n, in_, accumulate, ldy);

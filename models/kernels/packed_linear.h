@@ -42,6 +42,13 @@ class PackedLinear {
   // products over 128 rows to cblas_sgemm and its own threads, cost the server 6-7% at
   // 256 streams once the step was on libxsmm (docs/benchmarks.md).
   static constexpr int64_t kChunkRows = 64;
+  // Products of at least kBlasMinRows rows over at least kBlasMinIn inputs go to
+  // cblas_sgemm on the kept Wᵀ, libxsmm or not: at such sizes OpenBLAS's blocked kernels
+  // ran the 340M DeltaNet's batch-64 step and prefill 1.6-1.8x faster than libxsmm's
+  // unblocked JIT kernels (docs/benchmarks.md, "DeltaNet at the 340M shape"). The
+  // shipped models (inputs of 128 to 512) stay on libxsmm.
+  static constexpr int64_t kBlasMinRows = 16;
+  static constexpr int64_t kBlasMinIn = 768;
   // Rows up to which a 16-bit instance on a CPU without the AVX-512 kernel runs the
   // portable loop on its 16-bit weights (the bandwidth-bound case); above it the
   // widened panel runs the float32 kernels (not measured: no such CPU here). The
