@@ -26,10 +26,17 @@ struct GraphedStep::Bucket {
   torch::Tensor logits;  // [size, vocab]
   // In place: views of device_upload_ (this bucket's layout) and the sampling result.
   torch::Tensor columns, penalty_index, penalty_factor;
-  torch::Tensor sampled;  // [size, 2] float64
+  // [size, 2] float64: the sampling with the ranked filters (top_k, top_p, min_p), and
+  // the one without them (fwserve::NeedsFilters false for every row of the pass).
+  torch::Tensor sampled, sampled_plain;
+  torch::Tensor logits_plain;  // the plain capture's logits, kept so no capture reuses them
 #ifdef FWSERVE_CUDA_GRAPHS
   std::unique_ptr<at::cuda::CUDAGraph> graph;
+  // In place with sample_in_step: the step with the plain sampling, captured into the
+  // same memory pool as `graph` (the two never run at once).
+  std::unique_ptr<at::cuda::CUDAGraph> plain_graph;
 #endif
+  const torch::Tensor& Sampled(bool filters) const { return filters ? sampled : sampled_plain; }
 };
 
 GraphedStep::GraphedStep(const Model& model, GraphedStepOptions options)
@@ -45,6 +52,14 @@ GraphedStep::~GraphedStep() {
 }
 
 namespace {
+
+// Whether any of `draws` needs the sampling's ranked filters (fwserve::NeedsFilters).
+bool AnyNeedsFilters(absl::Span<const RowDraw> draws, int64_t vocab) {
+  for (const RowDraw& d : draws) {
+    if (d.params != nullptr && fwserve::NeedsFilters(*d.params, vocab)) return true;
+  }
+  return false;
+}
 
 // `pool` ([capacity, spec...] per state tensor) and `row_logits` (when given: [capacity,
 // vocab] float32) have the model's layout, on its device, in its dtype; with
@@ -417,6 +432,7 @@ void GraphedStep::RunMultiStepPass(absl::Span<const int64_t> tokens, absl::Span<
   std::vector<RowDraw> first(draws.begin(), draws.end());
   for (int64_t b = 0; b < n; ++b) first[static_cast<size_t>(b)].uniform = uniforms[b * steps];
   const int64_t words_used = StageUpload(tokens, rows, first, size);
+  const bool filters = AnyNeedsFilters(draws, model_.config().vocab_size);
   // The rest: uniforms [steps, size] float64, limits [size] (pads: 1), stop tokens.
   const int64_t stops = static_cast<int64_t>(stop_tokens.size());
   const int64_t multi_words = steps * size + size + stops;
@@ -460,8 +476,8 @@ void GraphedStep::RunMultiStepPass(absl::Span<const int64_t> tokens, absl::Span<
       bucket.rows.copy_(torch::where(active, staged_rows, pad_rows));
       bucket.columns[fwserve::kSampleUniform].copy_(device_uniforms[j]);
     }
-    Compute(bucket);
-    results[j].copy_(bucket.sampled);
+    Compute(bucket, filters);
+    results[j].copy_(bucket.Sampled(filters));
   }
   if (!host_drawn_.defined() || host_drawn_.numel() < steps * size * 2) {
     host_drawn_ = torch::zeros({steps * size * 2}, torch::kFloat64);
@@ -497,10 +513,11 @@ void GraphedStep::RunInPlacePass(absl::Span<const int64_t> tokens, absl::Span<co
   // results came back (below), so the copy may run asynchronously.
   device_upload_.narrow(0, 0, words_used)
       .copy_(host_upload_.narrow(0, 0, words_used), /*non_blocking=*/true);
-  Compute(bucket);
+  const bool filters = AnyNeedsFilters(draws, model_.config().vocab_size);
+  Compute(bucket, filters);
   if (sampled != nullptr) {
     torch::Tensor out = host_sampled_.narrow(0, 0, n);
-    out.copy_(bucket.sampled.narrow(0, 0, n), /*non_blocking=*/true);
+    out.copy_(bucket.Sampled(filters).narrow(0, 0, n), /*non_blocking=*/true);
 #ifdef FWSERVE_CUDA_GRAPHS
     if (model_.options().device.is_cuda()) c10::cuda::getCurrentCUDAStream().synchronize();
 #endif
@@ -551,7 +568,7 @@ int64_t GraphedStep::StageUpload(absl::Span<const int64_t> tokens, absl::Span<co
   return size * upload_words_per_row_;
 }
 
-void GraphedStep::BucketWork(Bucket& bucket) {
+void GraphedStep::BucketWork(Bucket& bucket, bool filters) {
   if (!in_place()) {
     State state = bucket.input;  // the step replaces the tensors; the buffers stay
     bucket.logits = model_.StepUnchecked(bucket.tokens, &state);
@@ -563,8 +580,14 @@ void GraphedStep::BucketWork(Bucket& bucket) {
   binding_.state->Scatter(bucket.rows, state);
   binding_.logits->index_copy_(0, bucket.rows, bucket.logits.to(torch::kFloat32));
   if (options_.sample_in_step) {
-    bucket.sampled = fwserve::SampleOnDevice(bucket.logits, bucket.columns, bucket.penalty_index,
-                                             bucket.penalty_factor);
+    torch::Tensor sampled = fwserve::SampleOnDevice(
+        bucket.logits, bucket.columns, bucket.penalty_index, bucket.penalty_factor, filters);
+    if (filters) {
+      bucket.sampled = std::move(sampled);
+    } else {
+      bucket.sampled_plain = std::move(sampled);
+      bucket.logits_plain = bucket.logits;
+    }
   }
 }
 
@@ -611,7 +634,7 @@ torch::Tensor GraphedStep::RunPass(absl::Span<const int64_t> tokens, absl::Span<
   for (size_t i = 0; i < pool->tensors.size(); ++i) {
     torch::index_select_out(bucket.input.tensors[i], pool->tensors[i], 0, bucket.rows);
   }
-  Compute(bucket);
+  Compute(bucket, /*filters=*/true);
   torch::Tensor written = bucket.rows.narrow(0, 0, n);
   for (size_t i = 0; i < pool->tensors.size(); ++i) {
     pool->tensors[i].index_copy_(0, written, bucket.output.tensors[i].narrow(0, 0, n));
@@ -621,14 +644,18 @@ torch::Tensor GraphedStep::RunPass(absl::Span<const int64_t> tokens, absl::Span<
   return logits;
 }
 
-void GraphedStep::Compute(Bucket& bucket) {
+void GraphedStep::Compute(Bucket& bucket, bool filters) {
 #ifdef FWSERVE_CUDA_GRAPHS
+  if (!filters && bucket.plain_graph != nullptr) {
+    bucket.plain_graph->replay();
+    return;
+  }
   if (bucket.graph != nullptr) {
     bucket.graph->replay();
     return;
   }
 #endif
-  BucketWork(bucket);
+  BucketWork(bucket, filters);
 }
 
 void GraphedStep::Capture(Bucket& bucket) {
@@ -641,12 +668,23 @@ void GraphedStep::Capture(Bucket& bucket) {
     const c10::cuda::CUDAStreamGuard stream_guard(side);
     // In place, the warm-up runs write only the pad row (every row of the upload is
     // the pad row until the first step).
-    for (int i = 0; i < options_.warmup_runs; ++i) BucketWork(bucket);
+    for (int i = 0; i < options_.warmup_runs; ++i) BucketWork(bucket, /*filters=*/true);
     side.synchronize();
     auto graph = std::make_unique<at::cuda::CUDAGraph>();
     graph->capture_begin();
-    BucketWork(bucket);
+    BucketWork(bucket, /*filters=*/true);
     graph->capture_end();
+    if (in_place() && options_.sample_in_step) {
+      // The plain sampling's graph, in the same pool: each capture's outputs stay
+      // referenced by the bucket, so neither graph's replay writes the other's.
+      for (int i = 0; i < options_.warmup_runs; ++i) BucketWork(bucket, /*filters=*/false);
+      side.synchronize();
+      auto plain = std::make_unique<at::cuda::CUDAGraph>();
+      plain->capture_begin(graph->pool());
+      BucketWork(bucket, /*filters=*/false);
+      plain->capture_end();
+      bucket.plain_graph = std::move(plain);
+    }
     bucket.graph = std::move(graph);
   }
   side.synchronize();

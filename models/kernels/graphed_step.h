@@ -184,11 +184,13 @@ class GraphedStep {
                       absl::Span<const RowDraw> draws, int64_t size);
   // The bucket a pass of n <= the largest bucket's rows runs on; counts its padding.
   Bucket& BucketForPass(int64_t n);
-  // Runs the model on the bucket's inputs: replay, or eagerly.
-  void Compute(Bucket& bucket);
+  // Runs the model on the bucket's inputs: replay, or eagerly. filters: in place with
+  // sampling, whether a row needs top_k, top_p or min_p (else the plain sampling runs,
+  // without the sort over the vocabulary).
+  void Compute(Bucket& bucket, bool filters);
   // What a bucket computes (captured, or run eagerly): the step and, in place, the
-  // gather, scatter and sampling around it.
-  void BucketWork(Bucket& bucket);
+  // gather, scatter and sampling around it (with the ranked filters or without).
+  void BucketWork(Bucket& bucket, bool filters);
   // Device timing around a step (CUDA events; no-ops elsewhere).
   void BeginTiming();
   void EndTiming(absl::Time host_start);

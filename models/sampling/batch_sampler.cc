@@ -54,9 +54,13 @@ int64_t PenaltyWidth(absl::Span<const RowDraw> draws) {
   return static_cast<int64_t>(width);
 }
 
+bool NeedsFilters(const SamplingParams& params, int64_t vocab) {
+  return (params.top_k > 0 && params.top_k < vocab) || params.top_p < 1.0f || params.min_p > 0.0f;
+}
+
 torch::Tensor SampleOnDevice(const torch::Tensor& raw_logits, const torch::Tensor& columns,
                              const torch::Tensor& penalty_index,
-                             const torch::Tensor& penalty_factor) {
+                             const torch::Tensor& penalty_factor, bool filters) {
   const torch::Device device = raw_logits.device();
   const int64_t rows = raw_logits.size(0), vocab = raw_logits.size(1);
   const double inf = std::numeric_limits<double>::infinity();
@@ -80,25 +84,27 @@ torch::Tensor SampleOnDevice(const torch::Tensor& raw_logits, const torch::Tenso
   t = torch::where(t.eq(0), torch::ones_like(t), t);
   torch::Tensor probs = ((x - top) / t).exp();
   probs = torch::where(torch::isfinite(x), probs, torch::zeros_like(probs)).to(torch::kFloat64);
-  // Ranks by descending probability, lower ids first among equals.
-  torch::Tensor order =
-      std::get<1>(torch::sort(probs, /*stable=*/true, /*dim=*/1, /*descending=*/true));
   torch::Tensor positions =
       torch::arange(vocab, torch::dtype(torch::kInt64).device(device)).expand({rows, vocab});
-  torch::Tensor rank = torch::empty_like(order).scatter_(1, order, positions);
-  // top_k (k = vocab when off), then min_p (the top token has probability 1 here).
-  probs =
-      torch::where(rank.to(torch::kFloat64) < column(kSampleTopK), probs, torch::zeros_like(probs));
-  probs = torch::where(probs < column(kSampleMinP), torch::zeros_like(probs), probs);
-  // top_p: the smallest set of most likely tokens whose share reaches p.
-  torch::Tensor p_col = column(kSampleTopP);
-  torch::Tensor kept_total = probs.cumsum(1).select(1, vocab - 1).unsqueeze(1);
-  torch::Tensor sorted = probs.gather(1, order);
-  torch::Tensor share = (sorted / kept_total).cumsum(1);
-  torch::Tensor below = (share < p_col).sum(1, /*keepdim=*/true);  // positions before the cut
-  torch::Tensor keep_sorted = positions <= below;
-  torch::Tensor keep = torch::empty_like(keep_sorted).scatter_(1, order, keep_sorted);
-  probs = torch::where(p_col.lt(1) & ~keep, torch::zeros_like(probs), probs);
+  if (filters) {
+    // Ranks by descending probability, lower ids first among equals.
+    torch::Tensor order =
+        std::get<1>(torch::sort(probs, /*stable=*/true, /*dim=*/1, /*descending=*/true));
+    torch::Tensor rank = torch::empty_like(order).scatter_(1, order, positions);
+    // top_k (k = vocab when off), then min_p (the top token has probability 1 here).
+    probs = torch::where(rank.to(torch::kFloat64) < column(kSampleTopK), probs,
+                         torch::zeros_like(probs));
+    probs = torch::where(probs < column(kSampleMinP), torch::zeros_like(probs), probs);
+    // top_p: the smallest set of most likely tokens whose share reaches p.
+    torch::Tensor p_col = column(kSampleTopP);
+    torch::Tensor kept_total = probs.cumsum(1).select(1, vocab - 1).unsqueeze(1);
+    torch::Tensor sorted = probs.gather(1, order);
+    torch::Tensor share = (sorted / kept_total).cumsum(1);
+    torch::Tensor below = (share < p_col).sum(1, /*keepdim=*/true);  // positions before the cut
+    torch::Tensor keep_sorted = positions <= below;
+    torch::Tensor keep = torch::empty_like(keep_sorted).scatter_(1, order, keep_sorted);
+    probs = torch::where(p_col.lt(1) & ~keep, torch::zeros_like(probs), probs);
+  }
   // Inverse CDF in id order: the first token whose running sum exceeds u · mass.
   torch::Tensor running = probs.cumsum(1);
   torch::Tensor u = column(kSampleUniform) * running.select(1, vocab - 1).unsqueeze(1);
@@ -161,9 +167,11 @@ absl::StatusOr<std::vector<SampledToken>> SampleRows(const torch::Tensor& logits
       penalty_factor = torch::tensor(factor, torch::kFloat64).view({rows, 1}).to(device);
     }
     torch::Tensor raw = logits.index_select(0, columns.select(0, kSampleRow).to(torch::kInt64));
+    bool filters = false;
+    for (const RowDraw& d : draws) filters = filters || NeedsFilters(*d.params, vocab);
     // One copy to the host: [rows, 2] = (token, logprob).
     torch::Tensor result =
-        SampleOnDevice(raw, columns, penalty_index, penalty_factor).cpu().contiguous();
+        SampleOnDevice(raw, columns, penalty_index, penalty_factor, filters).cpu().contiguous();
     const double* values = result.data_ptr<double>();
     for (int64_t r = 0; r < rows; ++r) {
       out[static_cast<size_t>(r)].token = static_cast<int64_t>(values[2 * r]);

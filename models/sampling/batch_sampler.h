@@ -79,14 +79,20 @@ int64_t PenaltyWidth(absl::Span<const RowDraw> draws);
 // written). Every draw must have params.
 bool PackDraws(absl::Span<const RowDraw> draws, int64_t vocab, int64_t penalty_width,
                double* columns, int64_t* penalty_index, double* penalty_factor);
+// Whether a row drawn with `params` over `vocab` tokens needs the ranked filters (top_k
+// below the vocabulary, top_p below 1 or min_p above 0); without them SampleOnDevice's
+// `filters` may be false with the same result.
+bool NeedsFilters(const SamplingParams& params, int64_t vocab);
 // Samples every row of `raw_logits` ([rows, vocab], any float dtype) with its parameters:
 // columns [kSampleColumns, rows] float64, penalty_index [rows, W] int64 and penalty_factor
 // [rows, 1] float64 (both undefined, or W = 0: no penalty), all on the logits' device.
 // Returns [rows, 2] float64 (token, logprob) there. Only device work: no host
 // synchronisation and no host-to-device copy, so it can be captured in a CUDA Graph.
-// Throws c10::Error.
+// filters false: no row needs top_k, top_p or min_p (NeedsFilters), and the sort over the
+// vocabulary and the ranked filters are left out (the same draws, much less device work:
+// a stable float64 sort of every row). Throws c10::Error.
 torch::Tensor SampleOnDevice(const torch::Tensor& raw_logits, const torch::Tensor& columns,
                              const torch::Tensor& penalty_index,
-                             const torch::Tensor& penalty_factor);
+                             const torch::Tensor& penalty_factor, bool filters = true);
 
 }  // namespace fwserve

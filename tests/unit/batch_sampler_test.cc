@@ -109,6 +109,71 @@ TEST(BatchSamplerTest, DrawsWhatTheHostSamplerDrawsForTheSameSeeds) {
   for (Stream& s : streams) EXPECT_EQ(s.host_rng(), s.batch_rng());
 }
 
+// Rows without the ranked filters (top_k off or past the vocabulary, top_p 1, min_p 0) are
+// sampled without the sort (NeedsFilters false, SampleRows' plain path, the graph step's
+// plain capture): the same tokens as the host sampler, and bit for bit what the filtered
+// path gives on the same parameters.
+TEST(BatchSamplerTest, RowsWithoutFiltersSkipTheSortAndDrawTheSame) {
+  std::vector<Stream> streams = MakeStreams();
+  for (Stream& s : streams) {
+    s.params.top_k = s.params.top_k == 300 ? 300 : 0;
+    s.params.top_p = 1.0f;
+    s.params.min_p = 0.0f;
+    EXPECT_FALSE(fwserve::NeedsFilters(s.params, kVocab));
+  }
+  SamplingParams filtered;
+  filtered.top_k = 40;
+  EXPECT_TRUE(fwserve::NeedsFilters(filtered, kVocab));
+  filtered.top_k = 0;
+  filtered.min_p = 0.1f;
+  EXPECT_TRUE(fwserve::NeedsFilters(filtered, kVocab));
+  std::mt19937 logits_rng(9);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  const int64_t rows = static_cast<int64_t>(streams.size());
+  for (int round = 0; round < 20; ++round) {
+    torch::Tensor logits = torch::empty({rows, kVocab}, torch::kFloat32);
+    float* data = logits.data_ptr<float>();
+    for (int64_t i = 0; i < rows * kVocab; ++i) data[i] = normal(logits_rng);
+    std::vector<RowDraw> batch(streams.size());
+    for (size_t r = 0; r < streams.size(); ++r) {
+      batch[r].row = static_cast<int64_t>(r);
+      batch[r].params = &streams[r].params;
+      batch[r].recent = &streams[r].recent;
+      if (streams[r].params.temperature != 0) {
+        batch[r].uniform = fwserve::CanonicalDraw(streams[r].batch_rng);
+      }
+    }
+    const int64_t width = fwserve::PenaltyWidth(batch);
+    std::vector<double> columns(static_cast<size_t>(fwserve::kSampleColumns * rows));
+    std::vector<int64_t> index(static_cast<size_t>(rows * width));
+    std::vector<double> factor(static_cast<size_t>(rows));
+    ASSERT_TRUE(
+        fwserve::PackDraws(batch, kVocab, width, columns.data(), index.data(), factor.data()));
+    const torch::Tensor column_tensor =
+        torch::tensor(columns, torch::kFloat64).view({fwserve::kSampleColumns, rows});
+    torch::Tensor penalty_index, penalty_factor;
+    if (width > 0) {
+      penalty_index = torch::tensor(index, torch::kInt64).view({rows, width});
+      penalty_factor = torch::tensor(factor, torch::kFloat64).view({rows, 1});
+    }
+    const torch::Tensor with = fwserve::SampleOnDevice(logits, column_tensor, penalty_index,
+                                                       penalty_factor, /*filters=*/true);
+    const torch::Tensor without = fwserve::SampleOnDevice(logits, column_tensor, penalty_index,
+                                                          penalty_factor, /*filters=*/false);
+    ASSERT_TRUE(torch::equal(with, without)) << "round " << round;
+    auto sampled = fwserve::SampleRows(logits, batch);
+    ASSERT_TRUE(sampled.ok()) << sampled.status();
+    for (size_t r = 0; r < streams.size(); ++r) {
+      Stream& s = streams[r];
+      const int64_t expected =
+          fwserve::SampleToken(data + r * kVocab, kVocab, s.params, s.host_rng, s.recent);
+      ASSERT_EQ((*sampled)[r].token, expected) << "round " << round << ", row " << r;
+      ASSERT_EQ(static_cast<int64_t>(without[static_cast<int64_t>(r)][0].item<double>()), expected);
+      s.recent.push_back(expected);
+    }
+  }
+}
+
 TEST(BatchSamplerTest, EdgeRowsFollowTheHostRules) {
   SamplingParams sample;  // temperature 1
   SamplingParams greedy;
