@@ -127,6 +127,10 @@ ABSL_FLAG(absl::Duration, batch_wait, absl::Microseconds(300),
 ABSL_FLAG(bool, sample_in_step, true,
           "graph kernel (the default on CUDA): sample the next tokens inside the in-place "
           "decode step, one copy each way per step; false samples in a separate pass");
+ABSL_FLAG(bool, sample_without_sort, true,
+          "graph kernel with --sample-in-step: a step whose streams ask for no top_k, top_p "
+          "or min_p samples without sorting the vocabulary (a second graph per batch size); "
+          "false sorts on every step");
 ABSL_FLAG(int32_t, decode_steps_per_launch, 1,
           "graph kernel with --sample-in-step: tokens one decode launch may draw and absorb "
           "per stream without a repetition penalty (a session's stream only behind a write "
@@ -276,10 +280,9 @@ std::vector<fwserve::FlagGroup> HelpGroups() {
         "preempt_for_fair_share", "max_refusal_delay"}},
       {"Performance",
        {"threads", "prefill_threads", "prefill_chunk_tokens", "prefill_batch_tokens", "batch_wait",
-        "decode_kernel", "sample_in_step", "decode_steps_per_launch",
-        "native_gemm", "decode_lookahead", "stream_flush_interval",
-        "stream_min_tokens_per_message", "writer_thread_from_streams",
-        "writer_threads", "benchmark_null_step"}},
+        "decode_kernel", "sample_in_step", "sample_without_sort", "decode_steps_per_launch",
+        "native_gemm", "decode_lookahead", "stream_flush_interval", "stream_min_tokens_per_message",
+        "writer_thread_from_streams", "writer_threads", "benchmark_null_step"}},
   };
 }
 
@@ -442,6 +445,7 @@ int main(int argc, char** argv) {
   engine.session_ttl = absl::GetFlag(FLAGS_session_ttl);
   scheduler.batch_wait = absl::GetFlag(FLAGS_batch_wait);
   engine.sample_in_step = absl::GetFlag(FLAGS_sample_in_step);
+  engine.sample_without_sort = absl::GetFlag(FLAGS_sample_without_sort);
   engine.decode_steps_per_launch = absl::GetFlag(FLAGS_decode_steps_per_launch);
   engine.decode_kernel = absl::GetFlag(FLAGS_decode_kernel);
   engine.native_gemm = absl::GetFlag(FLAGS_native_gemm);

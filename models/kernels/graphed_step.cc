@@ -432,7 +432,8 @@ void GraphedStep::RunMultiStepPass(absl::Span<const int64_t> tokens, absl::Span<
   std::vector<RowDraw> first(draws.begin(), draws.end());
   for (int64_t b = 0; b < n; ++b) first[static_cast<size_t>(b)].uniform = uniforms[b * steps];
   const int64_t words_used = StageUpload(tokens, rows, first, size);
-  const bool filters = AnyNeedsFilters(draws, model_.config().vocab_size);
+  const bool filters =
+      !options_.plain_sampling || AnyNeedsFilters(draws, model_.config().vocab_size);
   // The rest: uniforms [steps, size] float64, limits [size] (pads: 1), stop tokens.
   const int64_t stops = static_cast<int64_t>(stop_tokens.size());
   const int64_t multi_words = steps * size + size + stops;
@@ -513,7 +514,8 @@ void GraphedStep::RunInPlacePass(absl::Span<const int64_t> tokens, absl::Span<co
   // results came back (below), so the copy may run asynchronously.
   device_upload_.narrow(0, 0, words_used)
       .copy_(host_upload_.narrow(0, 0, words_used), /*non_blocking=*/true);
-  const bool filters = AnyNeedsFilters(draws, model_.config().vocab_size);
+  const bool filters =
+      !options_.plain_sampling || AnyNeedsFilters(draws, model_.config().vocab_size);
   Compute(bucket, filters);
   if (sampled != nullptr) {
     torch::Tensor out = host_sampled_.narrow(0, 0, n);
@@ -674,7 +676,7 @@ void GraphedStep::Capture(Bucket& bucket) {
     graph->capture_begin();
     BucketWork(bucket, /*filters=*/true);
     graph->capture_end();
-    if (in_place() && options_.sample_in_step) {
+    if (in_place() && options_.sample_in_step && options_.plain_sampling) {
       // The plain sampling's graph, in the same pool: each capture's outputs stay
       // referenced by the bucket, so neither graph's replay writes the other's.
       for (int i = 0; i < options_.warmup_runs; ++i) BucketWork(bucket, /*filters=*/false);

@@ -79,6 +79,11 @@ struct GraphedStepOptions {
   // width of each bucket's penalty buffer; the default repetition window is 64). A step
   // with a wider row is refused with FailedPrecondition: sample it apart.
   int64_t penalty_width = 64;
+  // In place with sample_in_step: each bucket also captures a graph whose sampling leaves
+  // out the sort and the ranked filters, replayed for passes where no row needs top_k,
+  // top_p or min_p (fwserve::NeedsFilters); the same draws. False: one graph per bucket,
+  // every pass sorts.
+  bool plain_sampling = true;
 };
 
 // The pool an in-place GraphedStep reads and writes. Not owned; its tensors must keep

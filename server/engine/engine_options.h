@@ -67,6 +67,10 @@ struct EngineOptions {
   // (--sample-in-step; Stepper). False: the step only steps; sampling runs apart (the
   // A/B of issue 39).
   bool sample_in_step = true;
+  // With sample_in_step: a pass whose rows need no top_k, top_p or min_p replays a graph
+  // sampled without the sort over the vocabulary (--sample-without-sort;
+  // fwmodel::GraphedStepOptions::plain_sampling). False: every pass sorts (the A/B).
+  bool sample_without_sort = true;
   // Multi-step decode (--decode-steps-per-launch; Stepper::StepAhead): with the in-place
   // graph step and sample_in_step, a launch may draw and absorb up to this many tokens
   // per stream, each fed back on the device, for streams without a repetition penalty

@@ -32,10 +32,9 @@ Runner::Runner(const fwmodel::Model& model, const EngineOptions& options, StateM
                       std::max<int64_t>(1, model.state_bytes_per_session()),
             budget, /*preallocate=*/Stepper::UsesGraphKernel(model, options.decode_kernel)),
       stepper_(model, options.null_step ? Stepper::kNullKernel : options.decode_kernel,
-               options.native_gemm == "libxsmm",
-               ResolveComputeThreads(options.intra_op_threads),
+               options.native_gemm == "libxsmm", ResolveComputeThreads(options.intra_op_threads),
                options.prefill_threads > 0 ? options.prefill_threads : UsableCores(), name, &pool_,
-               options.sample_in_step) {}
+               options.sample_in_step, options.sample_without_sort) {}
 
 Runner::~Runner() { StopPrefillThread(); }
 

@@ -17,7 +17,7 @@ bool Stepper::UsesGraphKernel(const fwmodel::Model& model, const std::string& de
 
 Stepper::Stepper(const fwmodel::Model& model, const std::string& decode_kernel, bool packed_gemm,
                  int32_t step_threads, int32_t prefill_threads, const std::string& name,
-                 StatePool* pool, bool sample_in_step)
+                 StatePool* pool, bool sample_in_step, bool sample_without_sort)
     : model_(model), vocab_(model.config().vocab_size) {
   if (decode_kernel == kNullKernel) {
     // Pre-drawn tokens, the same every run: printable ASCII for a byte vocabulary (every
@@ -50,6 +50,8 @@ Stepper::Stepper(const fwmodel::Model& model, const std::string& decode_kernel, 
       Log(LogLevel::kInfo,
           absl::StrCat("model ", name, ": native decode step, GEMMs on ",
                        packed_gemm ? fwmodel::PackedLinear::Backend() : "openblas",
+                       packed_gemm ? " (OpenBLAS for products of >= 16 rows over >= 768 inputs)"
+                                   : "",
                        ", weights kept as ", native_step_->weight_format(), ", ", step_threads,
                        " decode and ", prefill_threads, " prefill threads"));
       return;
@@ -65,6 +67,7 @@ Stepper::Stepper(const fwmodel::Model& model, const std::string& decode_kernel, 
   if (pool != nullptr && pool->preallocated()) {
     binding = {pool->mutable_state(), pool->mutable_logits(), pool->pad_row()};
     graph_options.sample_in_step = sample_in_step;
+    graph_options.plain_sampling = sample_without_sort;
   }
   if (model_.options().device.is_cuda()) {
     // Buckets up to the pool's rows in use at once, at most 4,096.

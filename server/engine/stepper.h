@@ -47,10 +47,11 @@ class Stepper {
   // step_threads, prefill_threads (> 0): EngineOptions::intra_op_threads and
   // prefill_threads, resolved (server/base/cpu_count.h).
   // `pool` (not owned, outlives this): the graph kernel binds it when it is preallocated.
-  // `sample_in_step`: the in-place graph step samples too (EngineOptions).
+  // `sample_in_step`: the in-place graph step samples too; `sample_without_sort`: and
+  // passes that need no ranked filter skip the sort (EngineOptions).
   Stepper(const fwmodel::Model& model, const std::string& decode_kernel, bool packed_gemm,
           int32_t step_threads, int32_t prefill_threads, const std::string& name,
-          StatePool* pool = nullptr, bool sample_in_step = true);
+          StatePool* pool = nullptr, bool sample_in_step = true, bool sample_without_sort = true);
 
   // The benchmark-only kernel (EngineOptions::null_step): Step and Prefill do no model
   // work, Sample hands out pre-drawn tokens.
