@@ -150,13 +150,10 @@ struct NativeDeltaNet::Layer {
 struct NativeDeltaNet::Weights {
   std::vector<Layer> layers;
   std::vector<torch::Tensor> kept;  // contiguous views the raw pointers read
-  // The embedding, float32 or (narrow and exact) a 16-bit copy widened a row at a time.
-  const float* emb = nullptr;
-  const uint16_t* emb16 = nullptr;
-  WeightFormat emb_format = WeightFormat::kF32;
+  NativeEmbedding emb;
   const float* norm = nullptr;
   native::Panels head;
-  int64_t formats[3] = {0, 0, 0};  // projections per WeightFormat
+  WeightFormatCounts formats;  // of the projections
 };
 
 NativeDeltaNet::NativeDeltaNet(const Model& model) : model_(model) {}
@@ -168,16 +165,9 @@ std::unique_ptr<NativeDeltaNet> NativeDeltaNet::SharingWeights(const NativeDelta
   return step;
 }
 
-std::string NativeDeltaNet::weight_format() const {
-  std::string formats;
-  for (WeightFormat f : {WeightFormat::kBf16, WeightFormat::kF16, WeightFormat::kF32}) {
-    if (weights_->formats[static_cast<int>(f)] == 0) continue;
-    absl::StrAppend(&formats, formats.empty() ? "" : "+", WeightFormatName(f));
-  }
-  return formats;
-}
+std::string NativeDeltaNet::weight_format() const { return weights_->formats.Names(); }
 
-int NativeDeltaNet::weight_bits() const { return weights_->formats[0] == 0 ? 16 : 32; }
+int NativeDeltaNet::weight_bits() const { return weights_->formats.Bits(); }
 
 absl::StatusOr<std::unique_ptr<NativeDeltaNet>> NativeDeltaNet::Create(const Model& model,
                                                                        bool packed_gemm,
@@ -199,7 +189,7 @@ absl::StatusOr<std::unique_ptr<NativeDeltaNet>> NativeDeltaNet::Create(const Mod
     auto panels = [&](const std::string& name) {
       torch::Tensor t = read.Tensor(name);
       Panels p = MakePanels(t.data_ptr<float>(), t.size(0), t.size(1), packed_gemm, narrow_weights);
-      ++weights->formats[static_cast<int>(p.format)];
+      weights->formats.Add(p.format);
       return p;
     };
     for (int i = 0; i < c.n_layers; ++i) {
@@ -239,19 +229,7 @@ absl::StatusOr<std::unique_ptr<NativeDeltaNet>> NativeDeltaNet::Create(const Mod
       }
       weights->layers.push_back(std::move(l));
     }
-    const torch::Tensor emb = read.Tensor("embeddings.weight");
-    const WeightFormat emb_format =
-        narrow_weights ? PackedLinear::ExactFormat(emb.data_ptr<float>(), emb.numel())
-                       : WeightFormat::kF32;
-    if (emb_format == WeightFormat::kF32) {
-      weights->emb = weight("embeddings.weight");
-    } else {
-      const torch::Tensor emb16 =
-          emb.to(emb_format == WeightFormat::kBf16 ? torch::kBFloat16 : torch::kHalf);
-      weights->kept.push_back(emb16);
-      weights->emb16 = reinterpret_cast<const uint16_t*>(emb16.data_ptr());
-      weights->emb_format = emb_format;
-    }
+    weights->emb = NativeEmbedding::Read(read, "embeddings.weight", narrow_weights);
     weights->norm = weight("norm.weight");
     weights->head = panels(c.tie_embeddings ? "embeddings.weight" : "lm_head.weight");
   } catch (const std::exception& e) {
@@ -310,12 +288,7 @@ void NativeDeltaNet::Absorb(absl::Span<const int64_t> tokens, int64_t steps,
 
   ParallelRows(threads, n, kTokenGrain, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
-      const int64_t token = tokens[static_cast<size_t>(i)];
-      if (wt.emb16 != nullptr) {
-        WidenValues(wt.emb_format, wt.emb16 + token * D, D, h + i * D);
-      } else {
-        std::memcpy(h + i * D, wt.emb + token * D, sizeof(float) * D);
-      }
+      wt.emb.Row(tokens[static_cast<size_t>(i)], D, h + i * D);
     }
   });
   auto rms_norm = [&](const float* weight) {

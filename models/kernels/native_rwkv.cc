@@ -180,16 +180,9 @@ std::unique_ptr<NativeRwkv> NativeRwkv::SharingWeights(const NativeRwkv& other) 
   return step;
 }
 
-std::string NativeRwkv::weight_format() const {
-  std::string formats;
-  for (WeightFormat f : {WeightFormat::kBf16, WeightFormat::kF16, WeightFormat::kF32}) {
-    if (weights_->formats[static_cast<int>(f)] == 0) continue;
-    absl::StrAppend(&formats, formats.empty() ? "" : "+", WeightFormatName(f));
-  }
-  return formats;
-}
+std::string NativeRwkv::weight_format() const { return weights_->formats.Names(); }
 
-int NativeRwkv::weight_bits() const { return weights_->formats[0] == 0 ? 16 : 32; }
+int NativeRwkv::weight_bits() const { return weights_->formats.Bits(); }
 
 absl::StatusOr<std::unique_ptr<NativeRwkv>> NativeRwkv::Create(const Model& model, bool packed_gemm,
                                                                bool narrow_weights) {
@@ -209,7 +202,7 @@ absl::StatusOr<std::unique_ptr<NativeRwkv>> NativeRwkv::Create(const Model& mode
     auto panels = [&](const std::string& name) {
       torch::Tensor t = tensor(name);
       Panels p = MakePanels(t.data_ptr<float>(), t.size(0), t.size(1), packed_gemm, narrow_weights);
-      ++weights->formats[static_cast<int>(p.format)];
+      weights->formats.Add(p.format);
       return p;
     };
     auto state_index = [&](int layer, const char* suffix) {
@@ -273,19 +266,7 @@ absl::StatusOr<std::unique_ptr<NativeRwkv>> NativeRwkv::Create(const Model& mode
     }
     // The embedding in 16 bits when every value is exact in them, as the projections:
     // its own copy, so that the model may release its float32 one (Model::ReleaseMatrices).
-    const torch::Tensor emb = tensor("emb.weight");
-    const WeightFormat emb_format =
-        narrow_weights ? PackedLinear::ExactFormat(emb.data_ptr<float>(), emb.numel())
-                       : WeightFormat::kF32;
-    if (emb_format == WeightFormat::kF32) {
-      weights->emb = weight("emb.weight");
-    } else {
-      const torch::Tensor emb16 =
-          emb.to(emb_format == WeightFormat::kBf16 ? torch::kBFloat16 : torch::kHalf);
-      weights->kept.push_back(emb16);
-      weights->emb16 = reinterpret_cast<const uint16_t*>(emb16.data_ptr());
-      weights->emb_format = emb_format;
-    }
+    weights->emb = NativeEmbedding::Read(read, "emb.weight", narrow_weights);
     weights->ln0_w = weight("blocks.0.ln0.weight");
     weights->ln0_b = weight("blocks.0.ln0.bias");
     weights->ln_out_w = weight("ln_out.weight");
@@ -333,11 +314,7 @@ void NativeRwkv::Absorb(absl::Span<const int64_t> tokens, int64_t steps,
   ParallelRows(threads, B, kRwkvRowGrain, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin * T; i < end * T; ++i) {
       const int64_t token = tokens[static_cast<size_t>(i)];
-      if (weights_->emb16 != nullptr) {
-        WidenValues(weights_->emb_format, weights_->emb16 + token * d, d, h + i * d);
-      } else {
-        std::memcpy(h + i * d, weights_->emb + token * d, sizeof(float) * d);
-      }
+      weights_->emb.Row(token, d, h + i * d);
     }
     LayerNorm(h + begin * T * d, (end - begin) * T, d, weights_->ln0_w, weights_->ln0_b, eps,
               h + begin * T * d);

@@ -32,6 +32,7 @@
 #include "absl/types/span.h"
 #include "models/architectures/model.h"
 #include "models/kernels/native_gemm.h"
+#include "models/kernels/native_weights.h"
 #include "models/kernels/packed_linear.h"
 
 namespace fwmodel {
@@ -73,15 +74,10 @@ class NativeRwkv {
   struct Weights {
     std::vector<Layer> layers;
     std::vector<torch::Tensor> kept;  // contiguous views the raw pointers read
-    // The embedding, float32 (emb, the model's) or, when every value is exact in 16 bits
-    // and narrow_weights, a 16-bit copy (emb16, in emb_format) widened a row at a time.
-    const float* emb = nullptr;
-    const uint16_t* emb16 = nullptr;
-    WeightFormat emb_format = WeightFormat::kF32;
+    NativeEmbedding emb;
     const float *ln0_w = nullptr, *ln0_b = nullptr, *ln_out_w = nullptr, *ln_out_b = nullptr;
     Panels head;
-    // Projections per WeightFormat (indexed by its value).
-    int64_t formats[3] = {0, 0, 0};
+    WeightFormatCounts formats;  // of the projections
     ~Weights();
   };
   explicit NativeRwkv(const Model& model);

@@ -90,6 +90,14 @@ class PlaygroundTest(unittest.TestCase):
             stop_server(cls.server)
             shutil.rmtree(cls.work, ignore_errors=True)
 
+    def open_with_max_tokens(self, base, max_tokens):
+        """Loads the page from `base`, waits for its model list, sets max tokens."""
+        self.driver.get(base + "/")
+        WebDriverWait(self.driver, 30).until(
+            lambda d: len(d.find_elements(By.CSS_SELECTOR, "#model option")) > 0)
+        self.driver.find_element(By.ID, "max-tokens").clear()
+        self.driver.find_element(By.ID, "max-tokens").send_keys(str(max_tokens))
+
     def send(self, text, requests_before):
         prompt = self.driver.find_element(By.ID, "prompt")
         prompt.clear()
@@ -257,11 +265,7 @@ class PlaygroundTest(unittest.TestCase):
 
         server, base = start_http_server(self.work, "world", model=model)
         try:
-            self.driver.get(base + "/")
-            WebDriverWait(self.driver, 30).until(
-                lambda d: len(d.find_elements(By.CSS_SELECTOR, "#model option")) > 0)
-            self.driver.find_element(By.ID, "max-tokens").clear()
-            self.driver.find_element(By.ID, "max-tokens").send_keys("24")
+            self.open_with_max_tokens(base, 24)
             prompt_text = "Grüße 😀, 你好! Как дела?"
             requests_before = self.driver.execute_script(
                 "return window.fwPlayground.requests.length")
@@ -302,11 +306,7 @@ class PlaygroundTest(unittest.TestCase):
                     os.path.join(model, "tokenizer.model"))
         server, base = start_http_server(self.work, "gated-deltanet", model=model)
         try:
-            self.driver.get(base + "/")
-            WebDriverWait(self.driver, 30).until(
-                lambda d: len(d.find_elements(By.CSS_SELECTOR, "#model option")) > 0)
-            self.driver.find_element(By.ID, "max-tokens").clear()
-            self.driver.find_element(By.ID, "max-tokens").send_keys("24")
+            self.open_with_max_tokens(base, 24)
             requests_before = self.driver.execute_script(
                 "return window.fwPlayground.requests.length")
             first = self.send("KING HENRY: What says the", requests_before)
