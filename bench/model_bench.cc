@@ -472,7 +472,11 @@ BENCHMARK(BM_DeltaNetNativeAbsorbOpenBlas)
     ->ArgsProduct({{0, 1}, {256}})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
-BENCHMARK(BM_Rwkv7NativeStepOpenBlas)->Arg(16)->Arg(64)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_Rwkv7NativeStepOpenBlas)
+    ->Arg(16)
+    ->Arg(64)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 BENCHMARK(BM_Rwkv7NativeAbsorb)->Arg(256)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_Rwkv7NativeAbsorbBf16)->Arg(256)->Unit(benchmark::kMillisecond)->UseRealTime();
 

@@ -81,8 +81,8 @@ struct NativeEmbedding {
   static NativeEmbedding Read(NativeWeightReader& read, const std::string& name, bool narrow) {
     NativeEmbedding e;
     const torch::Tensor t = read.Tensor(name);
-    e.format = narrow ? PackedLinear::ExactFormat(t.data_ptr<float>(), t.numel())
-                      : WeightFormat::kF32;
+    e.format =
+        narrow ? PackedLinear::ExactFormat(t.data_ptr<float>(), t.numel()) : WeightFormat::kF32;
     if (e.format == WeightFormat::kF32) {
       e.f32 = read.Kept(name);
     } else {

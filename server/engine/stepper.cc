@@ -48,12 +48,12 @@ Stepper::Stepper(const fwmodel::Model& model, const std::string& decode_kernel, 
       native_step_ = std::move(*native);
       native_prefill_ = std::move(*native_prefill);
       Log(LogLevel::kInfo,
-          absl::StrCat("model ", name, ": native decode step, GEMMs on ",
-                       packed_gemm ? fwmodel::PackedLinear::Backend() : "openblas",
-                       packed_gemm ? " (OpenBLAS for products of >= 16 rows over >= 768 inputs)"
-                                   : "",
-                       ", weights kept as ", native_step_->weight_format(), ", ", step_threads,
-                       " decode and ", prefill_threads, " prefill threads"));
+          absl::StrCat(
+              "model ", name, ": native decode step, GEMMs on ",
+              packed_gemm ? fwmodel::PackedLinear::Backend() : "openblas",
+              packed_gemm ? " (OpenBLAS for products of >= 16 rows over >= 768 inputs)" : "",
+              ", weights kept as ", native_step_->weight_format(), ", ", step_threads,
+              " decode and ", prefill_threads, " prefill threads"));
       return;
     }
     Log(LogLevel::kWarning, absl::StrCat("model ", name, ": native decode step unavailable (",

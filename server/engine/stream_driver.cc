@@ -193,9 +193,10 @@ void StreamDriver::AdmitStream(Task& t) {
     const GenerateParams& g = generate->params;
     // The request's message grouping, else the server's: a token count waits without a
     // time limit unless one is set.
-    const int64_t min_tokens = g.min_tokens_per_message > 0 || g.max_message_delay > absl::ZeroDuration()
-                                   ? g.min_tokens_per_message
-                                   : options_.stream_min_tokens_per_message;
+    const int64_t min_tokens =
+        g.min_tokens_per_message > 0 || g.max_message_delay > absl::ZeroDuration()
+            ? g.min_tokens_per_message
+            : options_.stream_min_tokens_per_message;
     absl::Duration flush_interval = options_.stream_flush_interval;
     if (g.max_message_delay > absl::ZeroDuration()) {
       flush_interval = g.max_message_delay;
@@ -203,10 +204,9 @@ void StreamDriver::AdmitStream(Task& t) {
                (min_tokens > 0 && flush_interval <= absl::ZeroDuration())) {
       flush_interval = absl::InfiniteDuration();
     }
-    limits = StreamLimits{g.max_tokens,   g.stop,
-                          g.logprobs,     options_.decode_lookahead,
-                          flush_interval, min_tokens,
-                          &tokenizer_,    /*keep_output=*/!t.session_id.empty()};
+    limits = StreamLimits{
+        g.max_tokens,   g.stop,     g.logprobs,  options_.decode_lookahead,
+        flush_interval, min_tokens, &tokenizer_, /*keep_output=*/!t.session_id.empty()};
     t.rng.seed(g.sampling.seed);
     if (g.sampling.repetition_penalty != 1.0f) {
       t.recent.assign(w.tokens.end() - std::min<size_t>(w.tokens.size(), g.repetition_window),

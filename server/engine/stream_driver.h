@@ -149,7 +149,7 @@ class StreamDriver {
   absl::flat_hash_map<TaskId, std::unique_ptr<Task>> tasks_;
   absl::flat_hash_map<uint64_t, TaskId> tasks_by_stream_;
   TaskId next_task_id_ = 1;
-  absl::Time now_ = absl::Now();  // Tick's
+  absl::Time now_ = absl::Now();             // Tick's
   std::unique_ptr<PrefillJob> prefill_job_;  // in flight on the prefill thread, or null
 };
 
