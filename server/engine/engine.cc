@@ -207,6 +207,10 @@ absl::Status Engine::Submit(std::unique_ptr<WorkItem>& item) {
       item->tokens.insert(item->tokens.begin(), tokenizer_.begin_of_text());
     }
     std::string().swap(item->text);  // the tokens are what the engine uses
+  } else if (item->fresh_prompt && item->Is<CreateWork>() && tokenizer_.begin_of_text() >= 0) {
+    // A new session with an empty prefix still starts as the model was trained: its state
+    // absorbs BOS, and its first text is then a continuation, as after any prefix.
+    item->tokens = {tokenizer_.begin_of_text()};
   }
   if (generate != nullptr) {
     if (absl::Status late = DeadlineRefusal(generate->params.deadline); !late.ok()) return late;

@@ -209,6 +209,15 @@ TEST(DeltaNetSentencePieceServingTest, AFreshPromptBeginsWithBos) {
   auto more = server->client().Generate(GreedyRequest(" and", 3, kept->session_id()));
   ASSERT_TRUE(more.ok()) << more.status();
   EXPECT_EQ(more->usage.prompt_tokens(), static_cast<int64_t>(tokenizer->Encode(" and").size()));
+  // A session created with an empty prefix holds BOS, so its first text continues from it:
+  // the same tokens as the fresh prompt above.
+  auto empty = server->client().CreateSession("", "");
+  ASSERT_TRUE(empty.ok()) << empty.status();
+  EXPECT_EQ(empty->tokens(), 1);
+  auto first = server->client().Generate(GreedyRequest(prompt, 12, empty->session_id()));
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(first->token_ids, want);
+  EXPECT_EQ(first->usage.prompt_tokens(), static_cast<int64_t>(ids.size()) - 1);
 }
 
 INSTANTIATE_TEST_SUITE_P(Architectures, DeltaNetServingTest,
