@@ -298,6 +298,7 @@ bool GraphedStep::CanSampleInStep(absl::Span<const RowDraw> draws) const {
   if (!in_place() || !options_.sample_in_step) return false;
   for (const RowDraw& d : draws) {
     if (d.params == nullptr) return false;
+    if (!d.params->logit_bias.empty()) return false;  // sampled apart (SampleRows)
     if (d.params->repetition_penalty != 1.0f && d.recent != nullptr &&
         static_cast<int64_t>(d.recent->size()) > options_.penalty_width) {
       return false;
@@ -390,6 +391,10 @@ absl::StatusOr<std::vector<std::vector<SampledToken>>> GraphedStep::MultiStepInP
     if (draws[b].params->repetition_penalty != 1.0f) {
       return absl::FailedPreconditionError(
           absl::StrCat("draws[", b, "] has a repetition penalty: step it one token at a time"));
+    }
+    if (!draws[b].params->logit_bias.empty()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("draws[", b, "] has a logit bias: step it one token at a time"));
     }
   }
   const int64_t vocab = model_.config().vocab_size;

@@ -60,7 +60,8 @@ bool NeedsFilters(const SamplingParams& params, int64_t vocab) {
 
 torch::Tensor SampleOnDevice(const torch::Tensor& raw_logits, const torch::Tensor& columns,
                              const torch::Tensor& penalty_index,
-                             const torch::Tensor& penalty_factor, bool filters) {
+                             const torch::Tensor& penalty_factor, bool filters,
+                             const torch::Tensor& bias_index, const torch::Tensor& bias_value) {
   const torch::Device device = raw_logits.device();
   const int64_t rows = raw_logits.size(0), vocab = raw_logits.size(1);
   const double inf = std::numeric_limits<double>::infinity();
@@ -73,6 +74,10 @@ torch::Tensor SampleOnDevice(const torch::Tensor& raw_logits, const torch::Tenso
     torch::Tensor penalty = penalty_factor.to(torch::kFloat32);
     torch::Tensor values = x.gather(1, penalty_index);
     x.scatter_(1, penalty_index, torch::where(values > 0, values / penalty, values * penalty));
+  }
+  if (bias_index.defined() && bias_index.size(1) > 0) {
+    // Distinct ids per row; the (0, 0) pads add nothing.
+    x.scatter_add_(1, bias_index, bias_value.to(torch::kFloat32));
   }
   x = torch::where(torch::isfinite(x), x, torch::full({}, -inf, x.options()));
   torch::Tensor best = x.argmax(1, /*keepdim=*/true);  // first of equals
@@ -168,10 +173,32 @@ absl::StatusOr<std::vector<SampledToken>> SampleRows(const torch::Tensor& logits
     }
     torch::Tensor raw = logits.index_select(0, columns.select(0, kSampleRow).to(torch::kInt64));
     bool filters = false;
-    for (const RowDraw& d : draws) filters = filters || NeedsFilters(*d.params, vocab);
+    size_t bias_width = 0;
+    for (const RowDraw& d : draws) {
+      filters = filters || NeedsFilters(*d.params, vocab);
+      bias_width = std::max(bias_width, d.params->logit_bias.size());
+    }
+    torch::Tensor bias_index, bias_value;
+    if (bias_width > 0) {
+      std::vector<int64_t> ids(static_cast<size_t>(rows) * bias_width, 0);
+      std::vector<float> values(ids.size(), 0.0f);
+      for (size_t r = 0; r < draws.size(); ++r) {
+        const auto& bias = draws[r].params->logit_bias;
+        for (size_t j = 0; j < bias.size(); ++j) {
+          if (bias[j].first < 0 || bias[j].first >= vocab) continue;  // as SampleToken
+          ids[r * bias_width + j] = bias[j].first;
+          values[r * bias_width + j] = bias[j].second;
+        }
+      }
+      const int64_t width = static_cast<int64_t>(bias_width);
+      bias_index = torch::tensor(ids, torch::kInt64).view({rows, width}).to(device);
+      bias_value = torch::tensor(values, torch::kFloat32).view({rows, width}).to(device);
+    }
     // One copy to the host: [rows, 2] = (token, logprob).
     torch::Tensor result =
-        SampleOnDevice(raw, columns, penalty_index, penalty_factor, filters).cpu().contiguous();
+        SampleOnDevice(raw, columns, penalty_index, penalty_factor, filters, bias_index, bias_value)
+            .cpu()
+            .contiguous();
     const double* values = result.data_ptr<double>();
     for (int64_t r = 0; r < rows; ++r) {
       out[static_cast<size_t>(r)].token = static_cast<int64_t>(values[2 * r]);

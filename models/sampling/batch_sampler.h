@@ -90,9 +90,13 @@ bool NeedsFilters(const SamplingParams& params, int64_t vocab);
 // synchronisation and no host-to-device copy, so it can be captured in a CUDA Graph.
 // filters false: no row needs top_k, top_p or min_p (NeedsFilters), and the sort over the
 // vocabulary and the ranked filters are left out (the same draws, much less device work:
-// a stable float64 sort of every row). Throws c10::Error.
+// a stable float64 sort of every row). bias_index [rows, B] int64 and bias_value [rows, B]
+// float32 (both undefined: none): each row's logit_bias, padded with (0, 0), added after
+// the repetition penalty as SampleToken adds it. Throws c10::Error.
 torch::Tensor SampleOnDevice(const torch::Tensor& raw_logits, const torch::Tensor& columns,
                              const torch::Tensor& penalty_index,
-                             const torch::Tensor& penalty_factor, bool filters = true);
+                             const torch::Tensor& penalty_factor, bool filters = true,
+                             const torch::Tensor& bias_index = {},
+                             const torch::Tensor& bias_value = {});
 
 }  // namespace fwserve

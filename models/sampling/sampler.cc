@@ -229,6 +229,27 @@ absl::Status SamplingParams::Validate() const {
     return absl::InvalidArgumentError(
         absl::StrCat("repetition_penalty must be in (0, 10], got ", Exact(repetition_penalty)));
   }
+  if (logit_bias.size() > kMaxLogitBias) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("logit_bias: at most ", kMaxLogitBias, " tokens, got ", logit_bias.size()));
+  }
+  for (size_t i = 0; i < logit_bias.size(); ++i) {
+    const auto& [token, value] = logit_bias[i];
+    if (token < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("logit_bias: token id ", token, " is negative"));
+    }
+    if (i > 0 && token <= logit_bias[i - 1].first) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("logit_bias: token ids must be distinct and ascending, got ", token,
+                       " after ", logit_bias[i - 1].first));
+    }
+    if (!(value >= -100 && value <= 100)) {
+      return absl::InvalidArgumentError(absl::StrCat("logit_bias: the value for token ", token,
+                                                     " must be in [-100, 100], got ",
+                                                     Exact(value)));
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -272,6 +293,13 @@ int64_t SampleToken(const float* raw_logits, int64_t vocab, const SamplingParams
       // leaves as it is (0, ±inf, NaN) comes out the same however often it is applied.
       if (v != raw_logits[t]) continue;
       v = v > 0 ? v / params.repetition_penalty : v * params.repetition_penalty;
+    }
+    logits = penalized.data();
+  }
+  if (!params.logit_bias.empty()) {
+    if (logits == raw_logits) penalized.assign(raw_logits, raw_logits + vocab);
+    for (const auto& [token, value] : params.logit_bias) {
+      if (token >= 0 && token < vocab) penalized[static_cast<size_t>(token)] += value;
     }
     logits = penalized.data();
   }

@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -24,17 +25,25 @@ struct SamplingParams {
   // Tokens in the recent window get positive logits divided by it and negative ones
   // multiplied by it (CTRL-style). 1 = off. Range (0, 10].
   float repetition_penalty = 1.0f;
+  // OpenAI's logit_bias: (token id, value) pairs, ids ascending and distinct, each value in
+  // [-100, 100], added to those tokens' logits after the repetition penalty and before the
+  // temperature and the filters (so -100 all but bans a token and +100 all but forces it).
+  // Ids must be inside the model's vocabulary (checked where the vocabulary is known: the
+  // engine); the log-probabilities reported stay the model's own (TokenLogProb).
+  std::vector<std::pair<int64_t, float>> logit_bias;
   // Seed of this stream's generator.
   uint64_t seed = 0;
 
-  // Errors name the field and value.
+  // Errors name the field and value. At most kMaxLogitBias entries of logit_bias.
   absl::Status Validate() const;
+  static constexpr size_t kMaxLogitBias = 1024;
 };
 
 // Draws one token id from `logits[0..vocab)`. Deterministic for a given generator
 // state. Ties in greedy mode go to the lowest id. Non-finite logits are treated as
 // -inf; if every logit is -inf, returns the argmax of the raw values (id 0).
-// `recent` (may be empty) are the tokens the repetition penalty applies to.
+// `recent` (may be empty) are the tokens the repetition penalty applies to; then
+// params.logit_bias is added (ids outside the vocabulary are skipped).
 int64_t SampleToken(const float* logits, int64_t vocab, const SamplingParams& params,
                     std::mt19937_64& rng, const std::vector<int64_t>& recent = {});
 

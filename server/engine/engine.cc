@@ -192,6 +192,15 @@ absl::Status Engine::CheckAdmission(absl::Time deadline) const {
 
 absl::Status Engine::Submit(std::unique_ptr<WorkItem>& item) {
   GenerateWork* generate = item->As<GenerateWork>();
+  if (generate != nullptr && !generate->params.sampling.logit_bias.empty()) {
+    // Ids ascending (SamplingParams::Validate): the last is the largest.
+    const int64_t largest = generate->params.sampling.logit_bias.back().first;
+    const int64_t vocab = model_.config().vocab_size;
+    if (largest >= vocab) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "logit_bias: token id ", largest, " is outside the model's vocabulary [0, ", vocab, ")"));
+    }
+  }
   if (generate != nullptr) {
     generate->stream_id = NewStreamId();
     if (generate->control != nullptr) {

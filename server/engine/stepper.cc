@@ -129,8 +129,11 @@ absl::Status Stepper::StepAhead(const std::vector<int64_t>& rows,
   for (size_t i = 0; i < draws.size(); ++i) {
     const SampleRequest& r = draws[i];
     row_draws[i].params = r.params;
-    // MultiStepInPlace refuses repetition penalties: a batch with one steps one token.
-    if (r.params->repetition_penalty != 1.0f) return Step(rows, tokens, pool, draws);
+    // MultiStepInPlace refuses repetition penalties and logit biases: a batch with one
+    // steps one token.
+    if (r.params->repetition_penalty != 1.0f || !r.params->logit_bias.empty()) {
+      return Step(rows, tokens, pool, draws);
+    }
     limits[i] = i < multi.limits.size() ? std::clamp<int64_t>(multi.limits[i], 1, steps) : 1;
     if (r.params->temperature != 0) {
       // A copy: the generator advances as the tokens are taken (the caller, then Sample).

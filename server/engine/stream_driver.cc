@@ -403,9 +403,9 @@ void StreamDriver::RunDecodeStep() {
 int64_t StreamDriver::TokensPerLaunch(const Task& t, int64_t steps) const {
   const ScheduledTask& s = *t.s;
   const StreamTask& stream = s.stream;
-  // The penalty window is the host's.
-  if (s.cancelled || stream.done_sampling() || t.generate->sampling.repetition_penalty != 1.0f) {
-    return 1;
+  if (s.cancelled || stream.done_sampling() || t.generate->sampling.repetition_penalty != 1.0f ||
+      !t.generate->sampling.logit_bias.empty()) {
+    return 1;  // the penalty window is the host's; a biased row is sampled apart
   }
   // A session's state must hold exactly the tokens its client was sent, and a rollback
   // restores a row saved where a chunk began. A session stream therefore draws ahead

@@ -324,7 +324,9 @@ TEST_F(HttpCompatTest, FieldPolicyRefusesWhatWouldChangeTheOutput) {
       {{{"n", 2}}, "n"},
       {{{"response_format", {{"type", "json_object"}}}}, "response_format"},
       {{{"tools", {{{"type", "function"}}}}}, "tools"},
-      {{{"logit_bias", {{"1", 5}}}}, "logit_bias"},
+      {{{"logit_bias", {{"1", 500}}}}, "logit_bias"},
+      {{{"logit_bias", {{"one", 5}}}}, "logit_bias"},
+      {{{"logit_bias", {{"1", "5"}}}}, "logit_bias.1"},
       {{{"audio", {{"voice", "x"}}}}, "audio"},
       {{{"reasoning_effort", "high"}}, "reasoning_effort"},
   };
@@ -338,6 +340,40 @@ TEST_F(HttpCompatTest, FieldPolicyRefusesWhatWouldChangeTheOutput) {
                     400, "text");
   ExpectOpenAiError(Post(port_, "/v1/responses", {{"input", "x"}, {"truncation", "auto"}}), 400,
                     "truncation");
+}
+
+// logit_bias (issue 51): +100 on a token all but forces it at any temperature, -100 on the
+// greedy choice all but bans it, on chat and completions; an id outside the vocabulary is
+// a 400 naming it, and nothing is generated.
+TEST_F(HttpCompatTest, LogitBiasSteersTheSampler) {
+  const json messages = {{{"role", "user"}, {"content", "ROMEO:"}}};
+  json forced = PostOk("/v1/chat/completions", {{"messages", messages},
+                                                {"max_tokens", 8},
+                                                {"temperature", 1.0},
+                                                {"seed", 3},
+                                                {"logit_bias", {{"65", 100}}}});
+  EXPECT_EQ(forced["choices"][0]["message"]["content"], "AAAAAAAA") << forced.dump();
+  json completion = PostOk(
+      "/v1/completions",
+      {{"prompt", "ROMEO:"}, {"max_tokens", 4}, {"temperature", 0}, {"logit_bias", {{"66", 100}}}});
+  EXPECT_EQ(completion["choices"][0]["text"], "BBBB") << completion.dump();
+  // The greedy first byte, then the same request with that byte banned.
+  const std::string greedy = ChatText(messages, 1);
+  ASSERT_EQ(greedy.size(), 1u) << greedy;
+  const std::string banned_id = std::to_string(static_cast<unsigned char>(greedy[0]));
+  json banned = PostOk("/v1/chat/completions", {{"messages", messages},
+                                                {"max_tokens", 1},
+                                                {"temperature", 0},
+                                                {"logit_bias", {{banned_id, -100}}}});
+  const std::string other = banned["choices"][0]["message"]["content"];
+  EXPECT_FALSE(other.empty());
+  EXPECT_NE(other, greedy);
+  Reply outside =
+      Post(port_, "/v1/chat/completions", {{"messages", messages}, {"logit_bias", {{"300", 1}}}});
+  EXPECT_EQ(outside.status, 400) << outside.body;
+  EXPECT_NE(outside.body.find("logit_bias: token id 300 is outside the model's vocabulary"),
+            std::string::npos)
+      << outside.body;
 }
 
 // Item 6: max_completion_tokens wins over max_tokens, whatever their order.

@@ -944,6 +944,34 @@ TEST_F(ServerTest, ForkAndGenerateWithoutStoreKeepsNothing) {
   EXPECT_EQ(stored->token_ids, once->token_ids);
 }
 
+// logit_bias through gRPC (issue 51): a +100 bias forces its token on a session's stream,
+// the session holds what was streamed, and ids outside the vocabulary or values outside
+// [-100, 100] are INVALID_ARGUMENT naming logit_bias.
+TEST_F(ServerTest, LogitBiasForcesItsTokenAndBadEntriesAreRefused) {
+  auto server = Harness::Start(Options());
+  ASSERT_NE(server, nullptr);
+  auto session = server->client().CreateSession("", "To be");
+  ASSERT_TRUE(session.ok()) << session.status();
+  auto biased = Greedy(",", 6, session->session_id());
+  biased.mutable_sampling()->set_temperature(0.9f);
+  (*biased.mutable_sampling()->mutable_logit_bias())[120] = 100.0f;  // 'x'
+  auto result = server->client().Generate(biased);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->text, "xxxxxx");
+  auto after = server->client().GetSession(session->session_id());
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ(after->tokens(), 5 + 1 + 6);
+  for (const auto& [id, value] : std::vector<std::pair<int64_t, float>>{{256, 1.0f},
+                                                                        {3, 100.5f}}) {
+    auto bad = Greedy("y", 3);
+    (*bad.mutable_sampling()->mutable_logit_bias())[id] = value;
+    auto refused = server->client().Generate(bad);
+    EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument) << id;
+    EXPECT_NE(refused.status().message().find("logit_bias"), std::string::npos)
+        << refused.status();
+  }
+}
+
 TEST_F(ServerTest, ForkAndGenerateRefusesBadCombinations) {
   auto server = Harness::Start(Options());
   ASSERT_NE(server, nullptr);

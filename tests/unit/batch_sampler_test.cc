@@ -10,6 +10,7 @@
 #include <cmath>
 #include <limits>
 #include <random>
+#include <set>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -169,6 +170,51 @@ TEST(BatchSamplerTest, RowsWithoutFiltersSkipTheSortAndDrawTheSame) {
           fwserve::SampleToken(data + r * kVocab, kVocab, s.params, s.host_rng, s.recent);
       ASSERT_EQ((*sampled)[r].token, expected) << "round " << round << ", row " << r;
       ASSERT_EQ(static_cast<int64_t>(without[static_cast<int64_t>(r)][0].item<double>()), expected);
+      s.recent.push_back(expected);
+    }
+  }
+}
+
+// logit_bias (issue 51): rows with biases (some ±100, ids outside the vocabulary skipped),
+// with and without the other filters, draw what the host sampler draws.
+TEST(BatchSamplerTest, LogitBiasDrawsWhatTheHostSamplerDraws) {
+  std::vector<Stream> streams = MakeStreams();
+  std::mt19937_64 pick(17);
+  for (size_t i = 0; i < streams.size(); ++i) {
+    if (i % 3 == 0) continue;  // some rows without a bias, in the same batch
+    std::set<int64_t> ids;
+    while (ids.size() < 1 + pick() % 6) ids.insert(static_cast<int64_t>(pick() % (kVocab + 4)));
+    for (int64_t id : ids) {
+      const float value = pick() % 5 == 0 ? (pick() % 2 ? 100.0f : -100.0f)
+                                          : static_cast<float>(pick() % 1000) / 100.0f - 5.0f;
+      streams[i].params.logit_bias.emplace_back(id, value);
+    }
+    ASSERT_TRUE(streams[i].params.Validate().ok());
+  }
+  std::mt19937 logits_rng(21);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  const int64_t rows = static_cast<int64_t>(streams.size());
+  for (int round = 0; round < 20; ++round) {
+    torch::Tensor logits = torch::empty({rows, kVocab}, torch::kFloat32);
+    float* data = logits.data_ptr<float>();
+    for (int64_t i = 0; i < rows * kVocab; ++i) data[i] = normal(logits_rng);
+    std::vector<RowDraw> batch(streams.size());
+    for (size_t r = 0; r < streams.size(); ++r) {
+      batch[r].row = static_cast<int64_t>(r);
+      batch[r].params = &streams[r].params;
+      batch[r].recent = &streams[r].recent;
+      if (streams[r].params.temperature != 0) {
+        batch[r].uniform = fwserve::CanonicalDraw(streams[r].batch_rng);
+      }
+    }
+    auto sampled = fwserve::SampleRows(logits, batch);
+    ASSERT_TRUE(sampled.ok()) << sampled.status();
+    for (size_t r = 0; r < streams.size(); ++r) {
+      Stream& s = streams[r];
+      const float* row = data + r * kVocab;
+      const int64_t expected = fwserve::SampleToken(row, kVocab, s.params, s.host_rng, s.recent);
+      ASSERT_EQ((*sampled)[r].token, expected) << "round " << round << ", row " << r;
+      EXPECT_NEAR((*sampled)[r].logprob, fwserve::TokenLogProb(row, kVocab, expected), 1e-5);
       s.recent.push_back(expected);
     }
   }

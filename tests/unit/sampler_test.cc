@@ -8,6 +8,7 @@
 #include <limits>
 #include <map>
 #include <set>
+#include <string>
 #include <vector>
 
 namespace {
@@ -128,6 +129,41 @@ TEST(SamplerTest, RepetitionPenaltyDividesPositiveLogitsOfRecentTokens) {
   EXPECT_NEAR(f[0], std::exp(1.0) / z, 0.02);
   EXPECT_NEAR(f[1], std::exp(2.0) / z, 0.02);
   EXPECT_NEAR(f[2], std::exp(-2.0) / z, 0.01);
+}
+
+// logit_bias (issue 51): added after the repetition penalty; +100 forces, -100 bans, ids
+// outside the vocabulary are skipped; Validate names the bad entry.
+TEST(SamplerTest, LogitBiasIsAddedAfterThePenalty) {
+  std::vector<float> logits = {2.0f, 1.0f, -1.0f, 0.5f};
+  std::mt19937_64 rng(1);
+  SamplingParams p;
+  p.temperature = 0;
+  p.logit_bias = {{2, 100.0f}};
+  EXPECT_EQ(fwserve::SampleToken(logits.data(), 4, p, rng), 2);
+  p.logit_bias = {{0, -100.0f}, {7, 100.0f}};  // 7 is outside: skipped
+  EXPECT_EQ(fwserve::SampleToken(logits.data(), 4, p, rng), 1);
+  // Penalty first: token 0's 2.0 / 4 = 0.5, then + 0.75 = 1.25 > token 1's 1.0.
+  p.repetition_penalty = 4.0f;
+  p.logit_bias = {{0, 0.75f}};
+  EXPECT_EQ(fwserve::SampleToken(logits.data(), 4, p, rng, {0}), 0);
+  p.logit_bias = {{0, 0.25f}};  // 0.75 < 1.0
+  EXPECT_EQ(fwserve::SampleToken(logits.data(), 4, p, rng, {0}), 1);
+  // Sampling: with -100 on every token but 3, token 3 is drawn every time.
+  p = SamplingParams();
+  p.logit_bias = {{0, -100.0f}, {1, -100.0f}, {2, -100.0f}};
+  for (int i = 0; i < 200; ++i) EXPECT_EQ(fwserve::SampleToken(logits.data(), 4, p, rng), 3);
+  // The raw logits are not changed.
+  EXPECT_EQ(logits, (std::vector<float>{2.0f, 1.0f, -1.0f, 0.5f}));
+
+  SamplingParams bad;
+  bad.logit_bias = {{1, 101.0f}};
+  EXPECT_NE(std::string(bad.Validate().message()).find("logit_bias"), std::string::npos);
+  bad.logit_bias = {{-1, 1.0f}};
+  EXPECT_FALSE(bad.Validate().ok());
+  bad.logit_bias = {{3, 1.0f}, {3, 2.0f}};
+  EXPECT_NE(std::string(bad.Validate().message()).find("distinct"), std::string::npos);
+  bad.logit_bias.assign(SamplingParams::kMaxLogitBias + 1, {0, 0.0f});
+  EXPECT_FALSE(bad.Validate().ok());
 }
 
 TEST(SamplerTest, RepetitionPenaltyActsOnlyOnTheRecentTokensAndOncePerToken) {

@@ -1,5 +1,7 @@
 #include "server/transport/grpc/proto_conversion.h"
 
+#include <algorithm>
+
 #include "absl/time/time.h"
 
 namespace fwserve {
@@ -57,6 +59,8 @@ GenerateParams FromProto(const v1::GenerateRequest& request) {
   params.repetition_window = s.repetition_window() == 0 ? 64 : s.repetition_window();
   params.random_seed = !s.has_seed();
   params.sampling.seed = s.seed();
+  params.sampling.logit_bias.assign(s.logit_bias().begin(), s.logit_bias().end());
+  std::sort(params.sampling.logit_bias.begin(), params.sampling.logit_bias.end());
   params.max_tokens = request.max_tokens();
   params.stop.assign(request.stop().begin(), request.stop().end());
   params.logprobs = request.logprobs();

@@ -11,6 +11,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/cord.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
@@ -678,7 +679,33 @@ absl::StatusOr<OpenAiGenerateRequest> ParseGenerateFields(const json& body, int3
                       : (*d == 0 ? absl::OkStatus()
                                  : Unsupported(key, v, "use the extension 'repetition_penalty'"));
     } else if (key == "logit_bias") {
-      error = v.is_object() && v.empty() ? absl::OkStatus() : Unsupported(key, v, "no logit bias");
+      // {"token id": value}: ids as decimal strings (OpenAI's form), values in [-100, 100]
+      // (SamplingParams::Validate, in the core); the engine checks the ids against the
+      // model's vocabulary.
+      if (!v.is_object() && !v.is_null()) {
+        error = FieldError(key, "'logit_bias' must be an object of token ids to numbers");
+      }
+      p.sampling.logit_bias.clear();
+      for (auto it = v.is_object() ? v.begin() : v.end(); error.ok() && it != v.end(); ++it) {
+        int64_t token = 0;
+        if (!absl::SimpleAtoi(it.key(), &token) || token < 0) {
+          error = FieldError(
+              key, absl::StrCat("'logit_bias' keys must be token ids, got '", it.key(), "'"));
+          break;
+        }
+        absl::StatusOr<double> value = GetNumber(absl::StrCat(key, ".", it.key()), it.value());
+        if (!value.ok()) {
+          error = value.status();
+          break;
+        }
+        if (!(*value >= -100 && *value <= 100)) {
+          error = FieldError(key, absl::StrCat("'logit_bias' values must be in [-100, 100], got ",
+                                               *value, " for token ", token));
+          break;
+        }
+        p.sampling.logit_bias.emplace_back(token, static_cast<float>(*value));
+      }
+      std::sort(p.sampling.logit_bias.begin(), p.sampling.logit_bias.end());
     } else if (key == "user") {
       error = GetString(key, v).status();
       if (error.ok()) out.user = v;
