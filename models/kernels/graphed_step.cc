@@ -392,9 +392,9 @@ absl::StatusOr<std::vector<std::vector<SampledToken>>> GraphedStep::MultiStepInP
       return absl::FailedPreconditionError(
           absl::StrCat("draws[", b, "] has a repetition penalty: step it one token at a time"));
     }
-    if (!draws[b].params->logit_bias.empty()) {
+    if (draws[b].params->AdjustsLogits()) {
       return absl::FailedPreconditionError(
-          absl::StrCat("draws[", b, "] has a logit bias: step it one token at a time"));
+          absl::StrCat("draws[", b, "] has a logit bias or penalty: step it one token at a time"));
     }
   }
   const int64_t vocab = model_.config().vocab_size;

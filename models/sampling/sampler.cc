@@ -229,6 +229,14 @@ absl::Status SamplingParams::Validate() const {
     return absl::InvalidArgumentError(
         absl::StrCat("repetition_penalty must be in (0, 10], got ", Exact(repetition_penalty)));
   }
+  if (!(presence_penalty >= -2 && presence_penalty <= 2)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("presence_penalty must be in [-2, 2], got ", Exact(presence_penalty)));
+  }
+  if (!(frequency_penalty >= -2 && frequency_penalty <= 2)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("frequency_penalty must be in [-2, 2], got ", Exact(frequency_penalty)));
+  }
   if (logit_bias.size() > kMaxLogitBias) {
     return absl::InvalidArgumentError(
         absl::StrCat("logit_bias: at most ", kMaxLogitBias, " tokens, got ", logit_bias.size()));

@@ -31,11 +31,23 @@ struct SamplingParams {
   // Ids must be inside the model's vocabulary (checked where the vocabulary is known: the
   // engine); the log-probabilities reported stay the model's own (TokenLogProb).
   std::vector<std::pair<int64_t, float>> logit_bias;
+  // OpenAI's presence and frequency penalties, in [-2, 2] (0 = off): a token generated c
+  // times so far in this stream has c · frequency_penalty + (c > 0) · presence_penalty
+  // taken off its logit. The sampler does not read them: the engine folds them, with the
+  // request's logit_bias, into the stream's logit_bias before each draw.
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
   // Seed of this stream's generator.
   uint64_t seed = 0;
 
   // Errors name the field and value. At most kMaxLogitBias entries of logit_bias.
   absl::Status Validate() const;
+  // Whether the logits are changed by anything but the repetition penalty (logit_bias,
+  // presence or frequency penalty): such a stream is sampled on the host's rules, one
+  // token per launch.
+  bool AdjustsLogits() const {
+    return !logit_bias.empty() || presence_penalty != 0.0f || frequency_penalty != 0.0f;
+  }
   static constexpr size_t kMaxLogitBias = 1024;
 };
 

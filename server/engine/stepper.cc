@@ -131,7 +131,7 @@ absl::Status Stepper::StepAhead(const std::vector<int64_t>& rows,
     row_draws[i].params = r.params;
     // MultiStepInPlace refuses repetition penalties and logit biases: a batch with one
     // steps one token.
-    if (r.params->repetition_penalty != 1.0f || !r.params->logit_bias.empty()) {
+    if (r.params->repetition_penalty != 1.0f || r.params->AdjustsLogits()) {
       return Step(rows, tokens, pool, draws);
     }
     limits[i] = i < multi.limits.size() ? std::clamp<int64_t>(multi.limits[i], 1, steps) : 1;

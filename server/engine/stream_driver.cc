@@ -52,12 +52,50 @@ struct StreamDriver::Task {
   absl::Time first_token_at = absl::InfinitePast();
   absl::Time last_emit_at;
 
-  // Adds an absorbed token to the repetition window (a Generate's).
+  // OpenAI's presence and frequency penalties (kept only when one is set): each generated
+  // token's count (ids ascending) and the request's own logit_bias; the stream's
+  // generate->sampling.logit_bias is their sum, rebuilt as tokens are absorbed.
+  std::vector<std::pair<int64_t, int32_t>> counts;
+  std::vector<std::pair<int64_t, float>> request_bias;
+
+  // Adds an absorbed (generated) token to the repetition window and to the counts of a
+  // Generate's penalties. O(distinct generated tokens + biases) with the penalties set.
   void Remember(int64_t token) {
-    if (generate->sampling.repetition_penalty == 1.0f) return;
+    SamplingParams& p = generate->sampling;
+    if (p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f) Count(token);
+    if (p.repetition_penalty == 1.0f) return;
     recent.push_back(token);
     const size_t window = static_cast<size_t>(generate->repetition_window);
     if (recent.size() > window) recent.erase(recent.begin());
+  }
+
+  void Count(int64_t token) {
+    auto at = std::lower_bound(counts.begin(), counts.end(), std::make_pair(token, 0));
+    if (at != counts.end() && at->first == token) {
+      ++at->second;
+    } else {
+      counts.insert(at, {token, 1});
+    }
+    SamplingParams& p = generate->sampling;
+    auto penalty = [&](int32_t count) {
+      return -(static_cast<float>(count) * p.frequency_penalty + p.presence_penalty);
+    };
+    std::vector<std::pair<int64_t, float>>& bias = p.logit_bias;
+    bias.clear();
+    size_t i = 0, j = 0;  // a merge of two lists, ids ascending
+    while (i < request_bias.size() || j < counts.size()) {
+      if (j == counts.size() ||
+          (i < request_bias.size() && request_bias[i].first < counts[j].first)) {
+        bias.push_back(request_bias[i++]);
+      } else if (i == request_bias.size() || counts[j].first < request_bias[i].first) {
+        bias.emplace_back(counts[j].first, penalty(counts[j].second));
+        ++j;
+      } else {
+        bias.emplace_back(counts[j].first, request_bias[i].second + penalty(counts[j].second));
+        ++i;
+        ++j;
+      }
+    }
   }
 };
 
@@ -208,6 +246,9 @@ void StreamDriver::AdmitStream(Task& t) {
         g.max_tokens,   g.stop,     g.logprobs,  options_.decode_lookahead,
         flush_interval, min_tokens, &tokenizer_, /*keep_output=*/!t.session_id.empty()};
     t.rng.seed(g.sampling.seed);
+    if (g.sampling.presence_penalty != 0.0f || g.sampling.frequency_penalty != 0.0f) {
+      t.request_bias = g.sampling.logit_bias;
+    }
     if (g.sampling.repetition_penalty != 1.0f) {
       t.recent.assign(w.tokens.end() - std::min<size_t>(w.tokens.size(), g.repetition_window),
                       w.tokens.end());
@@ -404,8 +445,8 @@ int64_t StreamDriver::TokensPerLaunch(const Task& t, int64_t steps) const {
   const ScheduledTask& s = *t.s;
   const StreamTask& stream = s.stream;
   if (s.cancelled || stream.done_sampling() || t.generate->sampling.repetition_penalty != 1.0f ||
-      !t.generate->sampling.logit_bias.empty()) {
-    return 1;  // the penalty window is the host's; a biased row is sampled apart
+      t.generate->sampling.AdjustsLogits()) {
+    return 1;  // the penalty window and the counts are the host's
   }
   // A session's state must hold exactly the tokens its client was sent, and a rollback
   // restores a row saved where a chunk began. A session stream therefore draws ahead

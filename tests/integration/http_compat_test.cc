@@ -327,6 +327,8 @@ TEST_F(HttpCompatTest, FieldPolicyRefusesWhatWouldChangeTheOutput) {
       {{{"logit_bias", {{"1", 500}}}}, "logit_bias"},
       {{{"logit_bias", {{"one", 5}}}}, "logit_bias"},
       {{{"logit_bias", {{"1", "5"}}}}, "logit_bias.1"},
+      {{{"presence_penalty", 3}}, "presence_penalty"},
+      {{{"frequency_penalty", -2.5}}, "frequency_penalty"},
       {{{"audio", {{"voice", "x"}}}}, "audio"},
       {{{"reasoning_effort", "high"}}, "reasoning_effort"},
   };

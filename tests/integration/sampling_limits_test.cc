@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <set>
 #include <string>
 #include <vector>
@@ -157,6 +158,58 @@ TEST_F(SamplingLimitsTest, TheRepetitionPenaltyLooksBackRepetitionWindowTokensDe
                 0)
           << "window " << other << " explains the output as well: the test cannot tell";
     }
+  }
+}
+
+// OpenAI's presence and frequency penalties (issue 51), with a logit_bias beside them: every
+// greedy token the server chose is the argmax of the model's logits with, for each token
+// generated c times before it, c · frequency + (c > 0) · presence taken off, plus the bias;
+// and the output differs from the unpenalised one. Values past [-2, 2] are refused.
+TEST_F(SamplingLimitsTest, PresenceAndFrequencyPenaltiesFollowOpenAisRule) {
+  auto server = Start();
+  ASSERT_NE(server, nullptr);
+  auto loaded = fwmodel::LoadCheckpoint(*model_dir_, {});
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  const std::string prompt = "The quality of mercy is not strained";
+  const std::vector<int64_t> prompt_tokens = fwmodel::EncodeBytes(prompt);
+  constexpr float kPresence = 0.7f, kFrequency = 1.3f;
+  v1::GenerateRequest request = GreedyRequest(prompt, 120);
+  request.mutable_sampling()->set_presence_penalty(kPresence);
+  request.mutable_sampling()->set_frequency_penalty(kFrequency);
+  (*request.mutable_sampling()->mutable_logit_bias())[' '] = 1.5f;
+  auto generated = server->client().Generate(request);
+  ASSERT_TRUE(generated.ok()) << generated.status();
+  ASSERT_EQ(generated->token_ids.size(), 120u);
+  auto plain = server->client().Generate(GreedyRequest(prompt, 120));
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_NE(plain->token_ids, generated->token_ids);
+
+  std::vector<int64_t> sequence = prompt_tokens;
+  sequence.insert(sequence.end(), generated->token_ids.begin(), generated->token_ids.end());
+  c10::NoGradGuard no_grad;
+  fwmodel::State state = loaded->model.InitialState(1);
+  auto logits = loaded->model.Forward(torch::tensor(sequence, torch::kInt64).unsqueeze(0), &state);
+  ASSERT_TRUE(logits.ok()) << logits.status();
+  const torch::Tensor rows = logits->squeeze(0).contiguous().to(torch::kFloat32);
+  std::map<int64_t, int> counts;
+  for (size_t i = 0; i < generated->token_ids.size(); ++i) {
+    const float* row = rows[static_cast<int64_t>(prompt_tokens.size() + i - 1)].data_ptr<float>();
+    std::vector<float> adjusted(row, row + rows.size(1));
+    for (const auto& [token, count] : counts) {
+      adjusted[static_cast<size_t>(token)] -= static_cast<float>(count) * kFrequency + kPresence;
+    }
+    adjusted[' '] += 1.5f;
+    const int64_t best = std::max_element(adjusted.begin(), adjusted.end()) - adjusted.begin();
+    ASSERT_EQ(generated->token_ids[i], best) << "token " << i;
+    ++counts[generated->token_ids[i]];
+  }
+
+  for (float bad : {2.5f, -2.01f}) {
+    v1::GenerateRequest refused = GreedyRequest(prompt, 3);
+    refused.mutable_sampling()->set_frequency_penalty(bad);
+    auto r = server->client().Generate(refused);
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(r.status().message().find("frequency_penalty"), std::string::npos) << r.status();
   }
 }
 

@@ -61,6 +61,8 @@ GenerateParams FromProto(const v1::GenerateRequest& request) {
   params.sampling.seed = s.seed();
   params.sampling.logit_bias.assign(s.logit_bias().begin(), s.logit_bias().end());
   std::sort(params.sampling.logit_bias.begin(), params.sampling.logit_bias.end());
+  params.sampling.presence_penalty = s.presence_penalty();
+  params.sampling.frequency_penalty = s.frequency_penalty();
   params.max_tokens = request.max_tokens();
   params.stop.assign(request.stop().begin(), request.stop().end());
   params.logprobs = request.logprobs();

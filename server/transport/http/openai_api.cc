@@ -674,10 +674,15 @@ absl::StatusOr<OpenAiGenerateRequest> ParseGenerateFields(const json& body, int3
                                                "one choice per request (fork a session "
                                                "and send a request per fork)"));
     } else if (key == "presence_penalty" || key == "frequency_penalty") {
-      absl::StatusOr<double> d = GetNumber(key, v);
-      error = !d.ok() ? d.status()
-                      : (*d == 0 ? absl::OkStatus()
-                                 : Unsupported(key, v, "use the extension 'repetition_penalty'"));
+      absl::StatusOr<double> d = v.is_null() ? absl::StatusOr<double>(0.0) : GetNumber(key, v);
+      if (d.ok() && !(*d >= -2 && *d <= 2)) {
+        error = FieldError(key, absl::StrCat("'", key, "' must be in [-2, 2], got ", *d));
+      } else if (d.ok()) {
+        (key == "presence_penalty" ? p.sampling.presence_penalty : p.sampling.frequency_penalty) =
+            static_cast<float>(*d);
+      } else {
+        error = d.status();
+      }
     } else if (key == "logit_bias") {
       // {"token id": value}: ids as decimal strings (OpenAI's form), values in [-100, 100]
       // (SamplingParams::Validate, in the core); the engine checks the ids against the
