@@ -317,7 +317,7 @@ TEST_F(HttpTest, ErrorsNameTheField) {
   ExpectOpenAiError(Post(port_, "/v1/chat/completions", {{"messages", messages}, {"n", 2}}), 400,
                     "n");
   ExpectOpenAiError(
-      Post(port_, "/v1/chat/completions", {{"messages", messages}, {"frequency_penalty", 0.5}}),
+      Post(port_, "/v1/chat/completions", {{"messages", messages}, {"frequency_penalty", 2.5}}),
       400, "frequency_penalty");
   ExpectOpenAiError(
       Post(port_, "/v1/chat/completions", {{"messages", messages}, {"bogus_field", 1}}), 400,
