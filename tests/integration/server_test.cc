@@ -2057,7 +2057,8 @@ TEST_F(ServerTest, HealthAndGracefulShutdown) {
     received += message.token_ids_size();
     if (message.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) reason = message.finish_reason();
   }
-  EXPECT_TRUE(stream->Finish().ok());
+  const absl::Status finished = stream->Finish();
+  EXPECT_TRUE(finished.ok()) << finished;
   EXPECT_EQ(received, 300);
   EXPECT_EQ(reason, v1::FINISH_REASON_LENGTH);
   stopper.join();

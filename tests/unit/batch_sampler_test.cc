@@ -57,6 +57,30 @@ std::vector<Stream> MakeStreams() {
   return streams;
 }
 
+// [rows, kVocab] float32 logits drawn from `normal`.
+torch::Tensor RandomLogits(int64_t rows, std::normal_distribution<float>& normal,
+                           std::mt19937& rng) {
+  torch::Tensor logits = torch::empty({rows, kVocab}, torch::kFloat32);
+  float* data = logits.data_ptr<float>();
+  for (int64_t i = 0; i < rows * kVocab; ++i) data[i] = normal(rng);
+  return logits;
+}
+
+// One draw per stream, stream r on logits row r; each stream's batch generator advances
+// as SampleToken advances its host one.
+std::vector<RowDraw> DrawsInRowOrder(std::vector<Stream>& streams) {
+  std::vector<RowDraw> batch(streams.size());
+  for (size_t r = 0; r < streams.size(); ++r) {
+    batch[r].row = static_cast<int64_t>(r);
+    batch[r].params = &streams[r].params;
+    batch[r].recent = &streams[r].recent;
+    if (streams[r].params.temperature != 0) {
+      batch[r].uniform = fwserve::CanonicalDraw(streams[r].batch_rng);
+    }
+  }
+  return batch;
+}
+
 TEST(BatchSamplerTest, DrawsWhatTheHostSamplerDrawsForTheSameSeeds) {
   std::vector<Stream> streams = MakeStreams();
   std::mt19937 logits_rng(3);
@@ -132,18 +156,9 @@ TEST(BatchSamplerTest, RowsWithoutFiltersSkipTheSortAndDrawTheSame) {
   std::normal_distribution<float> normal(0.0f, 3.0f);
   const int64_t rows = static_cast<int64_t>(streams.size());
   for (int round = 0; round < 20; ++round) {
-    torch::Tensor logits = torch::empty({rows, kVocab}, torch::kFloat32);
-    float* data = logits.data_ptr<float>();
-    for (int64_t i = 0; i < rows * kVocab; ++i) data[i] = normal(logits_rng);
-    std::vector<RowDraw> batch(streams.size());
-    for (size_t r = 0; r < streams.size(); ++r) {
-      batch[r].row = static_cast<int64_t>(r);
-      batch[r].params = &streams[r].params;
-      batch[r].recent = &streams[r].recent;
-      if (streams[r].params.temperature != 0) {
-        batch[r].uniform = fwserve::CanonicalDraw(streams[r].batch_rng);
-      }
-    }
+    const torch::Tensor logits = RandomLogits(rows, normal, logits_rng);
+    const float* data = logits.data_ptr<float>();
+    const std::vector<RowDraw> batch = DrawsInRowOrder(streams);
     const int64_t width = fwserve::PenaltyWidth(batch);
     std::vector<double> columns(static_cast<size_t>(fwserve::kSampleColumns * rows));
     std::vector<int64_t> index(static_cast<size_t>(rows * width));
@@ -195,18 +210,9 @@ TEST(BatchSamplerTest, LogitBiasDrawsWhatTheHostSamplerDraws) {
   std::normal_distribution<float> normal(0.0f, 3.0f);
   const int64_t rows = static_cast<int64_t>(streams.size());
   for (int round = 0; round < 20; ++round) {
-    torch::Tensor logits = torch::empty({rows, kVocab}, torch::kFloat32);
-    float* data = logits.data_ptr<float>();
-    for (int64_t i = 0; i < rows * kVocab; ++i) data[i] = normal(logits_rng);
-    std::vector<RowDraw> batch(streams.size());
-    for (size_t r = 0; r < streams.size(); ++r) {
-      batch[r].row = static_cast<int64_t>(r);
-      batch[r].params = &streams[r].params;
-      batch[r].recent = &streams[r].recent;
-      if (streams[r].params.temperature != 0) {
-        batch[r].uniform = fwserve::CanonicalDraw(streams[r].batch_rng);
-      }
-    }
+    const torch::Tensor logits = RandomLogits(rows, normal, logits_rng);
+    const float* data = logits.data_ptr<float>();
+    const std::vector<RowDraw> batch = DrawsInRowOrder(streams);
     auto sampled = fwserve::SampleRows(logits, batch);
     ASSERT_TRUE(sampled.ok()) << sampled.status();
     for (size_t r = 0; r < streams.size(); ++r) {
