@@ -54,12 +54,12 @@ struct StreamDriver::Task {
 
   // OpenAI's presence and frequency penalties (kept only when one is set): each generated
   // token's count (ids ascending) and the request's own logit_bias; the stream's
-  // generate->sampling.logit_bias is their sum, rebuilt as tokens are absorbed.
+  // generate->sampling.logit_bias is their sum, one entry updated per absorbed token.
   std::vector<std::pair<int64_t, int32_t>> counts;
   std::vector<std::pair<int64_t, float>> request_bias;
 
   // Adds an absorbed (generated) token to the repetition window and to the counts of a
-  // Generate's penalties. O(distinct generated tokens + biases) with the penalties set.
+  // Generate's penalties.
   void Remember(int64_t token) {
     SamplingParams& p = generate->sampling;
     if (p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f) Count(token);
@@ -69,33 +69,36 @@ struct StreamDriver::Task {
     if (recent.size() > window) recent.erase(recent.begin());
   }
 
+  // The token's count goes up by one, and its entry of the stream's logit_bias becomes
+  // the request's bias for it (if any) plus the penalty of its new count; the other
+  // entries keep theirs. O(log n) to find it, O(n) to insert a new one.
   void Count(int64_t token) {
-    auto at = std::lower_bound(counts.begin(), counts.end(), std::make_pair(token, 0));
-    if (at != counts.end() && at->first == token) {
-      ++at->second;
+    auto count = std::lower_bound(counts.begin(), counts.end(), token, IdBefore<int32_t>);
+    if (count != counts.end() && count->first == token) {
+      ++count->second;
     } else {
-      counts.insert(at, {token, 1});
+      count = counts.insert(count, {token, 1});
     }
     SamplingParams& p = generate->sampling;
-    auto penalty = [&](int32_t count) {
-      return -(static_cast<float>(count) * p.frequency_penalty + p.presence_penalty);
-    };
-    std::vector<std::pair<int64_t, float>>& bias = p.logit_bias;
-    bias.clear();
-    size_t i = 0, j = 0;  // a merge of two lists, ids ascending
-    while (i < request_bias.size() || j < counts.size()) {
-      if (j == counts.size() ||
-          (i < request_bias.size() && request_bias[i].first < counts[j].first)) {
-        bias.push_back(request_bias[i++]);
-      } else if (i == request_bias.size() || counts[j].first < request_bias[i].first) {
-        bias.emplace_back(counts[j].first, penalty(counts[j].second));
-        ++j;
-      } else {
-        bias.emplace_back(counts[j].first, request_bias[i].second + penalty(counts[j].second));
-        ++i;
-        ++j;
-      }
+    float value = -(static_cast<float>(count->second) * p.frequency_penalty + p.presence_penalty);
+    auto requested =
+        std::lower_bound(request_bias.begin(), request_bias.end(), token, IdBefore<float>);
+    if (requested != request_bias.end() && requested->first == token) {
+      value = requested->second + value;
     }
+    std::vector<std::pair<int64_t, float>>& bias = p.logit_bias;
+    auto entry = std::lower_bound(bias.begin(), bias.end(), token, IdBefore<float>);
+    if (entry != bias.end() && entry->first == token) {
+      entry->second = value;
+    } else {
+      bias.insert(entry, {token, value});
+    }
+  }
+
+  // Orders (id, value) pairs by id against an id, for std::lower_bound.
+  template <typename Value>
+  static bool IdBefore(const std::pair<int64_t, Value>& entry, int64_t id) {
+    return entry.first < id;
   }
 };
 
