@@ -29,7 +29,6 @@ struct GraphedStep::Bucket {
   // [size, 2] float64: the sampling with the ranked filters (top_k, top_p, min_p), and
   // the one without them (fwserve::NeedsFilters false for every row of the pass).
   torch::Tensor sampled, sampled_plain;
-  torch::Tensor logits_plain;  // the plain capture's logits, kept so no capture reuses them
 #ifdef FWSERVE_CUDA_GRAPHS
   std::unique_ptr<at::cuda::CUDAGraph> graph;
   // In place with sample_in_step: the step with the plain sampling, captured into the
@@ -589,12 +588,7 @@ void GraphedStep::BucketWork(Bucket& bucket, bool filters) {
   if (options_.sample_in_step) {
     torch::Tensor sampled = fwserve::SampleOnDevice(
         bucket.logits, bucket.columns, bucket.penalty_index, bucket.penalty_factor, filters);
-    if (filters) {
-      bucket.sampled = std::move(sampled);
-    } else {
-      bucket.sampled_plain = std::move(sampled);
-      bucket.logits_plain = bucket.logits;
-    }
+    (filters ? bucket.sampled : bucket.sampled_plain) = std::move(sampled);
   }
 }
 
@@ -682,8 +676,9 @@ void GraphedStep::Capture(Bucket& bucket) {
     BucketWork(bucket, /*filters=*/true);
     graph->capture_end();
     if (in_place() && options_.sample_in_step && options_.plain_sampling) {
-      // The plain sampling's graph, in the same pool: each capture's outputs stay
-      // referenced by the bucket, so neither graph's replay writes the other's.
+      // The plain sampling's graph, in the same pool: each capture's sampled output stays
+      // referenced by the bucket (sampled, sampled_plain), so neither graph's replay
+      // writes the other's; what else the first capture freed is scratch within a replay.
       for (int i = 0; i < options_.warmup_runs; ++i) BucketWork(bucket, /*filters=*/false);
       side.synchronize();
       auto plain = std::make_unique<at::cuda::CUDAGraph>();
