@@ -89,6 +89,24 @@ TEST_F(SamplingLimitsTest, TemperatureAndPenaltyLimitsAreInclusiveAndPastThemRef
   EXPECT_NE(refused.status().message().find("repetition_window"), std::string::npos);
 }
 
+// The model's float32 logits after each token of `sequence` from a fresh state (the
+// sequence form): row i follows token i. Empty after a failure (which it reports).
+std::vector<std::vector<float>> LogitsAfterEachToken(const fwmodel::Model& model,
+                                                     const std::vector<int64_t>& sequence) {
+  c10::NoGradGuard no_grad;
+  fwmodel::State state = model.InitialState(1);
+  auto logits = model.Forward(torch::tensor(sequence, torch::kInt64).unsqueeze(0), &state);
+  EXPECT_TRUE(logits.ok()) << logits.status();
+  if (!logits.ok()) return {};
+  const torch::Tensor rows = logits->squeeze(0).contiguous().to(torch::kFloat32);
+  std::vector<std::vector<float>> table(static_cast<size_t>(rows.size(0)));
+  for (int64_t i = 0; i < rows.size(0); ++i) {
+    const float* data = rows[i].data_ptr<float>();
+    table[static_cast<size_t>(i)].assign(data, data + rows.size(1));
+  }
+  return table;
+}
+
 // How many of the generated `output` tokens (after `prompt`) are not the greedy choice
 // of the model's logits with the repetition penalty applied over the last `window`
 // tokens of prompt and output: a token counts when another one beats it by more than
@@ -138,17 +156,8 @@ TEST_F(SamplingLimitsTest, TheRepetitionPenaltyLooksBackRepetitionWindowTokensDe
 
     std::vector<int64_t> sequence = prompt_tokens;
     sequence.insert(sequence.end(), generated->token_ids.begin(), generated->token_ids.end());
-    c10::NoGradGuard no_grad;
-    fwmodel::State state = loaded->model.InitialState(1);
-    auto logits =
-        loaded->model.Forward(torch::tensor(sequence, torch::kInt64).unsqueeze(0), &state);
-    ASSERT_TRUE(logits.ok()) << logits.status();
-    const torch::Tensor rows = logits->squeeze(0).contiguous().to(torch::kFloat32);
-    std::vector<std::vector<float>> table(static_cast<size_t>(rows.size(0)));
-    for (int64_t i = 0; i < rows.size(0); ++i) {
-      const float* data = rows[i].data_ptr<float>();
-      table[static_cast<size_t>(i)].assign(data, data + rows.size(1));
-    }
+    const std::vector<std::vector<float>> table = LogitsAfterEachToken(loaded->model, sequence);
+    ASSERT_EQ(table.size(), sequence.size());
 
     EXPECT_EQ(
         ChoicesNotExplainedByWindow(table, sequence, prompt_tokens.size(), kPenalty, c.expected),
@@ -186,15 +195,11 @@ TEST_F(SamplingLimitsTest, PresenceAndFrequencyPenaltiesFollowOpenAisRule) {
 
   std::vector<int64_t> sequence = prompt_tokens;
   sequence.insert(sequence.end(), generated->token_ids.begin(), generated->token_ids.end());
-  c10::NoGradGuard no_grad;
-  fwmodel::State state = loaded->model.InitialState(1);
-  auto logits = loaded->model.Forward(torch::tensor(sequence, torch::kInt64).unsqueeze(0), &state);
-  ASSERT_TRUE(logits.ok()) << logits.status();
-  const torch::Tensor rows = logits->squeeze(0).contiguous().to(torch::kFloat32);
+  const std::vector<std::vector<float>> table = LogitsAfterEachToken(loaded->model, sequence);
+  ASSERT_EQ(table.size(), sequence.size());
   std::map<int64_t, int> counts;
   for (size_t i = 0; i < generated->token_ids.size(); ++i) {
-    const float* row = rows[static_cast<int64_t>(prompt_tokens.size() + i - 1)].data_ptr<float>();
-    std::vector<float> adjusted(row, row + rows.size(1));
+    std::vector<float> adjusted = table[prompt_tokens.size() + i - 1];
     for (const auto& [token, count] : counts) {
       adjusted[static_cast<size_t>(token)] -= static_cast<float>(count) * kFrequency + kPresence;
     }
