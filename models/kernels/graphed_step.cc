@@ -297,7 +297,8 @@ bool GraphedStep::CanSampleInStep(absl::Span<const RowDraw> draws) const {
   if (!in_place() || !options_.sample_in_step) return false;
   for (const RowDraw& d : draws) {
     if (d.params == nullptr) return false;
-    if (!d.params->logit_bias.empty()) return false;  // sampled apart (SampleRows)
+    // Sampled apart (SampleRows): logit biases and constraint masks.
+    if (!d.params->logit_bias.empty() || d.allowed != nullptr) return false;
     if (d.params->repetition_penalty != 1.0f && d.recent != nullptr &&
         static_cast<int64_t>(d.recent->size()) > options_.penalty_width) {
       return false;

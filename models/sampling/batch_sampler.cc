@@ -1,5 +1,7 @@
 #include "models/sampling/batch_sampler.h"
 
+#include <cstring>
+
 #include <algorithm>
 #include <limits>
 
@@ -61,7 +63,8 @@ bool NeedsFilters(const SamplingParams& params, int64_t vocab) {
 torch::Tensor SampleOnDevice(const torch::Tensor& raw_logits, const torch::Tensor& columns,
                              const torch::Tensor& penalty_index,
                              const torch::Tensor& penalty_factor, bool filters,
-                             const torch::Tensor& bias_index, const torch::Tensor& bias_value) {
+                             const torch::Tensor& bias_index, const torch::Tensor& bias_value,
+                             const torch::Tensor& allowed) {
   const torch::Device device = raw_logits.device();
   const int64_t rows = raw_logits.size(0), vocab = raw_logits.size(1);
   const double inf = std::numeric_limits<double>::infinity();
@@ -78,6 +81,15 @@ torch::Tensor SampleOnDevice(const torch::Tensor& raw_logits, const torch::Tenso
   if (bias_index.defined() && bias_index.size(1) > 0) {
     // Distinct ids per row; the (0, 0) pads add nothing.
     x.scatter_add_(1, bias_index, bias_value.to(torch::kFloat32));
+  }
+  if (allowed.defined()) {
+    // SampleToken's rule: a row with no finite allowed logit takes its first allowed
+    // token (the argmax below then picks it from a row of zeros and -inf).
+    torch::Tensor masked = x.masked_fill(allowed.logical_not(), -inf);
+    torch::Tensor none_finite = torch::isfinite(masked).any(1, /*keepdim=*/true).logical_not();
+    torch::Tensor first_allowed = allowed.to(torch::kInt32).argmax(1, /*keepdim=*/true);
+    torch::Tensor fallback = torch::full_like(x, -inf).scatter_(1, first_allowed, 0.0);
+    x = torch::where(none_finite & allowed.any(1, /*keepdim=*/true), fallback, masked);
   }
   x = torch::where(torch::isfinite(x), x, torch::full({}, -inf, x.options()));
   torch::Tensor best = x.argmax(1, /*keepdim=*/true);  // first of equals
@@ -178,6 +190,19 @@ absl::StatusOr<std::vector<SampledToken>> SampleRows(const torch::Tensor& logits
       filters = filters || NeedsFilters(*d.params, vocab);
       bias_width = std::max(bias_width, d.params->logit_bias.size());
     }
+    torch::Tensor allowed;
+    bool any_mask = false;
+    for (const RowDraw& d : draws) any_mask = any_mask || d.allowed != nullptr;
+    if (any_mask) {
+      // One upload of every row's mask (rows without one allow everything).
+      torch::Tensor host = torch::ones({rows, vocab}, torch::kBool);
+      for (size_t r = 0; r < draws.size(); ++r) {
+        if (draws[r].allowed == nullptr) continue;
+        std::memcpy(host[static_cast<int64_t>(r)].data_ptr<bool>(), draws[r].allowed,
+                    static_cast<size_t>(vocab));
+      }
+      allowed = host.to(device);
+    }
     torch::Tensor bias_index, bias_value;
     if (bias_width > 0) {
       std::vector<int64_t> ids(static_cast<size_t>(rows) * bias_width, 0);
@@ -196,7 +221,8 @@ absl::StatusOr<std::vector<SampledToken>> SampleRows(const torch::Tensor& logits
     }
     // One copy to the host: [rows, 2] = (token, logprob).
     torch::Tensor result =
-        SampleOnDevice(raw, columns, penalty_index, penalty_factor, filters, bias_index, bias_value)
+        SampleOnDevice(raw, columns, penalty_index, penalty_factor, filters, bias_index, bias_value,
+                       allowed)
             .cpu()
             .contiguous();
     const double* values = result.data_ptr<double>();

@@ -36,6 +36,10 @@ struct RowDraw {
   double uniform = 0;
   // The tokens the repetition penalty applies to (may be empty); not owned.
   const std::vector<int64_t>* recent = nullptr;
+  // A constraint's mask (vocab entries, 0 = never drawn) or null; not owned. As
+  // SampleToken's `allowed`. A captured step never samples such a row (GraphedStep::
+  // CanSampleInStep): SampleRows uploads the masks with the draw's parameters.
+  const uint8_t* allowed = nullptr;
 };
 
 struct SampledToken {
@@ -92,11 +96,14 @@ bool NeedsFilters(const SamplingParams& params, int64_t vocab);
 // vocabulary and the ranked filters are left out (the same draws, much less device work:
 // a stable float64 sort of every row). bias_index [rows, B] int64 and bias_value [rows, B]
 // float32 (both undefined: none): each row's logit_bias, padded with (0, 0), added after
-// the repetition penalty as SampleToken adds it. Throws c10::Error.
+// the repetition penalty as SampleToken adds it. allowed [rows, vocab] bool (undefined:
+// none): a constraint's mask, false = never drawn, applied after the bias. Throws
+// c10::Error.
 torch::Tensor SampleOnDevice(const torch::Tensor& raw_logits, const torch::Tensor& columns,
                              const torch::Tensor& penalty_index,
                              const torch::Tensor& penalty_factor, bool filters = true,
                              const torch::Tensor& bias_index = {},
-                             const torch::Tensor& bias_value = {});
+                             const torch::Tensor& bias_value = {},
+                             const torch::Tensor& allowed = {});
 
 }  // namespace fwserve

@@ -284,8 +284,35 @@ double TokenLogProb(const float* logits, int64_t vocab, int64_t token) {
   return static_cast<double>(logits[token]) - top - std::log(total);
 }
 
+std::vector<std::pair<int64_t, float>> TopLogProbs(const float* logits, int64_t vocab, int k) {
+  std::vector<std::pair<int64_t, float>> out;
+  if (k <= 0 || vocab <= 0) return out;
+  std::vector<int64_t> ids;
+  ids.reserve(static_cast<size_t>(vocab));
+  for (int64_t i = 0; i < vocab; ++i) {
+    if (std::isfinite(logits[i])) ids.push_back(i);
+  }
+  const size_t n = std::min(ids.size(), static_cast<size_t>(k));
+  const auto more_likely = [&](int64_t a, int64_t b) {
+    return logits[a] != logits[b] ? logits[a] > logits[b] : a < b;
+  };
+  std::partial_sort(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(n), ids.end(),
+                    more_likely);
+  if (n == 0) return out;
+  // log softmax = logit - top - log Σ exp(logit - top), the sum once for all k.
+  const double first = TokenLogProb(logits, vocab, ids[0]);
+  const float top = logits[ids[0]];
+  out.reserve(n);
+  for (size_t i = 0; i < n; ++i) {
+    const double shift = static_cast<double>(logits[ids[i]]) - top;
+    out.emplace_back(ids[i], static_cast<float>(first + shift));
+  }
+  return out;
+}
+
 int64_t SampleToken(const float* raw_logits, int64_t vocab, const SamplingParams& params,
-                    std::mt19937_64& rng, const std::vector<int64_t>& recent) {
+                    std::mt19937_64& rng, const std::vector<int64_t>& recent,
+                    const uint8_t* allowed) {
   // Every draw equals the one the first, one-pass-per-step version made for the same
   // logits, parameters and generator (tests/unit/sampler_test.cc keeps that version as
   // its reference): the same IEEE operations on the same values in the same order, only
@@ -308,6 +335,27 @@ int64_t SampleToken(const float* raw_logits, int64_t vocab, const SamplingParams
     if (logits == raw_logits) penalized.assign(raw_logits, raw_logits + vocab);
     for (const auto& [token, value] : params.logit_bias) {
       if (token >= 0 && token < vocab) penalized[static_cast<size_t>(token)] += value;
+    }
+    logits = penalized.data();
+  }
+  if (allowed != nullptr) {
+    if (logits == raw_logits) penalized.assign(raw_logits, raw_logits + vocab);
+    const float minus_inf = -std::numeric_limits<float>::infinity();
+    bool any = false;
+    for (int64_t i = 0; i < vocab; ++i) {
+      if (allowed[i] == 0) {
+        penalized[static_cast<size_t>(i)] = minus_inf;
+      } else {
+        any = any || std::isfinite(penalized[static_cast<size_t>(i)]);
+      }
+    }
+    // Nothing allowed is finite: the first allowed token (the caller's contract says one
+    // is), else the unmasked argmax.
+    if (!any) {
+      for (int64_t i = 0; i < vocab; ++i) {
+        if (allowed[i] != 0) return i;
+      }
+      return FiniteArgmax(raw_logits, vocab);
     }
     logits = penalized.data();
   }

@@ -55,9 +55,14 @@ struct SamplingParams {
 // state. Ties in greedy mode go to the lowest id. Non-finite logits are treated as
 // -inf; if every logit is -inf, returns the argmax of the raw values (id 0).
 // `recent` (may be empty) are the tokens the repetition penalty applies to; then
-// params.logit_bias is added (ids outside the vocabulary are skipped).
+// params.logit_bias is added (ids outside the vocabulary are skipped). `allowed` (null:
+// every token; else vocab entries, not owned): a constraint's mask, applied last: a
+// token whose entry is 0 is never drawn (its logit counts as -inf). The caller makes
+// sure at least one token is allowed; if none is, the result is the argmax of the
+// unmasked logits.
 int64_t SampleToken(const float* logits, int64_t vocab, const SamplingParams& params,
-                    std::mt19937_64& rng, const std::vector<int64_t>& recent = {});
+                    std::mt19937_64& rng, const std::vector<int64_t>& recent = {},
+                    const uint8_t* allowed = nullptr);
 
 // values[i] = exp(values[i]) for i < n; exp(-inf) = 0. On a CPU with AVX2 and FMA, and
 // where glibc's libmvec was found at build time, 4 at a time by libmvec (within 4 ulp
@@ -67,5 +72,10 @@ void ExpInPlace(double* values, size_t n);
 // log softmax(logits)[token] at temperature 1, before any sampling filter: the model's
 // own log-probability of `token`.
 double TokenLogProb(const float* logits, int64_t vocab, int64_t token);
+
+// OpenAI's top_logprobs: the `k` tokens with the largest raw logits (k clamped to
+// [0, vocab]; ties to the lowest id), most likely first, each with its TokenLogProb.
+// Non-finite logits are never listed.
+std::vector<std::pair<int64_t, float>> TopLogProbs(const float* logits, int64_t vocab, int k);
 
 }  // namespace fwserve

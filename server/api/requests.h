@@ -74,6 +74,10 @@ struct GenerateParams {
   int32_t max_tokens = 0;
   std::vector<std::string> stop;
   bool logprobs = false;
+  // OpenAI's top_logprobs, with `logprobs`: each token's most likely alternatives
+  // (GenerateChunk::top_logprobs). In [0, kMaxTopLogprobs].
+  int32_t top_logprobs = 0;
+  static constexpr int32_t kMaxTopLogprobs = 20;
   // Per-request message grouping (v1::StreamOptions): a message waits for this many
   // tokens (0 = the server's --stream-flush-interval rule), at most `max_message_delay`
   // (zero = no limit when min_tokens_per_message is set, else the server's interval).
@@ -98,6 +102,14 @@ struct GenerateChunk {
   // for a byte-level model; a world-vocabulary token's UTF-8 piece, possibly part of a
   // character; empty for end of text).
   std::vector<std::string> token_bytes;
+  // With GenerateParams::top_logprobs > 0: per token, its step's most likely tokens
+  // (model's own log-probabilities, most likely first).
+  struct Alternative {
+    int64_t token_id = 0;
+    float logprob = 0;
+    std::string bytes;  // as token_bytes
+  };
+  std::vector<std::vector<Alternative>> top_logprobs;
 };
 
 struct GenerateSummary {

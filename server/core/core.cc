@@ -358,6 +358,11 @@ class CoreImpl : public Core {
     }
     if (absl::Status valid = ValidateText("prompt", params.prompt); !valid.ok()) return valid;
     if (absl::Status valid = params.sampling.Validate(); !valid.ok()) return valid;
+    if (params.top_logprobs < 0 || params.top_logprobs > GenerateParams::kMaxTopLogprobs) {
+      return absl::InvalidArgumentError(absl::StrCat("top_logprobs must be in [0, ",
+                                                     GenerateParams::kMaxTopLogprobs, "], got ",
+                                                     params.top_logprobs));
+    }
     if (params.max_tokens < 0 || params.max_tokens > options_.max_tokens) {
       return absl::InvalidArgumentError(absl::StrCat("max_tokens must be in [0, ",
                                                      options_.max_tokens, "] (--max-tokens), got ",

@@ -58,6 +58,7 @@ StepResult Runner::Sample(const SampleWork& work) {
   auto sampled = stepper_.Sample(work.requests, pool_);
   if (sampled.ok()) {
     result.sampled = std::move(*sampled);
+    result.status = stepper_.TopAlternatives(work.requests, pool_, &result.alternatives);
   } else {
     result.status = sampled.status();
   }

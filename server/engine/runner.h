@@ -59,6 +59,9 @@ struct StepResult {
   absl::Status status;
   // SampleWork only: one per request, in order.
   std::vector<SampledToken> sampled;
+  // SampleWork only: one per request when any asked for top_logprobs (each the row's
+  // most likely tokens and their log-probabilities, empty where not asked), else empty.
+  std::vector<std::vector<std::pair<int64_t, float>>> alternatives;
   // StepWork with multi.steps > 1: per row, the tokens it drew and absorbed beyond its
   // first (Stepper::StepAhead); empty entries otherwise.
   std::vector<std::vector<SampledToken>> absorbed_ahead;

@@ -312,14 +312,18 @@ std::vector<TaskId> Scheduler::PlanSample(std::vector<Action>* actions) {
   return sampling;
 }
 
-std::vector<Action> Scheduler::AfterSample(const std::vector<TaskId>& sampled,
-                                           const std::vector<int64_t>& tokens,
-                                           const std::vector<float>& logprobs, absl::Time now) {
+std::vector<Action> Scheduler::AfterSample(
+    const std::vector<TaskId>& sampled, const std::vector<int64_t>& tokens,
+    const std::vector<float>& logprobs, absl::Time now,
+    const std::vector<std::vector<std::pair<int64_t, float>>>* alternatives) {
   std::vector<Action> actions;
   for (size_t i = 0; i < sampled.size(); ++i) {
     ScheduledTask* t = Find(sampled[i]);
     if (t == nullptr) continue;
-    t->stream.AddSampled(tokens[i], i < logprobs.size() ? logprobs[i] : 0.0f, now);
+    t->stream.AddSampled(tokens[i], i < logprobs.size() ? logprobs[i] : 0.0f, now,
+                         alternatives != nullptr && i < alternatives->size()
+                             ? &(*alternatives)[i]
+                             : nullptr);
     SetPhase(*t, Phase::kReadyToAbsorb);
     if (!t->stream.write_in_flight() && t->stream.ShouldFlush(now)) actions.push_back(Emit(*t));
   }

@@ -180,10 +180,11 @@ class Scheduler {
   std::vector<TaskId> PlanSample(std::vector<Action>* actions);
   // The sampled tokens of PlanSample's rows, in its order (log-probs beside them).
   // Each goes into its stream; a stream with no write in flight whose chunk is due
-  // emits it.
-  std::vector<Action> AfterSample(const std::vector<TaskId>& sampled,
-                                  const std::vector<int64_t>& tokens,
-                                  const std::vector<float>& logprobs, absl::Time now);
+  // emits it. `alternatives` (may be null or empty): per token, its top_logprobs.
+  std::vector<Action> AfterSample(
+      const std::vector<TaskId>& sampled, const std::vector<int64_t>& tokens,
+      const std::vector<float>& logprobs, absl::Time now,
+      const std::vector<std::vector<std::pair<int64_t, float>>>* alternatives = nullptr);
 
   // --- Events from the transport.
   // The stream's write returned (`ok`: the client has it).

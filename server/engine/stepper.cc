@@ -227,7 +227,8 @@ absl::StatusOr<std::vector<SampledToken>> Stepper::Sample(absl::Span<const Sampl
       const SampleRequest& r = requests[i];
       auto it = presampled_.find(r.slot);
       bool taken = false;
-      if (it != presampled_.end() && it->second.params == r.params && it->second.rng == r.rng) {
+      if (it != presampled_.end() && it->second.params == r.params && it->second.rng == r.rng &&
+          r.allowed == nullptr) {
         if (r.params->temperature == 0) {
           taken = true;
         } else {
@@ -269,6 +270,7 @@ absl::StatusOr<std::vector<SampledToken>> Stepper::SampleApart(
       draws[i].row = r.slot;
       draws[i].params = r.params;
       draws[i].recent = r.recent;
+      draws[i].allowed = r.allowed;
       // The generator advances as SampleToken's would.
       if (r.params->temperature != 0) draws[i].uniform = CanonicalDraw(*r.rng);
     }
@@ -295,12 +297,39 @@ absl::StatusOr<std::vector<SampledToken>> Stepper::SampleApart(
           const SampleRequest& r = requests[static_cast<size_t>(i)];
           const float* logits = logits_base + r.slot * row_stride;
           SampledToken& out = sampled[static_cast<size_t>(i)];
-          out.token = SampleToken(logits, vocab_, *r.params, *r.rng, *r.recent);
+          out.token = SampleToken(logits, vocab_, *r.params, *r.rng, *r.recent, r.allowed);
           out.logprob =
               r.logprobs ? static_cast<float>(TokenLogProb(logits, vocab_, out.token)) : 0.0f;
         }
       });
   return sampled;
+}
+
+absl::Status Stepper::TopAlternatives(
+    absl::Span<const SampleRequest> requests, const StatePool& pool,
+    std::vector<std::vector<std::pair<int64_t, float>>>* out) const {
+  out->clear();
+  bool any = false;
+  for (const SampleRequest& r : requests) any = any || r.top_logprobs > 0;
+  if (!any) return absl::OkStatus();
+  out->resize(requests.size());
+  if (null_step()) return absl::OkStatus();
+  try {
+    const torch::Tensor& all_logits = pool.all_logits();
+    for (size_t i = 0; i < requests.size(); ++i) {
+      const SampleRequest& r = requests[i];
+      if (r.top_logprobs <= 0) continue;
+      torch::Tensor row = all_logits.select(0, r.slot);
+      if (!row.device().is_cpu() || row.scalar_type() != torch::kFloat32 ||
+          !row.is_contiguous()) {
+        row = row.to(torch::kCPU, torch::kFloat32).contiguous();
+      }
+      (*out)[i] = TopLogProbs(row.data_ptr<float>(), vocab_, r.top_logprobs);
+    }
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("top_logprobs: ", e.what_without_backtrace()));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<torch::Tensor> Stepper::Prefill(const torch::Tensor& tokens, fwmodel::State* state) {

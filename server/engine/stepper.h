@@ -76,6 +76,13 @@ class Stepper {
     std::mt19937_64* rng = nullptr;                // the stream's generator, advanced
     const std::vector<int64_t>* recent = nullptr;  // for the repetition penalty
     bool logprobs = false;                         // logprob wanted (else 0)
+    // A constraint's mask over the vocabulary (0 = never drawn) or null; not owned,
+    // valid through the Sample call. A row with a mask never takes a token drawn
+    // inside the step (that draw did not see it).
+    const uint8_t* allowed = nullptr;
+    // OpenAI's top_logprobs: the most likely tokens wanted with their log-probabilities
+    // (0 = none; at most 20), from the raw logits (TopLogProbs).
+    int32_t top_logprobs = 0;
   };
   // Engine thread: the rows `rows` of `pool` absorb `tokens` (one each, in the same
   // order) in one batched step, and get their next-token logits. `draws` (empty, or one
@@ -131,6 +138,12 @@ class Stepper {
   // host. The tokens are the same for the same seeds.
   absl::StatusOr<std::vector<SampledToken>> Sample(absl::Span<const SampleRequest> requests,
                                                    const StatePool& pool);
+  // Engine thread, after Sample and before the rows step again: for each request with
+  // top_logprobs > 0, its row's most likely tokens (TopLogProbs of the pool's logits;
+  // a CUDA row is copied to the host alone); an empty entry for the others. `out` gets
+  // one entry per request, or none at all when no request asks.
+  absl::Status TopAlternatives(absl::Span<const SampleRequest> requests, const StatePool& pool,
+                               std::vector<std::vector<std::pair<int64_t, float>>>* out) const;
 
   // Prefill thread: `tokens` [B, L] are absorbed into `state` (B private rows, in
   // place). Returns the logits after each row's last token, float32 [B, vocab] on the

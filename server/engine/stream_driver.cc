@@ -245,9 +245,15 @@ void StreamDriver::AdmitStream(Task& t) {
                (min_tokens > 0 && flush_interval <= absl::ZeroDuration())) {
       flush_interval = absl::InfiniteDuration();
     }
-    limits = StreamLimits{
-        g.max_tokens,   g.stop,     g.logprobs,  options_.decode_lookahead,
-        flush_interval, min_tokens, &tokenizer_, /*keep_output=*/!t.session_id.empty()};
+    limits = StreamLimits{g.max_tokens,
+                          g.stop,
+                          g.logprobs,
+                          /*top_logprobs=*/g.logprobs && g.top_logprobs > 0,
+                          options_.decode_lookahead,
+                          flush_interval,
+                          min_tokens,
+                          &tokenizer_,
+                          /*keep_output=*/!t.session_id.empty()};
     t.rng.seed(g.sampling.seed);
     if (g.sampling.presence_penalty != 0.0f || g.sampling.frequency_penalty != 0.0f) {
       t.request_bias = g.sampling.logit_bias;
@@ -448,8 +454,9 @@ int64_t StreamDriver::TokensPerLaunch(const Task& t, int64_t steps) const {
   const ScheduledTask& s = *t.s;
   const StreamTask& stream = s.stream;
   if (s.cancelled || stream.done_sampling() || t.generate->sampling.repetition_penalty != 1.0f ||
-      t.generate->sampling.AdjustsLogits()) {
-    return 1;  // the penalty window and the counts are the host's
+      t.generate->sampling.AdjustsLogits() || t.generate->top_logprobs > 0) {
+    // The penalty window, the counts and the alternatives are the host's.
+    return 1;
   }
   // A session's state must hold exactly the tokens its client was sent, and a rollback
   // restores a row saved where a chunk began. A session stream therefore draws ahead
@@ -531,6 +538,7 @@ void StreamDriver::SampleAndEmit() {
     Task* t = sampling[i];
     work.requests[i] = {t->slot, &t->generate->sampling, &t->rng, &t->recent,
                         t->generate->logprobs};
+    if (t->generate->logprobs) work.requests[i].top_logprobs = t->generate->top_logprobs;
   }
   const StepResult sampled = runner_.Sample(work);
   if (!sampled.status.ok()) {
@@ -547,7 +555,7 @@ void StreamDriver::SampleAndEmit() {
     sampling[i]->pending_token = tokens[i];
   }
   Tick();
-  Apply(scheduler_.AfterSample(sampling_ids, tokens, logprobs, now_));
+  Apply(scheduler_.AfterSample(sampling_ids, tokens, logprobs, now_, &sampled.alternatives));
 }
 
 std::unique_ptr<WorkItem> StreamDriver::TakeTask(Task& t) {

@@ -23,7 +23,18 @@ void StreamTask::MatchStops(std::string_view bytes) {
   }
 }
 
-void StreamTask::AddSampled(int64_t token, float logprob, absl::Time now) {
+namespace {
+// The bytes `token` stands for: the tokenizer's piece, or the byte of a byte-level id.
+std::string_view TokenBytes(const fwmodel::TextTokenizer* tokenizer, int64_t token, char* byte) {
+  if (tokenizer != nullptr) return tokenizer->TokenBytesView(token);
+  if (token < 0 || token >= 256) return {};
+  *byte = static_cast<char>(token);
+  return std::string_view(byte, 1);
+}
+}  // namespace
+
+void StreamTask::AddSampled(int64_t token, float logprob, absl::Time now,
+                            const std::vector<std::pair<int64_t, float>>* alternatives) {
   if (unsent_.token_ids.empty()) {
     unsent_since_ = now;
     decoder_before_unsent_ = decoder_;
@@ -46,6 +57,16 @@ void StreamTask::AddSampled(int64_t token, float logprob, absl::Time now) {
     decoder_.Append(token, &unsent_.text);
   }
   if (limits_.logprobs) unsent_.token_bytes.emplace_back(bytes);
+  if (limits_.logprobs && limits_.top_logprobs) {
+    std::vector<GenerateChunk::Alternative>& top = unsent_.top_logprobs.emplace_back();
+    if (alternatives != nullptr) {
+      top.reserve(alternatives->size());
+      for (const auto& [id, value] : *alternatives) {
+        char alternative_byte = 0;
+        top.push_back({id, value, std::string(TokenBytes(tokenizer, id, &alternative_byte))});
+      }
+    }
+  }
   if (longest_stop_ > 0) MatchStops(bytes);
 }
 

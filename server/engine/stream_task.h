@@ -30,6 +30,8 @@ struct StreamLimits {
   std::vector<std::string> stop;
   // Each chunk carries the sampled tokens' log-probs.
   bool logprobs = false;
+  // With logprobs: each token's alternatives are kept too (GenerateChunk::top_logprobs).
+  bool top_logprobs = false;
   // Unconfirmed tokens at most (--decode-lookahead), >= 1.
   int64_t lookahead = 16;
   // How long the unsent tokens may wait for company (--stream-flush-interval, or the
@@ -60,7 +62,9 @@ class StreamTask {
   bool starts_chunk() const { return unsent_.token_ids.empty(); }
   // Records a sampled token (with its log-prob, kept if asked) in the unsent chunk.
   // `now` starts the chunk's flush clock when the token begins it.
-  void AddSampled(int64_t token, float logprob, absl::Time now);
+  // `alternatives` (may be null): the token's top_logprobs, kept with limits().top_logprobs.
+  void AddSampled(int64_t token, float logprob, absl::Time now,
+                  const std::vector<std::pair<int64_t, float>>* alternatives = nullptr);
   // Whether another token may be sampled now (fewer than `lookahead` unconfirmed).
   bool CanSample() const;
   // Whether the unsent tokens go out now (when no write is in flight): at once unless

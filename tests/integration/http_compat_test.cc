@@ -54,6 +54,16 @@ class HttpCompatTest : public ::testing::Test {
     return r.is_object() && r.contains("choices") ? r["choices"][0]["message"]["content"]
                                                   : "<error>";
   }
+  // A streamed request's events (the JSON chunks, without [DONE]).
+  std::vector<json> StreamEvents(const std::string& target, const json& body) {
+    Reply r = Post(port_, target, body);
+    EXPECT_EQ(r.status, 200) << r.body;
+    std::vector<json> events;
+    for (const std::string& d : ParseSse(r.body).data) {
+      if (d != "[DONE]") events.push_back(json::parse(d));
+    }
+    return events;
+  }
   int64_t SessionTokens(const std::string& id) {
     Reply r = Get(port_, "/fwserve/v1/sessions/" + id);
     EXPECT_EQ(r.status, 200) << r.body;
@@ -376,6 +386,66 @@ TEST_F(HttpCompatTest, LogitBiasSteersTheSampler) {
   EXPECT_NE(outside.body.find("logit_bias: token id 300 is outside the model's vocabulary"),
             std::string::npos)
       << outside.body;
+}
+
+// top_logprobs: each token's alternatives are the model's most likely tokens, most likely
+// first; at temperature 0 the sampled token is the first of them with the same logprob.
+TEST_F(HttpCompatTest, TopLogprobsListTheMostLikelyTokens) {
+  const json messages = {{{"role", "user"}, {"content", "ROMEO:"}}};
+  for (bool stream : {false, true}) {
+    SCOPED_TRACE(stream ? "streamed" : "whole");
+    json body = {{"messages", messages}, {"max_tokens", 6},  {"temperature", 0},
+                 {"logprobs", true},     {"top_logprobs", 5}, {"stream", stream}};
+    std::vector<json> entries;
+    if (stream) {
+      for (const json& event : StreamEvents("/v1/chat/completions", body)) {
+        const json& choices = event["choices"];
+        if (choices.empty() || choices[0]["logprobs"].is_null()) continue;
+        for (const json& e : choices[0]["logprobs"]["content"]) entries.push_back(e);
+      }
+    } else {
+      json reply = PostOk("/v1/chat/completions", body);
+      for (const json& e : reply["choices"][0]["logprobs"]["content"]) entries.push_back(e);
+    }
+    ASSERT_EQ(entries.size(), 6u);
+    for (const json& e : entries) {
+      const json& top = e["top_logprobs"];
+      ASSERT_EQ(top.size(), 5u) << e.dump();
+      EXPECT_EQ(top[0]["token"], e["token"]) << e.dump();
+      EXPECT_NEAR(top[0]["logprob"].get<double>(), e["logprob"].get<double>(), 1e-6);
+      double total = 0;
+      for (size_t i = 0; i < top.size(); ++i) {
+        total += std::exp(top[i]["logprob"].get<double>());
+        if (i > 0) {
+          EXPECT_LE(top[i]["logprob"].get<double>(), top[i - 1]["logprob"].get<double>());
+        }
+        EXPECT_EQ(top[i]["bytes"].size(), 1u);  // a byte-level model
+      }
+      EXPECT_LE(total, 1.0 + 1e-5);
+    }
+  }
+  // The legacy completions form: logprobs = n.
+  json completion = PostOk("/v1/completions", {{"prompt", "ROMEO:"},
+                                               {"max_tokens", 3},
+                                               {"temperature", 0},
+                                               {"logprobs", 3}});
+  const json& legacy = completion["choices"][0]["logprobs"];
+  ASSERT_EQ(legacy["top_logprobs"].size(), 3u) << legacy.dump();
+  for (size_t i = 0; i < 3; ++i) {
+    const json& entry = legacy["top_logprobs"][i];
+    EXPECT_GE(entry.size(), 1u);
+    EXPECT_LE(entry.size(), 3u);
+    const std::string token = legacy["tokens"][i];
+    ASSERT_TRUE(entry.contains(token)) << entry.dump();
+    EXPECT_NEAR(entry[token].get<double>(), legacy["token_logprobs"][i].get<double>(), 1e-6);
+  }
+  Reply too_many = Post(port_, "/v1/chat/completions",
+                        {{"messages", messages}, {"logprobs", true}, {"top_logprobs", 21}});
+  EXPECT_EQ(too_many.status, 400);
+  EXPECT_NE(too_many.body.find("top_logprobs"), std::string::npos) << too_many.body;
+  Reply without = Post(port_, "/v1/chat/completions", {{"messages", messages}, {"top_logprobs", 2}});
+  EXPECT_EQ(without.status, 400);
+  EXPECT_NE(without.body.find("needs 'logprobs'"), std::string::npos) << without.body;
 }
 
 // Item 6: max_completion_tokens wins over max_tokens, whatever their order.

@@ -166,6 +166,54 @@ TEST(SamplerTest, LogitBiasIsAddedAfterThePenalty) {
   EXPECT_FALSE(bad.Validate().ok());
 }
 
+TEST(SamplerTest, AMaskLeavesOnlyItsTokens) {
+  const std::vector<float> logits = {2.0f, 1.0f, -1.0f, 0.5f, 3.0f};
+  std::mt19937_64 rng(5);
+  SamplingParams p;
+  p.temperature = 0;
+  const std::vector<uint8_t> allowed = {0, 1, 1, 0, 0};
+  EXPECT_EQ(SampleToken(logits.data(), 5, p, rng, {}, allowed.data()), 1);
+  p.temperature = 1.5f;
+  std::set<int64_t> drawn;
+  for (int i = 0; i < 400; ++i) drawn.insert(SampleToken(logits.data(), 5, p, rng, {}, allowed.data()));
+  EXPECT_EQ(drawn, (std::set<int64_t>{1, 2}));
+  // A bias cannot bring a masked token back.
+  p.logit_bias = {{4, 100.0f}};
+  for (int i = 0; i < 50; ++i) {
+    const int64_t t = SampleToken(logits.data(), 5, p, rng, {}, allowed.data());
+    EXPECT_TRUE(t == 1 || t == 2) << t;
+  }
+  // Only non-finite logits allowed: the first allowed token.
+  const std::vector<float> odd = {1.0f, -std::numeric_limits<float>::infinity(), 2.0f};
+  const std::vector<uint8_t> only_second = {0, 1, 0};
+  EXPECT_EQ(SampleToken(odd.data(), 3, p, rng, {}, only_second.data()), 1);
+}
+
+TEST(SamplerTest, TopLogProbsAreTheMostLikelyInOrderWithTheirLogProbs) {
+  std::mt19937_64 rng(9);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  std::vector<float> logits(1000);
+  for (float& v : logits) v = normal(rng);
+  logits[17] = logits[18] = 30.0f;  // a tie: the lower id first
+  logits[3] = std::numeric_limits<float>::quiet_NaN();
+  const auto top = fwserve::TopLogProbs(logits.data(), 1000, 20);
+  ASSERT_EQ(top.size(), 20u);
+  EXPECT_EQ(top[0].first, 17);
+  EXPECT_EQ(top[1].first, 18);
+  std::vector<int64_t> order;
+  for (int64_t i = 0; i < 1000; ++i) {
+    if (std::isfinite(logits[i])) order.push_back(i);
+  }
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int64_t a, int64_t b) { return logits[a] > logits[b]; });
+  for (size_t i = 0; i < top.size(); ++i) {
+    EXPECT_EQ(top[i].first, order[i]) << i;
+    EXPECT_NEAR(top[i].second, fwserve::TokenLogProb(logits.data(), 1000, order[i]), 1e-5);
+  }
+  EXPECT_TRUE(fwserve::TopLogProbs(logits.data(), 1000, 0).empty());
+  EXPECT_EQ(fwserve::TopLogProbs(logits.data(), 4, 20).size(), 3u);  // the NaN is never listed
+}
+
 TEST(SamplerTest, RepetitionPenaltyActsOnlyOnTheRecentTokensAndOncePerToken) {
   // The engine passes the last repetition_window tokens as `recent`: a token in it is
   // penalised, one outside it (absent from `recent`) is not.

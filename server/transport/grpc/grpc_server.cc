@@ -447,6 +447,15 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse>,
                                               pending_chunk_.token_ids.end());
       chunk_message_.mutable_logprobs()->Add(pending_chunk_.logprobs.begin(),
                                              pending_chunk_.logprobs.end());
+      for (const std::vector<GenerateChunk::Alternative>& token : pending_chunk_.top_logprobs) {
+        v1::TopLogprobs* entry = chunk_message_.add_top_logprobs();
+        for (const GenerateChunk::Alternative& a : token) {
+          v1::TopLogprobs::Alternative* alternative = entry->add_alternatives();
+          alternative->set_token_id(a.token_id);
+          alternative->set_logprob(a.logprob);
+          alternative->set_bytes(a.bytes);
+        }
+      }
       StartWrite(&chunk_message_);
     });
   }

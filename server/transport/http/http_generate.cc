@@ -106,6 +106,7 @@ class GenerateJob : public GenerateObserver, public std::enable_shared_from_this
         tokens_.token_ids.push_back(chunk.token_ids[i]);
         tokens_.logprobs.push_back(i < chunk.logprobs.size() ? chunk.logprobs[i] : 0.0f);
         tokens_.token_bytes.push_back(TokenBytesAt(chunk, i));
+        if (i < chunk.top_logprobs.size()) tokens_.top_logprobs.push_back(chunk.top_logprobs[i]);
       }
     }
     if (!request_.stream || (text.empty() && !request_.logprobs)) {

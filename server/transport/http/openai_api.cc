@@ -729,6 +729,9 @@ absl::Status FinishGenerateRequest(OpenAiGenerateRequest* request) {
     return FieldError("stream_options", "'stream_options' needs 'stream': true");
   }
   request->params.logprobs = request->logprobs;
+  if (request->params.top_logprobs > 0 && !request->logprobs) {
+    return FieldError("top_logprobs", "'top_logprobs' needs 'logprobs': true");
+  }
   return absl::OkStatus();
 }
 

@@ -52,7 +52,16 @@ std::optional<absl::Status> ParseChatField(const std::string& key, const json& v
     if (b.ok()) out->logprobs = *b;
     return b.status();
   }
-  if (key == "top_logprobs") return must_be(0, "only the sampled tokens' logprobs");
+  if (key == "top_logprobs") {
+    absl::StatusOr<int64_t> n = GetInteger(key, v);
+    if (!n.ok()) return n.status();
+    if (*n < 0 || *n > GenerateParams::kMaxTopLogprobs) {
+      return FieldError(key, absl::StrCat("'top_logprobs' must be in [0, ",
+                                          GenerateParams::kMaxTopLogprobs, "], got ", *n));
+    }
+    p.top_logprobs = static_cast<int32_t>(*n);
+    return absl::OkStatus();
+  }
   if (key == "store") {
     // Whether OpenAI keeps the completion for its dashboard; nothing is kept here either
     // way (state lives in sessions: 'session_id').
@@ -128,6 +137,16 @@ class ChatProtocol final : public EndpointProtocol {
     return request.service_tier.is_null() ? json("default") : request.service_tier;
   }
 
+  // Token i's alternatives: [{token, logprob, bytes}], most likely first.
+  static json TopLogprobs(const GenerateChunk& chunk, size_t i) {
+    json top = json::array();
+    if (i >= chunk.top_logprobs.size()) return top;
+    for (const GenerateChunk::Alternative& a : chunk.top_logprobs[i]) {
+      top.push_back({{"token", a.bytes}, {"logprob", a.logprob}, {"bytes", ByteValues(a.bytes)}});
+    }
+    return top;
+  }
+
   // The chat logprobs object of `chunk`'s tokens.
   static json Logprobs(const GenerateChunk& chunk) {
     json content = json::array();
@@ -136,7 +155,7 @@ class ChatProtocol final : public EndpointProtocol {
       content.push_back({{"token", bytes},
                          {"logprob", i < chunk.logprobs.size() ? chunk.logprobs[i] : 0.0f},
                          {"bytes", ByteValues(bytes)},
-                         {"top_logprobs", json::array()}});
+                         {"top_logprobs", TopLogprobs(chunk, i)}});
     }
     return json{{"content", content}};
   }

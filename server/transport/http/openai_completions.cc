@@ -40,14 +40,16 @@ std::optional<absl::Status> ParseCompletionsField(const std::string& key, const 
     return error;
   }
   if (key == "logprobs") {
+    // The legacy API's logprobs: n = the sampled token's and the n most likely ones'.
     absl::StatusOr<int64_t> n = GetInteger(key, v);
-    absl::Status error = !n.ok() ? n.status()
-                                 : (*n == 0 ? absl::OkStatus()
-                                            : Unsupported(key, v,
-                                                          "only the sampled tokens' logprobs "
-                                                          "(logprobs: 0)"));
-    out->logprobs = error.ok();
-    return error;
+    if (!n.ok()) return n.status();
+    if (*n < 0 || *n > GenerateParams::kMaxTopLogprobs) {
+      return FieldError(key, absl::StrCat("'logprobs' must be in [0, ",
+                                          GenerateParams::kMaxTopLogprobs, "], got ", *n));
+    }
+    out->logprobs = true;
+    out->params.top_logprobs = static_cast<int32_t>(*n);
+    return absl::OkStatus();
   }
   if (key == "echo") {
     return v == json(false) ? absl::OkStatus() : Unsupported(key, v, "the prompt is not echoed");
@@ -101,12 +103,22 @@ class CompletionsProtocol final : public EndpointProtocol {
 
   // The legacy logprobs object of `chunk`'s tokens.
   static json Logprobs(const GenerateChunk& chunk) {
-    json tokens = json::array(), values = json::array();
+    json tokens = json::array(), values = json::array(), top = json::array();
     for (size_t i = 0; i < chunk.token_ids.size(); ++i) {
       tokens.push_back(TokenBytesAt(chunk, i));
       values.push_back(i < chunk.logprobs.size() ? chunk.logprobs[i] : 0.0f);
+      if (i < chunk.top_logprobs.size()) {
+        // {token text: logprob}; a text two alternatives share keeps the likelier one.
+        json entry = json::object();
+        for (const GenerateChunk::Alternative& a : chunk.top_logprobs[i]) {
+          if (!entry.contains(a.bytes)) entry[a.bytes] = a.logprob;
+        }
+        top.push_back(std::move(entry));
+      }
     }
-    return json{{"tokens", tokens}, {"token_logprobs", values}, {"top_logprobs", nullptr}};
+    return json{{"tokens", tokens},
+                {"token_logprobs", values},
+                {"top_logprobs", chunk.top_logprobs.empty() ? json(nullptr) : top}};
   }
 
   const std::string model_;
