@@ -21,6 +21,7 @@ add_executable(fwserve_model_tests
   unit/batch_sampler_test.cc
   unit/rwkv_test.cc
   unit/delta_net_test.cc
+  unit/gpu_bodies_test.cc
 )
 # The CUDA equivalence cases only where this LibTorch has CUDA: on a CPU LibTorch they
 # could only skip, and under CI a skipped test fails the run (scripts/test.sh).
@@ -30,6 +31,8 @@ if(TORCH_CUDA_LIBRARIES OR FWSERVE_CUDA_TESTS)
   message(STATUS "fwserve: CUDA equivalence tests built (LibTorch has CUDA)")
 endif()
 target_compile_options(fwserve_model_tests PRIVATE ${FWSERVE_WARNINGS})
+# The GPU kernels' bodies (models/gpu) vectorise their loops with `#pragma omp simd`.
+set_source_files_properties(unit/gpu_bodies_test.cc PROPERTIES COMPILE_OPTIONS -fopenmp-simd)
 target_link_libraries(fwserve_model_tests PRIVATE fwserve_test_util GTest::gtest_main)
 target_precompile_headers(fwserve_model_tests REUSE_FROM fwserve_tensor_pch)
 # Debian's python3 runs tools/convert_rwkv_cpp.py (standard library only) in rwkv_test.cc.

@@ -15,10 +15,23 @@
 //   h += (y ⊙ g)·Oᵀ
 // then the channel mix, with x = LN(h; ln2) and its own shift:
 //   h += relu((x + (x' − x) ⊙ x_k)·keyᵀ)² · valueᵀ
+//
+// On CUDA float32 tensors (without autograd) and where models/gpu built it
+// (FWSERVE_CUDA_KERNELS), everything of the time mix between the projections and O runs
+// as one launch of the fused kernel (models/gpu/rwkv7_wkv.h): w's and a's activations,
+// kk, the key's and the value's adjustments, the recurrence over the T tokens, the
+// GroupNorm, the bonus and the gate. Elsewhere LibTorch ops, token by token.
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
 #include "models/architectures/rwkv_block.h"
+
+#if defined(FWSERVE_CUDA_KERNELS)
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "models/gpu/rwkv7_wkv.h"
+#endif
 
 namespace fwmodel {
 namespace {
@@ -140,21 +153,48 @@ class Rwkv7Block final : public RwkvBlock {
 
   torch::Tensor Forward(const torch::Tensor& h, torch::Tensor* state,
                         torch::Tensor* v_first) const override {
-    const int64_t B = h.size(0), T = h.size(1), d = config_.d_model, H = config_.n_heads,
-                  N = config_.d_head();
-    // ---- Time mix
+    const int64_t d = config_.d_model;
+    // ---- Time mix: the projections
     torch::Tensor x = torch::layer_norm(h, {d}, ln1_w_, ln1_b_, config_.norm_eps);
     torch::Tensor delta = TokenShift(x, &state[0]) - x;
     torch::Tensor xp[6];
     for (int p = 0; p < 6; ++p) xp[p] = torch::addcmul(x, delta, mix_[p]);
-    torch::Tensor r = torch::linear(xp[0], r_);
-    torch::Tensor w =
-        torch::exp(torch::sigmoid(torch::linear(torch::tanh(torch::linear(xp[1], w1_)), w2_, w0_)) *
-                   -std::exp(-0.5));
-    torch::Tensor k = torch::linear(xp[2], k_);
-    torch::Tensor v = torch::linear(xp[3], v_);
-    torch::Tensor a = torch::sigmoid(torch::linear(torch::linear(xp[4], a1_), a2_, a0_));
-    torch::Tensor g = torch::linear(torch::sigmoid(torch::linear(xp[5], g1_)), g2_);
+    Projections pr;
+    pr.r = torch::linear(xp[0], r_);
+    pr.w_raw = torch::linear(torch::tanh(torch::linear(xp[1], w1_)), w2_, w0_);
+    pr.k = torch::linear(xp[2], k_);
+    pr.v = torch::linear(xp[3], v_);
+    pr.a_raw = torch::linear(torch::linear(xp[4], a1_), a2_, a0_);
+    pr.g = torch::linear(torch::sigmoid(torch::linear(xp[5], g1_)), g2_);
+    if (layer_ > 0) pr.v_raw = torch::linear(torch::linear(xp[3], v1_), v2_, v0_);
+    // ---- The recurrence, GroupNorm, bonus and gate
+    torch::Tensor y;  // [B, T, d], gated
+#if defined(FWSERVE_CUDA_KERNELS)
+    if (FusedApplies(h, state)) y = FusedTimeMix(pr, state, v_first);
+#endif
+    if (!y.defined()) y = TimeMix(pr, state, v_first);
+    torch::Tensor out = h + torch::linear(y, o_);
+    // ---- Channel mix
+    torch::Tensor xf = torch::layer_norm(out, {d}, ln2_w_, ln2_b_, config_.norm_eps);
+    torch::Tensor xk = torch::addcmul(xf, TokenShift(xf, &state[2]) - xf, ffn_x_k_);
+    return out + torch::linear(torch::relu(torch::linear(xk, ffn_key_)).square(), ffn_value_);
+  }
+
+ private:
+  // The time mix's projections of x_p, [B, T, d] each; v_raw (v0 + (x_v·v1ᵀ)·v2ᵀ) in
+  // blocks > 0 only.
+  struct Projections {
+    torch::Tensor r, w_raw, k, v, a_raw, g, v_raw;
+  };
+
+  // The time mix after the projections in LibTorch ops: returns y ⊙ g [B, T, d] and
+  // replaces state[1] (the wkv state) and, in block 0, *v_first.
+  torch::Tensor TimeMix(const Projections& pr, torch::Tensor* state, torch::Tensor* v_first) const {
+    const int64_t B = pr.r.size(0), T = pr.r.size(1), d = config_.d_model, H = config_.n_heads,
+                  N = config_.d_head();
+    torch::Tensor w = torch::exp(torch::sigmoid(pr.w_raw) * -std::exp(-0.5));
+    torch::Tensor k = pr.k, v = pr.v;
+    torch::Tensor a = torch::sigmoid(pr.a_raw);
     // F.normalize(p=2, dim=-1, eps=1e-12), as LibTorch's functional computes it.
     torch::Tensor kk = (k * k_k_).view({B, T, H, N});
     kk = kk / kk.norm(2.0, -1, /*keepdim=*/true).clamp_min(1e-12).expand_as(kk);
@@ -162,11 +202,11 @@ class Rwkv7Block final : public RwkvBlock {
     if (layer_ == 0) {
       *v_first = v;
     } else {
-      v = v + (*v_first - v) * torch::sigmoid(torch::linear(torch::linear(xp[3], v1_), v2_, v0_));
+      v = v + (*v_first - v) * torch::sigmoid(pr.v_raw);
     }
     // The generalised delta rule, token by token; state [B, H, N(v), N(k)].
-    torch::Tensor rh = r.view({B, T, H, N}), wh = w.view({B, T, H, N}), kh = k.view({B, T, H, N}),
-                  vh = v.view({B, T, H, N});
+    torch::Tensor rh = pr.r.view({B, T, H, N}), wh = w.view({B, T, H, N}),
+                  kh = k.view({B, T, H, N}), vh = v.view({B, T, H, N});
     torch::Tensor bh = kk * a.view({B, T, H, N});
     torch::Tensor S = state[1];
     std::vector<torch::Tensor> ys;
@@ -186,14 +226,84 @@ class Rwkv7Block final : public RwkvBlock {
     y = y.reshape({B, T, d}) * ln_x_w_ + ln_x_b_;
     torch::Tensor bonus = (rh * kh * r_k_).sum(-1, /*keepdim=*/true) * vh;  // [B, T, H, N]
     y = y + bonus.reshape({B, T, d});
-    torch::Tensor out = h + torch::linear(y * g, o_);
-    // ---- Channel mix
-    torch::Tensor xf = torch::layer_norm(out, {d}, ln2_w_, ln2_b_, config_.norm_eps);
-    torch::Tensor xk = torch::addcmul(xf, TokenShift(xf, &state[2]) - xf, ffn_x_k_);
-    return out + torch::linear(torch::relu(torch::linear(xk, ffn_key_)).square(), ffn_value_);
+    return y * pr.g;
   }
 
- private:
+#if defined(FWSERVE_CUDA_KERNELS)
+  // Whether the fused kernel may run this block: float32 CUDA tensors, a head the
+  // kernel takes, and no autograd graph to record (the kernel has no backward).
+  bool FusedApplies(const torch::Tensor& h, const torch::Tensor* state) const {
+    if (!h.is_cuda() || h.scalar_type() != torch::kFloat32 ||
+        state[1].scalar_type() != torch::kFloat32 ||
+        config_.d_head() > fwmodel::kernels::kRwkv7WkvMaxN) {
+      return false;
+    }
+    if (c10::GradMode::is_enabled()) {
+      for (const torch::Tensor* t :
+           {&h,   &state[1], &r_,  &k_,  &v_,  &w0_,  &w1_,  &w2_,  &a0_,     &a1_,    &a2_,
+            &v0_, &v1_,      &v2_, &g1_, &g2_, &k_k_, &k_a_, &r_k_, &ln_x_w_, &ln_x_b_}) {
+        if (t->defined() && t->requires_grad()) return false;
+      }
+    }
+    return true;
+  }
+
+  // TimeMix's result by one launch of the fused kernel on the current stream of h's
+  // device. Contiguous float32 inputs (the projections already are; anything else is
+  // copied), a new state tensor (state[1] is replaced, not written: Block's contract),
+  // no host synchronisation, so it runs inside CUDA Graph capture as the ops around it.
+  torch::Tensor FusedTimeMix(const Projections& pr, torch::Tensor* state,
+                             torch::Tensor* v_first) const {
+    const int64_t B = pr.r.size(0), T = pr.r.size(1), H = config_.n_heads, N = config_.d_head();
+    if (layer_ == 0) *v_first = pr.v;
+    const c10::cuda::CUDAGuard device(pr.r.device());
+    auto dense = [](const torch::Tensor& t) { return t.contiguous(); };
+    const torch::Tensor r = dense(pr.r), w_raw = dense(pr.w_raw), k = dense(pr.k), v = dense(pr.v),
+                        a_raw = dense(pr.a_raw), g = dense(pr.g);
+    torch::Tensor v_raw, first;
+    if (layer_ > 0) {
+      v_raw = dense(pr.v_raw);
+      first = dense(*v_first);
+    }
+    const torch::Tensor k_k = dense(k_k_), k_a = dense(k_a_), r_k = dense(r_k_),
+                        ln_w = dense(ln_x_w_), ln_b = dense(ln_x_b_);
+    const torch::Tensor S_in = dense(state[1]);
+    torch::Tensor S_out = torch::empty_like(S_in, torch::MemoryFormat::Contiguous);
+    torch::Tensor y = torch::empty_like(r, torch::MemoryFormat::Contiguous);
+    fwmodel::kernels::Rwkv7WkvArgs args;
+    args.B = B;
+    args.T = T;
+    args.H = H;
+    args.N = N;
+    args.r = r.data_ptr<float>();
+    args.w_raw = w_raw.data_ptr<float>();
+    args.a_raw = a_raw.data_ptr<float>();
+    args.k = k.data_ptr<float>();
+    args.v = v.data_ptr<float>();
+    args.g = g.data_ptr<float>();
+    if (layer_ > 0) {
+      args.v_raw = v_raw.data_ptr<float>();
+      args.v_first = first.data_ptr<float>();
+    }
+    args.k_k = k_k.data_ptr<float>();
+    args.k_a = k_a.data_ptr<float>();
+    args.r_k = r_k.data_ptr<float>();
+    args.ln_w = ln_w.data_ptr<float>();
+    args.ln_b = ln_b.data_ptr<float>();
+    args.state_in = S_in.data_ptr<float>();
+    args.state_out = S_out.data_ptr<float>();
+    args.y = y.data_ptr<float>();
+    args.eps = static_cast<float>(static_cast<double>(N) * config_.norm_eps);
+    args.first_layer = layer_ == 0;
+    const int error =
+        fwmodel::kernels::LaunchRwkv7Wkv(args, c10::cuda::getCurrentCUDAStream().stream());
+    TORCH_CHECK(error == 0, "rwkv7 block ", layer_, ": the fused time-mix kernel failed: ",
+                fwmodel::kernels::Rwkv7WkvErrorString(error));
+    state[1] = S_out;
+    return y;
+  }
+#endif
+
   torch::Tensor mix_[6];
   torch::Tensor ln1_w_, ln1_b_, ln2_w_, ln2_b_;
   torch::Tensor r_, k_, v_, o_;

@@ -9,16 +9,7 @@
 #include <cmath>
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define FW_HOST_DEVICE __host__ __device__
-#define FW_SIMD
-#define FW_SIMD_SUM(x)
-#else
-#define FW_HOST_DEVICE
-#define FW_PRAGMA(text) _Pragma(#text)
-#define FW_SIMD FW_PRAGMA(omp simd)
-#define FW_SIMD_SUM(x) FW_PRAGMA(omp simd reduction(+ : x))
-#endif
+#include "models/gpu/host_device.h"
 
 namespace fwmodel::kernels {
 

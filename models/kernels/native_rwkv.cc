@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "models/architectures/native_math.h"
+#include "models/gpu/rwkv7_rule.h"
 #include "models/kernels/native_gemm.h"
 #include "models/kernels/native_parallel.h"
 #include "models/kernels/native_rows.h"
@@ -17,14 +18,11 @@ namespace {
 
 using native::FastExp;
 using native::ParallelRows;
-using native::Sigmoid;
 
 // Sessions per task of the norm and token-shift loop.
 constexpr int64_t kRwkvRowGrain = 16;
 // (session, head) pairs per task of the recurrence (a 64-wide head's token: ~5 µs).
 constexpr int64_t kHeadGrain = 16;
-// −e^{−1/2}: w = exp(−e^{−1/2} · sigmoid(·)), as rwkv7.cc rounds it to float.
-constexpr float kDecayScale = static_cast<float>(-0.60653065971263342);
 
 using native::Epilogue;
 using native::Gemm;
@@ -93,62 +91,64 @@ struct HeadWeights {
 
 // Advances the head's state S [n (value i), n (key j)] past one token, in place:
 //   S ← S·diag(w) + (S·(−kk)) (kk ⊙ a)ᵀ + v kᵀ;  y = S·r
-// then y = (GroupNorm(y) + (r · (k ⊙ r_k)) v) ⊙ g. `scratch`: 3n floats.
+// then y = (GroupNorm(y) + (r · (k ⊙ r_k)) v) ⊙ g. The per-element bodies are
+// models/gpu/rwkv7_rule.h's, which the CUDA kernel runs too; the reductions are this
+// loop's (vectorised). `scratch`: 3n floats.
 FW_VECTOR_KERNEL
 void HeadStep(int64_t n, float* __restrict S, const HeadToken& t, const HeadWeights& hw,
               float* __restrict scratch) {
+  using kernels::Rwkv7Channel;
   float* __restrict w = scratch;
   float* __restrict neg_kk = scratch + n;
   float* __restrict kk_a = scratch + 2 * n;
   float* __restrict k = t.k;
   float* __restrict v = t.v;
   float squares = 0;
-#pragma omp simd reduction(+ : squares)
+  FW_SIMD_SUM(squares)
   for (int64_t j = 0; j < n; ++j) {
-    const float kk = k[j] * hw.k_k[j];
+    const float kk = kernels::Rwkv7KkRaw(k[j], hw.k_k[j]);
     neg_kk[j] = kk;
     squares += kk * kk;
   }
-  const float norm = std::max(std::sqrt(squares), 1e-12f);  // F.normalize's eps
-#pragma omp simd
+  const float norm = kernels::Rwkv7KkNorm(squares);
+  FW_SIMD
   for (int64_t j = 0; j < n; ++j) {
-    const float a = Sigmoid(t.a_raw[j]);
-    w[j] = FastExp(Sigmoid(t.w_raw[j]) * kDecayScale);
-    const float kk = neg_kk[j] / norm;
-    neg_kk[j] = -kk;
-    kk_a[j] = kk * a;
-    k[j] = k[j] * (1 + (a - 1) * hw.k_a[j]);
+    const Rwkv7Channel c =
+        kernels::Rwkv7PrepareChannel(t.w_raw[j], t.a_raw[j], neg_kk[j], norm, k[j], hw.k_a[j]);
+    w[j] = c.w;
+    neg_kk[j] = c.neg_kk;
+    kk_a[j] = c.kk_a;
+    k[j] = c.k;
   }
   if (t.v_raw == nullptr) {
     std::memcpy(t.v_first, v, sizeof(float) * n);
   } else {
     const float* __restrict v_first = t.v_first;
-#pragma omp simd
-    for (int64_t i = 0; i < n; ++i) v[i] = v[i] + (v_first[i] - v[i]) * Sigmoid(t.v_raw[i]);
+    const float* __restrict v_raw = t.v_raw;
+    FW_SIMD
+    for (int64_t i = 0; i < n; ++i) v[i] = kernels::Rwkv7ValueMix(v[i], v_first[i], v_raw[i]);
   }
   const float* __restrict r = t.r;
   float* __restrict y = t.y;
   for (int64_t i = 0; i < n; ++i) {
-    float* __restrict row = S + i * n;
-    float sa = 0;
-#pragma omp simd reduction(+ : sa)
-    for (int64_t j = 0; j < n; ++j) sa += row[j] * neg_kk[j];
-    const float vi = v[i];
-    float yi = 0;
-#pragma omp simd reduction(+ : yi)
-    for (int64_t j = 0; j < n; ++j) {
-      const float s = row[j] * w[j] + sa * kk_a[j] + vi * k[j];
-      row[j] = s;
-      yi += s * r[j];
-    }
-    y[i] = yi;
+    y[i] = kernels::Rwkv7RowUpdate(n, S + i * n, w, neg_kk, kk_a, k, r, v[i]);
   }
-  native::LayerNormRows(y, 1, n, hw.ln_w, hw.ln_b, hw.eps, y);  // ln_x: this head's group
+  // ln_x: this head's group.
+  float sum = 0;
+  FW_SIMD_SUM(sum)
+  for (int64_t i = 0; i < n; ++i) sum += y[i];
+  const float mean = kernels::Rwkv7GroupNormMean(sum, n);
+  float centered = 0;
+  FW_SIMD_SUM(centered)
+  for (int64_t i = 0; i < n; ++i) centered += (y[i] - mean) * (y[i] - mean);
+  const float inv = kernels::Rwkv7GroupNormInv(centered, n, hw.eps);
   float bonus = 0;
-#pragma omp simd reduction(+ : bonus)
-  for (int64_t j = 0; j < n; ++j) bonus += r[j] * k[j] * hw.r_k[j];
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) y[i] = (y[i] + bonus * v[i]) * t.g[i];
+  FW_SIMD_SUM(bonus)
+  for (int64_t j = 0; j < n; ++j) bonus += kernels::Rwkv7BonusTerm(r[j], k[j], hw.r_k[j]);
+  FW_SIMD
+  for (int64_t i = 0; i < n; ++i) {
+    y[i] = kernels::Rwkv7Output(y[i], mean, inv, hw.ln_w[i], hw.ln_b[i], bonus, v[i], t.g[i]);
+  }
 }
 
 }  // namespace

@@ -16,17 +16,18 @@ import sys
 # high. models/ is below every server/ folder that uses it.
 MODELS_ALLOWED = {
     "models/base": set(),
+    "models/gpu": {"models/base"},
     "models/tokenizers": {"models/base"},
     "models/sampling": {"models/base"},
-    "models/architectures": {"models/base"},
+    "models/architectures": {"models/base", "models/gpu"},
     "models/checkpoints": {"models/base", "models/architectures"},
-    "models/kernels": {"models/base", "models/sampling", "models/architectures"},
+    "models/kernels": {"models/base", "models/sampling", "models/architectures", "models/gpu"},
     "models/training": {"models/base", "models/tokenizers", "models/sampling",
                         "models/architectures", "models/checkpoints", "models/kernels"},
 }
 MODELS = set(MODELS_ALLOWED)
 # What of models/ the server's torch-free layers may include: the torch-free libraries.
-MODELS_TORCH_FREE_USE = {"models/base", "models/tokenizers", "models/sampling",
+MODELS_TORCH_FREE_USE = {"models/base", "models/gpu", "models/tokenizers", "models/sampling",
                          "models/checkpoints"}
 SERVER_ALLOWED = {
     "server/base": set(),
@@ -54,8 +55,8 @@ ALLOWED = {**MODELS_ALLOWED, **SERVER_ALLOWED}
 # directly or through any project header.
 TORCH_FREE = {"server/base", "server/api", "server/metrics", "server/sessions/store",
               "server/sessions", "server/tenancy", "server/core", "server/transport/grpc",
-              "server/transport/http", "server", "models/base", "models/tokenizers",
-              "client", "client/fwctl"}
+              "server/transport/http", "server", "models/base", "models/gpu",
+              "models/tokenizers", "client", "client/fwctl"}
 # Torch-free files inside a LibTorch folder: the engine's scheduler library
 # (fwserve_scheduler) and the interface the core sees the engine through; models'
 # torch-free libraries (fwserve_sampling, fwserve_safetensors, fwserve_gemm) and the
