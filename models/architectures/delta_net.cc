@@ -2,6 +2,11 @@
 //
 // The sequence form runs the recurrence token by token (fla's fused_recurrent form, not its
 // chunked one), so Forward over T tokens is T Steps up to rounding.
+//
+// On CUDA float32 tensors (without autograd) and where models/gpu built it
+// (FWSERVE_CUDA_KERNELS), the recurrence over the T tokens with the output RMSNorm and gate
+// runs as one launch of the fused kernel (models/gpu/delta_rule_cuda.h). Elsewhere
+// LibTorch ops, token by token.
 #include "models/architectures/delta_net.h"
 
 #include <cmath>
@@ -10,6 +15,15 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+
+#if defined(FWSERVE_CUDA_KERNELS)
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include <initializer_list>
+
+#include "models/gpu/delta_rule_cuda.h"
+#endif
 
 namespace fwmodel {
 namespace {
@@ -169,10 +183,6 @@ class DeltaNetBlock final : public Block {
       k = k / k.sum(-1, /*keepdim=*/true);
     }
     q = q * (1.0 / std::sqrt(static_cast<double>(K)));
-    if (HV > H) {  // value head j reads q/k head j / (HV / H)
-      q = q.repeat_interleave(HV / H, 2);
-      k = k.repeat_interleave(HV / H, 2);
-    }
     torch::Tensor beta = b_.defined() ? torch::sigmoid(torch::linear(x, b_))
                                       : torch::ones({B, T, HV}, h.options());  // [B, T, HV]
     if (config_.allow_neg_eigval) beta = beta * 2.0;
@@ -180,8 +190,35 @@ class DeltaNetBlock final : public Block {
     if (gated_) {
       decay = torch::exp(-torch::exp(a_log_) * torch::softplus(torch::linear(x, a_) + dt_bias_));
     }
-    // The delta rule, token by token; S [B, HV, K, V].
-    torch::Tensor S = state[0];
+    torch::Tensor gate;  // [B, T, HV·V], before its silu
+    if (g_.defined()) gate = torch::linear(x, g_);
+    // ---- The recurrence, the output norm and the gate: o [B, T, HV, V]
+    torch::Tensor o;
+#if defined(FWSERVE_CUDA_KERNELS)
+    if (FusedApplies({&q, &k, &v, &beta, &decay, &gate, &state[0], &o_norm_})) {
+      o = FusedDeltaRule(q, k, v, beta, decay, gate, &state[0]);
+    }
+#endif
+    if (!o.defined()) o = DeltaRule(q, k, v, beta, decay, gate, &state[0]);
+    torch::Tensor out = h + torch::linear(o.reshape({B, T, HV * V}), o_);
+    torch::Tensor y = RmsNorm(out, mlp_norm_, eps);
+    return out + torch::linear(torch::silu(torch::linear(y, gate_)) * torch::linear(y, up_), down_);
+  }
+
+ private:
+  // The recurrence in LibTorch ops, token by token, then the output norm and gate: q, k
+  // [B, T, H, K] (activated, normalised, q scaled), v [B, T, HV, V], beta [B, T, HV], decay
+  // [B, T, HV] (gated_deltanet; else undefined), gate [B, T, HV·V] (use_gate; else
+  // undefined). Returns o [B, T, HV, V] and replaces *S [B, HV, K, V].
+  torch::Tensor DeltaRule(torch::Tensor q, torch::Tensor k, const torch::Tensor& v,
+                          const torch::Tensor& beta, const torch::Tensor& decay,
+                          const torch::Tensor& gate, torch::Tensor* state) const {
+    const int64_t B = v.size(0), T = v.size(1), H = heads_, HV = value_heads_, V = value_dim_;
+    if (HV > H) {  // value head j reads q/k head j / (HV / H)
+      q = q.repeat_interleave(HV / H, 2);
+      k = k.repeat_interleave(HV / H, 2);
+    }
+    torch::Tensor S = *state;
     std::vector<torch::Tensor> outputs;
     outputs.reserve(static_cast<size_t>(T));
     for (int64_t t = 0; t < T; ++t) {
@@ -192,15 +229,73 @@ class DeltaNetBlock final : public Block {
       S = S + kt.transpose(-1, -2) * u.unsqueeze(-2);                                 // + k uᵀ
       outputs.push_back(torch::matmul(q.select(1, t).unsqueeze(-2), S).squeeze(-2));  // Sᵀq
     }
-    state[0] = S;
-    torch::Tensor o = RmsNorm(torch::stack(outputs, 1), o_norm_, eps);  // [B, T, HV, V]
-    if (g_.defined()) o = o * torch::silu(torch::linear(x, g_).view({B, T, HV, V}));
-    torch::Tensor out = h + torch::linear(o.reshape({B, T, HV * V}), o_);
-    torch::Tensor y = RmsNorm(out, mlp_norm_, eps);
-    return out + torch::linear(torch::silu(torch::linear(y, gate_)) * torch::linear(y, up_), down_);
+    *state = S;
+    torch::Tensor o = RmsNorm(torch::stack(outputs, 1), o_norm_, config_.norm_eps);
+    if (gate.defined()) o = o * torch::silu(gate.view({B, T, HV, V}));
+    return o;
   }
 
- private:
+#if defined(FWSERVE_CUDA_KERNELS)
+  // Whether the fused kernel may run this block's recurrence on these tensors (the
+  // undefined ones, decay and gate, are absent): float32 CUDA tensors, heads the kernel
+  // takes, and no autograd graph to record (the kernel has no backward).
+  bool FusedApplies(std::initializer_list<const torch::Tensor*> tensors) const {
+    if (key_dim_ > fwmodel::kernels::kDeltaRuleMaxK ||
+        value_dim_ > fwmodel::kernels::kDeltaRuleMaxV) {
+      return false;
+    }
+    for (const torch::Tensor* t : tensors) {
+      if (!t->defined()) continue;
+      if (!t->is_cuda() || t->scalar_type() != torch::kFloat32 || t->requires_grad()) return false;
+    }
+    return true;
+  }
+
+  // DeltaRule's result by one launch of the fused kernel on the current stream of q's
+  // device. Contiguous float32 inputs (anything else is copied), a new state tensor (*state
+  // is replaced, not written: Block's contract), no host synchronisation, so it runs inside
+  // CUDA Graph capture as the ops around it.
+  torch::Tensor FusedDeltaRule(const torch::Tensor& q, const torch::Tensor& k,
+                               const torch::Tensor& v, const torch::Tensor& beta,
+                               const torch::Tensor& decay, const torch::Tensor& gate,
+                               torch::Tensor* state) const {
+    const c10::cuda::CUDAGuard device(q.device());
+    auto dense = [](const torch::Tensor& t) { return t.contiguous(); };
+    const torch::Tensor q_in = dense(q), k_in = dense(k), v_in = dense(v), beta_in = dense(beta),
+                        norm_weight = dense(o_norm_);
+    torch::Tensor decay_in, gate_in;
+    if (decay.defined()) decay_in = dense(decay);
+    if (gate.defined()) gate_in = dense(gate);
+    const torch::Tensor S_in = dense(*state);
+    torch::Tensor S_out = torch::empty_like(S_in, torch::MemoryFormat::Contiguous);
+    torch::Tensor o = torch::empty_like(v_in, torch::MemoryFormat::Contiguous);
+    fwmodel::kernels::DeltaRuleArgs args;
+    args.B = v_in.size(0);
+    args.T = v_in.size(1);
+    args.H = heads_;
+    args.HV = value_heads_;
+    args.K = key_dim_;
+    args.V = value_dim_;
+    args.q = q_in.data_ptr<float>();
+    args.k = k_in.data_ptr<float>();
+    args.v = v_in.data_ptr<float>();
+    args.beta = beta_in.data_ptr<float>();
+    if (decay_in.defined()) args.decay = decay_in.data_ptr<float>();
+    if (gate_in.defined()) args.gate = gate_in.data_ptr<float>();
+    args.norm_weight = norm_weight.data_ptr<float>();
+    args.state_in = S_in.data_ptr<float>();
+    args.state_out = S_out.data_ptr<float>();
+    args.o = o.data_ptr<float>();
+    args.eps = static_cast<float>(config_.norm_eps);
+    const int error =
+        fwmodel::kernels::LaunchDeltaRule(args, c10::cuda::getCurrentCUDAStream().stream());
+    TORCH_CHECK(error == 0, "delta_net block ", layer_, ": the fused delta-rule kernel failed: ",
+                fwmodel::kernels::DeltaRuleErrorString(error));
+    *state = S_out;
+    return o;
+  }
+#endif
+
   torch::Tensor QkActivation(const torch::Tensor& x) const {
     const std::string& act = config_.qk_activation;
     if (act == "silu") return torch::silu(x);

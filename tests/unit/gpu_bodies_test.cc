@@ -16,8 +16,10 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "models/architectures/delta_net.h"
 #include "models/architectures/model.h"
 #include "models/architectures/rwkv_block.h"
+#include "models/gpu/delta_rule_cuda_host.h"
 #include "models/gpu/rwkv7_wkv_host.h"
 #include "tests/unit/test_models.h"
 
@@ -171,6 +173,165 @@ TEST(GpuBodiesArgsTest, RefusesWhatTheLauncherRefuses) {
   args.N = 8;
   args.first_layer = false;
   EXPECT_FALSE(fwmodel::kernels::RunRwkv7WkvOnHost(args));
+}
+
+// The fused DeltaNet / Gated DeltaNet delta-rule kernel's grid (models/gpu/delta_rule_cuda.cu),
+// run on the CPU by its mirror (models/gpu/delta_rule_cuda_host.h: the same blocks,
+// threads, phases and halving reduction over delta_rule_column.h's bodies), equals the
+// LibTorch block (delta_net.cc's Forward, token by token) within 1e-4 relative: the
+// normed, gated output o and the new state, at T = 1 and T = 5, with heads of 8, 16 and
+// 64 (K = V), DeltaNet and Gated DeltaNet, and Gated DeltaNet with two value heads per
+// q/k head; in place, the same bits. The reference's o is read through the block: with
+// o_proj the identity (d_model = HV·V) and the MLP's down_proj zero, Forward returns h + o.
+struct DeltaShape {
+  bool gated;
+  int width;  // K = V
+  int nu;     // value heads per q/k head
+};
+
+class GpuBodiesDeltaRuleTest : public testing::TestWithParam<std::tuple<DeltaShape, int64_t>> {};
+
+TEST_P(GpuBodiesDeltaRuleTest, HostGridEqualsLibTorchBlock) {
+  c10::NoGradGuard no_grad;
+  const auto [shape, T] = GetParam();
+  const int64_t H = 2, HV = H * shape.nu, K = shape.width, V = shape.width, B = 3;
+  const fwtest::ConfigCase config_case{
+      shape.gated ? fwmodel::Architecture::kGatedDeltaNet : fwmodel::Architecture::kDeltaNet,
+      fwmodel::FfnKind::kSwiglu,
+      0,
+      shape.nu,
+      false,
+      static_cast<int>(HV * V),
+      static_cast<int>(H)};
+  fwmodel::ModelConfig config = config_case.Config();
+  config.head_k_dim = static_cast<int>(K);
+  config.head_v_dim = static_cast<int>(V);
+  ASSERT_TRUE(config.Validate().ok()) << config.Validate();
+  ASSERT_FALSE(config.use_short_conv);
+  ASSERT_TRUE(config.use_gate);
+  const int64_t d = config.d_model;
+  const fwmodel::Model model = fwtest::RandomModel(config, /*seed=*/5);
+  std::map<std::string, torch::Tensor> weights = model.ExportWeights();
+  torch::manual_seed(static_cast<uint64_t>(K * 100 + HV * 10 + T));
+  const std::string p = "blocks.0.";
+  weights[p + "attn.o_proj.weight"] = torch::eye(d);
+  weights[p + "mlp.down_proj.weight"] = torch::zeros_like(weights.at(p + "mlp.down_proj.weight"));
+  // A non-trivial o_norm weight, so that its indexing is checked too.
+  weights[p + "attn.o_norm.weight"] = torch::rand({V}) + 0.5;
+  auto block = fwmodel::MakeDeltaNetBlock(config, 0);
+  block->Bind([&](const std::string& suffix) { return weights.at(p + suffix); });
+  auto weight = [&](const std::string& name) { return weights.at(p + name); };
+  SCOPED_TRACE(
+      absl::StrCat(shape.gated ? "gated" : "ungated", ", K = V = ", K, ", HV = ", HV, ", T = ", T));
+
+  const torch::Tensor h = torch::randn({B, T, d});
+  const torch::Tensor S0 = torch::randn({B, HV, K, V}) * 0.3;
+  torch::Tensor ref_state[1] = {S0.clone()};
+  const torch::Tensor o_ref = block->Forward(h, ref_state, nullptr) - h;
+
+  // The block's inputs to the kernel, as delta_net.cc computes them (silu, l2).
+  const double eps = config.norm_eps;
+  const torch::Tensor x = fwmodel::RmsNorm(h, weight("attn_norm.weight"), eps);
+  torch::Tensor q = torch::silu(torch::linear(x, weight("attn.q_proj.weight"))).view({B, T, H, K});
+  torch::Tensor k = torch::silu(torch::linear(x, weight("attn.k_proj.weight"))).view({B, T, H, K});
+  q = q / torch::sqrt(q.square().sum(-1, /*keepdim=*/true) + 1e-6);
+  k = k / torch::sqrt(k.square().sum(-1, /*keepdim=*/true) + 1e-6);
+  q = (q * (1.0 / std::sqrt(static_cast<double>(K)))).contiguous();
+  k = k.contiguous();
+  const torch::Tensor v =
+      torch::silu(torch::linear(x, weight("attn.v_proj.weight"))).view({B, T, HV, V}).contiguous();
+  const torch::Tensor beta = torch::sigmoid(torch::linear(x, weight("attn.b_proj.weight")));
+  torch::Tensor decay;
+  if (shape.gated) {
+    decay = torch::exp(
+        -torch::exp(weight("attn.A_log")) *
+        torch::softplus(torch::linear(x, weight("attn.a_proj.weight")) + weight("attn.dt_bias")));
+  }
+  const torch::Tensor gate = torch::linear(x, weight("attn.g_proj.weight"));
+  const torch::Tensor norm_weight = weight("attn.o_norm.weight").contiguous();
+
+  torch::Tensor S_in = S0.clone(), S_out = torch::empty_like(S0), o = torch::empty({B, T, HV, V});
+  fwmodel::kernels::DeltaRuleArgs args;
+  args.B = B;
+  args.T = T;
+  args.H = H;
+  args.HV = HV;
+  args.K = K;
+  args.V = V;
+  args.q = q.data_ptr<float>();
+  args.k = k.data_ptr<float>();
+  args.v = v.data_ptr<float>();
+  args.beta = beta.data_ptr<float>();
+  if (shape.gated) args.decay = decay.data_ptr<float>();
+  args.gate = gate.data_ptr<float>();
+  args.norm_weight = norm_weight.data_ptr<float>();
+  args.state_in = S_in.data_ptr<float>();
+  args.state_out = S_out.data_ptr<float>();
+  args.o = o.data_ptr<float>();
+  args.eps = static_cast<float>(eps);
+  ASSERT_TRUE(fwmodel::kernels::RunDeltaRuleOnHost(args));
+
+  fwtest::ExpectNearRelative(o.reshape({B, T, d}), o_ref, kTolerance, "o");
+  fwtest::ExpectNearRelative(S_out, ref_state[0], kTolerance, "state");
+  EXPECT_TRUE(torch::equal(S_in, S0)) << "state_in was written";
+
+  // In place: the same bits.
+  torch::Tensor S_inplace = S0.clone(), o_inplace = torch::empty_like(o);
+  args.state_in = S_inplace.data_ptr<float>();
+  args.state_out = S_inplace.data_ptr<float>();
+  args.o = o_inplace.data_ptr<float>();
+  ASSERT_TRUE(fwmodel::kernels::RunDeltaRuleOnHost(args));
+  EXPECT_TRUE(torch::equal(S_inplace, S_out));
+  EXPECT_TRUE(torch::equal(o_inplace, o));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    DeltaNet, GpuBodiesDeltaRuleTest,
+    testing::Combine(testing::Values(DeltaShape{false, 8, 1}, DeltaShape{false, 16, 1},
+                                     DeltaShape{false, 64, 1}, DeltaShape{true, 8, 1},
+                                     DeltaShape{true, 16, 1}, DeltaShape{true, 64, 1},
+                                     DeltaShape{true, 8, 2}, DeltaShape{true, 64, 2}),
+                     testing::Values(int64_t{1}, int64_t{5})),
+    [](const testing::TestParamInfo<std::tuple<DeltaShape, int64_t>>& info) {
+      const DeltaShape shape = std::get<0>(info.param);
+      return absl::StrCat(shape.gated ? "Gated" : "Plain", "_K", shape.width, "_nu", shape.nu, "_T",
+                          std::get<1>(info.param));
+    });
+
+// The launcher's refusals, mirrored: K or V out of range, H not dividing HV, a missing
+// pointer; T = 0 copies the state and reads no token.
+TEST(GpuBodiesArgsTest, DeltaRuleRefusesWhatTheLauncherRefuses) {
+  // Buffers of the widest state (GCC's -Warray-bounds follows the later K and V into the
+  // inlined mirror); the case's state is the first 2 × 8 × 8 floats.
+  const size_t widest = 2 * fwmodel::kernels::kDeltaRuleMaxK * fwmodel::kernels::kDeltaRuleMaxV;
+  std::vector<float> state_in(widest, 1.5f), state_out(widest, 0.0f), weight(widest, 1.0f);
+  fwmodel::kernels::DeltaRuleArgs args;
+  args.B = 1;
+  args.T = 0;
+  args.H = 1;
+  args.HV = 2;
+  args.K = 8;
+  args.V = 8;
+  args.norm_weight = weight.data();
+  args.state_in = state_in.data();
+  args.state_out = state_out.data();
+  EXPECT_TRUE(fwmodel::kernels::RunDeltaRuleOnHost(args));
+  EXPECT_EQ(std::vector<float>(state_out.begin(), state_out.begin() + 2 * 8 * 8),
+            std::vector<float>(2 * 8 * 8, 1.5f));
+  EXPECT_EQ(state_out[2 * 8 * 8], 0.0f);
+  args.K = fwmodel::kernels::kDeltaRuleMaxK + 1;
+  EXPECT_FALSE(fwmodel::kernels::RunDeltaRuleOnHost(args));
+  args.K = 8;
+  args.V = fwmodel::kernels::kDeltaRuleMaxV + 1;
+  EXPECT_FALSE(fwmodel::kernels::RunDeltaRuleOnHost(args));
+  args.V = 0;
+  EXPECT_FALSE(fwmodel::kernels::RunDeltaRuleOnHost(args));
+  args.V = 8;
+  args.H = 3;  // does not divide HV = 2
+  EXPECT_FALSE(fwmodel::kernels::RunDeltaRuleOnHost(args));
+  args.H = 1;
+  args.T = 1;  // the tokens' pointers are now needed
+  EXPECT_FALSE(fwmodel::kernels::RunDeltaRuleOnHost(args));
 }
 
 }  // namespace
