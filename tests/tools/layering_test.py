@@ -16,9 +16,10 @@ import sys
 # high. models/ is below every server/ folder that uses it.
 MODELS_ALLOWED = {
     "models/base": set(),
+    "models/constraints": {"models/base"},
     "models/gpu": {"models/base"},
     "models/tokenizers": {"models/base"},
-    "models/sampling": {"models/base"},
+    "models/sampling": {"models/base", "models/constraints"},
     "models/architectures": {"models/base", "models/gpu"},
     "models/checkpoints": {"models/base", "models/architectures"},
     "models/kernels": {"models/base", "models/sampling", "models/architectures", "models/gpu"},
@@ -27,11 +28,11 @@ MODELS_ALLOWED = {
 }
 MODELS = set(MODELS_ALLOWED)
 # What of models/ the server's torch-free layers may include: the torch-free libraries.
-MODELS_TORCH_FREE_USE = {"models/base", "models/gpu", "models/tokenizers", "models/sampling",
-                         "models/checkpoints"}
+MODELS_TORCH_FREE_USE = {"models/base", "models/constraints", "models/gpu", "models/tokenizers",
+                         "models/sampling", "models/checkpoints"}
 SERVER_ALLOWED = {
     "server/base": set(),
-    "server/api": {"server/base", "models/sampling"},
+    "server/api": {"server/base", "models/sampling", "models/constraints"},
     "server/metrics": {"server/base"},
     "server/sessions/store": {"server/base"},
     "server/sessions": {"server/sessions/store", "server/base", "server/api", "server/metrics"},
@@ -42,9 +43,9 @@ SERVER_ALLOWED = {
                     "server/tenancy", "server/base", "server/api", "server/metrics"}
                    | MODELS_TORCH_FREE_USE,
     "server/transport/grpc": {"server/core", "server/tenancy", "server/base", "server/api",
-                              "server/metrics", "models/sampling"},
+                              "server/metrics", "models/sampling", "models/constraints"},
     "server/transport/http": {"server/core", "server/tenancy", "server/base", "server/api",
-                              "server/metrics", "models/sampling"},
+                              "server/metrics", "models/sampling", "models/constraints"},
     # main: wiring only, may include any library.
     "server": {"server/transport/grpc", "server/transport/http", "server/core", "server/engine",
                "server/sessions", "server/sessions/store", "server/tenancy", "server/base",
@@ -55,8 +56,8 @@ ALLOWED = {**MODELS_ALLOWED, **SERVER_ALLOWED}
 # directly or through any project header.
 TORCH_FREE = {"server/base", "server/api", "server/metrics", "server/sessions/store",
               "server/sessions", "server/tenancy", "server/core", "server/transport/grpc",
-              "server/transport/http", "server", "models/base", "models/gpu",
-              "models/tokenizers", "client", "client/fwctl"}
+              "server/transport/http", "server", "models/base", "models/constraints",
+              "models/gpu", "models/tokenizers", "client", "client/fwctl"}
 # Torch-free files inside a LibTorch folder: the engine's scheduler library
 # (fwserve_scheduler) and the interface the core sees the engine through; models'
 # torch-free libraries (fwserve_sampling, fwserve_safetensors, fwserve_gemm) and the
