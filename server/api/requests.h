@@ -17,6 +17,9 @@
 #include "server/api/session_record.h"
 
 namespace fwserve {
+namespace constraints {
+class Grammar;  // models/constraints: a compiled constraint, immutable and shared
+}  // namespace constraints
 
 // Who is calling, as the transport authenticated it.
 struct Caller {
@@ -78,6 +81,10 @@ struct GenerateParams {
   // (GenerateChunk::top_logprobs). In [0, kMaxTopLogprobs].
   int32_t top_logprobs = 0;
   static constexpr int32_t kMaxTopLogprobs = 20;
+  // Structured output (docs/structured-output.md): the reply is decoded under this
+  // constraint (tokens that cannot continue a valid reply are never drawn) and ends,
+  // with FinishReason::kStop, as soon as it is whole; null = free text.
+  std::shared_ptr<const constraints::Grammar> constraint;
   // Per-request message grouping (v1::StreamOptions): a message waits for this many
   // tokens (0 = the server's --stream-flush-interval rule), at most `max_message_delay`
   // (zero = no limit when min_tokens_per_message is set, else the server's interval).

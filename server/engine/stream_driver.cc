@@ -57,6 +57,8 @@ struct StreamDriver::Task {
   // generate->sampling.logit_bias is their sum, one entry updated per absorbed token.
   std::vector<std::pair<int64_t, int32_t>> counts;
   std::vector<std::pair<int64_t, float>> request_bias;
+  // Structured output: the mask of the next sampling (vocab entries), kept to reuse.
+  std::vector<uint8_t> allowed;
 
   // Adds an absorbed (generated) token to the repetition window and to the counts of a
   // Generate's penalties.
@@ -252,6 +254,7 @@ void StreamDriver::AdmitStream(Task& t) {
                           options_.decode_lookahead,
                           flush_interval,
                           min_tokens,
+                          g.constraint,
                           &tokenizer_,
                           /*keep_output=*/!t.session_id.empty()};
     t.rng.seed(g.sampling.seed);
@@ -454,7 +457,8 @@ int64_t StreamDriver::TokensPerLaunch(const Task& t, int64_t steps) const {
   const ScheduledTask& s = *t.s;
   const StreamTask& stream = s.stream;
   if (s.cancelled || stream.done_sampling() || t.generate->sampling.repetition_penalty != 1.0f ||
-      t.generate->sampling.AdjustsLogits() || t.generate->top_logprobs > 0) {
+      t.generate->sampling.AdjustsLogits() || t.generate->top_logprobs > 0 ||
+      t.generate->constraint != nullptr) {
     // The penalty window, the counts and the alternatives are the host's.
     return 1;
   }
@@ -506,6 +510,19 @@ void StreamDriver::TakeTokensAhead(TaskId id, const std::vector<SampledToken>& a
   }
 }
 
+const constraints::TokenMasker& StreamDriver::Masker() {
+  if (masker_ == nullptr) {
+    const int64_t vocab = model_.config().vocab_size;
+    std::vector<std::string> pieces(static_cast<size_t>(vocab));
+    for (int64_t id = 0; id < vocab; ++id) {
+      if (id == tokenizer_.end_of_text()) continue;  // no bytes: allowed by its own rule
+      pieces[static_cast<size_t>(id)] = std::string(tokenizer_.TokenBytesView(id));
+    }
+    masker_ = std::make_unique<constraints::TokenMasker>(std::move(pieces), tokenizer_.end_of_text());
+  }
+  return *masker_;
+}
+
 void StreamDriver::SampleAndEmit() {
   // A stream whose lease expired may be another request's now: its write would be
   // refused, so it stops here (FinishTask answers ABORTED).
@@ -517,7 +534,7 @@ void StreamDriver::SampleAndEmit() {
   }
   for (Task* t : lost) FinishTask(*t, FinishReason::kCancelled);
   std::vector<Action> ended;
-  const std::vector<TaskId> sampling_ids = scheduler_.PlanSample(&ended);
+  std::vector<TaskId> sampling_ids = scheduler_.PlanSample(&ended);
   Apply(std::move(ended));
   if (sampling_ids.empty()) return;
   std::vector<Task*> sampling;
@@ -532,6 +549,22 @@ void StreamDriver::SampleAndEmit() {
       t->before_unsent.tokens = t->tokens;
     }
   }
+  // Constrained streams: the tokens that may come next. One that can take none ends.
+  std::vector<Task*> cannot_continue;
+  for (Task* t : sampling) {
+    const constraints::Matcher* matcher = t->s->stream.matcher();
+    if (matcher == nullptr) continue;
+    if (Masker().Allowed(*matcher, &t->allowed) == 0) cannot_continue.push_back(t);
+  }
+  if (!cannot_continue.empty()) {
+    for (Task* t : cannot_continue) {
+      sampling.erase(std::find(sampling.begin(), sampling.end(), t));
+      FinishTask(*t, FinishReason::kStop);
+    }
+    sampling_ids.clear();
+    for (Task* t : sampling) sampling_ids.push_back(t->s->id);
+    if (sampling.empty()) return;
+  }
   SampleWork work;
   work.requests.resize(sampling.size());
   for (size_t i = 0; i < sampling.size(); ++i) {
@@ -539,6 +572,7 @@ void StreamDriver::SampleAndEmit() {
     work.requests[i] = {t->slot, &t->generate->sampling, &t->rng, &t->recent,
                         t->generate->logprobs};
     if (t->generate->logprobs) work.requests[i].top_logprobs = t->generate->top_logprobs;
+    if (t->s->stream.matcher() != nullptr) work.requests[i].allowed = t->allowed.data();
   }
   const StepResult sampled = runner_.Sample(work);
   if (!sampled.status.ok()) {

@@ -17,6 +17,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
+#include "models/constraints/token_masker.h"
 #include "models/architectures/model.h"
 #include "models/tokenizers/text_tokenizer.h"
 #include "server/engine/drain_estimate.h"
@@ -133,6 +134,9 @@ class StreamDriver {
   const std::string name_;
   const fwmodel::Model& model_;
   const fwmodel::TextTokenizer& tokenizer_;
+  // The vocabulary's token trie for constrained streams: built at the first one.
+  const constraints::TokenMasker& Masker();
+  std::unique_ptr<constraints::TokenMasker> masker_;
   const EngineOptions& options_;
   ModelMetrics* const metrics_;
   Runner& runner_;

@@ -7,6 +7,7 @@ namespace fwserve {
 
 StreamTask::StreamTask(StreamLimits limits) : limits_(std::move(limits)) {
   for (const std::string& stop : limits_.stop) longest_stop_ = std::max(longest_stop_, stop.size());
+  if (limits_.constraint != nullptr) matcher_.emplace(limits_.constraint);
 }
 
 void StreamTask::MatchStops(std::string_view bytes) {
@@ -38,6 +39,7 @@ void StreamTask::AddSampled(int64_t token, float logprob, absl::Time now,
   if (unsent_.token_ids.empty()) {
     unsent_since_ = now;
     decoder_before_unsent_ = decoder_;
+    if (matcher_.has_value()) matcher_before_unsent_ = matcher_;
   }
   unsent_.token_ids.push_back(token);
   if (limits_.logprobs) unsent_.logprobs.push_back(logprob);
@@ -68,6 +70,11 @@ void StreamTask::AddSampled(int64_t token, float logprob, absl::Time now,
     }
   }
   if (longest_stop_ > 0) MatchStops(bytes);
+  if (matcher_.has_value() && !stop_hit_) {
+    // The sampler only draws tokens the constraint allows; one it refuses anyway (an
+    // end of text before the document is whole cannot be) ends the stream all the same.
+    if (!matcher_->AdvanceBytes(bytes) || matcher_->IsFinished()) stop_hit_ = true;
+  }
 }
 
 bool StreamTask::CanSample() const {
@@ -87,6 +94,7 @@ bool StreamTask::ShouldFlush(absl::Time now) const {
 
 GenerateChunk StreamTask::TakeChunkForWrite() {
   std::swap(decoder_before_inflight_, decoder_before_unsent_);
+  std::swap(matcher_before_inflight_, matcher_before_unsent_);
   inflight_tokens_ = static_cast<int64_t>(unsent_.token_ids.size());
   write_in_flight_ = true;
   if (limits_.keep_output) inflight_text_ = unsent_.text;
@@ -110,9 +118,11 @@ StreamTask::RollbackPoint StreamTask::DropUnconfirmed() {
   if (write_in_flight_) {
     point = RollbackPoint::kBeforeInflight;
     decoder_ = decoder_before_inflight_;
+    if (matcher_.has_value()) matcher_ = matcher_before_inflight_;
   } else if (!unsent_.token_ids.empty()) {
     point = RollbackPoint::kBeforeUnsent;
     decoder_ = decoder_before_unsent_;
+    if (matcher_.has_value()) matcher_ = matcher_before_unsent_;
   }
   write_in_flight_ = false;
   inflight_tokens_ = 0;

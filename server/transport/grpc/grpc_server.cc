@@ -575,6 +575,12 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* GrpcServer::Service::Generate(
     return reactor;
   }
   GenerateParams params = FromProto(*request);
+  auto constraint = ConstraintFromProto(*request);
+  if (!constraint.ok()) {
+    reactor->FailNow(constraint.status());
+    return reactor;
+  }
+  params.constraint = std::move(*constraint);
   reactor->set_keeps_session(params.store);
   params.is_cancelled = [context] { return context->IsCancelled(); };
   // No deadline reads as a time far ahead: only a real one is passed on.

@@ -2,6 +2,9 @@
 
 #include <algorithm>
 
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 
 namespace fwserve {
@@ -70,6 +73,33 @@ GenerateParams FromProto(const v1::GenerateRequest& request) {
   params.min_tokens_per_message = request.stream().min_tokens_per_message();
   params.max_message_delay = absl::Milliseconds(request.stream().max_message_delay_ms());
   return params;
+}
+
+absl::StatusOr<std::shared_ptr<const constraints::Grammar>> ConstraintFromProto(
+    const v1::GenerateRequest& request) {
+  if (!request.has_response_format()) return nullptr;
+  const v1::ResponseFormat& format = request.response_format();
+  switch (format.format_case()) {
+    case v1::ResponseFormat::kJsonObject:
+      if (!format.json_object()) return nullptr;
+      return constraints::AnyJsonObject();
+    case v1::ResponseFormat::kJsonSchema: {
+      const nlohmann::json schema =
+          nlohmann::json::parse(format.json_schema(), nullptr, /*allow_exceptions=*/false);
+      if (schema.is_discarded()) {
+        return absl::InvalidArgumentError("response_format.json_schema: not valid JSON");
+      }
+      auto grammar = constraints::CompileJsonSchema(schema);
+      if (!grammar.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("response_format.json_schema: ", grammar.status().message()));
+      }
+      return grammar;
+    }
+    case v1::ResponseFormat::FORMAT_NOT_SET:
+      break;
+  }
+  return nullptr;
 }
 
 }  // namespace fwserve

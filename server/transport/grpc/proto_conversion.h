@@ -3,7 +3,11 @@
 // docs/serving.md lists them). Torch-free.
 #pragma once
 
+#include <memory>
+
+#include "absl/status/statusor.h"
 #include "fwserve/v1/fwserve.pb.h"
+#include "models/constraints/json_schema.h"
 #include "server/api/requests.h"
 
 namespace fwserve {
@@ -14,5 +18,10 @@ v1::FinishReason ToProto(FinishReason reason);
 // The request's parameters with the API's defaults filled in; an unset seed draws a
 // random one (GenerateParams::random_seed).
 GenerateParams FromProto(const v1::GenerateRequest& request);
+// The request's response_format as a constraint (null when unset): INVALID_ARGUMENT
+// naming `response_format.json_schema` (and the schema keyword) when the schema is not
+// JSON or leaves the supported subset.
+absl::StatusOr<std::shared_ptr<const constraints::Grammar>> ConstraintFromProto(
+    const v1::GenerateRequest& request);
 
 }  // namespace fwserve

@@ -57,8 +57,9 @@ nlohmann::json ChoiceChunk(const OpenAiGenerateRequest& request, const std::stri
 
 std::string ChoiceStreamClosing(const OpenAiGenerateRequest& request,
                                 const GenerateOutcome& outcome, nlohmann::json last,
-                                nlohmann::json usage_chunk) {
-  last["choices"][0]["finish_reason"] = outcome.finish_reason();
+                                nlohmann::json usage_chunk, const char* finish_reason) {
+  last["choices"][0]["finish_reason"] =
+      finish_reason != nullptr ? finish_reason : outcome.finish_reason();
   std::string events = SseData(last);
   if (request.include_usage) {
     usage_chunk["choices"] = nlohmann::json::array();

@@ -92,11 +92,11 @@ nlohmann::json ChoiceChunk(const OpenAiGenerateRequest& request, const std::stri
                            const char* field, nlohmann::json value, const nlohmann::json& logprobs);
 
 // The closing events of a chat or completions stream: `last` (a chunk with one choice,
-// given the outcome's finish reason here), then, when the request asked for usage,
+// given `finish_reason`, else the outcome's finish reason), then, when the request asked for usage,
 // `usage_chunk` with no choices and the usage, then "data: [DONE]".
 std::string ChoiceStreamClosing(const OpenAiGenerateRequest& request,
                                 const GenerateOutcome& outcome, nlohmann::json last,
-                                nlohmann::json usage_chunk);
+                                nlohmann::json usage_chunk, const char* finish_reason = nullptr);
 
 // The protocol of one answer of `endpoint`, on the model named `model` (as answers show
 // it), created at `created` (Unix seconds). `id_suffix` makes the ids of completions and

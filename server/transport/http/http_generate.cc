@@ -115,10 +115,14 @@ class GenerateJob : public GenerateObserver, public std::enable_shared_from_this
       return;
     }
     text_ += text;
-    conn_->StreamWrite(protocol_->StreamDelta(request_, text, &chunk),
-                       [self = shared_from_this()](bool ok) {
-                         if (!self->finished_) self->control_->WriteDone(ok);
-                       });
+    std::string events = protocol_->StreamDelta(request_, text, &chunk);
+    if (events.empty()) {  // held back (a tool call's text before its name is known)
+      control_->WriteDone(!conn_->client_gone());
+      return;
+    }
+    conn_->StreamWrite(std::move(events), [self = shared_from_this()](bool ok) {
+      if (!self->finished_) self->control_->WriteDone(ok);
+    });
   }
 
   void HandleFinish(absl::Status status, GenerateSummary summary) {

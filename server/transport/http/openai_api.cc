@@ -732,6 +732,10 @@ absl::Status FinishGenerateRequest(OpenAiGenerateRequest* request) {
   if (request->params.top_logprobs > 0 && !request->logprobs) {
     return FieldError("top_logprobs", "'top_logprobs' needs 'logprobs': true");
   }
+  if (absl::Status structured = FinishStructuredOutput(&request->structured); !structured.ok()) {
+    return structured;
+  }
+  request->params.constraint = request->structured.grammar;
   return absl::OkStatus();
 }
 
@@ -756,12 +760,6 @@ std::optional<absl::Status> ParseEchoedField(const std::string& key, const json&
     }
     request->service_tier = v == "auto" ? json("default") : v;
     return absl::OkStatus();
-  }
-  if (key == "tools") {
-    return v.is_array() && v.empty() ? absl::OkStatus() : Unsupported(key, v, "no tools");
-  }
-  if (key == "tool_choice") {
-    return v == json("none") ? absl::OkStatus() : Unsupported(key, v, "no tools");
   }
   if (key == "parallel_tool_calls") {
     absl::Status error = GetBool(key, v).status();  // meaningless without tools

@@ -21,6 +21,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "server/api/requests.h"
+#include "server/transport/http/openai_structured.h"
 
 namespace fwserve {
 
@@ -144,6 +145,9 @@ struct OpenAiGenerateRequest {
   bool include_usage = false;  // stream_options.include_usage
   // Completions: logprobs == 0 asked (the sampled tokens' logprobs); chat: logprobs true.
   bool logprobs = false;
+  // response_format / text.format and tools (openai_structured.h); FinishGenerateRequest
+  // puts its grammar in params.constraint.
+  StructuredOutput structured;
   // Responses only.
   std::string previous_response_id;  // "resp_<session>"
   std::string conversation;          // "conv_<session>"
@@ -216,9 +220,9 @@ absl::StatusOr<OpenAiGenerateRequest> ParseGenerateFields(const nlohmann::json& 
 // core's params.logprobs is the request's `logprobs`.
 absl::Status FinishGenerateRequest(OpenAiGenerateRequest* request);
 // The fields chat and responses share that do not change the output: `metadata`,
-// `service_tier`, `prompt_cache_key` and `safety_identifier` (echoed), `tools` (empty),
-// `tool_choice` ("none"), `parallel_tool_calls` (a boolean, echoed). Nullopt for any
-// other key.
+// `service_tier`, `prompt_cache_key` and `safety_identifier` (echoed),
+// `parallel_tool_calls` (a boolean, echoed; one call at most is made). Nullopt for any
+// other key. (`tools` and `tool_choice` are each endpoint's: openai_structured.h.)
 std::optional<absl::Status> ParseEchoedField(const std::string& key, const nlohmann::json& value,
                                              OpenAiGenerateRequest* request);
 

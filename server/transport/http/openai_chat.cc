@@ -67,7 +67,9 @@ std::optional<absl::Status> ParseChatField(const std::string& key, const json& v
     // way (state lives in sessions: 'session_id').
     return GetBool(key, v).status();
   }
-  if (key == "response_format") return must_be(json{{"type", "text"}}, "text only");
+  if (key == "response_format") return ParseResponseFormat(v, &out->structured);
+  if (key == "tools") return ParseTools(v, ToolApi::kChat, &out->structured);
+  if (key == "tool_choice") return ParseToolChoice(v, ToolApi::kChat, &out->structured);
   return std::nullopt;
 }
 
@@ -94,6 +96,11 @@ class ChatProtocol final : public EndpointProtocol {
                          {"content", outcome.text},
                          {"refusal", nullptr},
                          {"annotations", json::array()}};
+    if (request.structured.forced_tool_call) {
+      choice["message"]["content"] = nullptr;
+      choice["message"]["tool_calls"] = json::array({ToolCallOf(outcome.text, ToolCallId())});
+      choice["finish_reason"] = FinishReason(request, outcome);
+    }
     json out = {{"id", id_},
                 {"object", "chat.completion"},
                 {"created", created_},
@@ -106,17 +113,32 @@ class ChatProtocol final : public EndpointProtocol {
   }
 
   std::string StreamOpening(const OpenAiGenerateRequest& request) override {
-    return SseData(Chunk(request, {{"role", "assistant"}, {"content", ""}}, nullptr));
+    // A tool call's reply has no content (null, as OpenAI streams one).
+    return SseData(Chunk(request,
+                         {{"role", "assistant"},
+                          {"content", request.structured.forced_tool_call ? json() : json("")}},
+                         nullptr));
   }
 
   std::string StreamDelta(const OpenAiGenerateRequest& request, const std::string& text,
                           const GenerateChunk* chunk) override {
     const json logprobs = request.logprobs && chunk != nullptr ? Logprobs(*chunk) : json(nullptr);
+    if (request.structured.forced_tool_call) {
+      if (tool_stream_ == nullptr) tool_stream_ = std::make_unique<ToolCallStream>(ToolCallId());
+      return ToolCallEvents(request, tool_stream_->Push(text), logprobs);
+    }
     return SseData(Chunk(request, {{"content", text}}, logprobs));
   }
 
   std::string StreamClosing(const OpenAiGenerateRequest& request, const GenerateOutcome& outcome,
                             const json&) override {
+    if (request.structured.forced_tool_call) {
+      std::string events;
+      if (tool_stream_ != nullptr) events = ToolCallEvents(request, tool_stream_->Finish(), nullptr);
+      return events + ChoiceStreamClosing(request, outcome, Chunk(request, json::object(), nullptr),
+                                          Chunk(request, nullptr, nullptr),
+                                          FinishReason(request, outcome));
+    }
     return ChoiceStreamClosing(request, outcome, Chunk(request, json::object(), nullptr),
                                Chunk(request, nullptr, nullptr));
   }
@@ -135,6 +157,27 @@ class ChatProtocol final : public EndpointProtocol {
   // The echo of service_tier: the tier asked for ("auto" as "default").
   static json ServiceTier(const OpenAiGenerateRequest& request) {
     return request.service_tier.is_null() ? json("default") : request.service_tier;
+  }
+
+  // The id of this reply's tool call (one per reply).
+  const std::string& ToolCallId() const {
+    if (tool_call_id_.empty()) tool_call_id_ = NewToolCallId();
+    return tool_call_id_;
+  }
+  // A forced call's finish_reason: "tool_calls" when the call is whole, else OpenAI's.
+  static const char* FinishReason(const OpenAiGenerateRequest&, const GenerateOutcome& outcome) {
+    return outcome.reason == fwserve::FinishReason::kStop || outcome.stopped ? "tool_calls"
+                                                                           : outcome.finish_reason();
+  }
+  // Chunks carrying tool-call deltas (each a tool_calls array); the first carries the
+  // logprobs of the text that released them.
+  std::string ToolCallEvents(const OpenAiGenerateRequest& request, const std::vector<json>& deltas,
+                             const json& logprobs) const {
+    std::string events;
+    for (size_t i = 0; i < deltas.size(); ++i) {
+      events += SseData(Chunk(request, {{"tool_calls", deltas[i]}}, i == 0 ? logprobs : json(nullptr)));
+    }
+    return events;
   }
 
   // Token i's alternatives: [{token, logprob, bytes}], most likely first.
@@ -160,6 +203,8 @@ class ChatProtocol final : public EndpointProtocol {
     return json{{"content", content}};
   }
 
+  mutable std::string tool_call_id_;
+  std::unique_ptr<ToolCallStream> tool_stream_;
   const std::string model_;
   const int64_t created_;
   const std::string id_;
@@ -187,6 +232,8 @@ absl::StatusOr<OpenAiGenerateRequest> ParseChatRequest(const json& body,
   // own `stop`.
   if (!body.contains("stop")) out->params.stop = chat_template.stop;
   if (absl::Status finished = FinishGenerateRequest(&*out); !finished.ok()) return finished;
+  // A constrained reply ends where its JSON does: the template's marker could only cut it.
+  if (out->params.constraint != nullptr && !body.contains("stop")) out->params.stop.clear();
   return out;
 }
 

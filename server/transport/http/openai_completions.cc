@@ -55,6 +55,8 @@ std::optional<absl::Status> ParseCompletionsField(const std::string& key, const 
     return v == json(false) ? absl::OkStatus() : Unsupported(key, v, "the prompt is not echoed");
   }
   if (key == "suffix") return Unsupported(key, v, "no insertion");
+  // An extension on completions (OpenAI's chat field): the text is constrained to JSON.
+  if (key == "response_format") return ParseResponseFormat(v, &out->structured);
   return std::nullopt;
 }
 

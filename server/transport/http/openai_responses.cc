@@ -51,11 +51,9 @@ std::optional<absl::Status> ParseResponsesField(const std::string& key, const js
     }
     return set_string(&out->conversation);
   }
-  if (key == "text") {
-    return v == json{{"format", {{"type", "text"}}}} || v == json::object()
-               ? absl::OkStatus()
-               : Unsupported(key, v, "text output only");
-  }
+  if (key == "text") return ParseTextField(v, &out->structured);
+  if (key == "tools") return ParseTools(v, ToolApi::kResponses, &out->structured);
+  if (key == "tool_choice") return ParseToolChoice(v, ToolApi::kResponses, &out->structured);
   if (key == "truncation") return must_be("disabled", "a recurrent state is never truncated");
   if (key == "background" || key == "include" || key == "reasoning") {
     return (v == false || (v.is_array() && v.empty()) || (v.is_object() && v.empty()))
@@ -225,6 +223,12 @@ absl::StatusOr<OpenAiGenerateRequest> ParseResponsesRequest(const json& body,
   // body naming it null keeps none).
   if (!body.contains("stop")) out->params.stop = chat_template.stop;
   if (absl::Status finished = FinishGenerateRequest(&*out); !finished.ok()) return finished;
+  if (out->structured.forced_tool_call) {
+    return Unsupported("tool_choice", body["tool_choice"],
+                       "tool calls are served on /v1/chat/completions, not on responses yet");
+  }
+  // A constrained reply ends where its JSON does: the template's marker could only cut it.
+  if (out->params.constraint != nullptr) out->params.stop.clear();
   return out;
 }
 
