@@ -337,6 +337,8 @@ absl::StatusOr<GenerateResult> Client::Generate(
                             message.token_ids().end());
     result.logprobs.insert(result.logprobs.end(), message.logprobs().begin(),
                            message.logprobs().end());
+    result.top_logprobs.insert(result.top_logprobs.end(), message.top_logprobs().begin(),
+                               message.top_logprobs().end());
     if (message.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) {
       result.finish_reason = message.finish_reason();
       result.usage = message.usage();

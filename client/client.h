@@ -81,6 +81,8 @@ struct GenerateResult {
   std::string text;  // every message's text, concatenated
   std::vector<int64_t> token_ids;
   std::vector<float> logprobs;
+  // With top_logprobs: each token's most likely alternatives (one entry per token).
+  std::vector<v1::TopLogprobs> top_logprobs;
   v1::FinishReason finish_reason = v1::FINISH_REASON_UNSPECIFIED;
   v1::Usage usage;
   // The session it ran on (GenerateResponse.session_id): the new one of a fork_from

@@ -332,8 +332,18 @@ TEST_F(HttpCompatTest, FieldPolicyRefusesWhatWouldChangeTheOutput) {
       {{{"stream_options", {{"include_obfuscation", "yes"}}}, {"stream", true}},
        "stream_options.include_obfuscation"},
       {{{"n", 2}}, "n"},
-      {{{"response_format", {{"type", "json_object"}}}}, "response_format"},
-      {{{"tools", {{{"type", "function"}}}}}, "tools"},
+      {{{"response_format", {{"type", "grammar"}}}}, "response_format.type"},
+      {{{"response_format",
+         {{"type", "json_schema"},
+          {"json_schema", {{"name", "x"}, {"schema", {{"type", "object"}, {"not", json::object()}}}}}}}},
+       "response_format.json_schema.schema"},
+      {{{"tools", {{{"type", "function"}}}}}, "tools[0].function"},
+      {{{"tools", {{{"type", "function"}, {"function", {{"name", "f"}}}}}}, {"tool_choice", "auto"}},
+       "tool_choice"},
+      {{{"tools", {{{"type", "function"}, {"function", {{"name", "f"}}}}}},
+        {"tool_choice", {{"type", "function"}, {"function", {{"name", "g"}}}}}},
+       "tool_choice"},
+      {{{"top_logprobs", 21}, {"logprobs", true}}, "top_logprobs"},
       {{{"logit_bias", {{"1", 500}}}}, "logit_bias"},
       {{{"logit_bias", {{"one", 5}}}}, "logit_bias"},
       {{{"logit_bias", {{"1", "5"}}}}, "logit_bias.1"},
@@ -348,8 +358,15 @@ TEST_F(HttpCompatTest, FieldPolicyRefusesWhatWouldChangeTheOutput) {
     ExpectOpenAiError(Post(port_, "/v1/chat/completions", body), 400, param);
   }
   ExpectOpenAiError(Post(port_, "/v1/responses",
-                         {{"input", "x"}, {"text", {{"format", {{"type", "json_object"}}}}}}),
-                    400, "text");
+                         {{"input", "x"}, {"text", {{"format", {{"type", "grammar"}}}}}}),
+                    400, "text.format.type");
+  // Tool calls are chat's: a forced one on responses is refused naming tool_choice.
+  ExpectOpenAiError(
+      Post(port_, "/v1/responses",
+           {{"input", "x"},
+            {"tools", {{{"type", "function"}, {"name", "f"}}}},
+            {"tool_choice", "required"}}),
+      400, "tool_choice");
   ExpectOpenAiError(Post(port_, "/v1/responses", {{"input", "x"}, {"truncation", "auto"}}), 400,
                     "truncation");
 }

@@ -501,7 +501,7 @@ TEST_F(HttpTest, ResponsesContinueByPreviousResponseId) {
       Post(port_, "/v1/responses", {{"input", "x"}, {"previous_response_id", "nope"}}), 400,
       "previous_response_id");
   ExpectOpenAiError(Post(port_, "/v1/responses", {{"input", "x"}, {"tools", {{{"type", "x"}}}}}),
-                    400, "tools");
+                    400, "tools[0].type");
 }
 
 TEST_F(HttpTest, GetResponseReturnsTheTextThePostReturned) {

@@ -2,6 +2,8 @@
 // the real client library over a real gRPC channel. Models are small random
 // checkpoints written by the test, except where the shipped model is named.
 #include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
 #include <prometheus/registry.h>
 
 #include <fcntl.h>
@@ -969,6 +971,67 @@ TEST_F(ServerTest, LogitBiasForcesItsTokenAndBadEntriesAreRefused) {
     EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument) << id;
     EXPECT_NE(refused.status().message().find("logit_bias"), std::string::npos)
         << refused.status();
+  }
+}
+
+// Structured output over gRPC: a session's constrained reply at temperature 1 is JSON
+// of the schema, ends with FINISH_REASON_STOP as soon as it is whole, and the session
+// holds exactly it; a keyword outside the subset is INVALID_ARGUMENT naming it; with
+// top_logprobs each token carries its alternatives, the greedy one first.
+TEST_F(ServerTest, AResponseFormatConstrainsTheReplyAndTopLogprobsComeWithIt) {
+  auto server = Harness::Start(Options());
+  ASSERT_NE(server, nullptr);
+  auto session = server->client().CreateSession("", "ROMEO:");
+  ASSERT_TRUE(session.ok()) << session.status();
+  const std::string schema =
+      R"({"type": "object", "properties": {"who": {"type": "string", "maxLength": 6},
+          "act": {"type": "integer", "minimum": 1, "maximum": 5},
+          "mood": {"enum": ["merry", "sad"]}},
+          "required": ["who", "act", "mood"], "additionalProperties": false})";
+  auto request = Greedy(" ", 200, session->session_id());
+  request.mutable_sampling()->set_temperature(1.0f);
+  request.mutable_sampling()->set_seed(5);
+  request.mutable_response_format()->set_json_schema(schema);
+  auto result = server->client().Generate(request);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->finish_reason, fwserve::v1::FINISH_REASON_STOP) << result->text;
+  const nlohmann::json reply = nlohmann::json::parse(result->text, nullptr, false);
+  ASSERT_TRUE(reply.is_object()) << result->text;
+  const std::string who = reply.at("who").get<std::string>();
+  // maxLength counts code points: UTF-8 bytes that do not continue a character.
+  EXPECT_LE(std::count_if(who.begin(), who.end(),
+                          [](char c) { return (static_cast<unsigned char>(c) & 0xC0) != 0x80; }),
+            6)
+      << result->text;
+  EXPECT_GE(reply.at("act").get<int>(), 1);
+  EXPECT_LE(reply.at("act").get<int>(), 5);
+  EXPECT_TRUE(reply.at("mood") == "merry" || reply.at("mood") == "sad") << result->text;
+  auto after = server->client().GetSession(session->session_id());
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ(after->tokens(), 6 + 1 + static_cast<int64_t>(result->token_ids.size()));
+
+  auto bad = Greedy("y", 3);
+  bad.mutable_response_format()->set_json_schema(R"({"type": "string", "not": {}})");
+  auto refused = server->client().Generate(bad);
+  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("'not'"), std::string::npos) << refused.status();
+  bad.mutable_response_format()->set_json_schema("{not json");
+  refused = server->client().Generate(bad);
+  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("response_format"), std::string::npos);
+
+  auto top = Greedy("To be", 5);
+  top.set_logprobs(true);
+  top.set_top_logprobs(4);
+  auto listed = server->client().Generate(top);
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  ASSERT_EQ(listed->top_logprobs.size(), listed->token_ids.size());
+  for (size_t i = 0; i < listed->token_ids.size(); ++i) {
+    const auto& alternatives = listed->top_logprobs[i].alternatives();
+    ASSERT_EQ(alternatives.size(), 4);
+    EXPECT_EQ(alternatives[0].token_id(), listed->token_ids[i]);  // greedy
+    EXPECT_NEAR(alternatives[0].logprob(), listed->logprobs[i], 1e-6);
+    EXPECT_EQ(alternatives[0].bytes(), std::string(1, static_cast<char>(listed->token_ids[i])));
   }
 }
 

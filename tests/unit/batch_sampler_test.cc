@@ -226,6 +226,48 @@ TEST(BatchSamplerTest, LogitBiasDrawsWhatTheHostSamplerDraws) {
   }
 }
 
+// Structured output's path on a GPU: a constraint's mask goes up with the draw's
+// parameters (SampleRows), and the rows draw what SampleToken draws with the same mask,
+// beside rows without one, with every filter and bias in play.
+TEST(BatchSamplerTest, AConstraintMaskDrawsWhatTheHostSamplerDraws) {
+  std::vector<Stream> streams = MakeStreams();
+  std::mt19937_64 pick(29);
+  std::vector<std::vector<uint8_t>> masks(streams.size());
+  for (size_t i = 0; i < streams.size(); ++i) {
+    if (i % 4 == 1) continue;  // rows without a mask, in the same batch
+    masks[i].assign(kVocab, 0);
+    const int allowed = 1 + static_cast<int>(pick() % 12);
+    for (int j = 0; j < allowed; ++j) masks[i][pick() % kVocab] = 1;
+    if (i % 5 == 0) streams[i].params.logit_bias = {{static_cast<int64_t>(pick() % kVocab), 100.0f}};
+  }
+  std::mt19937 logits_rng(31);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  const int64_t rows = static_cast<int64_t>(streams.size());
+  for (int round = 0; round < 20; ++round) {
+    const torch::Tensor logits = RandomLogits(rows, normal, logits_rng);
+    const float* data = logits.data_ptr<float>();
+    std::vector<RowDraw> batch = DrawsInRowOrder(streams);
+    for (size_t r = 0; r < streams.size(); ++r) {
+      if (!masks[r].empty()) batch[r].allowed = masks[r].data();
+    }
+    auto sampled = fwserve::SampleRows(logits, batch);
+    ASSERT_TRUE(sampled.ok()) << sampled.status();
+    for (size_t r = 0; r < streams.size(); ++r) {
+      Stream& s = streams[r];
+      const float* row = data + r * kVocab;
+      const uint8_t* mask = masks[r].empty() ? nullptr : masks[r].data();
+      const int64_t expected =
+          fwserve::SampleToken(row, kVocab, s.params, s.host_rng, s.recent, mask);
+      ASSERT_EQ((*sampled)[r].token, expected) << "round " << round << ", row " << r;
+      if (mask != nullptr) {
+        EXPECT_EQ(mask[expected], 1) << "round " << round << ", row " << r;
+      }
+      EXPECT_NEAR((*sampled)[r].logprob, fwserve::TokenLogProb(row, kVocab, expected), 1e-5);
+      s.recent.push_back(expected);
+    }
+  }
+}
+
 TEST(BatchSamplerTest, EdgeRowsFollowTheHostRules) {
   SamplingParams sample;  // temperature 1
   SamplingParams greedy;

@@ -9,6 +9,7 @@
 
 #include "gtest/gtest.h"
 #include "models/base/config.h"
+#include "models/constraints/json_schema.h"
 #include "models/tokenizers/text_tokenizer.h"
 
 namespace fwserve {
@@ -189,6 +190,39 @@ TEST(StreamTaskTest, TheDecoderIsRolledBackWithTheTokens) {
   EXPECT_EQ(stream.TakeChunkForWrite().text, "\xC3\xA9");
   EXPECT_EQ(stream.DropUnconfirmed(), StreamTask::RollbackPoint::kBeforeInflight);
   EXPECT_EQ(stream.FinishText(), "\xEF\xBF\xBD");  // U+FFFD for the lone lead byte
+}
+
+// Structured output: the stream's matcher follows the sampled bytes, sampling ends as
+// soon as the document is whole (a stop, not a length), and a rollback puts the matcher
+// back with the tokens, so the next token continues from where the client's text ends.
+TEST(StreamTaskTest, AConstrainedStreamEndsWithItsDocumentAndRollsItsMatcherBack) {
+  auto grammar = constraints::CompileJsonSchema(nlohmann::json::parse(
+      R"({"type": "object", "properties": {"a": {"type": "boolean"}}, "required": ["a"],
+          "additionalProperties": false})"));
+  ASSERT_TRUE(grammar.ok()) << grammar.status();
+  StreamLimits limits = Limits(/*max_tokens=*/100);
+  limits.constraint = *grammar;
+  {
+    StreamTask stream(limits);
+    ASSERT_NE(stream.matcher(), nullptr);
+    SampleAll(stream, "{\"a\":true}");
+    EXPECT_TRUE(stream.done_sampling());
+    EXPECT_TRUE(stream.stop_hit());
+    EXPECT_EQ(stream.sampled(), 10);
+    EXPECT_TRUE(stream.matcher()->IsFinished());
+  }
+  StreamTask stream(limits);
+  for (char c : std::string("{\"a\":")) stream.AddSampled(static_cast<unsigned char>(c), 0, kStreamT0);
+  (void)stream.TakeChunkForWrite();
+  stream.ConfirmWrite();                  // {"a": is the client's
+  stream.AddSampled('t', 0, kStreamT0);  // unsent
+  EXPECT_FALSE(stream.matcher()->Accepts('f'));
+  EXPECT_EQ(stream.DropUnconfirmed(), StreamTask::RollbackPoint::kBeforeUnsent);
+  EXPECT_TRUE(stream.matcher()->Accepts('f'));  // back after the colon
+  EXPECT_FALSE(stream.matcher()->Accepts('}'));
+  EXPECT_FALSE(stream.done_sampling());
+  // Without a constraint there is no matcher.
+  EXPECT_EQ(StreamTask(Limits(10)).matcher(), nullptr);
 }
 
 TEST(StreamTaskTest, TheOutputIsTheConfirmedChunksTextThenTheTrailingText) {
