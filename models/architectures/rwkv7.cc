@@ -20,7 +20,10 @@
 // (FWSERVE_CUDA_KERNELS), everything of the time mix between the projections and O runs
 // as one launch of the fused kernel (models/gpu/rwkv7_wkv.h): w's and a's activations,
 // kk, the key's and the value's adjustments, the recurrence over the T tokens, the
-// GroupNorm, the bonus and the gate. Elsewhere LibTorch ops, token by token.
+// GroupNorm, the bonus and the gate. There too the block's inputs are one launch each
+// (models/gpu/rwkv7_mix.h): ln1, the token shift, the new att_shift and the six x_p into
+// one [6, B, T, d] buffer; ln2, the shift, the new ffn_shift and x_k; and relu(·)² after
+// the FFN's key. Elsewhere LibTorch ops, token by token.
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
@@ -30,6 +33,9 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include <initializer_list>
+
+#include "models/gpu/rwkv7_mix.h"
 #include "models/gpu/rwkv7_wkv.h"
 #endif
 
@@ -154,11 +160,21 @@ class Rwkv7Block final : public RwkvBlock {
   torch::Tensor Forward(const torch::Tensor& h, torch::Tensor* state,
                         torch::Tensor* v_first) const override {
     const int64_t d = config_.d_model;
-    // ---- Time mix: the projections
-    torch::Tensor x = torch::layer_norm(h, {d}, ln1_w_, ln1_b_, config_.norm_eps);
-    torch::Tensor delta = TokenShift(x, &state[0]) - x;
+    // ---- Time mix: x = LN(h; ln1), the token shift and the mixes, then the projections
     torch::Tensor xp[6];
-    for (int p = 0; p < 6; ++p) xp[p] = torch::addcmul(x, delta, mix_[p]);
+#if defined(FWSERVE_CUDA_KERNELS)
+    if (ShiftMixApplies(
+            h, state[0],
+            {&ln1_w_, &ln1_b_, &mix_[0], &mix_[1], &mix_[2], &mix_[3], &mix_[4], &mix_[5]})) {
+      const torch::Tensor mixed = FusedShiftMix(h, ln1_w_, ln1_b_, mix_, 6, &state[0]);
+      for (int p = 0; p < 6; ++p) xp[p] = mixed.select(0, p);
+    }
+#endif
+    if (!xp[0].defined()) {
+      torch::Tensor x = torch::layer_norm(h, {d}, ln1_w_, ln1_b_, config_.norm_eps);
+      torch::Tensor delta = TokenShift(x, &state[0]) - x;
+      for (int p = 0; p < 6; ++p) xp[p] = torch::addcmul(x, delta, mix_[p]);
+    }
     Projections pr;
     pr.r = torch::linear(xp[0], r_);
     pr.w_raw = torch::linear(torch::tanh(torch::linear(xp[1], w1_)), w2_, w0_);
@@ -174,10 +190,28 @@ class Rwkv7Block final : public RwkvBlock {
 #endif
     if (!y.defined()) y = TimeMix(pr, state, v_first);
     torch::Tensor out = h + torch::linear(y, o_);
-    // ---- Channel mix
-    torch::Tensor xf = torch::layer_norm(out, {d}, ln2_w_, ln2_b_, config_.norm_eps);
-    torch::Tensor xk = torch::addcmul(xf, TokenShift(xf, &state[2]) - xf, ffn_x_k_);
-    return out + torch::linear(torch::relu(torch::linear(xk, ffn_key_)).square(), ffn_value_);
+    // ---- Channel mix: xk from LN(out; ln2) and its shift, then relu(xk·keyᵀ)²·valueᵀ
+    torch::Tensor xk, key;
+#if defined(FWSERVE_CUDA_KERNELS)
+    if (ShiftMixApplies(out, state[2], {&ln2_w_, &ln2_b_, &ffn_x_k_})) {
+      xk = FusedShiftMix(out, ln2_w_, ln2_b_, &ffn_x_k_, 1, &state[2]).select(0, 0);
+    }
+#endif
+    if (!xk.defined()) {
+      torch::Tensor xf = torch::layer_norm(out, {d}, ln2_w_, ln2_b_, config_.norm_eps);
+      xk = torch::addcmul(xf, TokenShift(xf, &state[2]) - xf, ffn_x_k_);
+    }
+    key = torch::linear(xk, ffn_key_);
+#if defined(FWSERVE_CUDA_KERNELS)
+    if (SquaredReluApplies(key)) {
+      FusedSquaredReluInPlace(key);
+    } else {
+      key = torch::relu(key).square();
+    }
+#else
+    key = torch::relu(key).square();
+#endif
+    return out + torch::linear(key, ffn_value_);
   }
 
  private:
@@ -301,6 +335,81 @@ class Rwkv7Block final : public RwkvBlock {
                 fwmodel::kernels::Rwkv7WkvErrorString(error));
     state[1] = S_out;
     return y;
+  }
+
+  // Whether the fused shift-mix kernel may take x ([B, T, d], h or the time mix's out) and
+  // its shift state with these weights: float32 CUDA tensors, at least one token, and no
+  // autograd graph to record (the kernel has no backward).
+  static bool ShiftMixApplies(const torch::Tensor& x, const torch::Tensor& shift,
+                              std::initializer_list<const torch::Tensor*> weights) {
+    if (!x.is_cuda() || x.scalar_type() != torch::kFloat32 || x.dim() != 3 || x.size(1) < 1 ||
+        !shift.is_cuda() || shift.scalar_type() != torch::kFloat32) {
+      return false;
+    }
+    for (const torch::Tensor* t : weights) {
+      if (t->scalar_type() != torch::kFloat32) return false;
+    }
+    if (c10::GradMode::is_enabled()) {
+      if (x.requires_grad() || shift.requires_grad()) return false;
+      for (const torch::Tensor* t : weights) {
+        if (t->requires_grad()) return false;
+      }
+    }
+    return true;
+  }
+
+  // LN(x; ln_w, ln_b), the token shift with *shift and the `count` (1 or 6) interpolations
+  // x + (x' − x) ⊙ mixes[p], as [count, B, T, d], by one launch on the current stream of
+  // x's device; *shift is replaced by a new tensor holding the last token's LN(x) (Block's
+  // contract). No host synchronisation: it runs inside CUDA Graph capture.
+  torch::Tensor FusedShiftMix(const torch::Tensor& x, const torch::Tensor& ln_w,
+                              const torch::Tensor& ln_b, const torch::Tensor* mixes, int count,
+                              torch::Tensor* shift) const {
+    const int64_t B = x.size(0), T = x.size(1), d = config_.d_model;
+    const c10::cuda::CUDAGuard device(x.device());
+    const torch::Tensor in = x.contiguous(), w = ln_w.contiguous(), b = ln_b.contiguous();
+    const torch::Tensor shift_in = shift->contiguous();
+    torch::Tensor mix[fwmodel::kernels::kRwkv7MixMaxCount];
+    for (int p = 0; p < count; ++p) mix[p] = mixes[p].contiguous();
+    torch::Tensor shift_out = torch::empty_like(shift_in, torch::MemoryFormat::Contiguous);
+    torch::Tensor out = torch::empty({count, B, T, d}, in.options());
+    fwmodel::kernels::Rwkv7ShiftMixArgs args;
+    args.B = B;
+    args.T = T;
+    args.d = d;
+    args.h = in.data_ptr<float>();
+    args.ln_w = w.data_ptr<float>();
+    args.ln_b = b.data_ptr<float>();
+    args.eps = static_cast<float>(config_.norm_eps);
+    args.shift_in = shift_in.data_ptr<float>();
+    args.shift_out = shift_out.data_ptr<float>();
+    args.count = count;
+    for (int p = 0; p < count; ++p) args.mix[p] = mix[p].data_ptr<float>();
+    args.out = out.data_ptr<float>();
+    const int error =
+        fwmodel::kernels::LaunchRwkv7ShiftMix(args, c10::cuda::getCurrentCUDAStream().stream());
+    TORCH_CHECK(error == 0, "rwkv7 block ", layer_, ": the fused shift-mix kernel failed: ",
+                fwmodel::kernels::Rwkv7MixErrorString(error));
+    *shift = shift_out;
+    return out;
+  }
+
+  // Whether relu(key)² may run as the fused elementwise kernel: a contiguous float32 CUDA
+  // tensor (torch::linear's output) without autograd to record.
+  static bool SquaredReluApplies(const torch::Tensor& key) {
+    return key.is_cuda() && key.scalar_type() == torch::kFloat32 && key.is_contiguous() &&
+           !(c10::GradMode::is_enabled() && key.requires_grad());
+  }
+
+  // key ← relu(key)², in place (key is the block's own fresh linear output), one launch
+  // on the current stream.
+  void FusedSquaredReluInPlace(torch::Tensor& key) const {
+    const c10::cuda::CUDAGuard device(key.device());
+    float* data = key.data_ptr<float>();
+    const int error = fwmodel::kernels::LaunchSquaredRelu(
+        data, data, key.numel(), c10::cuda::getCurrentCUDAStream().stream());
+    TORCH_CHECK(error == 0, "rwkv7 block ", layer_,
+                ": the fused relu² kernel failed: ", fwmodel::kernels::Rwkv7MixErrorString(error));
   }
 #endif
 

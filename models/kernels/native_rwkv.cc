@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "models/architectures/native_math.h"
+#include "models/gpu/rwkv7_mix_rule.h"
 #include "models/gpu/rwkv7_rule.h"
 #include "models/kernels/native_gemm.h"
 #include "models/kernels/native_parallel.h"
@@ -31,12 +32,13 @@ using native::RunGemms;
 
 using native::LayerNorm;
 
-// out = x + (previous − x) ⊙ mix, the token shift's interpolation (rwkv7.cc's addcmul).
+// out = x + (previous − x) ⊙ mix, the token shift's interpolation (rwkv7.cc's addcmul;
+// the CUDA shift-mix kernel's body, rwkv7_mix_rule.h).
 FW_VECTOR_KERNEL
 void ShiftMix(const float* __restrict x, const float* __restrict previous,
               const float* __restrict mix, int64_t d, float* __restrict out) {
 #pragma omp simd
-  for (int64_t c = 0; c < d; ++c) out[c] = x[c] + (previous[c] - x[c]) * mix[c];
+  for (int64_t c = 0; c < d; ++c) out[c] = kernels::Rwkv7ShiftMix(x[c], previous[c], mix[c]);
 }
 
 // out = x ⊙ mix + previous ⊙ (1 − mix), RWKV-4's token shift (rwkv4.cc's form).

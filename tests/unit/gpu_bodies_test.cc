@@ -10,6 +10,7 @@
 // the same bodies in NativeRwkvTest.
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <map>
 #include <string>
 #include <tuple>
@@ -20,6 +21,7 @@
 #include "models/architectures/model.h"
 #include "models/architectures/rwkv_block.h"
 #include "models/gpu/delta_rule_cuda_host.h"
+#include "models/gpu/rwkv7_mix_host.h"
 #include "models/gpu/rwkv7_wkv_host.h"
 #include "tests/unit/test_models.h"
 
@@ -332,6 +334,169 @@ TEST(GpuBodiesArgsTest, DeltaRuleRefusesWhatTheLauncherRefuses) {
   args.H = 1;
   args.T = 1;  // the tokens' pointers are now needed
   EXPECT_FALSE(fwmodel::kernels::RunDeltaRuleOnHost(args));
+}
+
+// The RWKV-7 block-input kernels' grids (models/gpu/rwkv7_mix.cu), run on the CPU by their
+// mirror (models/gpu/rwkv7_mix_host.h: the same blocks, threads, per-thread partial sums
+// and halving reductions over rwkv7_mix_rule.h's bodies), equal rwkv7.cc's LibTorch ops
+// within 1e-4 relative: LayerNorm, TokenShift and addcmul give the six time-mix inputs
+// (count 6) and the channel mix's x_k (count 1), and TokenShift's new shift state; at
+// T = 1 and T = 5, d of 32 and 64 (one channel per thread), 48 (idle threads past d) and
+// 320 (threads looping over channels past the 256-wide block), from a nonzero shift
+// state. The CUDA kernels themselves run in CudaEquivalenceTest on a GPU machine.
+class GpuBodiesShiftMixTest : public testing::TestWithParam<std::tuple<int, int64_t>> {};
+
+TEST_P(GpuBodiesShiftMixTest, HostGridEqualsLibTorchOps) {
+  c10::NoGradGuard no_grad;
+  const auto [d, T] = GetParam();
+  const int64_t B = 3;
+  const double eps = 1e-5;
+  torch::manual_seed(static_cast<uint64_t>(d * 10 + T));
+  // An offset and a scale, so that the mean and the variance both matter.
+  const torch::Tensor h = torch::randn({B, T, d}) * 2.0 + 0.5;
+  const torch::Tensor ln_w = torch::rand({d}) + 0.5, ln_b = torch::randn({d}) * 0.1;
+  const torch::Tensor shift0 = torch::randn({B, d});
+  ASSERT_GT(shift0.abs().min().item<float>(), 0.0f);
+  for (const int count : {6, 1}) {
+    SCOPED_TRACE(absl::StrCat("d = ", d, ", T = ", T, ", count = ", count));
+    std::vector<torch::Tensor> mixes;
+    for (int m = 0; m < count; ++m) mixes.push_back(torch::rand({d}));
+
+    // The reference: rwkv7.cc's LibTorch ops.
+    const torch::Tensor x = torch::layer_norm(h, {d}, ln_w, ln_b, eps);
+    torch::Tensor ref_shift = shift0.clone();
+    const torch::Tensor delta = fwmodel::TokenShift(x, &ref_shift) - x;
+
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    torch::Tensor shift_in = shift0.clone(), shift_out = torch::full({B, d}, nan),
+                  out = torch::full({count, B, T, d}, nan);
+    fwmodel::kernels::Rwkv7ShiftMixArgs args;
+    args.B = B;
+    args.T = T;
+    args.d = d;
+    args.h = h.data_ptr<float>();
+    args.ln_w = ln_w.data_ptr<float>();
+    args.ln_b = ln_b.data_ptr<float>();
+    args.eps = static_cast<float>(eps);
+    args.shift_in = shift_in.data_ptr<float>();
+    args.shift_out = shift_out.data_ptr<float>();
+    args.count = count;
+    for (int m = 0; m < count; ++m) args.mix[m] = mixes[static_cast<size_t>(m)].data_ptr<float>();
+    args.out = out.data_ptr<float>();
+    ASSERT_TRUE(fwmodel::kernels::RunRwkv7ShiftMixOnHost(args));
+
+    for (int m = 0; m < count; ++m) {
+      fwtest::ExpectNearRelative(out[m], torch::addcmul(x, delta, mixes[static_cast<size_t>(m)]),
+                                 kTolerance, absl::StrCat("mix ", m));
+    }
+    fwtest::ExpectNearRelative(shift_out, ref_shift, kTolerance, "new shift state");
+    EXPECT_TRUE(torch::equal(shift_in, shift0)) << "shift_in was written";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Rwkv7, GpuBodiesShiftMixTest,
+                         testing::Combine(testing::Values(32, 48, 64, 320),
+                                          testing::Values(int64_t{1}, int64_t{5})),
+                         [](const testing::TestParamInfo<std::tuple<int, int64_t>>& info) {
+                           return absl::StrCat("d", std::get<0>(info.param), "_T",
+                                               std::get<1>(info.param));
+                         });
+
+// Two calls in a row (T = 5, then T = 1 from the first call's new shift state) equal one
+// LibTorch pass over the six tokens: the shift state carries the last token's x.
+TEST(GpuBodiesShiftMixChainTest, SecondCallContinuesTheFirst) {
+  c10::NoGradGuard no_grad;
+  const int64_t B = 2, d = 64;
+  const double eps = 1e-5;
+  torch::manual_seed(11);
+  const torch::Tensor h = torch::randn({B, 6, d}), ln_w = torch::rand({d}) + 0.5,
+                      ln_b = torch::randn({d}) * 0.1, mix = torch::rand({d});
+  const torch::Tensor shift0 = torch::randn({B, d});
+  const torch::Tensor x = torch::layer_norm(h, {d}, ln_w, ln_b, eps);
+  torch::Tensor ref_shift = shift0.clone();
+  const torch::Tensor ref = torch::addcmul(x, fwmodel::TokenShift(x, &ref_shift) - x, mix);
+
+  torch::Tensor shift = shift0.clone();
+  std::vector<torch::Tensor> outs;
+  for (const auto& [begin, T] : {std::pair<int64_t, int64_t>{0, 5}, {5, 1}}) {
+    const torch::Tensor part = h.narrow(1, begin, T).contiguous();
+    torch::Tensor shift_out = torch::empty({B, d}), out = torch::empty({1, B, T, d});
+    fwmodel::kernels::Rwkv7ShiftMixArgs args;
+    args.B = B;
+    args.T = T;
+    args.d = d;
+    args.h = part.data_ptr<float>();
+    args.ln_w = ln_w.data_ptr<float>();
+    args.ln_b = ln_b.data_ptr<float>();
+    args.eps = static_cast<float>(eps);
+    args.shift_in = shift.data_ptr<float>();
+    args.shift_out = shift_out.data_ptr<float>();
+    args.count = 1;
+    args.mix[0] = mix.data_ptr<float>();
+    args.out = out.data_ptr<float>();
+    ASSERT_TRUE(fwmodel::kernels::RunRwkv7ShiftMixOnHost(args));
+    outs.push_back(out[0]);
+    shift = shift_out;
+  }
+  fwtest::ExpectNearRelative(torch::cat(outs, 1), ref, kTolerance, "x_k over two calls");
+  fwtest::ExpectNearRelative(shift, ref_shift, kTolerance, "shift state after two calls");
+}
+
+// The channel mix's relu(·)² kernel's mirror equals torch::relu(z).square() (the same
+// bits), out of place and in place.
+TEST(GpuBodiesSquaredReluTest, HostGridEqualsLibTorchOps) {
+  torch::manual_seed(3);
+  const torch::Tensor z = torch::randn({3, 5, 96});
+  const torch::Tensor ref = torch::relu(z).square();
+  torch::Tensor out = torch::full_like(z, std::numeric_limits<float>::quiet_NaN());
+  ASSERT_TRUE(fwmodel::kernels::RunSquaredReluOnHost(z.data_ptr<float>(), out.data_ptr<float>(),
+                                                     z.numel()));
+  fwtest::ExpectNearRelative(out, ref, kTolerance, "relu²");
+  EXPECT_TRUE(torch::equal(out, ref));
+  torch::Tensor in_place = z.clone();
+  ASSERT_TRUE(fwmodel::kernels::RunSquaredReluOnHost(in_place.data_ptr<float>(),
+                                                     in_place.data_ptr<float>(), z.numel()));
+  EXPECT_TRUE(torch::equal(in_place, ref));
+}
+
+// The launchers' refusals, mirrored: a count other than 1 or 6, no token, no channel, a
+// missing pointer; no session is nothing to do.
+TEST(GpuBodiesArgsTest, ShiftMixRefusesWhatTheLauncherRefuses) {
+  std::vector<float> h(2 * 8, 1.0f), weight(8, 1.0f), shift_in(2 * 8, 0.5f), shift_out(2 * 8, 0.0f),
+      out(6 * 2 * 8, 0.0f);
+  fwmodel::kernels::Rwkv7ShiftMixArgs args;
+  args.B = 2;
+  args.T = 1;
+  args.d = 8;
+  args.h = h.data();
+  args.ln_w = weight.data();
+  args.ln_b = weight.data();
+  args.eps = 1e-5f;
+  args.shift_in = shift_in.data();
+  args.shift_out = shift_out.data();
+  args.count = 1;
+  args.mix[0] = weight.data();
+  args.out = out.data();
+  EXPECT_TRUE(fwmodel::kernels::RunRwkv7ShiftMixOnHost(args));
+  args.count = 2;
+  EXPECT_FALSE(fwmodel::kernels::RunRwkv7ShiftMixOnHost(args));
+  args.count = 6;  // mix[1..5] missing
+  EXPECT_FALSE(fwmodel::kernels::RunRwkv7ShiftMixOnHost(args));
+  args.count = 1;
+  args.T = 0;
+  EXPECT_FALSE(fwmodel::kernels::RunRwkv7ShiftMixOnHost(args));
+  args.T = 1;
+  args.d = 0;
+  EXPECT_FALSE(fwmodel::kernels::RunRwkv7ShiftMixOnHost(args));
+  args.d = 8;
+  args.shift_out = nullptr;
+  EXPECT_FALSE(fwmodel::kernels::RunRwkv7ShiftMixOnHost(args));
+  args.B = 0;
+  args.shift_out = shift_out.data();
+  EXPECT_TRUE(fwmodel::kernels::RunRwkv7ShiftMixOnHost(args));
+  EXPECT_FALSE(fwmodel::kernels::RunSquaredReluOnHost(nullptr, out.data(), 4));
+  EXPECT_FALSE(fwmodel::kernels::RunSquaredReluOnHost(h.data(), out.data(), -1));
+  EXPECT_TRUE(fwmodel::kernels::RunSquaredReluOnHost(nullptr, nullptr, 0));
 }
 
 }  // namespace
