@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <list>
 #include <map>
 #include <optional>
 #include <set>
@@ -9,9 +10,11 @@
 #include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "models/constraints/nfa.h"
 #include "models/constraints/regex.h"
 
@@ -1306,6 +1309,63 @@ std::shared_ptr<const Grammar> AnyJsonObject(const JsonSchemaOptions& options) {
   o.max_states = std::clamp(o.max_states, 100000, 4000000);
   SchemaCompiler compiler(nlohmann::ordered_json::object(), o);
   return compiler.CompileAnyObject();
+}
+
+
+namespace {
+
+// The cache behind CompileJsonSchemaCached: least recently used first out.
+class CompiledSchemaCache {
+ public:
+  std::shared_ptr<const Grammar> Find(const std::string& key) {
+    absl::MutexLock lock(&mu_);
+    auto it = index_.find(key);
+    if (it == index_.end()) return nullptr;
+    order_.splice(order_.begin(), order_, it->second);  // most recently used
+    return it->second->second;
+  }
+  void Insert(const std::string& key, std::shared_ptr<const Grammar> grammar) {
+    absl::MutexLock lock(&mu_);
+    if (index_.count(key) > 0) return;
+    order_.emplace_front(key, std::move(grammar));
+    index_[key] = order_.begin();
+    if (order_.size() > kCompiledSchemaCacheEntries) {
+      index_.erase(order_.back().first);
+      order_.pop_back();
+    }
+  }
+
+ private:
+  using Entry = std::pair<std::string, std::shared_ptr<const Grammar>>;
+  absl::Mutex mu_;
+  std::list<Entry> order_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, std::list<Entry>::iterator> index_ ABSL_GUARDED_BY(mu_);
+};
+
+CompiledSchemaCache& SchemaCache() {
+  static auto* cache = new CompiledSchemaCache();
+  return *cache;
+}
+
+template <typename Json>
+absl::StatusOr<std::shared_ptr<const Grammar>> CompileCached(const Json& schema, char kind) {
+  // The kind keeps a sorted-key and an ordered schema apart (their property orders differ).
+  const std::string key = kind + schema.dump();
+  if (auto hit = SchemaCache().Find(key); hit != nullptr) return hit;
+  auto grammar = CompileJsonSchema(schema);
+  if (grammar.ok()) SchemaCache().Insert(key, *grammar);
+  return grammar;
+}
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<const Grammar>> CompileJsonSchemaCached(const nlohmann::json& schema) {
+  return CompileCached(schema, 's');
+}
+
+absl::StatusOr<std::shared_ptr<const Grammar>> CompileJsonSchemaCached(
+    const nlohmann::ordered_json& schema) {
+  return CompileCached(schema, 'o');
 }
 
 }  // namespace fwserve::constraints

@@ -46,4 +46,14 @@ absl::StatusOr<std::shared_ptr<const Grammar>> CompileJsonSchema(
 // options.max_recursion_depth). Never fails: options out of range are clamped into it.
 std::shared_ptr<const Grammar> AnyJsonObject(const JsonSchemaOptions& options = {});
 
+// CompileJsonSchema with the default options, through a process-wide cache of the last
+// kCompiledSchemaCacheEntries schemas that compiled, keyed by their JSON text: a client
+// that sends the same schema with every request (what the SDKs do) compiles it once, not
+// per request (a typical schema takes milliseconds, more than a short reply's tokens).
+// Errors are not cached. Thread-safe.
+inline constexpr size_t kCompiledSchemaCacheEntries = 256;
+absl::StatusOr<std::shared_ptr<const Grammar>> CompileJsonSchemaCached(const nlohmann::json& schema);
+absl::StatusOr<std::shared_ptr<const Grammar>> CompileJsonSchemaCached(
+    const nlohmann::ordered_json& schema);
+
 }  // namespace fwserve::constraints

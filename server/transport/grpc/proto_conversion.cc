@@ -89,7 +89,7 @@ absl::StatusOr<std::shared_ptr<const constraints::Grammar>> ConstraintFromProto(
       if (schema.is_discarded()) {
         return absl::InvalidArgumentError("response_format.json_schema: not valid JSON");
       }
-      auto grammar = constraints::CompileJsonSchema(schema);
+      auto grammar = constraints::CompileJsonSchemaCached(schema);
       if (!grammar.ok()) {
         return absl::InvalidArgumentError(
             absl::StrCat("response_format.json_schema: ", grammar.status().message()));

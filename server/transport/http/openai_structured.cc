@@ -14,7 +14,7 @@ using json = nlohmann::json;
 // Compiles `schema` for `field`; the library's message names the keyword and pointer.
 absl::StatusOr<std::shared_ptr<const constraints::Grammar>> Compile(const std::string& field,
                                                                     const json& schema) {
-  auto grammar = constraints::CompileJsonSchema(schema);
+  auto grammar = constraints::CompileJsonSchemaCached(schema);
   if (!grammar.ok()) return FieldError(field, absl::StrCat(field, ": ", grammar.status().message()));
   return grammar;
 }
@@ -265,7 +265,7 @@ absl::Status FinishStructuredOutput(StructuredOutput* out) {
     wrapper["anyOf"] = alternatives;
   }
   wrapper["$defs"] = defs;
-  auto grammar = constraints::CompileJsonSchema(wrapper);
+  auto grammar = constraints::CompileJsonSchemaCached(wrapper);
   if (!grammar.ok()) return FieldError("tools", absl::StrCat("tools: ", grammar.status().message()));
   out->grammar = std::move(*grammar);
   out->forced_tool_call = true;
