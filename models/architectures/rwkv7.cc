@@ -338,16 +338,18 @@ class Rwkv7Block final : public RwkvBlock {
   }
 
   // Whether the fused shift-mix kernel may take x ([B, T, d], h or the time mix's out) and
-  // its shift state with these weights: float32 CUDA tensors, at least one token, and no
-  // autograd graph to record (the kernel has no backward).
+  // its shift state with these weights: float32 CUDA tensors of matching shapes ([B, d]
+  // shift, [d] weights), at least one token, and no autograd graph to record (the kernel
+  // has no backward).
   static bool ShiftMixApplies(const torch::Tensor& x, const torch::Tensor& shift,
                               std::initializer_list<const torch::Tensor*> weights) {
     if (!x.is_cuda() || x.scalar_type() != torch::kFloat32 || x.dim() != 3 || x.size(1) < 1 ||
-        !shift.is_cuda() || shift.scalar_type() != torch::kFloat32) {
+        !shift.is_cuda() || shift.scalar_type() != torch::kFloat32 || shift.dim() != 2 ||
+        shift.size(0) != x.size(0) || shift.size(1) != x.size(2)) {
       return false;
     }
     for (const torch::Tensor* t : weights) {
-      if (t->scalar_type() != torch::kFloat32) return false;
+      if (t->scalar_type() != torch::kFloat32 || t->numel() != x.size(2)) return false;
     }
     if (c10::GradMode::is_enabled()) {
       if (x.requires_grad() || shift.requires_grad()) return false;
