@@ -450,5 +450,22 @@ TEST(JsonSchemaTest, EqualSchemasHaveEqualFingerprints) {
   EXPECT_FALSE(a->SameAutomaton(*c));
 }
 
+// The server's cache: the same schema text gives the same grammar object (compiled
+// once), another schema or another key order another one, and an error is not kept.
+TEST(JsonSchemaTest, TheCacheCompilesASchemaOnce) {
+  const auto sorted = nlohmann::json::parse(R"({"type":"object","properties":{"b":{},"a":{}}})");
+  auto first = CompileJsonSchemaCached(sorted);
+  auto second = CompileJsonSchemaCached(nlohmann::json::parse(sorted.dump()));
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(first->get(), second->get());
+  auto ordered = CompileJsonSchemaCached(Json::parse(R"({"type":"object","properties":{"b":{},"a":{}}})"));
+  ASSERT_TRUE(ordered.ok()) << ordered.status();
+  EXPECT_NE(first->get(), ordered->get());  // "b" first: another automaton
+  const auto bad = nlohmann::json::parse(R"({"type":"string","not":{}})");
+  EXPECT_FALSE(CompileJsonSchemaCached(bad).ok());
+  EXPECT_FALSE(CompileJsonSchemaCached(bad).ok());
+}
+
 }  // namespace
 }  // namespace fwserve::constraints
