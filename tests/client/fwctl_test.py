@@ -111,7 +111,7 @@ class FwctlTest(unittest.TestCase):
         out, _ = self.ok("generate", "--help", target=False)
         for flag in ["--model", "--session", "--max-tokens", "--temperature", "--top-k",
                      "--top-p", "--min-p", "--repetition-penalty", "--seed", "--stop",
-                     "--logprobs", "--json"]:
+                     "--logprobs", "--json", "--json-schema", "--json-object"]:
             self.assertIn(flag, out.decode())
         self.assertEqual(self.ok("help", "score", target=False)[0],
                          self.ok("score", "--help", target=False)[0])
@@ -273,6 +273,33 @@ class FwctlTest(unittest.TestCase):
                                        [p for m in messages for p in m["logprobs"]]):
             self.assertEqual(int(row[1]), int(token))
             self.assertAlmostEqual(float(row[2]), logprob, places=3)
+
+    def test_generate_json_schema_and_json_object(self):
+        # Structured output (docs/structured-output.md): the reply parses and matches.
+        with tempfile.TemporaryDirectory() as tmp:
+            schema_path = os.path.join(tmp, "schema.json")
+            with open(schema_path, "w") as f:
+                json.dump({"type": "object",
+                           "properties": {"mood": {"enum": ["merry", "sad"]},
+                                          "act": {"type": "integer", "minimum": 1, "maximum": 5}},
+                           "required": ["mood", "act"], "additionalProperties": False}, f)
+            out, err = self.ok("generate", "--json-schema", schema_path, "--seed", "4",
+                               "--max-tokens", "200", "ROMEO:")
+            reply = json.loads(out.decode())
+            self.assertIn(reply["mood"], ["merry", "sad"])
+            self.assertTrue(1 <= reply["act"] <= 5, reply)
+            self.assertIn("[finish: stop;", err)
+            out, _ = self.ok("generate", "--json-object", "--seed", "2", "--max-tokens", "300",
+                             "x")
+            self.assertIsInstance(json.loads(out.decode()), dict)
+            with open(schema_path, "w") as f:
+                json.dump({"type": "string", "if": {}}, f)
+            code, _, err = fwctl("generate", "--json-schema", schema_path, "x")
+            self.assertEqual(code, 1, err)
+            self.assertIn("'if'", err)
+            code, _, err = fwctl("generate", "--json-schema", schema_path, "--json-object", "x",
+                                 target=False)
+            self.assertEqual(code, 2, err)
 
     def generated_tokens(self, *args):
         """Runs `fwctl generate --json ARGS`; returns (text bytes, token ids, usage)."""
