@@ -1311,7 +1311,6 @@ std::shared_ptr<const Grammar> AnyJsonObject(const JsonSchemaOptions& options) {
   return compiler.CompileAnyObject();
 }
 
-
 namespace {
 
 // The cache behind CompileJsonSchemaCached: least recently used first out.
@@ -1359,7 +1358,8 @@ absl::StatusOr<std::shared_ptr<const Grammar>> CompileCached(const Json& schema,
 
 }  // namespace
 
-absl::StatusOr<std::shared_ptr<const Grammar>> CompileJsonSchemaCached(const nlohmann::json& schema) {
+absl::StatusOr<std::shared_ptr<const Grammar>> CompileJsonSchemaCached(
+    const nlohmann::json& schema) {
   return CompileCached(schema, 's');
 }
 

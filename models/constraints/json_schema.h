@@ -52,7 +52,8 @@ std::shared_ptr<const Grammar> AnyJsonObject(const JsonSchemaOptions& options = 
 // per request (a typical schema takes milliseconds, more than a short reply's tokens).
 // Errors are not cached. Thread-safe.
 inline constexpr size_t kCompiledSchemaCacheEntries = 256;
-absl::StatusOr<std::shared_ptr<const Grammar>> CompileJsonSchemaCached(const nlohmann::json& schema);
+absl::StatusOr<std::shared_ptr<const Grammar>> CompileJsonSchemaCached(
+    const nlohmann::json& schema);
 absl::StatusOr<std::shared_ptr<const Grammar>> CompileJsonSchemaCached(
     const nlohmann::ordered_json& schema);
 

@@ -220,11 +220,10 @@ absl::StatusOr<std::vector<SampledToken>> SampleRows(const torch::Tensor& logits
       bias_value = torch::tensor(values, torch::kFloat32).view({rows, width}).to(device);
     }
     // One copy to the host: [rows, 2] = (token, logprob).
-    torch::Tensor result =
-        SampleOnDevice(raw, columns, penalty_index, penalty_factor, filters, bias_index, bias_value,
-                       allowed)
-            .cpu()
-            .contiguous();
+    torch::Tensor result = SampleOnDevice(raw, columns, penalty_index, penalty_factor, filters,
+                                          bias_index, bias_value, allowed)
+                               .cpu()
+                               .contiguous();
     const double* values = result.data_ptr<double>();
     for (int64_t r = 0; r < rows; ++r) {
       out[static_cast<size_t>(r)].token = static_cast<int64_t>(values[2 * r]);

@@ -320,10 +320,9 @@ std::vector<Action> Scheduler::AfterSample(
   for (size_t i = 0; i < sampled.size(); ++i) {
     ScheduledTask* t = Find(sampled[i]);
     if (t == nullptr) continue;
-    t->stream.AddSampled(tokens[i], i < logprobs.size() ? logprobs[i] : 0.0f, now,
-                         alternatives != nullptr && i < alternatives->size()
-                             ? &(*alternatives)[i]
-                             : nullptr);
+    t->stream.AddSampled(
+        tokens[i], i < logprobs.size() ? logprobs[i] : 0.0f, now,
+        alternatives != nullptr && i < alternatives->size() ? &(*alternatives)[i] : nullptr);
     SetPhase(*t, Phase::kReadyToAbsorb);
     if (!t->stream.write_in_flight() && t->stream.ShouldFlush(now)) actions.push_back(Emit(*t));
   }

@@ -320,8 +320,7 @@ absl::Status Stepper::TopAlternatives(
       const SampleRequest& r = requests[i];
       if (r.top_logprobs <= 0) continue;
       torch::Tensor row = all_logits.select(0, r.slot);
-      if (!row.device().is_cpu() || row.scalar_type() != torch::kFloat32 ||
-          !row.is_contiguous()) {
+      if (!row.device().is_cpu() || row.scalar_type() != torch::kFloat32 || !row.is_contiguous()) {
         row = row.to(torch::kCPU, torch::kFloat32).contiguous();
       }
       (*out)[i] = TopLogProbs(row.data_ptr<float>(), vocab_, r.top_logprobs);

@@ -518,7 +518,8 @@ const constraints::TokenMasker& StreamDriver::Masker() {
       if (id == tokenizer_.end_of_text()) continue;  // no bytes: allowed by its own rule
       pieces[static_cast<size_t>(id)] = std::string(tokenizer_.TokenBytesView(id));
     }
-    masker_ = std::make_unique<constraints::TokenMasker>(std::move(pieces), tokenizer_.end_of_text());
+    masker_ =
+        std::make_unique<constraints::TokenMasker>(std::move(pieces), tokenizer_.end_of_text());
   }
   return *masker_;
 }

@@ -17,8 +17,8 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
-#include "models/constraints/token_masker.h"
 #include "models/architectures/model.h"
+#include "models/constraints/token_masker.h"
 #include "models/tokenizers/text_tokenizer.h"
 #include "server/engine/drain_estimate.h"
 #include "server/engine/engine_options.h"

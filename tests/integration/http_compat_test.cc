@@ -335,10 +335,12 @@ TEST_F(HttpCompatTest, FieldPolicyRefusesWhatWouldChangeTheOutput) {
       {{{"response_format", {{"type", "grammar"}}}}, "response_format.type"},
       {{{"response_format",
          {{"type", "json_schema"},
-          {"json_schema", {{"name", "x"}, {"schema", {{"type", "object"}, {"not", json::object()}}}}}}}},
+          {"json_schema",
+           {{"name", "x"}, {"schema", {{"type", "object"}, {"not", json::object()}}}}}}}},
        "response_format.json_schema.schema"},
       {{{"tools", {{{"type", "function"}}}}}, "tools[0].function"},
-      {{{"tools", {{{"type", "function"}, {"function", {{"name", "f"}}}}}}, {"tool_choice", "auto"}},
+      {{{"tools", {{{"type", "function"}, {"function", {{"name", "f"}}}}}},
+        {"tool_choice", "auto"}},
        "tool_choice"},
       {{{"tools", {{{"type", "function"}, {"function", {{"name", "f"}}}}}},
         {"tool_choice", {{"type", "function"}, {"function", {{"name", "g"}}}}}},
@@ -357,16 +359,15 @@ TEST_F(HttpCompatTest, FieldPolicyRefusesWhatWouldChangeTheOutput) {
     body["messages"] = messages;
     ExpectOpenAiError(Post(port_, "/v1/chat/completions", body), 400, param);
   }
-  ExpectOpenAiError(Post(port_, "/v1/responses",
-                         {{"input", "x"}, {"text", {{"format", {{"type", "grammar"}}}}}}),
-                    400, "text.format.type");
-  // Tool calls are chat's: a forced one on responses is refused naming tool_choice.
   ExpectOpenAiError(
-      Post(port_, "/v1/responses",
-           {{"input", "x"},
-            {"tools", {{{"type", "function"}, {"name", "f"}}}},
-            {"tool_choice", "required"}}),
-      400, "tool_choice");
+      Post(port_, "/v1/responses", {{"input", "x"}, {"text", {{"format", {{"type", "grammar"}}}}}}),
+      400, "text.format.type");
+  // Tool calls are chat's: a forced one on responses is refused naming tool_choice.
+  ExpectOpenAiError(Post(port_, "/v1/responses",
+                         {{"input", "x"},
+                          {"tools", {{{"type", "function"}, {"name", "f"}}}},
+                          {"tool_choice", "required"}}),
+                    400, "tool_choice");
   ExpectOpenAiError(Post(port_, "/v1/responses", {{"input", "x"}, {"truncation", "auto"}}), 400,
                     "truncation");
 }
@@ -411,7 +412,7 @@ TEST_F(HttpCompatTest, TopLogprobsListTheMostLikelyTokens) {
   const json messages = {{{"role", "user"}, {"content", "ROMEO:"}}};
   for (bool stream : {false, true}) {
     SCOPED_TRACE(stream ? "streamed" : "whole");
-    json body = {{"messages", messages}, {"max_tokens", 6},  {"temperature", 0},
+    json body = {{"messages", messages}, {"max_tokens", 6},   {"temperature", 0},
                  {"logprobs", true},     {"top_logprobs", 5}, {"stream", stream}};
     std::vector<json> entries;
     if (stream) {
@@ -442,10 +443,9 @@ TEST_F(HttpCompatTest, TopLogprobsListTheMostLikelyTokens) {
     }
   }
   // The legacy completions form: logprobs = n.
-  json completion = PostOk("/v1/completions", {{"prompt", "ROMEO:"},
-                                               {"max_tokens", 3},
-                                               {"temperature", 0},
-                                               {"logprobs", 3}});
+  json completion =
+      PostOk("/v1/completions",
+             {{"prompt", "ROMEO:"}, {"max_tokens", 3}, {"temperature", 0}, {"logprobs", 3}});
   const json& legacy = completion["choices"][0]["logprobs"];
   ASSERT_EQ(legacy["top_logprobs"].size(), 3u) << legacy.dump();
   for (size_t i = 0; i < 3; ++i) {
@@ -460,7 +460,8 @@ TEST_F(HttpCompatTest, TopLogprobsListTheMostLikelyTokens) {
                         {{"messages", messages}, {"logprobs", true}, {"top_logprobs", 21}});
   EXPECT_EQ(too_many.status, 400);
   EXPECT_NE(too_many.body.find("top_logprobs"), std::string::npos) << too_many.body;
-  Reply without = Post(port_, "/v1/chat/completions", {{"messages", messages}, {"top_logprobs", 2}});
+  Reply without =
+      Post(port_, "/v1/chat/completions", {{"messages", messages}, {"top_logprobs", 2}});
   EXPECT_EQ(without.status, 400);
   EXPECT_NE(without.body.find("needs 'logprobs'"), std::string::npos) << without.body;
 }

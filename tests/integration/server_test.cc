@@ -3,8 +3,8 @@
 // checkpoints written by the test, except where the shipped model is named.
 #include <gtest/gtest.h>
 
-#include <nlohmann/json.hpp>
 #include <prometheus/registry.h>
+#include <nlohmann/json.hpp>
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -703,7 +703,7 @@ TEST_F(ServerTest, MultiStepDecodeDrawsAheadOnASessionBehindASlowWrite) {
 
    private:
     std::shared_ptr<fwserve::GenerateControl> control_;
-    std::vector<int64_t> tokens_;     // engine thread until OnFinish
+    std::vector<int64_t> tokens_;    // engine thread until OnFinish
     std::vector<std::thread> acks_;  // engine thread until OnFinish
     absl::Mutex mu_;
     bool finished_ ABSL_GUARDED_BY(mu_) = false;
@@ -963,14 +963,12 @@ TEST_F(ServerTest, LogitBiasForcesItsTokenAndBadEntriesAreRefused) {
   auto after = server->client().GetSession(session->session_id());
   ASSERT_TRUE(after.ok()) << after.status();
   EXPECT_EQ(after->tokens(), 5 + 1 + 6);
-  for (const auto& [id, value] : std::vector<std::pair<int64_t, float>>{{256, 1.0f},
-                                                                        {3, 100.5f}}) {
+  for (const auto& [id, value] : std::vector<std::pair<int64_t, float>>{{256, 1.0f}, {3, 100.5f}}) {
     auto bad = Greedy("y", 3);
     (*bad.mutable_sampling()->mutable_logit_bias())[id] = value;
     auto refused = server->client().Generate(bad);
     EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument) << id;
-    EXPECT_NE(refused.status().message().find("logit_bias"), std::string::npos)
-        << refused.status();
+    EXPECT_NE(refused.status().message().find("logit_bias"), std::string::npos) << refused.status();
   }
 }
 

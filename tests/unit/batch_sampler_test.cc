@@ -238,7 +238,8 @@ TEST(BatchSamplerTest, AConstraintMaskDrawsWhatTheHostSamplerDraws) {
     masks[i].assign(kVocab, 0);
     const int allowed = 1 + static_cast<int>(pick() % 12);
     for (int j = 0; j < allowed; ++j) masks[i][pick() % kVocab] = 1;
-    if (i % 5 == 0) streams[i].params.logit_bias = {{static_cast<int64_t>(pick() % kVocab), 100.0f}};
+    if (i % 5 == 0)
+      streams[i].params.logit_bias = {{static_cast<int64_t>(pick() % kVocab), 100.0f}};
   }
   std::mt19937 logits_rng(31);
   std::normal_distribution<float> normal(0.0f, 3.0f);

@@ -459,7 +459,8 @@ TEST(JsonSchemaTest, TheCacheCompilesASchemaOnce) {
   ASSERT_TRUE(first.ok()) << first.status();
   ASSERT_TRUE(second.ok()) << second.status();
   EXPECT_EQ(first->get(), second->get());
-  auto ordered = CompileJsonSchemaCached(Json::parse(R"({"type":"object","properties":{"b":{},"a":{}}})"));
+  auto ordered =
+      CompileJsonSchemaCached(Json::parse(R"({"type":"object","properties":{"b":{},"a":{}}})"));
   ASSERT_TRUE(ordered.ok()) << ordered.status();
   EXPECT_NE(first->get(), ordered->get());  // "b" first: another automaton
   const auto bad = nlohmann::json::parse(R"({"type":"string","not":{}})");

@@ -175,7 +175,8 @@ TEST(SamplerTest, AMaskLeavesOnlyItsTokens) {
   EXPECT_EQ(SampleToken(logits.data(), 5, p, rng, {}, allowed.data()), 1);
   p.temperature = 1.5f;
   std::set<int64_t> drawn;
-  for (int i = 0; i < 400; ++i) drawn.insert(SampleToken(logits.data(), 5, p, rng, {}, allowed.data()));
+  for (int i = 0; i < 400; ++i)
+    drawn.insert(SampleToken(logits.data(), 5, p, rng, {}, allowed.data()));
   EXPECT_EQ(drawn, (std::set<int64_t>{1, 2}));
   // A bias cannot bring a masked token back.
   p.logit_bias = {{4, 100.0f}};

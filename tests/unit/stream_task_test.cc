@@ -212,9 +212,10 @@ TEST(StreamTaskTest, AConstrainedStreamEndsWithItsDocumentAndRollsItsMatcherBack
     EXPECT_TRUE(stream.matcher()->IsFinished());
   }
   StreamTask stream(limits);
-  for (char c : std::string("{\"a\":")) stream.AddSampled(static_cast<unsigned char>(c), 0, kStreamT0);
+  for (char c : std::string("{\"a\":"))
+    stream.AddSampled(static_cast<unsigned char>(c), 0, kStreamT0);
   (void)stream.TakeChunkForWrite();
-  stream.ConfirmWrite();                  // {"a": is the client's
+  stream.ConfirmWrite();                 // {"a": is the client's
   stream.AddSampled('t', 0, kStreamT0);  // unsent
   EXPECT_FALSE(stream.matcher()->Accepts('f'));
   EXPECT_EQ(stream.DropUnconfirmed(), StreamTask::RollbackPoint::kBeforeUnsent);

@@ -134,7 +134,8 @@ class ChatProtocol final : public EndpointProtocol {
                             const json&) override {
     if (request.structured.forced_tool_call) {
       std::string events;
-      if (tool_stream_ != nullptr) events = ToolCallEvents(request, tool_stream_->Finish(), nullptr);
+      if (tool_stream_ != nullptr)
+        events = ToolCallEvents(request, tool_stream_->Finish(), nullptr);
       return events + ChoiceStreamClosing(request, outcome, Chunk(request, json::object(), nullptr),
                                           Chunk(request, nullptr, nullptr),
                                           FinishReason(request, outcome));
@@ -166,8 +167,9 @@ class ChatProtocol final : public EndpointProtocol {
   }
   // A forced call's finish_reason: "tool_calls" when the call is whole, else OpenAI's.
   static const char* FinishReason(const OpenAiGenerateRequest&, const GenerateOutcome& outcome) {
-    return outcome.reason == fwserve::FinishReason::kStop || outcome.stopped ? "tool_calls"
-                                                                           : outcome.finish_reason();
+    return outcome.reason == fwserve::FinishReason::kStop || outcome.stopped
+               ? "tool_calls"
+               : outcome.finish_reason();
   }
   // Chunks carrying tool-call deltas (each a tool_calls array); the first carries the
   // logprobs of the text that released them.
@@ -175,7 +177,8 @@ class ChatProtocol final : public EndpointProtocol {
                              const json& logprobs) const {
     std::string events;
     for (size_t i = 0; i < deltas.size(); ++i) {
-      events += SseData(Chunk(request, {{"tool_calls", deltas[i]}}, i == 0 ? logprobs : json(nullptr)));
+      events +=
+          SseData(Chunk(request, {{"tool_calls", deltas[i]}}, i == 0 ? logprobs : json(nullptr)));
     }
     return events;
   }

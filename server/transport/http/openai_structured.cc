@@ -15,7 +15,8 @@ using json = nlohmann::json;
 absl::StatusOr<std::shared_ptr<const constraints::Grammar>> Compile(const std::string& field,
                                                                     const json& schema) {
   auto grammar = constraints::CompileJsonSchemaCached(schema);
-  if (!grammar.ok()) return FieldError(field, absl::StrCat(field, ": ", grammar.status().message()));
+  if (!grammar.ok())
+    return FieldError(field, absl::StrCat(field, ": ", grammar.status().message()));
   return grammar;
 }
 
@@ -129,15 +130,15 @@ absl::Status ParseTools(const json& value, ToolApi api, StructuredOutput* out) {
     const json& tool = value[i];
     if (!tool.is_object()) return TypeError(field, "an object", tool);
     if (tool.value("type", "") != "function") {
-      return Unsupported(field + ".type", tool.value("type", json()),
-                         "function tools only");
+      return Unsupported(field + ".type", tool.value("type", json()), "function tools only");
     }
     const json* function = &tool;
     std::string function_field = field;
     if (api == ToolApi::kChat) {
       auto it = tool.find("function");
       if (it == tool.end() || !it->is_object()) {
-        return FieldError(field + ".function", absl::StrCat("'", field, ".function' must be an object"));
+        return FieldError(field + ".function",
+                          absl::StrCat("'", field, ".function' must be an object"));
       }
       function = &*it;
       function_field = field + ".function";
@@ -208,7 +209,8 @@ absl::Status ParseToolChoice(const json& value, ToolApi api, StructuredOutput* o
 
 absl::Status FinishStructuredOutput(StructuredOutput* out) {
   using Choice = StructuredOutput::ToolChoice;
-  const Choice choice = out->tool_choice.value_or(out->tools.empty() ? Choice::kNone : Choice::kAuto);
+  const Choice choice =
+      out->tool_choice.value_or(out->tools.empty() ? Choice::kNone : Choice::kAuto);
   if (choice == Choice::kNone) return absl::OkStatus();
   if (choice == Choice::kAuto) {
     if (out->tools.empty()) return absl::OkStatus();
@@ -255,8 +257,9 @@ absl::Status FinishStructuredOutput(StructuredOutput* out) {
     alternatives.push_back(std::move(alternative));
   }
   if (alternatives.empty()) {
-    return FieldError("tool_choice", absl::StrCat("'tool_choice' names the function '",
-                                                  out->named_tool, "', which 'tools' does not list"));
+    return FieldError("tool_choice",
+                      absl::StrCat("'tool_choice' names the function '", out->named_tool,
+                                   "', which 'tools' does not list"));
   }
   ordered wrapper = ordered::object();
   if (alternatives.size() == 1) {
@@ -266,7 +269,8 @@ absl::Status FinishStructuredOutput(StructuredOutput* out) {
   }
   wrapper["$defs"] = defs;
   auto grammar = constraints::CompileJsonSchemaCached(wrapper);
-  if (!grammar.ok()) return FieldError("tools", absl::StrCat("tools: ", grammar.status().message()));
+  if (!grammar.ok())
+    return FieldError("tools", absl::StrCat("tools: ", grammar.status().message()));
   out->grammar = std::move(*grammar);
   out->forced_tool_call = true;
   return absl::OkStatus();
@@ -289,8 +293,8 @@ namespace {
 std::optional<std::pair<size_t, std::string>> WrapperPrefix(const std::string& text) {
   size_t i = 0;
   auto skip_space = [&] {
-    while (i < text.size() && (text[i] == ' ' || text[i] == '\n' || text[i] == '\t' ||
-                               text[i] == '\r')) {
+    while (i < text.size() &&
+           (text[i] == ' ' || text[i] == '\n' || text[i] == '\t' || text[i] == '\r')) {
       ++i;
     }
   };
@@ -364,7 +368,8 @@ json ToolCallOf(const std::string& reply, const std::string& id) {
       arguments = reply.substr(begin);
     }
   }
-  return {{"id", id}, {"type", "function"}, {"function", {{"name", name}, {"arguments", arguments}}}};
+  return {
+      {"id", id}, {"type", "function"}, {"function", {{"name", name}, {"arguments", arguments}}}};
 }
 
 std::vector<json> ToolCallStream::Push(const std::string& text) {
