@@ -518,8 +518,11 @@ const constraints::TokenMasker& StreamDriver::Masker() {
       if (id == tokenizer_.end_of_text()) continue;  // no bytes: allowed by its own rule
       pieces[static_cast<size_t>(id)] = std::string(tokenizer_.TokenBytesView(id));
     }
-    masker_ =
-        std::make_unique<constraints::TokenMasker>(std::move(pieces), tokenizer_.end_of_text());
+    // Its mask cache at most 64 MiB per model (about 8,000 grammar states of a
+    // 65,536-token vocabulary; the least recently used schemas' dropped first).
+    constexpr size_t kMaskCacheBytes = size_t{64} << 20;
+    masker_ = std::make_unique<constraints::TokenMasker>(std::move(pieces),
+                                                         tokenizer_.end_of_text(), kMaskCacheBytes);
   }
   return *masker_;
 }

@@ -466,6 +466,49 @@ TEST_F(HttpCompatTest, TopLogprobsListTheMostLikelyTokens) {
   EXPECT_NE(without.body.find("needs 'logprobs'"), std::string::npos) << without.body;
 }
 
+// Issue 51: `seed` stays deterministic with the whole sampling surface: a constrained
+// reply with logit_bias, both penalties and top_logprobs at temperature 1 is the same
+// for the same seed (whole and streamed), and parses.
+TEST_F(HttpCompatTest, ASeedGivesTheSameConstrainedReplyWithEveryOption) {
+  const json schema = {{"type", "object"},
+                       {"properties",
+                        {{"line", {{"type", "string"}, {"maxLength", 20}}},
+                         {"act", {{"type", "integer"}, {"minimum", 1}, {"maximum", 5}}}}},
+                       {"required", {"line", "act"}},
+                       {"additionalProperties", false}};
+  json body = {{"messages", {{{"role", "user"}, {"content", "ROMEO:"}}}},
+               {"temperature", 1.0},
+               {"seed", 12},
+               {"max_tokens", 200},
+               {"logit_bias", {{"101", 2.5}}},
+               {"presence_penalty", 0.5},
+               {"frequency_penalty", 0.3},
+               {"logprobs", true},
+               {"top_logprobs", 3},
+               {"response_format",
+                {{"type", "json_schema"}, {"json_schema", {{"name", "l"}, {"schema", schema}}}}}};
+  const json first = PostOk("/v1/chat/completions", body);
+  const json second = PostOk("/v1/chat/completions", body);
+  const std::string text = first["choices"][0]["message"]["content"];
+  EXPECT_EQ(second["choices"][0]["message"]["content"], text);
+  EXPECT_EQ(first["choices"][0]["logprobs"], second["choices"][0]["logprobs"]);
+  EXPECT_EQ(first["choices"][0]["finish_reason"], "stop") << text;
+  const json reply = json::parse(text, nullptr, false);
+  ASSERT_TRUE(reply.is_object()) << text;
+  EXPECT_GE(reply["act"].get<int>(), 1);
+  EXPECT_LE(reply["act"].get<int>(), 5);
+  body["stream"] = true;
+  std::string streamed;
+  for (const json& event : StreamEvents("/v1/chat/completions", body)) {
+    const json& choices = event["choices"];
+    if (!choices.empty() && choices[0]["delta"].contains("content") &&
+        choices[0]["delta"]["content"].is_string()) {
+      streamed += choices[0]["delta"]["content"].get<std::string>();
+    }
+  }
+  EXPECT_EQ(streamed, text);
+}
+
 // Item 6: max_completion_tokens wins over max_tokens, whatever their order.
 TEST_F(HttpCompatTest, MaxCompletionTokensWinsOverMaxTokens) {
   const json messages = {{{"role", "user"}, {"content", "Hi"}}};
