@@ -329,6 +329,20 @@ std::vector<Action> Scheduler::AfterSample(
   return actions;
 }
 
+std::vector<Action> Scheduler::EndSampling(TaskId id) {
+  std::vector<Action> actions;
+  ScheduledTask* t = Find(id);
+  if (t == nullptr) return actions;
+  t->stream.EndSampling();
+  if (!t->stream.write_in_flight() && t->stream.has_unsent()) actions.push_back(Emit(*t));
+  if (t->stream.write_in_flight()) {
+    SetPhase(*t, Phase::kDraining);  // ends when the write returns (OnWriteDone)
+  } else {
+    actions.push_back(Finish(id, t->DoneReason()));
+  }
+  return actions;
+}
+
 // ---------------------------------------------------------------------------------
 // Events.
 

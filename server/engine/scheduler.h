@@ -178,6 +178,10 @@ class Scheduler {
   // The rows that draw a token now (kReadyToSample, not parked); cancelled ones drain
   // or finish instead (in `actions`).
   std::vector<TaskId> PlanSample(std::vector<Action>* actions);
+  // A row of PlanSample's whose next token cannot be drawn (a constraint no token of the
+  // vocabulary continues) ends as after a stop string: its unsent tokens go out, and it
+  // finishes (kStop) once its last write returns. Instead of sampling it.
+  std::vector<Action> EndSampling(TaskId id);
   // The sampled tokens of PlanSample's rows, in its order (log-probs beside them).
   // Each goes into its stream; a stream with no write in flight whose chunk is due
   // emits it. `alternatives` (may be null or empty): per token, its top_logprobs.

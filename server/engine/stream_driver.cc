@@ -553,22 +553,21 @@ void StreamDriver::SampleAndEmit() {
       t->before_unsent.tokens = t->tokens;
     }
   }
-  // Constrained streams: the tokens that may come next. One that can take none ends.
-  std::vector<Task*> cannot_continue;
-  for (Task* t : sampling) {
-    const constraints::Matcher* matcher = t->s->stream.matcher();
-    if (matcher == nullptr) continue;
-    if (Masker().Allowed(*matcher, &t->allowed) == 0) cannot_continue.push_back(t);
-  }
-  if (!cannot_continue.empty()) {
-    for (Task* t : cannot_continue) {
-      sampling.erase(std::find(sampling.begin(), sampling.end(), t));
-      FinishTask(*t, FinishReason::kStop);
+  // Constrained streams: the tokens that may come next. One that can take none ends
+  // (the scheduler drains it as after a stop string), the others sample.
+  std::vector<TaskId> cannot_continue;
+  for (size_t i = 0; i < sampling.size();) {
+    const constraints::Matcher* matcher = sampling[i]->s->stream.matcher();
+    if (matcher != nullptr && Masker().Allowed(*matcher, &sampling[i]->allowed) == 0) {
+      cannot_continue.push_back(sampling_ids[i]);
+      sampling.erase(sampling.begin() + static_cast<std::ptrdiff_t>(i));
+      sampling_ids.erase(sampling_ids.begin() + static_cast<std::ptrdiff_t>(i));
+    } else {
+      ++i;
     }
-    sampling_ids.clear();
-    for (Task* t : sampling) sampling_ids.push_back(t->s->id);
-    if (sampling.empty()) return;
   }
+  for (TaskId id : cannot_continue) Apply(scheduler_.EndSampling(id));
+  if (sampling.empty()) return;
   SampleWork work;
   work.requests.resize(sampling.size());
   for (size_t i = 0; i < sampling.size(); ++i) {

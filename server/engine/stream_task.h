@@ -95,6 +95,8 @@ class StreamTask {
   // Sampling is over: a stop string was generated or max_tokens were sampled.
   bool done_sampling() const { return stop_hit_ || sampled_ >= limits_.max_tokens; }
   bool stop_hit() const { return stop_hit_; }
+  // Sampling ends here, as after a stop string (a constraint that no token continues).
+  void EndSampling() { stop_hit_ = true; }
   bool write_in_flight() const { return write_in_flight_; }
   bool has_unsent() const { return !unsent_.token_ids.empty(); }
   int64_t unsent_tokens() const { return static_cast<int64_t>(unsent_.token_ids.size()); }

@@ -236,6 +236,36 @@ TEST(SchedulerTest, LookaheadBoundsUnconfirmedTokensAndAFailedWriteEndsTheStream
   EXPECT_EQ(s.Find(1)->stream.DropUnconfirmed(), StreamTask::RollbackPoint::kBeforeInflight);
 }
 
+// A constrained stream that no token can continue ends as after a stop string: with a
+// write in flight it drains and finishes (kStop) when the write returns; with nothing in
+// flight it finishes at once.
+TEST(SchedulerTest, AStreamWhoseNextTokenCannotBeDrawnEndsAsAfterAStop) {
+  Scheduler s(Options());
+  AddGenerate(s, 1, "a", 1, 100);
+  PrefillAll(s);
+  std::vector<TaskId> sampled;
+  EXPECT_THAT(Ids(SampleAll(s, kSchedulerT0, &sampled), Action::Kind::kEmit), ElementsAre(1));
+  ASSERT_THAT(s.PlanStep(kSchedulerT0), ElementsAre(1));
+  EXPECT_THAT(s.AfterStep({1}), IsEmpty());
+  std::vector<Action> ended;
+  ASSERT_THAT(s.PlanSample(&ended), ElementsAre(1));
+  EXPECT_THAT(s.EndSampling(1), IsEmpty());  // the first token's write is in flight
+  EXPECT_EQ(s.Find(1)->phase, Phase::kDraining);
+  EXPECT_TRUE(s.Find(1)->stream.done_sampling());
+  std::vector<Action> done = s.OnWriteDone(1, true, kSchedulerT0);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].kind, Action::Kind::kFinish);
+  EXPECT_EQ(done[0].reason, FinishReason::kStop);
+
+  AddGenerate(s, 2, "a", 1, 100);
+  PrefillAll(s);
+  ASSERT_THAT(s.PlanSample(&ended), ElementsAre(2));  // nothing sampled, nothing in flight
+  std::vector<Action> at_once = s.EndSampling(2);
+  ASSERT_EQ(at_once.size(), 1u);
+  EXPECT_EQ(at_once[0].kind, Action::Kind::kFinish);
+  EXPECT_EQ(at_once[0].reason, FinishReason::kStop);
+}
+
 TEST(SchedulerTest, AStreamDoneSamplingDrainsUntilItsLastWrite) {
   Scheduler s(Options());
   AddGenerate(s, 1, "a", 1, 1);
