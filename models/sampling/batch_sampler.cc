@@ -186,13 +186,13 @@ absl::StatusOr<std::vector<SampledToken>> SampleRows(const torch::Tensor& logits
     torch::Tensor raw = logits.index_select(0, columns.select(0, kSampleRow).to(torch::kInt64));
     bool filters = false;
     size_t bias_width = 0;
+    bool any_mask = false;
     for (const RowDraw& d : draws) {
       filters = filters || NeedsFilters(*d.params, vocab);
       bias_width = std::max(bias_width, d.params->logit_bias.size());
+      any_mask = any_mask || d.allowed != nullptr;
     }
     torch::Tensor allowed;
-    bool any_mask = false;
-    for (const RowDraw& d : draws) any_mask = any_mask || d.allowed != nullptr;
     if (any_mask) {
       // One upload of every row's mask (rows without one allow everything).
       torch::Tensor host = torch::ones({rows, vocab}, torch::kBool);

@@ -46,16 +46,11 @@ void StreamTask::AddSampled(int64_t token, float logprob, absl::Time now,
   ++sampled_;
   const fwmodel::TextTokenizer* tokenizer = limits_.tokenizer;
   char byte = 0;
-  std::string_view bytes;
+  const std::string_view bytes = TokenBytes(tokenizer, token, &byte);
   if (tokenizer != nullptr) {
-    bytes = tokenizer->TokenBytesView(token);
     decoder_.AppendBytes(bytes, &unsent_.text);
     if (token == tokenizer->end_of_text()) stop_hit_ = true;
   } else {
-    if (token >= 0 && token < 256) {
-      byte = static_cast<char>(token);
-      bytes = std::string_view(&byte, 1);
-    }
     decoder_.Append(token, &unsent_.text);
   }
   if (limits_.logprobs) unsent_.token_bytes.emplace_back(bytes);

@@ -674,7 +674,7 @@ absl::StatusOr<OpenAiGenerateRequest> ParseGenerateFields(const json& body, int3
                                                "one choice per request (fork a session "
                                                "and send a request per fork)"));
     } else if (key == "presence_penalty" || key == "frequency_penalty") {
-      absl::StatusOr<double> d = v.is_null() ? absl::StatusOr<double>(0.0) : GetNumber(key, v);
+      absl::StatusOr<double> d = GetNumber(key, v);
       if (d.ok() && !(*d >= -2 && *d <= 2)) {
         error = FieldError(key, absl::StrCat("'", key, "' must be in [-2, 2], got ", *d));
       } else if (d.ok()) {
@@ -687,7 +687,7 @@ absl::StatusOr<OpenAiGenerateRequest> ParseGenerateFields(const json& body, int3
       // {"token id": value}: ids as decimal strings (OpenAI's form), values in [-100, 100]
       // (SamplingParams::Validate, in the core); the engine checks the ids against the
       // model's vocabulary.
-      if (!v.is_object() && !v.is_null()) {
+      if (!v.is_object()) {
         error = FieldError(key, "'logit_bias' must be an object of token ids to numbers");
       }
       p.sampling.logit_bias.clear();

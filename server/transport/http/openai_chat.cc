@@ -231,12 +231,13 @@ absl::StatusOr<OpenAiGenerateRequest> ParseChatRequest(const json& body,
     out->params.max_tokens = *fields.max_tokens;
   }
   if (!fields.have_prompt) return FieldError("messages", "'messages' is required");
-  // A chat turn ends at the template's end-of-turn marker unless the request gives its
-  // own `stop`.
-  if (!body.contains("stop")) out->params.stop = chat_template.stop;
   if (absl::Status finished = FinishGenerateRequest(&*out); !finished.ok()) return finished;
-  // A constrained reply ends where its JSON does: the template's marker could only cut it.
-  if (out->params.constraint != nullptr && !body.contains("stop")) out->params.stop.clear();
+  // A chat turn ends at the template's end-of-turn marker unless the request gives its
+  // own `stop`; a constrained reply ends where its JSON does (the marker could only cut
+  // it).
+  if (!body.contains("stop") && out->params.constraint == nullptr) {
+    out->params.stop = chat_template.stop;
+  }
   return out;
 }
 

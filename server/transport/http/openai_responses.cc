@@ -219,16 +219,17 @@ absl::StatusOr<OpenAiGenerateRequest> ParseResponsesRequest(const json& body,
   if (!out->previous_response_id.empty() && !out->conversation.empty()) {
     return FieldError("conversation", "give 'previous_response_id' or 'conversation', not both");
   }
-  // A turn ends at the template's end-of-turn marker (`stop` is no Responses field; a
-  // body naming it null keeps none).
-  if (!body.contains("stop")) out->params.stop = chat_template.stop;
   if (absl::Status finished = FinishGenerateRequest(&*out); !finished.ok()) return finished;
   if (out->structured.forced_tool_call) {
     return Unsupported("tool_choice", body["tool_choice"],
                        "tool calls are served on /v1/chat/completions, not on responses yet");
   }
-  // A constrained reply ends where its JSON does: the template's marker could only cut it.
-  if (out->params.constraint != nullptr) out->params.stop.clear();
+  // A turn ends at the template's end-of-turn marker (`stop` is no Responses field; a
+  // body naming it null keeps none); a constrained reply ends where its JSON does (the
+  // marker could only cut it).
+  if (!body.contains("stop") && out->params.constraint == nullptr) {
+    out->params.stop = chat_template.stop;
+  }
   return out;
 }
 
