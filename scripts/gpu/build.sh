@@ -154,7 +154,7 @@ else
 fi
 
 # --- 4. Configure and build -----------------------------------------------------------
-targets=(fwserve fwctl fwmodel fwbench model_bench fwserve_model_tests fwserve_core_tests)
+targets=(fwserve fwctl fwmodel fwbench model_bench gpu_step_profile fwserve_model_tests fwserve_core_tests)
 configure_start=$(date +%s)
 mkdir -p "$build"
 cmake -S "$repo" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
