@@ -1,13 +1,27 @@
-// The fused RWKV-7 time-mix recurrence (rwkv7_wkv.h): one block per (session, head), one
-// thread per row i of the head's state S (value channel i), which stays in the thread's
-// registers across the loop over the T tokens. Per token, thread i also does key channel
-// i's per-channel work; the channels' vectors go through shared memory, and the head's
-// sums (‖kk‖², Σ y with the bonus, Σ (y − mean)²) are halving reductions in shared
-// memory. The arithmetic per element is rwkv7_rule.h's; rwkv7_wkv_host.h runs this
-// grid, phase by phase, on the CPU. Torch-free: compiled by nvcc alone.
+// The fused RWKV-7 time-mix recurrence (rwkv7_wkv.h): one block per (session, head),
+// p = TreeWidth(N) threads, thread i < N owning row i of the head's state S (value channel
+// i), which stays in the thread's registers across the loop over the T tokens (threads
+// N.. exist only when N is not a power of two, and add zeros to the reductions).
+//
+// The state moves between global memory and the registers through a shared tile
+// (kRwkv7WkvStageRows rows at a time, row stride Rwkv7WkvTileStride(N)): the block's
+// threads load and store consecutive floats (float4 when N % 8 == 0 and the state's
+// pointers are 16-byte aligned), so a warp's accesses are coalesced, and each thread moves
+// its row between the tile and its registers. The row stride keeps both sides free of
+// bank conflicts.
+//
+// Per token, thread i also does key channel i's per-channel work; the channels' vectors
+// go through shared memory (two sets, alternating by token, so that a token's writes
+// cannot race the last token's reads), and the head's sums (‖kk‖², Σ y with the bonus,
+// Σ (y − mean)²) are the halving tree's (rwkv7_wkv_host.h's HostTreeSum) computed by
+// TreeSum: a butterfly of warp shuffles, after the tree's steps above 32 lanes through
+// shared memory. Four barriers per token with more than 32 threads (each sum's, the
+// vectors'), one with 32 or fewer. The arithmetic per element is rwkv7_rule.h's;
+// rwkv7_wkv_host.h runs this grid, phase by phase, on the CPU. Torch-free: compiled by
+// nvcc alone.
 #include <cuda_runtime.h>
 
-#include <climits>
+#include <cstdint>
 
 #include "models/gpu/rwkv7_rule.h"
 #include "models/gpu/rwkv7_wkv.h"
@@ -15,139 +29,284 @@
 namespace fwmodel::kernels {
 namespace {
 
-// Σ of the n threads' x (thread i's), halving over p (the power of two ≥ n, zeros past n):
-// buf[i] += buf[i + s] for s = p/2, ..., 1. Every thread gets the sum. buf: p floats of
-// shared memory, free on entry and again on return (the last barrier is after the read).
-__device__ __forceinline__ float BlockSum(float x, float* buf, int n, int p, int i) {
-  buf[i] = x;
-  if (i + n < p) buf[i + n] = 0.0f;
-  __syncthreads();
-  for (int s = p / 2; s > 0; s /= 2) {
-    if (i < s) buf[i] += buf[i + s];
-    __syncthreads();
-  }
-  const float sum = buf[0];
-  __syncthreads();
-  return sum;
+constexpr unsigned kFullMask = 0xffffffffu;
+
+// Σ of x over a group of `width` lanes (a power of two ≤ 32; the block's lanes 0..width−1
+// when width < 32), every lane getting the halving tree's result: x += (x of lane l ^ s)
+// for s = width/2, ..., 1. Lane l < s adds lane l + s's value, as the tree's
+// buf[l] += buf[l + s]; lane l ≥ s adds lane l − s's, the same two operands swapped (the
+// same bits), so after each step lanes l and l ^ s agree and every lane ends with buf[0].
+__device__ __forceinline__ float WarpTreeSum(float x, int width) {
+  const unsigned mask = width >= 32 ? kFullMask : (1u << width) - 1u;
+  for (int s = width / 2; s > 0; s /= 2) x += __shfl_xor_sync(mask, x, s);
+  return x;
 }
 
-// BlockSum of two values with one set of barriers.
-__device__ __forceinline__ void BlockSum2(float x0, float x1, float* buf0, float* buf1, int n,
-                                          int p, int i, float* sum0, float* sum1) {
+// The tree's steps s = p/2, ..., 32 for index `lane` of buf (p floats, p/32 ≤ kGroups
+// groups of 32): the value the tree leaves at buf[lane] before its steps below 32, that
+// is the tree over the p/32 values buf[lane + 32 c] (index c ↔ buf index lane + 32 c).
+template <int kGroups>
+__device__ __forceinline__ float UpperTreeSteps(const float* buf, int p, int lane) {
+  const int groups = p / 32;
+  float acc[kGroups];
+#pragma unroll
+  for (int c = 0; c < kGroups; ++c) acc[c] = c < groups ? buf[lane + 32 * c] : 0.0f;
+#pragma unroll
+  for (int g = kGroups / 2; g >= 1; g /= 2) {
+    if (2 * g <= groups) {
+#pragma unroll
+      for (int c = 0; c < g; ++c) acc[c] += acc[c + g];
+    }
+  }
+  return acc[0];
+}
+
+// The halving tree's Σ over the block's p threads' x (p = blockDim.x, a power of two ≤
+// kCap; the threads past N pass 0), for every thread. p ≤ 32: shuffles alone. Else each
+// thread writes x to buf (p floats of shared memory), one barrier, then every warp takes
+// the tree's upper steps for its lanes and the butterfly: buf is read after the barrier,
+// so the caller must not write it again before another barrier.
+template <int kCap>
+__device__ __forceinline__ float TreeSum(float x, float* buf, int p, int i) {
+  if (p <= 32) return WarpTreeSum(x, p);
+  buf[i] = x;
+  __syncthreads();
+  return WarpTreeSum(UpperTreeSteps<(kCap > 32 ? kCap / 32 : 1)>(buf, p, i & 31), 32);
+}
+
+// Two TreeSums with one barrier.
+template <int kCap>
+__device__ __forceinline__ void TreeSum2(float x0, float x1, float* buf0, float* buf1, int p, int i,
+                                         float* sum0, float* sum1) {
+  if (p <= 32) {
+    *sum0 = WarpTreeSum(x0, p);
+    *sum1 = WarpTreeSum(x1, p);
+    return;
+  }
   buf0[i] = x0;
   buf1[i] = x1;
-  if (i + n < p) {
-    buf0[i + n] = 0.0f;
-    buf1[i + n] = 0.0f;
-  }
   __syncthreads();
-  for (int s = p / 2; s > 0; s /= 2) {
-    if (i < s) {
-      buf0[i] += buf0[i + s];
-      buf1[i] += buf1[i + s];
-    }
-    __syncthreads();
-  }
-  *sum0 = buf0[0];
-  *sum1 = buf1[0];
-  __syncthreads();
+  constexpr int kGroups = kCap > 32 ? kCap / 32 : 1;
+  *sum0 = WarpTreeSum(UpperTreeSteps<kGroups>(buf0, p, i & 31), 32);
+  *sum1 = WarpTreeSum(UpperTreeSteps<kGroups>(buf1, p, i & 31), 32);
 }
 
-// kN: the head width, known at compile time (the row's loops unroll and the row stays
-// in registers); 0: args.N at run time (the row in local memory). blockDim.x == N.
+// Copies `count` floats (whole rows of n) from global `src` into the tile (row stride
+// `stride`), the block's `threads` threads on consecutive floats: float4s when `vec`
+// (n % 8 == 0, src 16-byte aligned), else one float each. kMaxCount: the most floats a
+// call moves (the loops' trip counts, fully unrolled when it and `threads` are known).
+template <int kMaxCount>
+__device__ __forceinline__ void TileLoad(const float* __restrict__ src, float* tile, int count,
+                                         int n, int stride, bool vec, int i, int threads) {
+  if (vec) {
+    const float4* src4 = reinterpret_cast<const float4*>(src);
+    const int count4 = count / 4;
+#pragma unroll 16
+    for (int q0 = 0; q0 < kMaxCount / 4; q0 += threads) {
+      const int q = q0 + i;
+      if (q < count4) {
+        *reinterpret_cast<float4*>(tile + Rwkv7WkvTileIndex(4 * q, n, stride)) = src4[q];
+      }
+    }
+  } else {
+    for (int e = i; e < count; e += threads) tile[Rwkv7WkvTileIndex(e, n, stride)] = src[e];
+  }
+}
+
+// TileLoad's reverse: the tile's `count` floats to global `dst`.
+template <int kMaxCount>
+__device__ __forceinline__ void TileStore(float* __restrict__ dst, const float* tile, int count,
+                                          int n, int stride, bool vec, int i, int threads) {
+  if (vec) {
+    float4* dst4 = reinterpret_cast<float4*>(dst);
+    const int count4 = count / 4;
+#pragma unroll 16
+    for (int q0 = 0; q0 < kMaxCount / 4; q0 += threads) {
+      const int q = q0 + i;
+      if (q < count4) {
+        dst4[q] = *reinterpret_cast<const float4*>(tile + Rwkv7WkvTileIndex(4 * q, n, stride));
+      }
+    }
+  } else {
+    for (int e = i; e < count; e += threads) dst[e] = tile[Rwkv7WkvTileIndex(e, n, stride)];
+  }
+}
+
+// The blocks per SM each width's registers must allow: 64 warps' worth for N ≤ 32 (the
+// SM's limit is 32 blocks anyway), 16 warps (128 registers a thread) for N = 64 and 8 for
+// N = 128 (ptxas would otherwise take more, to hold more shared-memory loads in flight,
+// and fewer warps would hide the per-token chains' latency). No local memory at these
+// bounds (compile-check.sh).
 template <int kN>
-__global__ void __launch_bounds__(kRwkv7WkvMaxN) Rwkv7WkvKernel(const Rwkv7WkvArgs args) {
+constexpr int kMinBlocks = kN == 128  ? 2
+                           : kN == 64 ? 8
+                           : kN == 0  ? 2
+                                      : 16;
+
+// kN: the head width, known at compile time (a multiple of 8 and a power of two: the
+// row's loops unroll and the row stays in registers); 0: args.N at run time (the row in
+// local memory). blockDim.x == TreeWidth(N). vec: the state's global accesses may be
+// float4s (N % 8 == 0, state_in and state_out 16-byte aligned).
+template <int kN>
+__global__ void __launch_bounds__(kN > 0 ? kN : kRwkv7WkvMaxN, kMinBlocks<kN>)
+    Rwkv7WkvKernel(const Rwkv7WkvArgs args, bool vec) {
   constexpr int kCap = kN > 0 ? kN : static_cast<int>(kRwkv7WkvMaxN);
   static_assert((kCap & (kCap - 1)) == 0, "kCap must be a power of two (the reductions' width)");
+  static_assert(kN % 8 == 0, "compiled widths move their rows as float4s");
+  constexpr int kStage = kCap < kRwkv7WkvStageRows ? kCap : kRwkv7WkvStageRows;
+  constexpr int kStride = kCap + 4;  // ≥ Rwkv7WkvTileStride(n) for every n ≤ kCap
   const int n = kN > 0 ? kN : static_cast<int>(args.N);
-  const int p = TreeWidth(n);  // ≤ kCap
+  const int p = kN > 0 ? kN : TreeWidth(n);  // == blockDim.x, ≤ kCap
+  const int stride = kN > 0 ? kN + 4 : Rwkv7WkvTileStride(n);
+  const bool vec_tile = kN > 0 || n % 8 == 0;  // the tile's rows as float4s
   const int i = static_cast<int>(threadIdx.x);
-  const int64_t item = blockIdx.x;  // b·H + head
+  const bool active = kN > 0 || i < n;  // thread i has a row and a channel
+  const int64_t item = blockIdx.x;      // b·H + head
   const int64_t b = item / args.H, head = item % args.H;
   const int64_t d = args.H * n;
   const int64_t at = head * n + i;  // channel (and row) i of this head in a [d] vector
+  // The head's state: row `state_row` of the buffers, then head `head`.
+  const int64_t state_row = args.rows != nullptr ? args.rows[b] : b;
+  const int64_t state_at = (state_row * args.H + head) * n * n;
 
-  __shared__ float s_w[kCap], s_neg_kk[kCap], s_kk_a[kCap], s_k[kCap], s_r[kCap];
-  __shared__ float s_sum0[kCap], s_sum1[kCap];
+  __shared__ __align__(16) float s_tile[kStage * kStride];
+  // The channels' vectors, two sets (token t uses set t % 2).
+  __shared__ float s_w[2][kCap], s_neg_kk[2][kCap], s_kk_a[2][kCap], s_k[2][kCap], s_r[2][kCap];
+  // The sums' buffers (p > 32 only): ‖kk‖², Σ y, the bonus, Σ (y − mean)². Each is
+  // written once per token and read after its own barrier; the next token's write comes
+  // at least two barriers after every read.
+  __shared__ float s_kk[kCap], s_y[kCap], s_bonus[kCap], s_centred[kCap];
 
-  const float k_k = args.k_k[at], k_a = args.k_a[at], r_k = args.r_k[at];
-  const float ln_w = args.ln_w[at], ln_b = args.ln_b[at];
+  float k_k = 0.0f, k_a = 0.0f, r_k = 0.0f, ln_w = 0.0f, ln_b = 0.0f;
+  if (active) {
+    k_k = args.k_k[at];
+    k_a = args.k_a[at];
+    r_k = args.r_k[at];
+    ln_w = args.ln_w[at];
+    ln_b = args.ln_b[at];
+  }
+
+  // The state in, kStage rows at a time: coalesced into the tile, then row i into thread
+  // i's registers.
   float row[kCap];
-  const float* in = args.state_in + (item * n + i) * n;
 #pragma unroll
-  for (int j = 0; j < (kN > 0 ? kN : n); ++j) row[j] = in[j];
+  for (int r0 = 0; r0 < (kN > 0 ? kN : n); r0 += kStage) {
+    const int rows_here = n - r0 < kStage ? n - r0 : kStage;
+    if (r0 > 0) __syncthreads();  // every thread has taken its row from the last chunk
+    TileLoad<kStage * kCap>(args.state_in + state_at + static_cast<int64_t>(r0) * n, s_tile,
+                            rows_here * n, n, stride, vec, i, p);
+    __syncthreads();  // the chunk is staged
+    if (active && i >= r0 && i < r0 + rows_here) {
+      const float* mine = s_tile + (i - r0) * stride;
+      if (vec_tile) {
+#pragma unroll
+        for (int j = 0; j < (kN > 0 ? kN : n); j += 4) {
+          const float4 x = *reinterpret_cast<const float4*>(mine + j);
+          row[j] = x.x;
+          row[j + 1] = x.y;
+          row[j + 2] = x.z;
+          row[j + 3] = x.w;
+        }
+      } else {
+        for (int j = 0; j < n; ++j) row[j] = mine[j];
+      }
+    }
+  }
 
   for (int64_t t = 0; t < args.T; ++t) {
     const int64_t o = (b * args.T + t) * d + at;
+    // The vectors' set: alternating when the sums have no barrier (p ≤ 32); with p > 32
+    // the Σ y barrier already comes after every thread's last read of this token's.
+    const int set = p > 32 ? 0 : static_cast<int>(t & 1);
     // Key channel i: kk, the head's norm, then its contributions to the update.
-    const float k = args.k[o];
-    const float kk_raw = Rwkv7KkRaw(k, k_k);
-    const float norm = Rwkv7KkNorm(BlockSum(kk_raw * kk_raw, s_sum0, n, p, i));
-    const Rwkv7Channel c = Rwkv7PrepareChannel(args.w_raw[o], args.a_raw[o], kk_raw, norm, k, k_a);
-    const float r = args.r[o];
-    s_w[i] = c.w;
-    s_neg_kk[i] = c.neg_kk;
-    s_kk_a[i] = c.kk_a;
-    s_k[i] = c.k;
-    s_r[i] = r;
-    // Value row i.
-    float v = args.v[o];
-    if (!args.first_layer) v = Rwkv7ValueMix(v, args.v_first[o], args.v_raw[o]);
+    float k = 0.0f, kk_raw = 0.0f;
+    if (active) {
+      k = args.k[o];
+      kk_raw = Rwkv7KkRaw(k, k_k);
+    }
+    const float norm = Rwkv7KkNorm(TreeSum<kCap>(kk_raw * kk_raw, s_kk, p, i));
+    float r = 0.0f, v = 0.0f, bonus_term = 0.0f;
+    if (active) {
+      const Rwkv7Channel c =
+          Rwkv7PrepareChannel(args.w_raw[o], args.a_raw[o], kk_raw, norm, k, k_a);
+      r = args.r[o];
+      s_w[set][i] = c.w;
+      s_neg_kk[set][i] = c.neg_kk;
+      s_kk_a[set][i] = c.kk_a;
+      s_k[set][i] = c.k;
+      s_r[set][i] = r;
+      bonus_term = Rwkv7BonusTerm(r, c.k, r_k);
+      // Value row i.
+      v = args.v[o];
+      if (!args.first_layer) v = Rwkv7ValueMix(v, args.v_first[o], args.v_raw[o]);
+    }
     __syncthreads();  // the channels' vectors are written
-    const float y = Rwkv7RowUpdate(kN > 0 ? kN : n, row, s_w, s_neg_kk, s_kk_a, s_k, s_r, v);
-    // BlockSum2's first barrier also ends every thread's reads of s_w .. s_r, so the next
-    // token may overwrite them.
+    float y = 0.0f;
+    if (active) {
+      y = Rwkv7RowUpdate(kN > 0 ? kN : n, row, s_w[set], s_neg_kk[set], s_kk_a[set], s_k[set],
+                         s_r[set], v);
+    }
     float sum, bonus;
-    BlockSum2(y, Rwkv7BonusTerm(r, c.k, r_k), s_sum0, s_sum1, n, p, i, &sum, &bonus);
+    TreeSum2<kCap>(y, bonus_term, s_y, s_bonus, p, i, &sum, &bonus);
     const float mean = Rwkv7GroupNormMean(sum, n);
-    const float inv =
-        Rwkv7GroupNormInv(BlockSum((y - mean) * (y - mean), s_sum0, n, p, i), n, args.eps);
-    args.y[o] = Rwkv7Output(y, mean, inv, ln_w, ln_b, bonus, v, args.g[o]);
+    const float centred = active ? (y - mean) * (y - mean) : 0.0f;
+    const float inv = Rwkv7GroupNormInv(TreeSum<kCap>(centred, s_centred, p, i), n, args.eps);
+    if (active) args.y[o] = Rwkv7Output(y, mean, inv, ln_w, ln_b, bonus, v, args.g[o]);
   }
 
-  float* out = args.state_out + (item * n + i) * n;
+  // The state out, the same way back.
 #pragma unroll
-  for (int j = 0; j < (kN > 0 ? kN : n); ++j) out[j] = row[j];
+  for (int r0 = 0; r0 < (kN > 0 ? kN : n); r0 += kStage) {
+    const int rows_here = n - r0 < kStage ? n - r0 : kStage;
+    __syncthreads();  // the tile is free (the last chunk stored, or the load's reads done)
+    if (active && i >= r0 && i < r0 + rows_here) {
+      float* mine = s_tile + (i - r0) * stride;
+      if (vec_tile) {
+#pragma unroll
+        for (int j = 0; j < (kN > 0 ? kN : n); j += 4) {
+          *reinterpret_cast<float4*>(mine + j) =
+              make_float4(row[j], row[j + 1], row[j + 2], row[j + 3]);
+        }
+      } else {
+        for (int j = 0; j < n; ++j) mine[j] = row[j];
+      }
+    }
+    __syncthreads();  // the chunk is in the tile
+    TileStore<kStage * kCap>(args.state_out + state_at + static_cast<int64_t>(r0) * n, s_tile,
+                             rows_here * n, n, stride, vec, i, p);
+  }
 }
 
 template <int kN>
-cudaError_t LaunchWidth(const Rwkv7WkvArgs& args, cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>(args.B * args.H)), block(static_cast<unsigned>(args.N));
-  Rwkv7WkvKernel<kN><<<grid, block, 0, stream>>>(args);
+cudaError_t LaunchWidth(const Rwkv7WkvArgs& args, bool vec, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(args.B * args.H));
+  const dim3 block(static_cast<unsigned>(Rwkv7WkvThreads(static_cast<int>(args.N))));
+  Rwkv7WkvKernel<kN><<<grid, block, 0, stream>>>(args, vec);
   return cudaGetLastError();
 }
+
+bool Aligned16(const void* pointer) { return reinterpret_cast<uintptr_t>(pointer) % 16 == 0; }
 
 }  // namespace
 
 int LaunchRwkv7Wkv(const Rwkv7WkvArgs& args, void* cuda_stream) {
-  if (args.B < 0 || args.T < 0 || args.H < 0 || args.N < 1 || args.N > kRwkv7WkvMaxN) {
-    return cudaErrorInvalidValue;
-  }
+  if (!Rwkv7WkvArgsValid(args)) return cudaErrorInvalidValue;
   if (args.B == 0 || args.T == 0 || args.H == 0) return cudaSuccess;
-  if (args.B * args.H > INT_MAX) return cudaErrorInvalidValue;  // grid.x
-  const void* needed[] = {args.r,    args.w_raw,    args.a_raw,     args.k,   args.v,
-                          args.g,    args.k_k,      args.k_a,       args.r_k, args.ln_w,
-                          args.ln_b, args.state_in, args.state_out, args.y};
-  for (const void* pointer : needed) {
-    if (pointer == nullptr) return cudaErrorInvalidValue;
-  }
-  if (!args.first_layer && (args.v_raw == nullptr || args.v_first == nullptr)) {
-    return cudaErrorInvalidValue;
-  }
+  const bool vec = args.N % 8 == 0 && Aligned16(args.state_in) && Aligned16(args.state_out);
   cudaStream_t stream = static_cast<cudaStream_t>(cuda_stream);
   switch (args.N) {
     case 8:
-      return LaunchWidth<8>(args, stream);
+      return LaunchWidth<8>(args, vec, stream);
     case 16:
-      return LaunchWidth<16>(args, stream);
+      return LaunchWidth<16>(args, vec, stream);
     case 32:
-      return LaunchWidth<32>(args, stream);
+      return LaunchWidth<32>(args, vec, stream);
     case 64:
-      return LaunchWidth<64>(args, stream);
+      return LaunchWidth<64>(args, vec, stream);
     case 128:
-      return LaunchWidth<128>(args, stream);
+      return LaunchWidth<128>(args, vec, stream);
     default:
-      return LaunchWidth<0>(args, stream);
+      return LaunchWidth<0>(args, vec, stream);
   }
 }
 

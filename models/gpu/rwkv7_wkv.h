@@ -7,10 +7,30 @@
 
 #include <cstdint>
 
+#include "models/gpu/rwkv7_rule.h"  // TreeWidth
+
 namespace fwmodel::kernels {
 
 // The widest head the kernel takes (one thread per row of the head's state).
 constexpr int64_t kRwkv7WkvMaxN = 128;
+
+// The state rows a block stages through shared memory at a time (rwkv7_wkv.cu): a head
+// of N > 64 is loaded and stored in chunks of 64 rows, so the staging tile stays within
+// the 48 KB of static shared memory.
+constexpr int kRwkv7WkvStageRows = 64;
+
+// The row stride, in floats, of the staging tile for a head of width n: n + 4 when n is a
+// multiple of 8 (rows moved as float4; a stride of an odd number of float4s keeps the
+// block's 128-bit accesses free of bank conflicts both ways), else n + 1 (scalar; an odd
+// stride does the same for 32-bit accesses).
+FW_HOST_DEVICE inline int Rwkv7WkvTileStride(int n) { return n % 8 == 0 ? n + 4 : n + 1; }
+
+// Where float e of a staged chunk (whole rows of n floats in global memory, e = row·n +
+// column) sits in the tile of row stride `stride`.
+FW_HOST_DEVICE inline int Rwkv7WkvTileIndex(int e, int n, int stride) {
+  const int row = e / n;
+  return row * stride + (e - row * n);
+}
 
 // One layer's launch. Device pointers, float32, contiguous.
 struct Rwkv7WkvArgs {
@@ -34,22 +54,50 @@ struct Rwkv7WkvArgs {
   const float* r_k = nullptr;
   const float* ln_w = nullptr;  // ln_x.weight
   const float* ln_b = nullptr;  // ln_x.bias
-  // The state, [B, H, N (value channel i), N (key channel j)]: read from state_in,
-  // the state after the T tokens written to state_out; the two may be the same buffer
-  // (in place), and must not otherwise overlap.
+  // The state, [B, H, N (value channel i), N (key channel j)] (or, with rows, [any, H,
+  // N, N]): read from state_in, the state after the T tokens written to state_out; the
+  // two may be the same buffer (in place), and must not otherwise overlap.
   const float* state_in = nullptr;
   float* state_out = nullptr;
+  // Optional, device, [B]: session b's state is row rows[b] of state_in and of state_out
+  // (a row: H·N·N floats), so that the kernel runs on a state pool in place, without a
+  // gather and a scatter. The caller guarantees every rows[b] is within both buffers and
+  // the B rows are distinct (two sessions on one row would race); rows not named are
+  // neither read nor written. Null: session b's state is row b.
+  const int64_t* rows = nullptr;
   float* y = nullptr;        // out, [B, T, d]: (GroupNorm(S·r) + (r·(k ⊙ r_k)) v) ⊙ g
   float eps = 0;             // the GroupNorm's: d_head · norm_eps
   bool first_layer = false;  // block 0: no value residual mix
 };
 
+// The threads of a block for a head of width n: the power of two ≥ n (the reductions'
+// width); threads n.. only pad the reductions with zeros.
+FW_HOST_DEVICE inline int Rwkv7WkvThreads(int n) { return TreeWidth(n); }
+
+// The checks LaunchRwkv7Wkv makes before launching (shared with the CPU mirror): true when
+// the arguments are acceptable. With B, T or H = 0 (nothing to do) no pointer is needed.
+inline bool Rwkv7WkvArgsValid(const Rwkv7WkvArgs& args) {
+  if (args.B < 0 || args.T < 0 || args.H < 0 || args.N < 1 || args.N > kRwkv7WkvMaxN) {
+    return false;
+  }
+  if (args.B == 0 || args.T == 0 || args.H == 0) return true;
+  if (args.B > INT32_MAX / args.H) return false;  // grid.x = B·H
+  const void* needed[] = {args.r,    args.w_raw,    args.a_raw,     args.k,   args.v,
+                          args.g,    args.k_k,      args.k_a,       args.r_k, args.ln_w,
+                          args.ln_b, args.state_in, args.state_out, args.y};
+  for (const void* pointer : needed) {
+    if (pointer == nullptr) return false;
+  }
+  return args.first_layer || (args.v_raw != nullptr && args.v_first != nullptr);
+}
+
 // Launches the kernel on `cuda_stream` (a cudaStream_t; null: the legacy default stream):
-// one block per (session, head), N threads; nothing to do when B, T or H is 0. Returns
-// 0 (cudaSuccess) or the cudaError_t of a bad argument (cudaErrorInvalidValue: N outside
-// 1..kRwkv7WkvMaxN, a negative size, or a null pointer the launch needs) or of the launch
-// (cudaGetLastError). Asynchronous: errors of the kernel's execution surface later. Safe
-// to call during CUDA Graph capture (no allocation, no synchronisation).
+// one block per (session, head), Rwkv7WkvThreads(N) threads; nothing to do when B, T or H
+// is 0. Returns 0 (cudaSuccess) or the cudaError_t of a bad argument
+// (cudaErrorInvalidValue: Rwkv7WkvArgsValid false) or of the launch (cudaGetLastError).
+// Asynchronous: errors of the kernel's execution surface later. Safe to call during CUDA
+// Graph capture (no allocation, no synchronisation, no attribute set: static shared
+// memory only, at most 41 KB a block).
 int LaunchRwkv7Wkv(const Rwkv7WkvArgs& args, void* cuda_stream);
 
 // cudaGetErrorString of a LaunchRwkv7Wkv result.

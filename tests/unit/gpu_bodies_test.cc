@@ -1,17 +1,21 @@
 // The fused RWKV-7 time-mix kernel's grid (models/gpu/rwkv7_wkv.cu), run on the CPU by its
-// mirror (models/gpu/rwkv7_wkv_host.h: the same blocks, threads, phases and halving
+// mirror (models/gpu/rwkv7_wkv_host.h: the same blocks, threads, phases, staging tile and
 // reductions over rwkv7_rule.h's bodies), equals the LibTorch block (rwkv7.cc's
 // Forward, token by token) within 1e-4 relative: the gated output y and the new state,
-// at T = 1 (decode) and T = 7 (prefill), in block 0 and block 1 (the value residual),
-// with heads of 8, 16 and 64, from random states; in place (state_in == state_out) the
-// same bits. The reference's y is read through the block itself: with O the identity
-// and the FFN's value matrix zero, Forward returns h + y. The CUDA kernel itself runs
-// in CudaEquivalenceTest (model_cuda_test.cc) on a GPU machine; the CPU kernel's use of
-// the same bodies in NativeRwkvTest.
+// at T = 1 (decode) and T = 3 (prefill), in block 0 and block 1 (the value residual),
+// with heads of 8, 16, 64 and 128 (the compiled widths) and 24 (a width off them, with
+// threads past N), from random states; in place (state_in == state_out) the same bits;
+// on a state pool through `rows` (permuted, some pool rows unnamed), in place and not,
+// the same bits with the unnamed rows untouched. The reference's y is read through the
+// block itself: with O the identity and the FFN's value matrix zero, Forward returns
+// h + y. The CUDA kernel itself runs in CudaEquivalenceTest (model_cuda_test.cc) on a GPU
+// machine; the CPU kernel's use of the same bodies in NativeRwkvTest.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <limits>
 #include <map>
+#include <random>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -149,32 +153,146 @@ TEST_P(GpuBodiesTest, HostGridEqualsLibTorchBlock) {
     ASSERT_TRUE(fwmodel::kernels::RunRwkv7WkvOnHost(args));
     EXPECT_TRUE(torch::equal(S_inplace, S_out));
     EXPECT_TRUE(torch::equal(y_inplace, y));
+
+    // On a pool of B + 2 rows through `rows` (permuted; pool rows 1 and 3 unnamed): out
+    // of place, then in place, the same bits as above, the unnamed rows untouched.
+    ASSERT_EQ(B, 3);
+    const std::vector<int64_t> rows = {4, 0, 2};
+    const torch::Tensor row_index = torch::tensor(rows, torch::kLong);
+    const torch::Tensor unnamed = torch::tensor(std::vector<int64_t>{1, 3}, torch::kLong);
+    torch::Tensor pool = torch::randn({B + 2, H, N, N});
+    pool.index_copy_(0, row_index, S0);
+    const torch::Tensor pool0 = pool.clone();
+    torch::Tensor pool_out = torch::full_like(pool, std::numeric_limits<float>::quiet_NaN());
+    torch::Tensor y_pool = torch::empty_like(y);
+    args.rows = rows.data();
+    args.state_in = pool.data_ptr<float>();
+    args.state_out = pool_out.data_ptr<float>();
+    args.y = y_pool.data_ptr<float>();
+    ASSERT_TRUE(fwmodel::kernels::RunRwkv7WkvOnHost(args));
+    EXPECT_TRUE(torch::equal(y_pool, y)) << "rows, out of place: y";
+    EXPECT_TRUE(torch::equal(pool_out.index_select(0, row_index), S_out)) << "rows: the state";
+    fwtest::ExpectNearRelative(pool_out.index_select(0, row_index), ref_state[1], kTolerance,
+                               "state through rows");
+    EXPECT_TRUE(pool_out.index_select(0, unnamed).isnan().all().item<bool>())
+        << "an unnamed pool row was written";
+    EXPECT_TRUE(torch::equal(pool, pool0)) << "state_in was written";
+    args.state_out = pool.data_ptr<float>();
+    ASSERT_TRUE(fwmodel::kernels::RunRwkv7WkvOnHost(args));
+    EXPECT_TRUE(torch::equal(y_pool, y)) << "rows, in place: y";
+    EXPECT_TRUE(torch::equal(pool.index_select(0, row_index), S_out)) << "rows, in place";
+    EXPECT_TRUE(torch::equal(pool.index_select(0, unnamed), pool0.index_select(0, unnamed)))
+        << "an unnamed pool row was written in place";
   }
 }
 
 INSTANTIATE_TEST_SUITE_P(Rwkv7, GpuBodiesTest,
-                         testing::Combine(testing::Values(Shape{32, 4}, Shape{32, 2}, Shape{64, 1}),
-                                          testing::Values(int64_t{1}, int64_t{7})),
+                         testing::Combine(testing::Values(Shape{32, 4}, Shape{32, 2}, Shape{48, 2},
+                                                          Shape{64, 1}, Shape{128, 1}),
+                                          testing::Values(int64_t{1}, int64_t{3})),
                          [](const testing::TestParamInfo<std::tuple<Shape, int64_t>>& info) {
                            const Shape shape = std::get<0>(info.param);
                            return absl::StrCat("N", shape.d_model / shape.n_heads, "_T",
                                                std::get<1>(info.param));
                          });
 
-// The launcher's refusals, mirrored: a head wider than the kernel takes, a block > 0
-// without its value residual's inputs.
+// The launcher's refusals, mirrored (Rwkv7WkvArgsValid): a head wider than the kernel
+// takes or empty, a negative size, a grid past 2^31 − 1 blocks, any missing pointer, a
+// block > 0 without its value residual's inputs; nothing to do (B, T or H = 0) needs no
+// pointer.
 TEST(GpuBodiesArgsTest, RefusesWhatTheLauncherRefuses) {
+  constexpr int64_t N = 8;
+  std::vector<float> vectors(N, 0.5f), state_in(N * N, 0.25f), state_out(N * N, 0.0f), y(N, 0.0f);
   fwmodel::kernels::Rwkv7WkvArgs args;
   args.B = 1;
   args.T = 1;
   args.H = 1;
-  args.N = fwmodel::kernels::kRwkv7WkvMaxN + 1;
-  EXPECT_FALSE(fwmodel::kernels::RunRwkv7WkvOnHost(args));
-  args.N = 0;
-  EXPECT_FALSE(fwmodel::kernels::RunRwkv7WkvOnHost(args));
-  args.N = 8;
-  args.first_layer = false;
-  EXPECT_FALSE(fwmodel::kernels::RunRwkv7WkvOnHost(args));
+  args.N = N;
+  for (const float** pointer :
+       {&args.r, &args.w_raw, &args.a_raw, &args.k, &args.v, &args.v_raw, &args.v_first, &args.g,
+        &args.k_k, &args.k_a, &args.r_k, &args.ln_w, &args.ln_b}) {
+    *pointer = vectors.data();
+  }
+  args.state_in = state_in.data();
+  args.state_out = state_out.data();
+  args.y = y.data();
+  args.eps = 1e-5f;
+  ASSERT_TRUE(fwmodel::kernels::RunRwkv7WkvOnHost(args));
+  EXPECT_NE(state_out, std::vector<float>(N * N, 0.0f));
+
+  auto refused = [](fwmodel::kernels::Rwkv7WkvArgs changed) {
+    return !fwmodel::kernels::Rwkv7WkvArgsValid(changed) &&
+           !fwmodel::kernels::RunRwkv7WkvOnHost(changed);
+  };
+  fwmodel::kernels::Rwkv7WkvArgs bad = args;
+  bad.N = fwmodel::kernels::kRwkv7WkvMaxN + 1;
+  EXPECT_TRUE(refused(bad));
+  bad.N = 0;
+  EXPECT_TRUE(refused(bad));
+  for (int64_t* size : {&bad.B, &bad.T, &bad.H}) {
+    bad = args;
+    *size = -1;
+    EXPECT_TRUE(refused(bad));
+  }
+  bad = args;
+  bad.B = int64_t{1} << 20;
+  bad.H = int64_t{1} << 11;  // 2^31 blocks
+  EXPECT_TRUE(refused(bad));
+  bad.H = (int64_t{1} << 11) - 1;
+  EXPECT_TRUE(fwmodel::kernels::Rwkv7WkvArgsValid(bad));
+  for (const float** pointer : {&bad.r, &bad.w_raw, &bad.a_raw, &bad.k, &bad.v, &bad.g, &bad.k_k,
+                                &bad.k_a, &bad.r_k, &bad.ln_w, &bad.ln_b, &bad.state_in}) {
+    bad = args;
+    *pointer = nullptr;
+    EXPECT_TRUE(refused(bad));
+  }
+  bad = args;
+  bad.state_out = nullptr;
+  EXPECT_TRUE(refused(bad));
+  bad = args;
+  bad.y = nullptr;
+  EXPECT_TRUE(refused(bad));
+  // The value residual's inputs: needed after block 0 only.
+  for (const float** pointer : {&bad.v_raw, &bad.v_first}) {
+    bad = args;
+    *pointer = nullptr;
+    EXPECT_TRUE(refused(bad));
+    bad.first_layer = true;
+    EXPECT_TRUE(fwmodel::kernels::RunRwkv7WkvOnHost(bad));
+  }
+  // Nothing to do: no pointer needed, nothing written.
+  fwmodel::kernels::Rwkv7WkvArgs empty;
+  empty.N = N;
+  empty.B = 4;
+  empty.H = 2;
+  EXPECT_TRUE(fwmodel::kernels::RunRwkv7WkvOnHost(empty));
+}
+
+// The kernel's reductions (rwkv7_wkv.cu's TreeSum, mirrored by HostBlockTreeSums: a warp
+// butterfly after the tree's steps above 32 lanes) give every thread the halving tree's
+// sum (HostTreeSum) bit for bit, for every width up to 256 (powers of two and not), on
+// values whose sum depends on the order of the additions.
+TEST(GpuBodiesTreeSumTest, EveryThreadGetsTheTreeSum) {
+  std::mt19937 rng(17);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  int order_sensitive = 0;
+  for (int n = 1; n <= 256; ++n) {
+    SCOPED_TRACE(absl::StrCat("n = ", n));
+    const int p = fwmodel::kernels::TreeWidth(n);
+    std::vector<float> values(static_cast<size_t>(p));
+    for (float& x : values) x = normal(rng) * std::exp2(static_cast<float>(rng() % 24));
+    std::vector<float> tree = values;
+    const float expected = fwmodel::kernels::HostTreeSum(tree, n);
+    const std::vector<float> sums = fwmodel::kernels::HostBlockTreeSums(values, n);
+    ASSERT_EQ(sums.size(), static_cast<size_t>(p));
+    for (int i = 0; i < p; ++i) {
+      ASSERT_EQ(sums[static_cast<size_t>(i)], expected) << "thread " << i;
+    }
+    float sequential = 0.0f;
+    for (int i = 0; i < n; ++i) sequential += values[static_cast<size_t>(i)];
+    order_sensitive += sequential != expected;
+  }
+  EXPECT_GT(order_sensitive, 100) << "the values do not tell the orders apart";
 }
 
 // The fused DeltaNet / Gated DeltaNet delta-rule kernel's grid (models/gpu/delta_rule_cuda.cu),
