@@ -85,6 +85,21 @@ struct GenerateParams {
   // constraint (tokens that cannot continue a valid reply are never drawn) and ends,
   // with FinishReason::kStop, as soon as it is whole; null = free text.
   std::shared_ptr<const constraints::Grammar> constraint;
+  // OpenAI's `n`: this many choices, each sampled on its own from the same prompt, whose
+  // prompt is read once (docs/http.md "Several choices"). In [1, kMaxChoices]; above 1
+  // the request has neither session_id nor fork_from, and its chunks carry their
+  // choice's index (GenerateChunk::choice_index; GenerateSummary::choices).
+  int32_t choices = 1;
+  static constexpr int32_t kMaxChoices = 16;
+  // Set by the core alone, for each stream of a request with choices > 1: the group's id
+  // (unique in the process), this stream's index and the group's size. Choice 0 reads
+  // the prompt; choice i > 0 has none and starts from choice 0's state after it.
+  struct Choice {
+    uint64_t group = 0;
+    int32_t index = 0;
+    int32_t count = 1;
+  };
+  Choice choice;
   // Per-request message grouping (v1::StreamOptions): a message waits for this many
   // tokens (0 = the server's --stream-flush-interval rule), at most `max_message_delay`
   // (zero = no limit when min_tokens_per_message is set, else the server's interval).
@@ -102,6 +117,8 @@ struct GenerateParams {
 enum class FinishReason { kLength, kStop, kCancelled, kShutdown };
 
 struct GenerateChunk {
+  // The choice these tokens belong to (GenerateParams::choices > 1); 0 otherwise.
+  int32_t choice_index = 0;
   std::string text;  // valid UTF-8, possibly empty
   std::vector<int64_t> token_ids;
   std::vector<float> logprobs;  // empty unless requested
@@ -125,6 +142,14 @@ struct GenerateSummary {
   int64_t prompt_tokens = 0;
   int64_t generated_tokens = 0;
   int64_t session_tokens = 0;
+  // GenerateParams::choices > 1: how each choice ended, by index (the fields above then
+  // count the prompt once and every choice's generated tokens); empty otherwise.
+  struct ChoiceEnd {
+    FinishReason reason = FinishReason::kLength;
+    std::string trailing_text;
+    int64_t generated_tokens = 0;
+  };
+  std::vector<ChoiceEnd> choices;
 };
 
 // Implemented by the transport, called on the engine thread; must not block. The

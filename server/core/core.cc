@@ -1,6 +1,7 @@
 #include "server/core/core.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #ifdef __GLIBC__
 #include <malloc.h>
@@ -21,6 +22,7 @@
 #include "server/base/retry_delay.h"
 #include "server/base/session_id.h"
 #include "server/base/utf8.h"
+#include "server/core/choice_fan_in.h"
 #include "server/engine/model_engine.h"
 #include "server/metrics/metrics.h"
 #include "server/sessions/prefix_index.h"
@@ -207,12 +209,61 @@ class CoreImpl : public Core {
 
   absl::Status StartGenerate(const Caller& caller, GenerateParams params,
                              GenerateObserver* observer) override {
+    if (params.choices != 1) return StartChoices(caller, std::move(params), observer);
     if (params.prefix_reuse == GenerateParams::PrefixReuse::kOff || !params.session_id.empty() ||
         !params.fork_from.empty()) {
       params.prefix_reuse = GenerateParams::PrefixReuse::kOff;
       return StartGenerateOn(caller, std::move(params), observer, "", SessionSource::kAsGiven);
     }
     return StartReusingPrefix(caller, std::move(params), observer);
+  }
+
+  // GenerateParams::choices > 1: `choices` streams joined by a ChoiceFanIn. Choice 0 is
+  // the request as asked (its prompt read once); choice i > 0 has no prompt, starts from
+  // choice 0's state after it (server/engine/stream_driver.h, ChoiceGroup), and samples
+  // with its own seed, derived from the request's.
+  absl::Status StartChoices(const Caller& caller, GenerateParams params,
+                            GenerateObserver* observer) {
+    const int32_t n = params.choices;
+    if (n < 1 || n > GenerateParams::kMaxChoices) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("n must be in [1, ", GenerateParams::kMaxChoices, "], got ", n));
+    }
+    if (!params.session_id.empty() || !params.fork_from.empty() ||
+        params.prefix_reuse == GenerateParams::PrefixReuse::kCallerSession) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("n: ", n, " choices need a request without a session (session_id, "
+                       "fork_from or a stored response): each choice would be another "
+                       "continuation of it"));
+    }
+    if (params.random_seed) {
+      params.sampling.seed = RandomSeed();
+      params.random_seed = false;
+    }
+    const uint64_t group = next_choice_group_.fetch_add(1, std::memory_order_relaxed);
+    std::shared_ptr<ChoiceFanIn> fan_in = ChoiceFanIn::Create(observer, n);
+    for (int32_t i = 0; i < n; ++i) {
+      GenerateParams choice = params;
+      choice.choices = 1;
+      choice.choice = {group, i, n};
+      if (i > 0) {
+        choice.prompt.clear();
+        choice.prompt_tokens.reset();
+        choice.prefix_reuse = GenerateParams::PrefixReuse::kOff;
+        // A fixed odd step (2^64 / golden ratio): distinct seeds, the same for the same
+        // request seed.
+        choice.sampling.seed = params.sampling.seed + static_cast<uint64_t>(i) * 0x9E3779B97F4A7C15ull;
+      }
+      absl::Status started = StartGenerate(caller, std::move(choice), fan_in->member(i));
+      if (started.ok()) {
+        if (i == 0) fan_in->Start();
+        continue;
+      }
+      if (i == 0) return started;  // nothing started: the caller's error
+      for (int32_t j = i; j < n; ++j) fan_in->Refused(j, started);
+      break;
+    }
+    return absl::OkStatus();
   }
 
   // The Generate observer of a request whose end state may be kept as a conversation
@@ -407,7 +458,8 @@ class CoreImpl : public Core {
     }
     const bool no_prompt = params.prompt_tokens.has_value() ? params.prompt_tokens->empty()
                                                             : params.prompt.empty();
-    if (params.session_id.empty() && params.fork_from.empty() && no_prompt) {
+    if (params.session_id.empty() && params.fork_from.empty() && no_prompt &&
+        params.choice.index == 0) {
       return absl::InvalidArgumentError("prompt: must not be empty without a session_id");
     }
     if (keep_new_session) {
@@ -842,6 +894,8 @@ class CoreImpl : public Core {
   PrefixIndex prefix_index_;
   std::vector<std::unique_ptr<ModelEngine>> engines_;
   std::vector<ModelDescription> descriptions_;
+  // The next GenerateParams::Choice::group (StartChoices).
+  std::atomic<uint64_t> next_choice_group_{1};
 
   static constexpr int kDefaultPageSize = 100;
   static constexpr int kMaxPageSize = 1000;

@@ -140,6 +140,12 @@ StreamDriver::StreamDriver(StreamDriverContext context)
 StreamDriver::~StreamDriver() = default;
 
 void StreamDriver::RunIteration() {
+  if (!released_choices_.empty()) {
+    std::vector<std::unique_ptr<WorkItem>> released = std::move(released_choices_);
+    released_choices_.clear();
+    for (std::unique_ptr<WorkItem>& item : released) Admit(std::move(item));
+  }
+  if (!choice_groups_.empty()) DropSettledChoiceGroups();
   StartPrefill();   // prefill: the next chunk to the prefill thread
   RunDecodeStep();  // step: one batched step for every stream ready to absorb
   SampleAndEmit();  // sample, and emit what may go out
@@ -170,6 +176,7 @@ void StreamDriver::Admit(std::unique_ptr<WorkItem> item) {
   // its lease released and its caller answered; nothing is dropped silently.
   std::optional<TaskId> admitted;  // the stream task made for `item`, if any
   try {
+    if (HoldChoice(item)) return;
     if (keeper_.NeedsLoad(*item)) return keeper_.StartLoad(std::move(item));
     if (item->IsStream()) {
       metrics_->ObserveQueueWait(absl::ToDoubleSeconds(absl::Now() - item->arrival));
@@ -222,6 +229,19 @@ void StreamDriver::AdmitStream(Task& t) {
   if (w.is_cancelled && w.is_cancelled()) {
     return FailTask(t, absl::CancelledError("cancelled by the client"));
   }
+  // Choice i > 0 of a request: its throwaway row starts as choice 0's after the prompt
+  // (HoldChoice admitted it only once that row was saved).
+  const ChoiceGroup* choice_row = nullptr;
+  if (const GenerateWork* generate = w.As<GenerateWork>(); generate != nullptr &&
+                                                          generate->params.choice.index > 0) {
+    auto group = choice_groups_.find(generate->params.choice.group);
+    if (group == choice_groups_.end() || !group->second.ready) {
+      return FailTask(t, absl::AbortedError("n: the request's first choice is gone"));
+    }
+    choice_row = &group->second;
+    pool_.RestoreRow(t.slot, choice_row->row);
+    t.tokens_before = t.tokens = choice_row->tokens;
+  }
   StreamLimits limits;  // a Score or CreateSession samples nothing
   if (GenerateWork* generate = w.As<GenerateWork>()) {
     if (w.tokens.empty() && t.tokens == 0) {
@@ -264,6 +284,11 @@ void StreamDriver::AdmitStream(Task& t) {
     if (g.sampling.repetition_penalty != 1.0f) {
       t.recent.assign(w.tokens.end() - std::min<size_t>(w.tokens.size(), g.repetition_window),
                       w.tokens.end());
+      if (choice_row != nullptr) t.recent = choice_row->recent;
+    }
+    if (choice_row != nullptr) {
+      ++choice_groups_[g.choice.group].arrived;
+      DropSettledChoiceGroups();
     }
     metrics_->AddPromptTokensSaved(t.tokens_before);
     tasks_by_stream_[generate->stream_id] = t.s->id;
@@ -545,6 +570,10 @@ void StreamDriver::SampleAndEmit() {
   for (TaskId id : sampling_ids) {
     Task* t = tasks_.at(id).get();
     sampling.push_back(t);
+    if (t->generate->choice.count > 1 && t->generate->choice.index == 0 &&
+        t->s->stream.sampled() == 0) {
+      SaveChoiceRow(*t);
+    }
     if (t->s->stream.starts_chunk()) {
       // Only a session's state outlives the stream: a throwaway stream's rollback point
       // is its token count alone (copying the state row for every message was a quarter
@@ -600,6 +629,15 @@ std::unique_ptr<WorkItem> StreamDriver::TakeTask(Task& t) {
   drain_->StreamEnded();
   if (const GenerateWork* generate = item->As<GenerateWork>()) {
     tasks_by_stream_.erase(generate->stream_id);
+    const GenerateParams::Choice& choice = generate->params.choice;
+    if (choice.count > 1 && choice.index == 0) {
+      auto group = choice_groups_.find(choice.group);
+      if (group == choice_groups_.end() || !group->second.ready) {
+        FailChoiceGroup(choice,
+                        absl::AbortedError("n: the request's first choice ended before its "
+                                           "prompt was read"));
+      }
+    }
   }
   const TaskId id = t.s->id;
   scheduler_.Remove(id);
@@ -692,6 +730,79 @@ void StreamDriver::RestoreSnapshot(Task& t) {
   t.tokens = t.tokens_before;
 }
 
-void StreamDriver::EndAll() { Apply(scheduler_.CancelAll()); }
+void StreamDriver::EndAll() {
+  const absl::Status shutting_down = absl::UnavailableError("the server is shutting down");
+  for (std::unique_ptr<WorkItem>& item : released_choices_) FailItem(std::move(item), shutting_down);
+  released_choices_.clear();
+  for (auto& [id, group] : choice_groups_) {
+    for (std::unique_ptr<WorkItem>& item : group.waiting) FailItem(std::move(item), shutting_down);
+    group.waiting.clear();
+  }
+  Apply(scheduler_.CancelAll());
+}
+
+bool StreamDriver::HoldChoice(std::unique_ptr<WorkItem>& item) {
+  const GenerateWork* generate = item->As<GenerateWork>();
+  if (generate == nullptr || generate->params.choice.index == 0) return false;
+  const GenerateParams::Choice& choice = generate->params.choice;
+  ChoiceGroup& group = choice_groups_[choice.group];
+  group.expected = choice.count - 1;
+  if (group.ready) return false;  // AdmitStream starts it from the group's row
+  if (!group.failed.ok()) {
+    ++group.arrived;
+    FailItem(std::move(item), group.failed);
+    DropSettledChoiceGroups();
+    return true;
+  }
+  group.waiting.push_back(std::move(item));
+  return true;
+}
+
+void StreamDriver::SaveChoiceRow(Task& t) {
+  const GenerateParams::Choice& choice = t.generate->choice;
+  ChoiceGroup& group = choice_groups_[choice.group];
+  if (group.ready || !group.failed.ok()) return;
+  group.expected = choice.count - 1;
+  pool_.SaveRow(t.slot, &group.row);
+  group.tokens = t.tokens;
+  group.recent = t.recent;
+  group.ready = true;
+  group.settled = absl::Now();
+  for (std::unique_ptr<WorkItem>& item : group.waiting) released_choices_.push_back(std::move(item));
+  group.waiting.clear();
+}
+
+void StreamDriver::FailChoiceGroup(const GenerateParams::Choice& choice,
+                                   const absl::Status& status) {
+  ChoiceGroup& group = choice_groups_[choice.group];
+  group.expected = choice.count - 1;
+  group.failed = status;
+  group.settled = absl::Now();
+  for (std::unique_ptr<WorkItem>& item : group.waiting) {
+    ++group.arrived;
+    FailItem(std::move(item), status);
+  }
+  group.waiting.clear();
+  DropSettledChoiceGroups();
+}
+
+void StreamDriver::DropSettledChoiceGroups() {
+  // A choice refused on its way (a quota, a full queue) never arrives; its group's row
+  // is dropped after this long, and a choice arriving later fails.
+  constexpr absl::Duration kSettledLifetime = absl::Seconds(60);
+  const absl::Time now = absl::Now();
+  for (auto& [id, g] : choice_groups_) {
+    if (g.ready && g.arrived < g.expected && now - g.settled > kSettledLifetime) {
+      // Its row is freed; what remains marks the group as over for a late choice.
+      g.ready = false;
+      g.row = StatePool::RowCopy();
+      g.failed = absl::AbortedError("n: the request's choices did not all start in time");
+    }
+  }
+  absl::erase_if(choice_groups_, [&](const auto& entry) {
+    const ChoiceGroup& g = entry.second;
+    return (g.ready || !g.failed.ok()) && g.waiting.empty() && g.arrived >= g.expected;
+  });
+}
 
 }  // namespace fwserve

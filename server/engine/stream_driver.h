@@ -131,6 +131,36 @@ class StreamDriver {
   // the request.
   void RestoreSnapshot(Task& t);
 
+  // Several choices of one request (GenerateParams::choice, docs/http.md "Several
+  // choices"): choice 0 reads the prompt; just before it draws its first token, its row
+  // (state, logits, token count, repetition window) is saved in its group, and every
+  // other choice of the group starts from a copy of it, with no prompt of its own.
+  struct ChoiceGroup {
+    bool ready = false;  // `row` holds choice 0's row after its prompt
+    // Not OK: choice 0 ended before that; the others fail with this status.
+    absl::Status failed;
+    StatePool::RowCopy row;
+    int64_t tokens = 0;
+    std::vector<int64_t> recent;
+    int32_t expected = 0;  // the other choices: count - 1
+    int32_t arrived = 0;   // of them, started from `row` or failed
+    // Admitted before `ready`: admitted again once it is (or failed).
+    std::vector<std::unique_ptr<WorkItem>> waiting;
+    absl::Time settled;  // when it became ready or failed
+  };
+  // Whether Admit took `item` (a choice i > 0): it waits for its group's row, or failed.
+  bool HoldChoice(std::unique_ptr<WorkItem>& item);
+  // Choice 0 is about to draw its first token: its row becomes the group's.
+  void SaveChoiceRow(Task& t);
+  // Choice 0 ended before SaveChoiceRow: the group's waiting and later choices fail.
+  void FailChoiceGroup(const GenerateParams::Choice& choice, const absl::Status& status);
+  // Drops groups every choice of which has arrived, and those settled long ago (a choice
+  // refused before it reached the engine never arrives).
+  void DropSettledChoiceGroups();
+  absl::flat_hash_map<uint64_t, ChoiceGroup> choice_groups_;
+  // Choices whose group became ready: admitted at the next iteration's start.
+  std::vector<std::unique_ptr<WorkItem>> released_choices_;
+
   const std::string name_;
   const fwmodel::Model& model_;
   const fwmodel::TextTokenizer& tokenizer_;

@@ -16,7 +16,9 @@
 #include <thread>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "server/transport/http/openai_api.h"
 #include "tests/integration/harness.h"
 #include "tests/integration/http_client.h"
@@ -469,6 +471,120 @@ TEST_F(HttpCompatTest, TopLogprobsListTheMostLikelyTokens) {
 // Issue 51: `seed` stays deterministic with the whole sampling surface: a constrained
 // reply with logit_bias, both penalties and top_logprobs at temperature 1 is the same
 // for the same seed (whole and streamed), and parses.
+// OpenAI's `n` (issue 51): the choices are forks of one reading of the prompt. Whole and
+// streamed answers agree choice by choice, a seed repeats every choice, choice 0 is what
+// n = 1 gives, the prompt is counted once (usage and the prefill metric), and the bad
+// cases are 400s naming the field.
+TEST(HttpChoicesTest, SeveralChoicesReadThePromptOnce) {
+  fwserve::CoreOptions options;
+  options.model_dirs = {ModelDir()};
+  auto server = Harness::Start(options, {}, /*expose_metrics=*/true, fwserve::HttpServerOptions{});
+  ASSERT_NE(server, nullptr);
+  const int port = server->http_port();
+  // fwserve_prompt_tokens_total, summed over its series.
+  auto prompt_tokens_metric = [&] {
+    Reply r = Get(server->metrics_port(), "/metrics");
+    double total = 0;
+    for (absl::string_view line : absl::StrSplit(r.body, '\n')) {
+      if (!absl::StartsWith(line, "fwserve_prompt_tokens_total")) continue;
+      double v = 0;
+      EXPECT_TRUE(absl::SimpleAtod(line.substr(line.rfind(' ') + 1), &v)) << line;
+      total += v;
+    }
+    return total;
+  };
+  const std::string prompt =
+      "JULIET:\nO Romeo, Romeo! wherefore art thou Romeo?\nDeny thy father and refuse thy name.\n";
+  const json body = {{"prompt", prompt}, {"max_tokens", 12}, {"temperature", 1.0},
+                     {"seed", 7},        {"n", 4},           {"logprobs", 1}};
+  const double before = prompt_tokens_metric();
+  Reply whole = Post(port, "/v1/completions", body);
+  ASSERT_EQ(whole.status, 200) << whole.body;
+  const json reply = whole.Json();
+  const double after = prompt_tokens_metric();
+  ASSERT_EQ(reply["choices"].size(), 4u) << reply.dump();
+  const int64_t prompt_count = reply["usage"]["prompt_tokens"];
+  EXPECT_GE(prompt_count, static_cast<int64_t>(prompt.size()));
+  EXPECT_EQ(after - before, static_cast<double>(prompt_count)) << "the prompt was read once";
+  std::set<std::string> texts;
+  int64_t completion = 0;
+  for (size_t i = 0; i < 4; ++i) {
+    const json& c = reply["choices"][i];
+    EXPECT_EQ(c["index"], i);
+    EXPECT_EQ(c["finish_reason"], "length");
+    EXPECT_EQ(c["logprobs"]["tokens"].size(), 12u);
+    texts.insert(c["text"].get<std::string>());
+    completion += static_cast<int64_t>(c["logprobs"]["tokens"].size());
+  }
+  EXPECT_GE(texts.size(), 2u) << "each choice samples on its own";
+  EXPECT_EQ(reply["usage"]["completion_tokens"], completion);
+  EXPECT_EQ(reply["usage"]["total_tokens"], prompt_count + completion);
+
+  // The same seed: the same choices; choice 0 is the n = 1 answer.
+  Reply again = Post(port, "/v1/completions", body);
+  ASSERT_EQ(again.status, 200) << again.body;
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(again.Json()["choices"][i]["text"], reply["choices"][i]["text"]) << i;
+  }
+  json single = body;
+  single["n"] = 1;
+  Reply one = Post(port, "/v1/completions", single);
+  ASSERT_EQ(one.status, 200) << one.body;
+  EXPECT_EQ(one.Json()["choices"][0]["text"], reply["choices"][0]["text"]);
+
+  // Streamed chat: every chunk names its choice, each choice ends with its finish_reason,
+  // the usage comes once, and the texts are the whole answer's.
+  const json messages = {{{"role", "user"}, {"content", "Speak, ROMEO."}}};
+  json chat = {{"messages", messages}, {"max_tokens", 10}, {"temperature", 1.0}, {"seed", 3},
+               {"n", 3}};
+  Reply chat_whole = Post(port, "/v1/chat/completions", chat);
+  ASSERT_EQ(chat_whole.status, 200) << chat_whole.body;
+  chat["stream"] = true;
+  chat["stream_options"] = {{"include_usage", true}};
+  Reply streamed = Post(port, "/v1/chat/completions", chat);
+  ASSERT_EQ(streamed.status, 200) << streamed.body;
+  std::vector<std::string> deltas(3);
+  std::vector<int> finishes(3, 0);
+  int usages = 0, dones = 0;
+  for (const std::string& d : ParseSse(streamed.body).data) {
+    if (d == "[DONE]") {
+      ++dones;
+      continue;
+    }
+    const json event = json::parse(d);
+    if (event["choices"].empty()) {
+      ++usages;
+      EXPECT_EQ(event["usage"], chat_whole.Json()["usage"]);
+      continue;
+    }
+    const json& c = event["choices"][0];
+    const size_t index = c["index"];
+    ASSERT_LT(index, 3u);
+    if (c["delta"].contains("content") && c["delta"]["content"].is_string()) {
+      deltas[index] += c["delta"]["content"].get<std::string>();
+    }
+    if (!c["finish_reason"].is_null()) ++finishes[index];
+  }
+  EXPECT_EQ(usages, 1);
+  EXPECT_EQ(dones, 1);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(finishes[i], 1) << i;
+    EXPECT_EQ(deltas[i], chat_whole.Json()["choices"][i]["message"]["content"]) << i;
+  }
+
+  // Refused, naming the field.
+  auto refused = [&](json request, const std::string& param) {
+    Reply r = Post(port, "/v1/chat/completions", request);
+    EXPECT_EQ(r.status, 400) << request.dump() << " -> " << r.body;
+    EXPECT_NE(r.body.find(param), std::string::npos) << r.body;
+  };
+  refused({{"messages", messages}, {"n", 0}}, "'n'");
+  refused({{"messages", messages}, {"n", 17}}, "'n'");
+  refused({{"messages", messages}, {"best_of", 2}}, "best_of");
+  const std::string sid = Post(port, "/fwserve/v1/sessions", json::object()).Json()["id"];
+  refused({{"messages", messages}, {"n", 2}, {"session_id", sid}}, "n:");
+}
+
 TEST_F(HttpCompatTest, ASeedGivesTheSameConstrainedReplyWithEveryOption) {
   const json schema = {{"type", "object"},
                        {"properties",

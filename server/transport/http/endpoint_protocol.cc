@@ -43,8 +43,8 @@ std::unique_ptr<EndpointProtocol> NewEndpointProtocol(OpenAiEndpoint endpoint, s
 nlohmann::json ChoiceChunk(const OpenAiGenerateRequest& request, const std::string& id,
                            const char* object, int64_t created, const std::string& model,
                            const char* field, nlohmann::json value,
-                           const nlohmann::json& logprobs) {
-  nlohmann::json choice = {{"index", 0}, {"logprobs", logprobs}, {"finish_reason", nullptr}};
+                           const nlohmann::json& logprobs, int32_t index) {
+  nlohmann::json choice = {{"index", index}, {"logprobs", logprobs}, {"finish_reason", nullptr}};
   choice[field] = std::move(value);
   nlohmann::json chunk = {{"id", id},
                           {"object", object},
@@ -57,10 +57,12 @@ nlohmann::json ChoiceChunk(const OpenAiGenerateRequest& request, const std::stri
 
 std::string ChoiceStreamClosing(const OpenAiGenerateRequest& request,
                                 const GenerateOutcome& outcome, nlohmann::json last,
-                                nlohmann::json usage_chunk, const char* finish_reason) {
+                                nlohmann::json usage_chunk, const char* finish_reason,
+                                bool closes_stream) {
   last["choices"][0]["finish_reason"] =
       finish_reason != nullptr ? finish_reason : outcome.finish_reason();
   std::string events = SseData(last);
+  if (!closes_stream) return events;
   if (request.include_usage) {
     usage_chunk["choices"] = nlohmann::json::array();
     usage_chunk["usage"] = outcome.usage;

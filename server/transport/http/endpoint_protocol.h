@@ -82,21 +82,38 @@ class EndpointProtocol {
                                     const GenerateOutcome& outcome, const nlohmann::json& body) = 0;
   // or, in their place, the event of a failure (`error`: ErrorJson's object).
   virtual std::string StreamError(const nlohmann::json& error) = 0;
+
+  // Several choices (GenerateParams::choices > 1; chat and completions): each choice has
+  // its own protocol, which renders its choice as `index` of the answer; only the last
+  // choice's closing events end the stream (the usage chunk and "data: [DONE]").
+  void set_choice(int32_t index, bool closes_stream) {
+    choice_index_ = index;
+    closes_stream_ = closes_stream;
+  }
+  int32_t choice_index() const { return choice_index_; }
+  bool closes_stream() const { return closes_stream_; }
+
+ private:
+  int32_t choice_index_ = 0;
+  bool closes_stream_ = true;
 };
 
-// A chat or completions stream chunk: {id, object, created, model, one choice (index 0,
+// A chat or completions stream chunk: {id, object, created, model, one choice (`index`,
 // `logprobs`, no finish reason yet) whose `field` ("delta" or "text") is `value`}, and
 // "usage": null when the request asked for usage (the closing chunk carries it).
 nlohmann::json ChoiceChunk(const OpenAiGenerateRequest& request, const std::string& id,
                            const char* object, int64_t created, const std::string& model,
-                           const char* field, nlohmann::json value, const nlohmann::json& logprobs);
+                           const char* field, nlohmann::json value, const nlohmann::json& logprobs,
+                           int32_t index = 0);
 
-// The closing events of a chat or completions stream: `last` (a chunk with one choice,
-// given `finish_reason`, else the outcome's finish reason), then, when the request asked for usage,
-// `usage_chunk` with no choices and the usage, then "data: [DONE]".
+// The closing events of a chat or completions choice: `last` (a chunk with one choice,
+// given `finish_reason`, else the outcome's finish reason); then, when `closes_stream`
+// (the last choice), `usage_chunk` with no choices and the usage when the request asked
+// for usage, and "data: [DONE]".
 std::string ChoiceStreamClosing(const OpenAiGenerateRequest& request,
                                 const GenerateOutcome& outcome, nlohmann::json last,
-                                nlohmann::json usage_chunk, const char* finish_reason = nullptr);
+                                nlohmann::json usage_chunk, const char* finish_reason = nullptr,
+                                bool closes_stream = true);
 
 // The protocol of one answer of `endpoint`, on the model named `model` (as answers show
 // it), created at `created` (Unix seconds). `id_suffix` makes the ids of completions and

@@ -13,13 +13,17 @@ namespace {
 // posted to the connection's strand, where all the job's state lives.
 class GenerateJob : public GenerateObserver, public std::enable_shared_from_this<GenerateJob> {
  public:
+  // `protocols`: one per choice (request.params.choices of them; one for responses).
   GenerateJob(HttpApi* server, std::shared_ptr<HttpExchange> conn,
-              std::unique_ptr<EndpointProtocol> protocol, OpenAiGenerateRequest request)
-      : server_(server),
-        conn_(std::move(conn)),
-        protocol_(std::move(protocol)),
-        request_(std::move(request)),
-        filter_(request_.params.stop) {}
+              std::vector<std::unique_ptr<EndpointProtocol>> protocols,
+              OpenAiGenerateRequest request)
+      : server_(server), conn_(std::move(conn)), request_(std::move(request)) {
+    for (size_t i = 0; i < protocols.size(); ++i) {
+      protocols[i]->set_choice(static_cast<int32_t>(i), i + 1 == protocols.size());
+      choices_.push_back(Choice{std::move(protocols[i]), StopFilter(request_.params.stop), "", {}});
+    }
+    protocol_ = choices_.front().protocol.get();
+  }
 
   // For responses: the session generated on; `owned` = made for this request (deleted
   // with store:false).
@@ -71,7 +75,8 @@ class GenerateJob : public GenerateObserver, public std::enable_shared_from_this
     server_->StreamAccepted();
     if (request_.stream) {
       conn_->BeginStream();
-      const std::string opening = protocol_->StreamOpening(request_);
+      std::string opening;
+      for (Choice& c : choices_) opening += c.protocol->StreamOpening(request_);
       if (!opening.empty()) conn_->StreamWrite(opening, nullptr);
     }
   }
@@ -100,22 +105,27 @@ class GenerateJob : public GenerateObserver, public std::enable_shared_from_this
 
   void HandleChunk(GenerateChunk chunk) {
     if (finished_) return;
-    const std::string text = filter_.Push(chunk.text);
+    if (chunk.choice_index < 0 || static_cast<size_t>(chunk.choice_index) >= choices_.size()) {
+      control_->WriteDone(false);  // not this request's: cannot happen
+      return;
+    }
+    Choice& c = choices_[static_cast<size_t>(chunk.choice_index)];
+    const std::string text = c.filter.Push(chunk.text);
     if (request_.logprobs) {
+      GenerateChunk& tokens = c.tokens;
       for (size_t i = 0; i < chunk.token_ids.size(); ++i) {
-        tokens_.token_ids.push_back(chunk.token_ids[i]);
-        tokens_.logprobs.push_back(i < chunk.logprobs.size() ? chunk.logprobs[i] : 0.0f);
-        tokens_.token_bytes.push_back(TokenBytesAt(chunk, i));
-        if (i < chunk.top_logprobs.size()) tokens_.top_logprobs.push_back(chunk.top_logprobs[i]);
+        tokens.token_ids.push_back(chunk.token_ids[i]);
+        tokens.logprobs.push_back(i < chunk.logprobs.size() ? chunk.logprobs[i] : 0.0f);
+        tokens.token_bytes.push_back(TokenBytesAt(chunk, i));
+        if (i < chunk.top_logprobs.size()) tokens.top_logprobs.push_back(chunk.top_logprobs[i]);
       }
     }
+    c.text += text;
     if (!request_.stream || (text.empty() && !request_.logprobs)) {
-      text_ += text;
       control_->WriteDone(!conn_->client_gone());
       return;
     }
-    text_ += text;
-    std::string events = protocol_->StreamDelta(request_, text, &chunk);
+    std::string events = c.protocol->StreamDelta(request_, text, &chunk);
     if (events.empty()) {  // held back (a tool call's text before its name is known)
       control_->WriteDone(!conn_->client_gone());
       return;
@@ -141,20 +151,36 @@ class GenerateJob : public GenerateObserver, public std::enable_shared_from_this
                        status.code());
       return;
     }
-    std::string tail = filter_.Push(summary.trailing_text);
-    tail += filter_.Finish();
-    text_ += tail;
-    GenerateOutcome outcome;
-    outcome.text = text_;
-    outcome.reason = summary.reason;
-    outcome.stopped = filter_.stopped();
-    outcome.usage = protocol_->Usage(summary);
-    outcome.tokens = std::move(tokens_);
-    json out = protocol_->Body(request_, outcome);
+    // Each choice's outcome and body; several choices' bodies are one answer with
+    // every choice (the usage, of them all, is the same in each).
+    const json usage = protocol_->Usage(summary);
+    json out;
     std::string events;
-    if (request_.stream) {
-      if (!tail.empty()) events += protocol_->StreamDelta(request_, tail, nullptr);
-      events += protocol_->StreamClosing(request_, outcome, out);
+    for (size_t i = 0; i < choices_.size(); ++i) {
+      Choice& c = choices_[i];
+      const bool several = !summary.choices.empty();
+      std::string tail = c.filter.Push(several && i < summary.choices.size()
+                                           ? summary.choices[i].trailing_text
+                                           : summary.trailing_text);
+      tail += c.filter.Finish();
+      c.text += tail;
+      GenerateOutcome outcome;
+      outcome.text = c.text;
+      outcome.reason =
+          several && i < summary.choices.size() ? summary.choices[i].reason : summary.reason;
+      outcome.stopped = c.filter.stopped();
+      outcome.usage = usage;
+      outcome.tokens = std::move(c.tokens);
+      json body = c.protocol->Body(request_, outcome);
+      if (i == 0) {
+        out = body;
+      } else {
+        out["choices"].push_back(body["choices"][0]);
+      }
+      if (request_.stream) {
+        if (!tail.empty()) events += c.protocol->StreamDelta(request_, tail, nullptr);
+        events += c.protocol->StreamClosing(request_, outcome, body);
+      }
     }
     auto answer = [self = shared_from_this(), out = std::move(out), events = std::move(events)] {
       if (self->request_.stream) {
@@ -182,12 +208,21 @@ class GenerateJob : public GenerateObserver, public std::enable_shared_from_this
                                   [](absl::StatusOr<bool>) {});
   }
 
+  // One choice's answer: its protocol (which renders it as its index), its stop
+  // filter, its text so far and, when logprobs are asked, its tokens.
+  struct Choice {
+    std::unique_ptr<EndpointProtocol> protocol;
+    StopFilter filter;
+    std::string text;
+    GenerateChunk tokens;
+  };
+
   HttpApi* const server_;
   const std::shared_ptr<HttpExchange> conn_;
   // Strand-confined, like everything below but gone_.
-  const std::unique_ptr<EndpointProtocol> protocol_;
   OpenAiGenerateRequest request_;
-  StopFilter filter_;
+  std::vector<Choice> choices_;        // one per choice, in index order
+  EndpointProtocol* protocol_;         // choice 0's: parameters, usage, errors
   bool session_owned_ = false;
   // Set before StartGenerate; released by OnFinish: the core holds the job as a raw
   // observer until then.
@@ -195,9 +230,6 @@ class GenerateJob : public GenerateObserver, public std::enable_shared_from_this
   const std::shared_ptr<std::atomic<bool>> gone_ = std::make_shared<std::atomic<bool>>(false);
   std::shared_ptr<GenerateControl> control_;
   bool finished_ = false;
-  std::string text_;
-  // The tokens sent so far, with their logprobs and bytes (only when logprobs are asked).
-  GenerateChunk tokens_;
 };
 
 // A generate request as its endpoint parsed it, on the model it names.
@@ -246,9 +278,15 @@ std::optional<ParsedGenerate> ParseGenerate(HttpApi* server,
 void HttpApi::Generate(const std::shared_ptr<HttpExchange>& conn, OpenAiEndpoint endpoint) {
   std::optional<ParsedGenerate> parsed = ParseGenerate(this, conn, endpoint);
   if (!parsed.has_value()) return;
-  auto job = std::make_shared<GenerateJob>(
-      this, conn, NewEndpointProtocol(endpoint, parsed->model, NowSeconds(), NewSessionId()),
-      std::move(parsed->request));
+  // One protocol per choice, with the same ids.
+  const int64_t created = NowSeconds();
+  const std::string id_suffix = NewSessionId();
+  std::vector<std::unique_ptr<EndpointProtocol>> protocols;
+  for (int32_t i = 0; i < std::max<int32_t>(1, parsed->request.params.choices); ++i) {
+    protocols.push_back(NewEndpointProtocol(endpoint, parsed->model, created, id_suffix));
+  }
+  auto job = std::make_shared<GenerateJob>(this, conn, std::move(protocols),
+                                           std::move(parsed->request));
   job->Start();
 }
 
@@ -302,8 +340,9 @@ void HttpApi::StartResponse(const std::shared_ptr<HttpExchange>& conn,
   // Responses: the session to generate on.
   const std::string previous = request.previous_response_id;
   const std::string conversation = request.conversation;
-  auto job = std::make_shared<GenerateJob>(
-      this, conn, NewResponsesProtocol(model_name, NowSeconds()), std::move(request));
+  std::vector<std::unique_ptr<EndpointProtocol>> protocols;
+  protocols.push_back(NewResponsesProtocol(model_name, NowSeconds()));
+  auto job = std::make_shared<GenerateJob>(this, conn, std::move(protocols), std::move(request));
   auto start_on = [conn, job](absl::StatusOr<SessionRecord> session, bool owned) {
     if (!session.ok()) return conn->ReplyError(session.status());
     conn->RunOnStrand([job, id = session->id, owned] {

@@ -666,13 +666,24 @@ absl::StatusOr<OpenAiGenerateRequest> ParseGenerateFields(const json& body, int3
         p.random_seed = false;
       }
       error = seed.status();
-    } else if (key == "n" || key == "best_of") {
+    } else if (key == "n") {
+      // Several choices from one reading of the prompt (docs/http.md "Several choices").
+      absl::StatusOr<int64_t> n = GetInteger(key, v);
+      if (n.ok() && (*n < 1 || *n > GenerateParams::kMaxChoices)) {
+        error = FieldError(key, absl::StrCat("'n' must be in [1, ", GenerateParams::kMaxChoices,
+                                             "], got ", *n));
+      } else if (n.ok()) {
+        p.choices = static_cast<int32_t>(*n);
+      } else {
+        error = n.status();
+      }
+    } else if (key == "best_of") {
       absl::StatusOr<int64_t> n = GetInteger(key, v);
       error = !n.ok() ? n.status()
                       : (*n == 1 ? absl::OkStatus()
                                  : Unsupported(key, v,
-                                               "one choice per request (fork a session "
-                                               "and send a request per fork)"));
+                                               "no ranking of choices by log-probability (ask "
+                                               "for 'n' choices with 'logprobs' and rank them)"));
     } else if (key == "presence_penalty" || key == "frequency_penalty") {
       absl::StatusOr<double> d = GetNumber(key, v);
       if (d.ok() && !(*d >= -2 && *d <= 2)) {

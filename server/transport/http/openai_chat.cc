@@ -89,7 +89,7 @@ class ChatProtocol final : public EndpointProtocol {
   json Usage(const GenerateSummary& summary) const override { return ChoiceUsage(summary); }
 
   json Body(const OpenAiGenerateRequest& request, const GenerateOutcome& outcome) const override {
-    json choice = {{"index", 0},
+    json choice = {{"index", choice_index()},
                    {"finish_reason", outcome.finish_reason()},
                    {"logprobs", request.logprobs ? Logprobs(outcome.tokens) : json(nullptr)}};
     choice["message"] = {{"role", "assistant"},
@@ -138,10 +138,10 @@ class ChatProtocol final : public EndpointProtocol {
         events = ToolCallEvents(request, tool_stream_->Finish(), nullptr);
       return events + ChoiceStreamClosing(request, outcome, Chunk(request, json::object(), nullptr),
                                           Chunk(request, nullptr, nullptr),
-                                          FinishReason(request, outcome));
+                                          FinishReason(request, outcome), closes_stream());
     }
     return ChoiceStreamClosing(request, outcome, Chunk(request, json::object(), nullptr),
-                               Chunk(request, nullptr, nullptr));
+                               Chunk(request, nullptr, nullptr), nullptr, closes_stream());
   }
 
   std::string StreamError(const json& error) override { return SseData(error); }
@@ -150,7 +150,7 @@ class ChatProtocol final : public EndpointProtocol {
   // A stream's chunk with one choice whose delta is `delta`.
   json Chunk(const OpenAiGenerateRequest& request, json delta, const json& logprobs) const {
     json chunk = ChoiceChunk(request, id_, "chat.completion.chunk", created_, model_, "delta",
-                             std::move(delta), logprobs);
+                             std::move(delta), logprobs, choice_index());
     chunk["service_tier"] = ServiceTier(request);
     return chunk;
   }

@@ -70,7 +70,7 @@ class CompletionsProtocol final : public EndpointProtocol {
   json Usage(const GenerateSummary& summary) const override { return ChoiceUsage(summary); }
 
   json Body(const OpenAiGenerateRequest& request, const GenerateOutcome& outcome) const override {
-    json choice = {{"index", 0},
+    json choice = {{"index", choice_index()},
                    {"finish_reason", outcome.finish_reason()},
                    {"logprobs", request.logprobs ? Logprobs(outcome.tokens) : json(nullptr)},
                    {"text", outcome.text}};
@@ -91,7 +91,7 @@ class CompletionsProtocol final : public EndpointProtocol {
   std::string StreamClosing(const OpenAiGenerateRequest& request, const GenerateOutcome& outcome,
                             const json&) override {
     return ChoiceStreamClosing(request, outcome, Chunk(request, "", nullptr),
-                               Chunk(request, nullptr, nullptr));
+                               Chunk(request, nullptr, nullptr), nullptr, closes_stream());
   }
 
   std::string StreamError(const json& error) override { return SseData(error); }
@@ -100,7 +100,7 @@ class CompletionsProtocol final : public EndpointProtocol {
   // A stream's chunk with one choice whose text is `text`.
   json Chunk(const OpenAiGenerateRequest& request, json text, const json& logprobs) const {
     return ChoiceChunk(request, id_, "text_completion", created_, model_, "text", std::move(text),
-                       logprobs);
+                       logprobs, choice_index());
   }
 
   // The legacy logprobs object of `chunk`'s tokens.
