@@ -330,18 +330,38 @@ absl::StatusOr<GenerateResult> Client::Generate(
   std::unique_ptr<GenerateStream> stream = StartGenerate(request);
   GenerateResult result;
   v1::GenerateResponse message;
+  const bool several = request.n() > 1;
+  if (several) result.choices.resize(static_cast<size_t>(request.n()));
   while (stream->Next(&message)) {
-    result.text += message.text();
     if (!message.session_id().empty()) result.session_id = message.session_id();
-    result.token_ids.insert(result.token_ids.end(), message.token_ids().begin(),
-                            message.token_ids().end());
-    result.logprobs.insert(result.logprobs.end(), message.logprobs().begin(),
-                           message.logprobs().end());
-    result.top_logprobs.insert(result.top_logprobs.end(), message.top_logprobs().begin(),
-                               message.top_logprobs().end());
+    const size_t index = static_cast<size_t>(std::max(0, message.choice_index()));
+    if (several && index < result.choices.size()) {
+      GenerateResult::Choice& choice = result.choices[index];
+      choice.text += message.text();
+      choice.token_ids.insert(choice.token_ids.end(), message.token_ids().begin(),
+                              message.token_ids().end());
+      choice.logprobs.insert(choice.logprobs.end(), message.logprobs().begin(),
+                             message.logprobs().end());
+    }
+    if (index == 0) {
+      result.text += message.text();
+      result.token_ids.insert(result.token_ids.end(), message.token_ids().begin(),
+                              message.token_ids().end());
+      result.logprobs.insert(result.logprobs.end(), message.logprobs().begin(),
+                             message.logprobs().end());
+      result.top_logprobs.insert(result.top_logprobs.end(), message.top_logprobs().begin(),
+                                 message.top_logprobs().end());
+    }
     if (message.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) {
       result.finish_reason = message.finish_reason();
       result.usage = message.usage();
+      for (const v1::ChoiceEnd& end : message.choices()) {
+        if (end.index() < 0 || static_cast<size_t>(end.index()) >= result.choices.size()) continue;
+        GenerateResult::Choice& choice = result.choices[static_cast<size_t>(end.index())];
+        choice.text += end.text();
+        choice.finish_reason = end.finish_reason();
+        if (end.index() == 0) result.text += end.text();
+      }
     }
     if (on_message && !on_message(message)) {
       stream->Cancel();

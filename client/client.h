@@ -88,6 +88,15 @@ struct GenerateResult {
   // The session it ran on (GenerateResponse.session_id): the new one of a fork_from
   // request; empty for a throwaway or store:false request.
   std::string session_id;
+  // GenerateRequest.n > 1: each choice, by index (the fields above are then choice 0's,
+  // but usage, which counts the prompt once and every choice's tokens).
+  struct Choice {
+    std::string text;
+    std::vector<int64_t> token_ids;
+    std::vector<float> logprobs;
+    v1::FinishReason finish_reason = v1::FINISH_REASON_UNSPECIFIED;
+  };
+  std::vector<Choice> choices;
 };
 
 // Iterator-style Generate: Next() until it returns false, then Finish().

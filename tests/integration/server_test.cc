@@ -976,6 +976,74 @@ TEST_F(ServerTest, LogitBiasForcesItsTokenAndBadEntriesAreRefused) {
 // of the schema, ends with FINISH_REASON_STOP as soon as it is whole, and the session
 // holds exactly it; a keyword outside the subset is INVALID_ARGUMENT naming it; with
 // top_logprobs each token carries its alternatives, the greedy one first.
+// GenerateRequest.n (issue 51) through the client library: each choice streams under its
+// index and ends on its own; the prompt is counted once; choice 0 is the n = 1 reply; a
+// seed repeats them all; with a constraint every choice is a valid document; a session
+// request is refused.
+TEST_F(ServerTest, SeveralChoicesShareOnePrefillAndEndOnTheirOwn) {
+  auto server = Harness::Start(Options());
+  ASSERT_NE(server, nullptr);
+  auto request = Greedy("ROMEO:\nWhat light through yonder window breaks?\n", 9);
+  request.mutable_sampling()->set_temperature(1.0f);
+  request.mutable_sampling()->set_seed(11);
+  request.set_logprobs(true);
+  request.set_n(3);
+  auto result = server->client().Generate(request);
+  ASSERT_TRUE(result.ok()) << result.status();
+  ASSERT_EQ(result->choices.size(), 3u);
+  request.set_n(1);
+  auto single = server->client().Generate(request);
+  ASSERT_TRUE(single.ok()) << single.status();
+  EXPECT_EQ(result->usage.prompt_tokens(), single->usage.prompt_tokens());
+  int64_t generated = 0;
+  for (const auto& choice : result->choices) {
+    EXPECT_EQ(choice.token_ids.size(), 9u);
+    EXPECT_EQ(choice.logprobs.size(), 9u);
+    EXPECT_EQ(choice.finish_reason, fwserve::v1::FINISH_REASON_LENGTH);
+    generated += static_cast<int64_t>(choice.token_ids.size());
+  }
+  EXPECT_EQ(result->usage.generated_tokens(), generated);
+  EXPECT_EQ(result->choices[0].token_ids, single->token_ids);
+  EXPECT_EQ(result->text, result->choices[0].text);
+  EXPECT_FALSE(result->choices[1].token_ids == result->choices[2].token_ids &&
+               result->choices[0].token_ids == result->choices[1].token_ids);
+  request.set_n(3);
+  auto again = server->client().Generate(request);
+  ASSERT_TRUE(again.ok()) << again.status();
+  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(again->choices[i].token_ids, result->choices[i].token_ids);
+
+  // Each choice of a constrained request is a whole document, ending when it is.
+  auto constrained = Greedy("ROMEO:", 120);
+  constrained.mutable_sampling()->set_temperature(1.0f);
+  constrained.mutable_sampling()->set_seed(2);
+  constrained.set_n(4);
+  constrained.mutable_response_format()->set_json_schema(
+      R"({"type": "object", "properties": {"act": {"type": "integer", "minimum": 1,
+          "maximum": 5}}, "required": ["act"], "additionalProperties": false})");
+  auto documents = server->client().Generate(constrained);
+  ASSERT_TRUE(documents.ok()) << documents.status();
+  ASSERT_EQ(documents->choices.size(), 4u);
+  for (const auto& choice : documents->choices) {
+    EXPECT_EQ(choice.finish_reason, fwserve::v1::FINISH_REASON_STOP) << choice.text;
+    const nlohmann::json doc = nlohmann::json::parse(choice.text, nullptr, false);
+    ASSERT_TRUE(doc.is_object()) << choice.text;
+    EXPECT_GE(doc.at("act").get<int>(), 1);
+    EXPECT_LE(doc.at("act").get<int>(), 5);
+  }
+
+  auto session = server->client().CreateSession("", "ROMEO:");
+  ASSERT_TRUE(session.ok()) << session.status();
+  auto on_session = Greedy(" ", 3, session->session_id());
+  on_session.set_n(2);
+  auto refused = server->client().Generate(on_session);
+  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("n:"), std::string::npos) << refused.status();
+  on_session.set_session_id("");
+  on_session.set_n(17);
+  refused = server->client().Generate(on_session);
+  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+}
+
 TEST_F(ServerTest, AResponseFormatConstrainsTheReplyAndTopLogprobsComeWithIt) {
   auto server = Harness::Start(Options());
   ASSERT_NE(server, nullptr);

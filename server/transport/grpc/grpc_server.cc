@@ -443,6 +443,7 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse>,
       chunk_message_.Clear();
       if (first) chunk_message_.set_session_id(KeptSessionId());
       chunk_message_.set_text(std::move(pending_chunk_.text));
+      chunk_message_.set_choice_index(pending_chunk_.choice_index);
       chunk_message_.mutable_token_ids()->Add(pending_chunk_.token_ids.begin(),
                                               pending_chunk_.token_ids.end());
       chunk_message_.mutable_logprobs()->Add(pending_chunk_.logprobs.begin(),
@@ -488,6 +489,13 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse>,
     usage->set_prompt_tokens(summary.prompt_tokens);
     usage->set_generated_tokens(summary.generated_tokens);
     usage->set_session_tokens(summary.session_tokens);
+    for (size_t i = 0; i < summary.choices.size(); ++i) {
+      v1::ChoiceEnd* choice = final_message_.add_choices();
+      choice->set_index(static_cast<int32_t>(i));
+      choice->set_finish_reason(ToProto(summary.choices[i].reason));
+      choice->set_text(std::move(summary.choices[i].trailing_text));
+      choice->set_generated_tokens(summary.choices[i].generated_tokens);
+    }
     record_->Done(grpc::Status::OK);
     StartWriteAndFinish(&final_message_, grpc::WriteOptions(), grpc::Status::OK);
   }

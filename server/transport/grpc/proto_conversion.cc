@@ -70,6 +70,7 @@ GenerateParams FromProto(const v1::GenerateRequest& request) {
   params.stop.assign(request.stop().begin(), request.stop().end());
   params.logprobs = request.logprobs();
   params.top_logprobs = request.top_logprobs();
+  params.choices = request.n() == 0 ? 1 : request.n();
   params.min_tokens_per_message = request.stream().min_tokens_per_message();
   params.max_message_delay = absl::Milliseconds(request.stream().max_message_delay_ms());
   return params;
