@@ -314,7 +314,7 @@ TEST_F(HttpTest, ErrorsNameTheField) {
       Post(port_, "/v1/chat/completions", {{"messages", messages}, {"temperature", "hot"}}), 400,
       "temperature");
   ExpectOpenAiError(Post(port_, "/v1/chat/completions", {{"messages", "Hi"}}), 400, "messages");
-  ExpectOpenAiError(Post(port_, "/v1/chat/completions", {{"messages", messages}, {"n", 2}}), 400,
+  ExpectOpenAiError(Post(port_, "/v1/chat/completions", {{"messages", messages}, {"n", 0}}), 400,
                     "n");
   ExpectOpenAiError(
       Post(port_, "/v1/chat/completions", {{"messages", messages}, {"frequency_penalty", 2.5}}),

@@ -1,6 +1,7 @@
 // The official `openai` npm package (pinned by package-lock.json, installed by
 // scripts/install-deps.sh with `npm ci`) against a real fwserve with --http-listen:
-// streams a chat completion, and continues a response by previous_response_id.
+// streams a chat completion, asks for n choices, and continues a response by
+// previous_response_id.
 //
 // Usage: node openai_client_test.mjs FWSERVE_BINARY MODEL_DIR
 import assert from "node:assert/strict";
@@ -62,6 +63,25 @@ await withServer(fwserve, model, async (base) => {
   });
   assert.equal(pushed.choices[0].message.content, plain.choices[0].message.content);
 
+  // n choices (issue 51): the SDK's own types, whole and streamed; every index answered,
+  // the prompt counted once, the streamed choices equal to the whole ones.
+  const several = { model: "aft-shakespeare", messages: [{ role: "user", content: "Good morrow" }],
+                    max_tokens: 10, temperature: 1, seed: 9, n: 3 };
+  const whole = await client.chat.completions.create(several);
+  assert.deepEqual(whole.choices.map((c) => c.index), [0, 1, 2]);
+  assert.equal(whole.usage.prompt_tokens, unary.usage.prompt_tokens);
+  assert.equal(whole.usage.completion_tokens, 30);
+  const texts = ["", "", ""];
+  const finishes = [null, null, null];
+  for await (const chunk of await client.chat.completions.create({ ...several, stream: true })) {
+    for (const c of chunk.choices) {
+      if (c.delta?.content) texts[c.index] += c.delta.content;
+      if (c.finish_reason) finishes[c.index] = c.finish_reason;
+    }
+  }
+  assert.deepEqual(texts, whole.choices.map((c) => c.message.content));
+  assert.deepEqual(finishes, ["length", "length", "length"]);
+
   // A response continued by previous_response_id: the state is reused.
   const first = await client.responses.create({
     model: "aft-shakespeare", input: "Good morrow", max_output_tokens: 16, temperature: 0,
@@ -107,7 +127,7 @@ await withServer(fwserve, model, async (base) => {
     client.chat.completions.create({ model: "nope", messages: [{ role: "user", content: "x" }] }),
     (e) => e instanceof OpenAI.NotFoundError);
   await assert.rejects(
-    client.chat.completions.create({ messages: [{ role: "user", content: "x" }], n: 2 }),
+    client.chat.completions.create({ messages: [{ role: "user", content: "x" }], n: 17 }),
     (e) => e instanceof OpenAI.BadRequestError && e.param === "n");
   console.log(`PASS: openai npm client: ${deltas} chat deltas, ` +
               `response ${second.id} continued with ${second.usage.input_tokens_details.cached_tokens} cached tokens`);
