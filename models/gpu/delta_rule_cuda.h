@@ -31,17 +31,23 @@ struct DeltaRuleArgs {
   const float* decay = nullptr;  // [B, T, HV]: exp(g) (gated_deltanet); null: 1
   const float* gate = nullptr;   // [B, T, HV, V]: g_proj's output before silu; null: no gate
   const float* norm_weight = nullptr;  // [V]: attn.o_norm.weight
-  // The state, [B, HV, K (key channel i), V (value channel j)]: read from state_in, the
-  // state after the T tokens written to state_out; the two may be the same buffer (in
-  // place), and must not otherwise overlap.
+  // The state, [B, HV, K (key channel i), V (value channel j)] (or, with rows, [any, HV,
+  // K, V]): read from state_in, the state after the T tokens written to state_out; the
+  // two may be the same buffer (in place), and must not otherwise overlap.
   const float* state_in = nullptr;
   float* state_out = nullptr;
+  // Optional, device, [B]: session b's state is row rows[b] of state_in and of state_out
+  // (a row: HV·K·V floats), so that the kernel runs on a state pool in place. The caller
+  // guarantees every rows[b] is within both buffers and the B rows are distinct; rows
+  // not named are neither read nor written. Null: session b's state is row b.
+  const int64_t* rows = nullptr;
   float* o = nullptr;  // out, [B, T, HV, V]: RMSNorm(Sᵀq; o_norm) [⊙ silu(gate)]
   float eps = 0;       // the output RMSNorm's (norm_eps)
 };
 
 // Launches the kernel on `cuda_stream` (a cudaStream_t; null: the legacy default stream):
-// one block per (session, value head), V threads; nothing to do when B or HV is 0.
+// one block per (session, value head), TreeWidth(V) threads (the power of two ≥ V);
+// nothing to do when B or HV is 0.
 // Returns 0 (cudaSuccess) or the cudaError_t of a bad argument (cudaErrorInvalidValue: K
 // or V out of range, a negative size, H not dividing HV, or a null pointer the launch
 // needs) or of the launch (cudaGetLastError). Asynchronous: errors of the kernel's

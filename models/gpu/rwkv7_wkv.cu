@@ -11,85 +11,27 @@
 // bank conflicts.
 //
 // Per token, thread i also does key channel i's per-channel work; the channels' vectors
-// go through shared memory (two sets, alternating by token, so that a token's writes
-// cannot race the last token's reads), and the head's sums (‖kk‖², Σ y with the bonus,
+// go through shared memory, and the head's sums (‖kk‖², Σ y with the bonus,
 // Σ (y − mean)²) are the halving tree's (rwkv7_wkv_host.h's HostTreeSum) computed by
-// TreeSum: a butterfly of warp shuffles, after the tree's steps above 32 lanes through
-// shared memory. Four barriers per token with more than 32 threads (each sum's, the
-// vectors'), one with 32 or fewer. The arithmetic per element is rwkv7_rule.h's;
-// rwkv7_wkv_host.h runs this grid, phase by phase, on the CPU. Torch-free: compiled by
-// nvcc alone.
+// tree_sum.cuh's TreeSum: a butterfly of warp shuffles, after the tree's steps above 32
+// lanes through shared memory. Four barriers per token with more than 32 threads (each
+// sum's, the vectors'); with 32 or fewer, the vectors' alone, the vectors alternating
+// between two sets by token so that a token's writes cannot race the last token's reads.
+// The arithmetic per element is rwkv7_rule.h's; rwkv7_wkv_host.h runs this grid, phase
+// by phase, on the CPU. Torch-free: compiled by nvcc alone.
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
 #include "models/gpu/rwkv7_rule.h"
 #include "models/gpu/rwkv7_wkv.h"
+#include "models/gpu/tree_sum.cuh"
 
 namespace fwmodel::kernels {
 namespace {
 
-constexpr unsigned kFullMask = 0xffffffffu;
-
-// Σ of x over a group of `width` lanes (a power of two ≤ 32; the block's lanes 0..width−1
-// when width < 32), every lane getting the halving tree's result: x += (x of lane l ^ s)
-// for s = width/2, ..., 1. Lane l < s adds lane l + s's value, as the tree's
-// buf[l] += buf[l + s]; lane l ≥ s adds lane l − s's, the same two operands swapped (the
-// same bits), so after each step lanes l and l ^ s agree and every lane ends with buf[0].
-__device__ __forceinline__ float WarpTreeSum(float x, int width) {
-  const unsigned mask = width >= 32 ? kFullMask : (1u << width) - 1u;
-  for (int s = width / 2; s > 0; s /= 2) x += __shfl_xor_sync(mask, x, s);
-  return x;
-}
-
-// The tree's steps s = p/2, ..., 32 for index `lane` of buf (p floats, p/32 ≤ kGroups
-// groups of 32): the value the tree leaves at buf[lane] before its steps below 32, that
-// is the tree over the p/32 values buf[lane + 32 c] (index c ↔ buf index lane + 32 c).
-template <int kGroups>
-__device__ __forceinline__ float UpperTreeSteps(const float* buf, int p, int lane) {
-  const int groups = p / 32;
-  float acc[kGroups];
-#pragma unroll
-  for (int c = 0; c < kGroups; ++c) acc[c] = c < groups ? buf[lane + 32 * c] : 0.0f;
-#pragma unroll
-  for (int g = kGroups / 2; g >= 1; g /= 2) {
-    if (2 * g <= groups) {
-#pragma unroll
-      for (int c = 0; c < g; ++c) acc[c] += acc[c + g];
-    }
-  }
-  return acc[0];
-}
-
-// The halving tree's Σ over the block's p threads' x (p = blockDim.x, a power of two ≤
-// kCap; the threads past N pass 0), for every thread. p ≤ 32: shuffles alone. Else each
-// thread writes x to buf (p floats of shared memory), one barrier, then every warp takes
-// the tree's upper steps for its lanes and the butterfly: buf is read after the barrier,
-// so the caller must not write it again before another barrier.
-template <int kCap>
-__device__ __forceinline__ float TreeSum(float x, float* buf, int p, int i) {
-  if (p <= 32) return WarpTreeSum(x, p);
-  buf[i] = x;
-  __syncthreads();
-  return WarpTreeSum(UpperTreeSteps<(kCap > 32 ? kCap / 32 : 1)>(buf, p, i & 31), 32);
-}
-
-// Two TreeSums with one barrier.
-template <int kCap>
-__device__ __forceinline__ void TreeSum2(float x0, float x1, float* buf0, float* buf1, int p, int i,
-                                         float* sum0, float* sum1) {
-  if (p <= 32) {
-    *sum0 = WarpTreeSum(x0, p);
-    *sum1 = WarpTreeSum(x1, p);
-    return;
-  }
-  buf0[i] = x0;
-  buf1[i] = x1;
-  __syncthreads();
-  constexpr int kGroups = kCap > 32 ? kCap / 32 : 1;
-  *sum0 = WarpTreeSum(UpperTreeSteps<kGroups>(buf0, p, i & 31), 32);
-  *sum1 = WarpTreeSum(UpperTreeSteps<kGroups>(buf1, p, i & 31), 32);
-}
+using tree_sum::TreeSum;
+using tree_sum::TreeSum2;
 
 // Copies `count` floats (whole rows of n) from global `src` into the tile (row stride
 // `stride`), the block's `threads` threads on consecutive floats: float4s when `vec`
@@ -170,7 +112,7 @@ __global__ void __launch_bounds__(kN > 0 ? kN : kRwkv7WkvMaxN, kMinBlocks<kN>)
   const int64_t state_at = (state_row * args.H + head) * n * n;
 
   __shared__ __align__(16) float s_tile[kStage * kStride];
-  // The channels' vectors, two sets (token t uses set t % 2).
+  // The channels' vectors, two sets (token t uses set t % 2 when p ≤ 32, else set 0).
   __shared__ float s_w[2][kCap], s_neg_kk[2][kCap], s_kk_a[2][kCap], s_k[2][kCap], s_r[2][kCap];
   // The sums' buffers (p > 32 only): ‖kk‖², Σ y, the bonus, Σ (y − mean)². Each is
   // written once per token and read after its own barrier; the next token's write comes

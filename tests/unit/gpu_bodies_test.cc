@@ -299,9 +299,11 @@ TEST(GpuBodiesTreeSumTest, EveryThreadGetsTheTreeSum) {
 // run on the CPU by its mirror (models/gpu/delta_rule_cuda_host.h: the same blocks,
 // threads, phases and halving reduction over delta_rule_column.h's bodies), equals the
 // LibTorch block (delta_net.cc's Forward, token by token) within 1e-4 relative: the
-// normed, gated output o and the new state, at T = 1 and T = 5, with heads of 8, 16 and
-// 64 (K = V), DeltaNet and Gated DeltaNet, and Gated DeltaNet with two value heads per
-// q/k head; in place, the same bits. The reference's o is read through the block: with
+// normed, gated output o and the new state, at T = 1 and T = 5, with heads of 8, 16, 24
+// (threads past V) and 64 (K = V), DeltaNet and Gated DeltaNet, and Gated DeltaNet with
+// two value heads per q/k head; in place, the same bits; on a state pool through `rows`
+// (permuted, some pool rows unnamed), in place and not, the same bits with the unnamed
+// rows untouched. The reference's o is read through the block: with
 // o_proj the identity (d_model = HV·V) and the MLP's down_proj zero, Forward returns h + o.
 struct DeltaShape {
   bool gated;
@@ -403,14 +405,45 @@ TEST_P(GpuBodiesDeltaRuleTest, HostGridEqualsLibTorchBlock) {
   ASSERT_TRUE(fwmodel::kernels::RunDeltaRuleOnHost(args));
   EXPECT_TRUE(torch::equal(S_inplace, S_out));
   EXPECT_TRUE(torch::equal(o_inplace, o));
+
+  // On a pool of B + 2 rows through `rows` (permuted; pool rows 0 and 2 unnamed): out of
+  // place, then in place, the same bits as above, the unnamed rows untouched.
+  ASSERT_EQ(B, 3);
+  const std::vector<int64_t> rows = {3, 4, 1};
+  const torch::Tensor row_index = torch::tensor(rows, torch::kLong);
+  const torch::Tensor unnamed = torch::tensor(std::vector<int64_t>{0, 2}, torch::kLong);
+  torch::Tensor pool = torch::randn({B + 2, HV, K, V});
+  pool.index_copy_(0, row_index, S0);
+  const torch::Tensor pool0 = pool.clone();
+  torch::Tensor pool_out = torch::full_like(pool, std::numeric_limits<float>::quiet_NaN());
+  torch::Tensor o_pool = torch::empty_like(o);
+  args.rows = rows.data();
+  args.state_in = pool.data_ptr<float>();
+  args.state_out = pool_out.data_ptr<float>();
+  args.o = o_pool.data_ptr<float>();
+  ASSERT_TRUE(fwmodel::kernels::RunDeltaRuleOnHost(args));
+  EXPECT_TRUE(torch::equal(o_pool, o)) << "rows, out of place: o";
+  EXPECT_TRUE(torch::equal(pool_out.index_select(0, row_index), S_out)) << "rows: the state";
+  fwtest::ExpectNearRelative(pool_out.index_select(0, row_index), ref_state[0], kTolerance,
+                             "state through rows");
+  EXPECT_TRUE(pool_out.index_select(0, unnamed).isnan().all().item<bool>())
+      << "an unnamed pool row was written";
+  EXPECT_TRUE(torch::equal(pool, pool0)) << "state_in was written";
+  args.state_out = pool.data_ptr<float>();
+  ASSERT_TRUE(fwmodel::kernels::RunDeltaRuleOnHost(args));
+  EXPECT_TRUE(torch::equal(o_pool, o)) << "rows, in place: o";
+  EXPECT_TRUE(torch::equal(pool.index_select(0, row_index), S_out)) << "rows, in place";
+  EXPECT_TRUE(torch::equal(pool.index_select(0, unnamed), pool0.index_select(0, unnamed)))
+      << "an unnamed pool row was written in place";
 }
 
 INSTANTIATE_TEST_SUITE_P(
     DeltaNet, GpuBodiesDeltaRuleTest,
     testing::Combine(testing::Values(DeltaShape{false, 8, 1}, DeltaShape{false, 16, 1},
                                      DeltaShape{false, 64, 1}, DeltaShape{true, 8, 1},
-                                     DeltaShape{true, 16, 1}, DeltaShape{true, 64, 1},
-                                     DeltaShape{true, 8, 2}, DeltaShape{true, 64, 2}),
+                                     DeltaShape{true, 16, 1}, DeltaShape{true, 24, 1},
+                                     DeltaShape{true, 64, 1}, DeltaShape{true, 8, 2},
+                                     DeltaShape{true, 64, 2}),
                      testing::Values(int64_t{1}, int64_t{5})),
     [](const testing::TestParamInfo<std::tuple<DeltaShape, int64_t>>& info) {
       const DeltaShape shape = std::get<0>(info.param);
