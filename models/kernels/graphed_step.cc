@@ -18,6 +18,7 @@ namespace fwmodel {
 using fwserve::kSampleColumns;
 
 struct GraphedStep::Bucket {
+  using SamplingKind = GraphedStep::SamplingKind;
   int64_t size = 0;
   // Views of device_indices_ (fixed addresses, so a graph can read them).
   torch::Tensor tokens, rows;
@@ -26,16 +27,27 @@ struct GraphedStep::Bucket {
   torch::Tensor logits;  // [size, vocab]
   // In place: views of device_upload_ (this bucket's layout) and the sampling result.
   torch::Tensor columns, penalty_index, penalty_factor;
-  // [size, 2] float64: the sampling with the ranked filters (top_k, top_p, min_p), and
-  // the one without them (fwserve::NeedsFilters false for every row of the pass).
-  torch::Tensor sampled, sampled_plain;
+  // [size, 2] float64: the sampling with the ranked filters (top_k, top_p, min_p), the
+  // one without them (fwserve::NeedsFilters false for every row of the pass), and the
+  // one with the filters and the constraint masks.
+  torch::Tensor sampled, sampled_plain, sampled_masked;
 #ifdef FWSERVE_CUDA_GRAPHS
   std::unique_ptr<at::cuda::CUDAGraph> graph;
-  // In place with sample_in_step: the step with the plain sampling, captured into the
-  // same memory pool as `graph` (the two never run at once).
-  std::unique_ptr<at::cuda::CUDAGraph> plain_graph;
+  // In place with sample_in_step: the step with the plain sampling, and the one with
+  // the masks, captured into the same memory pool as `graph` (they never run at once).
+  std::unique_ptr<at::cuda::CUDAGraph> plain_graph, masked_graph;
 #endif
-  const torch::Tensor& Sampled(bool filters) const { return filters ? sampled : sampled_plain; }
+  const torch::Tensor& Sampled(SamplingKind kind) const {
+    switch (kind) {
+      case SamplingKind::kPlain:
+        return sampled_plain;
+      case SamplingKind::kMasked:
+        return sampled_masked;
+      case SamplingKind::kFiltered:
+        break;
+    }
+    return sampled;
+  }
 };
 
 GraphedStep::GraphedStep(const Model& model, GraphedStepOptions options)
@@ -126,6 +138,10 @@ absl::StatusOr<std::unique_ptr<GraphedStep>> GraphedStep::Create(const Model& mo
     return absl::InvalidArgumentError(
         absl::StrCat("warmup_runs must be >= 0, got ", options.warmup_runs));
   }
+  if (options.masked_rows < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("masked_rows must be >= 0, got ", options.masked_rows));
+  }
   if (options.penalty_width < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("penalty_width must be >= 0, got ", options.penalty_width));
@@ -150,6 +166,18 @@ absl::StatusOr<std::unique_ptr<GraphedStep>> GraphedStep::Create(const Model& mo
         step->host_sampled_ = step->host_sampled_.pin_memory();
       }
       step->device_upload_ = torch::zeros({largest * step->upload_words_per_row_}, int64_on);
+      const int64_t masked = step->options_.sample_in_step ? step->options_.masked_rows : 0;
+      if (masked > 0) {
+        const int64_t vocab = model.config().vocab_size;
+        step->host_masks_ = torch::ones({masked, vocab}, torch::kUInt8);
+        step->host_mask_rows_ = torch::zeros({masked}, torch::kInt64);
+        if (device.is_cuda()) {
+          step->host_masks_ = step->host_masks_.pin_memory();
+          step->host_mask_rows_ = step->host_mask_rows_.pin_memory();
+        }
+        step->device_masks_ = torch::ones({masked, vocab}, torch::dtype(torch::kUInt8).device(device));
+        step->device_mask_rows_ = torch::zeros({masked}, int64_on);
+      }
     } else {
       step->host_indices_ = torch::zeros({2, largest}, torch::kInt64);
       if (device.is_cuda()) step->host_indices_ = step->host_indices_.pin_memory();
@@ -293,12 +321,31 @@ absl::StatusOr<torch::Tensor> GraphedStep::Step(absl::Span<const int64_t> tokens
   }
 }
 
+GraphedStep::SamplingKind GraphedStep::KindOf(absl::Span<const RowDraw> draws) const {
+  for (const RowDraw& d : draws) {
+    if (d.allowed != nullptr) return SamplingKind::kMasked;
+  }
+  return !options_.plain_sampling || AnyNeedsFilters(draws, model_.config().vocab_size)
+             ? SamplingKind::kFiltered
+             : SamplingKind::kPlain;
+}
+
 bool GraphedStep::CanSampleInStep(absl::Span<const RowDraw> draws) const {
   if (!in_place() || !options_.sample_in_step) return false;
+  // Each pass stages at most masked_rows masks; the draws split into passes of the
+  // largest bucket.
+  const size_t largest = static_cast<size_t>(options_.buckets.back());
+  for (size_t begin = 0; begin < draws.size(); begin += largest) {
+    int64_t masked = 0;
+    for (size_t i = begin; i < std::min(draws.size(), begin + largest); ++i) {
+      if (draws[i].allowed != nullptr) ++masked;
+    }
+    if (masked > options_.masked_rows) return false;
+  }
   for (const RowDraw& d : draws) {
     if (d.params == nullptr) return false;
-    // Sampled apart (SampleRows): logit biases and constraint masks.
-    if (!d.params->logit_bias.empty() || d.allowed != nullptr) return false;
+    // Sampled apart (SampleRows): logit biases.
+    if (!d.params->logit_bias.empty()) return false;
     if (d.params->repetition_penalty != 1.0f && d.recent != nullptr &&
         static_cast<int64_t>(d.recent->size()) > options_.penalty_width) {
       return false;
@@ -396,6 +443,10 @@ absl::StatusOr<std::vector<std::vector<SampledToken>>> GraphedStep::MultiStepInP
       return absl::FailedPreconditionError(
           absl::StrCat("draws[", b, "] has a logit bias or penalty: step it one token at a time"));
     }
+    if (draws[b].allowed != nullptr) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("draws[", b, "] has a constraint mask: step it one token at a time"));
+    }
   }
   const int64_t vocab = model_.config().vocab_size;
   for (int64_t token : stop_tokens) {
@@ -437,8 +488,7 @@ void GraphedStep::RunMultiStepPass(absl::Span<const int64_t> tokens, absl::Span<
   std::vector<RowDraw> first(draws.begin(), draws.end());
   for (int64_t b = 0; b < n; ++b) first[static_cast<size_t>(b)].uniform = uniforms[b * steps];
   const int64_t words_used = StageUpload(tokens, rows, first, size);
-  const bool filters =
-      !options_.plain_sampling || AnyNeedsFilters(draws, model_.config().vocab_size);
+  const SamplingKind kind = KindOf(draws);  // never kMasked: MultiStepInPlace refuses masks
   // The rest: uniforms [steps, size] float64, limits [size] (pads: 1), stop tokens.
   const int64_t stops = static_cast<int64_t>(stop_tokens.size());
   const int64_t multi_words = steps * size + size + stops;
@@ -482,8 +532,8 @@ void GraphedStep::RunMultiStepPass(absl::Span<const int64_t> tokens, absl::Span<
       bucket.rows.copy_(torch::where(active, staged_rows, pad_rows));
       bucket.columns[fwserve::kSampleUniform].copy_(device_uniforms[j]);
     }
-    Compute(bucket, filters);
-    results[j].copy_(bucket.Sampled(filters));
+    Compute(bucket, kind);
+    results[j].copy_(bucket.Sampled(kind));
   }
   if (!host_drawn_.defined() || host_drawn_.numel() < steps * size * 2) {
     host_drawn_ = torch::zeros({steps * size * 2}, torch::kFloat64);
@@ -519,12 +569,12 @@ void GraphedStep::RunInPlacePass(absl::Span<const int64_t> tokens, absl::Span<co
   // results came back (below), so the copy may run asynchronously.
   device_upload_.narrow(0, 0, words_used)
       .copy_(host_upload_.narrow(0, 0, words_used), /*non_blocking=*/true);
-  const bool filters =
-      !options_.plain_sampling || AnyNeedsFilters(draws, model_.config().vocab_size);
-  Compute(bucket, filters);
+  const SamplingKind kind = KindOf(draws);
+  if (kind == SamplingKind::kMasked) StageMasks(draws, size);
+  Compute(bucket, kind);
   if (sampled != nullptr) {
     torch::Tensor out = host_sampled_.narrow(0, 0, n);
-    out.copy_(bucket.Sampled(filters).narrow(0, 0, n), /*non_blocking=*/true);
+    out.copy_(bucket.Sampled(kind).narrow(0, 0, n), /*non_blocking=*/true);
 #ifdef FWSERVE_CUDA_GRAPHS
     if (model_.options().device.is_cuda()) c10::cuda::getCurrentCUDAStream().synchronize();
 #endif
@@ -575,7 +625,26 @@ int64_t GraphedStep::StageUpload(absl::Span<const int64_t> tokens, absl::Span<co
   return size * upload_words_per_row_;
 }
 
-void GraphedStep::BucketWork(Bucket& bucket, bool filters) {
+void GraphedStep::StageMasks(absl::Span<const RowDraw> draws, int64_t size) {
+  const int64_t vocab = model_.config().vocab_size;
+  const int64_t capacity = options_.masked_rows;
+  uint8_t* masks = host_masks_.data_ptr<uint8_t>();
+  int64_t* mask_rows = host_mask_rows_.data_ptr<int64_t>();
+  int64_t used = 0;
+  for (size_t b = 0; b < draws.size() && used < capacity; ++b) {
+    if (draws[b].allowed == nullptr) continue;
+    std::memcpy(masks + used * vocab, draws[b].allowed, static_cast<size_t>(vocab));
+    mask_rows[used++] = static_cast<int64_t>(b);
+  }
+  // The unused entries allow everything, on the scratch row past the bucket's rows.
+  std::memset(masks + used * vocab, 1, static_cast<size_t>((capacity - used) * vocab));
+  std::fill(mask_rows + used, mask_rows + capacity, size);
+  // The next pass rewrites the staging buffers only after this one synchronised.
+  device_masks_.copy_(host_masks_, /*non_blocking=*/true);
+  device_mask_rows_.copy_(host_mask_rows_, /*non_blocking=*/true);
+}
+
+void GraphedStep::BucketWork(Bucket& bucket, SamplingKind kind) {
   if (!in_place()) {
     State state = bucket.input;  // the step replaces the tensors; the buffers stay
     bucket.logits = model_.StepUnchecked(bucket.tokens, &state);
@@ -586,10 +655,30 @@ void GraphedStep::BucketWork(Bucket& bucket, bool filters) {
   bucket.logits = model_.StepUnchecked(bucket.tokens, &state);
   binding_.state->Scatter(bucket.rows, state);
   binding_.logits->index_copy_(0, bucket.rows, bucket.logits.to(torch::kFloat32));
-  if (options_.sample_in_step) {
-    torch::Tensor sampled = fwserve::SampleOnDevice(
-        bucket.logits, bucket.columns, bucket.penalty_index, bucket.penalty_factor, filters);
-    (filters ? bucket.sampled : bucket.sampled_plain) = std::move(sampled);
+  if (!options_.sample_in_step) return;
+  switch (kind) {
+    case SamplingKind::kPlain:
+      bucket.sampled_plain =
+          fwserve::SampleOnDevice(bucket.logits, bucket.columns, bucket.penalty_index,
+                                  bucket.penalty_factor, /*filters=*/false);
+      break;
+    case SamplingKind::kFiltered:
+      bucket.sampled =
+          fwserve::SampleOnDevice(bucket.logits, bucket.columns, bucket.penalty_index,
+                                  bucket.penalty_factor, /*filters=*/true);
+      break;
+    case SamplingKind::kMasked: {
+      // Every row allowed everything but the staged ones; one scratch row past the
+      // bucket's takes the unused entries.
+      torch::Tensor allowed = torch::ones(
+          {bucket.size + 1, model_.config().vocab_size},
+          torch::dtype(torch::kBool).device(bucket.logits.device()));
+      allowed.index_copy_(0, device_mask_rows_, device_masks_.to(torch::kBool));
+      bucket.sampled_masked = fwserve::SampleOnDevice(
+          bucket.logits, bucket.columns, bucket.penalty_index, bucket.penalty_factor,
+          /*filters=*/true, torch::Tensor(), torch::Tensor(), allowed.narrow(0, 0, bucket.size));
+      break;
+    }
   }
 }
 
@@ -636,7 +725,7 @@ torch::Tensor GraphedStep::RunPass(absl::Span<const int64_t> tokens, absl::Span<
   for (size_t i = 0; i < pool->tensors.size(); ++i) {
     torch::index_select_out(bucket.input.tensors[i], pool->tensors[i], 0, bucket.rows);
   }
-  Compute(bucket, /*filters=*/true);
+  Compute(bucket, SamplingKind::kFiltered);
   torch::Tensor written = bucket.rows.narrow(0, 0, n);
   for (size_t i = 0; i < pool->tensors.size(); ++i) {
     pool->tensors[i].index_copy_(0, written, bucket.output.tensors[i].narrow(0, 0, n));
@@ -646,10 +735,14 @@ torch::Tensor GraphedStep::RunPass(absl::Span<const int64_t> tokens, absl::Span<
   return logits;
 }
 
-void GraphedStep::Compute(Bucket& bucket, bool filters) {
+void GraphedStep::Compute(Bucket& bucket, SamplingKind kind) {
 #ifdef FWSERVE_CUDA_GRAPHS
-  if (!filters && bucket.plain_graph != nullptr) {
+  if (kind == SamplingKind::kPlain && bucket.plain_graph != nullptr) {
     bucket.plain_graph->replay();
+    return;
+  }
+  if (kind == SamplingKind::kMasked && bucket.masked_graph != nullptr) {
+    bucket.masked_graph->replay();
     return;
   }
   if (bucket.graph != nullptr) {
@@ -657,7 +750,7 @@ void GraphedStep::Compute(Bucket& bucket, bool filters) {
     return;
   }
 #endif
-  BucketWork(bucket, filters);
+  BucketWork(bucket, kind);
 }
 
 void GraphedStep::Capture(Bucket& bucket) {
@@ -670,23 +763,36 @@ void GraphedStep::Capture(Bucket& bucket) {
     const c10::cuda::CUDAStreamGuard stream_guard(side);
     // In place, the warm-up runs write only the pad row (every row of the upload is
     // the pad row until the first step).
-    for (int i = 0; i < options_.warmup_runs; ++i) BucketWork(bucket, /*filters=*/true);
+    for (int i = 0; i < options_.warmup_runs; ++i) BucketWork(bucket, SamplingKind::kFiltered);
     side.synchronize();
     auto graph = std::make_unique<at::cuda::CUDAGraph>();
     graph->capture_begin();
-    BucketWork(bucket, /*filters=*/true);
+    BucketWork(bucket, SamplingKind::kFiltered);
     graph->capture_end();
     if (in_place() && options_.sample_in_step && options_.plain_sampling) {
       // The plain sampling's graph, in the same pool: each capture's sampled output stays
       // referenced by the bucket (sampled, sampled_plain), so neither graph's replay
       // writes the other's; what else the first capture freed is scratch within a replay.
-      for (int i = 0; i < options_.warmup_runs; ++i) BucketWork(bucket, /*filters=*/false);
+      for (int i = 0; i < options_.warmup_runs; ++i) BucketWork(bucket, SamplingKind::kPlain);
       side.synchronize();
       auto plain = std::make_unique<at::cuda::CUDAGraph>();
       plain->capture_begin(graph->pool());
-      BucketWork(bucket, /*filters=*/false);
+      BucketWork(bucket, SamplingKind::kPlain);
       plain->capture_end();
       bucket.plain_graph = std::move(plain);
+    }
+    if (in_place() && options_.sample_in_step && options_.masked_rows > 0) {
+      // The masked sampling's graph, likewise. Its mask rows point at row 0 (any bucket
+      // has one) with everything allowed until a pass stages its own.
+      device_mask_rows_.zero_();
+      device_masks_.fill_(1);
+      for (int i = 0; i < options_.warmup_runs; ++i) BucketWork(bucket, SamplingKind::kMasked);
+      side.synchronize();
+      auto masked = std::make_unique<at::cuda::CUDAGraph>();
+      masked->capture_begin(graph->pool());
+      BucketWork(bucket, SamplingKind::kMasked);
+      masked->capture_end();
+      bucket.masked_graph = std::move(masked);
     }
     bucket.graph = std::move(graph);
   }

@@ -84,6 +84,12 @@ struct GraphedStepOptions {
   // top_p or min_p (fwserve::NeedsFilters); the same draws. False: one graph per bucket,
   // every pass sorts.
   bool plain_sampling = true;
+  // In place with sample_in_step: each bucket also captures a graph whose sampling takes
+  // constraint masks (RowDraw::allowed) for up to `masked_rows` rows of a pass, uploaded
+  // with the step's inputs (one [masked_rows, vocab] byte copy, only when a row has a
+  // mask); the other rows sample as without it. 0: no such graph, and masked rows are
+  // sampled apart (SampleRows).
+  int64_t masked_rows = 16;
 };
 
 // The pool an in-place GraphedStep reads and writes. Not owned; its tensors must keep
@@ -148,7 +154,8 @@ class GraphedStep {
       absl::Span<const int64_t> tokens, absl::Span<const int64_t> rows,
       absl::Span<const RowDraw> draws, absl::Span<const double> uniforms, int64_t steps,
       absl::Span<const int64_t> limits, absl::Span<const int64_t> stop_tokens);
-  // Whether StepInPlace can draw for `draws` (sample_in_step, penalty widths).
+  // Whether StepInPlace can draw for `draws` (sample_in_step, penalty widths, no logit
+  // bias, at most masked_rows constraint masks).
   bool CanSampleInStep(absl::Span<const RowDraw> draws) const;
   // The last Step's or StepInPlace's time: device time between CUDA events around its
   // copies and replays on a CUDA model in a FWSERVE_CUDA_GRAPHS build, else host time.
@@ -167,6 +174,11 @@ class GraphedStep {
 
  private:
   struct Bucket;
+  // The sampling a pass runs (in place with sample_in_step): without the sort (no row
+  // needs top_k, top_p or min_p), with the ranked filters, or with the filters and the
+  // staged constraint masks.
+  enum class SamplingKind { kPlain, kFiltered, kMasked };
+  SamplingKind KindOf(absl::Span<const RowDraw> draws) const;
   GraphedStep(const Model& model, GraphedStepOptions options);
   absl::Status CheckArguments(absl::Span<const int64_t> tokens, absl::Span<const int64_t> rows,
                               const State& pool, const torch::Tensor* row_logits) const;
@@ -189,13 +201,16 @@ class GraphedStep {
                       absl::Span<const RowDraw> draws, int64_t size);
   // The bucket a pass of n <= the largest bucket's rows runs on; counts its padding.
   Bucket& BucketForPass(int64_t n);
-  // Runs the model on the bucket's inputs: replay, or eagerly. filters: in place with
-  // sampling, whether a row needs top_k, top_p or min_p (else the plain sampling runs,
-  // without the sort over the vocabulary).
-  void Compute(Bucket& bucket, bool filters);
+  // Runs the model on the bucket's inputs: replay, or eagerly, with the sampling `kind`
+  // (in place with sampling).
+  void Compute(Bucket& bucket, SamplingKind kind);
   // What a bucket computes (captured, or run eagerly): the step and, in place, the
-  // gather, scatter and sampling around it (with the ranked filters or without).
-  void BucketWork(Bucket& bucket, bool filters);
+  // gather, scatter and sampling around it.
+  void BucketWork(Bucket& bucket, SamplingKind kind);
+  // kMasked: writes the masks of `draws`' masked rows, and which row each is, into the
+  // mask staging buffers (unused entries: all allowed, on row `size`, a scratch row) and
+  // copies them to the device.
+  void StageMasks(absl::Span<const RowDraw> draws, int64_t size);
   // Device timing around a step (CUDA events; no-ops elsewhere).
   void BeginTiming();
   void EndTiming(absl::Time host_start);
@@ -220,6 +235,9 @@ class GraphedStep {
   // (pinned on CUDA) and device copy, grown on demand; and the drawn tokens of every
   // step, [steps, s, 2] float64, brought back in one copy.
   torch::Tensor host_multi_, device_multi_, host_drawn_;
+  // Masked sampling: [masked_rows, vocab] uint8 masks and [masked_rows] int64 rows of the
+  // pass (entry k's mask is row mask_rows[k]'s), host staging (pinned on CUDA) and device.
+  torch::Tensor host_masks_, device_masks_, host_mask_rows_, device_mask_rows_;
   bool captured_ = false;
   int64_t padded_rows_ = 0;
   absl::Duration last_step_time_;

@@ -129,9 +129,10 @@ absl::Status Stepper::StepAhead(const std::vector<int64_t>& rows,
   for (size_t i = 0; i < draws.size(); ++i) {
     const SampleRequest& r = draws[i];
     row_draws[i].params = r.params;
-    // MultiStepInPlace refuses repetition penalties and logit biases: a batch with one
-    // steps one token.
-    if (r.params->repetition_penalty != 1.0f || r.params->AdjustsLogits()) {
+    // MultiStepInPlace refuses repetition penalties, logit biases and constraint masks:
+    // a batch with one steps one token.
+    if (r.params->repetition_penalty != 1.0f || r.params->AdjustsLogits() ||
+        r.allowed != nullptr) {
       return Step(rows, tokens, pool, draws);
     }
     limits[i] = i < multi.limits.size() ? std::clamp<int64_t>(multi.limits[i], 1, steps) : 1;
@@ -151,7 +152,7 @@ absl::Status Stepper::StepAhead(const std::vector<int64_t>& rows,
     std::vector<SampledToken>& row = (*drawn)[i];
     const size_t last = row.size() - 1;
     presampled_[rows[i]] = Presampled{row[last], uniforms[i * static_cast<size_t>(steps) + last],
-                                      draws[i].params, draws[i].rng};
+                                      draws[i].params, draws[i].rng, nullptr};
     row.pop_back();
     (*absorbed_ahead)[i] = std::move(row);
   }
@@ -168,6 +169,7 @@ absl::Status Stepper::StepOnKernel(const std::vector<int64_t>& rows,
       const SampleRequest& r = draws[i];
       row_draws[i].params = r.params;
       row_draws[i].recent = r.recent;
+      row_draws[i].allowed = r.allowed;
       if (r.params->temperature != 0) {
         // A copy: the generator advances when the token is handed out (Sample).
         std::mt19937_64 peek = *r.rng;
@@ -180,7 +182,8 @@ absl::Status Stepper::StepOnKernel(const std::vector<int64_t>& rows,
     auto sampled = graphed_step_->StepInPlace(tokens, rows, row_draws);
     if (!sampled.ok()) return sampled.status();
     for (size_t i = 0; i < sampled->size(); ++i) {
-      presampled_[rows[i]] = Presampled{(*sampled)[i], uniforms[i], draws[i].params, draws[i].rng};
+      presampled_[rows[i]] =
+          Presampled{(*sampled)[i], uniforms[i], draws[i].params, draws[i].rng, draws[i].allowed};
     }
     return absl::OkStatus();
   }
@@ -228,7 +231,7 @@ absl::StatusOr<std::vector<SampledToken>> Stepper::Sample(absl::Span<const Sampl
       auto it = presampled_.find(r.slot);
       bool taken = false;
       if (it != presampled_.end() && it->second.params == r.params && it->second.rng == r.rng &&
-          r.allowed == nullptr) {
+          it->second.allowed == r.allowed) {
         if (r.params->temperature == 0) {
           taken = true;
         } else {

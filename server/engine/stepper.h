@@ -77,8 +77,10 @@ class Stepper {
     const std::vector<int64_t>* recent = nullptr;  // for the repetition penalty
     bool logprobs = false;                         // logprob wanted (else 0)
     // A constraint's mask over the vocabulary (0 = never drawn) or null; not owned,
-    // valid through the Sample call. A row with a mask never takes a token drawn
-    // inside the step (that draw did not see it).
+    // valid through the Sample call. In a Step's `draws`: the mask the row's next Sample
+    // will bring, with the same contents at the same address (the in-place graph step
+    // then draws under it); a Sample request takes a token drawn inside the step only if
+    // that draw saw the same mask pointer.
     const uint8_t* allowed = nullptr;
     // OpenAI's top_logprobs: the most likely tokens wanted with their log-probabilities
     // (0 = none; at most 20), from the raw logits (TopLogProbs).
@@ -184,6 +186,9 @@ class Stepper {
     double uniform = 0;
     const SamplingParams* params = nullptr;
     const std::mt19937_64* rng = nullptr;
+    // The constraint mask the draw saw (null: none); a request with another mask (or
+    // none where this had one) is sampled apart.
+    const uint8_t* allowed = nullptr;
   };
   absl::flat_hash_map<int64_t, Presampled> presampled_;
   absl::Duration last_step_time_;

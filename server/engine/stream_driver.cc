@@ -454,6 +454,13 @@ void StreamDriver::RunDecodeStep() {
     if (draws_ahead) {
       work.draws.push_back(
           {t->slot, &t->generate->sampling, &t->rng, &t->recent, t->generate->logprobs});
+      // A constrained stream's next mask is known now (its matcher already took the
+      // pending token): the step draws under it, into the buffer SampleAndEmit fills
+      // again with the same mask (the masker caches it).
+      const constraints::Matcher* matcher = t->s->stream.matcher();
+      if (matcher != nullptr && Masker().Allowed(*matcher, &t->allowed) > 0) {
+        work.draws.back().allowed = t->allowed.data();
+      }
     }
     if (work.multi.steps > 1) work.multi.limits.push_back(TokensPerLaunch(*t, steps));
   }

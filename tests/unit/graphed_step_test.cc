@@ -125,6 +125,7 @@ TEST_P(GraphedStepTest, InPlaceStepsAndSamplesLikeModelStepAndSampleToken) {
     fwserve::SamplingParams params;
     std::mt19937_64 rng;
     std::vector<int64_t> recent;
+    std::vector<uint8_t> allowed;  // sessions 1 and 4: a new constraint mask each step
   };
   std::vector<Session> sessions(session_rows.size());
   for (size_t s = 0; s < sessions.size(); ++s) {
@@ -157,8 +158,16 @@ TEST_P(GraphedStepTest, InPlaceStepsAndSamplesLikeModelStepAndSampleToken) {
       d.recent = &session.recent;
       std::mt19937_64 copy = session.rng;
       if (session.params.temperature != 0) d.uniform = fwserve::CanonicalDraw(copy);
+      if (s == 1 || s == 4) {
+        // About a third of the vocabulary, and at least one token.
+        session.allowed.assign(static_cast<size_t>(vocab), 0);
+        for (auto& a : session.allowed) a = pick() % 3 == 0 ? 1 : 0;
+        session.allowed[pick() % static_cast<uint64_t>(vocab)] = 1;
+        d.allowed = session.allowed.data();
+      }
       draws.push_back(d);
     }
+    ASSERT_TRUE((*step)->CanSampleInStep(draws));
     auto sampled = (*step)->StepInPlace(tokens, rows, draws);
     ASSERT_TRUE(sampled.ok()) << sampled.status();
     ASSERT_EQ(sampled->size(), count);
@@ -172,8 +181,12 @@ TEST_P(GraphedStepTest, InPlaceStepsAndSamplesLikeModelStepAndSampleToken) {
                  absl::StrCat("logits, step ", step_index, ", row ", rows[i]));
       std::vector<float> host(row_logits.data_ptr<float>(), row_logits.data_ptr<float>() + vocab);
       const int64_t token =
-          fwserve::SampleToken(host.data(), vocab, session.params, session.rng, session.recent);
+          fwserve::SampleToken(host.data(), vocab, session.params, session.rng, session.recent,
+                               draws[i].allowed);
       EXPECT_EQ((*sampled)[i].token, token) << "step " << step_index << ", row " << rows[i];
+      if (draws[i].allowed != nullptr) {
+        EXPECT_EQ(draws[i].allowed[(*sampled)[i].token], 1) << "a masked token was drawn";
+      }
       EXPECT_NEAR((*sampled)[i].logprob, fwserve::TokenLogProb(host.data(), vocab, token), 1e-4);
     }
   }
@@ -427,6 +440,27 @@ TEST(GraphedStepInPlaceTest, BadBindingsAndArgumentsAreRefused) {
   EXPECT_EQ((*step)->StepInPlace({1}, {0}, {wide}).status().code(),
             absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ((*step)->Step({1}, {0}, &pool).status().code(), absl::StatusCode::kFailedPrecondition);
+  // Constraint masks: at most masked_rows per pass, never in a multi-step launch.
+  fwserve::SamplingParams plain;
+  const std::vector<uint8_t> mask(static_cast<size_t>(config.vocab_size), 1);
+  fwserve::RowDraw masked;
+  masked.params = &plain;
+  masked.allowed = mask.data();
+  EXPECT_TRUE((*step)->CanSampleInStep({masked, masked}));
+  fwmodel::GraphedStepOptions one_mask = options;
+  one_mask.masked_rows = 1;
+  auto narrow = fwmodel::GraphedStep::Create(model, one_mask, {&pool, &logits, 4});
+  ASSERT_TRUE(narrow.ok()) << narrow.status();
+  EXPECT_TRUE((*narrow)->CanSampleInStep({masked}));
+  EXPECT_FALSE((*narrow)->CanSampleInStep({masked, masked}));
+  one_mask.masked_rows = -1;
+  EXPECT_EQ(fwmodel::GraphedStep::Create(model, one_mask, {&pool, &logits, 4}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*step)
+                ->MultiStepInPlace({1}, {0}, {masked}, {0.5, 0.5}, 2, {2}, {})
+                .status()
+                .code(),
+            absl::StatusCode::kFailedPrecondition);
   for (size_t t = 0; t < pool.tensors.size(); ++t) {
     EXPECT_TRUE(torch::equal(pool.tensors[t], before.tensors[t]));
   }
