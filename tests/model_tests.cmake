@@ -22,17 +22,23 @@ add_executable(fwserve_model_tests
   unit/rwkv_test.cc
   unit/delta_net_test.cc
   unit/gpu_bodies_test.cc
+  unit/gpu_sample_test.cc
 )
 # The CUDA equivalence cases only where this LibTorch has CUDA: on a CPU LibTorch they
 # could only skip, and under CI a skipped test fails the run (scripts/test.sh).
 option(FWSERVE_CUDA_TESTS "Build the CUDA equivalence tests even without a CUDA LibTorch" OFF)
 if(TORCH_CUDA_LIBRARIES OR FWSERVE_CUDA_TESTS)
   target_sources(fwserve_model_tests PRIVATE unit/model_cuda_test.cc)
+  # gpu_sample_test.cc's GPU case (the sampling kernel against its mirror), built here only.
+  set_source_files_properties(unit/gpu_sample_test.cc PROPERTIES COMPILE_DEFINITIONS
+                              FWSERVE_CUDA_TESTS SKIP_PRECOMPILE_HEADERS ON)
   message(STATUS "fwserve: CUDA equivalence tests built (LibTorch has CUDA)")
 endif()
 target_compile_options(fwserve_model_tests PRIVATE ${FWSERVE_WARNINGS})
 # The GPU kernels' bodies (models/gpu) vectorise their loops with `#pragma omp simd`.
 set_source_files_properties(unit/gpu_bodies_test.cc PROPERTIES COMPILE_OPTIONS -fopenmp-simd)
+# The sampling kernel's mirror test alone, out of the unity units.
+set_source_files_properties(unit/gpu_sample_test.cc PROPERTIES SKIP_UNITY_BUILD_INCLUSION ON)
 target_link_libraries(fwserve_model_tests PRIVATE fwserve_test_util GTest::gtest_main)
 target_precompile_headers(fwserve_model_tests REUSE_FROM fwserve_tensor_pch)
 # Debian's python3 runs tools/convert_rwkv_cpp.py (standard library only) in rwkv_test.cc.

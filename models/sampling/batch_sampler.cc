@@ -7,6 +7,13 @@
 
 #include "absl/strings/str_cat.h"
 
+#if defined(FWSERVE_CUDA_KERNELS)
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "models/gpu/sample.h"
+#endif
+
 namespace fwserve {
 
 double CanonicalDraw(std::mt19937_64& rng) {
@@ -60,11 +67,105 @@ bool NeedsFilters(const SamplingParams& params, int64_t vocab) {
   return (params.top_k > 0 && params.top_k < vocab) || params.top_p < 1.0f || params.min_p > 0.0f;
 }
 
+#if defined(FWSERVE_CUDA_KERNELS)
+namespace {
+
+// Whether SampleOnDevice's plain case may run as the sampling kernel (models/gpu/sample.h):
+// contiguous float32 CUDA logits [rows, vocab] and, on the same device, contiguous float64
+// columns [kSampleColumns, rows], int64 penalty ids [rows, W] with float64 factors (rows
+// values), int64 bias ids [rows, B] with float32 values, W + B within the kernel's
+// kSampleMaxAdjustments. Anything else takes the LibTorch ops.
+bool SampleKernelApplies(const torch::Tensor& raw_logits, const torch::Tensor& columns,
+                         const torch::Tensor& penalty_index, const torch::Tensor& penalty_factor,
+                         const torch::Tensor& bias_index, const torch::Tensor& bias_value) {
+  if (!raw_logits.is_cuda() || raw_logits.dim() != 2 ||
+      raw_logits.scalar_type() != torch::kFloat32 || !raw_logits.is_contiguous()) {
+    return false;
+  }
+  const int64_t rows = raw_logits.size(0), vocab = raw_logits.size(1);
+  const torch::Device device = raw_logits.device();
+  if (vocab < 1 || vocab > std::numeric_limits<int32_t>::max() ||
+      rows > std::numeric_limits<int32_t>::max()) {
+    return false;
+  }
+  auto on_device = [&](const torch::Tensor& t, torch::ScalarType type) {
+    return t.device() == device && t.scalar_type() == type && t.is_contiguous();
+  };
+  if (!on_device(columns, torch::kFloat64) || columns.dim() != 2 ||
+      columns.size(0) != kSampleColumns || columns.size(1) != rows) {
+    return false;
+  }
+  int64_t entries = 0;
+  if (penalty_index.defined() && penalty_index.size(1) > 0) {
+    if (!on_device(penalty_index, torch::kInt64) || penalty_index.dim() != 2 ||
+        penalty_index.size(0) != rows || !penalty_factor.defined() ||
+        !on_device(penalty_factor, torch::kFloat64) || penalty_factor.numel() != rows) {
+      return false;
+    }
+    entries += penalty_index.size(1);
+  }
+  if (bias_index.defined() && bias_index.size(1) > 0) {
+    if (!on_device(bias_index, torch::kInt64) || bias_index.dim() != 2 ||
+        bias_index.size(0) != rows || !bias_value.defined() ||
+        !on_device(bias_value, torch::kFloat32) || bias_value.sizes() != bias_index.sizes()) {
+      return false;
+    }
+    entries += bias_index.size(1);
+  }
+  return entries <= fwmodel::kernels::kSampleMaxAdjustments;
+}
+
+// SampleOnDevice's plain case by one launch of the sampling kernel on the current stream
+// of the logits' device: [rows, 2] float64 (token, logprob), the one allocation. No host
+// synchronisation: it runs inside CUDA Graph capture as the ops it replaces did.
+torch::Tensor SampleWithKernel(const torch::Tensor& raw_logits, const torch::Tensor& columns,
+                               const torch::Tensor& penalty_index,
+                               const torch::Tensor& penalty_factor, const torch::Tensor& bias_index,
+                               const torch::Tensor& bias_value) {
+  const c10::cuda::CUDAGuard guard(raw_logits.device());
+  const int64_t rows = raw_logits.size(0);
+  torch::Tensor out = torch::empty({rows, 2}, raw_logits.options().dtype(torch::kFloat64));
+  fwmodel::kernels::SampleArgs args;
+  args.rows = rows;
+  args.vocab = raw_logits.size(1);
+  args.logits = raw_logits.data_ptr<float>();
+  const double* column_data = columns.data_ptr<double>();
+  args.temperature = column_data + kSampleTemperature * rows;
+  args.uniform = column_data + kSampleUniform * rows;
+  if (penalty_index.defined() && penalty_index.size(1) > 0) {
+    args.penalty_width = penalty_index.size(1);
+    args.penalty_index = penalty_index.data_ptr<int64_t>();
+    args.penalty_factor = penalty_factor.data_ptr<double>();
+  }
+  if (bias_index.defined() && bias_index.size(1) > 0) {
+    args.bias_width = bias_index.size(1);
+    args.bias_index = bias_index.data_ptr<int64_t>();
+    args.bias_value = bias_value.data_ptr<float>();
+  }
+  args.out = out.data_ptr<double>();
+  const int error =
+      fwmodel::kernels::LaunchSample(args, c10::cuda::getCurrentCUDAStream().stream());
+  TORCH_CHECK(error == 0,
+              "the sampling kernel failed: ", fwmodel::kernels::SampleErrorString(error));
+  return out;
+}
+
+}  // namespace
+#endif
+
 torch::Tensor SampleOnDevice(const torch::Tensor& raw_logits, const torch::Tensor& columns,
                              const torch::Tensor& penalty_index,
                              const torch::Tensor& penalty_factor, bool filters,
                              const torch::Tensor& bias_index, const torch::Tensor& bias_value,
                              const torch::Tensor& allowed) {
+#if defined(FWSERVE_CUDA_KERNELS)
+  if (!filters && !allowed.defined() &&
+      SampleKernelApplies(raw_logits, columns, penalty_index, penalty_factor, bias_index,
+                          bias_value)) {
+    return SampleWithKernel(raw_logits, columns, penalty_index, penalty_factor, bias_index,
+                            bias_value);
+  }
+#endif
   const torch::Device device = raw_logits.device();
   const int64_t rows = raw_logits.size(0), vocab = raw_logits.size(1);
   const double inf = std::numeric_limits<double>::infinity();

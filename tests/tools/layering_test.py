@@ -19,7 +19,7 @@ MODELS_ALLOWED = {
     "models/constraints": {"models/base"},
     "models/gpu": {"models/base"},
     "models/tokenizers": {"models/base"},
-    "models/sampling": {"models/base", "models/constraints"},
+    "models/sampling": {"models/base", "models/constraints", "models/gpu"},
     "models/architectures": {"models/base", "models/gpu"},
     "models/checkpoints": {"models/base", "models/architectures"},
     "models/kernels": {"models/base", "models/sampling", "models/architectures", "models/gpu"},

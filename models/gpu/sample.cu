@@ -1,0 +1,320 @@
+// The plain sampling kernel (sample.h).
+//
+// One block per row, kSampleThreads threads (16 warps); thread t owns the contiguous ids
+// [t · chunk, (t + 1) · chunk) of the row (chunk = ceil(V / threads) rounded up to a
+// multiple of 4: SampleChunk), so every running sum below goes in id order; a thread
+// reads its ids four at a time (float4) where the row is 16-byte aligned. Phases, each
+// ending in a barrier:
+//  0. (only with penalty or bias entries) The row's n entries become keys (id << 32 |
+//     entry), ranked by comparison with all others (n²/threads per thread; n is the
+//     penalty width, 64 in the graphed step) into sorted order in shared memory; the
+//     first entry of each id's run resolves that id's adjusted logit: raw, penalised
+//     once if any penalty entry names it, plus its bias entries in entry order. Then the
+//     sorted (id, adjusted logit) pairs, over the keys' memory. Each thread finds the
+//     first pair at or after its chunk by binary search and walks the pairs along its ids.
+//  1. Each thread: the argmax (first of equals) of the adjusted logits (non-finite =
+//     −inf) and the max of the finite raw logits over its ids; the block's by a warp
+//     butterfly (__shfl_xor 16, 8, 4, 2, 1) and then the warps' results combined in
+//     warp order by every thread.
+//  2. Each thread over its ids, in order: Σ exp(ℓ − max ℓ) (the log-softmax's
+//     normaliser), and, unless the row is greedy, its chunk's probability mass Σ p and
+//     its last id with p > 0. The normaliser: warp butterfly then warps in order; the
+//     last positive: the max; the chunk masses: an exclusive scan (Hillis–Steele
+//     __shfl_up 1, 2, 4, 8, 16 in the warp, then the warps' totals summed in warp order)
+//     that gives each thread the mass before its chunk and every thread the row's mass.
+//  3. (not greedy) Each thread walks its ids again from its offset, summing p in order,
+//     and stops at the first id with p > 0 whose running sum exceeds u · mass; the
+//     block's lowest such id by a butterfly min then warps in order.
+// Then thread 0 writes (token, log-probability). Every float64 sum is a sequential sum
+// inside a thread, a fixed butterfly or scan inside a warp and a sequential sum over the
+// warps: sample_host.h repeats exactly these operations, so the mirror's results are
+// the kernel's up to expf/exp/log (CUDA's against glibc's). Against a sequential sum over
+// the whole row (SampleToken) only the rounding of the running sums differs: the token is
+// the same unless u · mass falls within a few ulps of a boundary between two tokens.
+//
+// Global memory is read only, except out, which only thread 0 of each row writes. No
+// allocation, no synchronisation with the host.
+#include <cuda_runtime.h>
+
+#include <climits>
+#include <cstdint>
+
+#include "models/gpu/sample.h"
+#include "models/gpu/sample_rule.h"
+
+namespace fwmodel::kernels {
+namespace {
+
+constexpr int kWarps = kSampleThreads / 32;
+constexpr unsigned kFullMask = 0xffffffffu;
+static_assert(kSampleThreads % 32 == 0 && kWarps >= 1 && kWarps <= 32,
+              "kSampleThreads: whole warps, at most 32 of them");
+static_assert(kSampleMaxAdjustments < (int64_t{1} << 31), "entries fit a key's low 32 bits");
+
+constexpr int64_t kEntryMask = 0xffffffff;
+
+// Id i's logit after the penalty and bias (the sorted pairs from `*next` on; *next moves
+// past i's pairs when it has some), −inf where not finite.
+__device__ __forceinline__ float AdjustedLogit(float raw, int64_t i, const int32_t* s_id,
+                                               const float* s_value, int64_t n, int64_t* next) {
+  float x = raw;
+  int64_t j = *next;
+  if (j < n && s_id[j] == i) {
+    x = s_value[j];
+    do {
+      ++j;
+    } while (j < n && s_id[j] == i);
+    *next = j;
+  }
+  return SampleFiniteOrMinusInf(x);
+}
+
+// Calls body(i, logits[i]) for i = begin, ..., end − 1 in order until it returns true,
+// reading four floats at a time when `aligned` (logits + begin 16-byte aligned: begin is
+// a multiple of 4, SampleChunk).
+template <class Body>
+__device__ __forceinline__ void ForEachLogit(const float* __restrict__ logits, int64_t begin,
+                                             int64_t end, bool aligned, Body body) {
+  int64_t i = begin;
+  if (aligned) {
+    for (; i + 4 <= end; i += 4) {
+      const float4 four = *reinterpret_cast<const float4*>(logits + i);
+      if (body(i, four.x) || body(i + 1, four.y) || body(i + 2, four.z) || body(i + 3, four.w)) {
+        return;
+      }
+    }
+  }
+  for (; i < end; ++i) {
+    if (body(i, logits[i])) return;
+  }
+}
+
+__global__ void __launch_bounds__(kSampleThreads) SampleKernel(const SampleArgs args) {
+  // 2n int64: the keys, then the sorted keys; after the sort the keys' bytes hold the n
+  // sorted ids (int32) and then their n adjusted logits (float).
+  extern __shared__ int64_t s_entries[];
+  __shared__ float s_best_value[kWarps], s_raw_top[kWarps];
+  __shared__ int64_t s_best_index[kWarps], s_last[kWarps], s_found[kWarps];
+  __shared__ double s_total[kWarps], s_mass[kWarps];
+  const int t = static_cast<int>(threadIdx.x), lane = t & 31, warp = t >> 5;
+  const int64_t row = blockIdx.x, vocab = args.vocab;
+  const float* __restrict__ logits = args.logits + row * vocab;
+  const int64_t W = args.penalty_width, n = W + args.bias_width;
+  int64_t* s_key = s_entries;
+  int64_t* s_sorted = s_entries + n;
+  int32_t* s_id = reinterpret_cast<int32_t*>(s_entries);
+  float* s_value = reinterpret_cast<float*>(s_entries) + n;
+
+  // ---- 0. The penalty and bias entries, sorted by id, resolved.
+  if (n > 0) {
+    for (int64_t e = t; e < n; e += kSampleThreads) {
+      int64_t id = e < W ? args.penalty_index[row * W + e]
+                         : args.bias_index[row * args.bias_width + (e - W)];
+      if (id < 0 || id >= vocab) id = vocab;  // skipped: no id of the row is vocab
+      s_key[e] = (id << 32) | e;
+    }
+    __syncthreads();
+    for (int64_t e = t; e < n; e += kSampleThreads) {
+      const int64_t key = s_key[e];
+      int64_t rank = 0;
+      for (int64_t f = 0; f < n; ++f) rank += s_key[f] < key ? 1 : 0;
+      s_sorted[rank] = key;
+    }
+    __syncthreads();
+    const float factor = W > 0 ? static_cast<float>(args.penalty_factor[row]) : 1.0f;
+    for (int64_t e = t; e < n; e += kSampleThreads) {
+      const int64_t id = s_sorted[e] >> 32;
+      if (e > 0 && (s_sorted[e - 1] >> 32) == id) continue;  // not the first of its id
+      int64_t stop = e;
+      bool penalised = false;
+      while (stop < n && (s_sorted[stop] >> 32) == id) {
+        penalised = penalised || (s_sorted[stop] & kEntryMask) < W;
+        ++stop;
+      }
+      float value = 0.0f;
+      if (id < vocab) {
+        value = logits[id];
+        if (penalised) value = SamplePenalized(value, factor);
+        for (int64_t k = e; k < stop; ++k) {
+          const int64_t entry = s_sorted[k] & kEntryMask;
+          if (entry >= W) value += args.bias_value[row * args.bias_width + (entry - W)];
+        }
+      }
+      for (int64_t k = e; k < stop; ++k) {
+        s_id[k] = static_cast<int32_t>(id);
+        s_value[k] = value;
+      }
+    }
+    __syncthreads();
+  }
+  const int64_t chunk = SampleChunk(vocab, kSampleThreads);
+  const int64_t begin = t * chunk < vocab ? t * chunk : vocab;
+  const int64_t end = begin + chunk < vocab ? begin + chunk : vocab;
+  int64_t first = 0;  // the first sorted pair at or after begin
+  {
+    int64_t hi = n;
+    while (first < hi) {
+      const int64_t mid = (first + hi) / 2;
+      if (s_id[mid] < begin) {
+        first = mid + 1;
+      } else {
+        hi = mid;
+      }
+    }
+  }
+
+  // ---- 1. The argmax of the adjusted logits and the max of the finite raw ones.
+  float best_value = -INFINITY, raw_top = -INFINITY;
+  int64_t best_index = INT64_MAX;
+  const bool aligned = (reinterpret_cast<uintptr_t>(logits) & 15) == 0;
+  {
+    int64_t next = first;
+    ForEachLogit(logits, begin, end, aligned, [&](int64_t i, float raw) {
+      const float x = AdjustedLogit(raw, i, s_id, s_value, n, &next);
+      if (SampleArgmaxBeats(x, i, best_value, best_index)) {
+        best_value = x;
+        best_index = i;
+      }
+      if (SampleIsFinite(raw) && raw > raw_top) raw_top = raw;
+      return false;
+    });
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o /= 2) {
+    const float value = __shfl_xor_sync(kFullMask, best_value, o);
+    const int64_t index = __shfl_xor_sync(kFullMask, best_index, o);
+    const float top = __shfl_xor_sync(kFullMask, raw_top, o);
+    if (SampleArgmaxBeats(value, index, best_value, best_index)) {
+      best_value = value;
+      best_index = index;
+    }
+    if (top > raw_top) raw_top = top;
+  }
+  if (lane == 0) {
+    s_best_value[warp] = best_value;
+    s_best_index[warp] = best_index;
+    s_raw_top[warp] = raw_top;
+  }
+  __syncthreads();
+  best_value = s_best_value[0];
+  best_index = s_best_index[0];
+  raw_top = s_raw_top[0];
+  for (int w = 1; w < kWarps; ++w) {
+    if (SampleArgmaxBeats(s_best_value[w], s_best_index[w], best_value, best_index)) {
+      best_value = s_best_value[w];
+      best_index = s_best_index[w];
+    }
+    if (s_raw_top[w] > raw_top) raw_top = s_raw_top[w];
+  }
+  const float top = best_value;
+  const float temperature = static_cast<float>(args.temperature[row]);
+  const bool greedy = SampleIsGreedy(temperature, top);
+
+  // ---- 2. The normaliser, the chunks' masses (scanned) and the last positive id.
+  double total = 0.0, mass = 0.0;
+  int64_t last_positive = -1;
+  {
+    int64_t next = first;
+    ForEachLogit(logits, begin, end, aligned, [&](int64_t i, float raw) {
+      total += SampleSoftmaxTerm(raw, raw_top);
+      if (greedy) return false;
+      const double p =
+          SampleProbability(AdjustedLogit(raw, i, s_id, s_value, n, &next), top, temperature);
+      mass += p;
+      if (p > 0.0) last_positive = i;
+      return false;
+    });
+  }
+  double inclusive = mass;
+#pragma unroll
+  for (int o = 16; o > 0; o /= 2) {
+    total += __shfl_xor_sync(kFullMask, total, o);
+    const int64_t last = __shfl_xor_sync(kFullMask, last_positive, o);
+    if (last > last_positive) last_positive = last;
+  }
+#pragma unroll
+  for (int d = 1; d < 32; d *= 2) {
+    const double below = __shfl_up_sync(kFullMask, inclusive, d);
+    if (lane >= d) inclusive += below;
+  }
+  double offset = __shfl_up_sync(kFullMask, inclusive, 1);
+  if (lane == 0) offset = 0.0;
+  if (lane == 0) {
+    s_total[warp] = total;
+    s_last[warp] = last_positive;
+  }
+  if (lane == 31) s_mass[warp] = inclusive;
+  __syncthreads();
+  total = 0.0;
+  last_positive = -1;
+  double row_mass = 0.0, base = 0.0;
+  for (int w = 0; w < kWarps; ++w) {
+    if (w == warp) base = row_mass;
+    total += s_total[w];
+    row_mass += s_mass[w];
+    if (s_last[w] > last_positive) last_positive = s_last[w];
+  }
+  offset = base + offset;
+
+  // ---- 3. The first id whose running sum exceeds u · mass.
+  int64_t found = INT64_MAX;
+  if (!greedy) {
+    const double target = args.uniform[row] * row_mass;
+    double running = offset;
+    int64_t next = first;
+    ForEachLogit(logits, begin, end, aligned, [&](int64_t i, float raw) {
+      const double p =
+          SampleProbability(AdjustedLogit(raw, i, s_id, s_value, n, &next), top, temperature);
+      running += p;
+      if (p > 0.0 && running > target) {
+        found = i;
+        return true;
+      }
+      return false;
+    });
+#pragma unroll
+    for (int o = 16; o > 0; o /= 2) {
+      const int64_t other = __shfl_xor_sync(kFullMask, found, o);
+      if (other < found) found = other;
+    }
+    if (lane == 0) s_found[warp] = found;
+    __syncthreads();
+    for (int w = 0; w < kWarps; ++w) {
+      if (s_found[w] < found) found = s_found[w];
+    }
+  }
+  if (t == 0) {
+    const int64_t token =
+        SampleChooseToken(greedy, best_index, found == INT64_MAX ? -1 : found, last_positive);
+    args.out[2 * row] = static_cast<double>(token);
+    args.out[2 * row + 1] = SampleLogProb(logits[token], raw_top, total);
+  }
+}
+
+}  // namespace
+
+int LaunchSample(const SampleArgs& args, void* cuda_stream) {
+  if (args.rows < 0 || args.rows > INT_MAX || args.vocab < 1 || args.vocab > INT_MAX ||
+      args.penalty_width < 0 || args.bias_width < 0 ||
+      args.penalty_width + args.bias_width > kSampleMaxAdjustments) {
+    return cudaErrorInvalidValue;
+  }
+  if (args.rows == 0) return cudaSuccess;
+  if (args.logits == nullptr || args.temperature == nullptr || args.uniform == nullptr ||
+      args.out == nullptr ||
+      (args.penalty_width > 0 &&
+       (args.penalty_index == nullptr || args.penalty_factor == nullptr)) ||
+      (args.bias_width > 0 && (args.bias_index == nullptr || args.bias_value == nullptr))) {
+    return cudaErrorInvalidValue;
+  }
+  SampleKernel<<<static_cast<unsigned>(args.rows), kSampleThreads,
+                 static_cast<size_t>(SampleSharedBytes(args)),
+                 static_cast<cudaStream_t>(cuda_stream)>>>(args);
+  return cudaGetLastError();
+}
+
+const char* SampleErrorString(int error) {
+  return cudaGetErrorString(static_cast<cudaError_t>(error));
+}
+
+}  // namespace fwmodel::kernels

@@ -1,0 +1,59 @@
+// The plain sampling kernel (sample.cu): fwserve::SampleOnDevice with `filters` false
+// (models/sampling/batch_sampler.h; no top_k, top_p or min_p, no constraint mask) as one
+// launch, one block per row of logits: the repetition penalty and logit bias, the argmax,
+// the temperature, the inverse CDF in id order and the raw logits' log-probability of the
+// drawn token, written as SampleOnDevice's [rows, 2] float64 (token, logprob). The bodies
+// are sample_rule.h's; sample_host.h runs the same grid on the CPU. Torch-free and
+// CUDA-free: the launcher takes the stream as a `cudaStream_t` in a void*.
+#pragma once
+
+#include <cstdint>
+
+namespace fwmodel::kernels {
+
+// The block's threads (a multiple of 32, at most 32 warps: the reductions' layout).
+constexpr int kSampleThreads = 512;
+// The most penalty and bias entries a row may have together (penalty_width + bias_width):
+// they are sorted in shared memory, 16 bytes each.
+constexpr int64_t kSampleMaxAdjustments = 2048;
+
+// One launch. Device pointers; every array contiguous, row-major.
+struct SampleArgs {
+  int64_t rows = 0;                     // rows to sample (the grid)
+  int64_t vocab = 0;                    // ≥ 1, at most INT32_MAX
+  const float* logits = nullptr;        // [rows, vocab], raw (the log-probability's input)
+  const double* temperature = nullptr;  // [rows]: SampleOnDevice's kSampleTemperature column
+  const double* uniform = nullptr;      // [rows]: its kSampleUniform column, in [0, 1)
+  // The repetition penalty: penalty_width ids per row (repeats allowed: each id is
+  // penalised once; ids outside [0, vocab) are skipped) and the row's factor (1: none).
+  // Both unread when penalty_width is 0.
+  int64_t penalty_width = 0;
+  const int64_t* penalty_index = nullptr;  // [rows, penalty_width]
+  const double* penalty_factor = nullptr;  // [rows], applied in float32
+  // The logit bias, added after the penalty in entry order: bias_width (id, value) pairs
+  // per row (pads (0, 0) add nothing; ids outside [0, vocab) skipped). Unread when
+  // bias_width is 0.
+  int64_t bias_width = 0;
+  const int64_t* bias_index = nullptr;  // [rows, bias_width]
+  const float* bias_value = nullptr;    // [rows, bias_width]
+  double* out = nullptr;                // [rows, 2]: (token, log-probability); written only
+};
+
+// The dynamic shared memory of a launch with these widths, in bytes.
+inline int64_t SampleSharedBytes(const SampleArgs& args) {
+  return 16 * (args.penalty_width + args.bias_width);
+}
+
+// Launches the kernel on `cuda_stream` (a cudaStream_t; null: the legacy default stream):
+// one block per row, kSampleThreads threads. Nothing to do when rows is 0. Returns 0
+// (cudaSuccess) or the cudaError_t of a bad argument (cudaErrorInvalidValue: vocab < 1
+// or > INT32_MAX, rows < 0 or > INT32_MAX, a negative width or more than
+// kSampleMaxAdjustments entries, a null pointer the launch needs) or of the launch
+// (cudaGetLastError). Asynchronous; no allocation, no synchronisation: safe during CUDA
+// Graph capture.
+int LaunchSample(const SampleArgs& args, void* cuda_stream);
+
+// cudaGetErrorString of a LaunchSample result.
+const char* SampleErrorString(int error);
+
+}  // namespace fwmodel::kernels

@@ -1,0 +1,220 @@
+// LaunchSample's grid (sample.cu) run on the CPU with host pointers: the CPU test of the
+// kernel's phases, reductions and scan (tests/unit/gpu_sample_test.cc), since the kernel
+// itself only runs on a GPU machine. Rows one after another; in each, the kernel's phases
+// between two barriers in order, every thread's work of a phase in turn (thread t: ids
+// [t · chunk, (t + 1) · chunk)), then each warp's butterfly (lane l combines with lane
+// l ^ o, o = 16, ..., 1) or Hillis–Steele scan (lane l adds lane l − d, d = 1, ..., 16) on
+// arrays of 32 lanes, then the warps' results in warp order: the same float64 additions
+// in the same order as the kernel, with sample_rule.h's bodies. The sort of the penalty
+// and bias entries is std::sort of the same unique keys (the kernel ranks them: the
+// same order). Not a fast path. Torch-free, header-only.
+#pragma once
+
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+#include <vector>
+
+#include "models/gpu/sample.h"
+#include "models/gpu/sample_rule.h"
+
+namespace fwmodel::kernels {
+
+// LaunchSample's computation on host pointers (the same SampleArgs contract). Returns
+// false, doing nothing, where the launcher would refuse the arguments
+// (cudaErrorInvalidValue).
+inline bool RunSampleOnHost(const SampleArgs& args) {
+  if (args.rows < 0 || args.rows > INT_MAX || args.vocab < 1 || args.vocab > INT_MAX ||
+      args.penalty_width < 0 || args.bias_width < 0 ||
+      args.penalty_width + args.bias_width > kSampleMaxAdjustments) {
+    return false;
+  }
+  if (args.rows == 0) return true;
+  if (args.logits == nullptr || args.temperature == nullptr || args.uniform == nullptr ||
+      args.out == nullptr ||
+      (args.penalty_width > 0 &&
+       (args.penalty_index == nullptr || args.penalty_factor == nullptr)) ||
+      (args.bias_width > 0 && (args.bias_index == nullptr || args.bias_value == nullptr))) {
+    return false;
+  }
+  constexpr int kThreads = kSampleThreads, kWarps = kSampleThreads / 32;
+  constexpr int64_t kEntryMask = 0xffffffff;
+  const int64_t vocab = args.vocab, W = args.penalty_width, n = W + args.bias_width;
+  const int64_t chunk = SampleChunk(vocab, kThreads);
+  // Per thread (index t = 32 · warp + lane).
+  std::vector<float> best_value(kThreads), raw_top(kThreads);
+  std::vector<int64_t> best_index(kThreads), last_positive(kThreads), found(kThreads),
+      first(kThreads);
+  std::vector<double> total(kThreads), inclusive(kThreads), offset(kThreads);
+  std::vector<int64_t> keys(static_cast<size_t>(n));
+  std::vector<int32_t> s_id(static_cast<size_t>(n));
+  std::vector<float> s_value(static_cast<size_t>(n));
+  auto begin_of = [&](int t) { return std::min<int64_t>(t * chunk, vocab); };
+  auto end_of = [&](int t) { return std::min<int64_t>(begin_of(t) + chunk, vocab); };
+  for (int64_t row = 0; row < args.rows; ++row) {
+    const float* logits = args.logits + row * vocab;
+    // ---- 0. The entries, sorted by (id, entry), resolved per id.
+    for (int64_t e = 0; e < n; ++e) {
+      int64_t id = e < W ? args.penalty_index[row * W + e]
+                         : args.bias_index[row * args.bias_width + (e - W)];
+      if (id < 0 || id >= vocab) id = vocab;
+      keys[static_cast<size_t>(e)] = (id << 32) | e;
+    }
+    std::sort(keys.begin(), keys.end());
+    const float factor = W > 0 ? static_cast<float>(args.penalty_factor[row]) : 1.0f;
+    for (int64_t e = 0; e < n;) {
+      const int64_t id = keys[static_cast<size_t>(e)] >> 32;
+      int64_t stop = e;
+      bool penalised = false;
+      while (stop < n && (keys[static_cast<size_t>(stop)] >> 32) == id) {
+        penalised = penalised || (keys[static_cast<size_t>(stop)] & kEntryMask) < W;
+        ++stop;
+      }
+      float value = 0.0f;
+      if (id < vocab) {
+        value = logits[id];
+        if (penalised) value = SamplePenalized(value, factor);
+        for (int64_t k = e; k < stop; ++k) {
+          const int64_t entry = keys[static_cast<size_t>(k)] & kEntryMask;
+          if (entry >= W) value += args.bias_value[row * args.bias_width + (entry - W)];
+        }
+      }
+      for (int64_t k = e; k < stop; ++k) {
+        s_id[static_cast<size_t>(k)] = static_cast<int32_t>(id);
+        s_value[static_cast<size_t>(k)] = value;
+      }
+      e = stop;
+    }
+    auto adjusted = [&](float raw, int64_t i, int64_t* next) {
+      float x = raw;
+      int64_t j = *next;
+      if (j < n && s_id[static_cast<size_t>(j)] == i) {
+        x = s_value[static_cast<size_t>(j)];
+        do {
+          ++j;
+        } while (j < n && s_id[static_cast<size_t>(j)] == i);
+        *next = j;
+      }
+      return SampleFiniteOrMinusInf(x);
+    };
+    for (int t = 0; t < kThreads; ++t) {
+      first[t] = std::lower_bound(s_id.begin(), s_id.end(), begin_of(t),
+                                  [](int32_t id, int64_t value) { return id < value; }) -
+                 s_id.begin();
+    }
+
+    // ---- 1. Argmax and raw max: per thread, butterfly per warp, warps in order.
+    for (int t = 0; t < kThreads; ++t) {
+      float bv = -INFINITY, rt = -INFINITY;
+      int64_t bi = INT64_MAX, next = first[t];
+      for (int64_t i = begin_of(t); i < end_of(t); ++i) {
+        const float raw = logits[i];
+        const float x = adjusted(raw, i, &next);
+        if (SampleArgmaxBeats(x, i, bv, bi)) {
+          bv = x;
+          bi = i;
+        }
+        if (SampleIsFinite(raw) && raw > rt) rt = raw;
+      }
+      best_value[t] = bv;
+      best_index[t] = bi;
+      raw_top[t] = rt;
+    }
+    for (int w = 0; w < kWarps; ++w) {
+      for (int o = 16; o > 0; o /= 2) {
+        const std::vector<float> bv(best_value.begin() + 32 * w, best_value.begin() + 32 * w + 32);
+        const std::vector<int64_t> bi(best_index.begin() + 32 * w,
+                                      best_index.begin() + 32 * w + 32);
+        const std::vector<float> rt(raw_top.begin() + 32 * w, raw_top.begin() + 32 * w + 32);
+        for (int l = 0; l < 32; ++l) {
+          const int t = 32 * w + l, other = l ^ o;
+          if (SampleArgmaxBeats(bv[other], bi[other], bv[l], bi[l])) {
+            best_value[t] = bv[other];
+            best_index[t] = bi[other];
+          }
+          if (rt[other] > rt[l]) raw_top[t] = rt[other];
+        }
+      }
+    }
+    float top = best_value[0], row_raw_top = raw_top[0];
+    int64_t best = best_index[0];
+    for (int w = 1; w < kWarps; ++w) {
+      if (SampleArgmaxBeats(best_value[32 * w], best_index[32 * w], top, best)) {
+        top = best_value[32 * w];
+        best = best_index[32 * w];
+      }
+      if (raw_top[32 * w] > row_raw_top) row_raw_top = raw_top[32 * w];
+    }
+    const float temperature = static_cast<float>(args.temperature[row]);
+    const bool greedy = SampleIsGreedy(temperature, top);
+
+    // ---- 2. Normaliser, chunk masses, last positive.
+    for (int t = 0; t < kThreads; ++t) {
+      double sum = 0.0, mass = 0.0;
+      int64_t last = -1, next = first[t];
+      for (int64_t i = begin_of(t); i < end_of(t); ++i) {
+        const float raw = logits[i];
+        sum += SampleSoftmaxTerm(raw, row_raw_top);
+        if (greedy) continue;
+        const double p = SampleProbability(adjusted(raw, i, &next), top, temperature);
+        mass += p;
+        if (p > 0.0) last = i;
+      }
+      total[t] = sum;
+      inclusive[t] = mass;
+      last_positive[t] = last;
+    }
+    for (int w = 0; w < kWarps; ++w) {
+      for (int o = 16; o > 0; o /= 2) {
+        const std::vector<double> sum(total.begin() + 32 * w, total.begin() + 32 * w + 32);
+        const std::vector<int64_t> last(last_positive.begin() + 32 * w,
+                                        last_positive.begin() + 32 * w + 32);
+        for (int l = 0; l < 32; ++l) {
+          total[32 * w + l] = sum[l] + sum[l ^ o];
+          if (last[l ^ o] > last[l]) last_positive[32 * w + l] = last[l ^ o];
+        }
+      }
+      for (int d = 1; d < 32; d *= 2) {
+        const std::vector<double> in(inclusive.begin() + 32 * w, inclusive.begin() + 32 * w + 32);
+        for (int l = d; l < 32; ++l) inclusive[32 * w + l] = in[l] + in[l - d];
+      }
+      for (int l = 0; l < 32; ++l) offset[32 * w + l] = l == 0 ? 0.0 : inclusive[32 * w + l - 1];
+    }
+    double row_total = 0.0, row_mass = 0.0;
+    int64_t row_last = -1;
+    for (int w = 0; w < kWarps; ++w) {
+      for (int l = 0; l < 32; ++l) offset[32 * w + l] = row_mass + offset[32 * w + l];
+      row_total += total[32 * w];
+      row_mass += inclusive[32 * w + 31];
+      if (last_positive[32 * w] > row_last) row_last = last_positive[32 * w];
+    }
+
+    // ---- 3. The first crossing of u · mass.
+    int64_t row_found = INT64_MAX;
+    if (!greedy) {
+      const double target = args.uniform[row] * row_mass;
+      for (int t = 0; t < kThreads; ++t) {
+        double running = offset[t];
+        int64_t next = first[t];
+        found[t] = INT64_MAX;
+        for (int64_t i = begin_of(t); i < end_of(t); ++i) {
+          const double p = SampleProbability(adjusted(logits[i], i, &next), top, temperature);
+          running += p;
+          if (p > 0.0 && running > target) {
+            found[t] = i;
+            break;
+          }
+        }
+      }
+      // A min is exact in any order: the butterfly and the warps give the block's min.
+      row_found = *std::min_element(found.begin(), found.end());
+    }
+    const int64_t token =
+        SampleChooseToken(greedy, best, row_found == INT64_MAX ? -1 : row_found, row_last);
+    args.out[2 * row] = static_cast<double>(token);
+    args.out[2 * row + 1] = SampleLogProb(logits[token], row_raw_top, row_total);
+  }
+  return true;
+}
+
+}  // namespace fwmodel::kernels

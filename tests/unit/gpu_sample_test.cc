@@ -1,0 +1,473 @@
+// The plain sampling kernel's grid (models/gpu/sample.cu), run on the CPU by its mirror
+// (models/gpu/sample_host.h: the same blocks, threads, phases, butterflies and scan over
+// sample_rule.h's bodies), draws what SampleOnDevice with filters = false draws (the
+// LibTorch ops the kernel replaces on CUDA, here on CPU tensors) and what the host
+// sampler SampleToken draws: 40 rounds of mixed rows (greedy, temperatures 0.5, 1 and 2,
+// repetition penalties, NaN and ±inf logits, rows with no finite logit), at the RWKV
+// world vocabulary (65,536: 128 ids a thread) and at small ones (fewer ids than threads,
+// and a vocabulary that does not divide into the threads); then with logit biases. Tokens
+// equal, log-probabilities within 1e-5. The CUDA kernel itself runs on a GPU machine.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "models/gpu/sample_host.h"
+#if defined(FWSERVE_CUDA_TESTS)
+#include <torch/cuda.h>
+#endif
+#include "models/sampling/batch_sampler.h"
+
+namespace {
+
+using fwserve::RowDraw;
+using fwserve::SamplingParams;
+
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+// How a stream's logits look each round.
+enum class RowKind { kNormal, kSomeNonFinite, kNoneFinite, kTopIsPlusInf };
+
+struct Stream {
+  SamplingParams params;
+  RowKind kind = RowKind::kNormal;
+  std::vector<int64_t> recent;
+  std::mt19937_64 host_rng, batch_rng;
+};
+
+// 16 streams: each temperature (0, 0.5, 1, 2) with and without a repetition penalty
+// (1.3 or 0.8), over every kind of row.
+std::vector<Stream> MakeStreams(int64_t vocab) {
+  const float temperatures[] = {0.0f, 0.5f, 1.0f, 2.0f};
+  std::mt19937_64 pick(11);
+  std::vector<Stream> streams(16);
+  for (size_t i = 0; i < streams.size(); ++i) {
+    Stream& s = streams[i];
+    s.params.temperature = temperatures[i % 4];
+    s.params.repetition_penalty = (i / 4) % 2 == 0 ? 1.0f : (i % 3 == 0 ? 0.8f : 1.3f);
+    s.kind = i == 5 || i == 10 ? RowKind::kSomeNonFinite
+             : i == 7          ? RowKind::kNoneFinite
+             : i == 13         ? RowKind::kTopIsPlusInf
+                               : RowKind::kNormal;
+    s.params.seed = 500 + i;
+    s.host_rng.seed(s.params.seed);
+    s.batch_rng.seed(s.params.seed);
+    // Repeats and ids outside the vocabulary, which the penalty skips.
+    for (int j = 0; j < static_cast<int>(pick() % 10); ++j) {
+      s.recent.push_back(j % 4 == 3 ? (j % 2 ? -1 : vocab + 3)
+                                    : static_cast<int64_t>(pick() % std::min<int64_t>(vocab, 40)));
+    }
+  }
+  return streams;
+}
+
+// One row of logits of `kind` from `normal`.
+void FillRow(RowKind kind, int64_t vocab, std::normal_distribution<float>& normal,
+             std::mt19937& rng, float* row) {
+  for (int64_t i = 0; i < vocab; ++i) row[i] = normal(rng);
+  switch (kind) {
+    case RowKind::kNormal:
+      break;
+    case RowKind::kSomeNonFinite:
+      for (int64_t i = 0; i < vocab; i += 5) row[i] = i % 3 == 0 ? kNaN : -kInf;
+      row[vocab - 1] = kInf;
+      break;
+    case RowKind::kNoneFinite:
+      for (int64_t i = 0; i < vocab; ++i) row[i] = i % 2 == 0 ? -kInf : kNaN;
+      break;
+    case RowKind::kTopIsPlusInf:
+      row[vocab / 2] = kInf;  // counted as −inf: not the argmax
+      break;
+  }
+}
+
+// The draws' parameters as SampleOnDevice's tensors and the kernel's arguments.
+struct Packed {
+  std::vector<double> columns;
+  std::vector<int64_t> index;
+  std::vector<double> factor;
+  int64_t width = 0;
+  torch::Tensor column_tensor, penalty_index, penalty_factor;
+};
+
+Packed Pack(const std::vector<RowDraw>& batch, int64_t vocab) {
+  Packed p;
+  const int64_t rows = static_cast<int64_t>(batch.size());
+  p.width = fwserve::PenaltyWidth(batch);
+  p.columns.resize(static_cast<size_t>(fwserve::kSampleColumns * rows));
+  p.index.resize(static_cast<size_t>(rows * p.width));
+  p.factor.resize(static_cast<size_t>(rows));
+  EXPECT_TRUE(
+      fwserve::PackDraws(batch, vocab, p.width, p.columns.data(), p.index.data(), p.factor.data()));
+  p.column_tensor = torch::tensor(p.columns, torch::kFloat64).view({fwserve::kSampleColumns, rows});
+  if (p.width > 0) {
+    p.penalty_index = torch::tensor(p.index, torch::kInt64).view({rows, p.width});
+    p.penalty_factor = torch::tensor(p.factor, torch::kFloat64).view({rows, 1});
+  }
+  return p;
+}
+
+fwmodel::kernels::SampleArgs KernelArgs(const torch::Tensor& logits, const Packed& p,
+                                        std::vector<double>* out) {
+  const int64_t rows = logits.size(0);
+  out->assign(static_cast<size_t>(2 * rows), -7.0);
+  fwmodel::kernels::SampleArgs args;
+  args.rows = rows;
+  args.vocab = logits.size(1);
+  args.logits = logits.data_ptr<float>();
+  args.temperature = p.columns.data() + fwserve::kSampleTemperature * rows;
+  args.uniform = p.columns.data() + fwserve::kSampleUniform * rows;
+  args.penalty_width = p.width;
+  args.penalty_index = p.width > 0 ? p.index.data() : nullptr;
+  args.penalty_factor = p.width > 0 ? p.factor.data() : nullptr;
+  args.out = out->data();
+  return args;
+}
+
+class GpuSampleTest : public testing::TestWithParam<int64_t> {};
+
+TEST_P(GpuSampleTest, HostGridDrawsWhatSampleOnDeviceAndSampleTokenDraw) {
+  c10::NoGradGuard no_grad;
+  const int64_t vocab = GetParam();
+  std::vector<Stream> streams = MakeStreams(vocab);
+  const int64_t rows = static_cast<int64_t>(streams.size());
+  std::mt19937 logits_rng(23);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  int64_t non_greedy = 0, distinct = 0;
+  std::vector<bool> seen(static_cast<size_t>(vocab), false);
+  for (int round = 0; round < 40; ++round) {
+    torch::Tensor logits = torch::empty({rows, vocab}, torch::kFloat32);
+    float* data = logits.data_ptr<float>();
+    for (int64_t r = 0; r < rows; ++r) {
+      FillRow(streams[static_cast<size_t>(r)].kind, vocab, normal, logits_rng, data + r * vocab);
+    }
+    std::vector<RowDraw> batch(streams.size());
+    for (size_t r = 0; r < streams.size(); ++r) {
+      batch[r].row = static_cast<int64_t>(r);
+      batch[r].params = &streams[r].params;
+      batch[r].recent = &streams[r].recent;
+      if (streams[r].params.temperature != 0) {
+        batch[r].uniform = fwserve::CanonicalDraw(streams[r].batch_rng);
+      }
+    }
+    const Packed packed = Pack(batch, vocab);
+    std::vector<double> out;
+    ASSERT_TRUE(fwmodel::kernels::RunSampleOnHost(KernelArgs(logits, packed, &out)));
+    const torch::Tensor reference =
+        fwserve::SampleOnDevice(logits, packed.column_tensor, packed.penalty_index,
+                                packed.penalty_factor, /*filters=*/false);
+    const double* expected = reference.data_ptr<double>();
+    for (size_t r = 0; r < streams.size(); ++r) {
+      Stream& s = streams[r];
+      const std::string where = absl::StrCat("vocab ", vocab, ", round ", round, ", row ", r);
+      const float* row = data + static_cast<int64_t>(r) * vocab;
+      const int64_t token = static_cast<int64_t>(out[2 * r]);
+      const double logprob = out[2 * r + 1];
+      ASSERT_EQ(token, static_cast<int64_t>(expected[2 * r])) << where;
+      if (std::isinf(expected[2 * r + 1])) {
+        EXPECT_EQ(logprob, expected[2 * r + 1]) << where;
+      } else {
+        EXPECT_NEAR(logprob, expected[2 * r + 1], 1e-5) << where;
+      }
+      if (s.kind != RowKind::kNoneFinite) {  // SampleToken draws nothing for such a row
+        ASSERT_EQ(token, fwserve::SampleToken(row, vocab, s.params, s.host_rng, s.recent)) << where;
+        EXPECT_NEAR(logprob, fwserve::TokenLogProb(row, vocab, token), 1e-5) << where;
+      } else {
+        EXPECT_EQ(token, 0) << where;
+        EXPECT_EQ(logprob, -std::numeric_limits<double>::infinity()) << where;
+      }
+      non_greedy += s.params.temperature != 0 && s.kind != RowKind::kNoneFinite;
+      if (!seen[static_cast<size_t>(token)]) ++distinct;
+      seen[static_cast<size_t>(token)] = true;
+      s.recent.push_back(token);
+    }
+  }
+  EXPECT_EQ(non_greedy, 40 * 11);
+  EXPECT_GT(distinct, std::min<int64_t>(vocab / 2, 100));  // it samples, not only argmaxes
+}
+
+// 65,536: the RWKV world vocabulary (128 ids a thread); 7: fewer ids than threads; 1,000:
+// chunks of 2 ids, the last thread's part-empty; 256: the batch sampler test's.
+INSTANTIATE_TEST_SUITE_P(Vocab, GpuSampleTest, testing::Values(65536, 7, 1000, 256),
+                         [](const testing::TestParamInfo<int64_t>& info) {
+                           return absl::StrCat("V", info.param);
+                         });
+
+// logit_bias (SampleRows passes it to SampleOnDevice; the graphed step does not): ±100
+// and small biases, padded (0, 0) entries, rows with and without a penalty, as
+// SampleOnDevice's scatter_add and SampleToken add them.
+TEST(GpuSampleBiasTest, HostGridAddsTheBiasAsSampleOnDeviceAndSampleToken) {
+  c10::NoGradGuard no_grad;
+  constexpr int64_t kVocab = 3000;
+  std::vector<Stream> streams = MakeStreams(kVocab);
+  const int64_t rows = static_cast<int64_t>(streams.size());
+  std::mt19937_64 pick(29);
+  for (size_t r = 0; r < streams.size(); ++r) {
+    if (r % 3 == 0) continue;  // no bias
+    std::vector<int64_t> ids;
+    for (int j = 0; j < 1 + static_cast<int>(pick() % 6); ++j) {
+      const int64_t id = static_cast<int64_t>(pick() % 40) + 40 * j;  // ascending, distinct
+      const float value = j == 0 ? 100.0f : (j == 1 ? -100.0f : static_cast<float>(j) - 2.5f);
+      streams[r].params.logit_bias.emplace_back(id, value);
+    }
+  }
+  std::mt19937 logits_rng(31);
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  for (int round = 0; round < 40; ++round) {
+    torch::Tensor logits = torch::empty({rows, kVocab}, torch::kFloat32);
+    float* data = logits.data_ptr<float>();
+    for (int64_t r = 0; r < rows; ++r) {
+      FillRow(streams[static_cast<size_t>(r)].kind, kVocab, normal, logits_rng, data + r * kVocab);
+    }
+    std::vector<RowDraw> batch(streams.size());
+    size_t bias_width = 0;
+    for (size_t r = 0; r < streams.size(); ++r) {
+      batch[r].row = static_cast<int64_t>(r);
+      batch[r].params = &streams[r].params;
+      batch[r].recent = &streams[r].recent;
+      if (streams[r].params.temperature != 0) {
+        batch[r].uniform = fwserve::CanonicalDraw(streams[r].batch_rng);
+      }
+      bias_width = std::max(bias_width, streams[r].params.logit_bias.size());
+    }
+    const Packed packed = Pack(batch, kVocab);
+    // As SampleRows packs them: (0, 0) pads.
+    std::vector<int64_t> ids(static_cast<size_t>(rows) * bias_width, 0);
+    std::vector<float> values(ids.size(), 0.0f);
+    for (size_t r = 0; r < streams.size(); ++r) {
+      const auto& bias = streams[r].params.logit_bias;
+      for (size_t j = 0; j < bias.size(); ++j) {
+        ids[r * bias_width + j] = bias[j].first;
+        values[r * bias_width + j] = bias[j].second;
+      }
+    }
+    const int64_t width = static_cast<int64_t>(bias_width);
+    const torch::Tensor bias_index = torch::tensor(ids, torch::kInt64).view({rows, width});
+    const torch::Tensor bias_value = torch::tensor(values, torch::kFloat32).view({rows, width});
+    std::vector<double> out;
+    fwmodel::kernels::SampleArgs args = KernelArgs(logits, packed, &out);
+    args.bias_width = width;
+    args.bias_index = ids.data();
+    args.bias_value = values.data();
+    ASSERT_TRUE(fwmodel::kernels::RunSampleOnHost(args));
+    const torch::Tensor reference = fwserve::SampleOnDevice(
+        logits, packed.column_tensor, packed.penalty_index, packed.penalty_factor,
+        /*filters=*/false, bias_index, bias_value);
+    const double* expected = reference.data_ptr<double>();
+    for (size_t r = 0; r < streams.size(); ++r) {
+      Stream& s = streams[r];
+      const std::string where = absl::StrCat("round ", round, ", row ", r);
+      const int64_t token = static_cast<int64_t>(out[2 * r]);
+      ASSERT_EQ(token, static_cast<int64_t>(expected[2 * r])) << where;
+      if (std::isinf(expected[2 * r + 1])) {
+        EXPECT_EQ(out[2 * r + 1], expected[2 * r + 1]) << where;
+      } else {
+        EXPECT_NEAR(out[2 * r + 1], expected[2 * r + 1], 1e-5) << where;
+      }
+      if (s.kind != RowKind::kNoneFinite) {
+        ASSERT_EQ(token, fwserve::SampleToken(data + static_cast<int64_t>(r) * kVocab, kVocab,
+                                              s.params, s.host_rng, s.recent))
+            << where;
+      }
+      s.recent.push_back(token);
+    }
+  }
+}
+
+// The mirror refuses what LaunchSample refuses (cudaErrorInvalidValue), and does nothing
+// for no rows.
+TEST(GpuSampleArgsTest, RefusesWhatTheLauncherRefuses) {
+  const float logits[4] = {0.0f, 1.0f, 2.0f, 3.0f};
+  const double temperature = 1.0, uniform = 0.5;
+  const int64_t index[1] = {2};
+  const double factor = 1.5;
+  double out[2] = {-7.0, -7.0};
+  fwmodel::kernels::SampleArgs good;
+  good.rows = 1;
+  good.vocab = 4;
+  good.logits = logits;
+  good.temperature = &temperature;
+  good.uniform = &uniform;
+  good.out = out;
+  EXPECT_TRUE(fwmodel::kernels::RunSampleOnHost(good));
+  EXPECT_GE(out[0], 0.0);
+  auto refused = [&](auto change) {
+    fwmodel::kernels::SampleArgs args = good;
+    change(args);
+    return !fwmodel::kernels::RunSampleOnHost(args);
+  };
+  EXPECT_TRUE(refused([](auto& a) { a.vocab = 0; }));
+  EXPECT_TRUE(refused([](auto& a) { a.rows = -1; }));
+  EXPECT_TRUE(refused([](auto& a) { a.logits = nullptr; }));
+  EXPECT_TRUE(refused([](auto& a) { a.uniform = nullptr; }));
+  EXPECT_TRUE(refused([](auto& a) { a.penalty_width = 1; }));  // no ids, no factor
+  EXPECT_TRUE(refused([&](auto& a) {
+    a.penalty_width = fwmodel::kernels::kSampleMaxAdjustments + 1;
+    a.penalty_index = index;
+    a.penalty_factor = &factor;
+  }));
+  EXPECT_TRUE(refused([](auto& a) { a.bias_width = -1; }));
+  EXPECT_FALSE(refused([](auto& a) {
+    a.rows = 0;
+    a.logits = nullptr;
+  }));
+}
+
+// The crossing: u · mass just inside each token's share draws that token, at every
+// position of a chunk and across the threads' chunks (a flat row of 1,000 ids at
+// temperature 1: token i's running sum is i + 1 in units of p).
+TEST(GpuSampleArgsTest, EachShareOfTheMassDrawsItsToken) {
+  constexpr int64_t kVocab = 1000;
+  std::vector<float> logits(kVocab, 0.5f);
+  const double temperature = 1.0;
+  for (int64_t token : {int64_t{0}, int64_t{1}, int64_t{2}, int64_t{3}, int64_t{511}, int64_t{512},
+                        int64_t{998}, int64_t{999}}) {
+    const double uniform = (static_cast<double>(token) + 0.5) / kVocab;
+    double out[2] = {-7.0, -7.0};
+    fwmodel::kernels::SampleArgs args;
+    args.rows = 1;
+    args.vocab = kVocab;
+    args.logits = logits.data();
+    args.temperature = &temperature;
+    args.uniform = &uniform;
+    args.out = out;
+    ASSERT_TRUE(fwmodel::kernels::RunSampleOnHost(args));
+    EXPECT_EQ(out[0], static_cast<double>(token));
+    EXPECT_NEAR(out[1], -std::log(static_cast<double>(kVocab)), 1e-12);
+  }
+}
+
+#if defined(FWSERVE_CUDA_TESTS)
+// On a GPU (built where LibTorch has CUDA; scripts/gpu/check.py runs *CudaEquivalence*):
+// SampleOnDevice with filters = false on CUDA float32 logits (the sampling kernel where
+// models/gpu built it) against the CPU mirror of its grid and against the LibTorch ops on
+// the same CUDA tensors (filters = true: the same draws through the sort), 16 mixed rows
+// × 10 rounds at V = 65,536 and 1,000, with a penalty and a bias, and one batch of 512
+// rows. The mirror's float64 sums are the kernel's; only expf differs (CUDA's against
+// glibc's, an ulp or two), so at most one token in all may differ (a draw within rounding
+// of a boundary) and the log-probabilities agree within 1e-5.
+TEST(GpuSampleCudaEquivalenceTest, KernelDrawsWhatItsMirrorAndTheOpsDraw) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no usable CUDA device";
+  c10::NoGradGuard no_grad;
+  const torch::Device cuda(torch::kCUDA);
+  int mismatches = 0, op_mismatches = 0, draws = 0;
+  for (int64_t vocab : {int64_t{65536}, int64_t{1000}}) {
+    std::vector<Stream> streams = MakeStreams(vocab);
+    streams[2].params.logit_bias = {{3, 100.0f}, {17, -5.0f}};
+    streams[6].params.logit_bias = {{1, 2.5f}};
+    const int64_t rows = static_cast<int64_t>(streams.size());
+    std::mt19937 logits_rng(41);
+    std::normal_distribution<float> normal(0.0f, 3.0f);
+    for (int round = 0; round < 10; ++round) {
+      torch::Tensor logits = torch::empty({rows, vocab}, torch::kFloat32);
+      float* data = logits.data_ptr<float>();
+      for (int64_t r = 0; r < rows; ++r) {
+        FillRow(streams[static_cast<size_t>(r)].kind, vocab, normal, logits_rng, data + r * vocab);
+      }
+      std::vector<RowDraw> batch(streams.size());
+      for (size_t r = 0; r < streams.size(); ++r) {
+        batch[r].row = static_cast<int64_t>(r);
+        batch[r].params = &streams[r].params;
+        batch[r].recent = &streams[r].recent;
+        batch[r].uniform = fwserve::CanonicalDraw(streams[r].batch_rng);
+      }
+      const Packed packed = Pack(batch, vocab);
+      const int64_t bias_width = 2;
+      std::vector<int64_t> ids(static_cast<size_t>(rows * bias_width), 0);
+      std::vector<float> values(ids.size(), 0.0f);
+      for (size_t r = 0; r < streams.size(); ++r) {
+        const auto& bias = streams[r].params.logit_bias;
+        for (size_t j = 0; j < bias.size(); ++j) {
+          ids[r * bias_width + j] = bias[j].first;
+          values[r * bias_width + j] = bias[j].second;
+        }
+      }
+      std::vector<double> out;
+      fwmodel::kernels::SampleArgs args = KernelArgs(logits, packed, &out);
+      args.bias_width = bias_width;
+      args.bias_index = ids.data();
+      args.bias_value = values.data();
+      ASSERT_TRUE(fwmodel::kernels::RunSampleOnHost(args));
+      const torch::Tensor bias_index =
+          torch::tensor(ids, torch::kInt64).view({rows, bias_width}).to(cuda);
+      const torch::Tensor bias_value =
+          torch::tensor(values, torch::kFloat32).view({rows, bias_width}).to(cuda);
+      const torch::Tensor columns = packed.column_tensor.to(cuda);
+      torch::Tensor penalty_index, penalty_factor;
+      if (packed.width > 0) {
+        penalty_index = packed.penalty_index.to(cuda);
+        penalty_factor = packed.penalty_factor.to(cuda);
+      }
+      const torch::Tensor on_cuda = logits.to(cuda);
+      const torch::Tensor kernel =
+          fwserve::SampleOnDevice(on_cuda, columns, penalty_index, penalty_factor,
+                                  /*filters=*/false, bias_index, bias_value)
+              .cpu();
+      const torch::Tensor ops =
+          fwserve::SampleOnDevice(on_cuda, columns, penalty_index, penalty_factor,
+                                  /*filters=*/true, bias_index, bias_value)
+              .cpu();
+      const double* got = kernel.data_ptr<double>();
+      const double* by_ops = ops.data_ptr<double>();
+      for (int64_t r = 0; r < rows; ++r) {
+        const std::string where = absl::StrCat("vocab ", vocab, ", round ", round, ", row ", r);
+        ++draws;
+        if (got[2 * r] != out[2 * r]) {
+          ++mismatches;
+          continue;
+        }
+        if (got[2 * r] != by_ops[2 * r]) ++op_mismatches;
+        if (std::isinf(out[2 * r + 1])) {
+          EXPECT_EQ(got[2 * r + 1], out[2 * r + 1]) << where;
+        } else {
+          EXPECT_NEAR(got[2 * r + 1], out[2 * r + 1], 1e-5) << where;
+        }
+        streams[static_cast<size_t>(r)].recent.push_back(static_cast<int64_t>(got[2 * r]));
+      }
+    }
+  }
+  EXPECT_LE(mismatches, 1) << "of " << draws << " draws against the mirror";
+  EXPECT_LE(op_mismatches, 1) << "of " << draws << " draws against the LibTorch ops";
+  // A batch of 512 rows at V = 65,536, temperature 1, no penalty: every block's row.
+  const int64_t rows = 512, vocab = 65536;
+  torch::Tensor logits = torch::randn({rows, vocab}, torch::kFloat32) * 3;
+  std::vector<double> columns(static_cast<size_t>(fwserve::kSampleColumns * rows), 0.0);
+  std::mt19937_64 rng(43);
+  for (int64_t r = 0; r < rows; ++r) {
+    columns[static_cast<size_t>(fwserve::kSampleTemperature * rows + r)] = r % 5 == 0 ? 0.0 : 1.0;
+    columns[static_cast<size_t>(fwserve::kSampleUniform * rows + r)] = fwserve::CanonicalDraw(rng);
+    columns[static_cast<size_t>(fwserve::kSampleTopK * rows + r)] = static_cast<double>(vocab);
+    columns[static_cast<size_t>(fwserve::kSampleTopP * rows + r)] = 1.0;
+    columns[static_cast<size_t>(fwserve::kSampleRow * rows + r)] = static_cast<double>(r);
+  }
+  std::vector<double> out(static_cast<size_t>(2 * rows));
+  fwmodel::kernels::SampleArgs args;
+  args.rows = rows;
+  args.vocab = vocab;
+  args.logits = logits.data_ptr<float>();
+  args.temperature = columns.data() + fwserve::kSampleTemperature * rows;
+  args.uniform = columns.data() + fwserve::kSampleUniform * rows;
+  args.out = out.data();
+  ASSERT_TRUE(fwmodel::kernels::RunSampleOnHost(args));
+  const torch::Tensor column_tensor =
+      torch::tensor(columns, torch::kFloat64).view({fwserve::kSampleColumns, rows}).to(cuda);
+  const torch::Tensor kernel =
+      fwserve::SampleOnDevice(logits.to(cuda), column_tensor, {}, {}, /*filters=*/false).cpu();
+  const double* got = kernel.data_ptr<double>();
+  int wide_mismatches = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    if (got[2 * r] != out[2 * r]) {
+      ++wide_mismatches;
+      continue;
+    }
+    EXPECT_NEAR(got[2 * r + 1], out[2 * r + 1], 1e-5) << "row " << r;
+  }
+  EXPECT_LE(wide_mismatches, 1) << "of " << rows << " rows";
+}
+#endif
+
+}  // namespace
