@@ -24,23 +24,45 @@
 // (models/gpu/rwkv7_mix.h): ln1, the token shift, the new att_shift and the six x_p into
 // one [6, B, T, d] buffer; ln2, the shift, the new ffn_shift and x_k; and relu(·)² after
 // the FFN's key. Elsewhere LibTorch ops, token by token.
+//
+// There too, with at most kGemvMaxRows tokens in the call (B·T: decode), the block's
+// products are five launches of the grouped GEMV kernel (models/gpu/gemv.h) instead of 14
+// torch::linear calls and five elementwise ops: r, k, v and the LoRAs' first products
+// (w1, a1, g1, v1); their second products (tanh before w2, sigmoid before g2; the biases
+// w0, a0, v0); h + (y ⊙ g)·Oᵀ; relu(x_k·keyᵀ)² (the separate relu² launch then is not
+// made); out + key·valueᵀ. The same path runs on CPU float32 tensors with the kernel's
+// CPU mirror (gemv_host.h) when a test asks for it (SetRwkv7HostGemvForTesting). Larger
+// calls keep torch::linear.
+#include <atomic>
 #include <cmath>
+#include <initializer_list>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "models/architectures/rwkv_block.h"
+#include "models/gpu/gemv.h"
+#include "models/gpu/gemv_host.h"
 
 #if defined(FWSERVE_CUDA_KERNELS)
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
-
-#include <initializer_list>
 
 #include "models/gpu/rwkv7_mix.h"
 #include "models/gpu/rwkv7_wkv.h"
 #endif
 
 namespace fwmodel {
+
+// Whether RWKV-7 blocks run their grouped-GEMV path (rwkv7.cc's header) on CPU float32
+// tensors too, with the kernel's CPU mirror: for tests only (slow). Thread-safe; read at
+// each Forward. Declared here (and in the tests that use it), not in a header: no
+// production caller.
+void SetRwkv7HostGemvForTesting(bool on);
+
 namespace {
+
+// SetRwkv7HostGemvForTesting's switch.
+std::atomic<bool> rwkv7_host_gemv_for_testing{false};
 
 constexpr const char* kShiftNames[6] = {"att.x_r", "att.x_w", "att.x_k",
                                         "att.x_v", "att.x_a", "att.x_g"};
@@ -175,21 +197,27 @@ class Rwkv7Block final : public RwkvBlock {
       torch::Tensor delta = TokenShift(x, &state[0]) - x;
       for (int p = 0; p < 6; ++p) xp[p] = torch::addcmul(x, delta, mix_[p]);
     }
+    const bool gemv = GemvApplies(h, xp);
     Projections pr;
-    pr.r = torch::linear(xp[0], r_);
-    pr.w_raw = torch::linear(torch::tanh(torch::linear(xp[1], w1_)), w2_, w0_);
-    pr.k = torch::linear(xp[2], k_);
-    pr.v = torch::linear(xp[3], v_);
-    pr.a_raw = torch::linear(torch::linear(xp[4], a1_), a2_, a0_);
-    pr.g = torch::linear(torch::sigmoid(torch::linear(xp[5], g1_)), g2_);
-    if (layer_ > 0) pr.v_raw = torch::linear(torch::linear(xp[3], v1_), v2_, v0_);
+    if (gemv) {
+      GemvProjections(xp, &pr);
+    } else {
+      pr.r = torch::linear(xp[0], r_);
+      pr.w_raw = torch::linear(torch::tanh(torch::linear(xp[1], w1_)), w2_, w0_);
+      pr.k = torch::linear(xp[2], k_);
+      pr.v = torch::linear(xp[3], v_);
+      pr.a_raw = torch::linear(torch::linear(xp[4], a1_), a2_, a0_);
+      pr.g = torch::linear(torch::sigmoid(torch::linear(xp[5], g1_)), g2_);
+      if (layer_ > 0) pr.v_raw = torch::linear(torch::linear(xp[3], v1_), v2_, v0_);
+    }
     // ---- The recurrence, GroupNorm, bonus and gate
     torch::Tensor y;  // [B, T, d], gated
 #if defined(FWSERVE_CUDA_KERNELS)
     if (FusedApplies(h, state)) y = FusedTimeMix(pr, state, v_first);
 #endif
     if (!y.defined()) y = TimeMix(pr, state, v_first);
-    torch::Tensor out = h + torch::linear(y, o_);
+    const torch::Tensor out =
+        gemv ? GemvLinear(y, o_, kernels::GemvEpilogue::kResidual, &h) : h + torch::linear(y, o_);
     // ---- Channel mix: xk from LN(out; ln2) and its shift, then relu(xk·keyᵀ)²·valueᵀ
     torch::Tensor xk, key;
 #if defined(FWSERVE_CUDA_KERNELS)
@@ -200,6 +228,10 @@ class Rwkv7Block final : public RwkvBlock {
     if (!xk.defined()) {
       torch::Tensor xf = torch::layer_norm(out, {d}, ln2_w_, ln2_b_, config_.norm_eps);
       xk = torch::addcmul(xf, TokenShift(xf, &state[2]) - xf, ffn_x_k_);
+    }
+    if (gemv) {
+      key = GemvLinear(xk, ffn_key_, kernels::GemvEpilogue::kSquaredRelu, nullptr);
+      return GemvLinear(key, ffn_value_, kernels::GemvEpilogue::kResidual, &out);
     }
     key = torch::linear(xk, ffn_key_);
 #if defined(FWSERVE_CUDA_KERNELS)
@@ -261,6 +293,156 @@ class Rwkv7Block final : public RwkvBlock {
     torch::Tensor bonus = (rh * kh * r_k_).sum(-1, /*keepdim=*/true) * vh;  // [B, T, H, N]
     y = y + bonus.reshape({B, T, d});
     return y * pr.g;
+  }
+
+  // Whether this call's products run as grouped GEMV launches (rwkv7.cc's header): B·T
+  // in 1..kGemvMaxRows, float32 h, x_p and weights, no autograd graph to record (the
+  // kernel has no backward), and h on a CUDA device where the kernels were built, or on
+  // the CPU where a test asked for the CPU mirror (SetRwkv7HostGemvForTesting).
+  bool GemvApplies(const torch::Tensor& h, const torch::Tensor* xp) const {
+    if (h.dim() != 3 || h.scalar_type() != torch::kFloat32 || h.size(0) * h.size(1) < 1 ||
+        h.size(0) * h.size(1) > kernels::kGemvMaxRows || h.size(2) != config_.d_model) {
+      return false;
+    }
+#if defined(FWSERVE_CUDA_KERNELS)
+    constexpr bool kCudaKernels = true;
+#else
+    constexpr bool kCudaKernels = false;
+#endif
+    if (!(h.is_cuda() && kCudaKernels) && !(h.is_cpu() && rwkv7_host_gemv_for_testing.load())) {
+      return false;
+    }
+    const bool grad = c10::GradMode::is_enabled();
+    if (grad && h.requires_grad()) return false;
+    for (int p = 0; p < 6; ++p) {
+      if (xp[p].scalar_type() != torch::kFloat32 || xp[p].device() != h.device() ||
+          (grad && xp[p].requires_grad())) {
+        return false;
+      }
+    }
+    for (const torch::Tensor* t : {&r_, &k_, &v_, &o_, &w1_, &w2_, &a1_, &a2_, &v1_, &v2_, &g1_,
+                                   &g2_, &ffn_key_, &ffn_value_}) {
+      if (!t->defined()) continue;  // v1, v2 in block 0
+      if (t->dim() != 2 || t->scalar_type() != torch::kFloat32 || t->device() != h.device() ||
+          (grad && t->requires_grad())) {
+        return false;
+      }
+    }
+    for (const torch::Tensor* t : {&w0_, &a0_, &v0_}) {
+      if (!t->defined()) continue;
+      if (t->numel() != config_.d_model || t->scalar_type() != torch::kFloat32 ||
+          t->device() != h.device() || (grad && t->requires_grad())) {
+        return false;
+      }
+    }
+    return true;
+  }
+
+  // The tensors of one launch's products: they must outlive the launch's enqueueing (the
+  // caching allocator orders their reuse after it on the stream).
+  struct GemvLaunch {
+    kernels::GroupedGemvArgs args;
+    std::vector<torch::Tensor> keep;
+  };
+
+  // Adds to *launch the product y = epilogue(input(x)·wᵀ (+ bias)) over x [B, T, in]
+  // (x's M = B·T rows) and returns y, a new [B, T, out] tensor. `residual`: [B, T, out],
+  // kResidual only.
+  static torch::Tensor AddGemv(GemvLaunch* launch, const torch::Tensor& x, const torch::Tensor& w,
+                               kernels::GemvInput input, const torch::Tensor* bias,
+                               kernels::GemvEpilogue epilogue, const torch::Tensor* residual) {
+    const torch::Tensor xc = x.contiguous(), wc = w.contiguous();
+    const int64_t in = wc.size(1), out = wc.size(0);
+    TORCH_CHECK(xc.size(-1) == in, "rwkv7: a grouped GEMV's x has ", xc.size(-1),
+                " channels for a weight of ", in);
+    torch::Tensor y = torch::empty({xc.size(0), xc.size(1), out}, xc.options());
+    kernels::GemvProduct& p = launch->args.products[launch->args.count++];
+    p.w = wc.data_ptr<float>();
+    p.x = xc.data_ptr<float>();
+    p.in = in;
+    p.out = out;
+    p.x_stride = in;
+    p.y = y.data_ptr<float>();
+    p.y_stride = out;
+    p.input = input;
+    p.epilogue = epilogue;
+    launch->keep.push_back(xc);
+    launch->keep.push_back(wc);
+    if (bias != nullptr) {
+      const torch::Tensor bc = bias->contiguous();
+      p.bias = bc.data_ptr<float>();
+      launch->keep.push_back(bc);
+    }
+    if (residual != nullptr) {
+      const torch::Tensor rc = residual->contiguous();
+      TORCH_CHECK(rc.numel() == xc.size(0) * xc.size(1) * out, "rwkv7: a residual of ", rc.numel(),
+                  " elements for ", xc.size(0) * xc.size(1), " rows of ", out);
+      p.residual = rc.data_ptr<float>();
+      p.residual_stride = out;
+      launch->keep.push_back(rc);
+    }
+    launch->args.M = static_cast<int>(xc.size(0) * xc.size(1));
+    return y;
+  }
+
+  // Runs *launch on `like`'s device: LaunchGroupedGemv on its current stream (CUDA; no
+  // host synchronisation, so it runs inside CUDA Graph capture), else the CPU mirror.
+  void RunGemv(const GemvLaunch& launch, const torch::Tensor& like) const {
+    if (like.is_cuda()) {
+#if defined(FWSERVE_CUDA_KERNELS)
+      const c10::cuda::CUDAGuard device(like.device());
+      const int error =
+          kernels::LaunchGroupedGemv(launch.args, c10::cuda::getCurrentCUDAStream().stream());
+      TORCH_CHECK(error == 0, "rwkv7 block ", layer_,
+                  ": the grouped GEMV kernel failed: ", kernels::GemvErrorString(error));
+      return;
+#else
+      TORCH_CHECK(false, "rwkv7 block ", layer_, ": no CUDA kernels in this build");
+#endif
+    }
+    TORCH_CHECK(kernels::RunGroupedGemvOnHost(launch.args), "rwkv7 block ", layer_,
+                ": the grouped GEMV's arguments were refused");
+  }
+
+  // The time mix's projections in two grouped launches: r, k, v and the LoRAs' first
+  // products, then the LoRAs' second products (tanh before w2, sigmoid before g2; the
+  // biases w0, a0 and, in blocks > 0, v0).
+  void GemvProjections(const torch::Tensor* xp, Projections* pr) const {
+    using kernels::GemvEpilogue;
+    using kernels::GemvInput;
+    constexpr GemvEpilogue kPlain = GemvEpilogue::kNone;
+    GemvLaunch first;
+    pr->r = AddGemv(&first, xp[0], r_, GemvInput::kNone, nullptr, kPlain, nullptr);
+    pr->k = AddGemv(&first, xp[2], k_, GemvInput::kNone, nullptr, kPlain, nullptr);
+    pr->v = AddGemv(&first, xp[3], v_, GemvInput::kNone, nullptr, kPlain, nullptr);
+    const torch::Tensor w_low =
+        AddGemv(&first, xp[1], w1_, GemvInput::kNone, nullptr, kPlain, nullptr);
+    const torch::Tensor a_low =
+        AddGemv(&first, xp[4], a1_, GemvInput::kNone, nullptr, kPlain, nullptr);
+    const torch::Tensor g_low =
+        AddGemv(&first, xp[5], g1_, GemvInput::kNone, nullptr, kPlain, nullptr);
+    torch::Tensor v_low;
+    if (layer_ > 0) v_low = AddGemv(&first, xp[3], v1_, GemvInput::kNone, nullptr, kPlain, nullptr);
+    RunGemv(first, xp[0]);
+    GemvLaunch second;
+    pr->w_raw = AddGemv(&second, w_low, w2_, GemvInput::kTanh, &w0_, kPlain, nullptr);
+    pr->a_raw = AddGemv(&second, a_low, a2_, GemvInput::kNone, &a0_, kPlain, nullptr);
+    pr->g = AddGemv(&second, g_low, g2_, GemvInput::kSigmoid, nullptr, kPlain, nullptr);
+    if (layer_ > 0) {
+      pr->v_raw = AddGemv(&second, v_low, v2_, GemvInput::kNone, &v0_, kPlain, nullptr);
+    }
+    RunGemv(second, xp[0]);
+  }
+
+  // epilogue(x·wᵀ) by one grouped launch of one product: residual + it (kResidual) or
+  // relu(it)² (kSquaredRelu).
+  torch::Tensor GemvLinear(const torch::Tensor& x, const torch::Tensor& w,
+                           kernels::GemvEpilogue epilogue, const torch::Tensor* residual) const {
+    GemvLaunch launch;
+    torch::Tensor y =
+        AddGemv(&launch, x, w, kernels::GemvInput::kNone, nullptr, epilogue, residual);
+    RunGemv(launch, x);
+    return y;
   }
 
 #if defined(FWSERVE_CUDA_KERNELS)
@@ -424,6 +606,8 @@ class Rwkv7Block final : public RwkvBlock {
 };
 
 }  // namespace
+
+void SetRwkv7HostGemvForTesting(bool on) { rwkv7_host_gemv_for_testing.store(on); }
 
 std::unique_ptr<RwkvBlock> MakeRwkv7Block(const ModelConfig& config, int layer) {
   return std::make_unique<Rwkv7Block>(config, layer);

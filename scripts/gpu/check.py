@@ -22,7 +22,12 @@ Writes OUT_DIR/report.md and OUT_DIR/report.json (plus the raw outputs beside th
                median ratios and their ranges
   real_shape   fwbench on an RWKV-7 of the 0.1B G1 shape and a DeltaNet of fla-hub's 340M
                shape (random weights, written by fwmodel init; 64-token replies; which:
-               CHECK_REAL_SHAPES) at CHECK_REAL_SHAPE_STREAMS (1,64) streams
+               CHECK_REAL_SHAPES) at CHECK_REAL_SHAPE_STREAMS (1,64,512 on CUDA, 1,64 on
+               CPU) streams; the RWKV-7 file is written in CHECK_REAL_SHAPE_STORAGE (BF16,
+               as G1 ships); a 1,024-token prompt's prefill (CHECK_REAL_SHAPE_PREFILL
+               tokens, 0 skips: fwbench, one stream, one reply token, prompt tokens over
+               the time to first token); and the eager PyTorch baseline on the same file at
+               the same batches (CHECK_REAL_SHAPE_BASELINE, 1; 0 skips)
   host_path    the null step (--benchmark-null-step, a CPU server: no model work) at the
                same levels, beside the device's: the host path's own ceiling (issue 48)
   baseline     bench/pytorch_baseline.py --device DEVICE at batch sizes equal to the levels
@@ -32,8 +37,9 @@ then the report says so, the CUDA cases are "needs a CUDA run", and the rest run
 Environment: BUILD_DIR (build-gpu), CHECK_MODEL_TESTS (all | cuda | none),
 CHECK_STREAMS (default 1,16,64,256,1024,4096 on CUDA, 1,16 on CPU), CHECK_DURATION (10s on
 CUDA, 3s on CPU), CHECK_BENCH_MODEL (aft-shakespeare), CHECK_TOKENS (baseline tokens, 128),
-CHECK_PREFILL_RUNS (3), CHECK_REAL_SHAPE_STREAMS (1,64; empty skips), CHECK_REAL_SHAPES
-(rwkv7-0.1b,delta_net-340m), CHECK_KERNEL_STREAMS (1,64), CHECK_AB_LABEL and CHECK_AB_FLAGS (the
+CHECK_PREFILL_RUNS (3), CHECK_REAL_SHAPE_STREAMS (1,64,512 on CUDA; empty skips),
+CHECK_REAL_SHAPES (rwkv7-0.1b,delta_net-340m), CHECK_REAL_SHAPE_STORAGE (BF16),
+CHECK_REAL_SHAPE_PREFILL (1024), CHECK_REAL_SHAPE_BASELINE (1), CHECK_KERNEL_STREAMS (1,64), CHECK_AB_LABEL and CHECK_AB_FLAGS (the
 kernels section's second arm: apart, --sample-in-step=false), CHECK_AB_ARMS ("label=flags;..."
 in place of that arm: several arms, each in every round), CHECK_KERNEL_DURATION (5s on CUDA, 2s
 on CPU), CHECK_SANITIZER_TIMEOUT (240 s), CHECK_BENCH_PROCESSES (fwbench --processes: 4 on
@@ -810,7 +816,8 @@ REAL_SHAPE = REAL_SHAPES["rwkv7-0.1b"]
 
 def real_shape(rep, build, device):
     """fwbench on each of CHECK_REAL_SHAPES at CHECK_REAL_SHAPE_STREAMS (default 1,64)."""
-    levels = [int(x) for x in os.environ.get("CHECK_REAL_SHAPE_STREAMS", "1,64").split(",") if x]
+    levels = [int(x) for x in os.environ.get(
+        "CHECK_REAL_SHAPE_STREAMS", "1,64,512" if device == "cuda" else "1,64").split(",") if x]
     names = [x for x in os.environ.get("CHECK_REAL_SHAPES", ",".join(REAL_SHAPES)).split(",") if x]
     if not levels or not names:
         rep.check("real_shape", "real shapes", "skip",
@@ -829,12 +836,17 @@ def real_shape_one(rep, build, device, name, shape, levels):
     config = os.path.join(rep.out, "tmp", name + ".json")
     with open(config, "w") as f:
         json.dump(shape, f)
+    # RWKV-7 as users hold it (G1 ships bf16); DeltaNet as fla-hub's float32 files.
+    storage = os.environ.get("CHECK_REAL_SHAPE_STORAGE", "BF16") if name.startswith("rwkv7") \
+        else "F32"
     r = run([os.path.join(build, "tools", "fwmodel"), "init", model_dir, "--config", config,
-             "--seed", "1"], timeout=600)
+             "--seed", "1", "--storage_dtype", storage], timeout=600)
     if r.returncode != 0:
         rep.check("real_shape", "fwmodel init at the %s shape" % name, "fail",
                   r.stderr.strip()[-500:])
         return
+    text_file = os.path.join(REPO, "models", "data", "tinyshakespeare.txt")
+    prefill_tokens = int(os.environ.get("CHECK_REAL_SHAPE_PREFILL", "1024"))
     key = os.path.join(rep.out, "tmp", "session.key")
     server = Server(rep, build, device, [model_dir], key, name + "-" + device)
     try:
@@ -861,9 +873,66 @@ def real_shape_one(rep, build, device, name, shape, levels):
                       "pass" if ok else "fail",
                       ", ".join("%s %s" % (k, v) for k, v in row.items() if k != "streams"))
         key_name = "real_shape" if name == "rwkv7-0.1b" else "real_shape_" + name.replace("-", "_")
-        rep.data[key_name] = {"config": shape, "device": device, "levels": rows}
+        rep.data[key_name] = {"config": shape, "device": device, "storage": storage,
+                              "levels": rows}
+        if prefill_tokens > 0:
+            # A prompt of that many byte tokens, one reply token, one stream at a time:
+            # the prefill's rate is its tokens over the time to the first token.
+            json_path = os.path.join(rep.out, "tmp", "real-shape-%s-prefill.json" % name)
+            r = run([os.path.join(build, "bench", "fwbench"), "--target", server.target(),
+                     "--model", name, "--concurrency", "1", "--duration", "4s", "--warmup",
+                     "0.5s", "--max_tokens", "1", "--prompt_bytes", str(prefill_tokens),
+                     "--text_file", text_file, "--json", json_path], timeout=600)
+            try:
+                level = json.load(open(json_path))["levels"][0]
+                ttft = level["ttft_ms"]["p50"]
+                prefill = {"prompt_tokens": prefill_tokens, "ttft_p50_ms": rounded(ttft),
+                           "tokens_per_s": round(prefill_tokens / (ttft / 1000.0), 0)}
+                ok = r.returncode == 0 and not level.get("errors")
+            except (OSError, ValueError, KeyError, IndexError, TypeError, ZeroDivisionError) as e:
+                prefill = {"error": "no result (%s): %s" % (e, r.stderr.strip()[-300:])}
+                ok = False
+            rep.data[key_name]["prefill"] = prefill
+            rep.check("real_shape", "%s shape, a %d-token prompt's prefill on %s" % (
+                name, prefill_tokens, device), "pass" if ok else "fail",
+                ", ".join("%s %s" % (k, v) for k, v in prefill.items()))
     finally:
         server.stop()
+    if os.environ.get("CHECK_REAL_SHAPE_BASELINE", "1") != "0":
+        real_shape_baseline(rep, device, name, model_dir, levels, key_name)
+
+
+def real_shape_baseline(rep, device, name, model_dir, levels, key_name):
+    """bench/pytorch_baseline.py on the real-shape file at the same batches: the eager
+    PyTorch loop a user would write, float32 and (RWKV-7) with bf16 matrix products."""
+    probe = run([sys.executable, "-c", "import torch"], timeout=120)
+    if probe.returncode != 0:
+        rep.check("real_shape", "%s shape, PyTorch eager baseline" % name, "skip",
+                  "python3 has no torch here")
+        return
+    variants = [("float32", [])]
+    if name.startswith("rwkv7"):
+        variants.append(("bf16 matmuls", ["--matmul-dtype", "bf16"]))
+    results = []
+    for label, extra in variants:
+        argv = [sys.executable, os.path.join(REPO, "bench", "pytorch_baseline.py"), model_dir,
+                "--device", device, "--modes", ",".join("batch%d" % c for c in levels),
+                "--tokens", os.environ.get("CHECK_REAL_SHAPE_TOKENS", "32"),
+                "--prompt-bytes", "16", "--threads", str(os.cpu_count())] + extra
+        r = run(argv, timeout=900)
+        rows = []
+        for line in r.stdout.splitlines():
+            try:
+                rows.append(json.loads(line))
+            except ValueError:
+                pass
+        results.append({"variant": label, "rows": rows})
+        rep.check("real_shape", "%s shape, PyTorch eager baseline (%s) on %s" % (
+            name, label, device), "pass" if r.returncode == 0 and rows else "fail",
+            "; ".join("batch %d: %.0f tokens/s, %.3f ms/step" % (
+                x["batch"], x["tokens_per_second"], x["ms_per_step"]) for x in rows)
+            or r.stderr.strip()[-500:])
+    rep.data.setdefault(key_name, {})["baseline"] = results
 
 
 def host_path(rep, build, device, models, key):
