@@ -22,6 +22,7 @@ add_executable(fwserve_model_tests
   unit/rwkv_test.cc
   unit/delta_net_test.cc
   unit/gpu_bodies_test.cc
+  unit/gpu_gemv_test.cc
   unit/gpu_sample_test.cc
 )
 # The CUDA equivalence cases only where this LibTorch has CUDA: on a CPU LibTorch they
