@@ -22,6 +22,7 @@ add_executable(fwserve_model_tests
   unit/rwkv_test.cc
   unit/delta_net_test.cc
   unit/gpu_bodies_test.cc
+  unit/gpu_row_copy_test.cc
   unit/gpu_gemv_test.cc
   unit/gpu_sample_test.cc
 )
@@ -34,6 +35,14 @@ if(TORCH_CUDA_LIBRARIES OR FWSERVE_CUDA_TESTS)
   set_source_files_properties(unit/gpu_sample_test.cc PROPERTIES COMPILE_DEFINITIONS
                               FWSERVE_CUDA_TESTS SKIP_PRECOMPILE_HEADERS ON)
   message(STATUS "fwserve: CUDA equivalence tests built (LibTorch has CUDA)")
+endif()
+# gpu_row_copy_test.cc's GPU case (the row-copy kernels and State::Gather / Scatter on
+# CUDA), where models/gpu built the kernels (it links them).
+get_target_property(fwserve_row_copy_kernels_type fwserve_gpu_kernels TYPE)
+if(TORCH_CUDA_LIBRARIES AND fwserve_row_copy_kernels_type STREQUAL "STATIC_LIBRARY")
+  set_source_files_properties(unit/gpu_row_copy_test.cc PROPERTIES COMPILE_DEFINITIONS
+                              FWSERVE_CUDA_TESTS SKIP_PRECOMPILE_HEADERS ON
+                              SKIP_UNITY_BUILD_INCLUSION ON)
 endif()
 target_compile_options(fwserve_model_tests PRIVATE ${FWSERVE_WARNINGS})
 # The GPU kernels' bodies (models/gpu) vectorise their loops with `#pragma omp simd`.

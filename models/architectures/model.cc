@@ -14,6 +14,13 @@
 #include "models/architectures/mixer.h"
 #include "models/architectures/rwkv_block.h"
 
+#if defined(FWSERVE_CUDA_KERNELS)
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "models/gpu/row_copy.h"
+#endif
+
 namespace fwmodel {
 namespace {
 
@@ -63,14 +70,119 @@ struct Model::LayerWeights {
 // ---------------------------------------------------------------------------
 // State
 
+#if defined(FWSERVE_CUDA_KERNELS)
+namespace {
+
+// Floats per row of `t` (the product of its sizes after the first).
+int64_t RowFloats(const torch::Tensor& t) {
+  int64_t floats = 1;
+  for (int64_t i = 1; i < t.dim(); ++i) floats *= t.size(i);
+  return floats;
+}
+
+// Whether the row-copy kernels (models/gpu/row_copy.h) may copy rows `rows` of `pool`
+// (State::Gather; State::Scatter checks its source too): `rows` a contiguous 1-D int64
+// CUDA tensor, every pool tensor a contiguous float32 tensor on its device with the
+// same first dimension and at least one float per row, and no autograd graph to record
+// (the kernels have no backward).
+bool RowCopyApplies(const std::vector<torch::Tensor>& pool, const torch::Tensor& rows) {
+  if (pool.empty() || !rows.defined() || !rows.is_cuda() || rows.scalar_type() != torch::kInt64 ||
+      rows.dim() != 1 || !rows.is_contiguous()) {
+    return false;
+  }
+  const bool grad = c10::GradMode::is_enabled();
+  for (const torch::Tensor& t : pool) {
+    if (!t.defined() || t.device() != rows.device() || t.scalar_type() != torch::kFloat32 ||
+        t.dim() < 1 || !t.is_contiguous() || t.size(0) != pool[0].size(0) || RowFloats(t) < 1 ||
+        (grad && t.requires_grad())) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// Whether `source` may be scattered into `pool` at `rows` by the kernels (RowCopyApplies
+// holding): as many tensors, each contiguous float32 on rows' device, [rows.numel(),
+// the pool tensor's row shape], sharing no storage with its pool tensor, and without
+// autograd to record.
+bool RowScatterApplies(const std::vector<torch::Tensor>& pool, const torch::Tensor& rows,
+                       const std::vector<torch::Tensor>& source) {
+  if (source.size() != pool.size()) return false;
+  const bool grad = c10::GradMode::is_enabled();
+  for (size_t i = 0; i < pool.size(); ++i) {
+    const torch::Tensor& s = source[i];
+    if (!s.defined() || s.device() != rows.device() || s.scalar_type() != torch::kFloat32 ||
+        !s.is_contiguous() || s.dim() != pool[i].dim() || s.size(0) != rows.size(0) ||
+        s.sizes().slice(1) != pool[i].sizes().slice(1) ||
+        s.storage().is_alias_of(pool[i].storage()) || (grad && s.requires_grad())) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// Rows `rows` of every tensor of `pool` into `batch` (gather: into new tensors
+// [rows.numel(), row shape], torch::empty on the pool's device, appended to *batch) or
+// from `batch` into `pool` (scatter), by one launch per kRowCopyMaxTensors tensors on the
+// current stream of rows' device. No host synchronisation: it runs inside CUDA Graph
+// capture (the gather's outputs then come from the graph's memory pool).
+void CopyRows(const std::vector<torch::Tensor>& pool, const torch::Tensor& rows, bool gather,
+              std::vector<torch::Tensor>* batch) {
+  const c10::cuda::CUDAGuard device(rows.device());
+  const int64_t n = rows.size(0);
+  const size_t count = pool.size();
+  std::vector<float*> pool_data(count), batch_data(count);
+  std::vector<int64_t> row_floats(count);
+  for (size_t i = 0; i < count; ++i) {
+    if (gather) {
+      std::vector<int64_t> shape = pool[i].sizes().vec();
+      shape[0] = n;
+      batch->push_back(torch::empty(shape, pool[i].options()));
+    }
+    pool_data[i] = pool[i].data_ptr<float>();
+    batch_data[i] = (*batch)[i].data_ptr<float>();
+    row_floats[i] = RowFloats(pool[i]);
+  }
+  void* stream = c10::cuda::getCurrentCUDAStream().stream();
+  const int error = kernels::LaunchRowCopyGroups(
+      static_cast<int64_t>(count), n, pool[0].size(0), rows.data_ptr<int64_t>(), pool_data.data(),
+      batch_data.data(), row_floats.data(), [&](const kernels::RowCopyArgs& args) {
+        return gather ? kernels::LaunchRowGather(args, stream)
+                      : kernels::LaunchRowScatter(args, stream);
+      });
+  TORCH_CHECK(error == 0, gather ? "State::Gather" : "State::Scatter",
+              ": the row-copy kernel failed: ", kernels::RowCopyErrorString(error));
+}
+
+}  // namespace
+#endif
+
+// On CUDA (FWSERVE_CUDA_KERNELS, RowCopyApplies): one launch for up to 64 tensors
+// (models/gpu/row_copy.h) instead of an index_select each. Rows outside the pool then
+// give zero rows (index_select fails a device assertion); the callers check them.
 State State::Gather(const torch::Tensor& rows) const {
   State out;
+#if defined(FWSERVE_CUDA_KERNELS)
+  if (RowCopyApplies(tensors, rows)) {
+    out.tensors.reserve(tensors.size());
+    CopyRows(tensors, rows, /*gather=*/true, &out.tensors);
+    return out;
+  }
+#endif
   out.tensors.reserve(tensors.size());
   for (const torch::Tensor& t : tensors) out.tensors.push_back(t.index_select(0, rows));
   return out;
 }
 
+// On CUDA as Gather: one launch for up to 64 tensors instead of an index_copy_ each.
 void State::Scatter(const torch::Tensor& rows, const State& source) {
+#if defined(FWSERVE_CUDA_KERNELS)
+  if (RowCopyApplies(tensors, rows) && RowScatterApplies(tensors, rows, source.tensors)) {
+    std::vector<torch::Tensor> batch = source.tensors;
+    CopyRows(tensors, rows, /*gather=*/false, &batch);
+    return;
+  }
+#endif
   for (size_t i = 0; i < tensors.size(); ++i) tensors[i].index_copy_(0, rows, source.tensors[i]);
 }
 

@@ -653,8 +653,11 @@ void GraphedStep::BucketWork(Bucket& bucket, SamplingKind kind) {
   }
   State state = binding_.state->Gather(bucket.rows);
   bucket.logits = model_.StepUnchecked(bucket.tokens, &state);
-  binding_.state->Scatter(bucket.rows, state);
-  binding_.logits->index_copy_(0, bucket.rows, bucket.logits.to(torch::kFloat32));
+  // The state's rows and the logits' in one State::Scatter (one launch on CUDA).
+  State pool_rows = *binding_.state;
+  pool_rows.tensors.push_back(*binding_.logits);
+  state.tensors.push_back(bucket.logits.to(torch::kFloat32));
+  pool_rows.Scatter(bucket.rows, state);
   if (!options_.sample_in_step) return;
   switch (kind) {
     case SamplingKind::kPlain:
