@@ -18,6 +18,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include "models/gpu/gemv.h"
 #include "models/gpu/row_copy.h"
 #endif
 
@@ -596,24 +597,64 @@ torch::Tensor Model::EmbedTokens(const torch::Tensor& tokens) const {
   return torch::embedding(weights_.at("embed.weight"), tokens);
 }
 
+namespace {
+
+// x·headᵀ: on CUDA float32 tensors without autograd, for at most kGemvMaxRows rows (a
+// decode step of few streams), by the grouped GEMV kernel (models/gpu/gemv.h: the head
+// read once with 16-byte loads, one launch), else torch::linear. The head is the step's
+// largest matrix (65,536 × 768 for RWKV-7 0.1B), read whole for every row.
+torch::Tensor HeadLinear(const torch::Tensor& x, const torch::Tensor& head) {
+#if defined(FWSERVE_CUDA_KERNELS)
+  const int64_t in = head.size(1), rows = x.numel() / std::max<int64_t>(in, 1);
+  const bool grad = c10::GradMode::is_enabled() && (x.requires_grad() || head.requires_grad());
+  if (x.is_cuda() && head.is_cuda() && x.scalar_type() == torch::kFloat32 &&
+      head.scalar_type() == torch::kFloat32 && head.is_contiguous() && !grad && rows >= 1 &&
+      rows <= kernels::kGemvMaxRows && x.size(-1) == in) {
+    const torch::Tensor flat = x.reshape({rows, in}).contiguous();
+    std::vector<int64_t> shape = x.sizes().vec();
+    shape.back() = head.size(0);
+    torch::Tensor y = torch::empty(shape, x.options());
+    kernels::GroupedGemvArgs args;
+    args.M = static_cast<int>(rows);
+    args.count = 1;
+    kernels::GemvProduct& p = args.products[0];
+    p.w = head.data_ptr<float>();
+    p.x = flat.data_ptr<float>();
+    p.y = y.data_ptr<float>();
+    p.in = in;
+    p.out = head.size(0);
+    p.x_stride = in;
+    p.y_stride = head.size(0);
+    const c10::cuda::CUDAGuard device(x.device());
+    const int error =
+        kernels::LaunchGroupedGemv(args, c10::cuda::getCurrentCUDAStream().stream());
+    TORCH_CHECK(error == 0, "the head's GEMV kernel failed: ", kernels::GemvErrorString(error));
+    return y;
+  }
+#endif
+  return torch::linear(x, head);
+}
+
+}  // namespace
+
 torch::Tensor Model::Head(const torch::Tensor& h) const {
   const int64_t d = config_.d_model;
   if (config_.is_delta_net()) {
-    return torch::linear(
+    return HeadLinear(
         RmsNorm(h, weights_.at("norm.weight"), config_.norm_eps),
         weights_.at(config_.tie_embeddings ? std::string("embeddings.weight") : "lm_head.weight"));
   }
   if (config_.is_rwkv()) {
     torch::Tensor x = torch::layer_norm(h, {d}, weights_.at("ln_out.weight"),
                                         weights_.at("ln_out.bias"), config_.norm_eps);
-    return torch::linear(
+    return HeadLinear(
         x, weights_.at(config_.tie_embeddings ? std::string("emb.weight") : "head.weight"));
   }
   torch::Tensor x = torch::layer_norm(h, {d}, weights_.at("norm_f.weight"),
                                       weights_.at("norm_f.bias"), config_.norm_eps);
   const torch::Tensor& head =
       config_.tie_embeddings ? weights_.at("embed.weight") : weights_.at("head.weight");
-  return torch::linear(x, head);
+  return HeadLinear(x, head);
 }
 
 torch::Tensor Model::Ffn(const LayerWeights& w, const torch::Tensor& x, bool training) const {
