@@ -63,7 +63,7 @@ if has 3; then
   say "model tests: $(grep -E '^\[  (PASSED|FAILED)  \]' "$out/model-tests-cuda.log" | tr '\n' ' ')"
   sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
   if [[ -x "$sanitizer" ]]; then
-    timeout 150 "$sanitizer" --tool memcheck --error-exitcode 3 "$build/tests/fwserve_model_tests" \
+    timeout 100 "$sanitizer" --tool memcheck --error-exitcode 3 "$build/tests/fwserve_model_tests" \
       --gtest_filter='*CudaEquivalence*InPlaceGraphStepWithSampling*:*GpuSampleCuda*' \
       >"$out/compute-sanitizer.log" 2>&1
     say "compute-sanitizer exit $? ($(grep -c 'ERROR SUMMARY: 0 errors' "$out/compute-sanitizer.log") clean summaries)"
