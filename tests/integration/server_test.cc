@@ -90,9 +90,9 @@ class ServerTest : public ::testing::Test {
   // Runs `requests` at once, each on a client thread of its own, then 10 greedy tokens on
   // `session_id`; returns every result in order, the continuation's last. A failed call
   // fails the test and leaves its result empty.
-  static std::vector<fwserve::GenerateResult> GenerateAtOnceThenContinue(
-      Harness& server, const std::vector<v1::GenerateRequest>& requests,
-      const std::string& session_id) {
+  // Every request at once, one thread each; the results in the requests' order.
+  static std::vector<fwserve::GenerateResult> GenerateAtOnce(
+      Harness& server, const std::vector<v1::GenerateRequest>& requests) {
     std::vector<fwserve::GenerateResult> results(requests.size());
     std::vector<std::thread> threads;
     for (size_t i = 0; i < requests.size(); ++i) {
@@ -103,6 +103,13 @@ class ServerTest : public ::testing::Test {
       });
     }
     for (std::thread& t : threads) t.join();
+    return results;
+  }
+
+  static std::vector<fwserve::GenerateResult> GenerateAtOnceThenContinue(
+      Harness& server, const std::vector<v1::GenerateRequest>& requests,
+      const std::string& session_id) {
+    std::vector<fwserve::GenerateResult> results = GenerateAtOnce(server, requests);
     auto more = server.client().Generate(Greedy("", 10, session_id));
     EXPECT_TRUE(more.ok()) << more.status();
     results.push_back(more.ok() ? *more : fwserve::GenerateResult{});
@@ -611,17 +618,7 @@ TEST_F(ServerTest, ConstrainedStreamsDrawInsideTheGraphStep) {
       if (i != 2) r.mutable_response_format()->set_json_schema(schema);
       requests.push_back(r);
     }
-    std::vector<fwserve::GenerateResult> results(requests.size());
-    std::vector<std::thread> threads;
-    for (size_t i = 0; i < requests.size(); ++i) {
-      threads.emplace_back([&, i] {
-        auto result = server.client().Generate(requests[i]);
-        EXPECT_TRUE(result.ok()) << result.status();
-        if (result.ok()) results[i] = *result;
-      });
-    }
-    for (std::thread& t : threads) t.join();
-    return results;
+    return GenerateAtOnce(server, requests);
   };
   const std::vector<fwserve::GenerateResult> graph = run(*graph_server);
   const std::vector<fwserve::GenerateResult> native = run(*native_server);
