@@ -13,9 +13,11 @@
 #   5. check.py's real-shape section for RWKV-7 0.1B (bf16 file; 1/64/512 streams, a
 #      1,024-token prefill, the eager PyTorch baseline)                 real-shape.json
 #   6. bench/structured_cost.py on the CUDA server: the shipped aft model and an RWKV-7
-#      0.1B with the world vocabulary (KERNEL_RUN_STRUCTURED=0 skips)   structured.log
-# Environment: KERNEL_RUN_STEPS (default "1 2 3 4 5 6"), KERNEL_RUN_VOCAB (the world
-# vocabulary file for step 6; default tests/data/rwkv/rwkv_vocab_v20230424.txt).
+#      0.1B with the world vocabulary                                   structured.log
+# Environment: KERNEL_RUN_STEPS (default "1 2 3 4 5 6": the steps, in the order given),
+# KERNEL_RUN_SANITIZER (1; 0 leaves compute-sanitizer out of step 3), KERNEL_RUN_VOCAB
+# (the world vocabulary file for step 6; default tests/data/rwkv/rwkv_vocab_v20230424.txt),
+# and check.py's CHECK_REAL_SHAPE_* for step 5.
 set -uo pipefail
 if [[ $# -ne 1 ]]; then
   sed -n '2,/^set -u/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2
@@ -30,15 +32,14 @@ steps=" ${KERNEL_RUN_STEPS:-1 2 3 4 5 6} "
 build=build-gpu
 nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
 say() { echo "kernel-run [$(($(date +%s) - start)) s] $*"; }
-has() { [[ "$steps" == *" $1 "* ]]; }
 status=0
 
-if has 1; then
+step_1() {
   scripts/gpu/build.sh >"$out/build.log" 2>&1 || { tail -60 "$out/build.log"; exit 1; }
   say "built"
-fi
+}
 
-if has 2; then
+step_2() {
   {
     for pair in rwkv7_wkv_check:rwkv7_wkv delta_rule_check:delta_rule_cuda; do
       check=${pair%%:*} kernel=${pair##*:}
@@ -54,28 +55,28 @@ if has 2; then
     done
   } >"$out/kernels.log" 2>&1
   say "kernel checks: $(grep -c ': ok' "$out/kernels.log") ok, $(grep -c FAILED "$out/kernels.log") failed"
-fi
+}
 
-if has 3; then
+step_3() {
   OMP_NUM_THREADS=1 timeout 240 "$build/tests/fwserve_model_tests" \
     --gtest_filter='*CudaEquivalence*:*GpuSample*:*GraphedStep*:*GpuBodies*:*GpuGemv*:*GpuRowCopy*' \
     >"$out/model-tests-cuda.log" 2>&1 || status=1
   say "model tests: $(grep -E '^\[  (PASSED|FAILED)  \]' "$out/model-tests-cuda.log" | tr '\n' ' ')"
   sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-  if [[ -x "$sanitizer" ]]; then
+  if [[ -x "$sanitizer" && "${KERNEL_RUN_SANITIZER:-1}" != 0 ]]; then
     timeout 100 "$sanitizer" --tool memcheck --error-exitcode 3 "$build/tests/fwserve_model_tests" \
       --gtest_filter='*CudaEquivalence*InPlaceGraphStepWithSampling*:*GpuSampleCuda*' \
       >"$out/compute-sanitizer.log" 2>&1
     say "compute-sanitizer exit $? ($(grep -c 'ERROR SUMMARY: 0 errors' "$out/compute-sanitizer.log") clean summaries)"
   fi
-fi
+}
 
-if has 4; then
+step_4() {
   PROFILE_BATCHES="1 64 512" timeout 150 scripts/gpu/profile.sh "$out" >/dev/null 2>&1
   say "profile: $(grep -c '^batch' "$out/profile.txt" 2>/dev/null) timed batches"
-fi
+}
 
-if has 5; then
+step_5() {
   CHECK_REAL_SHAPES=rwkv7-0.1b timeout 240 python3 - "$out" "$build" <<'PY'
 import json, os, secrets, sys
 sys.path.insert(0, "scripts/gpu")
@@ -92,9 +93,9 @@ json.dump({"real_shape": rep.data.get("real_shape"), "checks": rep.data["checks"
 PY
   say "real shape: $(python3 -c "import json,sys; d=json.load(open('$out/real-shape.json')); print('; '.join(c['status']+' '+c['name'] for c in d['checks']))" 2>/dev/null)"
   rm -rf "$out/real-shape"
-fi
+}
 
-if has 6 && [[ "${KERNEL_RUN_STRUCTURED:-1}" != 0 ]]; then
+step_6() {
   {
     echo "== aft-shakespeare"
     timeout 150 python3 bench/structured_cost.py "$build/server/fwserve" \
@@ -119,6 +120,9 @@ PY
     fi
   } >"$out/structured.log" 2>&1
   say "structured: $(grep -ciE 'median' "$out/structured.log") medians"
-fi
+}
+for step in $steps; do
+  "step_$step"
+done
 say "done (exit $status)"
 exit $status
