@@ -32,8 +32,21 @@
 // the whole row (SampleToken) only the rounding of the running sums differs: the token is
 // the same unless u · mass falls within a few ulps of a boundary between two tokens.
 //
-// Global memory is read only, except out, which only thread 0 of each row writes. No
-// allocation, no synchronisation with the host.
+// Chunked (SampleChunksPerRow = C > 1, fewer than kSampleChunkedRowsBelow rows): the row's
+// grid is C blocks of kSampleThreads, thread c · kSampleThreads + t of it owning the ids
+// as above with chunk = SampleChunk(V, C · kSampleThreads), in four launches on the
+// stream: pass 1 (phases 0 and 1; each block's argmax and raw max to partials), pass 2
+// (phase 0, the chunks' argmax combined, phase 2; each block's normaliser, mass and last
+// positive), pass 3 (phase 0, the argmax, phase 2's masses and scan again, the mass
+// before the block from the partials, phase 3; each block's first crossing) and a finish
+// kernel (one thread per row: every partial combined, the output). The chunks combine
+// in chunk order through sample_rule.h's SampleCombineChunks, which the mirror runs too;
+// a block's own offsets are the single-block kernel's with the mass before its chunk
+// added in front.
+//
+// Global memory is read only, except out, which only thread 0 of each row (or the
+// finish's thread of the row) writes, and partials, where thread 0 of each block writes
+// its own entry. No allocation, no synchronisation with the host, no counters.
 #include <cuda_runtime.h>
 
 #include <climits>
@@ -52,6 +65,7 @@ static_assert(kSampleThreads % 32 == 0 && kWarps >= 1 && kWarps <= 32,
 static_assert(kSampleMaxAdjustments < (int64_t{1} << 31), "entries fit a key's low 32 bits");
 
 constexpr int64_t kEntryMask = 0xffffffff;
+constexpr int kFinishThreads = 64;
 
 // Id i's logit after the penalty and bias (the sorted pairs from `*next` on; *next moves
 // past i's pairs when it has some), −inf where not finite.
@@ -89,7 +103,14 @@ __device__ __forceinline__ void ForEachLogit(const float* __restrict__ logits, i
   }
 }
 
-__global__ void __launch_bounds__(kSampleThreads) SampleKernel(const SampleArgs args) {
+// kPass 0: the whole row in one block (chunks = 1, block = row). kPass 1, 2, 3: block
+// row · chunks + c takes chunk c of the row (ids of the threads c · kSampleThreads, ...,
+// (c + 1) · kSampleThreads − 1 of a grid of chunks · kSampleThreads), pass 1 writing its
+// argmax and raw max, pass 2 its normaliser, mass and last positive, pass 3 its first
+// crossing to partials[block]; passes 2 and 3 combine the earlier passes' partials of
+// the row in chunk order (SampleCombineChunks).
+template <int kPass>
+__global__ void __launch_bounds__(kSampleThreads) SampleKernel(const SampleArgs args, int chunks) {
   // 2n int64: the keys, then the sorted keys; after the sort the keys' bytes hold the n
   // sorted ids (int32) and then their n adjusted logits (float).
   extern __shared__ int64_t s_entries[];
@@ -97,7 +118,8 @@ __global__ void __launch_bounds__(kSampleThreads) SampleKernel(const SampleArgs 
   __shared__ int64_t s_best_index[kWarps], s_last[kWarps], s_found[kWarps];
   __shared__ double s_total[kWarps], s_mass[kWarps];
   const int t = static_cast<int>(threadIdx.x), lane = t & 31, warp = t >> 5;
-  const int64_t row = blockIdx.x, vocab = args.vocab;
+  const int64_t block = blockIdx.x, row = block / chunks, c = block % chunks;
+  const int64_t vocab = args.vocab;
   const float* __restrict__ logits = args.logits + row * vocab;
   const int64_t W = args.penalty_width, n = W + args.bias_width;
   int64_t* s_key = s_entries;
@@ -147,8 +169,9 @@ __global__ void __launch_bounds__(kSampleThreads) SampleKernel(const SampleArgs 
     }
     __syncthreads();
   }
-  const int64_t chunk = SampleChunk(vocab, kSampleThreads);
-  const int64_t begin = t * chunk < vocab ? t * chunk : vocab;
+  const int64_t chunk = SampleChunk(vocab, kSampleThreads * chunks);
+  const int64_t vt = c * kSampleThreads + t;  // the thread in the row's grid of chunks
+  const int64_t begin = vt * chunk < vocab ? vt * chunk : vocab;
   const int64_t end = begin + chunk < vocab ? begin + chunk : vocab;
   int64_t first = 0;  // the first sorted pair at or after begin
   {
@@ -167,7 +190,7 @@ __global__ void __launch_bounds__(kSampleThreads) SampleKernel(const SampleArgs 
   float best_value = -INFINITY, raw_top = -INFINITY;
   int64_t best_index = INT64_MAX;
   const bool aligned = (reinterpret_cast<uintptr_t>(logits) & 15) == 0;
-  {
+  if (kPass <= 1) {
     int64_t next = first;
     ForEachLogit(logits, begin, end, aligned, [&](int64_t i, float raw) {
       const float x = AdjustedLogit(raw, i, s_id, s_value, n, &next);
@@ -178,37 +201,56 @@ __global__ void __launch_bounds__(kSampleThreads) SampleKernel(const SampleArgs 
       if (SampleIsFinite(raw) && raw > raw_top) raw_top = raw;
       return false;
     });
-  }
 #pragma unroll
-  for (int o = 16; o > 0; o /= 2) {
-    const float value = __shfl_xor_sync(kFullMask, best_value, o);
-    const int64_t index = __shfl_xor_sync(kFullMask, best_index, o);
-    const float top = __shfl_xor_sync(kFullMask, raw_top, o);
-    if (SampleArgmaxBeats(value, index, best_value, best_index)) {
-      best_value = value;
-      best_index = index;
+    for (int o = 16; o > 0; o /= 2) {
+      const float value = __shfl_xor_sync(kFullMask, best_value, o);
+      const int64_t index = __shfl_xor_sync(kFullMask, best_index, o);
+      const float top = __shfl_xor_sync(kFullMask, raw_top, o);
+      if (SampleArgmaxBeats(value, index, best_value, best_index)) {
+        best_value = value;
+        best_index = index;
+      }
+      if (top > raw_top) raw_top = top;
     }
-    if (top > raw_top) raw_top = top;
-  }
-  if (lane == 0) {
-    s_best_value[warp] = best_value;
-    s_best_index[warp] = best_index;
-    s_raw_top[warp] = raw_top;
-  }
-  __syncthreads();
-  best_value = s_best_value[0];
-  best_index = s_best_index[0];
-  raw_top = s_raw_top[0];
-  for (int w = 1; w < kWarps; ++w) {
-    if (SampleArgmaxBeats(s_best_value[w], s_best_index[w], best_value, best_index)) {
-      best_value = s_best_value[w];
-      best_index = s_best_index[w];
+    if (lane == 0) {
+      s_best_value[warp] = best_value;
+      s_best_index[warp] = best_index;
+      s_raw_top[warp] = raw_top;
     }
-    if (s_raw_top[w] > raw_top) raw_top = s_raw_top[w];
+    __syncthreads();
+    best_value = s_best_value[0];
+    best_index = s_best_index[0];
+    raw_top = s_raw_top[0];
+    for (int w = 1; w < kWarps; ++w) {
+      if (SampleArgmaxBeats(s_best_value[w], s_best_index[w], best_value, best_index)) {
+        best_value = s_best_value[w];
+        best_index = s_best_index[w];
+      }
+      if (s_raw_top[w] > raw_top) raw_top = s_raw_top[w];
+    }
+    if (kPass == 1) {
+      if (t == 0) {
+        SampleChunkPartial& mine = args.partials[block];
+        mine.best_value = best_value;
+        mine.best_index = best_index;
+        mine.raw_top = raw_top;
+      }
+      return;
+    }
+  } else {
+    const SampleChunkResult whole =
+        SampleCombineChunks(args.partials + row * chunks, chunks, -1, 1);
+    best_value = whole.best_value;
+    best_index = whole.best_index;
+    raw_top = whole.raw_top;
   }
   const float top = best_value;
   const float temperature = static_cast<float>(args.temperature[row]);
   const bool greedy = SampleIsGreedy(temperature, top);
+  if (kPass == 3 && greedy) {  // the same for every block of the row
+    if (t == 0) args.partials[block].found = INT64_MAX;
+    return;
+  }
 
   // ---- 2. The normaliser, the chunks' masses (scanned) and the last positive id.
   double total = 0.0, mass = 0.0;
@@ -216,7 +258,7 @@ __global__ void __launch_bounds__(kSampleThreads) SampleKernel(const SampleArgs 
   {
     int64_t next = first;
     ForEachLogit(logits, begin, end, aligned, [&](int64_t i, float raw) {
-      total += SampleSoftmaxTerm(raw, raw_top);
+      if (kPass != 3) total += SampleSoftmaxTerm(raw, raw_top);
       if (greedy) return false;
       const double p =
           SampleProbability(AdjustedLogit(raw, i, s_id, s_value, n, &next), top, temperature);
@@ -255,6 +297,20 @@ __global__ void __launch_bounds__(kSampleThreads) SampleKernel(const SampleArgs 
     if (s_last[w] > last_positive) last_positive = s_last[w];
   }
   offset = base + offset;
+  if (kPass == 2) {
+    if (t == 0) {
+      SampleChunkPartial& mine = args.partials[block];
+      mine.total = total;
+      mine.mass = row_mass;
+      mine.last_positive = last_positive;
+    }
+    return;
+  }
+  if (kPass == 3) {  // the mass before the chunk and the row's, in chunk order
+    const SampleChunkResult whole = SampleCombineChunks(args.partials + row * chunks, chunks, c, 2);
+    offset = whole.mass_before + offset;
+    row_mass = whole.mass;
+  }
 
   // ---- 3. The first id whose running sum exceeds u · mass.
   int64_t found = INT64_MAX;
@@ -283,12 +339,31 @@ __global__ void __launch_bounds__(kSampleThreads) SampleKernel(const SampleArgs 
       if (s_found[w] < found) found = s_found[w];
     }
   }
+  if (kPass == 3) {
+    if (t == 0) args.partials[block].found = found;
+    return;
+  }
   if (t == 0) {
     const int64_t token =
         SampleChooseToken(greedy, best_index, found == INT64_MAX ? -1 : found, last_positive);
     args.out[2 * row] = static_cast<double>(token);
     args.out[2 * row + 1] = SampleLogProb(logits[token], raw_top, total);
   }
+}
+
+// LaunchSample's fourth chunked launch: one thread per row combines the row's partials in
+// chunk order and writes (token, log-probability).
+__global__ void __launch_bounds__(kFinishThreads)
+    SampleFinishKernel(const SampleArgs args, int chunks) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kFinishThreads + threadIdx.x;
+  if (row >= args.rows) return;
+  const SampleChunkResult whole = SampleCombineChunks(args.partials + row * chunks, chunks, -1, 3);
+  const bool greedy = SampleIsGreedy(static_cast<float>(args.temperature[row]), whole.best_value);
+  const int64_t token = SampleChooseToken(
+      greedy, whole.best_index, whole.found == INT64_MAX ? -1 : whole.found, whole.last_positive);
+  args.out[2 * row] = static_cast<double>(token);
+  args.out[2 * row + 1] =
+      SampleLogProb(args.logits[row * args.vocab + token], whole.raw_top, whole.total);
 }
 
 }  // namespace
@@ -307,9 +382,21 @@ int LaunchSample(const SampleArgs& args, void* cuda_stream) {
       (args.bias_width > 0 && (args.bias_index == nullptr || args.bias_value == nullptr))) {
     return cudaErrorInvalidValue;
   }
-  SampleKernel<<<static_cast<unsigned>(args.rows), kSampleThreads,
-                 static_cast<size_t>(SampleSharedBytes(args)),
-                 static_cast<cudaStream_t>(cuda_stream)>>>(args);
+  const int64_t chunks = SampleChunksPerRow(args.rows, args.vocab);
+  const size_t shared = static_cast<size_t>(SampleSharedBytes(args));
+  const cudaStream_t stream = static_cast<cudaStream_t>(cuda_stream);
+  if (chunks == 1) {
+    SampleKernel<0><<<static_cast<unsigned>(args.rows), kSampleThreads, shared, stream>>>(args, 1);
+    return cudaGetLastError();
+  }
+  if (args.partials == nullptr) return cudaErrorInvalidValue;
+  const unsigned blocks = static_cast<unsigned>(args.rows * chunks);  // < 64 · 32
+  const int c = static_cast<int>(chunks);
+  SampleKernel<1><<<blocks, kSampleThreads, shared, stream>>>(args, c);
+  SampleKernel<2><<<blocks, kSampleThreads, shared, stream>>>(args, c);
+  SampleKernel<3><<<blocks, kSampleThreads, shared, stream>>>(args, c);
+  SampleFinishKernel<<<static_cast<unsigned>((args.rows + kFinishThreads - 1) / kFinishThreads),
+                       kFinishThreads, 0, stream>>>(args, c);
   return cudaGetLastError();
 }
 

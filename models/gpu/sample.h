@@ -1,6 +1,8 @@
 // The plain sampling kernel (sample.cu): fwserve::SampleOnDevice with `filters` false
-// (models/sampling/batch_sampler.h; no top_k, top_p or min_p, no constraint mask) as one
-// launch, one block per row of logits: the repetition penalty and logit bias, the argmax,
+// (models/sampling/batch_sampler.h; no top_k, top_p or min_p, no constraint mask): one
+// launch of one block per row of logits where there are many rows, or, with few rows
+// (SampleChunksPerRow > 1), four launches over C blocks per row that pass per-chunk partial
+// results through a scratch array: the repetition penalty and logit bias, the argmax,
 // the temperature, the inverse CDF in id order and the raw logits' log-probability of the
 // drawn token, written as SampleOnDevice's [rows, 2] float64 (token, logprob). The bodies
 // are sample_rule.h's; sample_host.h runs the same grid on the CPU. Torch-free and
@@ -13,9 +15,35 @@ namespace fwmodel::kernels {
 
 // The block's threads (a multiple of 32, at most 32 warps: the reductions' layout).
 constexpr int kSampleThreads = 512;
+// Rows from which a launch takes one block per row; below, SampleChunksPerRow (0: every
+// launch one block per row, the switch back to the unchunked kernel).
+constexpr int64_t kSampleChunkedRowsBelow = 64;
+// The most blocks (chunks) per row.
+constexpr int64_t kSampleMaxChunks = 32;
 // The most penalty and bias entries a row may have together (penalty_width + bias_width):
 // they are sorted in shared memory, 16 bytes each.
 constexpr int64_t kSampleMaxAdjustments = 2048;
+
+// One chunk's (row, block's) partial results, written by one pass and read by the later
+// ones (sample.cu): the scratch of a chunked launch, 48 bytes each.
+struct SampleChunkPartial {
+  double total = 0.0;          // pass 2: the chunk's Σ exp(ℓ − max ℓ)
+  double mass = 0.0;           // pass 2: the chunk's Σ p (0 when greedy)
+  int64_t best_index = 0;      // pass 1: the chunk's argmax (INT64_MAX: none)
+  int64_t last_positive = -1;  // pass 2: the chunk's last id with p > 0 (−1: none)
+  int64_t found = 0;           // pass 3: the chunk's first crossing (INT64_MAX: none)
+  float best_value = 0.0f;     // pass 1: the adjusted logit at best_index
+  float raw_top = 0.0f;        // pass 1: the chunk's max finite raw logit (−inf: none)
+};
+
+// The blocks (chunks) each row takes: 1 (one block per row) from kSampleChunkedRowsBelow
+// rows on, else ceil(vocab / 2048) clamped to [1, kSampleMaxChunks] (at least 4 ids a
+// thread: 32 at the 65,536 vocabulary). The kernel and its mirror both take this.
+inline int64_t SampleChunksPerRow(int64_t rows, int64_t vocab) {
+  if (rows >= kSampleChunkedRowsBelow || vocab < 1) return 1;
+  const int64_t chunks = (vocab + 2047) / 2048;
+  return chunks < 1 ? 1 : (chunks > kSampleMaxChunks ? kSampleMaxChunks : chunks);
+}
 
 // One launch. Device pointers; every array contiguous, row-major.
 struct SampleArgs {
@@ -37,7 +65,17 @@ struct SampleArgs {
   const int64_t* bias_index = nullptr;  // [rows, bias_width]
   const float* bias_value = nullptr;    // [rows, bias_width]
   double* out = nullptr;                // [rows, 2]: (token, log-probability); written only
+  // [rows, SampleChunksPerRow(rows, vocab)] scratch (SampleScratchBytes), needed only where
+  // that is > 1; any contents (each pass writes what the later ones read), not shared by
+  // two launches in flight at once.
+  SampleChunkPartial* partials = nullptr;
 };
+
+// The bytes of SampleArgs::partials a launch needs (0: none).
+inline int64_t SampleScratchBytes(int64_t rows, int64_t vocab) {
+  const int64_t chunks = SampleChunksPerRow(rows, vocab);
+  return chunks > 1 ? rows * chunks * static_cast<int64_t>(sizeof(SampleChunkPartial)) : 0;
+}
 
 // The dynamic shared memory of a launch with these widths, in bytes.
 inline int64_t SampleSharedBytes(const SampleArgs& args) {
@@ -45,10 +83,12 @@ inline int64_t SampleSharedBytes(const SampleArgs& args) {
 }
 
 // Launches the kernel on `cuda_stream` (a cudaStream_t; null: the legacy default stream):
-// one block per row, kSampleThreads threads. Nothing to do when rows is 0. Returns 0
+// one block per row (or C = SampleChunksPerRow blocks per row in four launches),
+// kSampleThreads threads. Nothing to do when rows is 0. Returns 0
 // (cudaSuccess) or the cudaError_t of a bad argument (cudaErrorInvalidValue: vocab < 1
 // or > INT32_MAX, rows < 0 or > INT32_MAX, a negative width or more than
-// kSampleMaxAdjustments entries, a null pointer the launch needs) or of the launch
+// kSampleMaxAdjustments entries, a null pointer the launch needs, partials included) or of
+// the launch
 // (cudaGetLastError). Asynchronous; no allocation, no synchronisation: safe during CUDA
 // Graph capture.
 int LaunchSample(const SampleArgs& args, void* cuda_stream);

@@ -2,12 +2,16 @@
 // kernel's phases, reductions and scan (tests/unit/gpu_sample_test.cc), since the kernel
 // itself only runs on a GPU machine. Rows one after another; in each, the kernel's phases
 // between two barriers in order, every thread's work of a phase in turn (thread t: ids
-// [t · chunk, (t + 1) · chunk)), then each warp's butterfly (lane l combines with lane
-// l ^ o, o = 16, ..., 1) or Hillis–Steele scan (lane l adds lane l − d, d = 1, ..., 16) on
-// arrays of 32 lanes, then the warps' results in warp order: the same float64 additions
-// in the same order as the kernel, with sample_rule.h's bodies. The sort of the penalty
-// and bias entries is std::sort of the same unique keys (the kernel ranks them: the
-// same order). Not a fast path. Torch-free, header-only.
+// [t · chunk, (t + 1) · chunk); a chunked launch's C blocks as one grid of C ·
+// kSampleThreads threads, block c from thread c · kSampleThreads), then each warp's
+// butterfly (lane l combines with lane l ^ o, o = 16, ..., 1) or Hillis–Steele scan (lane
+// l adds lane l − d, d = 1, ..., 16) on arrays of 32 lanes, then the warps' results in
+// warp order: the same float64 additions in the same order as the kernel, with
+// sample_rule.h's bodies, and each block's results combined through SampleCombineChunks
+// as the chunked passes combine them (a one-block row: the same values as the kernel's,
+// 0.0 + x being x). The sort of the penalty and bias entries is std::sort of the same
+// unique keys (the kernel ranks them: the same order). Not a fast path. Torch-free,
+// header-only.
 #pragma once
 
 #include <algorithm>
@@ -40,15 +44,22 @@ inline bool RunSampleOnHost(const SampleArgs& args) {
   constexpr int kThreads = kSampleThreads, kWarps = kSampleThreads / 32;
   constexpr int64_t kEntryMask = 0xffffffff;
   const int64_t vocab = args.vocab, W = args.penalty_width, n = W + args.bias_width;
-  const int64_t chunk = SampleChunk(vocab, kThreads);
-  // Per thread (index t = 32 · warp + lane).
-  std::vector<float> best_value(kThreads), raw_top(kThreads);
-  std::vector<int64_t> best_index(kThreads), last_positive(kThreads), found(kThreads),
-      first(kThreads);
-  std::vector<double> total(kThreads), inclusive(kThreads), offset(kThreads);
+  const int64_t chunks = SampleChunksPerRow(args.rows, vocab);
+  if (chunks > 1 && args.partials == nullptr) return false;
+  // The row's grid: `chunks` blocks of kThreads; thread vt = kThreads · c + t of block c.
+  const int total_threads = static_cast<int>(chunks) * kThreads;
+  const int64_t chunk = SampleChunk(vocab, total_threads);
+  // Per thread of the row's grid (index vt = 32 · warp + lane, warp = kWarps · c + w).
+  std::vector<float> best_value(total_threads), raw_top(total_threads);
+  std::vector<int64_t> best_index(total_threads), last_positive(total_threads),
+      found(total_threads), first(total_threads);
+  std::vector<double> total(total_threads), inclusive(total_threads), offset(total_threads);
   std::vector<int64_t> keys(static_cast<size_t>(n));
   std::vector<int32_t> s_id(static_cast<size_t>(n));
   std::vector<float> s_value(static_cast<size_t>(n));
+  // The row's chunks' partials (the kernel's scratch; a local copy when chunks is 1,
+  // where the kernel keeps them in its one block).
+  std::vector<SampleChunkPartial> partials(static_cast<size_t>(chunks));
   auto begin_of = [&](int t) { return std::min<int64_t>(t * chunk, vocab); };
   auto end_of = [&](int t) { return std::min<int64_t>(begin_of(t) + chunk, vocab); };
   for (int64_t row = 0; row < args.rows; ++row) {
@@ -97,14 +108,15 @@ inline bool RunSampleOnHost(const SampleArgs& args) {
       }
       return SampleFiniteOrMinusInf(x);
     };
-    for (int t = 0; t < kThreads; ++t) {
+    for (int t = 0; t < total_threads; ++t) {
       first[t] = std::lower_bound(s_id.begin(), s_id.end(), begin_of(t),
                                   [](int32_t id, int64_t value) { return id < value; }) -
                  s_id.begin();
     }
 
-    // ---- 1. Argmax and raw max: per thread, butterfly per warp, warps in order.
-    for (int t = 0; t < kThreads; ++t) {
+    // ---- 1. Argmax and raw max: per thread, butterfly per warp, each block's warps in
+    // order (a block's partial), the chunks in order.
+    for (int t = 0; t < total_threads; ++t) {
       float bv = -INFINITY, rt = -INFINITY;
       int64_t bi = INT64_MAX, next = first[t];
       for (int64_t i = begin_of(t); i < end_of(t); ++i) {
@@ -120,7 +132,7 @@ inline bool RunSampleOnHost(const SampleArgs& args) {
       best_index[t] = bi;
       raw_top[t] = rt;
     }
-    for (int w = 0; w < kWarps; ++w) {
+    for (int w = 0; w < total_threads / 32; ++w) {
       for (int o = 16; o > 0; o /= 2) {
         const std::vector<float> bv(best_value.begin() + 32 * w, best_value.begin() + 32 * w + 32);
         const std::vector<int64_t> bi(best_index.begin() + 32 * w,
@@ -136,20 +148,30 @@ inline bool RunSampleOnHost(const SampleArgs& args) {
         }
       }
     }
-    float top = best_value[0], row_raw_top = raw_top[0];
-    int64_t best = best_index[0];
-    for (int w = 1; w < kWarps; ++w) {
-      if (SampleArgmaxBeats(best_value[32 * w], best_index[32 * w], top, best)) {
-        top = best_value[32 * w];
-        best = best_index[32 * w];
+    for (int64_t c = 0; c < chunks; ++c) {
+      const int w0 = static_cast<int>(c) * kWarps;
+      float top = best_value[32 * w0], block_raw_top = raw_top[32 * w0];
+      int64_t best = best_index[32 * w0];
+      for (int w = w0 + 1; w < w0 + kWarps; ++w) {
+        if (SampleArgmaxBeats(best_value[32 * w], best_index[32 * w], top, best)) {
+          top = best_value[32 * w];
+          best = best_index[32 * w];
+        }
+        if (raw_top[32 * w] > block_raw_top) block_raw_top = raw_top[32 * w];
       }
-      if (raw_top[32 * w] > row_raw_top) row_raw_top = raw_top[32 * w];
+      partials[static_cast<size_t>(c)].best_value = top;
+      partials[static_cast<size_t>(c)].best_index = best;
+      partials[static_cast<size_t>(c)].raw_top = block_raw_top;
     }
+    const SampleChunkResult argmax = SampleCombineChunks(partials.data(), chunks, -1, 1);
+    const float top = argmax.best_value, row_raw_top = argmax.raw_top;
     const float temperature = static_cast<float>(args.temperature[row]);
     const bool greedy = SampleIsGreedy(temperature, top);
 
-    // ---- 2. Normaliser, chunk masses, last positive.
-    for (int t = 0; t < kThreads; ++t) {
+    // ---- 2. Normaliser, chunk masses, last positive: per thread, butterfly and scan per
+    // warp, each block's warps in order (the offsets inside the block, the block's
+    // partial), the chunks in order (the mass before each chunk).
+    for (int t = 0; t < total_threads; ++t) {
       double sum = 0.0, mass = 0.0;
       int64_t last = -1, next = first[t];
       for (int64_t i = begin_of(t); i < end_of(t); ++i) {
@@ -164,7 +186,7 @@ inline bool RunSampleOnHost(const SampleArgs& args) {
       inclusive[t] = mass;
       last_positive[t] = last;
     }
-    for (int w = 0; w < kWarps; ++w) {
+    for (int w = 0; w < total_threads / 32; ++w) {
       for (int o = 16; o > 0; o /= 2) {
         const std::vector<double> sum(total.begin() + 32 * w, total.begin() + 32 * w + 32);
         const std::vector<int64_t> last(last_positive.begin() + 32 * w,
@@ -180,20 +202,34 @@ inline bool RunSampleOnHost(const SampleArgs& args) {
       }
       for (int l = 0; l < 32; ++l) offset[32 * w + l] = l == 0 ? 0.0 : inclusive[32 * w + l - 1];
     }
-    double row_total = 0.0, row_mass = 0.0;
-    int64_t row_last = -1;
-    for (int w = 0; w < kWarps; ++w) {
-      for (int l = 0; l < 32; ++l) offset[32 * w + l] = row_mass + offset[32 * w + l];
-      row_total += total[32 * w];
-      row_mass += inclusive[32 * w + 31];
-      if (last_positive[32 * w] > row_last) row_last = last_positive[32 * w];
+    for (int64_t c = 0; c < chunks; ++c) {
+      const int w0 = static_cast<int>(c) * kWarps;
+      double block_total = 0.0, block_mass = 0.0;
+      int64_t block_last = -1;
+      for (int w = w0; w < w0 + kWarps; ++w) {
+        for (int l = 0; l < 32; ++l) offset[32 * w + l] = block_mass + offset[32 * w + l];
+        block_total += total[32 * w];
+        block_mass += inclusive[32 * w + 31];
+        if (last_positive[32 * w] > block_last) block_last = last_positive[32 * w];
+      }
+      partials[static_cast<size_t>(c)].total = block_total;
+      partials[static_cast<size_t>(c)].mass = block_mass;
+      partials[static_cast<size_t>(c)].last_positive = block_last;
+    }
+    const SampleChunkResult sums = SampleCombineChunks(partials.data(), chunks, -1, 2);
+    for (int64_t c = 0; c < chunks; ++c) {
+      const double before = SampleCombineChunks(partials.data(), chunks, c, 2).mass_before;
+      for (int t = static_cast<int>(c) * kThreads; t < static_cast<int>(c + 1) * kThreads; ++t) {
+        offset[t] = before + offset[t];
+      }
     }
 
-    // ---- 3. The first crossing of u · mass.
-    int64_t row_found = INT64_MAX;
+    // ---- 3. The first crossing of u · mass: per thread, then the min per block (exact in
+    // any order), then the chunks' min.
+    for (int64_t c = 0; c < chunks; ++c) partials[static_cast<size_t>(c)].found = INT64_MAX;
     if (!greedy) {
-      const double target = args.uniform[row] * row_mass;
-      for (int t = 0; t < kThreads; ++t) {
+      const double target = args.uniform[row] * sums.mass;
+      for (int t = 0; t < total_threads; ++t) {
         double running = offset[t];
         int64_t next = first[t];
         found[t] = INT64_MAX;
@@ -206,13 +242,22 @@ inline bool RunSampleOnHost(const SampleArgs& args) {
           }
         }
       }
-      // A min is exact in any order: the butterfly and the warps give the block's min.
-      row_found = *std::min_element(found.begin(), found.end());
+      for (int64_t c = 0; c < chunks; ++c) {
+        partials[static_cast<size_t>(c)].found =
+            *std::min_element(found.begin() + c * kThreads, found.begin() + (c + 1) * kThreads);
+      }
     }
-    const int64_t token =
-        SampleChooseToken(greedy, best, row_found == INT64_MAX ? -1 : row_found, row_last);
+    // ---- The finish: the chunks combined, the token and its log-probability.
+    const SampleChunkResult whole = SampleCombineChunks(partials.data(), chunks, -1, 3);
+    const int64_t token = SampleChooseToken(
+        greedy, whole.best_index, whole.found == INT64_MAX ? -1 : whole.found, whole.last_positive);
     args.out[2 * row] = static_cast<double>(token);
-    args.out[2 * row + 1] = SampleLogProb(logits[token], row_raw_top, row_total);
+    args.out[2 * row + 1] = SampleLogProb(logits[token], whole.raw_top, whole.total);
+    if (chunks > 1) {  // the kernel's scratch, as its passes leave it
+      for (int64_t c = 0; c < chunks; ++c) {
+        args.partials[row * chunks + c] = partials[static_cast<size_t>(c)];
+      }
+    }
   }
   return true;
 }

@@ -22,6 +22,7 @@
 #include <cstdint>
 
 #include "models/gpu/host_device.h"
+#include "models/gpu/sample.h"
 
 namespace fwmodel::kernels {
 
@@ -93,6 +94,50 @@ FW_HOST_DEVICE inline bool SampleArgmaxBeats(float value_b, int64_t index_b, flo
 // multiple of 4 (so a chunk of a 16-byte aligned row reads four floats at a time).
 FW_HOST_DEVICE inline int64_t SampleChunk(int64_t vocab, int threads) {
   return ((vocab + threads - 1) / threads + 3) / 4 * 4;
+}
+
+// A row's chunks combined (SampleCombineChunks).
+struct SampleChunkResult {
+  float best_value = -INFINITY;  // the argmax's adjusted logit
+  int64_t best_index = 0;        // the argmax (first of equals)
+  float raw_top = -INFINITY;     // max finite raw logit (−inf: none)
+  double total = 0.0;            // Σ of the chunks' normalisers
+  double mass = 0.0;             // Σ of the chunks' masses
+  double mass_before = 0.0;      // Σ of the masses of the chunks before `before`
+  int64_t last_positive = -1;    // the max of the chunks' last positives
+  int64_t found = INT64_MAX;     // the min of the chunks' crossings
+};
+
+// The partials of a row's `chunks` chunks (≥ 1) combined in chunk order: from pass 1 on,
+// the argmax (chunk 0's, then each later chunk's where it beats) and the raw max; from
+// pass 2 on (`passes` ≥ 2), the float64 sums 0.0 + chunk 0 + chunk 1 + ... (mass_before:
+// the running mass when chunk `before` comes) and the last positive; with passes 3, the
+// lowest crossing. Reads only what those passes wrote. The kernel's passes and finish and
+// the mirror combine chunks only through this, so their sums go in one order.
+FW_HOST_DEVICE inline SampleChunkResult SampleCombineChunks(const SampleChunkPartial* partials,
+                                                            int64_t chunks, int64_t before,
+                                                            int passes) {
+  SampleChunkResult r;
+  r.best_value = partials[0].best_value;
+  r.best_index = partials[0].best_index;
+  r.raw_top = partials[0].raw_top;
+  for (int64_t c = 0; c < chunks; ++c) {
+    const SampleChunkPartial& p = partials[c];
+    if (c > 0) {
+      if (SampleArgmaxBeats(p.best_value, p.best_index, r.best_value, r.best_index)) {
+        r.best_value = p.best_value;
+        r.best_index = p.best_index;
+      }
+      if (p.raw_top > r.raw_top) r.raw_top = p.raw_top;
+    }
+    if (passes < 2) continue;
+    if (c == before) r.mass_before = r.mass;
+    r.total += p.total;
+    r.mass += p.mass;
+    if (p.last_positive > r.last_positive) r.last_positive = p.last_positive;
+    if (passes >= 3 && p.found < r.found) r.found = p.found;
+  }
+  return r;
 }
 
 }  // namespace fwmodel::kernels

@@ -115,9 +115,11 @@ bool SampleKernelApplies(const torch::Tensor& raw_logits, const torch::Tensor& c
   return entries <= fwmodel::kernels::kSampleMaxAdjustments;
 }
 
-// SampleOnDevice's plain case by one launch of the sampling kernel on the current stream
-// of the logits' device: [rows, 2] float64 (token, logprob), the one allocation. No host
-// synchronisation: it runs inside CUDA Graph capture as the ops it replaces did.
+// SampleOnDevice's plain case by the sampling kernel on the current stream of the logits'
+// device: [rows, 2] float64 (token, logprob) and, for few rows (chunked launches), the
+// kernel's scratch (SampleScratchBytes, stream-ordered by the caching allocator), the only
+// allocations. No host synchronisation: it runs inside CUDA Graph capture as the ops it
+// replaces did.
 torch::Tensor SampleWithKernel(const torch::Tensor& raw_logits, const torch::Tensor& columns,
                                const torch::Tensor& penalty_index,
                                const torch::Tensor& penalty_factor, const torch::Tensor& bias_index,
@@ -143,6 +145,13 @@ torch::Tensor SampleWithKernel(const torch::Tensor& raw_logits, const torch::Ten
     args.bias_value = bias_value.data_ptr<float>();
   }
   args.out = out.data_ptr<double>();
+  torch::Tensor scratch;
+  const int64_t scratch_bytes = fwmodel::kernels::SampleScratchBytes(rows, args.vocab);
+  if (scratch_bytes > 0) {
+    scratch = torch::empty({scratch_bytes / 8}, raw_logits.options().dtype(torch::kFloat64));
+    args.partials =
+        reinterpret_cast<fwmodel::kernels::SampleChunkPartial*>(scratch.data_ptr<double>());
+  }
   const int error =
       fwmodel::kernels::LaunchSample(args, c10::cuda::getCurrentCUDAStream().stream());
   TORCH_CHECK(error == 0,

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <limits>
 #include <random>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -39,19 +40,20 @@ struct Stream {
   std::mt19937_64 host_rng, batch_rng;
 };
 
-// 16 streams: each temperature (0, 0.5, 1, 2) with and without a repetition penalty
-// (1.3 or 0.8), over every kind of row.
-std::vector<Stream> MakeStreams(int64_t vocab) {
+// `count` streams (16 by default), stream i as stream i % 16 of 16: each temperature (0,
+// 0.5, 1, 2) with and without a repetition penalty (1.3 or 0.8), over every kind of row.
+std::vector<Stream> MakeStreams(int64_t vocab, size_t count = 16) {
   const float temperatures[] = {0.0f, 0.5f, 1.0f, 2.0f};
   std::mt19937_64 pick(11);
-  std::vector<Stream> streams(16);
+  std::vector<Stream> streams(count);
   for (size_t i = 0; i < streams.size(); ++i) {
     Stream& s = streams[i];
-    s.params.temperature = temperatures[i % 4];
-    s.params.repetition_penalty = (i / 4) % 2 == 0 ? 1.0f : (i % 3 == 0 ? 0.8f : 1.3f);
-    s.kind = i == 5 || i == 10 ? RowKind::kSomeNonFinite
-             : i == 7          ? RowKind::kNoneFinite
-             : i == 13         ? RowKind::kTopIsPlusInf
+    const size_t k = i % 16;
+    s.params.temperature = temperatures[k % 4];
+    s.params.repetition_penalty = (k / 4) % 2 == 0 ? 1.0f : (k % 3 == 0 ? 0.8f : 1.3f);
+    s.kind = k == 5 || k == 10 ? RowKind::kSomeNonFinite
+             : k == 7          ? RowKind::kNoneFinite
+             : k == 13         ? RowKind::kTopIsPlusInf
                                : RowKind::kNormal;
     s.params.seed = 500 + i;
     s.host_rng.seed(s.params.seed);
@@ -111,10 +113,16 @@ Packed Pack(const std::vector<RowDraw>& batch, int64_t vocab) {
   return p;
 }
 
-fwmodel::kernels::SampleArgs KernelArgs(const torch::Tensor& logits, const Packed& p,
-                                        std::vector<double>* out) {
+// The kernel's arguments for `logits` and `p`, writing `out` and, where the launch is
+// chunked, `scratch` (sized here).
+fwmodel::kernels::SampleArgs KernelArgs(
+    const torch::Tensor& logits, const Packed& p, std::vector<double>* out,
+    std::vector<fwmodel::kernels::SampleChunkPartial>* scratch) {
   const int64_t rows = logits.size(0);
   out->assign(static_cast<size_t>(2 * rows), -7.0);
+  scratch->assign(
+      static_cast<size_t>(rows * fwmodel::kernels::SampleChunksPerRow(rows, logits.size(1))),
+      fwmodel::kernels::SampleChunkPartial());
   fwmodel::kernels::SampleArgs args;
   args.rows = rows;
   args.vocab = logits.size(1);
@@ -125,6 +133,7 @@ fwmodel::kernels::SampleArgs KernelArgs(const torch::Tensor& logits, const Packe
   args.penalty_index = p.width > 0 ? p.index.data() : nullptr;
   args.penalty_factor = p.width > 0 ? p.factor.data() : nullptr;
   args.out = out->data();
+  args.partials = scratch->data();
   return args;
 }
 
@@ -156,7 +165,8 @@ TEST_P(GpuSampleTest, HostGridDrawsWhatSampleOnDeviceAndSampleTokenDraw) {
     }
     const Packed packed = Pack(batch, vocab);
     std::vector<double> out;
-    ASSERT_TRUE(fwmodel::kernels::RunSampleOnHost(KernelArgs(logits, packed, &out)));
+    std::vector<fwmodel::kernels::SampleChunkPartial> scratch;
+    ASSERT_TRUE(fwmodel::kernels::RunSampleOnHost(KernelArgs(logits, packed, &out, &scratch)));
     const torch::Tensor reference =
         fwserve::SampleOnDevice(logits, packed.column_tensor, packed.penalty_index,
                                 packed.penalty_factor, /*filters=*/false);
@@ -249,7 +259,8 @@ TEST(GpuSampleBiasTest, HostGridAddsTheBiasAsSampleOnDeviceAndSampleToken) {
     const torch::Tensor bias_index = torch::tensor(ids, torch::kInt64).view({rows, width});
     const torch::Tensor bias_value = torch::tensor(values, torch::kFloat32).view({rows, width});
     std::vector<double> out;
-    fwmodel::kernels::SampleArgs args = KernelArgs(logits, packed, &out);
+    std::vector<fwmodel::kernels::SampleChunkPartial> scratch;
+    fwmodel::kernels::SampleArgs args = KernelArgs(logits, packed, &out, &scratch);
     args.bias_width = width;
     args.bias_index = ids.data();
     args.bias_value = values.data();
@@ -276,6 +287,133 @@ TEST(GpuSampleBiasTest, HostGridAddsTheBiasAsSampleOnDeviceAndSampleToken) {
       s.recent.push_back(token);
     }
   }
+}
+
+// The chunked launch (fewer than kSampleChunkedRowsBelow rows: C blocks per row, four
+// launches through the scratch partials) on the CPU by its mirror: 1, 3 and 63 mixed rows
+// (greedy and sampled, repetition penalties, logit biases with (0, 0) pads, NaN and ±inf
+// logits, rows with no finite logit) at the 65,536 vocabulary (32 chunks of 4 ids a
+// thread) and at vocabularies that split into chunks unevenly (50,257: 25 chunks, the
+// last part-empty; 4,099: 3 chunks, the last thread's ids not a multiple of 4) draw what
+// SampleOnDevice (filters = false) and SampleToken draw; log-probabilities within 1e-5.
+using ChunkCase = std::tuple<int64_t, int64_t>;  // rows, vocab
+class GpuSampleChunkTest : public testing::TestWithParam<ChunkCase> {};
+
+TEST_P(GpuSampleChunkTest, ChunkedHostGridDrawsWhatSampleOnDeviceAndSampleTokenDraw) {
+  c10::NoGradGuard no_grad;
+  const auto [rows, vocab] = GetParam();
+  ASSERT_GT(fwmodel::kernels::SampleChunksPerRow(rows, vocab), 1);
+  // Streams 5, 6, ... of MakeStreams: one row is sampled with a penalty and non-finite
+  // logits, three add a greedy penalised row and one with no finite logit.
+  std::vector<Stream> streams = MakeStreams(vocab, static_cast<size_t>(rows) + 5);
+  streams.erase(streams.begin(), streams.begin() + 5);
+  std::mt19937_64 pick(37);
+  for (size_t r = 0; r < streams.size(); ++r) {
+    if (r % 3 == 1) continue;  // no bias
+    for (int j = 0; j < 1 + static_cast<int>(pick() % 4); ++j) {
+      // Ascending, distinct ids spread over the row's chunks.
+      const int64_t id = (static_cast<int64_t>(pick() % 500) + 500 * j + 977 * j * j) % vocab;
+      const float value = j == 0 ? 100.0f : (j == 1 ? -100.0f : static_cast<float>(j) - 2.5f);
+      streams[r].params.logit_bias.emplace_back(id, value);
+    }
+  }
+  std::mt19937 logits_rng(47);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  const int rounds = rows > 8 ? 3 : 12;
+  int64_t sampled = 0;
+  for (int round = 0; round < rounds; ++round) {
+    torch::Tensor logits = torch::empty({rows, vocab}, torch::kFloat32);
+    float* data = logits.data_ptr<float>();
+    for (int64_t r = 0; r < rows; ++r) {
+      FillRow(streams[static_cast<size_t>(r)].kind, vocab, normal, logits_rng, data + r * vocab);
+    }
+    std::vector<RowDraw> batch(streams.size());
+    size_t bias_width = 0;
+    for (size_t r = 0; r < streams.size(); ++r) {
+      batch[r].row = static_cast<int64_t>(r);
+      batch[r].params = &streams[r].params;
+      batch[r].recent = &streams[r].recent;
+      if (streams[r].params.temperature != 0) {
+        batch[r].uniform = fwserve::CanonicalDraw(streams[r].batch_rng);
+      }
+      bias_width = std::max(bias_width, streams[r].params.logit_bias.size());
+    }
+    const Packed packed = Pack(batch, vocab);
+    std::vector<int64_t> ids(static_cast<size_t>(rows) * bias_width, 0);
+    std::vector<float> values(ids.size(), 0.0f);
+    for (size_t r = 0; r < streams.size(); ++r) {
+      const auto& bias = streams[r].params.logit_bias;
+      for (size_t j = 0; j < bias.size(); ++j) {
+        ids[r * bias_width + j] = bias[j].first;
+        values[r * bias_width + j] = bias[j].second;
+      }
+    }
+    const int64_t width = static_cast<int64_t>(bias_width);
+    torch::Tensor bias_index, bias_value;
+    std::vector<double> out;
+    std::vector<fwmodel::kernels::SampleChunkPartial> scratch;
+    fwmodel::kernels::SampleArgs args = KernelArgs(logits, packed, &out, &scratch);
+    if (width > 0) {
+      bias_index = torch::tensor(ids, torch::kInt64).view({rows, width});
+      bias_value = torch::tensor(values, torch::kFloat32).view({rows, width});
+      args.bias_width = width;
+      args.bias_index = ids.data();
+      args.bias_value = values.data();
+    }
+    ASSERT_TRUE(fwmodel::kernels::RunSampleOnHost(args));
+    const torch::Tensor reference = fwserve::SampleOnDevice(
+        logits, packed.column_tensor, packed.penalty_index, packed.penalty_factor,
+        /*filters=*/false, bias_index, bias_value);
+    const double* expected = reference.data_ptr<double>();
+    for (size_t r = 0; r < streams.size(); ++r) {
+      Stream& s = streams[r];
+      const std::string where =
+          absl::StrCat("rows ", rows, ", vocab ", vocab, ", round ", round, ", row ", r);
+      const int64_t token = static_cast<int64_t>(out[2 * r]);
+      ASSERT_EQ(token, static_cast<int64_t>(expected[2 * r])) << where;
+      if (std::isinf(expected[2 * r + 1])) {
+        EXPECT_EQ(out[2 * r + 1], expected[2 * r + 1]) << where;
+      } else {
+        EXPECT_NEAR(out[2 * r + 1], expected[2 * r + 1], 1e-5) << where;
+      }
+      if (s.kind != RowKind::kNoneFinite) {
+        ASSERT_EQ(token, fwserve::SampleToken(data + static_cast<int64_t>(r) * vocab, vocab,
+                                              s.params, s.host_rng, s.recent))
+            << where;
+      } else {
+        EXPECT_EQ(token, 0) << where;
+      }
+      sampled += s.params.temperature != 0 && s.kind != RowKind::kNoneFinite;
+      s.recent.push_back(token);
+    }
+  }
+  EXPECT_GT(sampled, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(RowsVocab, GpuSampleChunkTest,
+                         testing::Combine(testing::Values(1, 3, 63),
+                                          testing::Values(65536, 50257, 4099)),
+                         [](const testing::TestParamInfo<ChunkCase>& info) {
+                           return absl::StrCat("R", std::get<0>(info.param), "V",
+                                               std::get<1>(info.param));
+                         });
+
+// How many chunks a row takes: one block per row from 64 rows or below 2,049 ids, else
+// ceil(V / 2048) up to 32; the scratch is 48 bytes a chunk, none unchunked.
+TEST(GpuSampleArgsTest, ChunksPerRow) {
+  using fwmodel::kernels::SampleChunksPerRow;
+  EXPECT_EQ(SampleChunksPerRow(1, 65536), 32);
+  EXPECT_EQ(SampleChunksPerRow(63, 65536), 32);
+  EXPECT_EQ(SampleChunksPerRow(64, 65536), 1);
+  EXPECT_EQ(SampleChunksPerRow(512, 65536), 1);
+  EXPECT_EQ(SampleChunksPerRow(1, 1 << 20), 32);
+  EXPECT_EQ(SampleChunksPerRow(1, 50257), 25);
+  EXPECT_EQ(SampleChunksPerRow(3, 4099), 3);
+  EXPECT_EQ(SampleChunksPerRow(1, 2048), 1);
+  EXPECT_EQ(SampleChunksPerRow(1, 7), 1);
+  EXPECT_EQ(sizeof(fwmodel::kernels::SampleChunkPartial), 48u);
+  EXPECT_EQ(fwmodel::kernels::SampleScratchBytes(3, 65536), 3 * 32 * 48);
+  EXPECT_EQ(fwmodel::kernels::SampleScratchBytes(64, 65536), 0);
 }
 
 // The mirror refuses what LaunchSample refuses (cudaErrorInvalidValue), and does nothing
@@ -311,6 +449,12 @@ TEST(GpuSampleArgsTest, RefusesWhatTheLauncherRefuses) {
     a.penalty_factor = &factor;
   }));
   EXPECT_TRUE(refused([](auto& a) { a.bias_width = -1; }));
+  // A chunked launch (one row of 65,536 ids: 32 chunks) without its scratch.
+  std::vector<float> wide(65536, 0.0f);
+  EXPECT_TRUE(refused([&](auto& a) {
+    a.vocab = 65536;
+    a.logits = wide.data();
+  }));
   EXPECT_FALSE(refused([](auto& a) {
     a.rows = 0;
     a.logits = nullptr;
@@ -341,15 +485,43 @@ TEST(GpuSampleArgsTest, EachShareOfTheMassDrawsItsToken) {
   }
 }
 
+// The same across the chunks of a chunked launch: a flat row of 65,536 ids (32 chunks of
+// 2,048 ids, 4 ids a thread), u · mass just inside the first and last ids of chunks and
+// of threads.
+TEST(GpuSampleArgsTest, EachShareOfTheMassDrawsItsTokenAcrossChunks) {
+  constexpr int64_t kVocab = 65536;
+  ASSERT_EQ(fwmodel::kernels::SampleChunksPerRow(1, kVocab), 32);
+  std::vector<float> logits(kVocab, 0.5f);
+  const double temperature = 1.0;
+  for (int64_t token :
+       {int64_t{0}, int64_t{3}, int64_t{4}, int64_t{2047}, int64_t{2048}, int64_t{2049},
+        int64_t{4095}, int64_t{30000}, int64_t{63488}, int64_t{65535}}) {
+    const double uniform = (static_cast<double>(token) + 0.5) / kVocab;
+    double out[2] = {-7.0, -7.0};
+    std::vector<fwmodel::kernels::SampleChunkPartial> scratch(32);
+    fwmodel::kernels::SampleArgs args;
+    args.rows = 1;
+    args.vocab = kVocab;
+    args.logits = logits.data();
+    args.temperature = &temperature;
+    args.uniform = &uniform;
+    args.out = out;
+    args.partials = scratch.data();
+    ASSERT_TRUE(fwmodel::kernels::RunSampleOnHost(args));
+    EXPECT_EQ(out[0], static_cast<double>(token));
+    EXPECT_NEAR(out[1], -std::log(static_cast<double>(kVocab)), 1e-12);
+  }
+}
+
 #if defined(FWSERVE_CUDA_TESTS)
 // On a GPU (built where LibTorch has CUDA; scripts/gpu/check.py runs *CudaEquivalence*):
 // SampleOnDevice with filters = false on CUDA float32 logits (the sampling kernel where
 // models/gpu built it) against the CPU mirror of its grid and against the LibTorch ops on
 // the same CUDA tensors (filters = true: the same draws through the sort), 16 mixed rows
-// × 10 rounds at V = 65,536 and 1,000, with a penalty and a bias, and one batch of 512
-// rows. The mirror's float64 sums are the kernel's; only expf differs (CUDA's against
-// glibc's, an ulp or two), so at most one token in all may differ (a draw within rounding
-// of a boundary) and the log-probabilities agree within 1e-5.
+// × 10 rounds at V = 65,536 (chunked) and 1,000, with a penalty and a bias, and batches of
+// 512 rows and of 1, 3 and 63 (chunked). The mirror's float64 sums are the kernel's; only expf
+// differs (CUDA's against glibc's, an ulp or two), so at most one token in all may differ (a draw
+// within rounding of a boundary) and the log-probabilities agree within 1e-5.
 TEST(GpuSampleCudaEquivalenceTest, KernelDrawsWhatItsMirrorAndTheOpsDraw) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no usable CUDA device";
   c10::NoGradGuard no_grad;
@@ -387,7 +559,8 @@ TEST(GpuSampleCudaEquivalenceTest, KernelDrawsWhatItsMirrorAndTheOpsDraw) {
         }
       }
       std::vector<double> out;
-      fwmodel::kernels::SampleArgs args = KernelArgs(logits, packed, &out);
+      std::vector<fwmodel::kernels::SampleChunkPartial> scratch;
+      fwmodel::kernels::SampleArgs args = KernelArgs(logits, packed, &out, &scratch);
       args.bias_width = bias_width;
       args.bias_index = ids.data();
       args.bias_value = values.data();
@@ -432,41 +605,49 @@ TEST(GpuSampleCudaEquivalenceTest, KernelDrawsWhatItsMirrorAndTheOpsDraw) {
   }
   EXPECT_LE(mismatches, 1) << "of " << draws << " draws against the mirror";
   EXPECT_LE(op_mismatches, 1) << "of " << draws << " draws against the LibTorch ops";
-  // A batch of 512 rows at V = 65,536, temperature 1, no penalty: every block's row.
-  const int64_t rows = 512, vocab = 65536;
-  torch::Tensor logits = torch::randn({rows, vocab}, torch::kFloat32) * 3;
-  std::vector<double> columns(static_cast<size_t>(fwserve::kSampleColumns * rows), 0.0);
-  std::mt19937_64 rng(43);
-  for (int64_t r = 0; r < rows; ++r) {
-    columns[static_cast<size_t>(fwserve::kSampleTemperature * rows + r)] = r % 5 == 0 ? 0.0 : 1.0;
-    columns[static_cast<size_t>(fwserve::kSampleUniform * rows + r)] = fwserve::CanonicalDraw(rng);
-    columns[static_cast<size_t>(fwserve::kSampleTopK * rows + r)] = static_cast<double>(vocab);
-    columns[static_cast<size_t>(fwserve::kSampleTopP * rows + r)] = 1.0;
-    columns[static_cast<size_t>(fwserve::kSampleRow * rows + r)] = static_cast<double>(r);
-  }
-  std::vector<double> out(static_cast<size_t>(2 * rows));
-  fwmodel::kernels::SampleArgs args;
-  args.rows = rows;
-  args.vocab = vocab;
-  args.logits = logits.data_ptr<float>();
-  args.temperature = columns.data() + fwserve::kSampleTemperature * rows;
-  args.uniform = columns.data() + fwserve::kSampleUniform * rows;
-  args.out = out.data();
-  ASSERT_TRUE(fwmodel::kernels::RunSampleOnHost(args));
-  const torch::Tensor column_tensor =
-      torch::tensor(columns, torch::kFloat64).view({fwserve::kSampleColumns, rows}).to(cuda);
-  const torch::Tensor kernel =
-      fwserve::SampleOnDevice(logits.to(cuda), column_tensor, {}, {}, /*filters=*/false).cpu();
-  const double* got = kernel.data_ptr<double>();
-  int wide_mismatches = 0;
-  for (int64_t r = 0; r < rows; ++r) {
-    if (got[2 * r] != out[2 * r]) {
-      ++wide_mismatches;
-      continue;
+  // Batches of 512 rows (one block per row) and of 1, 3 and 63 rows (chunked: 32 blocks
+  // per row, four launches) at V = 65,536, temperature 1 (every fifth row greedy), no
+  // penalty.
+  for (const int64_t rows : {int64_t{512}, int64_t{1}, int64_t{3}, int64_t{63}}) {
+    const int64_t vocab = 65536;
+    torch::Tensor logits = torch::randn({rows, vocab}, torch::kFloat32) * 3;
+    std::vector<double> columns(static_cast<size_t>(fwserve::kSampleColumns * rows), 0.0);
+    std::mt19937_64 rng(43 + rows);
+    for (int64_t r = 0; r < rows; ++r) {
+      columns[static_cast<size_t>(fwserve::kSampleTemperature * rows + r)] = r % 5 == 4 ? 0.0 : 1.0;
+      columns[static_cast<size_t>(fwserve::kSampleUniform * rows + r)] =
+          fwserve::CanonicalDraw(rng);
+      columns[static_cast<size_t>(fwserve::kSampleTopK * rows + r)] = static_cast<double>(vocab);
+      columns[static_cast<size_t>(fwserve::kSampleTopP * rows + r)] = 1.0;
+      columns[static_cast<size_t>(fwserve::kSampleRow * rows + r)] = static_cast<double>(r);
     }
-    EXPECT_NEAR(got[2 * r + 1], out[2 * r + 1], 1e-5) << "row " << r;
+    std::vector<double> out(static_cast<size_t>(2 * rows));
+    std::vector<fwmodel::kernels::SampleChunkPartial> scratch(
+        static_cast<size_t>(rows * fwmodel::kernels::SampleChunksPerRow(rows, vocab)));
+    fwmodel::kernels::SampleArgs args;
+    args.rows = rows;
+    args.vocab = vocab;
+    args.logits = logits.data_ptr<float>();
+    args.temperature = columns.data() + fwserve::kSampleTemperature * rows;
+    args.uniform = columns.data() + fwserve::kSampleUniform * rows;
+    args.out = out.data();
+    args.partials = scratch.data();
+    ASSERT_TRUE(fwmodel::kernels::RunSampleOnHost(args));
+    const torch::Tensor column_tensor =
+        torch::tensor(columns, torch::kFloat64).view({fwserve::kSampleColumns, rows}).to(cuda);
+    const torch::Tensor kernel =
+        fwserve::SampleOnDevice(logits.to(cuda), column_tensor, {}, {}, /*filters=*/false).cpu();
+    const double* got = kernel.data_ptr<double>();
+    int wide_mismatches = 0;
+    for (int64_t r = 0; r < rows; ++r) {
+      if (got[2 * r] != out[2 * r]) {
+        ++wide_mismatches;
+        continue;
+      }
+      EXPECT_NEAR(got[2 * r + 1], out[2 * r + 1], 1e-5) << "rows " << rows << ", row " << r;
+    }
+    EXPECT_LE(wide_mismatches, 1) << "of " << rows << " rows";
   }
-  EXPECT_LE(wide_mismatches, 1) << "of " << rows << " rows";
 }
 #endif
 
