@@ -7,10 +7,11 @@
 // ≥ M stay 0) and walks W's row o in 16-byte chunks c = l, l + 32, ... (4 float32 or 8
 // bf16 each; consecutive lanes read consecutive 16 bytes, so a warp's load is 512
 // contiguous bytes), reading each chunk once for all M rows and the matching x of each
-// row (x is small and shared by every warp: L1/L2-resident), then the tail elements one
-// by one; gemv_rule.h's GemvMac per element, in order. A butterfly of shuffles (s = 16,
-// ..., 1) gives every lane the row sums; lane m writes row m's GemvFinish. gemv_host.h
-// runs this grid, warp by warp and lane by lane, on the CPU.
+// row (x is small and shared by every warp: L1/L2-resident), in groups of GemvUnroll(kRows)
+// chunks whose loads are all issued before the group's multiply-adds (gemv_rule.h), then
+// the tail elements one by one; gemv_rule.h's GemvMac per element, in order. A butterfly
+// of shuffles (s = 16, ..., 1) gives every lane the row sums; lane m writes row m's
+// GemvFinish. gemv_host.h runs this grid, warp by warp and lane by lane, on the CPU.
 //
 // Global memory is read-only except the y's, which no block of the launch reads (gemv.h:
 // y overlaps no input, except a residual that is y itself, element by element).
@@ -44,21 +45,56 @@ __global__ void __launch_bounds__(kGemvThreads) GroupedGemvKernel(const GroupedG
   for (int m = 0; m < kRows; ++m) acc[m] = 0.0f;
 
   const int64_t chunks = GemvVectorChunks(p, kWeight);
+  // The vector part in groups of kUnroll chunks per lane (c, c + 32, ..., c + 32·(kUnroll
+  // − 1)): all of a group's W loads (and, for kPreloadX, its x loads) are issued before its
+  // first multiply-add, so a lane keeps kUnroll 16-byte loads of W in flight; a short row
+  // (in ≤ 32·kUnroll·GemvVector) is one group. Chunks past `chunks` are neither loaded nor
+  // added. The multiply-adds run in the chunks' order, as gemv_rule.h states.
+  constexpr int kUnroll = GemvUnroll(kRows);
+  constexpr bool kPreloadX = GemvPreloadX(kRows, kWeight);
   if constexpr (kWeight == GemvWeight::kFloat32) {
     const float4* __restrict__ w_row = reinterpret_cast<const float4*>(p.w) + o * chunks;
-#pragma unroll 2
-    for (int64_t c = lane; c < chunks; c += kGemvWarpSize) {
-      const float4 wv = __ldg(w_row + c);
+    for (int64_t c0 = lane; c0 < chunks; c0 += kGemvWarpSize * kUnroll) {
+      float4 wv[kUnroll];
 #pragma unroll
-      for (int m = 0; m < kRows; ++m) {
-        if (m < M) {
-          const float4 xv = __ldg(reinterpret_cast<const float4*>(x + m * x_stride) + c);
-          float a = acc[m];
-          a = GemvMac(a, xv.x, wv.x, input);
-          a = GemvMac(a, xv.y, wv.y, input);
-          a = GemvMac(a, xv.z, wv.z, input);
-          a = GemvMac(a, xv.w, wv.w, input);
-          acc[m] = a;
+      for (int k = 0; k < kUnroll; ++k) {
+        const int64_t c = c0 + k * kGemvWarpSize;
+        wv[k] = c < chunks ? __ldg(w_row + c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      }
+      float4 xv[kPreloadX ? kUnroll * kRows : 1];
+      if constexpr (kPreloadX) {
+#pragma unroll
+        for (int k = 0; k < kUnroll; ++k) {
+          const int64_t c = c0 + k * kGemvWarpSize;
+#pragma unroll
+          for (int m = 0; m < kRows; ++m) {
+            xv[k * kRows + m] = c < chunks && m < M
+                                    ? __ldg(reinterpret_cast<const float4*>(x + m * x_stride) + c)
+                                    : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+          }
+        }
+      }
+#pragma unroll
+      for (int k = 0; k < kUnroll; ++k) {
+        const int64_t c = c0 + k * kGemvWarpSize;
+        if (c < chunks) {
+#pragma unroll
+          for (int m = 0; m < kRows; ++m) {
+            if (m < M) {
+              float4 xm;
+              if constexpr (kPreloadX) {
+                xm = xv[k * kRows + m];
+              } else {
+                xm = __ldg(reinterpret_cast<const float4*>(x + m * x_stride) + c);
+              }
+              float a = acc[m];
+              a = GemvMac(a, xm.x, wv[k].x, input);
+              a = GemvMac(a, xm.y, wv[k].y, input);
+              a = GemvMac(a, xm.z, wv[k].z, input);
+              a = GemvMac(a, xm.w, wv[k].w, input);
+              acc[m] = a;
+            }
+          }
         }
       }
     }
@@ -72,24 +108,56 @@ __global__ void __launch_bounds__(kGemvThreads) GroupedGemvKernel(const GroupedG
     }
   } else {
     const uint4* __restrict__ w_row = reinterpret_cast<const uint4*>(p.w) + o * chunks;
-#pragma unroll 2
-    for (int64_t c = lane; c < chunks; c += kGemvWarpSize) {
-      const uint4 wv = __ldg(w_row + c);
+    for (int64_t c0 = lane; c0 < chunks; c0 += kGemvWarpSize * kUnroll) {
+      uint4 wv[kUnroll];
 #pragma unroll
-      for (int m = 0; m < kRows; ++m) {
-        if (m < M) {
-          const float4* x_row = reinterpret_cast<const float4*>(x + m * x_stride) + 2 * c;
-          const float4 x0 = __ldg(x_row), x1 = __ldg(x_row + 1);
-          float a = acc[m];
-          a = GemvMac(a, x0.x, Bf16LowOf(wv.x), input);
-          a = GemvMac(a, x0.y, Bf16HighOf(wv.x), input);
-          a = GemvMac(a, x0.z, Bf16LowOf(wv.y), input);
-          a = GemvMac(a, x0.w, Bf16HighOf(wv.y), input);
-          a = GemvMac(a, x1.x, Bf16LowOf(wv.z), input);
-          a = GemvMac(a, x1.y, Bf16HighOf(wv.z), input);
-          a = GemvMac(a, x1.z, Bf16LowOf(wv.w), input);
-          a = GemvMac(a, x1.w, Bf16HighOf(wv.w), input);
-          acc[m] = a;
+      for (int k = 0; k < kUnroll; ++k) {
+        const int64_t c = c0 + k * kGemvWarpSize;
+        wv[k] = c < chunks ? __ldg(w_row + c) : make_uint4(0u, 0u, 0u, 0u);
+      }
+      float4 xv[kPreloadX ? 2 * kUnroll * kRows : 1];
+      if constexpr (kPreloadX) {
+#pragma unroll
+        for (int k = 0; k < kUnroll; ++k) {
+          const int64_t c = c0 + k * kGemvWarpSize;
+#pragma unroll
+          for (int m = 0; m < kRows; ++m) {
+            const float4* x_row = reinterpret_cast<const float4*>(x + m * x_stride) + 2 * c;
+            const bool live = c < chunks && m < M;
+            const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            xv[2 * (k * kRows + m)] = live ? __ldg(x_row) : zero;
+            xv[2 * (k * kRows + m) + 1] = live ? __ldg(x_row + 1) : zero;
+          }
+        }
+      }
+#pragma unroll
+      for (int k = 0; k < kUnroll; ++k) {
+        const int64_t c = c0 + k * kGemvWarpSize;
+        if (c < chunks) {
+#pragma unroll
+          for (int m = 0; m < kRows; ++m) {
+            if (m < M) {
+              float4 x0, x1;
+              if constexpr (kPreloadX) {
+                x0 = xv[2 * (k * kRows + m)];
+                x1 = xv[2 * (k * kRows + m) + 1];
+              } else {
+                const float4* x_row = reinterpret_cast<const float4*>(x + m * x_stride) + 2 * c;
+                x0 = __ldg(x_row);
+                x1 = __ldg(x_row + 1);
+              }
+              float a = acc[m];
+              a = GemvMac(a, x0.x, Bf16LowOf(wv[k].x), input);
+              a = GemvMac(a, x0.y, Bf16HighOf(wv[k].x), input);
+              a = GemvMac(a, x0.z, Bf16LowOf(wv[k].y), input);
+              a = GemvMac(a, x0.w, Bf16HighOf(wv[k].y), input);
+              a = GemvMac(a, x1.x, Bf16LowOf(wv[k].z), input);
+              a = GemvMac(a, x1.y, Bf16HighOf(wv[k].z), input);
+              a = GemvMac(a, x1.z, Bf16LowOf(wv[k].w), input);
+              a = GemvMac(a, x1.w, Bf16HighOf(wv[k].w), input);
+              acc[m] = a;
+            }
+          }
         }
       }
     }

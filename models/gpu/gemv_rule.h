@@ -98,6 +98,24 @@ FW_HOST_DEVICE inline int64_t GemvVectorChunks(const GemvProduct& p, GemvWeight 
   return aligned ? p.in / GemvVector(weight) : 0;
 }
 
+// The 16-byte chunks per lane of one group of the kernel's loads (gemv.cu): a lane issues
+// the W loads of a group's chunks c, c + 32, ..., c + 32·(GemvUnroll − 1) before the
+// group's multiply-adds, so that many loads of W are in flight per lane (the kernel is
+// bound by their latency: a product of out ≤ 1,024 rows has fewer blocks than an H200 has
+// SMs). 6 for M ≤ 2: the 0.1B's float32 768-wide rows (6 chunks a lane; bf16: 3) in one
+// group; 4 for M ≤ 4; 2 above (the accumulators' registers). No instantiation spills
+// (scripts/gpu/compile-check.sh). The order of the multiply-adds does not depend on it:
+// gemv_host.h does not use it.
+FW_HOST_DEVICE constexpr int GemvUnroll(int rows) { return rows <= 2 ? 6 : rows <= 4 ? 4 : 2; }
+
+// Whether the kernel also loads a group's x (all rows) before its multiply-adds: where
+// that is at most 6 float4 per lane (float32 at M = 1), which keeps that kernel at ≤ 72
+// registers (3 blocks of kGemvThreads per SM). Else x is read beside each multiply-add
+// (x is small and L1/L2-resident; ptxas schedules those loads).
+FW_HOST_DEVICE constexpr bool GemvPreloadX(int rows, GemvWeight weight) {
+  return GemvUnroll(rows) * rows * (weight == GemvWeight::kBFloat16 ? 2 : 1) <= 6;
+}
+
 // The blocks of a product of `out` output rows: one per kGemvWarps rows.
 FW_HOST_DEVICE inline int64_t GemvTiles(int64_t out) { return (out + kGemvWarps - 1) / kGemvWarps; }
 

@@ -41,7 +41,7 @@ step_1() {
 
 step_2() {
   {
-    for pair in rwkv7_wkv_check:rwkv7_wkv delta_rule_check:delta_rule_cuda; do
+    for pair in rwkv7_wkv_check:rwkv7_wkv delta_rule_check:delta_rule_cuda gemv_check:gemv; do
       check=${pair%%:*} kernel=${pair##*:}
       [[ -f scripts/gpu/$check.cu ]] || continue
       echo "== $check"

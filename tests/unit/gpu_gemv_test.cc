@@ -8,8 +8,9 @@
 // stride (unaligned: element by element); a residual that is y itself. The mirror refuses
 // what the launcher refuses. And rwkv7.cc's grouped-GEMV path (its decode projections),
 // run on CPU tensors with the mirror in place of the launch, equals its LibTorch path:
-// logits and states. The CUDA kernel itself runs in CudaEquivalenceTest
-// (model_cuda_test.cc) on a GPU machine, through rwkv7.cc.
+// logits and states. The kernel's load groups cover a 768-wide float32 row at M <= 2. The
+// CUDA kernel itself runs in CudaEquivalenceTest (model_cuda_test.cc) on a GPU machine,
+// through rwkv7.cc, and against the mirror in scripts/gpu/gemv_check.cu.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -200,6 +201,30 @@ TEST(GpuGemvBodiesTest, TanhWithinToleranceOfLibTorch) {
     got[i] = fwmodel::kernels::GemvTanh(z[i].item<float>());
   }
   EXPECT_LE(fwtest::MaxAbsDiff(got, torch::tanh(z)), 1e-6);
+}
+
+// The kernel's load groups (gemv_rule.h, gemv.cu): a float32 768-wide row (the 0.1B's d)
+// is one group of loads per lane at M <= 2, its x loaded with it at M = 1; no bucket is
+// shallower than the 2 chunks a lane kept in flight before; the x preloaded stays within
+// 6 float4 a lane.
+TEST(GpuGemvBodiesTest, LoadGroupsCoverShortRows) {
+  using fwmodel::kernels::GemvPreloadX;
+  using fwmodel::kernels::GemvUnroll;
+  using fwmodel::kernels::GemvVector;
+  using fwmodel::kernels::kGemvWarpSize;
+  for (int rows : {1, 2}) {
+    EXPECT_GE(GemvUnroll(rows) * kGemvWarpSize * GemvVector(GemvWeight::kFloat32), 768) << rows;
+  }
+  EXPECT_TRUE(GemvPreloadX(1, GemvWeight::kFloat32));
+  for (int rows = 1; rows <= kGemvMaxRows; rows *= 2) {
+    EXPECT_GE(GemvUnroll(rows), 2) << rows;
+    for (GemvWeight weight : {GemvWeight::kFloat32, GemvWeight::kBFloat16}) {
+      const int x_vectors = weight == GemvWeight::kBFloat16 ? 2 : 1;
+      if (GemvPreloadX(rows, weight)) {
+        EXPECT_LE(GemvUnroll(rows) * rows * x_vectors, 6) << rows;
+      }
+    }
+  }
 }
 
 TEST(GpuGemvArgsTest, RefusesWhatTheLauncherRefuses) {
