@@ -15,6 +15,7 @@
 #   6. bench/structured_cost.py on the CUDA server: the shipped aft model and an RWKV-7
 #      0.1B with the world vocabulary                                   structured.log
 # Environment: KERNEL_RUN_STEPS (default "1 2 3 4 5 6": the steps, in the order given),
+# KERNEL_RUN_CHECKS (step 2's "check:kernel" pairs, space-separated; default all three),
 # KERNEL_RUN_SANITIZER (1; 0 leaves compute-sanitizer out of step 3), KERNEL_RUN_VOCAB
 # (the world vocabulary file for step 6; default tests/data/rwkv/rwkv_vocab_v20230424.txt),
 # and check.py's CHECK_REAL_SHAPE_* for step 5.
@@ -41,7 +42,7 @@ step_1() {
 
 step_2() {
   {
-    for pair in rwkv7_wkv_check:rwkv7_wkv delta_rule_check:delta_rule_cuda gemv_check:gemv; do
+    for pair in ${KERNEL_RUN_CHECKS:-rwkv7_wkv_check:rwkv7_wkv delta_rule_check:delta_rule_cuda gemv_check:gemv}; do
       check=${pair%%:*} kernel=${pair##*:}
       [[ -f scripts/gpu/$check.cu ]] || continue
       echo "== $check"
@@ -111,7 +112,7 @@ import check
 config = dict(check.REAL_SHAPES["rwkv7-0.1b"], tokenizer="rwkv_world")
 json.dump(config, open(sys.argv[1] + ".json", "w"))
 PY
-      cp "$vocab" "$world/" && "$build/tools/fwmodel" init "$world" --config "$world.json" \
+      cp "$vocab" "$world/rwkv_vocab_v20230424.txt" && "$build/tools/fwmodel" init "$world" --config "$world.json" \
         --seed 1 --storage_dtype BF16 >/dev/null && {
         echo "== RWKV-7 0.1B shape, world vocabulary"
         timeout 200 python3 bench/structured_cost.py "$build/server/fwserve" "$world" \
