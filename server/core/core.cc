@@ -236,6 +236,10 @@ class CoreImpl : public Core {
                        "fork_from or a stored response): each choice would be another "
                        "continuation of it"));
     }
+    if (params.max_tokens < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("n: ", n, " choices need max_tokens >= 1, got ", params.max_tokens));
+    }
     if (params.random_seed) {
       params.sampling.seed = RandomSeed();
       params.random_seed = false;

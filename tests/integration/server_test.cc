@@ -1055,6 +1055,18 @@ TEST_F(ServerTest, SeveralChoicesShareOnePrefillAndEndOnTheirOwn) {
   auto again = server->client().Generate(request);
   ASSERT_TRUE(again.ok()) << again.status();
   for (size_t i = 0; i < 3; ++i) EXPECT_EQ(again->choices[i].token_ids, result->choices[i].token_ids);
+  // Greedy: every choice starts from choice 0's state and logits, so all are its reply.
+  auto greedy = Greedy("ROMEO:\nWhat light through yonder window breaks?\n", 9);
+  auto greedy_single = server->client().Generate(greedy);
+  ASSERT_TRUE(greedy_single.ok()) << greedy_single.status();
+  greedy.set_n(3);
+  auto greedy_choices = server->client().Generate(greedy);
+  ASSERT_TRUE(greedy_choices.ok()) << greedy_choices.status();
+  for (const auto& choice : greedy_choices->choices) {
+    EXPECT_EQ(choice.token_ids, greedy_single->token_ids);
+  }
+  greedy.set_max_tokens(0);
+  EXPECT_EQ(server->client().Generate(greedy).status().code(), StatusCode::kInvalidArgument);
 
   // Each choice of a constrained request is a whole document, ending when it is.
   auto constrained = Greedy("ROMEO:", 120);
