@@ -18,21 +18,14 @@ import argparse
 import json
 import os
 import re
-import socket
 import statistics
-import subprocess
-import sys
 import threading
 import time
 import urllib.request
 
+from http_fwserve import HttpFwserve
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def post(base, body):
@@ -62,23 +55,9 @@ def main():
     args = parser.parse_args()
     text = open(os.path.join(REPO, "models", "data", "tinyshakespeare.txt"), encoding="utf-8",
                 errors="replace").read()
-    port, metrics_port = free_port(), free_port()
-    base, metrics = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{metrics_port}"
-    server = subprocess.Popen(
-        [args.fwserve, "--model", args.model_dir, "--listen", "127.0.0.1:0", "--metrics-listen",
-         f"127.0.0.1:{metrics_port}", "--http-listen", f"127.0.0.1:{port}", "--threads",
-         str(args.threads)] + args.server_flag,
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        for _ in range(600):
-            try:
-                with urllib.request.urlopen(f"{base}/v1/models") as r:
-                    model = json.load(r)["data"][0]["id"]
-                break
-            except OSError:
-                time.sleep(0.1)
-        else:
-            sys.exit("fwserve did not start")
+    with HttpFwserve(args.fwserve, args.model_dir, args.threads, metrics=True,
+                     flags=args.server_flag) as server:
+        base, metrics, model = server.base, server.metrics, server.model
         offset = 0
 
         def next_prompt():
@@ -117,9 +96,6 @@ def main():
         ratios.sort()
         print(f"B/A wall time: median {statistics.median(ratios):.2f} "
               f"(range {ratios[0]:.2f}-{ratios[-1]:.2f}) over {args.rounds} rounds")
-    finally:
-        server.terminate()
-        server.wait()
 
 
 if __name__ == "__main__":

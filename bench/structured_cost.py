@@ -22,14 +22,12 @@ only), then the median and range over the rounds.
 """
 import argparse
 import json
-import os
-import socket
 import statistics
-import subprocess
-import sys
 import threading
 import time
 import urllib.request
+
+from http_fwserve import HttpFwserve
 
 SCHEMA = {
     "type": "object",
@@ -46,12 +44,6 @@ SCHEMA = {
     "required": ["name", "role", "age", "lines", "home"],
     "additionalProperties": False,
 }
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def chat(base, model, seed, tokens, constrained):
@@ -117,23 +109,8 @@ def main():
     parser.add_argument("--server-flag", action="append", default=[],
                         help="one more fwserve flag (repeatable), e.g. --server-flag=--device=cuda")
     args = parser.parse_args()
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen(
-        [args.fwserve, "--model", args.model_dir, "--listen", "127.0.0.1:0", "--metrics-listen",
-         "", "--http-listen", f"127.0.0.1:{port}", "--threads", str(args.threads)]
-        + args.server_flag,
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        for _ in range(600):
-            try:
-                with urllib.request.urlopen(f"{base}/v1/models") as r:
-                    model = json.load(r)["data"][0]["id"]
-                break
-            except OSError:
-                time.sleep(0.1)
-        else:
-            sys.exit("fwserve did not start")
+    with HttpFwserve(args.fwserve, args.model_dir, args.threads, flags=args.server_flag) as server:
+        base, model = server.base, server.model
         sequential(base, model, 2, args.tokens, True, 1)  # warm: the masks' first walks
         ratios, batch_ratios = [], []
         for round_ in range(args.rounds):
@@ -153,9 +130,6 @@ def main():
         print(f"unconstrained streams beside a constrained one: median "
               f"{statistics.median(batch_ratios):.3f} (range {min(batch_ratios):.3f}-"
               f"{max(batch_ratios):.3f})")
-    finally:
-        server.terminate()
-        server.wait()
 
 
 if __name__ == "__main__":
