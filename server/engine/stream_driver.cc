@@ -286,10 +286,7 @@ void StreamDriver::AdmitStream(Task& t) {
                       w.tokens.end());
       if (choice_row != nullptr) t.recent = choice_row->recent;
     }
-    if (choice_row != nullptr) {
-      ++choice_groups_[g.choice.group].arrived;
-      DropSettledChoiceGroups();
-    }
+    if (choice_row != nullptr) DropSettledChoiceGroups();  // HoldChoice counted it
     metrics_->AddPromptTokensSaved(t.tokens_before);
     tasks_by_stream_[generate->stream_id] = t.s->id;
   }
@@ -751,10 +748,12 @@ void StreamDriver::EndAll() {
 bool StreamDriver::HoldChoice(std::unique_ptr<WorkItem>& item) {
   const GenerateWork* generate = item->As<GenerateWork>();
   if (generate == nullptr || generate->params.choice.index == 0) return false;
-  const GenerateParams::Choice& choice = generate->params.choice;
-  ChoiceGroup& group = choice_groups_[choice.group];
-  group.expected = choice.count - 1;
-  if (group.ready) return false;  // AdmitStream starts it from the group's row
+  ChoiceGroup& group = GroupOf(generate->params.choice);
+  if (group.ready) {
+    // Counted now, so that a choice whose admission fails later counts as arrived too.
+    ++group.arrived;
+    return false;  // AdmitStream starts it from the group's row
+  }
   if (!group.failed.ok()) {
     ++group.arrived;
     FailItem(std::move(item), group.failed);
@@ -765,11 +764,15 @@ bool StreamDriver::HoldChoice(std::unique_ptr<WorkItem>& item) {
   return true;
 }
 
-void StreamDriver::SaveChoiceRow(Task& t) {
-  const GenerateParams::Choice& choice = t.generate->choice;
+StreamDriver::ChoiceGroup& StreamDriver::GroupOf(const GenerateParams::Choice& choice) {
   ChoiceGroup& group = choice_groups_[choice.group];
-  if (group.ready || !group.failed.ok()) return;
   group.expected = choice.count - 1;
+  return group;
+}
+
+void StreamDriver::SaveChoiceRow(Task& t) {
+  ChoiceGroup& group = GroupOf(t.generate->choice);
+  if (group.ready || !group.failed.ok()) return;
   pool_.SaveRow(t.slot, &group.row);
   group.tokens = t.tokens;
   group.recent = t.recent;
@@ -781,8 +784,7 @@ void StreamDriver::SaveChoiceRow(Task& t) {
 
 void StreamDriver::FailChoiceGroup(const GenerateParams::Choice& choice,
                                    const absl::Status& status) {
-  ChoiceGroup& group = choice_groups_[choice.group];
-  group.expected = choice.count - 1;
+  ChoiceGroup& group = GroupOf(choice);
   group.failed = status;
   group.settled = absl::Now();
   for (std::unique_ptr<WorkItem>& item : group.waiting) {

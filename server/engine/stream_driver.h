@@ -143,12 +143,15 @@ class StreamDriver {
     int64_t tokens = 0;
     std::vector<int64_t> recent;
     int32_t expected = 0;  // the other choices: count - 1
-    int32_t arrived = 0;   // of them, started from `row` or failed
+    int32_t arrived = 0;   // of them, let through to start from `row`, or failed
     // Admitted before `ready`: admitted again once it is (or failed).
     std::vector<std::unique_ptr<WorkItem>> waiting;
     absl::Time settled;  // when it became ready or failed
   };
+  // The group of `choice` (made if new), its expected count set.
+  ChoiceGroup& GroupOf(const GenerateParams::Choice& choice);
   // Whether Admit took `item` (a choice i > 0): it waits for its group's row, or failed.
+  // A choice let through (its group is ready) counts as arrived.
   bool HoldChoice(std::unique_ptr<WorkItem>& item);
   // Choice 0 is about to draw its first token: its row becomes the group's.
   void SaveChoiceRow(Task& t);
