@@ -636,11 +636,11 @@ void GraphedStep::StageMasks(absl::Span<const RowDraw> draws, int64_t size) {
     std::memcpy(masks + used * vocab, draws[b].allowed, static_cast<size_t>(vocab));
     mask_rows[used++] = static_cast<int64_t>(b);
   }
-  // The unused entries allow everything, on the scratch row past the bucket's rows.
-  std::memset(masks + used * vocab, 1, static_cast<size_t>((capacity - used) * vocab));
+  // The unused entries land on the scratch row past the bucket's rows, which no row
+  // reads: their masks need neither be written nor copied.
   std::fill(mask_rows + used, mask_rows + capacity, size);
   // The next pass rewrites the staging buffers only after this one synchronised.
-  device_masks_.copy_(host_masks_, /*non_blocking=*/true);
+  device_masks_.narrow(0, 0, used).copy_(host_masks_.narrow(0, 0, used), /*non_blocking=*/true);
   device_mask_rows_.copy_(host_mask_rows_, /*non_blocking=*/true);
 }
 
@@ -672,7 +672,7 @@ void GraphedStep::BucketWork(Bucket& bucket, SamplingKind kind) {
       break;
     case SamplingKind::kMasked: {
       // Every row allowed everything but the staged ones; one scratch row past the
-      // bucket's takes the unused entries.
+      // bucket's takes the unused entries (whatever their masks hold).
       torch::Tensor allowed = torch::ones(
           {bucket.size + 1, model_.config().vocab_size},
           torch::dtype(torch::kBool).device(bucket.logits.device()));
@@ -766,36 +766,34 @@ void GraphedStep::Capture(Bucket& bucket) {
     const c10::cuda::CUDAStreamGuard stream_guard(side);
     // In place, the warm-up runs write only the pad row (every row of the upload is
     // the pad row until the first step).
-    for (int i = 0; i < options_.warmup_runs; ++i) BucketWork(bucket, SamplingKind::kFiltered);
-    side.synchronize();
-    auto graph = std::make_unique<at::cuda::CUDAGraph>();
-    graph->capture_begin();
-    BucketWork(bucket, SamplingKind::kFiltered);
-    graph->capture_end();
-    if (in_place() && options_.sample_in_step && options_.plain_sampling) {
-      // The plain sampling's graph, in the same pool: each capture's sampled output stays
-      // referenced by the bucket (sampled, sampled_plain), so neither graph's replay
-      // writes the other's; what else the first capture freed is scratch within a replay.
-      for (int i = 0; i < options_.warmup_runs; ++i) BucketWork(bucket, SamplingKind::kPlain);
+    // The warm-up runs, then the capture of the bucket's work with sampling `kind`, into
+    // `pool` (null: a new one).
+    auto capture = [&](SamplingKind kind, at::cuda::CUDAGraph* pool) {
+      for (int i = 0; i < options_.warmup_runs; ++i) BucketWork(bucket, kind);
       side.synchronize();
-      auto plain = std::make_unique<at::cuda::CUDAGraph>();
-      plain->capture_begin(graph->pool());
-      BucketWork(bucket, SamplingKind::kPlain);
-      plain->capture_end();
-      bucket.plain_graph = std::move(plain);
+      auto graph = std::make_unique<at::cuda::CUDAGraph>();
+      if (pool != nullptr) {
+        graph->capture_begin(pool->pool());
+      } else {
+        graph->capture_begin();
+      }
+      BucketWork(bucket, kind);
+      graph->capture_end();
+      return graph;
+    };
+    std::unique_ptr<at::cuda::CUDAGraph> graph = capture(SamplingKind::kFiltered, nullptr);
+    // The other samplings' graphs, in the same pool: each capture's sampled output stays
+    // referenced by the bucket (sampled, sampled_plain, sampled_masked), so no graph's
+    // replay writes another's; what else a capture freed is scratch within a replay.
+    if (in_place() && options_.sample_in_step && options_.plain_sampling) {
+      bucket.plain_graph = capture(SamplingKind::kPlain, graph.get());
     }
     if (in_place() && options_.sample_in_step && options_.masked_rows > 0) {
-      // The masked sampling's graph, likewise. Its mask rows point at row 0 (any bucket
-      // has one) with everything allowed until a pass stages its own.
+      // Its mask rows point at row 0 (any bucket has one) with everything allowed until a
+      // pass stages its own.
       device_mask_rows_.zero_();
       device_masks_.fill_(1);
-      for (int i = 0; i < options_.warmup_runs; ++i) BucketWork(bucket, SamplingKind::kMasked);
-      side.synchronize();
-      auto masked = std::make_unique<at::cuda::CUDAGraph>();
-      masked->capture_begin(graph->pool());
-      BucketWork(bucket, SamplingKind::kMasked);
-      masked->capture_end();
-      bucket.masked_graph = std::move(masked);
+      bucket.masked_graph = capture(SamplingKind::kMasked, graph.get());
     }
     bucket.graph = std::move(graph);
   }
