@@ -158,16 +158,15 @@ class GenerateJob : public GenerateObserver, public std::enable_shared_from_this
     std::string events;
     for (size_t i = 0; i < choices_.size(); ++i) {
       Choice& c = choices_[i];
-      const bool several = !summary.choices.empty();
-      std::string tail = c.filter.Push(several && i < summary.choices.size()
-                                           ? summary.choices[i].trailing_text
-                                           : summary.trailing_text);
+      // How this choice ended: its own entry when there are several, else the summary's.
+      const GenerateSummary::ChoiceEnd* end =
+          i < summary.choices.size() ? &summary.choices[i] : nullptr;
+      std::string tail = c.filter.Push(end != nullptr ? end->trailing_text : summary.trailing_text);
       tail += c.filter.Finish();
       c.text += tail;
       GenerateOutcome outcome;
       outcome.text = c.text;
-      outcome.reason =
-          several && i < summary.choices.size() ? summary.choices[i].reason : summary.reason;
+      outcome.reason = end != nullptr ? end->reason : summary.reason;
       outcome.stopped = c.filter.stopped();
       outcome.usage = usage;
       outcome.tokens = std::move(c.tokens);
