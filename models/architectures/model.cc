@@ -626,8 +626,7 @@ torch::Tensor HeadLinear(const torch::Tensor& x, const torch::Tensor& head) {
     p.x_stride = in;
     p.y_stride = head.size(0);
     const c10::cuda::CUDAGuard device(x.device());
-    const int error =
-        kernels::LaunchGroupedGemv(args, c10::cuda::getCurrentCUDAStream().stream());
+    const int error = kernels::LaunchGroupedGemv(args, c10::cuda::getCurrentCUDAStream().stream());
     TORCH_CHECK(error == 0, "the head's GEMV kernel failed: ", kernels::GemvErrorString(error));
     return y;
   }

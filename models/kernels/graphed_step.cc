@@ -175,7 +175,8 @@ absl::StatusOr<std::unique_ptr<GraphedStep>> GraphedStep::Create(const Model& mo
           step->host_masks_ = step->host_masks_.pin_memory();
           step->host_mask_rows_ = step->host_mask_rows_.pin_memory();
         }
-        step->device_masks_ = torch::ones({masked, vocab}, torch::dtype(torch::kUInt8).device(device));
+        step->device_masks_ =
+            torch::ones({masked, vocab}, torch::dtype(torch::kUInt8).device(device));
         step->device_mask_rows_ = torch::zeros({masked}, int64_on);
       }
     } else {
@@ -666,16 +667,15 @@ void GraphedStep::BucketWork(Bucket& bucket, SamplingKind kind) {
                                   bucket.penalty_factor, /*filters=*/false);
       break;
     case SamplingKind::kFiltered:
-      bucket.sampled =
-          fwserve::SampleOnDevice(bucket.logits, bucket.columns, bucket.penalty_index,
-                                  bucket.penalty_factor, /*filters=*/true);
+      bucket.sampled = fwserve::SampleOnDevice(bucket.logits, bucket.columns, bucket.penalty_index,
+                                               bucket.penalty_factor, /*filters=*/true);
       break;
     case SamplingKind::kMasked: {
       // Every row allowed everything but the staged ones; one scratch row past the
       // bucket's takes the unused entries (whatever their masks hold).
-      torch::Tensor allowed = torch::ones(
-          {bucket.size + 1, model_.config().vocab_size},
-          torch::dtype(torch::kBool).device(bucket.logits.device()));
+      torch::Tensor allowed =
+          torch::ones({bucket.size + 1, model_.config().vocab_size},
+                      torch::dtype(torch::kBool).device(bucket.logits.device()));
       allowed.index_copy_(0, device_mask_rows_, device_masks_.to(torch::kBool));
       bucket.sampled_masked = fwserve::SampleOnDevice(
           bucket.logits, bucket.columns, bucket.penalty_index, bucket.penalty_factor,

@@ -72,8 +72,8 @@ class ChoiceFanIn : public GenerateControl, public std::enable_shared_from_this<
   std::vector<std::shared_ptr<GenerateControl>> controls_ ABSL_GUARDED_BY(mu_);
   std::deque<Queued> queue_ ABSL_GUARDED_BY(mu_);
   std::optional<int32_t> in_flight_ ABSL_GUARDED_BY(mu_);  // whose chunk is being written
-  bool started_ ABSL_GUARDED_BY(mu_) = false;  // Start ran: downstream may be called
-  bool sending_ ABSL_GUARDED_BY(mu_) = false;  // a Pump is calling downstream
+  bool started_ ABSL_GUARDED_BY(mu_) = false;              // Start ran: downstream may be called
+  bool sending_ ABSL_GUARDED_BY(mu_) = false;              // a Pump is calling downstream
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
   int32_t finished_ ABSL_GUARDED_BY(mu_) = 0;  // members finished or refused
   std::vector<bool> member_done_ ABSL_GUARDED_BY(mu_);

@@ -232,7 +232,8 @@ class CoreImpl : public Core {
     if (!params.session_id.empty() || !params.fork_from.empty() ||
         params.prefix_reuse == GenerateParams::PrefixReuse::kCallerSession) {
       return absl::InvalidArgumentError(
-          absl::StrCat("n: ", n, " choices need a request without a session (session_id, "
+          absl::StrCat("n: ", n,
+                       " choices need a request without a session (session_id, "
                        "fork_from or a stored response): each choice would be another "
                        "continuation of it"));
     }
@@ -256,7 +257,8 @@ class CoreImpl : public Core {
         choice.prefix_reuse = GenerateParams::PrefixReuse::kOff;
         // A fixed odd step (2^64 / golden ratio): distinct seeds, the same for the same
         // request seed.
-        choice.sampling.seed = params.sampling.seed + static_cast<uint64_t>(i) * 0x9E3779B97F4A7C15ull;
+        choice.sampling.seed =
+            params.sampling.seed + static_cast<uint64_t>(i) * 0x9E3779B97F4A7C15ull;
       }
       absl::Status started = StartGenerate(caller, std::move(choice), fan_in->member(i));
       if (started.ok()) {

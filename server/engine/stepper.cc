@@ -131,8 +131,7 @@ absl::Status Stepper::StepAhead(const std::vector<int64_t>& rows,
     row_draws[i].params = r.params;
     // MultiStepInPlace refuses repetition penalties, logit biases and constraint masks:
     // a batch with one steps one token.
-    if (r.params->repetition_penalty != 1.0f || r.params->AdjustsLogits() ||
-        r.allowed != nullptr) {
+    if (r.params->repetition_penalty != 1.0f || r.params->AdjustsLogits() || r.allowed != nullptr) {
       return Step(rows, tokens, pool, draws);
     }
     limits[i] = i < multi.limits.size() ? std::clamp<int64_t>(multi.limits[i], 1, steps) : 1;

@@ -232,8 +232,8 @@ void StreamDriver::AdmitStream(Task& t) {
   // Choice i > 0 of a request: its throwaway row starts as choice 0's after the prompt
   // (HoldChoice admitted it only once that row was saved).
   const ChoiceGroup* choice_row = nullptr;
-  if (const GenerateWork* generate = w.As<GenerateWork>(); generate != nullptr &&
-                                                          generate->params.choice.index > 0) {
+  if (const GenerateWork* generate = w.As<GenerateWork>();
+      generate != nullptr && generate->params.choice.index > 0) {
     auto group = choice_groups_.find(generate->params.choice.group);
     if (group == choice_groups_.end() || !group->second.ready) {
       return FailTask(t, absl::AbortedError("n: the request's first choice is gone"));
@@ -637,9 +637,8 @@ std::unique_ptr<WorkItem> StreamDriver::TakeTask(Task& t) {
     if (choice.count > 1 && choice.index == 0) {
       auto group = choice_groups_.find(choice.group);
       if (group == choice_groups_.end() || !group->second.ready) {
-        FailChoiceGroup(choice,
-                        absl::AbortedError("n: the request's first choice ended before its "
-                                           "prompt was read"));
+        FailChoiceGroup(choice, absl::AbortedError("n: the request's first choice ended before its "
+                                                   "prompt was read"));
       }
     }
   }
@@ -736,7 +735,8 @@ void StreamDriver::RestoreSnapshot(Task& t) {
 
 void StreamDriver::EndAll() {
   const absl::Status shutting_down = absl::UnavailableError("the server is shutting down");
-  for (std::unique_ptr<WorkItem>& item : released_choices_) FailItem(std::move(item), shutting_down);
+  for (std::unique_ptr<WorkItem>& item : released_choices_)
+    FailItem(std::move(item), shutting_down);
   released_choices_.clear();
   for (auto& [id, group] : choice_groups_) {
     for (std::unique_ptr<WorkItem>& item : group.waiting) FailItem(std::move(item), shutting_down);
@@ -778,7 +778,8 @@ void StreamDriver::SaveChoiceRow(Task& t) {
   group.recent = t.recent;
   group.ready = true;
   group.settled = absl::Now();
-  for (std::unique_ptr<WorkItem>& item : group.waiting) released_choices_.push_back(std::move(item));
+  for (std::unique_ptr<WorkItem>& item : group.waiting)
+    released_choices_.push_back(std::move(item));
   group.waiting.clear();
 }
 

@@ -536,8 +536,8 @@ TEST(HttpChoicesTest, SeveralChoicesReadThePromptOnce) {
   // Streamed chat: every chunk names its choice, each choice ends with its finish_reason,
   // the usage comes once, and the texts are the whole answer's.
   const json messages = {{{"role", "user"}, {"content", "Speak, ROMEO."}}};
-  json chat = {{"messages", messages}, {"max_tokens", 10}, {"temperature", 1.0}, {"seed", 3},
-               {"n", 3}};
+  json chat = {
+      {"messages", messages}, {"max_tokens", 10}, {"temperature", 1.0}, {"seed", 3}, {"n", 3}};
   Reply chat_whole = Post(port, "/v1/chat/completions", chat);
   ASSERT_EQ(chat_whole.status, 200) << chat_whole.body;
   chat["stream"] = true;

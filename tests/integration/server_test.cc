@@ -1054,7 +1054,8 @@ TEST_F(ServerTest, SeveralChoicesShareOnePrefillAndEndOnTheirOwn) {
   request.set_n(3);
   auto again = server->client().Generate(request);
   ASSERT_TRUE(again.ok()) << again.status();
-  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(again->choices[i].token_ids, result->choices[i].token_ids);
+  for (size_t i = 0; i < 3; ++i)
+    EXPECT_EQ(again->choices[i].token_ids, result->choices[i].token_ids);
   // Greedy: every choice starts from choice 0's state and logits, so all are its reply.
   auto greedy = Greedy("ROMEO:\nWhat light through yonder window breaks?\n", 9);
   auto greedy_single = server->client().Generate(greedy);

@@ -220,8 +220,8 @@ class GenerateJob : public GenerateObserver, public std::enable_shared_from_this
   const std::shared_ptr<HttpExchange> conn_;
   // Strand-confined, like everything below but gone_.
   OpenAiGenerateRequest request_;
-  std::vector<Choice> choices_;        // one per choice, in index order
-  EndpointProtocol* protocol_;         // choice 0's: parameters, usage, errors
+  std::vector<Choice> choices_;  // one per choice, in index order
+  EndpointProtocol* protocol_;   // choice 0's: parameters, usage, errors
   bool session_owned_ = false;
   // Set before StartGenerate; released by OnFinish: the core holds the job as a raw
   // observer until then.
@@ -284,8 +284,8 @@ void HttpApi::Generate(const std::shared_ptr<HttpExchange>& conn, OpenAiEndpoint
   for (int32_t i = 0; i < std::max<int32_t>(1, parsed->request.params.choices); ++i) {
     protocols.push_back(NewEndpointProtocol(endpoint, parsed->model, created, id_suffix));
   }
-  auto job = std::make_shared<GenerateJob>(this, conn, std::move(protocols),
-                                           std::move(parsed->request));
+  auto job =
+      std::make_shared<GenerateJob>(this, conn, std::move(protocols), std::move(parsed->request));
   job->Start();
 }
 
