@@ -856,8 +856,8 @@ torch::Tensor Model::MixerSequence(int layer, const torch::Tensor& a, State* sta
   return torch::linear(y, w.o_w, w.o_b);
 }
 
-torch::Tensor Model::ForwardUnchecked(const torch::Tensor& tokens, State* state,
-                                      bool training) const {
+torch::Tensor Model::ForwardHidden(const torch::Tensor& tokens, State* state,
+                                   bool training) const {
   const int64_t d = config_.d_model;
   torch::Tensor h = EmbedTokens(tokens);  // [B, T, d]
   if (config_.has_whole_blocks()) {
@@ -865,7 +865,7 @@ torch::Tensor Model::ForwardUnchecked(const torch::Tensor& tokens, State* state,
     for (int i = 0; i < config_.n_layers; ++i) {
       h = layers_[i]->block->Forward(h, &state->tensors[mixer_state_index_[i]], &v_first);
     }
-    return Head(h);
+    return h;
   }
   for (int i = 0; i < config_.n_layers; ++i) {
     const LayerWeights& w = *layers_[i];
@@ -873,7 +873,12 @@ torch::Tensor Model::ForwardUnchecked(const torch::Tensor& tokens, State* state,
     h = h + MixerSequence(i, a, state);
     h = h + Ffn(w, torch::layer_norm(h, {d}, w.norm2_w, w.norm2_b, config_.norm_eps), training);
   }
-  return Head(h);
+  return h;
+}
+
+torch::Tensor Model::ForwardUnchecked(const torch::Tensor& tokens, State* state,
+                                      bool training) const {
+  return Head(ForwardHidden(tokens, state, training));
 }
 
 // ---------------------------------------------------------------------------
@@ -959,6 +964,22 @@ absl::StatusOr<torch::Tensor> Model::Forward(const torch::Tensor& tokens, State*
   if (!(s = CheckState(*state, tokens.size(0))).ok()) return s;
   try {
     return ForwardUnchecked(tokens.to(options_.device), state);
+  } catch (const c10::Error& e) {
+    return absl::InternalError("model sequence form failed");
+  }
+}
+
+absl::StatusOr<torch::Tensor> Model::Prefill(const torch::Tensor& tokens, State* state) const {
+  if (matrices_released_) {
+    return absl::FailedPreconditionError(
+        "the model's matrices were released to its native kernel (ReleaseMatrices)");
+  }
+  absl::Status s = CheckTokens(tokens, 2, config_.vocab_size);
+  if (!s.ok()) return s;
+  if (!(s = CheckState(*state, tokens.size(0))).ok()) return s;
+  try {
+    torch::Tensor h = ForwardHidden(tokens.to(options_.device), state, /*training=*/false);
+    return Head(h.select(1, h.size(1) - 1));
   } catch (const c10::Error& e) {
     return absl::InternalError("model sequence form failed");
   }

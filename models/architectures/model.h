@@ -80,6 +80,11 @@ class Model {
   // past all T tokens. Returns logits [B, T, vocab]. Differentiable in the weights and
   // in the incoming state. Validates shapes and token ids; never throws.
   absl::StatusOr<torch::Tensor> Forward(const torch::Tensor& tokens, State* state) const;
+  // Prefill: the sequence form that returns only the logits after the last token, [B,
+  // vocab] (equal to Forward's [:, T - 1]); the head runs on B rows instead of B·T (on a
+  // GPU prefill job of 16,384 tokens at a 65,536 vocabulary, Forward's logits alone are
+  // 4 GiB). Validates as Forward; never throws.
+  absl::StatusOr<torch::Tensor> Prefill(const torch::Tensor& tokens, State* state) const;
   // Batched recurrent step. tokens: int64 [B]; row b of `state` absorbs tokens[b].
   // Returns logits [B, vocab]. Validates; never throws.
   absl::StatusOr<torch::Tensor> Step(const torch::Tensor& tokens, State* state) const;
@@ -118,6 +123,8 @@ class Model {
   absl::Status BindWeights();
 
   torch::Tensor EmbedTokens(const torch::Tensor& tokens) const;
+  // The sequence form up to the last block's output h [B, T, d] (the head's input).
+  torch::Tensor ForwardHidden(const torch::Tensor& tokens, State* state, bool training) const;
   torch::Tensor Head(const torch::Tensor& h) const;
   // The block's FFN (dense or product-key memory) of x [..., d], per token.
   torch::Tensor Ffn(const LayerWeights& w, const torch::Tensor& x, bool training = false) const;

@@ -352,9 +352,9 @@ absl::StatusOr<torch::Tensor> Stepper::Prefill(const torch::Tensor& tokens, fwmo
     if (!absorbed.ok()) return absorbed;
     return logits;
   }
-  auto logits = model_.Forward(tokens, state);
+  auto logits = model_.Prefill(tokens, state);
   if (!logits.ok()) return logits.status();
-  return logits->select(1, length - 1).to(torch::kFloat32).contiguous();
+  return logits->to(torch::kFloat32).contiguous();
 }
 
 absl::StatusOr<std::vector<double>> Stepper::Score(const std::vector<int64_t>& tokens,

@@ -134,6 +134,45 @@ INSTANTIATE_TEST_SUITE_P(AllArchitectures, FormEquivalenceTest,
                                           testing::Bool()),
                          CaseName);
 
+// Model::Prefill (the server's GPU prefill) returns Forward's logits after the last token
+// and leaves the same state, on every architecture: the contract's, RWKV and DeltaNet;
+// and validates its input as Forward does.
+TEST(PrefillTest, LastLogitsAndStateEqualForward) {
+  c10::NoGradGuard no_grad;
+  std::vector<Case> cases = fwtest::AllConfigCases();
+  for (const auto& more : {fwtest::RwkvConfigCases(), fwtest::DeltaNetConfigCases()}) {
+    cases.insert(cases.end(), more.begin(), more.end());
+  }
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.Name());
+    const fwmodel::ModelConfig config = c.Config();
+    fwmodel::Model model = fwtest::RandomModel(config, 31, torch::kFloat32);
+    const int64_t B = 2, T = 9;
+    torch::Tensor tokens = fwtest::RandomTokens(B, T, config.vocab_size, 32);
+    fwmodel::State forward_state = model.InitialState(B);
+    auto all = model.Forward(tokens, &forward_state);
+    ASSERT_TRUE(all.ok()) << all.status();
+    fwmodel::State prefill_state = model.InitialState(B);
+    auto last = model.Prefill(tokens, &prefill_state);
+    ASSERT_TRUE(last.ok()) << last.status();
+    ASSERT_EQ(last->sizes(), (std::vector<int64_t>{B, config.vocab_size}));
+    EXPECT_LE(fwtest::MaxAbsDiff(*last, all->select(1, T - 1)), 1e-5);
+    EXPECT_GT(last->std().item<double>(), 1e-3);
+    // The same ops before the head: the same state, bit for bit.
+    ASSERT_EQ(prefill_state.tensors.size(), forward_state.tensors.size());
+    for (size_t i = 0; i < prefill_state.tensors.size(); ++i) {
+      EXPECT_TRUE(torch::equal(prefill_state.tensors[i], forward_state.tensors[i]))
+          << model.state_spec()[i].name;
+    }
+  }
+  fwmodel::Model model = fwtest::RandomModel(cases[0].Config(), 31, torch::kFloat32);
+  fwmodel::State state = model.InitialState(1);
+  torch::Tensor bad = torch::full({1, 3}, cases[0].Config().vocab_size, torch::kInt64);
+  EXPECT_EQ(model.Prefill(bad, &state).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(model.Prefill(torch::zeros({2, 3}, torch::kInt64), &state).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 // The state comparison itself can fail: it accepts an aft state rescaled to another
 // p (same meaning) and rejects a state whose running mean differs by 1e-3.
 TEST(StateComparisonTest, AftStatesCompareByMeaning) {
