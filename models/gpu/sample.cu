@@ -1,4 +1,5 @@
-// The plain sampling kernel (sample.h).
+// The sampling kernel (sample.h): plain (SampleKernel<pass, false>) and filtered
+// (SampleKernel<0, true>, one block per row only).
 //
 // One block per row, kSampleThreads threads (16 warps); thread t owns the contiguous ids
 // [t · chunk, (t + 1) · chunk) of the row (chunk = ceil(V / threads) rounded up to a
@@ -16,6 +17,17 @@
 //     −inf) and the max of the finite raw logits over its ids; the block's by a warp
 //     butterfly (__shfl_xor 16, 8, 4, 2, 1) and then the warps' results combined in
 //     warp order by every thread.
+//  F. (the filters, SampleKernel<0, true>; not greedy) The row's cuts (sample_rule.h's
+//     SampleFilter): top_k's value, the largest float32 bits b with count(bits(p) ≥ b) ≥
+//     keep, by binary search over [0, kSampleMaxBits] (31 candidates, each a pass over
+//     the thread's ids and a block count), then its last tie id: the ties counted per
+//     thread, scanned in thread (= id) order, the thread holding the wanted one walks to
+//     it. top_p (< 1): T = Σ p over A (the tokens top_k and min_p keep), then the largest
+//     bits whose share Σ p/T over A at or above them reaches top_p (a binary search,
+//     each candidate a float64 block sum in the fixed order below), the share above and
+//     the ties, SampleNucleusTies for how many ties the cut keeps, and its last tie id as
+//     for top_k. Phases 2 and 3 then take p through SampleFiltered. About 65 passes over
+//     the row at most; no sort, no scratch.
 //  2. Each thread over its ids, in order: Σ exp(ℓ − max ℓ) (the log-softmax's
 //     normaliser), and, unless the row is greedy, its chunk's probability mass Σ p and
 //     its last id with p > 0. The normaliser: warp butterfly then warps in order; the
@@ -103,14 +115,78 @@ __device__ __forceinline__ void ForEachLogit(const float* __restrict__ logits, i
   }
 }
 
-// kPass 0: the whole row in one block (chunks = 1, block = row). kPass 1, 2, 3: block
+// The block's Σ count (exact), to every thread. Barriers before and after: `s` (kWarps
+// entries) may be reused by the next call.
+__device__ __forceinline__ int64_t BlockCount(int64_t count, int64_t* s, int lane, int warp) {
+#pragma unroll
+  for (int o = 16; o > 0; o /= 2) count += __shfl_xor_sync(kFullMask, count, o);
+  __syncthreads();
+  if (lane == 0) s[warp] = count;
+  __syncthreads();
+  int64_t total = 0;
+  for (int w = 0; w < kWarps; ++w) total += s[w];
+  return total;
+}
+
+// The block's Σ value in the kernel's fixed order (a butterfly in each warp, then 0.0 +
+// the warps in order; sample_host.h's BlockSum), and the max of `bits`, to every thread.
+__device__ __forceinline__ double BlockSumMax(double value, uint32_t* bits, double* s,
+                                              uint32_t* s_bits, int lane, int warp) {
+  uint32_t most = *bits;
+#pragma unroll
+  for (int o = 16; o > 0; o /= 2) {
+    value += __shfl_xor_sync(kFullMask, value, o);
+    const uint32_t other = __shfl_xor_sync(kFullMask, most, o);
+    if (other > most) most = other;
+  }
+  __syncthreads();
+  if (lane == 0) {
+    s[warp] = value;
+    s_bits[warp] = most;
+  }
+  __syncthreads();
+  double total = 0.0;
+  most = 0;
+  for (int w = 0; w < kWarps; ++w) {
+    total += s[w];
+    if (s_bits[w] > most) most = s_bits[w];
+  }
+  *bits = most;
+  return total;
+}
+
+// The Σ of `count` over the threads before this one (thread order), and the block's Σ in
+// *total. Barriers before and after.
+__device__ __forceinline__ int64_t BlockCountBefore(int64_t count, int64_t* s, int lane, int warp,
+                                                    int64_t* total) {
+  int64_t inclusive = count;
+#pragma unroll
+  for (int d = 1; d < 32; d *= 2) {
+    const int64_t below = __shfl_up_sync(kFullMask, inclusive, d);
+    if (lane >= d) inclusive += below;
+  }
+  __syncthreads();
+  if (lane == 31) s[warp] = inclusive;
+  __syncthreads();
+  int64_t base = 0, sum = 0;
+  for (int w = 0; w < kWarps; ++w) {
+    if (w == warp) base = sum;
+    sum += s[w];
+  }
+  *total = sum;
+  return base + inclusive - count;
+}
+
+// kPass 0: the whole row in one block (chunks = 1, block = row), with the filters where
+// kFilters. kPass 1, 2, 3 (never kFilters): block
 // row · chunks + c takes chunk c of the row (ids of the threads c · kSampleThreads, ...,
 // (c + 1) · kSampleThreads − 1 of a grid of chunks · kSampleThreads), pass 1 writing its
 // argmax and raw max, pass 2 its normaliser, mass and last positive, pass 3 its first
 // crossing to partials[block]; passes 2 and 3 combine the earlier passes' partials of
 // the row in chunk order (SampleCombineChunks).
-template <int kPass>
-__global__ void __launch_bounds__(kSampleThreads) SampleKernel(const SampleArgs args, int chunks) {
+template <int kPass, bool kFilters>
+__global__ void __launch_bounds__(kSampleThreads, kFilters ? 1 : 2)
+    SampleKernel(const SampleArgs args, int chunks) {
   // 2n int64: the keys, then the sorted keys; after the sort the keys' bytes hold the n
   // sorted ids (int32) and then their n adjusted logits (float).
   extern __shared__ int64_t s_entries[];
@@ -252,6 +328,117 @@ __global__ void __launch_bounds__(kSampleThreads) SampleKernel(const SampleArgs 
     return;
   }
 
+  // ---- F. (kFilters, not greedy) The row's cuts: each a binary search over the float32
+  // bits of the probabilities with a block-wide count or share per candidate, then the
+  // ties at the value found counted in id order (thread order is id order).
+  SampleFilter filter;
+  if (kFilters && !greedy) {
+    __shared__ int64_t s_counts[kWarps], s_cut;
+    __shared__ double s_sums[kWarps];
+    __shared__ uint32_t s_bits[kWarps];
+    // Calls body(i, p) for the thread's ids in order, p the unfiltered probability.
+    auto each_p = [&](auto body) {
+      int64_t next = first;
+      ForEachLogit(logits, begin, end, aligned, [&](int64_t i, float raw) {
+        body(i,
+             SampleProbability(AdjustedLogit(raw, i, s_id, s_value, n, &next), top, temperature));
+        return false;
+      });
+    };
+    // The id of the `want`-th (from 1) token of the row with in(i, p), where `before` of
+    // them precede this thread's and `mine` are its own, to every thread.
+    auto nth_id = [&](int64_t want, int64_t before, int64_t mine, auto in) {
+      if (want > before && want <= before + mine) {
+        int64_t seen = before;
+        each_p([&](int64_t i, double p) {
+          if (in(i, p) && ++seen == want) s_cut = i;
+        });
+      }
+      __syncthreads();
+      return s_cut;
+    };
+    const int64_t keep = SampleKeepCount(args.top_k[row], vocab);
+    if (keep == 0) {
+      filter.k_bits = kSampleNoBits;
+      filter.k_last = -1;
+    } else if (keep < vocab) {  // the value of rank keep − 1: the largest bits ≥ which keep are
+      uint32_t lo = 0, hi = kSampleMaxBits;
+      while (lo < hi) {
+        const uint32_t mid = SampleSearchMid(lo, hi);
+        int64_t count = 0;
+        each_p([&](int64_t, double p) { count += SampleBits(p) >= mid ? 1 : 0; });
+        if (BlockCount(count, s_counts, lane, warp) >= keep) {
+          lo = mid;
+        } else {
+          hi = mid - 1;
+        }
+      }
+      int64_t above = 0, ties = 0;
+      each_p([&](int64_t, double p) {
+        const uint32_t bits = SampleBits(p);
+        above += bits > lo ? 1 : 0;
+        ties += bits == lo ? 1 : 0;
+      });
+      const int64_t all_above = BlockCount(above, s_counts, lane, warp);
+      int64_t all_ties = 0;
+      const int64_t before = BlockCountBefore(ties, s_counts, lane, warp, &all_ties);
+      filter.k_bits = lo;
+      filter.k_last = nth_id(keep - all_above, before, ties,
+                             [&](int64_t, double p) { return SampleBits(p) == lo; });
+    }
+    filter.min_p = args.min_p[row];
+    const double top_p = args.top_p[row];
+    if (top_p < 1.0) {
+      double kept = 0.0;
+      uint32_t hi = 0;
+      each_p([&](int64_t i, double p) {
+        if (!SampleInTopKMinP(filter, p, i)) return;
+        kept += p;
+        const uint32_t bits = SampleBits(p);
+        if (bits > hi) hi = bits;
+      });
+      const double total_kept = BlockSumMax(kept, &hi, s_sums, s_bits, lane, warp);
+      if (total_kept > 0.0) {  // else A has no mass: nothing to cut
+        // The largest bits whose share (A's tokens at or above them) reaches top_p; 0:
+        // none does (A's zeros add nothing to the share of its smallest positive value).
+        uint32_t lo = 0;
+        while (lo < hi) {
+          const uint32_t mid = SampleSearchMid(lo, hi);
+          double share = 0.0;
+          each_p([&](int64_t i, double p) {
+            if (SampleBits(p) >= mid && SampleInTopKMinP(filter, p, i)) share += p / total_kept;
+          });
+          uint32_t unused = 0;
+          if (BlockSumMax(share, &unused, s_sums, s_bits, lane, warp) >= top_p) {
+            lo = mid;
+          } else {
+            hi = mid - 1;
+          }
+        }
+        if (lo > 0) {
+          double above = 0.0;
+          int64_t ties = 0;
+          each_p([&](int64_t i, double p) {
+            if (!SampleInTopKMinP(filter, p, i)) return;
+            const uint32_t bits = SampleBits(p);
+            if (bits > lo) above += p / total_kept;
+            ties += bits == lo ? 1 : 0;
+          });
+          uint32_t unused = 0;
+          const double share_above = BlockSumMax(above, &unused, s_sums, s_bits, lane, warp);
+          int64_t all_ties = 0;
+          const int64_t before = BlockCountBefore(ties, s_counts, lane, warp, &all_ties);
+          const double value = static_cast<double>(__uint_as_float(lo));
+          const int64_t m = SampleNucleusTies(share_above, value / total_kept, all_ties, top_p);
+          filter.p_bits = lo;
+          filter.p_last = nth_id(m, before, ties, [&](int64_t i, double p) {
+            return SampleBits(p) == lo && SampleInTopKMinP(filter, p, i);
+          });
+        }
+      }
+    }
+  }
+
   // ---- 2. The normaliser, the chunks' masses (scanned) and the last positive id.
   double total = 0.0, mass = 0.0;
   int64_t last_positive = -1;
@@ -260,8 +447,9 @@ __global__ void __launch_bounds__(kSampleThreads) SampleKernel(const SampleArgs 
     ForEachLogit(logits, begin, end, aligned, [&](int64_t i, float raw) {
       if (kPass != 3) total += SampleSoftmaxTerm(raw, raw_top);
       if (greedy) return false;
-      const double p =
+      double p =
           SampleProbability(AdjustedLogit(raw, i, s_id, s_value, n, &next), top, temperature);
+      if (kFilters) p = SampleFiltered(filter, p, i);
       mass += p;
       if (p > 0.0) last_positive = i;
       return false;
@@ -319,8 +507,9 @@ __global__ void __launch_bounds__(kSampleThreads) SampleKernel(const SampleArgs 
     double running = offset;
     int64_t next = first;
     ForEachLogit(logits, begin, end, aligned, [&](int64_t i, float raw) {
-      const double p =
+      double p =
           SampleProbability(AdjustedLogit(raw, i, s_id, s_value, n, &next), top, temperature);
+      if (kFilters) p = SampleFiltered(filter, p, i);
       running += p;
       if (p > 0.0 && running > target) {
         found = i;
@@ -382,19 +571,28 @@ int LaunchSample(const SampleArgs& args, void* cuda_stream) {
       (args.bias_width > 0 && (args.bias_index == nullptr || args.bias_value == nullptr))) {
     return cudaErrorInvalidValue;
   }
-  const int64_t chunks = SampleChunksPerRow(args.rows, args.vocab);
+  const bool filters = SampleFilters(args);
+  if ((args.top_p != nullptr) != filters || (args.min_p != nullptr) != filters) {
+    return cudaErrorInvalidValue;
+  }
+  const int64_t chunks = SampleLaunchChunks(args);
   const size_t shared = static_cast<size_t>(SampleSharedBytes(args));
   const cudaStream_t stream = static_cast<cudaStream_t>(cuda_stream);
+  const unsigned rows = static_cast<unsigned>(args.rows);
+  if (filters) {
+    SampleKernel<0, true><<<rows, kSampleThreads, shared, stream>>>(args, 1);
+    return cudaGetLastError();
+  }
   if (chunks == 1) {
-    SampleKernel<0><<<static_cast<unsigned>(args.rows), kSampleThreads, shared, stream>>>(args, 1);
+    SampleKernel<0, false><<<rows, kSampleThreads, shared, stream>>>(args, 1);
     return cudaGetLastError();
   }
   if (args.partials == nullptr) return cudaErrorInvalidValue;
   const unsigned blocks = static_cast<unsigned>(args.rows * chunks);  // < 64 · 32
   const int c = static_cast<int>(chunks);
-  SampleKernel<1><<<blocks, kSampleThreads, shared, stream>>>(args, c);
-  SampleKernel<2><<<blocks, kSampleThreads, shared, stream>>>(args, c);
-  SampleKernel<3><<<blocks, kSampleThreads, shared, stream>>>(args, c);
+  SampleKernel<1, false><<<blocks, kSampleThreads, shared, stream>>>(args, c);
+  SampleKernel<2, false><<<blocks, kSampleThreads, shared, stream>>>(args, c);
+  SampleKernel<3, false><<<blocks, kSampleThreads, shared, stream>>>(args, c);
   SampleFinishKernel<<<static_cast<unsigned>((args.rows + kFinishThreads - 1) / kFinishThreads),
                        kFinishThreads, 0, stream>>>(args, c);
   return cudaGetLastError();

@@ -1,12 +1,15 @@
-// The plain sampling kernel (sample.cu): fwserve::SampleOnDevice with `filters` false
-// (models/sampling/batch_sampler.h; no top_k, top_p or min_p, no constraint mask): one
-// launch of one block per row of logits where there are many rows, or, with few rows
-// (SampleChunksPerRow > 1), four launches over C blocks per row that pass per-chunk partial
-// results through a scratch array: the repetition penalty and logit bias, the argmax,
-// the temperature, the inverse CDF in id order and the raw logits' log-probability of the
-// drawn token, written as SampleOnDevice's [rows, 2] float64 (token, logprob). The bodies
-// are sample_rule.h's; sample_host.h runs the same grid on the CPU. Torch-free and
-// CUDA-free: the launcher takes the stream as a `cudaStream_t` in a void*.
+// The sampling kernel (sample.cu): fwserve::SampleOnDevice (models/sampling/batch_sampler.h)
+// without a constraint mask, with `filters` false (no top_k, top_p or min_p) or true. The
+// plain case is one launch of one block per row of logits where there are many rows, or,
+// with few rows (SampleChunksPerRow > 1), four launches over C blocks per row that pass
+// per-chunk partial results through a scratch array; the filtered case (SampleArgs::top_k
+// set) is always one launch of one block per row, however few the rows (no chunked form:
+// its threshold searches need block-wide reductions of the whole row). Both apply the
+// repetition penalty and logit bias, the argmax, the temperature, (filtered) top_k, min_p
+// and top_p, the inverse CDF in id order and the raw logits' log-probability of the drawn
+// token, written as SampleOnDevice's [rows, 2] float64 (token, logprob). The bodies are
+// sample_rule.h's; sample_host.h runs the same grid on the CPU. Torch-free and CUDA-free:
+// the launcher takes the stream as a `cudaStream_t` in a void*.
 #pragma once
 
 #include <cstdint>
@@ -66,12 +69,29 @@ struct SampleArgs {
   const float* bias_value = nullptr;    // [rows, bias_width]
   double* out = nullptr;                // [rows, 2]: (token, log-probability); written only
   // [rows, SampleChunksPerRow(rows, vocab)] scratch (SampleScratchBytes), needed only where
-  // that is > 1; any contents (each pass writes what the later ones read), not shared by
-  // two launches in flight at once.
+  // SampleLaunchChunks is > 1; any contents (each pass writes what the later ones read),
+  // not shared by two launches in flight at once.
   SampleChunkPartial* partials = nullptr;
+  // The filters (SampleOnDevice with `filters` true): all three set, or all three null
+  // (the plain case). Per row: top_k keeps the tokens of rank < top_k (ranks by descending
+  // probability, lower ids first among equals; ≥ vocab: all), min_p drops probabilities
+  // < min_p (relative to the top token's 1), top_p (< 1; else off) keeps the smallest set
+  // of most likely tokens, in rank order, whose share of the kept mass reaches it.
+  const double* top_k = nullptr;  // [rows]: SampleOnDevice's kSampleTopK column
+  const double* top_p = nullptr;  // [rows]: its kSampleTopP column
+  const double* min_p = nullptr;  // [rows]: its kSampleMinP column
 };
 
-// The bytes of SampleArgs::partials a launch needs (0: none).
+// Whether a launch applies the filters (SampleArgs::top_k set).
+inline bool SampleFilters(const SampleArgs& args) { return args.top_k != nullptr; }
+
+// The blocks each row of this launch takes: 1 with the filters, else SampleChunksPerRow.
+inline int64_t SampleLaunchChunks(const SampleArgs& args) {
+  return SampleFilters(args) ? 1 : SampleChunksPerRow(args.rows, args.vocab);
+}
+
+// The bytes of SampleArgs::partials a plain launch needs (0: none; a filtered launch needs
+// none).
 inline int64_t SampleScratchBytes(int64_t rows, int64_t vocab) {
   const int64_t chunks = SampleChunksPerRow(rows, vocab);
   return chunks > 1 ? rows * chunks * static_cast<int64_t>(sizeof(SampleChunkPartial)) : 0;
@@ -83,12 +103,12 @@ inline int64_t SampleSharedBytes(const SampleArgs& args) {
 }
 
 // Launches the kernel on `cuda_stream` (a cudaStream_t; null: the legacy default stream):
-// one block per row (or C = SampleChunksPerRow blocks per row in four launches),
+// one block per row (or, plain, C = SampleLaunchChunks blocks per row in four launches),
 // kSampleThreads threads. Nothing to do when rows is 0. Returns 0
 // (cudaSuccess) or the cudaError_t of a bad argument (cudaErrorInvalidValue: vocab < 1
 // or > INT32_MAX, rows < 0 or > INT32_MAX, a negative width or more than
-// kSampleMaxAdjustments entries, a null pointer the launch needs, partials included) or of
-// the launch
+// kSampleMaxAdjustments entries, a null pointer the launch needs, partials included, some
+// but not all of top_k, top_p and min_p) or of the launch
 // (cudaGetLastError). Asynchronous; no allocation, no synchronisation: safe during CUDA
 // Graph capture.
 int LaunchSample(const SampleArgs& args, void* cuda_stream);

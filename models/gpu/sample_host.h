@@ -10,19 +10,40 @@
 // sample_rule.h's bodies, and each block's results combined through SampleCombineChunks
 // as the chunked passes combine them (a one-block row: the same values as the kernel's,
 // 0.0 + x being x). The sort of the penalty and bias entries is std::sort of the same
-// unique keys (the kernel ranks them: the same order). Not a fast path. Torch-free,
-// header-only.
+// unique keys (the kernel ranks them: the same order). With the filters (one block per
+// row), the kernel's phase F: the same binary searches over the same candidates, each
+// candidate's count exact and its share summed as the kernel sums it (SampleBlockSum),
+// the same ties cut. Not a fast path. Torch-free, header-only.
 #pragma once
 
 #include <algorithm>
 #include <climits>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "models/gpu/sample.h"
 #include "models/gpu/sample_rule.h"
 
 namespace fwmodel::kernels {
+
+// The block's Σ of one float64 a thread (kSampleThreads values, thread order) as the
+// kernel's BlockSumMax adds them: a butterfly in each warp (lane l adds lane l ^ o, o =
+// 16, ..., 1; every lane ends with lane 0's value), then 0.0 + the warps in order.
+inline double SampleBlockSum(const double* values) {
+  double total = 0.0;
+  for (int w = 0; w < kSampleThreads / 32; ++w) {
+    double lanes[32];
+    for (int l = 0; l < 32; ++l) lanes[l] = values[32 * w + l];
+    for (int o = 16; o > 0; o /= 2) {
+      double next[32];
+      for (int l = 0; l < 32; ++l) next[l] = lanes[l] + lanes[l ^ o];
+      for (int l = 0; l < 32; ++l) lanes[l] = next[l];
+    }
+    total += lanes[0];
+  }
+  return total;
+}
 
 // LaunchSample's computation on host pointers (the same SampleArgs contract). Returns
 // false, doing nothing, where the launcher would refuse the arguments
@@ -41,10 +62,12 @@ inline bool RunSampleOnHost(const SampleArgs& args) {
       (args.bias_width > 0 && (args.bias_index == nullptr || args.bias_value == nullptr))) {
     return false;
   }
+  const bool filters = SampleFilters(args);
+  if ((args.top_p != nullptr) != filters || (args.min_p != nullptr) != filters) return false;
   constexpr int kThreads = kSampleThreads, kWarps = kSampleThreads / 32;
   constexpr int64_t kEntryMask = 0xffffffff;
   const int64_t vocab = args.vocab, W = args.penalty_width, n = W + args.bias_width;
-  const int64_t chunks = SampleChunksPerRow(args.rows, vocab);
+  const int64_t chunks = SampleLaunchChunks(args);
   if (chunks > 1 && args.partials == nullptr) return false;
   // The row's grid: `chunks` blocks of kThreads; thread vt = kThreads · c + t of block c.
   const int total_threads = static_cast<int>(chunks) * kThreads;
@@ -168,6 +191,101 @@ inline bool RunSampleOnHost(const SampleArgs& args) {
     const float temperature = static_cast<float>(args.temperature[row]);
     const bool greedy = SampleIsGreedy(temperature, top);
 
+    // ---- F. (filters, not greedy; one block) The cuts: the kernel's binary searches,
+    // each candidate's count (exact in any order) or share (SampleBlockSum: the kernel's
+    // order) over the threads' ids, then the ties counted in thread (id) order.
+    SampleFilter filter;
+    if (filters && !greedy) {
+      auto each_p = [&](int t, auto body) {
+        int64_t next = first[t];
+        for (int64_t i = begin_of(t); i < end_of(t); ++i) {
+          body(i, SampleProbability(adjusted(logits[i], i, &next), top, temperature));
+        }
+      };
+      auto count_all = [&](auto in) {
+        int64_t count = 0;
+        for (int t = 0; t < kThreads; ++t) {
+          each_p(t, [&](int64_t i, double p) { count += in(i, p) ? 1 : 0; });
+        }
+        return count;
+      };
+      auto sum_all = [&](auto term) {
+        for (int t = 0; t < kThreads; ++t) {
+          double sum = 0.0;
+          each_p(t, [&](int64_t i, double p) { sum += term(i, p); });
+          total[t] = sum;
+        }
+        return SampleBlockSum(total.data());
+      };
+      // The id of the `want`-th (from 1) token with in(i, p) in id order.
+      auto nth_id = [&](int64_t want, auto in) {
+        int64_t seen = 0, id = -1;
+        for (int t = 0; t < kThreads && id < 0; ++t) {
+          each_p(t, [&](int64_t i, double p) {
+            if (in(i, p) && ++seen == want) id = i;
+          });
+        }
+        return id;
+      };
+      const int64_t keep = SampleKeepCount(args.top_k[row], vocab);
+      if (keep == 0) {
+        filter.k_bits = kSampleNoBits;
+        filter.k_last = -1;
+      } else if (keep < vocab) {
+        uint32_t lo = 0, hi = kSampleMaxBits;
+        while (lo < hi) {
+          const uint32_t mid = SampleSearchMid(lo, hi);
+          if (count_all([&](int64_t, double p) { return SampleBits(p) >= mid; }) >= keep) {
+            lo = mid;
+          } else {
+            hi = mid - 1;
+          }
+        }
+        const int64_t above = count_all([&](int64_t, double p) { return SampleBits(p) > lo; });
+        filter.k_bits = lo;
+        filter.k_last =
+            nth_id(keep - above, [&](int64_t, double p) { return SampleBits(p) == lo; });
+      }
+      filter.min_p = args.min_p[row];
+      const double top_p = args.top_p[row];
+      if (top_p < 1.0) {
+        uint32_t hi = 0;
+        const double kept = sum_all([&](int64_t i, double p) {
+          if (!SampleInTopKMinP(filter, p, i)) return 0.0;
+          hi = std::max(hi, SampleBits(p));
+          return p;
+        });
+        if (kept > 0.0) {
+          uint32_t lo = 0;
+          while (lo < hi) {
+            const uint32_t mid = SampleSearchMid(lo, hi);
+            const double share = sum_all([&](int64_t i, double p) {
+              return SampleBits(p) >= mid && SampleInTopKMinP(filter, p, i) ? p / kept : 0.0;
+            });
+            if (share >= top_p) {
+              lo = mid;
+            } else {
+              hi = mid - 1;
+            }
+          }
+          if (lo > 0) {
+            auto tie = [&](int64_t i, double p) {
+              return SampleBits(p) == lo && SampleInTopKMinP(filter, p, i);
+            };
+            const double above = sum_all([&](int64_t i, double p) {
+              return SampleBits(p) > lo && SampleInTopKMinP(filter, p, i) ? p / kept : 0.0;
+            });
+            float value;
+            std::memcpy(&value, &lo, sizeof value);
+            const int64_t m =
+                SampleNucleusTies(above, static_cast<double>(value) / kept, count_all(tie), top_p);
+            filter.p_bits = lo;
+            filter.p_last = nth_id(m, tie);
+          }
+        }
+      }
+    }
+
     // ---- 2. Normaliser, chunk masses, last positive: per thread, butterfly and scan per
     // warp, each block's warps in order (the offsets inside the block, the block's
     // partial), the chunks in order (the mass before each chunk).
@@ -178,7 +296,8 @@ inline bool RunSampleOnHost(const SampleArgs& args) {
         const float raw = logits[i];
         sum += SampleSoftmaxTerm(raw, row_raw_top);
         if (greedy) continue;
-        const double p = SampleProbability(adjusted(raw, i, &next), top, temperature);
+        double p = SampleProbability(adjusted(raw, i, &next), top, temperature);
+        if (filters) p = SampleFiltered(filter, p, i);
         mass += p;
         if (p > 0.0) last = i;
       }
@@ -234,7 +353,8 @@ inline bool RunSampleOnHost(const SampleArgs& args) {
         int64_t next = first[t];
         found[t] = INT64_MAX;
         for (int64_t i = begin_of(t); i < end_of(t); ++i) {
-          const double p = SampleProbability(adjusted(logits[i], i, &next), top, temperature);
+          double p = SampleProbability(adjusted(logits[i], i, &next), top, temperature);
+          if (filters) p = SampleFiltered(filter, p, i);
           running += p;
           if (p > 0.0 && running > target) {
             found[t] = i;

@@ -1,5 +1,5 @@
-// The per-element bodies of the plain sampling kernel (sample.cu; sample_host.h runs the
-// same grid on the CPU): fwserve::SampleOnDevice's arithmetic with `filters` false
+// The per-element bodies of the sampling kernel (sample.cu; sample_host.h runs the same
+// grid on the CPU): fwserve::SampleOnDevice's arithmetic without a constraint mask
 // (models/sampling/batch_sampler.cc), element by element. Plain functions, `__host__
 // __device__` under nvcc, so the CUDA kernel and its CPU mirror compute the same values
 // per element (expf/exp/log are each side's own: CUDA's and glibc's agree within an ulp
@@ -16,10 +16,21 @@
 //          last i with p_i > 0, else best                        SampleChooseToken
 //   logprob = ℓ_token − max ℓ − log Σ exp(ℓ_i − max ℓ) in float64 over the finite ℓ,
 //             −inf where that is not finite                      SampleLogProb
+// With the filters (SampleArgs::top_k set; not greedy), before the draw p_i becomes 0
+// unless token i is kept (SampleFiltered): rank r_i by (p desc, id asc);
+//   A = {i : r_i < top_k and not p_i < min_p}, a prefix of the ranks  SampleKeepCount,
+//                                                                      SampleInTopKMinP
+//   T = Σ_A p_i; top_p < 1 and T > 0: keep the ranks of A up to the first whose running
+//       share Σ p/T in rank order reaches top_p (at least one)        SampleNucleusTies
+// Each cut is a threshold (value bits b, last id l): i passes where bits(p_i) > b, or
+// = b and i ≤ l (SampleAtOrAbove). p_i is a float32 widened to float64, so its float32
+// bits order the non-negative values; the kernel finds b by binary search over the bits
+// and l by counting the ties in id order.
 #pragma once
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #include "models/gpu/host_device.h"
 #include "models/gpu/sample.h"
@@ -138,6 +149,81 @@ FW_HOST_DEVICE inline SampleChunkResult SampleCombineChunks(const SampleChunkPar
     if (passes >= 3 && p.found < r.found) r.found = p.found;
   }
   return r;
+}
+
+// ---- The filters.
+
+// The largest float32 bit pattern a probability can have (+inf); every non-negative
+// probability's bits are in [0, kSampleMaxBits].
+constexpr uint32_t kSampleMaxBits = 0x7f800000u;
+
+// The float32 bits of a probability (a float32 value widened to float64, ≥ 0): they
+// order the probabilities as their values.
+FW_HOST_DEVICE inline uint32_t SampleBits(double p) {
+  const float value = static_cast<float>(p);
+  uint32_t bits;
+  memcpy(&bits, &value, sizeof bits);
+  return bits;
+}
+
+// How many ranks top_k keeps: the ranks r (0, 1, ..., vocab − 1) with r < top_k (0 where
+// top_k is NaN or ≤ 0, vocab from top_k ≥ vocab).
+FW_HOST_DEVICE inline int64_t SampleKeepCount(double top_k, int64_t vocab) {
+  if (!(top_k > 0.0)) return 0;
+  if (top_k >= static_cast<double>(vocab)) return vocab;
+  return static_cast<int64_t>(ceil(top_k));
+}
+
+// A row's filter cuts (SampleFiltered): each a threshold (bits, last id); the defaults
+// keep every token.
+struct SampleFilter {
+  uint32_t k_bits = 0;         // top_k: the value of rank top_k − 1 (its float32 bits)
+  int64_t k_last = INT64_MAX;  // top_k: the last id kept among the ties at k_bits
+  double min_p = 0.0;          // min_p: probabilities below it dropped
+  uint32_t p_bits = 0;         // top_p: the value of the last rank kept
+  int64_t p_last = INT64_MAX;  // top_p: the last id kept among the ties at p_bits
+};
+
+// Where a cut keeps nothing (top_k below 1): no bits are above it, none equal it.
+constexpr uint32_t kSampleNoBits = 0xffffffffu;
+
+// Whether (bits, i) is at or above the threshold (cut_bits, last): a larger value, or the
+// same value and an id ≤ last (rank order: lower ids first among equals).
+FW_HOST_DEVICE inline bool SampleAtOrAbove(uint32_t bits, int64_t i, uint32_t cut_bits,
+                                           int64_t last) {
+  return bits > cut_bits || (bits == cut_bits && i <= last);
+}
+
+// Whether token i (probability p) is in A: within top_k's ranks and not below min_p.
+FW_HOST_DEVICE inline bool SampleInTopKMinP(const SampleFilter& f, double p, int64_t i) {
+  return !(p < f.min_p) && SampleAtOrAbove(SampleBits(p), i, f.k_bits, f.k_last);
+}
+
+// Token i's probability after the filters: p where kept, else 0.
+FW_HOST_DEVICE inline double SampleFiltered(const SampleFilter& f, double p, int64_t i) {
+  if (!(p > 0.0) || !SampleInTopKMinP(f, p, i)) return 0.0;
+  return SampleAtOrAbove(SampleBits(p), i, f.p_bits, f.p_last) ? p : 0.0;
+}
+
+// The largest candidate between lo and hi (lo < hi) tried next by a binary search for
+// the largest bits with a property that lo has: the search keeps lo = mid where mid has
+// it, else hi = mid − 1.
+FW_HOST_DEVICE inline uint32_t SampleSearchMid(uint32_t lo, uint32_t hi) {
+  return lo + (hi - lo + 1) / 2;
+}
+
+// top_p's cut inside the `ties` (≥ 1) tokens of A at the threshold value, each of share
+// q = p/T, after the share `above` of A's tokens above it: the smallest m ≥ 1 whose
+// running share above + q + ... + q (m terms, added in order as the rank-order cumsum adds
+// them) reaches top_p; `ties` where none does.
+FW_HOST_DEVICE inline int64_t SampleNucleusTies(double above, double q, int64_t ties,
+                                                double top_p) {
+  double running = above;
+  for (int64_t m = 1; m < ties; ++m) {
+    running += q;
+    if (running >= top_p) return m;
+  }
+  return ties;
 }
 
 }  // namespace fwmodel::kernels

@@ -70,7 +70,8 @@ bool NeedsFilters(const SamplingParams& params, int64_t vocab) {
 #if defined(FWSERVE_CUDA_KERNELS)
 namespace {
 
-// Whether SampleOnDevice's plain case may run as the sampling kernel (models/gpu/sample.h):
+// Whether SampleOnDevice (without a constraint mask) may run as the sampling kernel
+// (models/gpu/sample.h):
 // contiguous float32 CUDA logits [rows, vocab] and, on the same device, contiguous float64
 // columns [kSampleColumns, rows], int64 penalty ids [rows, W] with float64 factors (rows
 // values), int64 bias ids [rows, B] with float32 values, W + B within the kernel's
@@ -115,15 +116,16 @@ bool SampleKernelApplies(const torch::Tensor& raw_logits, const torch::Tensor& c
   return entries <= fwmodel::kernels::kSampleMaxAdjustments;
 }
 
-// SampleOnDevice's plain case by the sampling kernel on the current stream of the logits'
-// device: [rows, 2] float64 (token, logprob) and, for few rows (chunked launches), the
-// kernel's scratch (SampleScratchBytes, stream-ordered by the caching allocator), the only
+// SampleOnDevice without a constraint mask by the sampling kernel on the current stream of
+// the logits' device (`filters`: with the top_k, top_p and min_p columns): [rows, 2]
+// float64 (token, logprob) and, for few rows of a plain launch (chunked), the kernel's
+// scratch (SampleScratchBytes, stream-ordered by the caching allocator), the only
 // allocations. No host synchronisation: it runs inside CUDA Graph capture as the ops it
 // replaces did.
 torch::Tensor SampleWithKernel(const torch::Tensor& raw_logits, const torch::Tensor& columns,
                                const torch::Tensor& penalty_index,
                                const torch::Tensor& penalty_factor, const torch::Tensor& bias_index,
-                               const torch::Tensor& bias_value) {
+                               const torch::Tensor& bias_value, bool filters) {
   const c10::cuda::CUDAGuard guard(raw_logits.device());
   const int64_t rows = raw_logits.size(0);
   torch::Tensor out = torch::empty({rows, 2}, raw_logits.options().dtype(torch::kFloat64));
@@ -134,6 +136,11 @@ torch::Tensor SampleWithKernel(const torch::Tensor& raw_logits, const torch::Ten
   const double* column_data = columns.data_ptr<double>();
   args.temperature = column_data + kSampleTemperature * rows;
   args.uniform = column_data + kSampleUniform * rows;
+  if (filters) {
+    args.top_k = column_data + kSampleTopK * rows;
+    args.top_p = column_data + kSampleTopP * rows;
+    args.min_p = column_data + kSampleMinP * rows;
+  }
   if (penalty_index.defined() && penalty_index.size(1) > 0) {
     args.penalty_width = penalty_index.size(1);
     args.penalty_index = penalty_index.data_ptr<int64_t>();
@@ -146,7 +153,8 @@ torch::Tensor SampleWithKernel(const torch::Tensor& raw_logits, const torch::Ten
   }
   args.out = out.data_ptr<double>();
   torch::Tensor scratch;
-  const int64_t scratch_bytes = fwmodel::kernels::SampleScratchBytes(rows, args.vocab);
+  const int64_t scratch_bytes =
+      filters ? 0 : fwmodel::kernels::SampleScratchBytes(rows, args.vocab);
   if (scratch_bytes > 0) {
     scratch = torch::empty({scratch_bytes / 8}, raw_logits.options().dtype(torch::kFloat64));
     args.partials =
@@ -168,11 +176,10 @@ torch::Tensor SampleOnDevice(const torch::Tensor& raw_logits, const torch::Tenso
                              const torch::Tensor& bias_index, const torch::Tensor& bias_value,
                              const torch::Tensor& allowed) {
 #if defined(FWSERVE_CUDA_KERNELS)
-  if (!filters && !allowed.defined() &&
-      SampleKernelApplies(raw_logits, columns, penalty_index, penalty_factor, bias_index,
-                          bias_value)) {
+  if (!allowed.defined() && SampleKernelApplies(raw_logits, columns, penalty_index, penalty_factor,
+                                                bias_index, bias_value)) {
     return SampleWithKernel(raw_logits, columns, penalty_index, penalty_factor, bias_index,
-                            bias_value);
+                            bias_value, filters);
   }
 #endif
   const torch::Device device = raw_logits.device();

@@ -137,6 +137,13 @@ fwmodel::kernels::SampleArgs KernelArgs(
   return args;
 }
 
+// Points `args` at the packed draws' top_k, top_p and min_p columns (the filters).
+void SetFilterColumns(const Packed& p, int64_t rows, fwmodel::kernels::SampleArgs* args) {
+  args->top_k = p.columns.data() + fwserve::kSampleTopK * rows;
+  args->top_p = p.columns.data() + fwserve::kSampleTopP * rows;
+  args->min_p = p.columns.data() + fwserve::kSampleMinP * rows;
+}
+
 class GpuSampleTest : public testing::TestWithParam<int64_t> {};
 
 TEST_P(GpuSampleTest, HostGridDrawsWhatSampleOnDeviceAndSampleTokenDraw) {
@@ -449,8 +456,22 @@ TEST(GpuSampleArgsTest, RefusesWhatTheLauncherRefuses) {
     a.penalty_factor = &factor;
   }));
   EXPECT_TRUE(refused([](auto& a) { a.bias_width = -1; }));
-  // A chunked launch (one row of 65,536 ids: 32 chunks) without its scratch.
   std::vector<float> wide(65536, 0.0f);
+  const double top_k = 2.0, top_p = 0.9, min_p = 0.0;
+  EXPECT_TRUE(refused([&](auto& a) { a.top_k = &top_k; }));  // no top_p, no min_p
+  EXPECT_TRUE(refused([&](auto& a) {
+    a.top_k = &top_k;
+    a.top_p = &top_p;
+  }));
+  EXPECT_TRUE(refused([&](auto& a) { a.min_p = &min_p; }));
+  EXPECT_FALSE(refused([&](auto& a) {  // the filters take no scratch however few the rows
+    a.top_k = &top_k;
+    a.top_p = &top_p;
+    a.min_p = &min_p;
+    a.vocab = 65536;
+    a.logits = wide.data();
+  }));
+  // A chunked launch (one row of 65,536 ids: 32 chunks) without its scratch.
   EXPECT_TRUE(refused([&](auto& a) {
     a.vocab = 65536;
     a.logits = wide.data();
@@ -511,6 +532,216 @@ TEST(GpuSampleArgsTest, EachShareOfTheMassDrawsItsTokenAcrossChunks) {
     EXPECT_EQ(out[0], static_cast<double>(token));
     EXPECT_NEAR(out[1], -std::log(static_cast<double>(kVocab)), 1e-12);
   }
+}
+
+// The filters' parameters of stream i in round `round`: top_k 0 (off), 1, 2, 40 or the
+// vocabulary; top_p 1 (off), 0.1, 0.5 or 0.9; min_p 0, 0.05 or 0.5; cycled at different
+// rates so that the rounds combine them with each temperature and penalty.
+void SetFilters(size_t i, int round, int64_t vocab, SamplingParams* params) {
+  const int64_t ks[] = {0, 1, 2, 40, vocab};
+  const float ps[] = {1.0f, 0.1f, 0.5f, 0.9f};
+  const float mins[] = {0.0f, 0.05f, 0.5f};
+  const size_t r = static_cast<size_t>(round);
+  params->top_k = ks[(i + r) % 5];
+  params->top_p = ps[(i / 2 + r) % 4];
+  params->min_p = mins[(i + 2 * r) % 3];
+}
+
+// Rounds each finite logit to a multiple of `step`: many equal logits, so that the
+// filters' cuts fall among equal probabilities and the id order decides.
+void Quantize(float step, int64_t vocab, float* row) {
+  for (int64_t i = 0; i < vocab; ++i) {
+    if (std::isfinite(row[i])) row[i] = std::round(row[i] / step) * step;
+  }
+}
+
+// The filters (top_k, top_p, min_p; SampleArgs::top_k set: one block per row whatever
+// the rows) on the CPU by the kernel's mirror draw what SampleOnDevice with filters =
+// true (the LibTorch ops: a stable sort per row) and SampleToken draw: 16 streams of
+// mixed rows (greedy, temperatures 0.5, 1 and 2, repetition penalties, logit biases of
+// ±100 and small ones, NaN and ±inf logits, rows with no finite logit), each round with
+// other filter combinations (SetFilters), half of the rows' logits rounded to integers or
+// halves (ties at every cut), at the 65,536 vocabulary, at 1,000 and at 7 (fewer ids than
+// threads). Tokens equal, log-probabilities within 1e-5; the filters change some draws
+// (against the mirror without them).
+class GpuSampleFilterTest : public testing::TestWithParam<int64_t> {};
+
+TEST_P(GpuSampleFilterTest, HostGridFiltersAsSampleOnDeviceAndSampleToken) {
+  c10::NoGradGuard no_grad;
+  const int64_t vocab = GetParam();
+  std::vector<Stream> streams = MakeStreams(vocab);
+  const int64_t rows = static_cast<int64_t>(streams.size());
+  std::mt19937_64 pick(53);
+  for (size_t r = 0; r < streams.size(); ++r) {
+    if (r % 3 != 2) continue;
+    for (int j = 0; j < 1 + static_cast<int>(pick() % 3); ++j) {
+      const int64_t id = (static_cast<int64_t>(pick() % 40) + 40 * j) % vocab;
+      if (j > 0 && id <= streams[r].params.logit_bias.back().first) break;  // distinct ids
+      const float value = j == 0 ? 100.0f : (j == 1 ? -100.0f : 1.5f);
+      streams[r].params.logit_bias.emplace_back(id, value);
+    }
+  }
+  std::mt19937 logits_rng(59);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  const int rounds = vocab > 10000 ? 6 : 40;
+  int64_t filtered = 0, changed = 0;
+  for (int round = 0; round < rounds; ++round) {
+    torch::Tensor logits = torch::empty({rows, vocab}, torch::kFloat32);
+    float* data = logits.data_ptr<float>();
+    for (int64_t r = 0; r < rows; ++r) {
+      float* row = data + r * vocab;
+      FillRow(streams[static_cast<size_t>(r)].kind, vocab, normal, logits_rng, row);
+      if (r % 2 == 1) Quantize(r % 4 == 1 ? 1.0f : 0.5f, vocab, row);
+      SetFilters(static_cast<size_t>(r), round, vocab, &streams[static_cast<size_t>(r)].params);
+    }
+    std::vector<RowDraw> batch(streams.size());
+    size_t bias_width = 0;
+    for (size_t r = 0; r < streams.size(); ++r) {
+      batch[r].row = static_cast<int64_t>(r);
+      batch[r].params = &streams[r].params;
+      batch[r].recent = &streams[r].recent;
+      if (streams[r].params.temperature != 0) {
+        batch[r].uniform = fwserve::CanonicalDraw(streams[r].batch_rng);
+      }
+      bias_width = std::max(bias_width, streams[r].params.logit_bias.size());
+    }
+    const Packed packed = Pack(batch, vocab);
+    std::vector<int64_t> ids(static_cast<size_t>(rows) * bias_width, 0);
+    std::vector<float> values(ids.size(), 0.0f);
+    for (size_t r = 0; r < streams.size(); ++r) {
+      const auto& bias = streams[r].params.logit_bias;
+      for (size_t j = 0; j < bias.size(); ++j) {
+        ids[r * bias_width + j] = bias[j].first;
+        values[r * bias_width + j] = bias[j].second;
+      }
+    }
+    const int64_t width = static_cast<int64_t>(bias_width);
+    const torch::Tensor bias_index = torch::tensor(ids, torch::kInt64).view({rows, width});
+    const torch::Tensor bias_value = torch::tensor(values, torch::kFloat32).view({rows, width});
+    std::vector<double> out, plain_out;
+    std::vector<fwmodel::kernels::SampleChunkPartial> scratch, plain_scratch;
+    fwmodel::kernels::SampleArgs plain = KernelArgs(logits, packed, &plain_out, &plain_scratch);
+    plain.bias_width = width;
+    plain.bias_index = ids.data();
+    plain.bias_value = values.data();
+    ASSERT_TRUE(fwmodel::kernels::RunSampleOnHost(plain));
+    fwmodel::kernels::SampleArgs args = KernelArgs(logits, packed, &out, &scratch);
+    args.bias_width = width;
+    args.bias_index = ids.data();
+    args.bias_value = values.data();
+    SetFilterColumns(packed, rows, &args);
+    ASSERT_EQ(fwmodel::kernels::SampleLaunchChunks(args), 1);
+    args.partials = nullptr;  // one block per row: no scratch
+    ASSERT_TRUE(fwmodel::kernels::RunSampleOnHost(args));
+    const torch::Tensor reference =
+        fwserve::SampleOnDevice(logits, packed.column_tensor, packed.penalty_index,
+                                packed.penalty_factor, /*filters=*/true, bias_index, bias_value);
+    const double* expected = reference.data_ptr<double>();
+    for (size_t r = 0; r < streams.size(); ++r) {
+      Stream& s = streams[r];
+      const std::string where = absl::StrCat(
+          "vocab ", vocab, ", round ", round, ", row ", r, ", top_k ", s.params.top_k, ", top_p ",
+          s.params.top_p, ", min_p ", s.params.min_p, ", temperature ", s.params.temperature);
+      const int64_t token = static_cast<int64_t>(out[2 * r]);
+      ASSERT_EQ(token, static_cast<int64_t>(expected[2 * r])) << where;
+      if (std::isinf(expected[2 * r + 1])) {
+        EXPECT_EQ(out[2 * r + 1], expected[2 * r + 1]) << where;
+      } else {
+        EXPECT_NEAR(out[2 * r + 1], expected[2 * r + 1], 1e-5) << where;
+      }
+      if (s.kind != RowKind::kNoneFinite) {
+        ASSERT_EQ(token, fwserve::SampleToken(data + static_cast<int64_t>(r) * vocab, vocab,
+                                              s.params, s.host_rng, s.recent))
+            << where;
+      } else {
+        EXPECT_EQ(token, 0) << where;
+      }
+      if (s.params.temperature != 0 && s.kind != RowKind::kNoneFinite &&
+          fwserve::NeedsFilters(s.params, vocab)) {
+        ++filtered;
+        changed += out[2 * r] != plain_out[2 * r] ? 1 : 0;
+      }
+      s.recent.push_back(token);
+    }
+  }
+  EXPECT_GT(filtered, rounds * 4);
+  EXPECT_GT(changed, filtered / 8) << "of " << filtered << " filtered draws";
+}
+
+// 65,536: the RWKV world vocabulary; 1,000; 7: fewer ids than threads.
+INSTANTIATE_TEST_SUITE_P(Vocab, GpuSampleFilterTest, testing::Values(65536, 1000, 7),
+                         [](const testing::TestParamInfo<int64_t>& info) {
+                           return absl::StrCat("V", info.param);
+                         });
+
+// One row of filtered draws on the mirror: flat or stepped logits, temperature 1.
+struct FilterCase {
+  std::vector<float> logits;
+  double top_k, top_p, min_p;
+};
+
+double FilteredDraw(const FilterCase& c, double uniform) {
+  const double temperature = 1.0;
+  double out[2] = {-7.0, -7.0};
+  fwmodel::kernels::SampleArgs args;
+  args.rows = 1;
+  args.vocab = static_cast<int64_t>(c.logits.size());
+  args.logits = c.logits.data();
+  args.temperature = &temperature;
+  args.uniform = &uniform;
+  args.top_k = &c.top_k;
+  args.top_p = &c.top_p;
+  args.min_p = &c.min_p;
+  args.out = out;
+  EXPECT_TRUE(fwmodel::kernels::RunSampleOnHost(args));
+  return out[0];
+}
+
+// The cuts among equal probabilities keep the lowest ids: a flat row of 1,000 ids with
+// top_k 10 keeps ids 0-9 (each a tenth of the mass), with top_p 0.25 the first 250 ids
+// (the running share 0.001 · m reaches 0.25 at m = 250, summed in order), with both the
+// first 3 (top_p takes shares of top_k's kept mass: 0.1 each).
+// Stepped logits (ids 500-599 one above the rest: p = 1 there, 1/e elsewhere): top_k 150
+// keeps 500-599 and then 0-49 (the draw in id order: 0-49 first); top_k 1.5 (ranks < 1.5)
+// the two lowest ids of the step; min_p 0.5 (> 1/e) the step, min_p = expf(−1) all (only
+// a p below min_p goes); top_p 0.5 the step and then the
+// m lowest ids of the rest whose share reaches half of T = 100 + 900/e.
+TEST(GpuSampleArgsTest, FilterCutsAmongEqualsKeepTheLowestIds) {
+  FilterCase flat{std::vector<float>(1000, 0.25f), 10.0, 1.0, 0.0};
+  for (int j = 0; j < 10; ++j) EXPECT_EQ(FilteredDraw(flat, (j + 0.5) / 10), j) << j;
+  flat.top_k = 1000.0;
+  flat.top_p = 0.25;
+  EXPECT_EQ(FilteredDraw(flat, 0.0), 0.0);
+  EXPECT_EQ(FilteredDraw(flat, 0.999), 249.0);
+  EXPECT_EQ(FilteredDraw(flat, 0.5), 125.0);
+  flat.top_k = 10.0;
+  EXPECT_EQ(FilteredDraw(flat, 0.999), 2.0);
+  EXPECT_EQ(FilteredDraw(flat, 0.5), 1.0);
+  FilterCase step{std::vector<float>(1000, 0.0f), 150.0, 1.0, 0.0};
+  for (int i = 500; i < 600; ++i) step.logits[static_cast<size_t>(i)] = 1.0f;
+  const double e = std::exp(1.0);
+  double mass = 100.0 + 50.0 / e;
+  EXPECT_EQ(FilteredDraw(step, 0.0), 0.0);
+  EXPECT_EQ(FilteredDraw(step, 49.5 / e / mass), 49.0);
+  EXPECT_EQ(FilteredDraw(step, (50.0 / e + 0.5) / mass), 500.0);
+  EXPECT_EQ(FilteredDraw(step, 0.9999), 599.0);
+  step.top_k = 1.5;  // ranks 0 and 1
+  EXPECT_EQ(FilteredDraw(step, 0.4), 500.0);
+  EXPECT_EQ(FilteredDraw(step, 0.6), 501.0);
+  step.top_k = 1000.0;
+  step.min_p = 0.5;
+  EXPECT_EQ(FilteredDraw(step, 0.0), 500.0);
+  EXPECT_EQ(FilteredDraw(step, 0.9999), 599.0);
+  step.min_p = static_cast<double>(std::exp(-1.0f));  // the rest's p: not below, kept
+  EXPECT_EQ(FilteredDraw(step, 0.0), 0.0);
+  step.min_p = 0.0;
+  step.top_p = 0.5;
+  const double m = std::ceil((0.5 * (100.0 + 900.0 / e) - 100.0) * e);  // 315
+  ASSERT_EQ(m, 315.0);
+  mass = 100.0 + m / e;
+  EXPECT_EQ(FilteredDraw(step, 0.0), 0.0);
+  EXPECT_EQ(FilteredDraw(step, (m - 0.5) / e / mass), m - 1);
+  EXPECT_EQ(FilteredDraw(step, (m + 0.5) / e / mass), 500.0);
 }
 
 #if defined(FWSERVE_CUDA_TESTS)
