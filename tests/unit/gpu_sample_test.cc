@@ -748,7 +748,7 @@ TEST(GpuSampleArgsTest, FilterCutsAmongEqualsKeepTheLowestIds) {
 // On a GPU (built where LibTorch has CUDA; scripts/gpu/check.py runs *CudaEquivalence*):
 // SampleOnDevice with filters = false on CUDA float32 logits (the sampling kernel where
 // models/gpu built it) against the CPU mirror of its grid and against the LibTorch ops on
-// the same CUDA tensors (filters = true: the same draws through the sort), 16 mixed rows
+// the CPU (filters = true, every filter off: the same draws through the sort), 16 mixed rows
 // × 10 rounds at V = 65,536 (chunked) and 1,000, with a penalty and a bias, and batches of
 // 512 rows and of 1, 3 and 63 (chunked). The mirror's float64 sums are the kernel's; only expf
 // differs (CUDA's against glibc's, an ulp or two), so at most one token in all may differ (a draw
@@ -811,10 +811,10 @@ TEST(GpuSampleCudaEquivalenceTest, KernelDrawsWhatItsMirrorAndTheOpsDraw) {
           fwserve::SampleOnDevice(on_cuda, columns, penalty_index, penalty_factor,
                                   /*filters=*/false, bias_index, bias_value)
               .cpu();
-      const torch::Tensor ops =
-          fwserve::SampleOnDevice(on_cuda, columns, penalty_index, penalty_factor,
-                                  /*filters=*/true, bias_index, bias_value)
-              .cpu();
+      // The LibTorch ops on the CPU (on CUDA, filters = true is the kernel's too).
+      const torch::Tensor ops = fwserve::SampleOnDevice(
+          logits, packed.column_tensor, packed.penalty_index, packed.penalty_factor,
+          /*filters=*/true, bias_index.cpu(), bias_value.cpu());
       const double* got = kernel.data_ptr<double>();
       const double* by_ops = ops.data_ptr<double>();
       for (int64_t r = 0; r < rows; ++r) {
@@ -868,6 +868,147 @@ TEST(GpuSampleCudaEquivalenceTest, KernelDrawsWhatItsMirrorAndTheOpsDraw) {
         torch::tensor(columns, torch::kFloat64).view({fwserve::kSampleColumns, rows}).to(cuda);
     const torch::Tensor kernel =
         fwserve::SampleOnDevice(logits.to(cuda), column_tensor, {}, {}, /*filters=*/false).cpu();
+    const double* got = kernel.data_ptr<double>();
+    int wide_mismatches = 0;
+    for (int64_t r = 0; r < rows; ++r) {
+      if (got[2 * r] != out[2 * r]) {
+        ++wide_mismatches;
+        continue;
+      }
+      EXPECT_NEAR(got[2 * r + 1], out[2 * r + 1], 1e-5) << "rows " << rows << ", row " << r;
+    }
+    EXPECT_LE(wide_mismatches, 1) << "of " << rows << " rows";
+  }
+}
+
+// The filters on a GPU: SampleOnDevice with filters = true on CUDA float32 logits (the
+// filtered kernel where models/gpu built it: one block per row) against the CPU mirror and
+// against the LibTorch ops on the CPU (the stable sort), 16 mixed rows (SetFilters' top_k,
+// top_p and min_p per round, half the rows' logits rounded to integers or halves: ties at
+// the cuts, penalties, biases, non-finite logits) × 6 rounds at V = 65,536 and 1,000,
+// then batches of 1, 3 (few rows: still one block per row) and 512 rows at V = 65,536
+// with mixed filters. As above, expf differs (CUDA's against glibc's), so at most one
+// token in each comparison may differ and the log-probabilities agree within 1e-5.
+TEST(GpuSampleCudaEquivalenceTest, FilteredKernelDrawsWhatItsMirrorAndTheOpsDraw) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no usable CUDA device";
+  c10::NoGradGuard no_grad;
+  const torch::Device cuda(torch::kCUDA);
+  int mismatches = 0, op_mismatches = 0, draws = 0;
+  for (int64_t vocab : {int64_t{65536}, int64_t{1000}}) {
+    std::vector<Stream> streams = MakeStreams(vocab);
+    streams[2].params.logit_bias = {{3, 100.0f}, {17, -5.0f}};
+    streams[6].params.logit_bias = {{1, 2.5f}};
+    const int64_t rows = static_cast<int64_t>(streams.size());
+    std::mt19937 logits_rng(61);
+    std::normal_distribution<float> normal(0.0f, 3.0f);
+    for (int round = 0; round < 6; ++round) {
+      torch::Tensor logits = torch::empty({rows, vocab}, torch::kFloat32);
+      float* data = logits.data_ptr<float>();
+      for (int64_t r = 0; r < rows; ++r) {
+        float* row = data + r * vocab;
+        FillRow(streams[static_cast<size_t>(r)].kind, vocab, normal, logits_rng, row);
+        if (r % 2 == 1) Quantize(r % 4 == 1 ? 1.0f : 0.5f, vocab, row);
+        SetFilters(static_cast<size_t>(r), round, vocab, &streams[static_cast<size_t>(r)].params);
+      }
+      std::vector<RowDraw> batch(streams.size());
+      for (size_t r = 0; r < streams.size(); ++r) {
+        batch[r].row = static_cast<int64_t>(r);
+        batch[r].params = &streams[r].params;
+        batch[r].recent = &streams[r].recent;
+        batch[r].uniform = fwserve::CanonicalDraw(streams[r].batch_rng);
+      }
+      const Packed packed = Pack(batch, vocab);
+      const int64_t bias_width = 2;
+      std::vector<int64_t> ids(static_cast<size_t>(rows * bias_width), 0);
+      std::vector<float> values(ids.size(), 0.0f);
+      for (size_t r = 0; r < streams.size(); ++r) {
+        const auto& bias = streams[r].params.logit_bias;
+        for (size_t j = 0; j < bias.size(); ++j) {
+          ids[r * bias_width + j] = bias[j].first;
+          values[r * bias_width + j] = bias[j].second;
+        }
+      }
+      std::vector<double> out;
+      std::vector<fwmodel::kernels::SampleChunkPartial> scratch;
+      fwmodel::kernels::SampleArgs args = KernelArgs(logits, packed, &out, &scratch);
+      args.bias_width = bias_width;
+      args.bias_index = ids.data();
+      args.bias_value = values.data();
+      SetFilterColumns(packed, rows, &args);
+      ASSERT_TRUE(fwmodel::kernels::RunSampleOnHost(args));
+      const torch::Tensor bias_index = torch::tensor(ids, torch::kInt64).view({rows, bias_width});
+      const torch::Tensor bias_value =
+          torch::tensor(values, torch::kFloat32).view({rows, bias_width});
+      torch::Tensor penalty_index, penalty_factor;
+      if (packed.width > 0) {
+        penalty_index = packed.penalty_index.to(cuda);
+        penalty_factor = packed.penalty_factor.to(cuda);
+      }
+      const torch::Tensor kernel =
+          fwserve::SampleOnDevice(logits.to(cuda), packed.column_tensor.to(cuda), penalty_index,
+                                  penalty_factor, /*filters=*/true, bias_index.to(cuda),
+                                  bias_value.to(cuda))
+              .cpu();
+      const torch::Tensor ops =
+          fwserve::SampleOnDevice(logits, packed.column_tensor, packed.penalty_index,
+                                  packed.penalty_factor, /*filters=*/true, bias_index, bias_value);
+      const double* got = kernel.data_ptr<double>();
+      const double* by_ops = ops.data_ptr<double>();
+      for (int64_t r = 0; r < rows; ++r) {
+        const std::string where = absl::StrCat("vocab ", vocab, ", round ", round, ", row ", r);
+        ++draws;
+        if (got[2 * r] != by_ops[2 * r]) ++op_mismatches;
+        if (got[2 * r] != out[2 * r]) {
+          ++mismatches;
+          continue;
+        }
+        if (std::isinf(out[2 * r + 1])) {
+          EXPECT_EQ(got[2 * r + 1], out[2 * r + 1]) << where;
+        } else {
+          EXPECT_NEAR(got[2 * r + 1], out[2 * r + 1], 1e-5) << where;
+        }
+        streams[static_cast<size_t>(r)].recent.push_back(static_cast<int64_t>(got[2 * r]));
+      }
+    }
+  }
+  EXPECT_LE(mismatches, 1) << "of " << draws << " draws against the mirror";
+  EXPECT_LE(op_mismatches, 1) << "of " << draws << " draws against the LibTorch ops";
+  for (const int64_t rows : {int64_t{1}, int64_t{3}, int64_t{512}}) {
+    const int64_t vocab = 65536;
+    torch::Tensor logits = torch::randn({rows, vocab}, torch::kFloat32) * 3;
+    logits.slice(0, 0, rows, 2).round_();  // ties in every other row
+    std::vector<double> columns(static_cast<size_t>(fwserve::kSampleColumns * rows), 0.0);
+    std::mt19937_64 rng(67 + rows);
+    const double ks[] = {1, 2, 40, static_cast<double>(vocab)}, ps[] = {0.1, 0.5, 0.9, 1.0},
+                 mins[] = {0.0, 0.05, 0.5};
+    auto at = [&](int column, int64_t r) -> double& {
+      return columns[static_cast<size_t>(column * rows + r)];
+    };
+    for (int64_t r = 0; r < rows; ++r) {
+      at(fwserve::kSampleTemperature, r) = r % 5 == 4 ? 0.0 : 1.0;
+      at(fwserve::kSampleUniform, r) = fwserve::CanonicalDraw(rng);
+      at(fwserve::kSampleTopK, r) = ks[r % 4];
+      at(fwserve::kSampleTopP, r) = static_cast<double>(static_cast<float>(ps[(r / 4) % 4]));
+      at(fwserve::kSampleMinP, r) = static_cast<double>(static_cast<float>(mins[r % 3]));
+      at(fwserve::kSampleRow, r) = static_cast<double>(r);
+    }
+    std::vector<double> out(static_cast<size_t>(2 * rows));
+    fwmodel::kernels::SampleArgs args;
+    args.rows = rows;
+    args.vocab = vocab;
+    args.logits = logits.data_ptr<float>();
+    args.temperature = columns.data() + fwserve::kSampleTemperature * rows;
+    args.uniform = columns.data() + fwserve::kSampleUniform * rows;
+    args.top_k = columns.data() + fwserve::kSampleTopK * rows;
+    args.top_p = columns.data() + fwserve::kSampleTopP * rows;
+    args.min_p = columns.data() + fwserve::kSampleMinP * rows;
+    args.out = out.data();
+    ASSERT_TRUE(fwmodel::kernels::RunSampleOnHost(args));
+    const torch::Tensor column_tensor =
+        torch::tensor(columns, torch::kFloat64).view({fwserve::kSampleColumns, rows});
+    const torch::Tensor kernel =
+        fwserve::SampleOnDevice(logits.to(cuda), column_tensor.to(cuda), {}, {}, /*filters=*/true)
+            .cpu();
     const double* got = kernel.data_ptr<double>();
     int wide_mismatches = 0;
     for (int64_t r = 0; r < rows; ++r) {
