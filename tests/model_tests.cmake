@@ -25,6 +25,7 @@ add_executable(fwserve_model_tests
   unit/gpu_row_copy_test.cc
   unit/gpu_gemv_test.cc
   unit/gpu_sample_test.cc
+  unit/gpu_aft_test.cc
 )
 # The CUDA equivalence cases only where this LibTorch has CUDA: on a CPU LibTorch they
 # could only skip, and under CI a skipped test fails the run (scripts/test.sh).
@@ -33,6 +34,9 @@ if(TORCH_CUDA_LIBRARIES OR FWSERVE_CUDA_TESTS)
   target_sources(fwserve_model_tests PRIVATE unit/model_cuda_test.cc)
   # gpu_sample_test.cc's GPU case (the sampling kernel against its mirror), built here only.
   set_source_files_properties(unit/gpu_sample_test.cc PROPERTIES COMPILE_DEFINITIONS
+                              FWSERVE_CUDA_TESTS SKIP_PRECOMPILE_HEADERS ON)
+  # gpu_aft_test.cc's GPU case (the aft mixer on CUDA, its fused kernel, against the mirror).
+  set_source_files_properties(unit/gpu_aft_test.cc PROPERTIES COMPILE_DEFINITIONS
                               FWSERVE_CUDA_TESTS SKIP_PRECOMPILE_HEADERS ON)
   message(STATUS "fwserve: CUDA equivalence tests built (LibTorch has CUDA)")
 endif()

@@ -1,12 +1,26 @@
 // Mixer `aft` (Attention Free Transformer with a learned exponential time decay):
 // per channel, the running weighted sums (alpha, beta) of v and 1 and their log scale
 // p, state [3, d] per layer.
+//
+// On CUDA float32 tensors (without autograd) and where models/gpu built it
+// (FWSERVE_CUDA_KERNELS), Step and Forward run the recurrence as one launch of the fused
+// kernel (models/gpu/aft.h: the T tokens in order per (session, channel)), instead of
+// LibTorch's elementwise ops (Step) and chunked [B, n, n, d] products (Forward).
+// Elsewhere LibTorch ops.
 #include <algorithm>
 #include <cmath>
 #include <limits>
 
 #include "models/architectures/mixer.h"
 #include "models/architectures/native_math.h"
+#include "models/gpu/aft_rule.h"
+
+#if defined(FWSERVE_CUDA_KERNELS)
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "models/gpu/aft.h"
+#endif
 
 namespace fwmodel {
 namespace {
@@ -17,28 +31,22 @@ constexpr double kAftInitialLogScale = -1e30;
 
 // ---- Native row
 
-// One session's (alpha, beta, p) [3, d] absorbs r|k|v = pr[0..3d); y = r ⊙ wkv.
+// One session's (alpha, beta, p) [3, d] absorbs r|k|v = pr[0..3d); y = r ⊙ wkv. The body
+// per channel is the CUDA kernel's (models/gpu/aft_rule.h).
 FW_VECTOR_KERNEL
 void AftRow(const float* __restrict pr, float* __restrict st, const float* __restrict decay,
             const float* __restrict time_first, int64_t d, float* __restrict y) {
-  using native::FastExp;
   float* __restrict alpha = st;
   float* __restrict beta = st + d;
   float* __restrict p = st + 2 * d;
 #pragma omp simd
   for (int64_t ch = 0; ch < d; ++ch) {
-    const float r = native::Sigmoid(pr[ch]), k = pr[d + ch], v = pr[2 * d + ch];
-    const float u = time_first[ch], w = decay[ch], p0 = p[ch], a0 = alpha[ch], b0 = beta[ch];
-    const float q = std::max(p0, u + k);
-    float e1 = FastExp(p0 - q), e2 = FastExp(u + k - q);
-    const float wkv = (e1 * a0 + e2 * v) / (e1 * b0 + e2);
-    const float q2 = std::max(p0 - w, k);
-    e1 = FastExp(p0 - w - q2);
-    e2 = FastExp(k - q2);
-    alpha[ch] = e1 * a0 + e2 * v;
-    beta[ch] = e1 * b0 + e2;
-    p[ch] = q2;
-    y[ch] = r * wkv;
+    kernels::AftChannelState s{alpha[ch], beta[ch], p[ch]};
+    y[ch] =
+        kernels::AftChannelToken(pr[ch], pr[d + ch], pr[2 * d + ch], time_first[ch], decay[ch], &s);
+    alpha[ch] = s.alpha;
+    beta[ch] = s.beta;
+    p[ch] = s.p;
   }
 }
 
@@ -85,6 +93,9 @@ class Aft final : public Mixer {
 
   torch::Tensor Forward(const torch::Tensor& a, const torch::Tensor proj[3],
                         torch::Tensor* state) const override {
+#if defined(FWSERVE_CUDA_KERNELS)
+    if (FusedApplies(proj, state[0])) return FusedRecurrence(proj, state);
+#endif
     const int64_t T = a.size(1), d = config_.d_model;
     torch::Tensor r = torch::sigmoid(proj[0]);
     const torch::Tensor& k = proj[1];
@@ -136,6 +147,9 @@ class Aft final : public Mixer {
   torch::Tensor Step(const torch::Tensor& a, const torch::Tensor proj[3],
                      torch::Tensor* state) const override {
     (void)a;
+#if defined(FWSERVE_CUDA_KERNELS)
+    if (FusedApplies(proj, state[0])) return FusedRecurrence(proj, state);
+#endif
     torch::Tensor r = torch::sigmoid(proj[0]);
     const torch::Tensor& k = proj[1];
     const torch::Tensor& v = proj[2];
@@ -162,6 +176,66 @@ class Aft final : public Mixer {
   }
 
  private:
+#if defined(FWSERVE_CUDA_KERNELS)
+  // Whether the fused kernel may run the recurrence: float32 CUDA projections ([B, d] or
+  // [B, T, d]), state and weights, and no autograd graph to record (the kernel has no
+  // backward).
+  bool FusedApplies(const torch::Tensor proj[3], const torch::Tensor& state) const {
+    for (const torch::Tensor* t :
+         {&proj[0], &proj[1], &proj[2], &state, &time_decay_, &time_first_}) {
+      if (!t->is_cuda() || t->scalar_type() != torch::kFloat32) return false;
+    }
+    if (c10::GradMode::is_enabled()) {
+      for (const torch::Tensor* t :
+           {&proj[0], &proj[1], &proj[2], &state, &time_decay_, &time_first_}) {
+        if (t->requires_grad()) return false;
+      }
+    }
+    return true;
+  }
+
+  // Step's (proj [B, d]) or Forward's (proj [B, T, d]) result by one launch of the fused
+  // kernel on the current stream of the projections' device: y of proj's shape, and
+  // state[0] replaced by a new [B, 3, d] tensor (Mixer's contract: replaced, not written).
+  // Contiguous inputs (the projections already are; anything else is copied), no host
+  // synchronisation, so it runs inside CUDA Graph capture as the ops around it.
+  torch::Tensor FusedRecurrence(const torch::Tensor proj[3], torch::Tensor* state) const {
+    const c10::cuda::CUDAGuard device(proj[0].device());
+    const int64_t B = proj[0].size(0), T = proj[0].dim() == 3 ? proj[0].size(1) : 1,
+                  d = config_.d_model;
+    TORCH_CHECK(proj[0].numel() == B * T * d && proj[0].size(-1) == d &&
+                    proj[1].sizes() == proj[0].sizes() && proj[2].sizes() == proj[0].sizes() &&
+                    state[0].dim() == 3 && state[0].size(0) == B && state[0].size(1) == 3 &&
+                    state[0].size(2) == d,
+                "aft: projections ", proj[0].sizes(), " and state ", state[0].sizes(),
+                " do not match d = ", d);
+    const torch::Tensor r = proj[0].contiguous(), k = proj[1].contiguous(),
+                        v = proj[2].contiguous();
+    const torch::Tensor decay = torch::exp(time_decay_).contiguous();  // w > 0
+    const torch::Tensor time_first = time_first_.contiguous();
+    const torch::Tensor state_in = state[0].contiguous();
+    torch::Tensor state_out = torch::empty_like(state_in, torch::MemoryFormat::Contiguous);
+    torch::Tensor y = torch::empty_like(r, torch::MemoryFormat::Contiguous);
+    kernels::AftArgs args;
+    args.B = B;
+    args.T = T;
+    args.d = d;
+    args.r = r.data_ptr<float>();
+    args.k = k.data_ptr<float>();
+    args.v = v.data_ptr<float>();
+    args.decay = decay.data_ptr<float>();
+    args.time_first = time_first.data_ptr<float>();
+    args.state_in = state_in.data_ptr<float>();
+    args.state_out = state_out.data_ptr<float>();
+    args.y = y.data_ptr<float>();
+    const int error = kernels::LaunchAft(args, c10::cuda::getCurrentCUDAStream().stream());
+    TORCH_CHECK(error == 0,
+                "aft: the fused recurrence kernel failed: ", kernels::AftErrorString(error));
+    state[0] = state_out;
+    return y;
+  }
+#endif
+
   torch::Tensor time_decay_, time_first_;  // [d] each
 };
 
