@@ -78,6 +78,11 @@ ABSL_FLAG(absl::Duration, session_lease_ttl, absl::Seconds(10),
           "taken or last renewed (renewed every third of it while the request runs); a "
           "replica stalled longer loses the lease and its late write is refused");
 ABSL_FLAG(std::string, device, "cpu", "cpu, cuda or cuda:N (cuda needs a CUDA LibTorch)");
+ABSL_FLAG(std::string, gpu_matrices, "float32",
+          "float32 or bf16: with --device=cuda, bf16 keeps an RWKV-7 model's matrices in "
+          "bfloat16 on the GPU (half their memory and of the bytes a decode step reads; "
+          "products widen them to float32 exactly; a float32 file is rounded). Other "
+          "architectures and the CPU refuse bf16");
 ABSL_FLAG(int64_t, max_prompt_bytes, 1 << 20,
           "longest prompt, session prefix or scored text, in bytes");
 ABSL_FLAG(int32_t, max_tokens, 4096, "largest max_tokens a Generate request may ask for");
@@ -262,7 +267,9 @@ constexpr char kHelpIntro[] =
 
 std::vector<fwserve::FlagGroup> HelpGroups() {
   return {
-      {"Serving", {"listen", "model", "device", "metrics_listen", "log_level", "drain_timeout"}},
+      {"Serving",
+       {"listen", "model", "device", "gpu_matrices", "metrics_listen", "log_level",
+        "drain_timeout"}},
       {"HTTP API",
        {"http_listen", "http_max_body_bytes", "http_idle_timeout", "http_cors_origins"}},
       {"Sessions",
@@ -429,6 +436,7 @@ int main(int argc, char** argv) {
   core_options.session_store_timeout = absl::GetFlag(FLAGS_session_store_timeout);
   core_options.session_lease_ttl = absl::GetFlag(FLAGS_session_lease_ttl);
   core_options.device = absl::GetFlag(FLAGS_device);
+  core_options.gpu_matrices = absl::GetFlag(FLAGS_gpu_matrices);
   core_options.max_prompt_bytes = absl::GetFlag(FLAGS_max_prompt_bytes);
   core_options.max_tokens = absl::GetFlag(FLAGS_max_tokens);
   engine.max_sessions = absl::GetFlag(FLAGS_max_sessions);

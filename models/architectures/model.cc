@@ -309,6 +309,32 @@ int64_t FlopsPerToken(const ModelConfig& c) {
 // ---------------------------------------------------------------------------
 // Construction
 
+bool Bf16MatrixName(const std::string& name) {
+  if (name == "head.weight") return true;
+  if (name.rfind("blocks.", 0) != 0) return false;
+  const size_t dot = name.find('.', 7);
+  if (dot == std::string::npos) return false;
+  const std::string suffix = name.substr(dot + 1);
+  static const char* const kMatrices[] = {"att.receptance.weight",
+                                          "att.key.weight",
+                                          "att.value.weight",
+                                          "att.output.weight",
+                                          "att.w1",
+                                          "att.w2",
+                                          "att.a1",
+                                          "att.a2",
+                                          "att.v1",
+                                          "att.v2",
+                                          "att.g1",
+                                          "att.g2",
+                                          "ffn.key.weight",
+                                          "ffn.value.weight"};
+  for (const char* matrix : kMatrices) {
+    if (suffix == matrix) return true;
+  }
+  return false;
+}
+
 absl::StatusOr<Model> Model::Create(const ModelConfig& config,
                                     std::map<std::string, torch::Tensor> weights,
                                     const ModelOptions& options) {
@@ -340,6 +366,11 @@ absl::StatusOr<Model> Model::Create(const ModelConfig& config,
       if (!known) return absl::InvalidArgumentError(absl::StrCat("unexpected tensor '", name, "'"));
     }
   }
+  if (options.bf16_matrices &&
+      (config.architecture != Architecture::kRwkv7 || options.dtype != torch::kFloat32)) {
+    return absl::InvalidArgumentError(
+        "bf16_matrices: only RWKV-7 with float32 compute keeps its matrices in bf16");
+  }
   Model model;
   model.config_ = config;
   model.options_ = options;
@@ -352,8 +383,10 @@ absl::StatusOr<Model> Model::Create(const ModelConfig& config,
           torch::empty({0}, torch::TensorOptions().device(options.device)).device();
     }
     for (auto& [name, tensor] : weights) {
+      const torch::ScalarType dtype =
+          options.bf16_matrices && Bf16MatrixName(name) ? torch::kBFloat16 : options.dtype;
       model.weights_[name] =
-          tensor.detach().to(options.device, options.dtype, /*non_blocking=*/false, /*copy=*/true);
+          tensor.detach().to(options.device, dtype, /*non_blocking=*/false, /*copy=*/true);
     }
   } catch (const c10::Error& e) {
     return absl::InternalError("could not move weights to the compute device");
@@ -599,17 +632,18 @@ torch::Tensor Model::EmbedTokens(const torch::Tensor& tokens) const {
 
 namespace {
 
-// x·headᵀ: on CUDA float32 tensors without autograd, for at most kGemvMaxRows rows (a
-// decode step of few streams), by the grouped GEMV kernel (models/gpu/gemv.h: the head
-// read once with 16-byte loads, one launch), else torch::linear. The head is the step's
+// x·headᵀ: on CUDA float32 tensors (a float32 or bf16 head) without autograd, for at most
+// kGemvMaxRows rows (a decode step of few streams), by the grouped GEMV kernel (models/gpu/gemv.h:
+// the head read once with 16-byte loads, one launch), else torch::linear. The head is the step's
 // largest matrix (65,536 × 768 for RWKV-7 0.1B), read whole for every row.
 torch::Tensor HeadLinear(const torch::Tensor& x, const torch::Tensor& head) {
 #if defined(FWSERVE_CUDA_KERNELS)
   const int64_t in = head.size(1), rows = x.numel() / std::max<int64_t>(in, 1);
   const bool grad = c10::GradMode::is_enabled() && (x.requires_grad() || head.requires_grad());
+  const bool bf16 = head.scalar_type() == torch::kBFloat16;
   if (x.is_cuda() && head.is_cuda() && x.scalar_type() == torch::kFloat32 &&
-      head.scalar_type() == torch::kFloat32 && head.is_contiguous() && !grad && rows >= 1 &&
-      rows <= kernels::kGemvMaxRows && x.size(-1) == in) {
+      (head.scalar_type() == torch::kFloat32 || bf16) && head.is_contiguous() && !grad &&
+      rows >= 1 && rows <= kernels::kGemvMaxRows && x.size(-1) == in) {
     const torch::Tensor flat = x.reshape({rows, in}).contiguous();
     std::vector<int64_t> shape = x.sizes().vec();
     shape.back() = head.size(0);
@@ -617,8 +651,9 @@ torch::Tensor HeadLinear(const torch::Tensor& x, const torch::Tensor& head) {
     kernels::GroupedGemvArgs args;
     args.M = static_cast<int>(rows);
     args.count = 1;
+    args.weight = bf16 ? kernels::GemvWeight::kBFloat16 : kernels::GemvWeight::kFloat32;
     kernels::GemvProduct& p = args.products[0];
-    p.w = head.data_ptr<float>();
+    p.w = head.data_ptr();
     p.x = flat.data_ptr<float>();
     p.y = y.data_ptr<float>();
     p.in = in;
@@ -631,6 +666,8 @@ torch::Tensor HeadLinear(const torch::Tensor& x, const torch::Tensor& head) {
     return y;
   }
 #endif
+  // A bf16 head (ModelOptions::bf16_matrices) is widened exactly for the product.
+  if (head.scalar_type() != x.scalar_type()) return torch::linear(x, head.to(x.scalar_type()));
   return torch::linear(x, head);
 }
 

@@ -202,13 +202,13 @@ class Rwkv7Block final : public RwkvBlock {
     if (gemv) {
       GemvProjections(xp, &pr);
     } else {
-      pr.r = torch::linear(xp[0], r_);
-      pr.w_raw = torch::linear(torch::tanh(torch::linear(xp[1], w1_)), w2_, w0_);
-      pr.k = torch::linear(xp[2], k_);
-      pr.v = torch::linear(xp[3], v_);
-      pr.a_raw = torch::linear(torch::linear(xp[4], a1_), a2_, a0_);
-      pr.g = torch::linear(torch::sigmoid(torch::linear(xp[5], g1_)), g2_);
-      if (layer_ > 0) pr.v_raw = torch::linear(torch::linear(xp[3], v1_), v2_, v0_);
+      pr.r = Linear(xp[0], r_);
+      pr.w_raw = Linear(torch::tanh(Linear(xp[1], w1_)), w2_, w0_);
+      pr.k = Linear(xp[2], k_);
+      pr.v = Linear(xp[3], v_);
+      pr.a_raw = Linear(Linear(xp[4], a1_), a2_, a0_);
+      pr.g = Linear(torch::sigmoid(Linear(xp[5], g1_)), g2_);
+      if (layer_ > 0) pr.v_raw = Linear(Linear(xp[3], v1_), v2_, v0_);
     }
     // ---- The recurrence, GroupNorm, bonus and gate
     torch::Tensor y;  // [B, T, d], gated
@@ -217,7 +217,7 @@ class Rwkv7Block final : public RwkvBlock {
 #endif
     if (!y.defined()) y = TimeMix(pr, state, v_first);
     const torch::Tensor out =
-        gemv ? GemvLinear(y, o_, kernels::GemvEpilogue::kResidual, &h) : h + torch::linear(y, o_);
+        gemv ? GemvLinear(y, o_, kernels::GemvEpilogue::kResidual, &h) : h + Linear(y, o_);
     // ---- Channel mix: xk from LN(out; ln2) and its shift, then relu(xk·keyᵀ)²·valueᵀ
     torch::Tensor xk, key;
 #if defined(FWSERVE_CUDA_KERNELS)
@@ -233,7 +233,7 @@ class Rwkv7Block final : public RwkvBlock {
       key = GemvLinear(xk, ffn_key_, kernels::GemvEpilogue::kSquaredRelu, nullptr);
       return GemvLinear(key, ffn_value_, kernels::GemvEpilogue::kResidual, &out);
     }
-    key = torch::linear(xk, ffn_key_);
+    key = Linear(xk, ffn_key_);
 #if defined(FWSERVE_CUDA_KERNELS)
     if (SquaredReluApplies(key)) {
       FusedSquaredReluInPlace(key);
@@ -243,10 +243,18 @@ class Rwkv7Block final : public RwkvBlock {
 #else
     key = torch::relu(key).square();
 #endif
-    return out + torch::linear(key, ffn_value_);
+    return out + Linear(key, ffn_value_);
   }
 
  private:
+  // x·wᵀ (+ bias) by torch::linear; a bf16 matrix (ModelOptions::bf16_matrices) is widened
+  // to x's float32 first (exact), so the product is the float32 one over the bf16 values.
+  static torch::Tensor Linear(const torch::Tensor& x, const torch::Tensor& w,
+                              const torch::Tensor& bias = {}) {
+    if (w.scalar_type() == x.scalar_type()) return torch::linear(x, w, bias);
+    return torch::linear(x, w.to(x.scalar_type()), bias);
+  }
+
   // The time mix's projections of x_p, [B, T, d] each; v_raw (v0 + (x_v·v1ᵀ)·v2ᵀ) in
   // blocks > 0 only.
   struct Projections {
@@ -320,10 +328,14 @@ class Rwkv7Block final : public RwkvBlock {
         return false;
       }
     }
+    // The matrices: all float32 or all bf16 (ModelOptions::bf16_matrices): a launch has
+    // one weight type.
+    const torch::ScalarType matrix_type = r_.scalar_type();
+    if (matrix_type != torch::kFloat32 && matrix_type != torch::kBFloat16) return false;
     for (const torch::Tensor* t : {&r_, &k_, &v_, &o_, &w1_, &w2_, &a1_, &a2_, &v1_, &v2_, &g1_,
                                    &g2_, &ffn_key_, &ffn_value_}) {
       if (!t->defined()) continue;  // v1, v2 in block 0
-      if (t->dim() != 2 || t->scalar_type() != torch::kFloat32 || t->device() != h.device() ||
+      if (t->dim() != 2 || t->scalar_type() != matrix_type || t->device() != h.device() ||
           (grad && t->requires_grad())) {
         return false;
       }
@@ -356,8 +368,14 @@ class Rwkv7Block final : public RwkvBlock {
     TORCH_CHECK(xc.size(-1) == in, "rwkv7: a grouped GEMV's x has ", xc.size(-1),
                 " channels for a weight of ", in);
     torch::Tensor y = torch::empty({xc.size(0), xc.size(1), out}, xc.options());
+    const kernels::GemvWeight weight = wc.scalar_type() == torch::kBFloat16
+                                           ? kernels::GemvWeight::kBFloat16
+                                           : kernels::GemvWeight::kFloat32;
+    TORCH_CHECK(launch->args.count == 0 || launch->args.weight == weight,
+                "rwkv7: a grouped GEMV launch mixes float32 and bf16 weights");
+    launch->args.weight = weight;
     kernels::GemvProduct& p = launch->args.products[launch->args.count++];
-    p.w = wc.data_ptr<float>();
+    p.w = wc.data_ptr();
     p.x = xc.data_ptr<float>();
     p.in = in;
     p.out = out;

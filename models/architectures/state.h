@@ -22,7 +22,19 @@ struct ModelOptions {
   // fewer sequential steps; results do not depend on them beyond float rounding.
   int64_t attention_chunk = 64;  // linear_attention, fast_weight: [B, H, C, C] per chunk
   int64_t aft_chunk = 16;        // aft: [B, C, C, d] per chunk
+  // RWKV-7 with float32 compute only (Create refuses anything else): its matrices (the
+  // time mix's r, k, v, output and LoRA weights, the FFN's key and value and an untied
+  // head, see Bf16MatrixName) are kept in bfloat16, half the memory and half the bytes
+  // a decode step reads. Each product widens them exactly to float32 (the grouped GEMV
+  // reads bf16; torch::linear gets a float32 copy of the matrix), so the results are the
+  // float32 model's over the bf16-rounded matrices: exact for a bf16 file, a rounding of
+  // a float32 one. Vectors, norms, the embedding and the state stay float32.
+  bool bf16_matrices = false;
 };
+
+// Whether weight `name` of an RWKV-7 checkpoint is kept in bf16 under
+// ModelOptions::bf16_matrices.
+bool Bf16MatrixName(const std::string& name);
 
 // Name and per-session shape of one state tensor. A batched State holds each with a
 // leading batch dimension.

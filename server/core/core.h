@@ -32,6 +32,8 @@ struct CoreOptions {
   std::vector<std::string> model_dirs;
   // "cpu" or "cuda" / "cuda:N" (--device).
   std::string device = "cpu";
+  // "float32" or "bf16" (--gpu-matrices; ModelEngineSpec::gpu_matrices).
+  std::string gpu_matrices = "float32";
   // What each model's engine is told, as it is: its queue, its scheduler, its kernels,
   // the session and state-memory limits it shares with the core (engine_options.h).
   EngineOptions engine;

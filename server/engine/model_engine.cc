@@ -42,6 +42,16 @@ absl::StatusOr<std::unique_ptr<ModelEngine>> LoadModelEngine(
       return absl::InvalidArgumentError(absl::StrCat("--device: bad value '", spec.device, "'"));
     }
   }
+  if (spec.gpu_matrices == "bf16") {
+    if (spec.device == "cpu") {
+      return absl::InvalidArgumentError(
+          "--gpu-matrices=bf16 needs --device=cuda (the CPU kernels read float32 matrices)");
+    }
+    model_options.bf16_matrices = true;
+  } else if (spec.gpu_matrices != "float32") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--gpu-matrices must be float32 or bf16, got '", spec.gpu_matrices, "'"));
+  }
   auto loaded = fwmodel::LoadCheckpoint(spec.dir, model_options);
   if (!loaded.ok()) {
     return absl::Status(loaded.status().code(),

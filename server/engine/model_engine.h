@@ -90,6 +90,9 @@ struct ModelEngineSpec {
   std::string name;            // the model's name in requests (its directory's name)
   std::string dir;             // config.json, the weights, the tokenizer's files
   std::string device = "cpu";  // "cpu", "cuda" or "cuda:N" (--device)
+  // "float32", or "bf16": an RWKV-7 model's matrices stay bfloat16 on a CUDA device
+  // (--gpu-matrices; fwmodel::ModelOptions::bf16_matrices).
+  std::string gpu_matrices = "float32";
 };
 
 // InvalidArgument naming --device unless `device` is cpu, cuda or cuda:N. Whether a CUDA

@@ -616,6 +616,21 @@ class FwctlTest(unittest.TestCase):
             self.assertIn(message, stderr)
             self.assertNotIn("listening", stderr)
 
+    def test_fwserve_refuses_bf16_matrices_where_they_do_not_apply(self):
+        # docs/serving.md --gpu-matrices: bf16 is for an RWKV-7 model on CUDA; on the CPU,
+        # and for a value other than float32 or bf16, the start fails naming the flag.
+        for flags, message in [
+                (("--gpu-matrices", "bf16"), "--gpu-matrices=bf16 needs --device=cuda"),
+                (("--gpu-matrices", "fp8"), "--gpu-matrices must be float32 or bf16, got 'fp8'")]:
+            result = subprocess.run(
+                [ARGS.fwserve, "--listen", "127.0.0.1:0", "--metrics-listen", "",
+                 "--model", ARGS.model] + list(flags),
+                capture_output=True, timeout=120)
+            stderr = result.stderr.decode(errors="replace")
+            self.assertNotEqual(result.returncode, 0, stderr)
+            self.assertIn(message, stderr)
+            self.assertNotIn("listening", stderr)
+
     def test_fwserve_shutdown_ends_queued_requests_and_keeps_other_models_sessions(self):
         # docs/serving.md "Graceful shutdown": past --drain-timeout, queued requests get
         # UNAVAILABLE; sessions of models no longer served are left in the store.

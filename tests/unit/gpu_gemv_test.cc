@@ -339,4 +339,94 @@ INSTANTIATE_TEST_SUITE_P(
                           std::get<2>(info.param));
     });
 
+// ModelOptions::bf16_matrices: an RWKV-7 model that keeps its matrices in bf16 computes
+// what the float32 model over the bf16-rounded matrices computes (a prefill of T tokens,
+// then a step), through LibTorch (the matrices widened per product) and through the
+// grouped-GEMV path's mirror reading bf16 (the same sums as over the rounded float32
+// matrices); the matrices are bf16 in weights(), everything else float32; and other
+// architectures, or float64 compute, are refused.
+TEST_P(Rwkv7GemvPathTest, Bf16MatricesEqualFloat32OverRoundedMatrices) {
+  c10::NoGradGuard no_grad;
+  const auto [config_case, B, T] = GetParam();
+  const fwmodel::ModelConfig config = config_case.Config();
+  const std::map<std::string, torch::Tensor> weights =
+      fwtest::RandomModel(config, /*seed=*/13, torch::kFloat32, /*scale=*/0.3).ExportWeights();
+  std::map<std::string, torch::Tensor> rounded = weights;
+  int64_t matrices = 0;
+  for (auto& [name, t] : rounded) {
+    if (!fwmodel::Bf16MatrixName(name)) continue;
+    t = t.to(torch::kBFloat16).to(torch::kFloat32);
+    ++matrices;
+  }
+  ASSERT_GE(matrices, 13 * config.n_layers);  // r, k, v, o, 8 LoRA (6 in block 0), 2 FFN
+  fwmodel::ModelOptions bf16_options;
+  bf16_options.bf16_matrices = true;
+  auto reference = fwmodel::Model::Create(config, rounded);
+  auto bf16 = fwmodel::Model::Create(config, weights, bf16_options);
+  ASSERT_TRUE(reference.ok() && bf16.ok()) << bf16.status();
+  for (const auto& [name, t] : bf16->weights()) {
+    EXPECT_EQ(t.scalar_type(), fwmodel::Bf16MatrixName(name) ? torch::kBFloat16 : torch::kFloat32)
+        << name;
+  }
+  EXPECT_TRUE(torch::equal(bf16->ExportWeights().at("blocks.0.att.key.weight"),
+                           rounded.at("blocks.0.att.key.weight")));
+
+  const torch::Tensor tokens = fwtest::RandomTokens(B, T, config.vocab_size, 23);
+  const torch::Tensor next = fwtest::RandomTokens(B, 1, config.vocab_size, 29).view({B});
+  auto run = [&](const fwmodel::Model& model, bool gemv, torch::Tensor* logits,
+                 torch::Tensor* step_logits, fwmodel::State* state) {
+    fwmodel::SetRwkv7HostGemvForTesting(gemv);
+    *state = model.InitialState(B);
+    auto forward = model.Forward(tokens, state);
+    ASSERT_TRUE(forward.ok()) << forward.status();
+    *logits = *forward;
+    auto step = model.Step(next, state);
+    ASSERT_TRUE(step.ok()) << step.status();
+    *step_logits = *step;
+  };
+  torch::Tensor ref_logits, ref_step;
+  fwmodel::State ref_state;
+  run(*reference, false, &ref_logits, &ref_step, &ref_state);
+  for (bool gemv : {false, true}) {
+    SCOPED_TRACE(gemv ? "grouped GEMV mirror" : "LibTorch");
+    torch::Tensor logits, step;
+    fwmodel::State state;
+    run(*bf16, gemv, &logits, &step, &state);
+    fwmodel::SetRwkv7HostGemvForTesting(false);
+    if (gemv && B * T <= kGemvMaxRows) {
+      EXPECT_FALSE(torch::equal(logits, ref_logits)) << "the grouped-GEMV path did not run";
+    }
+    if (!gemv) {
+      // torch::linear over the widened matrices: the reference's own sums.
+      EXPECT_TRUE(torch::equal(logits, ref_logits));
+      EXPECT_TRUE(torch::equal(step, ref_step));
+    }
+    fwtest::ExpectNearRelative(logits, ref_logits, kTolerance, "prefill logits");
+    fwtest::ExpectNearRelative(step, ref_step, kTolerance, "step logits");
+    for (size_t i = 0; i < state.tensors.size(); ++i) {
+      EXPECT_EQ(state.tensors[i].scalar_type(), torch::kFloat32);
+      fwtest::ExpectNearRelative(state.tensors[i], ref_state.tensors[i], kTolerance,
+                                 absl::StrCat("state ", i));
+    }
+  }
+  // The unrounded float32 model differs: the rounding is real.
+  auto exact = fwmodel::Model::Create(config, weights);
+  ASSERT_TRUE(exact.ok());
+  fwmodel::State exact_state = exact->InitialState(B);
+  auto exact_logits = exact->Forward(tokens, &exact_state);
+  ASSERT_TRUE(exact_logits.ok());
+  EXPECT_FALSE(torch::equal(*exact_logits, ref_logits));
+
+  fwmodel::ModelOptions f64 = bf16_options;
+  f64.dtype = torch::kFloat64;
+  EXPECT_EQ(fwmodel::Model::Create(config, weights, f64).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  const fwmodel::ModelConfig aft =
+      fwtest::TinyConfig(fwmodel::Architecture::kAft, fwmodel::FfnKind::kRelu, 0);
+  auto aft_status = fwmodel::Model::Create(
+      aft, fwtest::RandomModel(aft, 1, torch::kFloat32).ExportWeights(), bf16_options);
+  EXPECT_EQ(aft_status.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(aft_status.status().message().find("bf16_matrices"), std::string::npos);
+}
+
 }  // namespace

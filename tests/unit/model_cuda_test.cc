@@ -12,7 +12,9 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <map>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "models/kernels/graphed_step.h"
@@ -95,6 +97,41 @@ TEST_P(CudaEquivalenceTest, SequenceAndRecurrentFormsEqualCpu) {
     auto b = cuda.Step(tokens.select(1, t).contiguous(), &cuda_fresh);
     ASSERT_TRUE(a.ok() && b.ok());
     ExpectNear(*a, *b, "recurrent form");
+  }
+}
+
+// ModelOptions::bf16_matrices on CUDA (RWKV-7 only; others skip): the bf16 model's
+// sequence form and steps (1 and 20 rows: the grouped GEMV reading bf16, and torch::linear
+// over widened matrices) equal the CPU float32 model over the bf16-rounded matrices.
+TEST_P(CudaEquivalenceTest, Bf16MatricesEqualCpuOverRoundedMatrices) {
+  c10::NoGradGuard no_grad;
+  const fwmodel::ModelConfig config = GetParam().Config();
+  if (config.architecture != fwmodel::Architecture::kRwkv7) GTEST_SKIP() << "RWKV-7 only";
+  std::map<std::string, torch::Tensor> weights =
+      fwtest::RandomModel(config, 7, torch::kFloat32, 0.5, torch::kCPU).ExportWeights();
+  std::map<std::string, torch::Tensor> rounded = weights;
+  for (auto& [name, t] : rounded) {
+    if (fwmodel::Bf16MatrixName(name)) t = t.to(torch::kBFloat16).to(torch::kFloat32);
+  }
+  auto cpu = fwmodel::Model::Create(config, rounded);
+  fwmodel::ModelOptions options;
+  options.device = torch::kCUDA;
+  options.bf16_matrices = true;
+  auto cuda = fwmodel::Model::Create(config, weights, options);
+  ASSERT_TRUE(cpu.ok() && cuda.ok()) << cuda.status();
+  for (const int64_t B : {int64_t{1}, int64_t{20}}) {
+    torch::Tensor tokens = fwtest::RandomTokens(B, 5, config.vocab_size, 11);
+    fwmodel::State cpu_state = cpu->InitialState(B), cuda_state = cuda->InitialState(B);
+    auto a = cpu->Forward(tokens, &cpu_state);
+    auto b = cuda->Forward(tokens, &cuda_state);
+    ASSERT_TRUE(a.ok() && b.ok());
+    ExpectNear(*a, *b, "bf16 matrices: sequence form");
+    for (int64_t t = 0; t < tokens.size(1); ++t) {
+      auto x = cpu->Step(tokens.select(1, t).contiguous(), &cpu_state);
+      auto y = cuda->Step(tokens.select(1, t).contiguous(), &cuda_state);
+      ASSERT_TRUE(x.ok() && y.ok());
+      ExpectNear(*x, *y, "bf16 matrices: recurrent step");
+    }
   }
 }
 
