@@ -39,7 +39,8 @@ CHECK_STREAMS (default 1,16,64,256,1024,4096 on CUDA, 1,16 on CPU), CHECK_DURATI
 CUDA, 3s on CPU), CHECK_BENCH_MODEL (aft-shakespeare), CHECK_TOKENS (baseline tokens, 128),
 CHECK_PREFILL_RUNS (3), CHECK_REAL_SHAPE_STREAMS (1,64,512 on CUDA; empty skips),
 CHECK_REAL_SHAPES (rwkv7-0.1b,delta_net-340m), CHECK_REAL_SHAPE_STORAGE (BF16),
-CHECK_REAL_SHAPE_PREFILL (1024), CHECK_REAL_SHAPE_BASELINE (1), CHECK_KERNEL_STREAMS (1,64), CHECK_AB_LABEL and CHECK_AB_FLAGS (the
+CHECK_REAL_SHAPE_PREFILL (1024), CHECK_REAL_SHAPE_MATRICES (bf16: the RWKV-7 server's
+--gpu-matrices on CUDA; float32 for the other arm), CHECK_REAL_SHAPE_BASELINE (1), CHECK_KERNEL_STREAMS (1,64), CHECK_AB_LABEL and CHECK_AB_FLAGS (the
 kernels section's second arm: apart, --sample-in-step=false), CHECK_AB_ARMS ("label=flags;..."
 in place of that arm: several arms, each in every round), CHECK_KERNEL_DURATION (5s on CUDA, 2s
 on CPU), CHECK_SANITIZER_TIMEOUT (240 s), CHECK_BENCH_PROCESSES (fwbench --processes: 4 on
@@ -850,8 +851,12 @@ def real_shape_one(rep, build, device, name, shape, levels):
     key = os.path.join(rep.out, "tmp", "session.key")
     # 512 streams of RWKV-7 0.1B hold 1.2 GB of state: above the 1 GiB default budget,
     # whose refusals (RESOURCE_EXHAUSTED) the first 512-stream level counted.
+    # The RWKV-7 matrices stay bf16 on the GPU (--gpu-matrices) unless
+    # CHECK_REAL_SHAPE_MATRICES is float32 (the A/B's other arm).
+    matrices = os.environ.get("CHECK_REAL_SHAPE_MATRICES", "bf16") \
+        if name.startswith("rwkv7") and device == "cuda" else "float32"
     server = Server(rep, build, device, [model_dir], key, name + "-" + device,
-                    extra=["--max-state-memory-bytes", str(2 << 30)])
+                    extra=["--max-state-memory-bytes", str(2 << 30), "--gpu-matrices", matrices])
     try:
         if not server.wait_healthy():
             rep.check("real_shape", "%s shape serves" % name, "fail",
@@ -877,7 +882,7 @@ def real_shape_one(rep, build, device, name, shape, levels):
                       ", ".join("%s %s" % (k, v) for k, v in row.items() if k != "streams"))
         key_name = "real_shape" if name == "rwkv7-0.1b" else "real_shape_" + name.replace("-", "_")
         rep.data[key_name] = {"config": shape, "device": device, "storage": storage,
-                              "levels": rows}
+                              "gpu_matrices": matrices, "levels": rows}
         if prefill_tokens > 0:
             # A prompt of that many byte tokens, one reply token, one stream at a time:
             # the prefill's rate is its tokens over the time to the first token.
