@@ -1,5 +1,7 @@
 // The sampling kernel (sample.h): plain (SampleKernel<pass, false>) and filtered
-// (SampleKernel<0, true>, one block per row only).
+// (SampleKernel<0, true>, one block per row only). A mask (SampleArgs::allowed; one block
+// per row) makes a disallowed id's adjusted logit −inf everywhere below, and phase 1 also
+// finds the row's first allowed id (a min), the token where no allowed logit is finite.
 //
 // One block per row, kSampleThreads threads (16 warps); thread t owns the contiguous ids
 // [t · chunk, (t + 1) · chunk) of the row (chunk = ceil(V / threads) rounded up to a
@@ -80,9 +82,11 @@ constexpr int64_t kEntryMask = 0xffffffff;
 constexpr int kFinishThreads = 64;
 
 // Id i's logit after the penalty and bias (the sorted pairs from `*next` on; *next moves
-// past i's pairs when it has some), −inf where not finite.
+// past i's pairs when it has some) and the row's mask (null: none), −inf where not finite
+// or not allowed.
 __device__ __forceinline__ float AdjustedLogit(float raw, int64_t i, const int32_t* s_id,
-                                               const float* s_value, int64_t n, int64_t* next) {
+                                               const float* s_value, int64_t n, int64_t* next,
+                                               const uint8_t* __restrict__ mask) {
   float x = raw;
   int64_t j = *next;
   if (j < n && s_id[j] == i) {
@@ -92,6 +96,7 @@ __device__ __forceinline__ float AdjustedLogit(float raw, int64_t i, const int32
     } while (j < n && s_id[j] == i);
     *next = j;
   }
+  if (mask != nullptr && mask[i] == 0) return -INFINITY;
   return SampleFiniteOrMinusInf(x);
 }
 
@@ -197,6 +202,7 @@ __global__ void __launch_bounds__(kSampleThreads, kFilters ? 1 : 2)
   const int64_t block = blockIdx.x, row = block / chunks, c = block % chunks;
   const int64_t vocab = args.vocab;
   const float* __restrict__ logits = args.logits + row * vocab;
+  const uint8_t* __restrict__ mask = args.allowed == nullptr ? nullptr : args.allowed + row * vocab;
   const int64_t W = args.penalty_width, n = W + args.bias_width;
   int64_t* s_key = s_entries;
   int64_t* s_sorted = s_entries + n;
@@ -264,21 +270,24 @@ __global__ void __launch_bounds__(kSampleThreads, kFilters ? 1 : 2)
 
   // ---- 1. The argmax of the adjusted logits and the max of the finite raw ones.
   float best_value = -INFINITY, raw_top = -INFINITY;
-  int64_t best_index = INT64_MAX;
+  int64_t best_index = INT64_MAX, first_allowed = INT64_MAX;
   const bool aligned = (reinterpret_cast<uintptr_t>(logits) & 15) == 0;
   if (kPass <= 1) {
     int64_t next = first;
     ForEachLogit(logits, begin, end, aligned, [&](int64_t i, float raw) {
-      const float x = AdjustedLogit(raw, i, s_id, s_value, n, &next);
+      const float x = AdjustedLogit(raw, i, s_id, s_value, n, &next, mask);
       if (SampleArgmaxBeats(x, i, best_value, best_index)) {
         best_value = x;
         best_index = i;
       }
       if (SampleIsFinite(raw) && raw > raw_top) raw_top = raw;
+      if (mask != nullptr && mask[i] != 0 && i < first_allowed) first_allowed = i;
       return false;
     });
 #pragma unroll
     for (int o = 16; o > 0; o /= 2) {
+      const int64_t allowed = __shfl_xor_sync(kFullMask, first_allowed, o);
+      if (allowed < first_allowed) first_allowed = allowed;
       const float value = __shfl_xor_sync(kFullMask, best_value, o);
       const int64_t index = __shfl_xor_sync(kFullMask, best_index, o);
       const float top = __shfl_xor_sync(kFullMask, raw_top, o);
@@ -292,18 +301,23 @@ __global__ void __launch_bounds__(kSampleThreads, kFilters ? 1 : 2)
       s_best_value[warp] = best_value;
       s_best_index[warp] = best_index;
       s_raw_top[warp] = raw_top;
+      s_found[warp] = first_allowed;
     }
     __syncthreads();
     best_value = s_best_value[0];
     best_index = s_best_index[0];
     raw_top = s_raw_top[0];
+    first_allowed = s_found[0];
     for (int w = 1; w < kWarps; ++w) {
       if (SampleArgmaxBeats(s_best_value[w], s_best_index[w], best_value, best_index)) {
         best_value = s_best_value[w];
         best_index = s_best_index[w];
       }
       if (s_raw_top[w] > raw_top) raw_top = s_raw_top[w];
+      if (s_found[w] < first_allowed) first_allowed = s_found[w];
     }
+    // The mask allows no finite logit: the first allowed token, drawn as greedy (top −inf).
+    if (!SampleIsFinite(best_value) && first_allowed != INT64_MAX) best_index = first_allowed;
     if (kPass == 1) {
       if (t == 0) {
         SampleChunkPartial& mine = args.partials[block];
@@ -340,8 +354,8 @@ __global__ void __launch_bounds__(kSampleThreads, kFilters ? 1 : 2)
     auto each_p = [&](auto body) {
       int64_t next = first;
       ForEachLogit(logits, begin, end, aligned, [&](int64_t i, float raw) {
-        body(i,
-             SampleProbability(AdjustedLogit(raw, i, s_id, s_value, n, &next), top, temperature));
+        body(i, SampleProbability(AdjustedLogit(raw, i, s_id, s_value, n, &next, mask), top,
+                                  temperature));
         return false;
       });
     };
@@ -448,7 +462,7 @@ __global__ void __launch_bounds__(kSampleThreads, kFilters ? 1 : 2)
       if (kPass != 3) total += SampleSoftmaxTerm(raw, raw_top);
       if (greedy) return false;
       double p =
-          SampleProbability(AdjustedLogit(raw, i, s_id, s_value, n, &next), top, temperature);
+          SampleProbability(AdjustedLogit(raw, i, s_id, s_value, n, &next, mask), top, temperature);
       if (kFilters) p = SampleFiltered(filter, p, i);
       mass += p;
       if (p > 0.0) last_positive = i;
@@ -508,7 +522,7 @@ __global__ void __launch_bounds__(kSampleThreads, kFilters ? 1 : 2)
     int64_t next = first;
     ForEachLogit(logits, begin, end, aligned, [&](int64_t i, float raw) {
       double p =
-          SampleProbability(AdjustedLogit(raw, i, s_id, s_value, n, &next), top, temperature);
+          SampleProbability(AdjustedLogit(raw, i, s_id, s_value, n, &next, mask), top, temperature);
       if (kFilters) p = SampleFiltered(filter, p, i);
       running += p;
       if (p > 0.0 && running > target) {
@@ -579,7 +593,11 @@ int LaunchSample(const SampleArgs& args, void* cuda_stream) {
   const size_t shared = static_cast<size_t>(SampleSharedBytes(args));
   const cudaStream_t stream = static_cast<cudaStream_t>(cuda_stream);
   const unsigned rows = static_cast<unsigned>(args.rows);
-  if (filters) {
+  if (filters || args.allowed != nullptr) {
+    if (!filters) {
+      SampleKernel<0, false><<<rows, kSampleThreads, shared, stream>>>(args, 1);
+      return cudaGetLastError();
+    }
     SampleKernel<0, true><<<rows, kSampleThreads, shared, stream>>>(args, 1);
     return cudaGetLastError();
   }

@@ -1,13 +1,14 @@
 // The sampling kernel (sample.cu): fwserve::SampleOnDevice (models/sampling/batch_sampler.h)
-// without a constraint mask, with `filters` false (no top_k, top_p or min_p) or true. The
-// plain case is one launch of one block per row of logits where there are many rows, or,
-// with few rows (SampleChunksPerRow > 1), four launches over C blocks per row that pass
-// per-chunk partial results through a scratch array; the filtered case (SampleArgs::top_k
-// set) is always one launch of one block per row, however few the rows (no chunked form:
-// its threshold searches need block-wide reductions of the whole row). Both apply the
-// repetition penalty and logit bias, the argmax, the temperature, (filtered) top_k, min_p
-// and top_p, the inverse CDF in id order and the raw logits' log-probability of the drawn
-// token, written as SampleOnDevice's [rows, 2] float64 (token, logprob). The bodies are
+// with `filters` false (no top_k, top_p or min_p) or true, with or without its constraint
+// mask. The plain case (no filters, no mask) is one launch of one block per row of logits
+// where there are many rows, or, with few rows (SampleChunksPerRow > 1), four launches over
+// C blocks per row that pass per-chunk partial results through a scratch array; with the
+// filters (SampleArgs::top_k set) or a mask (SampleArgs::allowed) it is always one launch
+// of one block per row, however few the rows (no chunked form: the filters' threshold
+// searches need block-wide reductions of the whole row). Each applies the repetition
+// penalty and logit bias, the mask, the argmax, the temperature, top_k, min_p and top_p,
+// the inverse CDF in id order and the raw logits' log-probability of the drawn token,
+// written as SampleOnDevice's [rows, 2] float64 (token, logprob). The bodies are
 // sample_rule.h's; sample_host.h runs the same grid on the CPU. Torch-free and CUDA-free:
 // the launcher takes the stream as a `cudaStream_t` in a void*.
 #pragma once
@@ -80,14 +81,20 @@ struct SampleArgs {
   const double* top_k = nullptr;  // [rows]: SampleOnDevice's kSampleTopK column
   const double* top_p = nullptr;  // [rows]: its kSampleTopP column
   const double* min_p = nullptr;  // [rows]: its kSampleMinP column
+  // The constraint mask (null: none; then one block per row, like the filters): 0 = never
+  // drawn, applied after the bias; a row that allows no finite logit draws its first
+  // allowed id (none allowed: id 0), as SampleOnDevice's `allowed`.
+  const uint8_t* allowed = nullptr;  // [rows, vocab]
 };
 
 // Whether a launch applies the filters (SampleArgs::top_k set).
 inline bool SampleFilters(const SampleArgs& args) { return args.top_k != nullptr; }
 
-// The blocks each row of this launch takes: 1 with the filters, else SampleChunksPerRow.
+// The blocks each row of this launch takes: 1 with the filters or a mask, else
+// SampleChunksPerRow.
 inline int64_t SampleLaunchChunks(const SampleArgs& args) {
-  return SampleFilters(args) ? 1 : SampleChunksPerRow(args.rows, args.vocab);
+  return SampleFilters(args) || args.allowed != nullptr ? 1
+                                                        : SampleChunksPerRow(args.rows, args.vocab);
 }
 
 // The bytes of SampleArgs::partials a plain launch needs (0: none; a filtered launch needs

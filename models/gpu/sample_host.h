@@ -11,7 +11,8 @@
 // as the chunked passes combine them (a one-block row: the same values as the kernel's,
 // 0.0 + x being x). The sort of the penalty and bias entries is std::sort of the same
 // unique keys (the kernel ranks them: the same order). With the filters (one block per
-// row), the kernel's phase F: the same binary searches over the same candidates, each
+// row), the kernel's phase F (and a mask, also one block per row, as the kernel applies
+// it): the same binary searches over the same candidates, each
 // candidate's count exact and its share summed as the kernel sums it (SampleBlockSum),
 // the same ties cut. Not a fast path. Torch-free, header-only.
 #pragma once
@@ -119,6 +120,7 @@ inline bool RunSampleOnHost(const SampleArgs& args) {
       }
       e = stop;
     }
+    const uint8_t* mask = args.allowed == nullptr ? nullptr : args.allowed + row * vocab;
     auto adjusted = [&](float raw, int64_t i, int64_t* next) {
       float x = raw;
       int64_t j = *next;
@@ -129,6 +131,7 @@ inline bool RunSampleOnHost(const SampleArgs& args) {
         } while (j < n && s_id[static_cast<size_t>(j)] == i);
         *next = j;
       }
+      if (mask != nullptr && mask[i] == 0) return -INFINITY;
       return SampleFiniteOrMinusInf(x);
     };
     for (int t = 0; t < total_threads; ++t) {
@@ -185,6 +188,15 @@ inline bool RunSampleOnHost(const SampleArgs& args) {
       partials[static_cast<size_t>(c)].best_value = top;
       partials[static_cast<size_t>(c)].best_index = best;
       partials[static_cast<size_t>(c)].raw_top = block_raw_top;
+    }
+    // The mask allows no finite logit: the first allowed id (any order: a min).
+    if (mask != nullptr && !SampleIsFinite(partials[0].best_value)) {
+      for (int64_t i = 0; i < vocab; ++i) {
+        if (mask[i] != 0) {
+          partials[0].best_index = i;
+          break;
+        }
+      }
     }
     const SampleChunkResult argmax = SampleCombineChunks(partials.data(), chunks, -1, 1);
     const float top = argmax.best_value, row_raw_top = argmax.raw_top;

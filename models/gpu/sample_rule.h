@@ -1,6 +1,6 @@
 // The per-element bodies of the sampling kernel (sample.cu; sample_host.h runs the same
-// grid on the CPU): fwserve::SampleOnDevice's arithmetic without a constraint mask
-// (models/sampling/batch_sampler.cc), element by element. Plain functions, `__host__
+// grid on the CPU): fwserve::SampleOnDevice's arithmetic (models/sampling/batch_sampler.cc),
+// element by element. Plain functions, `__host__
 // __device__` under nvcc, so the CUDA kernel and its CPU mirror compute the same values
 // per element (expf/exp/log are each side's own: CUDA's and glibc's agree within an ulp
 // or two). Torch-free, header-only.
@@ -8,8 +8,9 @@
 // One row of logits ℓ (float32), vocab V, its draw's temperature τ (float32) and number u:
 //   x_i = ℓ_i, penalised (ℓ > 0 ? ℓ / f : ℓ · f) where i is in the penalty set,
 //         then + the row's logit_bias at i                        SampleAdjusted
-//   x_i = −inf where x_i is not finite                           SampleFiniteOrMinusInf
-//   best = argmax x (first of equals), top = x_best
+//   x_i = −inf where x_i is not finite or the mask disallows i    SampleFiniteOrMinusInf
+//   best = argmax x (first of equals), top = x_best; with a mask and top = −inf, best =
+//          the first allowed id (if any)
 //   greedy when τ = 0 or top = −inf                              SampleIsGreedy
 //   p_i = double(expf((x_i − top) / τ)), 0 where x_i = −inf      SampleProbability
 //   token: the first i with p_i > 0 whose running Σ_{j ≤ i} p_j exceeds u · Σ p, else the

@@ -70,15 +70,16 @@ bool NeedsFilters(const SamplingParams& params, int64_t vocab) {
 #if defined(FWSERVE_CUDA_KERNELS)
 namespace {
 
-// Whether SampleOnDevice (without a constraint mask) may run as the sampling kernel
-// (models/gpu/sample.h):
+// Whether SampleOnDevice may run as the sampling kernel (models/gpu/sample.h):
 // contiguous float32 CUDA logits [rows, vocab] and, on the same device, contiguous float64
 // columns [kSampleColumns, rows], int64 penalty ids [rows, W] with float64 factors (rows
 // values), int64 bias ids [rows, B] with float32 values, W + B within the kernel's
-// kSampleMaxAdjustments. Anything else takes the LibTorch ops.
+// kSampleMaxAdjustments, a bool mask [rows, vocab] (or none). Anything else takes the
+// LibTorch ops.
 bool SampleKernelApplies(const torch::Tensor& raw_logits, const torch::Tensor& columns,
                          const torch::Tensor& penalty_index, const torch::Tensor& penalty_factor,
-                         const torch::Tensor& bias_index, const torch::Tensor& bias_value) {
+                         const torch::Tensor& bias_index, const torch::Tensor& bias_value,
+                         const torch::Tensor& allowed) {
   if (!raw_logits.is_cuda() || raw_logits.dim() != 2 ||
       raw_logits.scalar_type() != torch::kFloat32 || !raw_logits.is_contiguous()) {
     return false;
@@ -94,6 +95,10 @@ bool SampleKernelApplies(const torch::Tensor& raw_logits, const torch::Tensor& c
   };
   if (!on_device(columns, torch::kFloat64) || columns.dim() != 2 ||
       columns.size(0) != kSampleColumns || columns.size(1) != rows) {
+    return false;
+  }
+  if (allowed.defined() && (!on_device(allowed, torch::kBool) || allowed.dim() != 2 ||
+                            allowed.size(0) != rows || allowed.size(1) != vocab)) {
     return false;
   }
   int64_t entries = 0;
@@ -116,16 +121,17 @@ bool SampleKernelApplies(const torch::Tensor& raw_logits, const torch::Tensor& c
   return entries <= fwmodel::kernels::kSampleMaxAdjustments;
 }
 
-// SampleOnDevice without a constraint mask by the sampling kernel on the current stream of
-// the logits' device (`filters`: with the top_k, top_p and min_p columns): [rows, 2]
-// float64 (token, logprob) and, for few rows of a plain launch (chunked), the kernel's
-// scratch (SampleScratchBytes, stream-ordered by the caching allocator), the only
-// allocations. No host synchronisation: it runs inside CUDA Graph capture as the ops it
-// replaces did.
+// SampleOnDevice by the sampling kernel on the current stream of the logits' device
+// (`filters`: with the top_k, top_p and min_p columns; `allowed`: the mask, or undefined):
+// [rows, 2] float64 (token, logprob) and, for few rows of a launch without filters or
+// mask (chunked), the kernel's scratch (SampleScratchBytes, stream-ordered by the caching
+// allocator), the only allocations. No host synchronisation: it runs inside CUDA Graph
+// capture as the ops it replaces did.
 torch::Tensor SampleWithKernel(const torch::Tensor& raw_logits, const torch::Tensor& columns,
                                const torch::Tensor& penalty_index,
                                const torch::Tensor& penalty_factor, const torch::Tensor& bias_index,
-                               const torch::Tensor& bias_value, bool filters) {
+                               const torch::Tensor& bias_value, bool filters,
+                               const torch::Tensor& allowed) {
   const c10::cuda::CUDAGuard guard(raw_logits.device());
   const int64_t rows = raw_logits.size(0);
   torch::Tensor out = torch::empty({rows, 2}, raw_logits.options().dtype(torch::kFloat64));
@@ -141,6 +147,10 @@ torch::Tensor SampleWithKernel(const torch::Tensor& raw_logits, const torch::Ten
     args.top_p = column_data + kSampleTopP * rows;
     args.min_p = column_data + kSampleMinP * rows;
   }
+  if (allowed.defined()) {
+    static_assert(sizeof(bool) == 1, "a bool mask is read as bytes");
+    args.allowed = reinterpret_cast<const uint8_t*>(allowed.data_ptr<bool>());
+  }
   if (penalty_index.defined() && penalty_index.size(1) > 0) {
     args.penalty_width = penalty_index.size(1);
     args.penalty_index = penalty_index.data_ptr<int64_t>();
@@ -153,8 +163,9 @@ torch::Tensor SampleWithKernel(const torch::Tensor& raw_logits, const torch::Ten
   }
   args.out = out.data_ptr<double>();
   torch::Tensor scratch;
-  const int64_t scratch_bytes =
-      filters ? 0 : fwmodel::kernels::SampleScratchBytes(rows, args.vocab);
+  const int64_t scratch_bytes = fwmodel::kernels::SampleLaunchChunks(args) > 1
+                                    ? fwmodel::kernels::SampleScratchBytes(rows, args.vocab)
+                                    : 0;
   if (scratch_bytes > 0) {
     scratch = torch::empty({scratch_bytes / 8}, raw_logits.options().dtype(torch::kFloat64));
     args.partials =
@@ -176,10 +187,10 @@ torch::Tensor SampleOnDevice(const torch::Tensor& raw_logits, const torch::Tenso
                              const torch::Tensor& bias_index, const torch::Tensor& bias_value,
                              const torch::Tensor& allowed) {
 #if defined(FWSERVE_CUDA_KERNELS)
-  if (!allowed.defined() && SampleKernelApplies(raw_logits, columns, penalty_index, penalty_factor,
-                                                bias_index, bias_value)) {
+  if (SampleKernelApplies(raw_logits, columns, penalty_index, penalty_factor, bias_index,
+                          bias_value, allowed)) {
     return SampleWithKernel(raw_logits, columns, penalty_index, penalty_factor, bias_index,
-                            bias_value, filters);
+                            bias_value, filters, allowed);
   }
 #endif
   const torch::Device device = raw_logits.device();

@@ -98,9 +98,9 @@ bool NeedsFilters(const SamplingParams& params, int64_t vocab);
 // float32 (both undefined: none): each row's logit_bias, padded with (0, 0), added after
 // the repetition penalty as SampleToken adds it. allowed [rows, vocab] bool (undefined:
 // none): a constraint's mask, false = never drawn, applied after the bias. On CUDA
-// float32 logits with no mask, where the CUDA kernels are built, the whole draw is the
-// sampling kernel's (models/gpu/sample.h: one launch, or, with filters false, four over
-// many blocks for fewer than 64 rows), with the same draws. Throws c10::Error.
+// float32 logits, where the CUDA kernels are built, the whole draw is the sampling
+// kernel's (models/gpu/sample.h: one launch, or, with filters false and no mask, four
+// over many blocks for fewer than 64 rows), with the same draws. Throws c10::Error.
 torch::Tensor SampleOnDevice(const torch::Tensor& raw_logits, const torch::Tensor& columns,
                              const torch::Tensor& penalty_index,
                              const torch::Tensor& penalty_factor, bool filters = true,

@@ -421,6 +421,18 @@ TEST(GpuSampleArgsTest, ChunksPerRow) {
   EXPECT_EQ(sizeof(fwmodel::kernels::SampleChunkPartial), 48u);
   EXPECT_EQ(fwmodel::kernels::SampleScratchBytes(3, 65536), 3 * 32 * 48);
   EXPECT_EQ(fwmodel::kernels::SampleScratchBytes(64, 65536), 0);
+  // With the filters or a mask: one block per row however few the rows.
+  fwmodel::kernels::SampleArgs args;
+  args.rows = 1;
+  args.vocab = 65536;
+  EXPECT_EQ(fwmodel::kernels::SampleLaunchChunks(args), 32);
+  const double column = 1.0;
+  args.top_k = args.top_p = args.min_p = &column;
+  EXPECT_EQ(fwmodel::kernels::SampleLaunchChunks(args), 1);
+  args.top_k = args.top_p = args.min_p = nullptr;
+  const uint8_t allowed = 1;
+  args.allowed = &allowed;
+  EXPECT_EQ(fwmodel::kernels::SampleLaunchChunks(args), 1);
 }
 
 // The mirror refuses what LaunchSample refuses (cudaErrorInvalidValue), and does nothing
@@ -464,6 +476,12 @@ TEST(GpuSampleArgsTest, RefusesWhatTheLauncherRefuses) {
     a.top_p = &top_p;
   }));
   EXPECT_TRUE(refused([&](auto& a) { a.min_p = &min_p; }));
+  std::vector<uint8_t> allow_wide(65536, 1);
+  EXPECT_FALSE(refused([&](auto& a) {  // nor does a mask
+    a.allowed = allow_wide.data();
+    a.vocab = 65536;
+    a.logits = wide.data();
+  }));
   EXPECT_FALSE(refused([&](auto& a) {  // the filters take no scratch however few the rows
     a.top_k = &top_k;
     a.top_p = &top_p;
@@ -672,6 +690,151 @@ TEST_P(GpuSampleFilterTest, HostGridFiltersAsSampleOnDeviceAndSampleToken) {
 INSTANTIATE_TEST_SUITE_P(Vocab, GpuSampleFilterTest, testing::Values(65536, 1000, 7),
                          [](const testing::TestParamInfo<int64_t>& info) {
                            return absl::StrCat("V", info.param);
+                         });
+
+// The constraint mask (SampleArgs::allowed: one block per row, with or without the
+// filters) on the CPU by the mirror draws what SampleOnDevice with `allowed` and
+// SampleToken with the row's mask draw: 16 mixed rows (as above, biases included) × 20
+// rounds at V = 1,000 and 3 at 65,536, each row's mask one of: none (all allowed), a
+// random tenth of the ids, every id but the argmax's neighbourhood, only ids whose logit is
+// −inf (no finite allowed: the first allowed id), nothing allowed (id 0, as SampleOnDevice;
+// SampleToken then takes the argmax and is not compared). With filters (SetFilters) in
+// odd rounds, without in even ones.
+using MaskCase = std::tuple<int64_t, bool>;  // vocab, filters
+class GpuSampleMaskTest : public testing::TestWithParam<MaskCase> {};
+
+TEST_P(GpuSampleMaskTest, HostGridMasksAsSampleOnDeviceAndSampleToken) {
+  c10::NoGradGuard no_grad;
+  const auto [vocab, filters] = GetParam();
+  std::vector<Stream> streams = MakeStreams(vocab);
+  streams[2].params.logit_bias = {{3, 100.0f}, {17, -5.0f}};
+  streams[9].params.logit_bias = {{1, 2.5f}};
+  const int64_t rows = static_cast<int64_t>(streams.size());
+  std::mt19937 logits_rng(71);
+  std::mt19937_64 pick(73);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  const int rounds = vocab > 10000 ? 3 : 20;
+  int64_t masked = 0, first_allowed_draws = 0;
+  for (int round = 0; round < rounds; ++round) {
+    torch::Tensor logits = torch::empty({rows, vocab}, torch::kFloat32);
+    float* data = logits.data_ptr<float>();
+    std::vector<uint8_t> mask(static_cast<size_t>(rows * vocab), 1);
+    std::vector<int> kinds(static_cast<size_t>(rows));
+    for (int64_t r = 0; r < rows; ++r) {
+      float* row = data + r * vocab;
+      uint8_t* allow = mask.data() + r * vocab;
+      FillRow(streams[static_cast<size_t>(r)].kind, vocab, normal, logits_rng, row);
+      if (r % 2 == 1) Quantize(1.0f, vocab, row);
+      if (filters) {
+        SetFilters(static_cast<size_t>(r), round, vocab, &streams[static_cast<size_t>(r)].params);
+      }
+      const int kind = static_cast<int>((static_cast<size_t>(r) + static_cast<size_t>(round)) % 5);
+      kinds[static_cast<size_t>(r)] = kind;
+      switch (kind) {
+        case 0:  // all allowed
+          break;
+        case 1:  // a random tenth
+          for (int64_t i = 0; i < vocab; ++i) allow[i] = pick() % 10 == 0 ? 1 : 0;
+          allow[pick() % static_cast<uint64_t>(vocab)] = 1;
+          break;
+        case 2: {  // all but the raw argmax's neighbourhood
+          const int64_t top = std::max_element(row, row + vocab) - row;
+          for (int64_t i = std::max<int64_t>(0, top - 3); i < std::min(vocab, top + 4); ++i) {
+            allow[i] = 0;
+          }
+          break;
+        }
+        case 3:  // only −inf logits: ids 2 and 5 at −inf
+          std::fill(allow, allow + vocab, 0);
+          row[std::min<int64_t>(2, vocab - 1)] = -kInf;
+          row[std::min<int64_t>(5, vocab - 1)] = -kInf;
+          allow[std::min<int64_t>(5, vocab - 1)] = 1;
+          allow[std::min<int64_t>(2, vocab - 1)] = 1;
+          break;
+        default:  // nothing allowed
+          std::fill(allow, allow + vocab, 0);
+          break;
+      }
+    }
+    std::vector<RowDraw> batch(streams.size());
+    // SampleToken draws from a copy of the stream's state before this round's draw (it
+    // draws nothing for a row that allows no finite logit, so the streams would part).
+    std::vector<std::mt19937_64> host_rngs(streams.size());
+    size_t bias_width = 0;
+    for (size_t r = 0; r < streams.size(); ++r) {
+      host_rngs[r] = streams[r].batch_rng;
+      batch[r].row = static_cast<int64_t>(r);
+      batch[r].params = &streams[r].params;
+      batch[r].recent = &streams[r].recent;
+      if (streams[r].params.temperature != 0) {
+        batch[r].uniform = fwserve::CanonicalDraw(streams[r].batch_rng);
+      }
+      bias_width = std::max(bias_width, streams[r].params.logit_bias.size());
+    }
+    const Packed packed = Pack(batch, vocab);
+    std::vector<int64_t> ids(static_cast<size_t>(rows) * bias_width, 0);
+    std::vector<float> values(ids.size(), 0.0f);
+    for (size_t r = 0; r < streams.size(); ++r) {
+      const auto& bias = streams[r].params.logit_bias;
+      for (size_t j = 0; j < bias.size(); ++j) {
+        ids[r * bias_width + j] = bias[j].first;
+        values[r * bias_width + j] = bias[j].second;
+      }
+    }
+    const int64_t width = static_cast<int64_t>(bias_width);
+    const torch::Tensor bias_index = torch::tensor(ids, torch::kInt64).view({rows, width});
+    const torch::Tensor bias_value = torch::tensor(values, torch::kFloat32).view({rows, width});
+    const torch::Tensor allowed =
+        torch::from_blob(mask.data(), {rows, vocab}, torch::kUInt8).to(torch::kBool);
+    std::vector<double> out;
+    std::vector<fwmodel::kernels::SampleChunkPartial> scratch;
+    fwmodel::kernels::SampleArgs args = KernelArgs(logits, packed, &out, &scratch);
+    args.bias_width = width;
+    args.bias_index = ids.data();
+    args.bias_value = values.data();
+    if (filters) SetFilterColumns(packed, rows, &args);
+    args.allowed = mask.data();
+    args.partials = nullptr;  // one block per row: no scratch
+    ASSERT_EQ(fwmodel::kernels::SampleLaunchChunks(args), 1);
+    ASSERT_TRUE(fwmodel::kernels::RunSampleOnHost(args));
+    const torch::Tensor reference =
+        fwserve::SampleOnDevice(logits, packed.column_tensor, packed.penalty_index,
+                                packed.penalty_factor, filters, bias_index, bias_value, allowed);
+    const double* expected = reference.data_ptr<double>();
+    for (size_t r = 0; r < streams.size(); ++r) {
+      Stream& s = streams[r];
+      const uint8_t* allow = mask.data() + static_cast<int64_t>(r) * vocab;
+      const std::string where =
+          absl::StrCat("vocab ", vocab, ", round ", round, ", row ", r, ", mask kind ", kinds[r]);
+      const int64_t token = static_cast<int64_t>(out[2 * r]);
+      ASSERT_EQ(token, static_cast<int64_t>(expected[2 * r])) << where;
+      if (std::isinf(expected[2 * r + 1])) {
+        EXPECT_EQ(out[2 * r + 1], expected[2 * r + 1]) << where;
+      } else {
+        EXPECT_NEAR(out[2 * r + 1], expected[2 * r + 1], 1e-5) << where;
+      }
+      if (kinds[r] != 4) {
+        EXPECT_NE(allow[token], 0) << where;
+        ASSERT_EQ(token, fwserve::SampleToken(data + static_cast<int64_t>(r) * vocab, vocab,
+                                              s.params, host_rngs[r], s.recent, allow))
+            << where;
+        masked += kinds[r] != 0 ? 1 : 0;
+      } else {
+        EXPECT_EQ(token, 0) << where;
+      }
+      first_allowed_draws += kinds[r] == 3 && token == std::min<int64_t>(2, vocab - 1) ? 1 : 0;
+      s.recent.push_back(token);
+    }
+  }
+  EXPECT_GT(masked, rounds * 8);
+  EXPECT_GT(first_allowed_draws, rounds * 2);
+}
+
+INSTANTIATE_TEST_SUITE_P(VocabFilters, GpuSampleMaskTest,
+                         testing::Combine(testing::Values(1000, 65536), testing::Bool()),
+                         [](const testing::TestParamInfo<MaskCase>& info) {
+                           return absl::StrCat("V", std::get<0>(info.param),
+                                               std::get<1>(info.param) ? "Filters" : "Plain");
                          });
 
 // One row of filtered draws on the mirror: flat or stepped logits, temperature 1.
@@ -885,7 +1048,8 @@ TEST(GpuSampleCudaEquivalenceTest, KernelDrawsWhatItsMirrorAndTheOpsDraw) {
 // filtered kernel where models/gpu built it: one block per row) against the CPU mirror and
 // against the LibTorch ops on the CPU (the stable sort), 16 mixed rows (SetFilters' top_k,
 // top_p and min_p per round, half the rows' logits rounded to integers or halves: ties at
-// the cuts, penalties, biases, non-finite logits) × 6 rounds at V = 65,536 and 1,000,
+// the cuts, penalties, biases, non-finite logits; in odd rounds a constraint mask on a
+// quarter of the rows) × 6 rounds at V = 65,536 and 1,000,
 // then batches of 1, 3 (few rows: still one block per row) and 512 rows at V = 65,536
 // with mixed filters. As above, expf differs (CUDA's against glibc's), so at most one
 // token in each comparison may differ and the log-probabilities agree within 1e-5.
@@ -928,12 +1092,24 @@ TEST(GpuSampleCudaEquivalenceTest, FilteredKernelDrawsWhatItsMirrorAndTheOpsDraw
           values[r * bias_width + j] = bias[j].second;
         }
       }
+      // Odd rounds: a mask, rows r % 4 == 3 allowing a random tenth of the ids.
+      std::vector<uint8_t> mask(static_cast<size_t>(rows * vocab), 1);
+      for (int64_t r = 3; r < rows; r += 4) {
+        for (int64_t i = 0; i < vocab; ++i) {
+          mask[static_cast<size_t>(r * vocab + i)] = logits_rng() % 10 == 0 ? 1 : 0;
+        }
+      }
+      const torch::Tensor allowed =
+          round % 2 == 1
+              ? torch::from_blob(mask.data(), {rows, vocab}, torch::kUInt8).to(torch::kBool)
+              : torch::Tensor();
       std::vector<double> out;
       std::vector<fwmodel::kernels::SampleChunkPartial> scratch;
       fwmodel::kernels::SampleArgs args = KernelArgs(logits, packed, &out, &scratch);
       args.bias_width = bias_width;
       args.bias_index = ids.data();
       args.bias_value = values.data();
+      if (allowed.defined()) args.allowed = mask.data();
       SetFilterColumns(packed, rows, &args);
       ASSERT_TRUE(fwmodel::kernels::RunSampleOnHost(args));
       const torch::Tensor bias_index = torch::tensor(ids, torch::kInt64).view({rows, bias_width});
@@ -947,11 +1123,12 @@ TEST(GpuSampleCudaEquivalenceTest, FilteredKernelDrawsWhatItsMirrorAndTheOpsDraw
       const torch::Tensor kernel =
           fwserve::SampleOnDevice(logits.to(cuda), packed.column_tensor.to(cuda), penalty_index,
                                   penalty_factor, /*filters=*/true, bias_index.to(cuda),
-                                  bias_value.to(cuda))
+                                  bias_value.to(cuda),
+                                  allowed.defined() ? allowed.to(cuda) : torch::Tensor())
               .cpu();
-      const torch::Tensor ops =
-          fwserve::SampleOnDevice(logits, packed.column_tensor, packed.penalty_index,
-                                  packed.penalty_factor, /*filters=*/true, bias_index, bias_value);
+      const torch::Tensor ops = fwserve::SampleOnDevice(
+          logits, packed.column_tensor, packed.penalty_index, packed.penalty_factor,
+          /*filters=*/true, bias_index, bias_value, allowed);
       const double* got = kernel.data_ptr<double>();
       const double* by_ops = ops.data_ptr<double>();
       for (int64_t r = 0; r < rows; ++r) {
