@@ -26,6 +26,7 @@ add_executable(fwserve_model_tests
   unit/gpu_gemv_test.cc
   unit/gpu_sample_test.cc
   unit/gpu_aft_test.cc
+  unit/gpu_linear_attention_test.cc
 )
 # The CUDA equivalence cases only where this LibTorch has CUDA: on a CPU LibTorch they
 # could only skip, and under CI a skipped test fails the run (scripts/test.sh).
@@ -37,6 +38,8 @@ if(TORCH_CUDA_LIBRARIES OR FWSERVE_CUDA_TESTS)
                               FWSERVE_CUDA_TESTS SKIP_PRECOMPILE_HEADERS ON)
   # gpu_aft_test.cc's GPU case (the aft mixer on CUDA, its fused kernel, against the mirror).
   set_source_files_properties(unit/gpu_aft_test.cc PROPERTIES COMPILE_DEFINITIONS
+                              FWSERVE_CUDA_TESTS SKIP_PRECOMPILE_HEADERS ON)
+  set_source_files_properties(unit/gpu_linear_attention_test.cc PROPERTIES COMPILE_DEFINITIONS
                               FWSERVE_CUDA_TESTS SKIP_PRECOMPILE_HEADERS ON)
   message(STATUS "fwserve: CUDA equivalence tests built (LibTorch has CUDA)")
 endif()
@@ -51,6 +54,8 @@ endif()
 target_compile_options(fwserve_model_tests PRIVATE ${FWSERVE_WARNINGS})
 # The GPU kernels' bodies (models/gpu) vectorise their loops with `#pragma omp simd`.
 set_source_files_properties(unit/gpu_bodies_test.cc PROPERTIES COMPILE_OPTIONS -fopenmp-simd)
+set_source_files_properties(unit/gpu_linear_attention_test.cc PROPERTIES COMPILE_OPTIONS
+                            -fopenmp-simd)
 # The sampling kernel's mirror test alone, out of the unity units.
 set_source_files_properties(unit/gpu_sample_test.cc PROPERTIES SKIP_UNITY_BUILD_INCLUSION ON)
 target_link_libraries(fwserve_model_tests PRIVATE fwserve_test_util GTest::gtest_main)

@@ -1,9 +1,22 @@
 // Mixer `linear_attention` (Katharopoulos et al. 2020): φ = elu + 1 feature maps,
 // state S [H, dh, dh] and normaliser z [H, dh] per layer.
+//
+// On CUDA float32 tensors (without autograd), with heads of at most kLinearAttentionMaxN
+// channels, and where models/gpu built it (FWSERVE_CUDA_KERNELS), Step and Forward run the
+// recurrence as one launch of the fused kernel (models/gpu/linear_attention.h: the T
+// tokens in order per (session, head)) instead of LibTorch's ops (Step) and chunked
+// products (Forward). Elsewhere LibTorch ops.
 #include <algorithm>
 
 #include "models/architectures/mixer.h"
 #include "models/architectures/native_math.h"
+
+#if defined(FWSERVE_CUDA_KERNELS)
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "models/gpu/linear_attention.h"
+#endif
 
 namespace fwmodel {
 namespace {
@@ -86,6 +99,9 @@ class LinearAttention final : public Mixer {
 
   torch::Tensor Forward(const torch::Tensor& a, const torch::Tensor proj[3],
                         torch::Tensor* state) const override {
+#if defined(FWSERVE_CUDA_KERNELS)
+    if (FusedApplies(proj, state)) return FusedRecurrence(proj, state);
+#endif
     const ModelConfig& c = config_;
     const int64_t B = a.size(0), T = a.size(1), d = c.d_model, H = c.n_heads, dh = c.d_head();
     auto heads = [&](const torch::Tensor& x) { return x.view({B, T, H, dh}).transpose(1, 2); };
@@ -110,6 +126,9 @@ class LinearAttention final : public Mixer {
 
   torch::Tensor Step(const torch::Tensor& a, const torch::Tensor proj[3],
                      torch::Tensor* state) const override {
+#if defined(FWSERVE_CUDA_KERNELS)
+    if (FusedApplies(proj, state)) return FusedRecurrence(proj, state);
+#endif
     const ModelConfig& c = config_;
     const int64_t B = a.size(0), d = c.d_model, H = c.n_heads, dh = c.d_head();
     torch::Tensor q = proj[0].view({B, H, dh}), k = proj[1].view({B, H, dh}),
@@ -128,6 +147,69 @@ class LinearAttention final : public Mixer {
     return std::make_unique<NativeLinearAttention>(config_.n_heads, config_.d_head(),
                                                    static_cast<float>(config_.attn_eps));
   }
+
+#if defined(FWSERVE_CUDA_KERNELS)
+ private:
+  // Whether the fused kernel may run the recurrence: float32 CUDA projections ([B, d] or
+  // [B, T, d]) and state, heads the kernel takes, and no autograd graph to record (the
+  // kernel has no backward).
+  bool FusedApplies(const torch::Tensor proj[3], const torch::Tensor* state) const {
+    if (config_.d_head() > kernels::kLinearAttentionMaxN) return false;
+    for (const torch::Tensor* t : {&proj[0], &proj[1], &proj[2], &state[0], &state[1]}) {
+      if (!t->is_cuda() || t->scalar_type() != torch::kFloat32) return false;
+    }
+    if (c10::GradMode::is_enabled()) {
+      for (const torch::Tensor* t : {&proj[0], &proj[1], &proj[2], &state[0], &state[1]}) {
+        if (t->requires_grad()) return false;
+      }
+    }
+    return true;
+  }
+
+  // Step's (proj [B, d]) or Forward's (proj [B, T, d]) result by one launch of the fused
+  // kernel on the current stream of the projections' device: y of proj's shape, and
+  // state[0] (S) and state[1] (z) replaced by new tensors (Mixer's contract: replaced, not
+  // written). Contiguous inputs (the projections already are; anything else is copied), no
+  // host synchronisation, so it runs inside CUDA Graph capture as the ops around it.
+  torch::Tensor FusedRecurrence(const torch::Tensor proj[3], torch::Tensor* state) const {
+    const c10::cuda::CUDAGuard device(proj[0].device());
+    const int64_t B = proj[0].size(0), T = proj[0].dim() == 3 ? proj[0].size(1) : 1,
+                  d = config_.d_model, H = config_.n_heads, dh = config_.d_head();
+    TORCH_CHECK(proj[0].numel() == B * T * d && proj[0].size(-1) == d &&
+                    proj[1].sizes() == proj[0].sizes() && proj[2].sizes() == proj[0].sizes() &&
+                    state[0].sizes() == torch::IntArrayRef({B, H, dh, dh}) &&
+                    state[1].sizes() == torch::IntArrayRef({B, H, dh}),
+                "linear_attention: projections ", proj[0].sizes(), " and state ", state[0].sizes(),
+                ", ", state[1].sizes(), " do not match d = ", d, ", H = ", H);
+    const torch::Tensor q = proj[0].contiguous(), k = proj[1].contiguous(),
+                        v = proj[2].contiguous();
+    const torch::Tensor S_in = state[0].contiguous(), z_in = state[1].contiguous();
+    torch::Tensor S_out = torch::empty_like(S_in, torch::MemoryFormat::Contiguous);
+    torch::Tensor z_out = torch::empty_like(z_in, torch::MemoryFormat::Contiguous);
+    torch::Tensor y = torch::empty_like(q, torch::MemoryFormat::Contiguous);
+    kernels::LinearAttentionArgs args;
+    args.B = B;
+    args.T = T;
+    args.H = H;
+    args.N = dh;
+    args.q = q.data_ptr<float>();
+    args.k = k.data_ptr<float>();
+    args.v = v.data_ptr<float>();
+    args.S_in = S_in.data_ptr<float>();
+    args.S_out = S_out.data_ptr<float>();
+    args.z_in = z_in.data_ptr<float>();
+    args.z_out = z_out.data_ptr<float>();
+    args.y = y.data_ptr<float>();
+    args.eps = static_cast<float>(config_.attn_eps);
+    const int error =
+        kernels::LaunchLinearAttention(args, c10::cuda::getCurrentCUDAStream().stream());
+    TORCH_CHECK(error == 0, "linear_attention: the fused recurrence kernel failed: ",
+                kernels::LinearAttentionErrorString(error));
+    state[0] = S_out;
+    state[1] = z_out;
+    return y;
+  }
+#endif
 };
 
 }  // namespace
