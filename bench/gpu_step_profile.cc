@@ -8,11 +8,18 @@
 //   gpu_step_profile MODEL_DIR OUT_DIR [BATCH...]      (default batches: 1 64)
 //
 // Prints one line per (batch, form): mean wall time per step (host, synchronised) and
-// the GraphedStep's device time; writes OUT_DIR/trace-{eager,graph}-B.json.
+// the GraphedStep's device time; writes OUT_DIR/trace-{eager,graph}-B.json. Then the
+// prefill the server runs on a GPU (Model::Prefill, one session, GPU_PROFILE_PREFILL
+// tokens, 1,024 by default, 0 skips; in pieces of GPU_PROFILE_PREFILL_CHUNK, the
+// server's --prefill-chunk-tokens, 256 by default): its tokens/s and
+// OUT_DIR/trace-prefill.json. GPU_PROFILE_MATRICES=bf16 loads the model with its matrices
+// in bf16 (--gpu-matrices; RWKV-7 only).
 #include <torch/csrc/autograd/profiler_kineto.h>
 #include <torch/cuda.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstdio>
 #include <random>
 #include <string>
@@ -71,6 +78,8 @@ int Run(int argc, char** argv) {
   }
   fwmodel::ModelOptions options;
   options.device = torch::Device(torch::kCUDA, 0);
+  const char* matrices = std::getenv("GPU_PROFILE_MATRICES");
+  options.bf16_matrices = matrices != nullptr && std::string(matrices) == "bf16";
   auto loaded = fwmodel::LoadCheckpoint(model_dir, options);
   if (!loaded.ok()) {
     std::fprintf(stderr, "gpu_step_profile: %s\n", loaded.status().ToString().c_str());
@@ -129,6 +138,31 @@ int Run(int argc, char** argv) {
         static_cast<long long>(batch), eager_ms, graph_ms, device_ms,
         (*graphed)->captured() ? "yes" : "no");
     std::fflush(stdout);
+  }
+  const char* prefill_env = std::getenv("GPU_PROFILE_PREFILL");
+  const char* chunk_env = std::getenv("GPU_PROFILE_PREFILL_CHUNK");
+  const int64_t prefill_tokens = prefill_env != nullptr ? std::atoll(prefill_env) : 1024;
+  const int64_t chunk = std::max<int64_t>(1, chunk_env != nullptr ? std::atoll(chunk_env) : 256);
+  if (prefill_tokens > 0) {
+    // Byte-like ids below every vocabulary's 256, as a prompt of text.
+    torch::Tensor prompt = torch::randint(32, 127, {1, prefill_tokens},
+                                          torch::TensorOptions().dtype(torch::kInt64));
+    fwmodel::State state = model.InitialState(1);
+    const double ms = TimeAndTrace(
+        [&] {
+          for (int64_t t0 = 0; t0 < prefill_tokens; t0 += chunk) {
+            auto logits =
+                model.Prefill(prompt.narrow(1, t0, std::min(chunk, prefill_tokens - t0)), &state);
+            if (!logits.ok()) {
+              std::fprintf(stderr, "gpu_step_profile: %s\n", logits.status().ToString().c_str());
+              std::exit(1);
+            }
+          }
+        },
+        out_dir + "/trace-prefill.json");
+    std::printf("prefill of %lld tokens in pieces of %lld: %.3f ms, %.0f tokens/s\n",
+                static_cast<long long>(prefill_tokens), static_cast<long long>(chunk), ms,
+                prefill_tokens / (ms / 1e3));
   }
   return 0;
 }

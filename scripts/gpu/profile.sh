@@ -5,7 +5,9 @@
 # and as the server's captured in-place step, with gpu_step_profile; then sums the
 # traces (scripts/gpu/profile_summary.py) into OUT_DIR/profile.txt.
 #   scripts/gpu/profile.sh OUT_DIR        (after scripts/gpu/build.sh)
-# Environment: BUILD_DIR (default build-gpu), PROFILE_STORAGE (F32; BF16 as G1 ships).
+# Environment: BUILD_DIR (default build-gpu), PROFILE_STORAGE (F32; BF16 as G1 ships),
+# and gpu_step_profile's GPU_PROFILE_PREFILL (1024 tokens; 0 skips),
+# GPU_PROFILE_PREFILL_CHUNK (256) and GPU_PROFILE_MATRICES (float32; bf16).
 set -uo pipefail
 out=${1:?usage: scripts/gpu/profile.sh OUT_DIR}
 mkdir -p "$out"
@@ -26,9 +28,12 @@ PY
   for b in ${PROFILE_BATCHES:-1 64 512}; do
     python3 scripts/gpu/profile_summary.py "$tmp/trace-eager-$b.json" "$tmp/trace-graph-$b.json"
   done
+  [[ -f "$tmp/trace-prefill.json" ]] && python3 scripts/gpu/profile_summary.py "$tmp/trace-prefill.json"
+  rm -f "$tmp/trace-prefill.json"
   mkdir -p "$tmp/aft"
   echo "# aft-shakespeare"
   "$build/bench/gpu_step_profile" models/pretrained/aft-shakespeare "$tmp/aft" 1 64
   python3 scripts/gpu/profile_summary.py "$tmp"/aft/trace-eager-{1,64}.json "$tmp"/aft/trace-graph-{1,64}.json
+  [[ -f "$tmp/aft/trace-prefill.json" ]] && python3 scripts/gpu/profile_summary.py "$tmp/aft/trace-prefill.json"
 } 2>&1 | tee "$out/profile.txt"
 rm -rf "$tmp"
