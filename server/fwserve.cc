@@ -78,6 +78,11 @@ ABSL_FLAG(absl::Duration, session_lease_ttl, absl::Seconds(10),
           "taken or last renewed (renewed every third of it while the request runs); a "
           "replica stalled longer loses the lease and its late write is refused");
 ABSL_FLAG(std::string, device, "cpu", "cpu, cuda or cuda:N (cuda needs a CUDA LibTorch)");
+ABSL_FLAG(bool, gpu_tf32, false,
+          "with --device=cuda: let cuBLAS run float32 products on TF32 tensor cores "
+          "(inputs rounded to 10-bit mantissas: logits differ from float32's by about 1e-3 "
+          "relative; the decode step above 16 rows and the prefill are GEMMs). Off: exact "
+          "float32, as the CUDA equivalence tests check");
 ABSL_FLAG(std::string, gpu_matrices, "float32",
           "float32 or bf16: with --device=cuda, bf16 keeps an RWKV-7 model's matrices in "
           "bfloat16 on the GPU (half their memory and of the bytes a decode step reads; "
@@ -268,7 +273,7 @@ constexpr char kHelpIntro[] =
 std::vector<fwserve::FlagGroup> HelpGroups() {
   return {
       {"Serving",
-       {"listen", "model", "device", "gpu_matrices", "metrics_listen", "log_level",
+       {"listen", "model", "device", "gpu_matrices", "gpu_tf32", "metrics_listen", "log_level",
         "drain_timeout"}},
       {"HTTP API",
        {"http_listen", "http_max_body_bytes", "http_idle_timeout", "http_cors_origins"}},
@@ -437,6 +442,7 @@ int main(int argc, char** argv) {
   core_options.session_lease_ttl = absl::GetFlag(FLAGS_session_lease_ttl);
   core_options.device = absl::GetFlag(FLAGS_device);
   core_options.gpu_matrices = absl::GetFlag(FLAGS_gpu_matrices);
+  core_options.gpu_tf32 = absl::GetFlag(FLAGS_gpu_tf32);
   core_options.max_prompt_bytes = absl::GetFlag(FLAGS_max_prompt_bytes);
   core_options.max_tokens = absl::GetFlag(FLAGS_max_tokens);
   engine.max_sessions = absl::GetFlag(FLAGS_max_sessions);

@@ -169,8 +169,8 @@ class CoreImpl : public Core {
       context.budget = &budget_;
       context.clock = clock_;
       auto engine = LoadModelEngine(
-          ModelEngineSpec{name, dir, options_.device, options_.gpu_matrices}, options_.engine,
-          std::move(context), [&](const ModelDescription& loaded) {
+          ModelEngineSpec{name, dir, options_.device, options_.gpu_matrices, options_.gpu_tf32},
+          options_.engine, std::move(context), [&](const ModelDescription& loaded) {
             description = loaded;
             description.is_default = engines_.empty();
             return metrics_->AddModel(ModelInfoLabels{name, loaded.architecture, loaded.parameters,

@@ -34,6 +34,8 @@ struct CoreOptions {
   std::string device = "cpu";
   // "float32" or "bf16" (--gpu-matrices; ModelEngineSpec::gpu_matrices).
   std::string gpu_matrices = "float32";
+  // TF32 tensor cores for float32 cuBLAS products (--gpu-tf32; ModelEngineSpec::gpu_tf32).
+  bool gpu_tf32 = false;
   // What each model's engine is told, as it is: its queue, its scheduler, its kernels,
   // the session and state-memory limits it shares with the core (engine_options.h).
   EngineOptions engine;

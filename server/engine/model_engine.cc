@@ -1,4 +1,5 @@
 #include "server/engine/model_engine.h"
+#include <ATen/Context.h>
 
 #include <torch/cuda.h>
 
@@ -51,6 +52,12 @@ absl::StatusOr<std::unique_ptr<ModelEngine>> LoadModelEngine(
   } else if (spec.gpu_matrices != "float32") {
     return absl::InvalidArgumentError(
         absl::StrCat("--gpu-matrices must be float32 or bf16, got '", spec.gpu_matrices, "'"));
+  }
+  if (spec.gpu_tf32) {
+    if (spec.device == "cpu") {
+      return absl::InvalidArgumentError("--gpu-tf32 needs --device=cuda");
+    }
+    at::globalContext().setAllowTF32CuBLAS(true);
   }
   auto loaded = fwmodel::LoadCheckpoint(spec.dir, model_options);
   if (!loaded.ok()) {

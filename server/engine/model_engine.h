@@ -93,6 +93,9 @@ struct ModelEngineSpec {
   // "float32", or "bf16": an RWKV-7 model's matrices stay bfloat16 on a CUDA device
   // (--gpu-matrices; fwmodel::ModelOptions::bf16_matrices).
   std::string gpu_matrices = "float32";
+  // CUDA only: cuBLAS may run float32 products on TF32 tensor cores (--gpu-tf32). A
+  // process-wide LibTorch setting: once one model asks, every CUDA model's products may.
+  bool gpu_tf32 = false;
 };
 
 // InvalidArgument naming --device unless `device` is cpu, cuda or cuda:N. Whether a CUDA

@@ -617,11 +617,13 @@ class FwctlTest(unittest.TestCase):
             self.assertNotIn("listening", stderr)
 
     def test_fwserve_refuses_bf16_matrices_where_they_do_not_apply(self):
-        # docs/serving.md --gpu-matrices: bf16 is for an RWKV-7 model on CUDA; on the CPU,
-        # and for a value other than float32 or bf16, the start fails naming the flag.
+        # docs/serving.md --gpu-matrices and --gpu-tf32: bf16 matrices are for an RWKV-7
+        # model on CUDA and TF32 for CUDA; on the CPU, and for a value other than float32
+        # or bf16, the start fails naming the flag.
         for flags, message in [
                 (("--gpu-matrices", "bf16"), "--gpu-matrices=bf16 needs --device=cuda"),
-                (("--gpu-matrices", "fp8"), "--gpu-matrices must be float32 or bf16, got 'fp8'")]:
+                (("--gpu-matrices", "fp8"), "--gpu-matrices must be float32 or bf16, got 'fp8'"),
+                (("--gpu-tf32",), "--gpu-tf32 needs --device=cuda")]:
             result = subprocess.run(
                 [ARGS.fwserve, "--listen", "127.0.0.1:0", "--metrics-listen", "",
                  "--model", ARGS.model] + list(flags),
