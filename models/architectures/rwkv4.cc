@@ -11,12 +11,33 @@
 //   h += (r ⊙ wkv)·Oᵀ
 // then, with x = LN(h; ln2) and its own shift:
 //   h += sigmoid(x_r·R_fᵀ) ⊙ (relu(x_k·keyᵀ)² · valueᵀ)
+//
+// The recurrence is aft's, so it runs as the aft kernel (models/gpu/aft.h: one launch for
+// the T tokens, sigmoid(r) ⊙ wkv out) on CUDA float32 tensors without autograd where the
+// kernels were built (FWSERVE_CUDA_KERNELS), and on the CPU through the kernel's mirror
+// when a test asks (SetRwkv4HostWkvForTesting); elsewhere the LibTorch loop over T.
+#include <atomic>
 #include <cmath>
 
 #include "models/architectures/rwkv_block.h"
+#include "models/gpu/aft.h"
+#include "models/gpu/aft_host.h"
+
+#if defined(FWSERVE_CUDA_KERNELS)
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
 
 namespace fwmodel {
+
+// Whether RWKV-4 blocks run their recurrence through the aft kernel's CPU mirror on CPU
+// float32 tensors: for tests only. Thread-safe; read at each Forward. Declared here (and in
+// the tests that use it), not in a header: no production caller.
+void SetRwkv4HostWkvForTesting(bool on);
+
 namespace {
+
+std::atomic<bool> rwkv4_host_wkv_for_testing{false};
 
 class Rwkv4Block final : public RwkvBlock {
  public:
@@ -98,16 +119,37 @@ class Rwkv4Block final : public RwkvBlock {
   torch::Tensor Forward(const torch::Tensor& h, torch::Tensor* state,
                         torch::Tensor* v_first) const override {
     (void)v_first;
-    const int64_t T = h.size(1), d = config_.d_model;
+    const int64_t d = config_.d_model;
     // ---- Time mix
     torch::Tensor x = torch::layer_norm(h, {d}, ln1_w_, ln1_b_, config_.norm_eps);
     torch::Tensor prev = TokenShift(x, &state[0]);
     auto mix = [&](const torch::Tensor& m) { return x * m + prev * (1 - m); };
-    torch::Tensor r = torch::sigmoid(torch::linear(mix(mix_r_), r_));
+    torch::Tensor r_raw = torch::linear(mix(mix_r_), r_);
     torch::Tensor k = torch::linear(mix(mix_k_), k_);
     torch::Tensor v = torch::linear(mix(mix_v_), v_);
-    torch::Tensor alpha = state[1].select(1, 0), beta = state[1].select(1, 1),
-                  p = state[1].select(1, 2);
+    torch::Tensor out;
+    if (FusedApplies(r_raw, k, v, state[1])) {
+      out = h + torch::linear(FusedWkv(r_raw, k, v, &state[1]), o_);
+    } else {
+      out = h + torch::linear(torch::sigmoid(r_raw) * Wkv(k, v, &state[1]), o_);
+    }
+    // ---- Channel mix
+    torch::Tensor xf = torch::layer_norm(out, {d}, ln2_w_, ln2_b_, config_.norm_eps);
+    torch::Tensor prev_f = TokenShift(xf, &state[2]);
+    torch::Tensor xk = xf * ffn_mix_k_ + prev_f * (1 - ffn_mix_k_);
+    torch::Tensor xr = xf * ffn_mix_r_ + prev_f * (1 - ffn_mix_r_);
+    torch::Tensor kf = torch::relu(torch::linear(xk, ffn_key_)).square();
+    return out + torch::sigmoid(torch::linear(xr, ffn_r_)) * torch::linear(kf, ffn_value_);
+  }
+
+ private:
+  // wkv [B, T, d] of the T tokens by LibTorch ops, token by token; *wkv_state ([B, 3, d])
+  // replaced by the state after them.
+  torch::Tensor Wkv(const torch::Tensor& k, const torch::Tensor& v,
+                    torch::Tensor* wkv_state) const {
+    const int64_t T = k.size(1);
+    torch::Tensor alpha = wkv_state->select(1, 0), beta = wkv_state->select(1, 1),
+                  p = wkv_state->select(1, 2);
     const torch::Tensor decay = -torch::exp(time_decay_);
     std::vector<torch::Tensor> wkvs;
     wkvs.reserve(static_cast<size_t>(T));
@@ -125,24 +167,85 @@ class Rwkv4Block final : public RwkvBlock {
       beta = e1 * beta + e2;
       p = q;
     }
-    state[1] = torch::stack({alpha, beta, p}, 1);
-    torch::Tensor out = h + torch::linear(r * torch::stack(wkvs, 1), o_);
-    // ---- Channel mix
-    torch::Tensor xf = torch::layer_norm(out, {d}, ln2_w_, ln2_b_, config_.norm_eps);
-    torch::Tensor prev_f = TokenShift(xf, &state[2]);
-    torch::Tensor xk = xf * ffn_mix_k_ + prev_f * (1 - ffn_mix_k_);
-    torch::Tensor xr = xf * ffn_mix_r_ + prev_f * (1 - ffn_mix_r_);
-    torch::Tensor kf = torch::relu(torch::linear(xk, ffn_key_)).square();
-    return out + torch::sigmoid(torch::linear(xr, ffn_r_)) * torch::linear(kf, ffn_value_);
+    *wkv_state = torch::stack({alpha, beta, p}, 1);
+    return torch::stack(wkvs, 1);
   }
 
- private:
+  // Whether the recurrence runs as the aft kernel: float32 tensors without autograd to
+  // record, on CUDA where the kernels were built, or on the CPU where a test asked for
+  // the kernel's mirror (SetRwkv4HostWkvForTesting).
+  bool FusedApplies(const torch::Tensor& r_raw, const torch::Tensor& k, const torch::Tensor& v,
+                    const torch::Tensor& wkv_state) const {
+#if defined(FWSERVE_CUDA_KERNELS)
+    constexpr bool kCudaKernels = true;
+#else
+    constexpr bool kCudaKernels = false;
+#endif
+    const bool cuda = r_raw.is_cuda() && kCudaKernels;
+    if (!cuda && !(r_raw.is_cpu() && rwkv4_host_wkv_for_testing.load())) return false;
+    const bool grad = c10::GradMode::is_enabled();
+    for (const torch::Tensor* t : {&r_raw, &k, &v, &wkv_state, &time_decay_, &first_}) {
+      if (t->scalar_type() != torch::kFloat32 || t->device() != r_raw.device() ||
+          (grad && t->requires_grad())) {
+        return false;
+      }
+    }
+    return true;
+  }
+
+  // sigmoid(r) ⊙ wkv [B, T, d] by one launch of the aft kernel (aft's recurrence with w =
+  // exp(time_decay): RWKV-4's p + (−exp(time_decay)) is aft's p − w), or its CPU mirror;
+  // *wkv_state replaced by a new [B, 3, d] tensor. No host synchronisation on CUDA, so it
+  // runs inside CUDA Graph capture.
+  torch::Tensor FusedWkv(const torch::Tensor& r_raw, const torch::Tensor& k, const torch::Tensor& v,
+                         torch::Tensor* wkv_state) const {
+    const int64_t B = r_raw.size(0), T = r_raw.size(1), d = config_.d_model;
+    TORCH_CHECK(r_raw.dim() == 3 && r_raw.size(2) == d && k.sizes() == r_raw.sizes() &&
+                    v.sizes() == r_raw.sizes() && wkv_state->dim() == 3 &&
+                    wkv_state->size(0) == B && wkv_state->size(1) == 3 && wkv_state->size(2) == d,
+                "rwkv4 block ", layer_, ": projections ", r_raw.sizes(), " and state ",
+                wkv_state->sizes(), " do not match d = ", d);
+    const torch::Tensor r = r_raw.contiguous(), kc = k.contiguous(), vc = v.contiguous();
+    const torch::Tensor decay = torch::exp(time_decay_).contiguous();  // w > 0
+    const torch::Tensor time_first = first_.contiguous();
+    const torch::Tensor state_in = wkv_state->contiguous();
+    torch::Tensor state_out = torch::empty_like(state_in, torch::MemoryFormat::Contiguous);
+    torch::Tensor y = torch::empty_like(r, torch::MemoryFormat::Contiguous);
+    kernels::AftArgs args;
+    args.B = B;
+    args.T = T;
+    args.d = d;
+    args.r = r.data_ptr<float>();
+    args.k = kc.data_ptr<float>();
+    args.v = vc.data_ptr<float>();
+    args.decay = decay.data_ptr<float>();
+    args.time_first = time_first.data_ptr<float>();
+    args.state_in = state_in.data_ptr<float>();
+    args.state_out = state_out.data_ptr<float>();
+    args.y = y.data_ptr<float>();
+    if (r.is_cuda()) {
+#if defined(FWSERVE_CUDA_KERNELS)
+      const c10::cuda::CUDAGuard device(r.device());
+      const int error = kernels::LaunchAft(args, c10::cuda::getCurrentCUDAStream().stream());
+      TORCH_CHECK(error == 0, "rwkv4 block ", layer_,
+                  ": the fused recurrence kernel failed: ", kernels::AftErrorString(error));
+#endif
+    } else {
+      TORCH_CHECK(kernels::RunAftOnHost(args), "rwkv4 block ", layer_,
+                  ": the recurrence kernel's arguments were refused");
+    }
+    *wkv_state = state_out;
+    return y;
+  }
+
   torch::Tensor ln1_w_, ln1_b_, ln2_w_, ln2_b_;
   torch::Tensor time_decay_, first_, mix_k_, mix_v_, mix_r_, k_, v_, r_, o_;
   torch::Tensor ffn_mix_k_, ffn_mix_r_, ffn_key_, ffn_value_, ffn_r_;
 };
 
 }  // namespace
+
+void SetRwkv4HostWkvForTesting(bool on) { rwkv4_host_wkv_for_testing.store(on); }
 
 std::unique_ptr<RwkvBlock> MakeRwkv4Block(const ModelConfig& config, int layer) {
   return std::make_unique<Rwkv4Block>(config, layer);

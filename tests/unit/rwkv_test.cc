@@ -27,6 +27,9 @@
 #include "tests/unit/test_models.h"
 
 namespace fwmodel {
+
+void SetRwkv4HostWkvForTesting(bool on);  // rwkv4.cc: the aft kernel's mirror on the CPU
+
 namespace {
 
 std::string ReadAll(const std::string& path) {
@@ -182,6 +185,71 @@ ModelConfig SmallRwkvConfig(Architecture arch) {
     c.gate_low_rank_dim = 7;
   }
   return c;
+}
+
+// RWKV-4's recurrence as the aft kernel runs it on a GPU (rwkv4.cc's FusedWkv), here
+// through the kernel's CPU mirror: the rwkv.cpp tiny RWKV-4 files still give rwkv.cpp's
+// logits after `"in` (steps and the sequence form, float32), and a random RWKV-4 model's
+// sequence form (T = 1, 5, 17) and steps equal the LibTorch loop's within 1e-4, states too.
+TEST(Rwkv4FusedWkvTest, KernelMirrorEqualsLibTorchLoopAndRwkvCpp) {
+  c10::NoGradGuard no_grad;
+  struct Reset {
+    ~Reset() { SetRwkv4HostWkvForTesting(false); }
+  } reset;
+  for (const TinyCase& c : kTinyCases) {
+    if (c.arch != Architecture::kRwkv4) continue;
+    SCOPED_TRACE(c.version + "-" + c.format);
+    const std::string dir = ConvertTiny(c.version + "-" + c.format);
+    auto loaded = LoadCheckpoint(dir);
+    ASSERT_TRUE(loaded.ok()) << loaded.status();
+    const torch::Tensor expected = ExpectedLogits(c.version);
+    const torch::Tensor prompt = torch::tensor({34, 105, 110}, torch::kInt64);  // "in
+    SetRwkv4HostWkvForTesting(true);
+    State state = loaded->model.InitialState(1);
+    torch::Tensor step_logits;
+    for (int64_t t = 0; t < 3; ++t) {
+      auto logits = loaded->model.Step(prompt.narrow(0, t, 1), &state);
+      ASSERT_TRUE(logits.ok()) << logits.status();
+      step_logits = logits->squeeze(0).to(torch::kFloat64);
+    }
+    State fresh = loaded->model.InitialState(1);
+    auto sequence = loaded->model.Forward(prompt.unsqueeze(0), &fresh);
+    ASSERT_TRUE(sequence.ok());
+    SetRwkv4HostWkvForTesting(false);
+    for (const torch::Tensor& logits : {step_logits, (*sequence)[0][2].to(torch::kFloat64)}) {
+      EXPECT_LE(std::abs((logits - expected).sum().item<double>()),
+                std::abs(c.difference_sum) * 1.05);
+      EXPECT_LE((logits - expected).abs().max().item<double>(), c.max_difference);
+    }
+  }
+  const ModelConfig config = SmallRwkvConfig(Architecture::kRwkv4);
+  const Model model = fwtest::RandomModel(config, 5, torch::kFloat32);
+  for (const int64_t T : {int64_t{1}, int64_t{5}, int64_t{17}}) {
+    SCOPED_TRACE(absl::StrCat("T = ", T));
+    const torch::Tensor tokens = fwtest::RandomTokens(2, T, config.vocab_size, 7);
+    const torch::Tensor next = fwtest::RandomTokens(2, 1, config.vocab_size, 8).view({2});
+    torch::Tensor logits[2], step[2];
+    State states[2];
+    for (int fused = 0; fused < 2; ++fused) {
+      SetRwkv4HostWkvForTesting(fused == 1);
+      states[fused] = model.InitialState(2);
+      auto forward = model.Forward(tokens, &states[fused]);
+      ASSERT_TRUE(forward.ok()) << forward.status();
+      logits[fused] = *forward;
+      auto stepped = model.Step(next, &states[fused]);
+      ASSERT_TRUE(stepped.ok()) << stepped.status();
+      step[fused] = *stepped;
+    }
+    SetRwkv4HostWkvForTesting(false);
+    fwtest::ExpectNearRelative(logits[1], logits[0], 1e-4, "sequence form");
+    fwtest::ExpectNearRelative(step[1], step[0], 1e-4, "step after it");
+    for (size_t i = 0; i < states[0].tensors.size(); ++i) {
+      fwtest::ExpectNearRelative(states[1].tensors[i], states[0].tensors[i], 1e-4,
+                                 model.state_spec()[i].name);
+    }
+    // The mirror ran: its exponentials are not LibTorch's, so some bits differ.
+    EXPECT_FALSE(torch::equal(logits[1], logits[0]));
+  }
 }
 
 class RwkvFormsTest : public ::testing::TestWithParam<Architecture> {};
