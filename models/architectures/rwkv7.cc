@@ -529,6 +529,13 @@ class Rwkv7Block final : public RwkvBlock {
     args.y = y.data_ptr<float>();
     args.eps = static_cast<float>(static_cast<double>(N) * config_.norm_eps);
     args.first_layer = layer_ == 0;
+    // Prefill: the split-phase path's scratch (the caching allocator's, on the launch's
+    // stream; no synchronisation, so graph capture stays valid).
+    torch::Tensor scratch;
+    if (T > 1) {
+      scratch = torch::empty({fwmodel::kernels::Rwkv7WkvScratchFloats(B, T, H, N)}, r.options());
+      args.scratch = scratch.data_ptr<float>();
+    }
     const int error =
         fwmodel::kernels::LaunchRwkv7Wkv(args, c10::cuda::getCurrentCUDAStream().stream());
     TORCH_CHECK(error == 0, "rwkv7 block ", layer_, ": the fused time-mix kernel failed: ",

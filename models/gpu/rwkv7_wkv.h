@@ -68,7 +68,47 @@ struct Rwkv7WkvArgs {
   float* y = nullptr;        // out, [B, T, d]: (GroupNorm(S·r) + (r·(k ⊙ r_k)) v) ⊙ g
   float eps = 0;             // the GroupNorm's: d_head · norm_eps
   bool first_layer = false;  // block 0: no value residual mix
+  // Optional, device, at least Rwkv7WkvScratchFloats(B, T, H, N) floats, not overlapping
+  // any other buffer (16-byte aligned for the float4 path): with T > 1, the launch runs
+  // the split-phase path (per-token vectors computed in parallel over tokens into the
+  // scratch, the sequential recurrence, then the GroupNorm and output in parallel); its
+  // contents before and after are unspecified. Null, or T = 1: the single kernel.
+  float* scratch = nullptr;
 };
+
+// The split path's scratch, per (session b, head, token t): kRwkv7WkvScratchFields
+// vectors of N floats (w, −kk, kk·a, the adjusted k, r, the mixed v: rwkv7_rule.h's
+// Rwkv7PrepareChannel results, the receptance, Rwkv7ValueMix's), contiguous over the
+// tokens of one (session, head): [B, H, T, 6, N]; then one bonus (r·(k ⊙ r_k)) per (b,
+// head, t): [B, H, T] after the B·H·T·6·N vector floats.
+constexpr int kRwkv7WkvScratchFields = 6;
+
+// The floats the split path's scratch needs for (B, T, H, N) (0 if any is < 1).
+FW_HOST_DEVICE inline int64_t Rwkv7WkvScratchFloats(int64_t B, int64_t T, int64_t H, int64_t N) {
+  if (B < 1 || T < 1 || H < 1 || N < 1) return 0;
+  return B * H * T * (kRwkv7WkvScratchFields * N + 1);
+}
+
+// Where token t of session b, head `head` starts in the scratch (its 6 vectors of n).
+FW_HOST_DEVICE inline int64_t Rwkv7WkvScratchToken(int64_t b, int64_t head, int64_t t, int64_t H,
+                                                   int64_t T, int64_t n) {
+  return ((b * H + head) * T + t) * (kRwkv7WkvScratchFields * n);
+}
+
+// Where the bonus of token t of session b, head `head` sits in the scratch.
+FW_HOST_DEVICE inline int64_t Rwkv7WkvScratchBonus(int64_t b, int64_t head, int64_t t, int64_t B,
+                                                   int64_t H, int64_t T, int64_t n) {
+  return B * H * T * (kRwkv7WkvScratchFields * n) + (b * H + head) * T + t;
+}
+
+// The tokens whose vectors the recurrence stages through shared memory between one pair of
+// barriers, for a head of width n (the stage, ≤ 6,144 floats, shares the state's tile).
+FW_HOST_DEVICE inline int Rwkv7WkvChunkTokens(int n) { return n > 64 ? 8 : 16; }
+
+// Whether the launch takes the split-phase path.
+FW_HOST_DEVICE inline bool Rwkv7WkvSplit(const Rwkv7WkvArgs& args) {
+  return args.scratch != nullptr && args.T > 1;
+}
 
 // The threads of a block for a head of width n: the power of two ≥ n (the reductions'
 // width); threads n.. only pad the reductions with zeros.
@@ -82,6 +122,11 @@ inline bool Rwkv7WkvArgsValid(const Rwkv7WkvArgs& args) {
   }
   if (args.B == 0 || args.T == 0 || args.H == 0) return true;
   if (args.B > INT32_MAX / args.H) return false;  // grid.x = B·H
+  // The split path's per-token phases: grid.x = B·T·H.
+  if (Rwkv7WkvSplit(args) &&
+      (args.T > INT32_MAX / args.H || args.B > INT32_MAX / (args.T * args.H))) {
+    return false;
+  }
   const void* needed[] = {args.r,    args.w_raw,    args.a_raw,     args.k,   args.v,
                           args.g,    args.k_k,      args.k_a,       args.r_k, args.ln_w,
                           args.ln_b, args.state_in, args.state_out, args.y};
@@ -93,11 +138,14 @@ inline bool Rwkv7WkvArgsValid(const Rwkv7WkvArgs& args) {
 
 // Launches the kernel on `cuda_stream` (a cudaStream_t; null: the legacy default stream):
 // one block per (session, head), Rwkv7WkvThreads(N) threads; nothing to do when B, T or H
-// is 0. Returns 0 (cudaSuccess) or the cudaError_t of a bad argument
-// (cudaErrorInvalidValue: Rwkv7WkvArgsValid false) or of the launch (cudaGetLastError).
-// Asynchronous: errors of the kernel's execution surface later. Safe to call during CUDA
-// Graph capture (no allocation, no synchronisation, no attribute set: static shared
-// memory only, at most 41 KB a block).
+// is 0. With a scratch and T > 1 (Rwkv7WkvSplit), three kernels in order on the stream
+// instead: the per-token vectors (a block per (session, token, head)), the recurrence (a
+// block per (session, head), writing the raw y_i = S_i·r to args.y), the GroupNorm and
+// output in place in args.y (a block per (session, token, head)). Returns 0 (cudaSuccess)
+// or the cudaError_t of a bad argument (cudaErrorInvalidValue: Rwkv7WkvArgsValid false) or
+// of a launch (cudaGetLastError). Asynchronous: errors of the kernels' execution surface
+// later. Safe to call during CUDA Graph capture (no allocation, no synchronisation, no
+// attribute set: static shared memory only, at most 41 KB a block).
 int LaunchRwkv7Wkv(const Rwkv7WkvArgs& args, void* cuda_stream);
 
 // cudaGetErrorString of a LaunchRwkv7Wkv result.

@@ -6,8 +6,9 @@
 // N add zeros to the sums), with the kernel's staging of the state through its tile
 // (the same chunks and tile indices), its reductions in its order (HostBlockTreeSums:
 // each thread's own result) and rwkv7_rule.h's bodies, so the arithmetic per element is
-// the kernel's (up to the compilers' contraction into fused multiply-adds). Not a fast
-// path. Torch-free, header-only.
+// the kernel's (up to the compilers' contraction into fused multiply-adds). With a
+// scratch and T > 1, the split path's three kernels the same way (RunRwkv7WkvSplitOnHost).
+// Not a fast path. Torch-free, header-only.
 #pragma once
 
 #include <cstdint>
@@ -66,12 +67,147 @@ inline std::vector<float> HostBlockTreeSums(const std::vector<float>& values, in
   return lanes;
 }
 
-// LaunchRwkv7Wkv's computation on host pointers (the same Rwkv7WkvArgs contract, rows a
-// host pointer too). Returns false, doing nothing, where the launcher would refuse the
-// arguments (cudaErrorInvalidValue).
+// rwkv7_wkv.cu's LoadRows: a head's state (n rows of n floats at src) into `rows` (thread
+// i's registers: rows[i·n ..]), kRwkv7WkvStageRows rows at a time through `tile`.
+inline void HostLoadRows(const float* src, int n, std::vector<float>& tile,
+                         std::vector<float>& rows) {
+  const int stride = Rwkv7WkvTileStride(n);
+  for (int r0 = 0; r0 < n; r0 += kRwkv7WkvStageRows) {
+    const int count = (n - r0 < kRwkv7WkvStageRows ? n - r0 : kRwkv7WkvStageRows) * n;
+    const float* chunk = src + static_cast<int64_t>(r0) * n;
+    for (int e = 0; e < count; ++e) {
+      tile[static_cast<size_t>(Rwkv7WkvTileIndex(e, n, stride))] = chunk[e];
+    }
+    for (int i = r0; i < n && i < r0 + kRwkv7WkvStageRows; ++i) {
+      for (int j = 0; j < n; ++j) {
+        rows[static_cast<size_t>(i) * n + j] = tile[static_cast<size_t>((i - r0) * stride + j)];
+      }
+    }
+  }
+}
+
+// rwkv7_wkv.cu's StoreRows: HostLoadRows' reverse, `rows` to dst.
+inline void HostStoreRows(const std::vector<float>& rows, int n, std::vector<float>& tile,
+                          float* dst) {
+  const int stride = Rwkv7WkvTileStride(n);
+  for (int r0 = 0; r0 < n; r0 += kRwkv7WkvStageRows) {
+    const int count = (n - r0 < kRwkv7WkvStageRows ? n - r0 : kRwkv7WkvStageRows) * n;
+    for (int i = r0; i < n && i < r0 + kRwkv7WkvStageRows; ++i) {
+      for (int j = 0; j < n; ++j) {
+        tile[static_cast<size_t>((i - r0) * stride + j)] = rows[static_cast<size_t>(i) * n + j];
+      }
+    }
+    float* chunk = dst + static_cast<int64_t>(r0) * n;
+    for (int e = 0; e < count; ++e) {
+      chunk[e] = tile[static_cast<size_t>(Rwkv7WkvTileIndex(e, n, stride))];
+    }
+  }
+}
+
+// The split path (Rwkv7WkvSplit: a scratch, here a host pointer, and T > 1) as
+// rwkv7_wkv.cu's three kernels run it, one after another: Rwkv7WkvPrepareKernel's blocks
+// (session, token, head), Rwkv7WkvRecurrenceKernel's (session, head: the state through
+// the tile, the tokens' vectors staged Rwkv7WkvChunkTokens(N) at a time, the raw y to
+// args.y), Rwkv7WkvOutputKernel's (session, token, head: the GroupNorm and output in
+// place). Arguments already valid.
+inline void RunRwkv7WkvSplitOnHost(const Rwkv7WkvArgs& args) {
+  const int n = static_cast<int>(args.N);
+  const size_t width = static_cast<size_t>(Rwkv7WkvThreads(n));
+  const int64_t d = args.H * n;
+  const int per_token = kRwkv7WkvScratchFields * n;
+  std::vector<float> values(width), squares(width), bonus_terms(width), centred(width);
+  // Phase 1: the tokens' vectors and bonuses.
+  for (int64_t item = 0; item < args.B * args.T * args.H; ++item) {
+    const int64_t head = item % args.H, bt = item / args.H;
+    const int64_t b = bt / args.T, t = bt % args.T;
+    auto at = [&](int i) { return head * n + i; };
+    auto o = [&](int i) { return bt * d + at(i); };
+    for (int i = 0; i < n; ++i) {
+      values[i] = Rwkv7KkRaw(args.k[o(i)], args.k_k[at(i)]);  // kk_raw
+      squares[i] = values[i] * values[i];
+    }
+    const std::vector<float> kk_sums = HostBlockTreeSums(squares, n);
+    float* out = args.scratch + Rwkv7WkvScratchToken(b, head, t, args.H, args.T, n);
+    for (int i = 0; i < n; ++i) {
+      const Rwkv7Channel c =
+          Rwkv7PrepareChannel(args.w_raw[o(i)], args.a_raw[o(i)], values[i],
+                              Rwkv7KkNorm(kk_sums[i]), args.k[o(i)], args.k_a[at(i)]);
+      const float r = args.r[o(i)];
+      float v = args.v[o(i)];
+      if (!args.first_layer) v = Rwkv7ValueMix(v, args.v_first[o(i)], args.v_raw[o(i)]);
+      out[i] = c.w;
+      out[n + i] = c.neg_kk;
+      out[2 * n + i] = c.kk_a;
+      out[3 * n + i] = c.k;
+      out[4 * n + i] = r;
+      out[5 * n + i] = v;
+      bonus_terms[i] = Rwkv7BonusTerm(r, c.k, args.r_k[at(i)]);
+    }
+    args.scratch[Rwkv7WkvScratchBonus(b, head, t, args.B, args.H, args.T, n)] =
+        HostBlockTreeSums(bonus_terms, n)[0];
+  }
+  // Phase 2: the recurrence, the raw y to args.y.
+  const int chunk = Rwkv7WkvChunkTokens(n);
+  std::vector<float> tile(static_cast<size_t>(kRwkv7WkvStageRows) *
+                          static_cast<size_t>(Rwkv7WkvTileStride(n)));
+  std::vector<float> stage(static_cast<size_t>(chunk) * static_cast<size_t>(per_token));
+  std::vector<float> rows(static_cast<size_t>(n) * n);
+  for (int64_t item = 0; item < args.B * args.H; ++item) {
+    const int64_t b = item / args.H, head = item % args.H;
+    const int64_t state_row = args.rows != nullptr ? args.rows[b] : b;
+    const int64_t state_at = (state_row * args.H + head) * n * n;
+    HostLoadRows(args.state_in + state_at, n, tile, rows);
+    const float* vectors = args.scratch + Rwkv7WkvScratchToken(b, head, 0, args.H, args.T, n);
+    for (int64_t t0 = 0; t0 < args.T; t0 += chunk) {
+      const int count = static_cast<int>(args.T - t0 < chunk ? args.T - t0 : chunk);
+      for (int e = 0; e < count * per_token; ++e) {
+        stage[static_cast<size_t>(e)] = vectors[t0 * per_token + e];
+      }
+      for (int tt = 0; tt < count; ++tt) {
+        const float* s = stage.data() + static_cast<size_t>(tt) * per_token;
+        for (int i = 0; i < n; ++i) {
+          args.y[(b * args.T + t0 + tt) * d + head * n + i] =
+              Rwkv7RowUpdate(n, rows.data() + static_cast<size_t>(i) * n, s, s + n, s + 2 * n,
+                             s + 3 * n, s + 4 * n, s[5 * n + i]);
+        }
+      }
+    }
+    HostStoreRows(rows, n, tile, args.state_out + state_at);
+  }
+  // Phase 3: the GroupNorm and the output, in place in args.y.
+  for (int64_t item = 0; item < args.B * args.T * args.H; ++item) {
+    const int64_t head = item % args.H, bt = item / args.H;
+    const int64_t b = bt / args.T, t = bt % args.T;
+    auto at = [&](int i) { return head * n + i; };
+    auto o = [&](int i) { return bt * d + at(i); };
+    for (int i = 0; i < n; ++i) values[i] = args.y[o(i)];
+    const std::vector<float> y_sums = HostBlockTreeSums(values, n);
+    std::vector<float> mean(width);
+    for (int i = 0; i < n; ++i) {
+      mean[i] = Rwkv7GroupNormMean(y_sums[i], n);
+      centred[i] = (values[i] - mean[i]) * (values[i] - mean[i]);
+    }
+    const std::vector<float> centred_sums = HostBlockTreeSums(centred, n);
+    const float bonus = args.scratch[Rwkv7WkvScratchBonus(b, head, t, args.B, args.H, args.T, n)];
+    const float* v = args.scratch + Rwkv7WkvScratchToken(b, head, t, args.H, args.T, n) + 5 * n;
+    for (int i = 0; i < n; ++i) {
+      const float inv = Rwkv7GroupNormInv(centred_sums[i], n, args.eps);
+      args.y[o(i)] = Rwkv7Output(values[i], mean[i], inv, args.ln_w[at(i)], args.ln_b[at(i)], bonus,
+                                 v[i], args.g[o(i)]);
+    }
+  }
+}
+
+// LaunchRwkv7Wkv's computation on host pointers (the same Rwkv7WkvArgs contract, rows and
+// scratch host pointers too; with a scratch and T > 1, RunRwkv7WkvSplitOnHost). Returns false,
+// doing nothing, where the launcher would refuse the arguments (cudaErrorInvalidValue).
 inline bool RunRwkv7WkvOnHost(const Rwkv7WkvArgs& args) {
   if (!Rwkv7WkvArgsValid(args)) return false;
   if (args.B == 0 || args.T == 0 || args.H == 0) return true;
+  if (Rwkv7WkvSplit(args)) {
+    RunRwkv7WkvSplitOnHost(args);
+    return true;
+  }
   const int n = static_cast<int>(args.N);
   const int p = Rwkv7WkvThreads(n);
   const int64_t d = args.H * n;
@@ -92,18 +228,7 @@ inline bool RunRwkv7WkvOnHost(const Rwkv7WkvArgs& args) {
     const int64_t state_at = (state_row * args.H + head) * n * n;
     auto at = [&](int i) { return head * n + i; };
     // The state in, kRwkv7WkvStageRows rows at a time, through the tile.
-    for (int r0 = 0; r0 < n; r0 += kRwkv7WkvStageRows) {
-      const int count = (n - r0 < kRwkv7WkvStageRows ? n - r0 : kRwkv7WkvStageRows) * n;
-      const float* src = args.state_in + state_at + static_cast<int64_t>(r0) * n;
-      for (int e = 0; e < count; ++e) {
-        tile[static_cast<size_t>(Rwkv7WkvTileIndex(e, n, stride))] = src[e];
-      }
-      for (int i = r0; i < n && i < r0 + kRwkv7WkvStageRows; ++i) {
-        for (int j = 0; j < n; ++j) {
-          rows[static_cast<size_t>(i) * n + j] = tile[static_cast<size_t>((i - r0) * stride + j)];
-        }
-      }
-    }
+    HostLoadRows(args.state_in + state_at, n, tile, rows);
     for (int64_t t = 0; t < args.T; ++t) {
       auto o = [&](int i) { return (b * args.T + t) * d + at(i); };
       for (int i = 0; i < n; ++i) {
@@ -142,18 +267,7 @@ inline bool RunRwkv7WkvOnHost(const Rwkv7WkvArgs& args) {
       }
     }
     // The state out, the same way back.
-    for (int r0 = 0; r0 < n; r0 += kRwkv7WkvStageRows) {
-      const int count = (n - r0 < kRwkv7WkvStageRows ? n - r0 : kRwkv7WkvStageRows) * n;
-      for (int i = r0; i < n && i < r0 + kRwkv7WkvStageRows; ++i) {
-        for (int j = 0; j < n; ++j) {
-          tile[static_cast<size_t>((i - r0) * stride + j)] = rows[static_cast<size_t>(i) * n + j];
-        }
-      }
-      float* dst = args.state_out + state_at + static_cast<int64_t>(r0) * n;
-      for (int e = 0; e < count; ++e) {
-        dst[e] = tile[static_cast<size_t>(Rwkv7WkvTileIndex(e, n, stride))];
-      }
-    }
+    HostStoreRows(rows, n, tile, args.state_out + state_at);
   }
   return true;
 }

@@ -6,8 +6,11 @@
 // and later blocks, in place or not, on a state pool through `rows` (unnamed pool rows
 // must stay untouched), and a state pointer off 16-byte alignment (the scalar global
 // path). Prints the worst relative difference per case and exits 1 on any above 1e-4 or
-// any CUDA error. Then times the launch at the 0.1B shape (H = 12, N = 64, T = 1) for
-// B = 1, 64 and 512, with the state's traffic in GB/s.
+// any CUDA error; the same for the split-phase path (a scratch, T > 1: several staging
+// chunks, the last partial). Then times the launch at the 0.1B shape (H = 12, N = 64):
+// T = 1 for B = 1, 64 and 512, with the state's traffic in GB/s; and prefill, B = 1 with
+// T = 1,024 and B = 16 with T = 256, the single kernel against the split path, in µs per
+// launch and tokens per second.
 //
 //   nvcc -std=c++17 -O3 -arch=native -I . scripts/gpu/rwkv7_wkv_check.cu \
 //        models/gpu/rwkv7_wkv.cu -o /tmp/rwkv7_wkv_check && /tmp/rwkv7_wkv_check
@@ -29,7 +32,8 @@ struct Case {
   int64_t B, T, H, N;
   bool first_layer, in_place;
   int64_t extra_rows;  // > 0: the state in a pool of B + extra_rows rows, through `rows`
-  bool misaligned;     // the state buffers one float off 16-byte alignment
+  bool misaligned;     // the state buffers (and the scratch) one float off 16-byte alignment
+  bool split = false;  // with a scratch: the split-phase path when T > 1
 };
 
 bool Check(cudaError_t e, const char* what) {
@@ -92,6 +96,9 @@ bool Run(const Case& c, std::mt19937& rng) {
   host.eps = static_cast<float>(c.N) * 1e-5f;
   host.first_layer = c.first_layer;
   host.rows = use_rows ? rows.data() : nullptr;
+  const int64_t scratch_floats = fwmodel::kernels::Rwkv7WkvScratchFloats(c.B, c.T, c.H, c.N);
+  std::vector<float> h_scratch(c.split ? static_cast<size_t>(scratch_floats) : 0);
+  host.scratch = c.split ? h_scratch.data() : nullptr;
   std::vector<float> s_ref = state, y_ref(static_cast<size_t>(tokens * d));
   host.state_in = state.data();
   host.state_out = s_ref.data();  // the pool's unnamed rows keep their values
@@ -117,6 +124,8 @@ bool Run(const Case& c, std::mt19937& rng) {
   float* ds_out = Upload(state, offset);  // out of place: unnamed rows as they were
   float* dy = Upload(std::vector<float>(y_ref.size(), NAN));
   int64_t* drows = use_rows ? Upload(rows) : nullptr;
+  float* dscratch = c.split ? Upload(std::vector<float>(h_scratch.size(), NAN), offset) : nullptr;
+  dev.scratch = c.split ? dscratch + offset : nullptr;
   dev.state_in = ds_in + offset;
   dev.state_out = (c.in_place ? ds_in : ds_out) + offset;
   dev.y = dy;
@@ -149,31 +158,41 @@ bool Run(const Case& c, std::mt19937& rng) {
   const bool in_kept = c.in_place || s_in_after == state;
   ok = ok && ds <= 1e-4 && dy_rel <= 1e-4 && untouched && in_kept;
   std::printf(
-      "%s B=%lld T=%lld H=%lld N=%lld first=%d in_place=%d pool+%lld misaligned=%d: "
+      "%s B=%lld T=%lld H=%lld N=%lld first=%d in_place=%d pool+%lld misaligned=%d split=%d: "
       "state %.2e, y %.2e%s%s\n",
       ok ? "ok  " : "FAIL", (long long)c.B, (long long)c.T, (long long)c.H, (long long)c.N,
-      c.first_layer, c.in_place, (long long)c.extra_rows, c.misaligned, ds, dy_rel,
+      c.first_layer, c.in_place, (long long)c.extra_rows, c.misaligned, c.split, ds, dy_rel,
       untouched ? "" : ", an unnamed row was written", in_kept ? "" : ", state_in was written");
   for (float* p : owned) cudaFree(p);
   cudaFree(ds_in);
   cudaFree(ds_out);
   cudaFree(dy);
   if (drows != nullptr) cudaFree(drows);
+  if (dscratch != nullptr) cudaFree(dscratch);
   return ok;
 }
 
-// Microseconds per launch at (B, H = 12, N = 64, T = 1), in place, from 200 launches.
-void Time(int64_t B) {
+// Microseconds per launch at (B, H = 12, N = 64, T), in place, from `launches` launches
+// after 3 warm-ups; split: with a scratch (the split-phase path when T > 1). Prints the
+// tokens per second (B·T per launch) and the state's traffic in GB/s.
+void Time(int64_t B, int64_t T, bool split, int launches) {
   const int64_t H = 12, N = 64, d = H * N, state_floats = B * H * N * N;
-  std::vector<float> ones(static_cast<size_t>(B * d), 0.5f);
+  std::vector<float> ones(static_cast<size_t>(B * T * d), 0.5f);
   std::vector<float> state(static_cast<size_t>(state_floats), 0.01f);
   float* inputs = Upload(ones);
   float* weights = Upload(std::vector<float>(static_cast<size_t>(d), 0.5f));
   float* s = Upload(state);
   float* y = Upload(ones);
+  float* scratch = nullptr;
+  if (split) {
+    Check(cudaMalloc(&scratch,
+                     static_cast<size_t>(fwmodel::kernels::Rwkv7WkvScratchFloats(B, T, H, N)) *
+                         sizeof(float)),
+          "cudaMalloc scratch");
+  }
   fwmodel::kernels::Rwkv7WkvArgs args;
   args.B = B;
-  args.T = 1;
+  args.T = T;
   args.H = H;
   args.N = N;
   args.r = args.w_raw = args.a_raw = args.k = args.v = args.v_raw = args.v_first = args.g = inputs;
@@ -182,23 +201,26 @@ void Time(int64_t B) {
   args.state_out = s;
   args.y = y;
   args.eps = 64e-5f;
-  for (int i = 0; i < 5; ++i) fwmodel::kernels::LaunchRwkv7Wkv(args, nullptr);
+  args.scratch = scratch;
+  for (int i = 0; i < 3; ++i) fwmodel::kernels::LaunchRwkv7Wkv(args, nullptr);
   cudaEvent_t start, stop;
   cudaEventCreate(&start);
   cudaEventCreate(&stop);
-  constexpr int kLaunches = 200;
   cudaEventRecord(start);
-  for (int i = 0; i < kLaunches; ++i) fwmodel::kernels::LaunchRwkv7Wkv(args, nullptr);
+  for (int i = 0; i < launches; ++i) fwmodel::kernels::LaunchRwkv7Wkv(args, nullptr);
   cudaEventRecord(stop);
   Check(cudaEventSynchronize(stop), "timing");
   float ms = 0;
   cudaEventElapsedTime(&ms, start, stop);
-  const double us = 1000.0 * ms / kLaunches;
-  std::printf("time B=%lld H=12 N=64 T=1: %.2f us per launch, state %.0f GB/s\n", (long long)B, us,
-              2.0 * state_floats * sizeof(float) / (us * 1e3));
+  const double us = 1000.0 * ms / launches;
+  std::printf(
+      "time %s B=%lld H=12 N=64 T=%lld: %.2f us per launch, %.0f tokens/s, state %.0f GB/s\n",
+      split && T > 1 ? "split " : "single", (long long)B, (long long)T, us,
+      static_cast<double>(B * T) / (us * 1e-6), 2.0 * state_floats * sizeof(float) / (us * 1e3));
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
   for (float* p : {inputs, weights, s, y}) cudaFree(p);
+  if (scratch != nullptr) cudaFree(scratch);
 }
 
 }  // namespace
@@ -206,19 +228,53 @@ void Time(int64_t B) {
 int main() {
   std::mt19937 rng(23);
   const Case cases[] = {
-      {3, 1, 4, 8, true, false, 0, false},    {3, 3, 2, 16, false, false, 0, false},
-      {2, 1, 2, 32, false, true, 0, false},   {4, 1, 12, 64, true, false, 0, false},
-      {4, 1, 12, 64, false, true, 0, false},  {2, 5, 2, 64, false, false, 3, false},
-      {3, 1, 2, 64, false, true, 2, false},   {2, 3, 1, 128, true, false, 0, false},
-      {3, 2, 2, 128, false, true, 2, false},  {2, 3, 2, 24, false, false, 0, false},
-      {2, 2, 2, 40, false, true, 1, false},   {2, 3, 2, 100, false, false, 0, false},
-      {2, 1, 2, 12, true, false, 0, false},   {2, 2, 3, 1, false, false, 0, false},
-      {2, 1, 2, 64, false, false, 0, true},   {2, 2, 1, 128, false, true, 0, true},
-      {64, 1, 12, 64, false, true, 0, false}, {512, 1, 12, 64, false, true, 64, false},
+      {3, 1, 4, 8, true, false, 0, false},
+      {3, 3, 2, 16, false, false, 0, false},
+      {2, 1, 2, 32, false, true, 0, false},
+      {4, 1, 12, 64, true, false, 0, false},
+      {4, 1, 12, 64, false, true, 0, false},
+      {2, 5, 2, 64, false, false, 3, false},
+      {3, 1, 2, 64, false, true, 2, false},
+      {2, 3, 1, 128, true, false, 0, false},
+      {3, 2, 2, 128, false, true, 2, false},
+      {2, 3, 2, 24, false, false, 0, false},
+      {2, 2, 2, 40, false, true, 1, false},
+      {2, 3, 2, 100, false, false, 0, false},
+      {2, 1, 2, 12, true, false, 0, false},
+      {2, 2, 3, 1, false, false, 0, false},
+      {2, 1, 2, 64, false, false, 0, true},
+      {2, 2, 1, 128, false, true, 0, true},
+      {64, 1, 12, 64, false, true, 0, false},
+      {512, 1, 12, 64, false, true, 64, false},
+      // The split path (a scratch, T > 1): several staging chunks with a partial last one
+      // (16 tokens a chunk for N ≤ 64, 8 above), the run-time kernel (N = 24: scalar
+      // scratch; N = 40: float4), rows, in place, misaligned state and scratch; T = 1 with
+      // a scratch takes the single kernel.
+      {3, 40, 2, 8, true, false, 0, false, true},
+      {2, 37, 4, 16, false, true, 0, false, true},
+      {2, 33, 2, 32, false, false, 2, false, true},
+      {4, 40, 12, 64, true, false, 0, false, true},
+      {4, 41, 12, 64, false, true, 3, false, true},
+      {1, 300, 12, 64, false, true, 0, false, true},
+      {2, 20, 2, 128, true, false, 0, false, true},
+      {3, 19, 2, 128, false, true, 2, false, true},
+      {2, 21, 2, 24, false, false, 1, false, true},
+      {2, 18, 2, 40, false, true, 0, false, true},
+      {2, 17, 2, 100, false, false, 0, false, true},
+      {2, 5, 3, 1, false, false, 0, false, true},
+      {2, 23, 2, 64, false, false, 0, true, true},
+      {2, 9, 1, 128, false, true, 0, true, true},
+      {3, 1, 12, 64, false, true, 2, false, true},
+      {2, 2, 12, 64, false, false, 0, false, true},
   };
   bool all = true;
   for (const Case& c : cases) all = Run(c, rng) && all;
-  for (const int64_t B : {1, 64, 512}) Time(B);
+  for (const int64_t B : {1, 64, 512}) Time(B, 1, false, 200);
+  // Prefill at the 0.1B shape: the single kernel against the split path.
+  for (const bool split : {false, true}) {
+    Time(1, 1024, split, 20);
+    Time(16, 256, split, 20);
+  }
   std::printf(all ? "rwkv7_wkv_check: ok\n" : "rwkv7_wkv_check: FAILED\n");
   return all ? 0 : 1;
 }

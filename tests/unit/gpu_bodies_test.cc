@@ -2,16 +2,20 @@
 // mirror (models/gpu/rwkv7_wkv_host.h: the same blocks, threads, phases, staging tile and
 // reductions over rwkv7_rule.h's bodies), equals the LibTorch block (rwkv7.cc's
 // Forward, token by token) within 1e-4 relative: the gated output y and the new state,
-// at T = 1 (decode) and T = 3 (prefill), in block 0 and block 1 (the value residual),
+// at T = 1 (decode), T = 3 and T = 40 (prefill), in block 0 and block 1 (the value
+// residual),
 // with heads of 8, 16, 64 and 128 (the compiled widths) and 24 (a width off them, with
 // threads past N), from random states; in place (state_in == state_out) the same bits;
 // on a state pool through `rows` (permuted, some pool rows unnamed), in place and not,
 // the same bits with the unnamed rows untouched. The reference's y is read through the
 // block itself: with O the identity and the FFN's value matrix zero, Forward returns
-// h + y. The CUDA kernel itself runs in CudaEquivalenceTest (model_cuda_test.cc) on a GPU
+// h + y. With T > 1 the split path's mirror too (a NaN-filled scratch: its three phases;
+// T = 40 takes three staging chunks, the last partial), checked the same way. The CUDA
+// kernel itself runs in CudaEquivalenceTest (model_cuda_test.cc) on a GPU
 // machine; the CPU kernel's use of the same bodies in NativeRwkvTest.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <map>
@@ -110,86 +114,101 @@ TEST_P(GpuBodiesTest, HostGridEqualsLibTorchBlock) {
                         r_k = weight("att.r_k").contiguous(),
                         ln_w = weight("att.ln_x.weight").contiguous(),
                         ln_b = weight("att.ln_x.bias").contiguous();
-    torch::Tensor S_in = S0.clone(), S_out = torch::empty_like(S0), y = torch::empty({B, T, d});
-    fwmodel::kernels::Rwkv7WkvArgs args;
-    args.B = B;
-    args.T = T;
-    args.H = H;
-    args.N = N;
-    args.r = r.data_ptr<float>();
-    args.w_raw = w_raw.data_ptr<float>();
-    args.a_raw = a_raw.data_ptr<float>();
-    args.k = k.data_ptr<float>();
-    args.v = v.data_ptr<float>();
-    args.g = g.data_ptr<float>();
-    if (layer > 0) {
-      args.v_raw = v_raw.data_ptr<float>();
-      args.v_first = v_first_in.data_ptr<float>();
+    // The single kernel's mirror, then (T > 1) the split path's (a scratch: its three
+    // phases), each checked the same way.
+    for (const bool split : {false, true}) {
+      if (split && T == 1) continue;
+      SCOPED_TRACE(split ? "split path" : "single kernel");
+      // NaN-filled: a phase reading what no phase wrote shows in y or the state.
+      std::vector<float> scratch(
+          split ? static_cast<size_t>(fwmodel::kernels::Rwkv7WkvScratchFloats(B, T, H, N)) : 0,
+          std::numeric_limits<float>::quiet_NaN());
+      auto run = [&](const fwmodel::kernels::Rwkv7WkvArgs& run_args) {
+        std::fill(scratch.begin(), scratch.end(), std::numeric_limits<float>::quiet_NaN());
+        return fwmodel::kernels::RunRwkv7WkvOnHost(run_args);
+      };
+      torch::Tensor S_in = S0.clone(), S_out = torch::empty_like(S0), y = torch::empty({B, T, d});
+      fwmodel::kernels::Rwkv7WkvArgs args;
+      args.B = B;
+      args.T = T;
+      args.H = H;
+      args.N = N;
+      args.r = r.data_ptr<float>();
+      args.w_raw = w_raw.data_ptr<float>();
+      args.a_raw = a_raw.data_ptr<float>();
+      args.k = k.data_ptr<float>();
+      args.v = v.data_ptr<float>();
+      args.g = g.data_ptr<float>();
+      if (layer > 0) {
+        args.v_raw = v_raw.data_ptr<float>();
+        args.v_first = v_first_in.data_ptr<float>();
+      }
+      args.k_k = k_k.data_ptr<float>();
+      args.k_a = k_a.data_ptr<float>();
+      args.r_k = r_k.data_ptr<float>();
+      args.ln_w = ln_w.data_ptr<float>();
+      args.ln_b = ln_b.data_ptr<float>();
+      args.state_in = S_in.data_ptr<float>();
+      args.state_out = S_out.data_ptr<float>();
+      args.y = y.data_ptr<float>();
+      args.eps = static_cast<float>(static_cast<double>(N) * config.norm_eps);
+      args.first_layer = layer == 0;
+      args.scratch = split ? scratch.data() : nullptr;
+      ASSERT_TRUE(run(args));
+
+      fwtest::ExpectNearRelative(y, y_ref, kTolerance, "y");
+      fwtest::ExpectNearRelative(S_out, ref_state[1], kTolerance, "state");
+      EXPECT_TRUE(torch::equal(S_in, S0)) << "state_in was written";
+      if (layer == 0) {
+        EXPECT_TRUE(torch::equal(ref_v_first, v)) << "block 0's v_first is its v";
+      }
+
+      // In place: the same bits.
+      torch::Tensor S_inplace = S0.clone(), y_inplace = torch::empty_like(y);
+      args.state_in = S_inplace.data_ptr<float>();
+      args.state_out = S_inplace.data_ptr<float>();
+      args.y = y_inplace.data_ptr<float>();
+      ASSERT_TRUE(run(args));
+      EXPECT_TRUE(torch::equal(S_inplace, S_out));
+      EXPECT_TRUE(torch::equal(y_inplace, y));
+
+      // On a pool of B + 2 rows through `rows` (permuted; pool rows 1 and 3 unnamed): out
+      // of place, then in place, the same bits as above, the unnamed rows untouched.
+      ASSERT_EQ(B, 3);
+      const std::vector<int64_t> rows = {4, 0, 2};
+      const torch::Tensor row_index = torch::tensor(rows, torch::kLong);
+      const torch::Tensor unnamed = torch::tensor(std::vector<int64_t>{1, 3}, torch::kLong);
+      torch::Tensor pool = torch::randn({B + 2, H, N, N});
+      pool.index_copy_(0, row_index, S0);
+      const torch::Tensor pool0 = pool.clone();
+      torch::Tensor pool_out = torch::full_like(pool, std::numeric_limits<float>::quiet_NaN());
+      torch::Tensor y_pool = torch::empty_like(y);
+      args.rows = rows.data();
+      args.state_in = pool.data_ptr<float>();
+      args.state_out = pool_out.data_ptr<float>();
+      args.y = y_pool.data_ptr<float>();
+      ASSERT_TRUE(run(args));
+      EXPECT_TRUE(torch::equal(y_pool, y)) << "rows, out of place: y";
+      EXPECT_TRUE(torch::equal(pool_out.index_select(0, row_index), S_out)) << "rows: the state";
+      fwtest::ExpectNearRelative(pool_out.index_select(0, row_index), ref_state[1], kTolerance,
+                                 "state through rows");
+      EXPECT_TRUE(pool_out.index_select(0, unnamed).isnan().all().item<bool>())
+          << "an unnamed pool row was written";
+      EXPECT_TRUE(torch::equal(pool, pool0)) << "state_in was written";
+      args.state_out = pool.data_ptr<float>();
+      ASSERT_TRUE(run(args));
+      EXPECT_TRUE(torch::equal(y_pool, y)) << "rows, in place: y";
+      EXPECT_TRUE(torch::equal(pool.index_select(0, row_index), S_out)) << "rows, in place";
+      EXPECT_TRUE(torch::equal(pool.index_select(0, unnamed), pool0.index_select(0, unnamed)))
+          << "an unnamed pool row was written in place";
     }
-    args.k_k = k_k.data_ptr<float>();
-    args.k_a = k_a.data_ptr<float>();
-    args.r_k = r_k.data_ptr<float>();
-    args.ln_w = ln_w.data_ptr<float>();
-    args.ln_b = ln_b.data_ptr<float>();
-    args.state_in = S_in.data_ptr<float>();
-    args.state_out = S_out.data_ptr<float>();
-    args.y = y.data_ptr<float>();
-    args.eps = static_cast<float>(static_cast<double>(N) * config.norm_eps);
-    args.first_layer = layer == 0;
-    ASSERT_TRUE(fwmodel::kernels::RunRwkv7WkvOnHost(args));
-
-    fwtest::ExpectNearRelative(y, y_ref, kTolerance, "y");
-    fwtest::ExpectNearRelative(S_out, ref_state[1], kTolerance, "state");
-    EXPECT_TRUE(torch::equal(S_in, S0)) << "state_in was written";
-    if (layer == 0) {
-      EXPECT_TRUE(torch::equal(ref_v_first, v)) << "block 0's v_first is its v";
-    }
-
-    // In place: the same bits.
-    torch::Tensor S_inplace = S0.clone(), y_inplace = torch::empty_like(y);
-    args.state_in = S_inplace.data_ptr<float>();
-    args.state_out = S_inplace.data_ptr<float>();
-    args.y = y_inplace.data_ptr<float>();
-    ASSERT_TRUE(fwmodel::kernels::RunRwkv7WkvOnHost(args));
-    EXPECT_TRUE(torch::equal(S_inplace, S_out));
-    EXPECT_TRUE(torch::equal(y_inplace, y));
-
-    // On a pool of B + 2 rows through `rows` (permuted; pool rows 1 and 3 unnamed): out
-    // of place, then in place, the same bits as above, the unnamed rows untouched.
-    ASSERT_EQ(B, 3);
-    const std::vector<int64_t> rows = {4, 0, 2};
-    const torch::Tensor row_index = torch::tensor(rows, torch::kLong);
-    const torch::Tensor unnamed = torch::tensor(std::vector<int64_t>{1, 3}, torch::kLong);
-    torch::Tensor pool = torch::randn({B + 2, H, N, N});
-    pool.index_copy_(0, row_index, S0);
-    const torch::Tensor pool0 = pool.clone();
-    torch::Tensor pool_out = torch::full_like(pool, std::numeric_limits<float>::quiet_NaN());
-    torch::Tensor y_pool = torch::empty_like(y);
-    args.rows = rows.data();
-    args.state_in = pool.data_ptr<float>();
-    args.state_out = pool_out.data_ptr<float>();
-    args.y = y_pool.data_ptr<float>();
-    ASSERT_TRUE(fwmodel::kernels::RunRwkv7WkvOnHost(args));
-    EXPECT_TRUE(torch::equal(y_pool, y)) << "rows, out of place: y";
-    EXPECT_TRUE(torch::equal(pool_out.index_select(0, row_index), S_out)) << "rows: the state";
-    fwtest::ExpectNearRelative(pool_out.index_select(0, row_index), ref_state[1], kTolerance,
-                               "state through rows");
-    EXPECT_TRUE(pool_out.index_select(0, unnamed).isnan().all().item<bool>())
-        << "an unnamed pool row was written";
-    EXPECT_TRUE(torch::equal(pool, pool0)) << "state_in was written";
-    args.state_out = pool.data_ptr<float>();
-    ASSERT_TRUE(fwmodel::kernels::RunRwkv7WkvOnHost(args));
-    EXPECT_TRUE(torch::equal(y_pool, y)) << "rows, in place: y";
-    EXPECT_TRUE(torch::equal(pool.index_select(0, row_index), S_out)) << "rows, in place";
-    EXPECT_TRUE(torch::equal(pool.index_select(0, unnamed), pool0.index_select(0, unnamed)))
-        << "an unnamed pool row was written in place";
   }
 }
 
 INSTANTIATE_TEST_SUITE_P(Rwkv7, GpuBodiesTest,
                          testing::Combine(testing::Values(Shape{32, 4}, Shape{32, 2}, Shape{48, 2},
                                                           Shape{64, 1}, Shape{128, 1}),
-                                          testing::Values(int64_t{1}, int64_t{3})),
+                                          testing::Values(int64_t{1}, int64_t{3}, int64_t{40})),
                          [](const testing::TestParamInfo<std::tuple<Shape, int64_t>>& info) {
                            const Shape shape = std::get<0>(info.param);
                            return absl::StrCat("N", shape.d_model / shape.n_heads, "_T",
@@ -266,6 +285,76 @@ TEST(GpuBodiesArgsTest, RefusesWhatTheLauncherRefuses) {
   empty.B = 4;
   empty.H = 2;
   EXPECT_TRUE(fwmodel::kernels::RunRwkv7WkvOnHost(empty));
+}
+
+// The split path's scratch (Rwkv7WkvArgs::scratch): its size, and the launcher's
+// refusals, mirrored: with a scratch and T > 1 the per-token phases' grid (B·T·H blocks)
+// must fit in 2^31 − 1, T·H included; without one, or at T = 1 (the single kernel), the
+// same sizes pass.
+TEST(GpuBodiesArgsTest, ScratchRefusesWhatTheLauncherRefuses) {
+  namespace k = fwmodel::kernels;
+  EXPECT_EQ(k::Rwkv7WkvScratchFloats(2, 5, 3, 8), 2 * 3 * 5 * (6 * 8 + 1));
+  EXPECT_EQ(k::Rwkv7WkvScratchFloats(0, 5, 3, 8), 0);
+  EXPECT_EQ(k::Rwkv7WkvScratchFloats(2, 0, 3, 8), 0);
+  constexpr int64_t N = 8, T = 2;
+  std::vector<float> vectors(T * N, 0.5f), state_in(N * N, 0.25f), state_out(N * N, 0.0f),
+      y(T * N, 0.0f), scratch(static_cast<size_t>(k::Rwkv7WkvScratchFloats(1, T, 1, N)));
+  k::Rwkv7WkvArgs args;
+  args.B = 1;
+  args.T = T;
+  args.H = 1;
+  args.N = N;
+  for (const float** pointer :
+       {&args.r, &args.w_raw, &args.a_raw, &args.k, &args.v, &args.v_raw, &args.v_first, &args.g,
+        &args.k_k, &args.k_a, &args.r_k, &args.ln_w, &args.ln_b}) {
+    *pointer = vectors.data();
+  }
+  args.state_in = state_in.data();
+  args.state_out = state_out.data();
+  args.y = y.data();
+  args.eps = 1e-5f;
+  args.scratch = scratch.data();
+  ASSERT_TRUE(k::Rwkv7WkvSplit(args));
+  ASSERT_TRUE(k::RunRwkv7WkvOnHost(args));
+  EXPECT_NE(state_out, std::vector<float>(N * N, 0.0f));
+  EXPECT_TRUE(std::all_of(y.begin(), y.end(), [](float e) { return std::isfinite(e); }));
+
+  auto refused = [](k::Rwkv7WkvArgs changed) {
+    return !k::Rwkv7WkvArgsValid(changed) && !k::RunRwkv7WkvOnHost(changed);
+  };
+  k::Rwkv7WkvArgs bad = args;
+  bad.B = int64_t{1} << 10;
+  bad.T = int64_t{1} << 11;
+  bad.H = int64_t{1} << 10;  // 2^31 blocks per token phase; 2^20 (session, head) blocks
+  EXPECT_TRUE(refused(bad));
+  bad.scratch = nullptr;
+  EXPECT_TRUE(k::Rwkv7WkvArgsValid(bad)) << "the single kernel's grid is B·H";
+  bad.scratch = scratch.data();
+  bad.H = (int64_t{1} << 10) - 1;
+  EXPECT_TRUE(k::Rwkv7WkvArgsValid(bad));
+  // T·H alone past 2^31 − 1 (B·T·H would overflow int64 unchecked).
+  bad = args;
+  bad.T = int64_t{1} << 40;
+  bad.H = int64_t{1} << 10;
+  EXPECT_TRUE(refused(bad));
+  bad.scratch = nullptr;
+  EXPECT_TRUE(k::Rwkv7WkvArgsValid(bad));
+  // T = 1: the scratch is not used, the single kernel's limits apply.
+  bad = args;
+  bad.T = 1;
+  bad.B = int64_t{1} << 20;
+  bad.H = (int64_t{1} << 11) - 1;
+  EXPECT_FALSE(k::Rwkv7WkvSplit(bad));
+  EXPECT_TRUE(k::Rwkv7WkvArgsValid(bad));
+  // The split path needs the same pointers as the single kernel.
+  for (const float** pointer : {&bad.r, &bad.w_raw, &bad.k, &bad.g, &bad.state_in}) {
+    bad = args;
+    *pointer = nullptr;
+    EXPECT_TRUE(refused(bad));
+  }
+  bad = args;
+  bad.y = nullptr;
+  EXPECT_TRUE(refused(bad));
 }
 
 // The kernel's reductions (rwkv7_wkv.cu's TreeSum, mirrored by HostBlockTreeSums: a warp
