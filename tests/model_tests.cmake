@@ -27,6 +27,7 @@ add_executable(fwserve_model_tests
   unit/gpu_sample_test.cc
   unit/gpu_aft_test.cc
   unit/gpu_linear_attention_test.cc
+  unit/gpu_fast_weight_test.cc
 )
 # The CUDA equivalence cases only where this LibTorch has CUDA: on a CPU LibTorch they
 # could only skip, and under CI a skipped test fails the run (scripts/test.sh).
@@ -40,6 +41,8 @@ if(TORCH_CUDA_LIBRARIES OR FWSERVE_CUDA_TESTS)
   set_source_files_properties(unit/gpu_aft_test.cc PROPERTIES COMPILE_DEFINITIONS
                               FWSERVE_CUDA_TESTS SKIP_PRECOMPILE_HEADERS ON)
   set_source_files_properties(unit/gpu_linear_attention_test.cc PROPERTIES COMPILE_DEFINITIONS
+                              FWSERVE_CUDA_TESTS SKIP_PRECOMPILE_HEADERS ON)
+  set_source_files_properties(unit/gpu_fast_weight_test.cc PROPERTIES COMPILE_DEFINITIONS
                               FWSERVE_CUDA_TESTS SKIP_PRECOMPILE_HEADERS ON)
   message(STATUS "fwserve: CUDA equivalence tests built (LibTorch has CUDA)")
 endif()
@@ -56,6 +59,7 @@ target_compile_options(fwserve_model_tests PRIVATE ${FWSERVE_WARNINGS})
 set_source_files_properties(unit/gpu_bodies_test.cc PROPERTIES COMPILE_OPTIONS -fopenmp-simd)
 set_source_files_properties(unit/gpu_linear_attention_test.cc PROPERTIES COMPILE_OPTIONS
                             -fopenmp-simd)
+set_source_files_properties(unit/gpu_fast_weight_test.cc PROPERTIES COMPILE_OPTIONS -fopenmp-simd)
 # The sampling kernel's mirror test alone, out of the unity units.
 set_source_files_properties(unit/gpu_sample_test.cc PROPERTIES SKIP_UNITY_BUILD_INCLUSION ON)
 target_link_libraries(fwserve_model_tests PRIVATE fwserve_test_util GTest::gtest_main)

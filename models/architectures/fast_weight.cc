@@ -1,5 +1,11 @@
 // Mixer `fast_weight` (Schlag, Irie, Schmidhuber 2021): DPFP_ν feature maps and the
 // delta rule with a per-head write strength β; state W [H, dh, d_phi] per layer.
+//
+// On CUDA float32 tensors (without autograd), with heads the kernel takes (d_head ≤
+// kFastWeightMaxN, 2·ν·d_head ≤ kFastWeightMaxPhi), and where models/gpu built it
+// (FWSERVE_CUDA_KERNELS), Step and Forward run the recurrence as one launch of the fused
+// kernel (models/gpu/fast_weight.h: the T tokens in order per (session, head)) instead of
+// LibTorch's ops (Step) and chunked products (Forward). Elsewhere LibTorch ops.
 #include <algorithm>
 
 #if defined(__x86_64__)
@@ -8,6 +14,13 @@
 
 #include "models/architectures/mixer.h"
 #include "models/architectures/native_math.h"
+
+#if defined(FWSERVE_CUDA_KERNELS)
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "models/gpu/fast_weight.h"
+#endif
 
 namespace fwmodel {
 namespace {
@@ -199,6 +212,9 @@ class FastWeight final : public Mixer {
 
   torch::Tensor Forward(const torch::Tensor& a, const torch::Tensor proj[3],
                         torch::Tensor* state) const override {
+#if defined(FWSERVE_CUDA_KERNELS)
+    if (FusedApplies(a, proj, state)) return FusedRecurrence(a, proj, state);
+#endif
     const ModelConfig& c = config_;
     const int64_t B = a.size(0), T = a.size(1), d = c.d_model, H = c.n_heads, dh = c.d_head();
     auto heads = [&](const torch::Tensor& x) { return x.view({B, T, H, dh}).transpose(1, 2); };
@@ -228,6 +244,9 @@ class FastWeight final : public Mixer {
 
   torch::Tensor Step(const torch::Tensor& a, const torch::Tensor proj[3],
                      torch::Tensor* state) const override {
+#if defined(FWSERVE_CUDA_KERNELS)
+    if (FusedApplies(a, proj, state)) return FusedRecurrence(a, proj, state);
+#endif
     const ModelConfig& c = config_;
     const int64_t B = a.size(0), d = c.d_model, H = c.n_heads, dh = c.d_head();
     torch::Tensor q = proj[0].view({B, H, dh}), k = proj[1].view({B, H, dh}),
@@ -249,6 +268,75 @@ class FastWeight final : public Mixer {
   }
 
  private:
+#if defined(FWSERVE_CUDA_KERNELS)
+  // Whether the fused kernel may run the recurrence: float32 CUDA input a, projections
+  // ([B, d] or [B, T, d]), β's weight and state, heads the kernel takes, and no autograd
+  // graph to record (the kernel has no backward).
+  bool FusedApplies(const torch::Tensor& a, const torch::Tensor proj[3],
+                    const torch::Tensor* state) const {
+    const int64_t dh = config_.d_head();
+    if (dh > kernels::kFastWeightMaxN ||
+        kernels::FastWeightPhi(dh, config_.dpfp_nu) > kernels::kFastWeightMaxPhi) {
+      return false;
+    }
+    const torch::Tensor* tensors[] = {&a, &proj[0], &proj[1], &proj[2], &beta_w_, &state[0]};
+    for (const torch::Tensor* t : tensors) {
+      if (!t->is_cuda() || t->scalar_type() != torch::kFloat32) return false;
+    }
+    if (c10::GradMode::is_enabled()) {
+      for (const torch::Tensor* t : tensors) {
+        if (t->requires_grad()) return false;
+      }
+    }
+    return true;
+  }
+
+  // Step's (a, proj [B, d]) or Forward's (a, proj [B, T, d]) result by one launch of the
+  // fused kernel on the current stream of the projections' device (after β's logits, one
+  // product): y of proj's shape, and state[0] (W) replaced by a new tensor (Mixer's
+  // contract: replaced, not written). Contiguous inputs (the projections already are;
+  // anything else is copied), no host synchronisation, so it runs inside CUDA Graph
+  // capture as the ops around it.
+  torch::Tensor FusedRecurrence(const torch::Tensor& a, const torch::Tensor proj[3],
+                                torch::Tensor* state) const {
+    const c10::cuda::CUDAGuard device(proj[0].device());
+    const int64_t B = proj[0].size(0), T = proj[0].dim() == 3 ? proj[0].size(1) : 1,
+                  d = config_.d_model, H = config_.n_heads, dh = config_.d_head(),
+                  dphi = config_.d_phi();
+    TORCH_CHECK(proj[0].numel() == B * T * d && proj[0].size(-1) == d &&
+                    proj[1].sizes() == proj[0].sizes() && proj[2].sizes() == proj[0].sizes() &&
+                    a.size(0) == B && a.numel() == B * T * a.size(-1) &&
+                    state[0].sizes() == torch::IntArrayRef({B, H, dh, dphi}),
+                "fast_weight: input ", a.sizes(), ", projections ", proj[0].sizes(), " and state ",
+                state[0].sizes(), " do not match d = ", d, ", H = ", H);
+    const torch::Tensor q = proj[0].contiguous(), k = proj[1].contiguous(),
+                        v = proj[2].contiguous();
+    const torch::Tensor beta = torch::linear(a, beta_w_).contiguous();  // [B, (T,) H] logits
+    const torch::Tensor W_in = state[0].contiguous();
+    torch::Tensor W_out = torch::empty_like(W_in, torch::MemoryFormat::Contiguous);
+    torch::Tensor y = torch::empty_like(q, torch::MemoryFormat::Contiguous);
+    kernels::FastWeightArgs args;
+    args.B = B;
+    args.T = T;
+    args.H = H;
+    args.N = dh;
+    args.nu = config_.dpfp_nu;
+    args.q = q.data_ptr<float>();
+    args.k = k.data_ptr<float>();
+    args.v = v.data_ptr<float>();
+    args.beta = beta.data_ptr<float>();
+    args.W_in = W_in.data_ptr<float>();
+    args.W_out = W_out.data_ptr<float>();
+    args.y = y.data_ptr<float>();
+    args.eps = static_cast<float>(config_.attn_eps);
+    const int error = kernels::LaunchFastWeight(args, c10::cuda::getCurrentCUDAStream().stream());
+    TORCH_CHECK(error == 0, "fast_weight: the fused recurrence kernel failed: ",
+                kernels::FastWeightErrorString(error));
+    state[0] = W_out;
+    return y;
+  }
+#endif
+
   torch::Tensor beta_w_;  // [H, d]
 };
 
