@@ -25,6 +25,7 @@ add_executable(fwserve_model_tests
   unit/gpu_row_copy_test.cc
   unit/gpu_gemv_test.cc
   unit/gpu_sample_test.cc
+  unit/model_kernel_path_test.cc
   unit/gpu_aft_test.cc
   unit/gpu_linear_attention_test.cc
   unit/gpu_fast_weight_test.cc

@@ -3,7 +3,9 @@
 #include <ATen/Parallel.h>
 #include <torch/cuda.h>
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <initializer_list>
 #include <limits>
 #include <numeric>
 
@@ -11,21 +13,63 @@
 #include "absl/strings/str_join.h"
 #include "models/architectures/block.h"
 #include "models/architectures/delta_net.h"
+#include "models/architectures/gemv_launch.h"
 #include "models/architectures/mixer.h"
 #include "models/architectures/rwkv_block.h"
+#include "models/gpu/depthwise_conv.h"
+#include "models/gpu/depthwise_conv_host.h"
 
 #if defined(FWSERVE_CUDA_KERNELS)
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
-#include "models/gpu/gemv.h"
 #include "models/gpu/row_copy.h"
 #endif
 
 namespace fwmodel {
+
+// Whether the contract's blocks and the head run their kernel path (KernelPathApplies) on
+// CPU float32 tensors too, with the kernels' CPU mirrors: for tests only (slow).
+// Thread-safe; read at each call. Declared here (and in the tests that use it), not in a
+// header: no production caller.
+void SetModelHostKernelsForTesting(bool on);
+
 namespace {
 
 using torch::indexing::Slice;
+
+std::atomic<bool> model_host_kernels_for_testing{false};
+
+// Whether x's products and elementwise work may run as the fused kernels (models/gpu):
+// float32 x on a CUDA device where the kernels were built, or on the CPU where a test
+// asked for the mirrors; every tensor in `with` (weights, state, residual; undefined ones
+// skipped) on x's device, float32 or bf16 (ModelOptions::bf16_matrices), and no autograd
+// graph to record (the kernels have no backward).
+bool KernelPathApplies(const torch::Tensor& x, std::initializer_list<const torch::Tensor*> with) {
+  if (x.scalar_type() != torch::kFloat32) return false;
+  if (!(x.is_cuda() && GemvCudaKernelsBuilt()) &&
+      !(x.is_cpu() && model_host_kernels_for_testing.load())) {
+    return false;
+  }
+  const bool grad = c10::GradMode::is_enabled();
+  if (grad && x.requires_grad()) return false;
+  for (const torch::Tensor* t : with) {
+    if (!t->defined()) continue;
+    if (t->device() != x.device() ||
+        (t->scalar_type() != torch::kFloat32 && t->scalar_type() != torch::kBFloat16) ||
+        (grad && t->requires_grad())) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// Rows of x [..., width]: the grouped GEMV takes at most kernels::kGemvMaxRows.
+bool GemvRows(const torch::Tensor& x) {
+  const int64_t width = x.size(-1);
+  const int64_t rows = width > 0 ? x.numel() / width : 0;
+  return rows >= 1 && rows <= kernels::kGemvMaxRows;
+}
 
 std::string LayerName(int i, const std::string& suffix) {
   return absl::StrCat("blocks.", i, ".", suffix);
@@ -637,35 +681,10 @@ namespace {
 // the head read once with 16-byte loads, one launch), else torch::linear. The head is the step's
 // largest matrix (65,536 × 768 for RWKV-7 0.1B), read whole for every row.
 torch::Tensor HeadLinear(const torch::Tensor& x, const torch::Tensor& head) {
-#if defined(FWSERVE_CUDA_KERNELS)
-  const int64_t in = head.size(1), rows = x.numel() / std::max<int64_t>(in, 1);
-  const bool grad = c10::GradMode::is_enabled() && (x.requires_grad() || head.requires_grad());
-  const bool bf16 = head.scalar_type() == torch::kBFloat16;
-  if (x.is_cuda() && head.is_cuda() && x.scalar_type() == torch::kFloat32 &&
-      (head.scalar_type() == torch::kFloat32 || bf16) && head.is_contiguous() && !grad &&
-      rows >= 1 && rows <= kernels::kGemvMaxRows && x.size(-1) == in) {
-    const torch::Tensor flat = x.reshape({rows, in}).contiguous();
-    std::vector<int64_t> shape = x.sizes().vec();
-    shape.back() = head.size(0);
-    torch::Tensor y = torch::empty(shape, x.options());
-    kernels::GroupedGemvArgs args;
-    args.M = static_cast<int>(rows);
-    args.count = 1;
-    args.weight = bf16 ? kernels::GemvWeight::kBFloat16 : kernels::GemvWeight::kFloat32;
-    kernels::GemvProduct& p = args.products[0];
-    p.w = head.data_ptr();
-    p.x = flat.data_ptr<float>();
-    p.y = y.data_ptr<float>();
-    p.in = in;
-    p.out = head.size(0);
-    p.x_stride = in;
-    p.y_stride = head.size(0);
-    const c10::cuda::CUDAGuard device(x.device());
-    const int error = kernels::LaunchGroupedGemv(args, c10::cuda::getCurrentCUDAStream().stream());
-    TORCH_CHECK(error == 0, "the head's GEMV kernel failed: ", kernels::GemvErrorString(error));
-    return y;
+  if (GemvRows(x) && head.dim() == 2 && x.size(-1) == head.size(1) &&
+      KernelPathApplies(x, {&head})) {
+    return GemvLinear(x, head, nullptr, kernels::GemvEpilogue::kNone, nullptr, "the head");
   }
-#endif
   // A bf16 head (ModelOptions::bf16_matrices) is widened exactly for the product.
   if (head.scalar_type() != x.scalar_type()) return torch::linear(x, head.to(x.scalar_type()));
   return torch::linear(x, head);
@@ -695,7 +714,24 @@ torch::Tensor Model::Head(const torch::Tensor& h) const {
 
 torch::Tensor Model::Ffn(const LayerWeights& w, const torch::Tensor& x, bool training) const {
   if (w.pkm) return PkmFfn(w, x, training);
-  torch::Tensor u = torch::linear(x, w.up_w, w.up_b);
+  return torch::linear(Activate(torch::linear(x, w.up_w, w.up_b)), w.down_w, w.down_b);
+}
+
+torch::Tensor Model::FfnResidual(const LayerWeights& w, const torch::Tensor& x,
+                                 const torch::Tensor& h, bool training) const {
+  if (!w.pkm && !training && GemvRows(x) && config_.ffn != FfnKind::kSwiglu &&
+      KernelPathApplies(x, {&w.up_w, &w.up_b, &w.down_w, &w.down_b, &h})) {
+    const char* what = "the FFN";
+    torch::Tensor u =
+        config_.ffn == FfnKind::kSquaredRelu
+            ? GemvLinear(x, w.up_w, &w.up_b, kernels::GemvEpilogue::kSquaredRelu, nullptr, what)
+            : Activate(GemvLinear(x, w.up_w, &w.up_b, kernels::GemvEpilogue::kNone, nullptr, what));
+    return GemvLinear(u, w.down_w, &w.down_b, kernels::GemvEpilogue::kResidual, &h, what);
+  }
+  return h + Ffn(w, x, training);
+}
+
+torch::Tensor Model::Activate(torch::Tensor u) const {
   switch (config_.ffn) {
     case FfnKind::kRelu:
       u = torch::relu(u);
@@ -711,7 +747,7 @@ torch::Tensor Model::Ffn(const LayerWeights& w, const torch::Tensor& x, bool tra
     case FfnKind::kSwiglu:  // the DeltaNet blocks' own MLP; Validate refuses it here
       break;
   }
-  return torch::linear(u, w.down_w, w.down_b);
+  return u;
 }
 
 namespace {
@@ -873,9 +909,24 @@ torch::Tensor Model::PkmFfn(const LayerWeights& w, const torch::Tensor& x, bool 
 void Model::ProjectInputs(int layer, const torch::Tensor& a, State* state,
                           torch::Tensor proj[3]) const {
   const LayerWeights& w = *layers_[layer];
-  for (int p = 0; p < 3; ++p) proj[p] = torch::linear(a, w.proj[p]);
+  if (GemvRows(a) && KernelPathApplies(a, {&w.proj[0], &w.proj[1], &w.proj[2]})) {
+    GemvLaunch launch;
+    for (int p = 0; p < 3; ++p) {
+      proj[p] = launch.Add(a, w.proj[p], kernels::GemvInput::kNone, nullptr,
+                           kernels::GemvEpilogue::kNone, nullptr);
+    }
+    launch.Run(a, "the mixer's input projections");
+  } else {
+    for (int p = 0; p < 3; ++p) proj[p] = torch::linear(a, w.proj[p]);
+  }
   if (!config_.has_dconv()) return;
   torch::Tensor& conv_state = state->tensors[conv_state_index_[layer]];  // [B, 3, K-1, d]
+  if (config_.dconv_kernel <= kernels::kDepthwiseConvMaxTaps &&
+      KernelPathApplies(a, {&proj[0], &proj[1], &proj[2], &w.conv_w[0], &w.conv_w[1], &w.conv_w[2],
+                            &w.conv_b[0], &w.conv_b[1], &w.conv_b[2], &conv_state})) {
+    FusedDepthwiseConv(layer, proj, &conv_state);
+    return;
+  }
   std::vector<torch::Tensor> histories;
   for (int p = 0; p < 3; ++p) {
     torch::Tensor history = conv_state.select(1, p);
@@ -885,12 +936,68 @@ void Model::ProjectInputs(int layer, const torch::Tensor& a, State* state,
   conv_state = torch::stack(histories, 1);
 }
 
-torch::Tensor Model::MixerSequence(int layer, const torch::Tensor& a, State* state) const {
+void Model::FusedDepthwiseConv(int layer, torch::Tensor proj[3], torch::Tensor* conv_state) const {
+  const LayerWeights& w = *layers_[layer];
+  const int64_t d = config_.d_model;
+  const torch::Tensor state_in = conv_state->contiguous();
+  torch::Tensor state_out = torch::empty_like(state_in, torch::MemoryFormat::Contiguous);
+  kernels::DepthwiseConvArgs args;
+  args.B = proj[0].size(0);
+  args.T = proj[0].numel() / std::max<int64_t>(args.B * d, 1);
+  args.d = d;
+  args.K = static_cast<int>(config_.dconv_kernel);
+  torch::Tensor keep[9];
+  for (int p = 0; p < 3; ++p) {
+    TORCH_CHECK(proj[p].size(-1) == d && proj[p].numel() == args.B * args.T * d,
+                "the mixer's projection ", p, " of shape ", proj[p].sizes(), " for d = ", d);
+    proj[p] = proj[p].contiguous();  // the output in place: a fresh product
+    keep[3 * p] = w.conv_w[p].contiguous();
+    keep[3 * p + 1] = w.conv_b[p].contiguous();
+    args.x[p] = proj[p].data_ptr<float>();
+    args.y[p] = proj[p].data_ptr<float>();
+    args.weight[p] = keep[3 * p].data_ptr<float>();
+    args.bias[p] = keep[3 * p + 1].data_ptr<float>();
+  }
+  args.state_in = state_in.data_ptr<float>();
+  args.state_out = state_out.data_ptr<float>();
+  if (state_in.is_cuda()) {
+#if defined(FWSERVE_CUDA_KERNELS)
+    const c10::cuda::CUDAGuard device(state_in.device());
+    const int error =
+        kernels::LaunchDepthwiseConv(args, c10::cuda::getCurrentCUDAStream().stream());
+    TORCH_CHECK(error == 0, "block ", layer, ": the depthwise convolution kernel failed: ",
+                kernels::DepthwiseConvErrorString(error));
+#else
+    TORCH_CHECK(false, "block ", layer, ": no CUDA kernels in this build");
+#endif
+  } else {
+    TORCH_CHECK(kernels::RunDepthwiseConvOnHost(args), "block ", layer,
+                ": the depthwise convolution's arguments were refused");
+  }
+  *conv_state = state_out;
+}
+
+torch::Tensor Model::MixerResidual(int layer, const torch::Tensor& a, const torch::Tensor& h,
+                                   State* state, bool step) const {
   const LayerWeights& w = *layers_[layer];
   torch::Tensor proj[3];
-  ProjectInputs(layer, a, state, proj);
-  torch::Tensor y = w.mixer->Forward(a, proj, &state->tensors[mixer_state_index_[layer]]);
-  return torch::linear(y, w.o_w, w.o_b);
+  torch::Tensor y;
+  torch::Tensor* mixer_state = &state->tensors[mixer_state_index_[layer]];
+  if (step) {
+    ProjectInputs(layer, a.unsqueeze(1), state, proj);
+    for (torch::Tensor& x : proj) x = x.squeeze(1);  // [B, d]
+    y = w.mixer->Step(a, proj, mixer_state);         // [B, d]
+  } else {
+    ProjectInputs(layer, a, state, proj);
+    y = w.mixer->Forward(a, proj, mixer_state);
+  }
+  if (GemvRows(y) && h.numel() == y.numel() / y.size(-1) * w.o_w.size(0) &&
+      KernelPathApplies(y, {&w.o_w, &w.o_b, &h})) {
+    return GemvLinear(y, w.o_w, &w.o_b, kernels::GemvEpilogue::kResidual, &h,
+                      "the mixer's output projection")
+        .view(h.sizes());
+  }
+  return h + torch::linear(y, w.o_w, w.o_b);
 }
 
 torch::Tensor Model::ForwardHidden(const torch::Tensor& tokens, State* state,
@@ -907,8 +1014,9 @@ torch::Tensor Model::ForwardHidden(const torch::Tensor& tokens, State* state,
   for (int i = 0; i < config_.n_layers; ++i) {
     const LayerWeights& w = *layers_[i];
     torch::Tensor a = torch::layer_norm(h, {d}, w.norm1_w, w.norm1_b, config_.norm_eps);
-    h = h + MixerSequence(i, a, state);
-    h = h + Ffn(w, torch::layer_norm(h, {d}, w.norm2_w, w.norm2_b, config_.norm_eps), training);
+    h = MixerResidual(i, a, h, state, /*step=*/false);
+    h = FfnResidual(w, torch::layer_norm(h, {d}, w.norm2_w, w.norm2_b, config_.norm_eps), h,
+                    training);
   }
   return h;
 }
@@ -920,15 +1028,6 @@ torch::Tensor Model::ForwardUnchecked(const torch::Tensor& tokens, State* state,
 
 // ---------------------------------------------------------------------------
 // Recurrent form: the contract's formulas one token at a time.
-
-torch::Tensor Model::MixerStep(int layer, const torch::Tensor& a, State* state) const {
-  const LayerWeights& w = *layers_[layer];
-  torch::Tensor proj[3];
-  ProjectInputs(layer, a.unsqueeze(1), state, proj);
-  for (torch::Tensor& x : proj) x = x.squeeze(1);                                        // [B, d]
-  torch::Tensor y = w.mixer->Step(a, proj, &state->tensors[mixer_state_index_[layer]]);  // [B, d]
-  return torch::linear(y, w.o_w, w.o_b);
-}
 
 torch::Tensor Model::StepUnchecked(const torch::Tensor& tokens, State* state) const {
   const int64_t d = config_.d_model;
@@ -943,8 +1042,9 @@ torch::Tensor Model::StepUnchecked(const torch::Tensor& tokens, State* state) co
   for (int i = 0; i < config_.n_layers; ++i) {
     const LayerWeights& w = *layers_[i];
     torch::Tensor a = torch::layer_norm(h, {d}, w.norm1_w, w.norm1_b, config_.norm_eps);
-    h = h + MixerStep(i, a, state);
-    h = h + Ffn(w, torch::layer_norm(h, {d}, w.norm2_w, w.norm2_b, config_.norm_eps));
+    h = MixerResidual(i, a, h, state, /*step=*/true);
+    h = FfnResidual(w, torch::layer_norm(h, {d}, w.norm2_w, w.norm2_b, config_.norm_eps), h,
+                    /*training=*/false);
   }
   return Head(h);
 }
@@ -1036,5 +1136,7 @@ absl::StatusOr<torch::Tensor> Model::Step(const torch::Tensor& tokens, State* st
     return absl::InternalError("model recurrent step failed");
   }
 }
+
+void SetModelHostKernelsForTesting(bool on) { model_host_kernels_for_testing.store(on); }
 
 }  // namespace fwmodel

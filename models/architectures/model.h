@@ -128,12 +128,26 @@ class Model {
   torch::Tensor Head(const torch::Tensor& h) const;
   // The block's FFN (dense or product-key memory) of x [..., d], per token.
   torch::Tensor Ffn(const LayerWeights& w, const torch::Tensor& x, bool training = false) const;
+  // h + Ffn(w, x): the up and down products as grouped GEMV launches (relu² and the
+  // residual fused) where the kernel path applies (model.cc's KernelPathApplies, at most
+  // 16 rows, not PKM, not training), else LibTorch.
+  torch::Tensor FfnResidual(const LayerWeights& w, const torch::Tensor& x, const torch::Tensor& h,
+                            bool training) const;
+  // config().ffn's activation of the up product u (geglu halves it).
+  torch::Tensor Activate(torch::Tensor u) const;
   torch::Tensor PkmFfn(const LayerWeights& w, const torch::Tensor& x, bool training) const;
   // The mixer's input projections (q|r, k, v) of a [B, T, d], each through the causal
   // depthwise conv when configured (advancing the conv state).
   void ProjectInputs(int layer, const torch::Tensor& a, State* state, torch::Tensor proj[3]) const;
-  torch::Tensor MixerSequence(int layer, const torch::Tensor& a, State* state) const;
-  torch::Tensor MixerStep(int layer, const torch::Tensor& a, State* state) const;
+  // h + O(mixer(a)) of layer `layer`: the sequence form (a [B, T, d]) or the step (a
+  // [B, d]), advancing the mixer's and the conv's state; the output product and the
+  // residual as one GEMV launch where the kernel path applies.
+  torch::Tensor MixerResidual(int layer, const torch::Tensor& a, const torch::Tensor& h,
+                              State* state, bool step) const;
+  // The three projections through the causal depthwise convolution as one launch of the
+  // fused kernel (models/gpu/depthwise_conv.h; its CPU mirror on CPU tensors), in place
+  // in proj (made contiguous); *conv_state replaced by the advanced state.
+  void FusedDepthwiseConv(int layer, torch::Tensor proj[3], torch::Tensor* conv_state) const;
   absl::Status CheckState(const State& state, int64_t batch) const;
 
   ModelConfig config_;

@@ -39,9 +39,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "models/architectures/gemv_launch.h"
 #include "models/architectures/rwkv_block.h"
 #include "models/gpu/gemv.h"
-#include "models/gpu/gemv_host.h"
 
 #if defined(FWSERVE_CUDA_KERNELS)
 #include <c10/cuda/CUDAGuard.h>
@@ -63,6 +63,8 @@ namespace {
 
 // SetRwkv7HostGemvForTesting's switch.
 std::atomic<bool> rwkv7_host_gemv_for_testing{false};
+
+constexpr const char* kWhat = "an rwkv7 block";
 
 constexpr const char* kShiftNames[6] = {"att.x_r", "att.x_w", "att.x_k",
                                         "att.x_v", "att.x_a", "att.x_g"};
@@ -217,7 +219,8 @@ class Rwkv7Block final : public RwkvBlock {
 #endif
     if (!y.defined()) y = TimeMix(pr, state, v_first);
     const torch::Tensor out =
-        gemv ? GemvLinear(y, o_, kernels::GemvEpilogue::kResidual, &h) : h + Linear(y, o_);
+        gemv ? GemvLinear(y, o_, nullptr, kernels::GemvEpilogue::kResidual, &h, kWhat)
+             : h + Linear(y, o_);
     // ---- Channel mix: xk from LN(out; ln2) and its shift, then relu(xk·keyᵀ)²·valueᵀ
     torch::Tensor xk, key;
 #if defined(FWSERVE_CUDA_KERNELS)
@@ -230,8 +233,8 @@ class Rwkv7Block final : public RwkvBlock {
       xk = torch::addcmul(xf, TokenShift(xf, &state[2]) - xf, ffn_x_k_);
     }
     if (gemv) {
-      key = GemvLinear(xk, ffn_key_, kernels::GemvEpilogue::kSquaredRelu, nullptr);
-      return GemvLinear(key, ffn_value_, kernels::GemvEpilogue::kResidual, &out);
+      key = GemvLinear(xk, ffn_key_, nullptr, kernels::GemvEpilogue::kSquaredRelu, nullptr, kWhat);
+      return GemvLinear(key, ffn_value_, nullptr, kernels::GemvEpilogue::kResidual, &out, kWhat);
     }
     key = Linear(xk, ffn_key_);
 #if defined(FWSERVE_CUDA_KERNELS)
@@ -350,78 +353,6 @@ class Rwkv7Block final : public RwkvBlock {
     return true;
   }
 
-  // The tensors of one launch's products: they must outlive the launch's enqueueing (the
-  // caching allocator orders their reuse after it on the stream).
-  struct GemvLaunch {
-    kernels::GroupedGemvArgs args;
-    std::vector<torch::Tensor> keep;
-  };
-
-  // Adds to *launch the product y = epilogue(input(x)·wᵀ (+ bias)) over x [B, T, in]
-  // (x's M = B·T rows) and returns y, a new [B, T, out] tensor. `residual`: [B, T, out],
-  // kResidual only.
-  static torch::Tensor AddGemv(GemvLaunch* launch, const torch::Tensor& x, const torch::Tensor& w,
-                               kernels::GemvInput input, const torch::Tensor* bias,
-                               kernels::GemvEpilogue epilogue, const torch::Tensor* residual) {
-    const torch::Tensor xc = x.contiguous(), wc = w.contiguous();
-    const int64_t in = wc.size(1), out = wc.size(0);
-    TORCH_CHECK(xc.size(-1) == in, "rwkv7: a grouped GEMV's x has ", xc.size(-1),
-                " channels for a weight of ", in);
-    torch::Tensor y = torch::empty({xc.size(0), xc.size(1), out}, xc.options());
-    const kernels::GemvWeight weight = wc.scalar_type() == torch::kBFloat16
-                                           ? kernels::GemvWeight::kBFloat16
-                                           : kernels::GemvWeight::kFloat32;
-    TORCH_CHECK(launch->args.count == 0 || launch->args.weight == weight,
-                "rwkv7: a grouped GEMV launch mixes float32 and bf16 weights");
-    launch->args.weight = weight;
-    kernels::GemvProduct& p = launch->args.products[launch->args.count++];
-    p.w = wc.data_ptr();
-    p.x = xc.data_ptr<float>();
-    p.in = in;
-    p.out = out;
-    p.x_stride = in;
-    p.y = y.data_ptr<float>();
-    p.y_stride = out;
-    p.input = input;
-    p.epilogue = epilogue;
-    launch->keep.push_back(xc);
-    launch->keep.push_back(wc);
-    if (bias != nullptr) {
-      const torch::Tensor bc = bias->contiguous();
-      p.bias = bc.data_ptr<float>();
-      launch->keep.push_back(bc);
-    }
-    if (residual != nullptr) {
-      const torch::Tensor rc = residual->contiguous();
-      TORCH_CHECK(rc.numel() == xc.size(0) * xc.size(1) * out, "rwkv7: a residual of ", rc.numel(),
-                  " elements for ", xc.size(0) * xc.size(1), " rows of ", out);
-      p.residual = rc.data_ptr<float>();
-      p.residual_stride = out;
-      launch->keep.push_back(rc);
-    }
-    launch->args.M = static_cast<int>(xc.size(0) * xc.size(1));
-    return y;
-  }
-
-  // Runs *launch on `like`'s device: LaunchGroupedGemv on its current stream (CUDA; no
-  // host synchronisation, so it runs inside CUDA Graph capture), else the CPU mirror.
-  void RunGemv(const GemvLaunch& launch, const torch::Tensor& like) const {
-    if (like.is_cuda()) {
-#if defined(FWSERVE_CUDA_KERNELS)
-      const c10::cuda::CUDAGuard device(like.device());
-      const int error =
-          kernels::LaunchGroupedGemv(launch.args, c10::cuda::getCurrentCUDAStream().stream());
-      TORCH_CHECK(error == 0, "rwkv7 block ", layer_,
-                  ": the grouped GEMV kernel failed: ", kernels::GemvErrorString(error));
-      return;
-#else
-      TORCH_CHECK(false, "rwkv7 block ", layer_, ": no CUDA kernels in this build");
-#endif
-    }
-    TORCH_CHECK(kernels::RunGroupedGemvOnHost(launch.args), "rwkv7 block ", layer_,
-                ": the grouped GEMV's arguments were refused");
-  }
-
   // The time mix's projections in two grouped launches: r, k, v and the LoRAs' first
   // products, then the LoRAs' second products (tanh before w2, sigmoid before g2; the
   // biases w0, a0 and, in blocks > 0, v0).
@@ -430,37 +361,21 @@ class Rwkv7Block final : public RwkvBlock {
     using kernels::GemvInput;
     constexpr GemvEpilogue kPlain = GemvEpilogue::kNone;
     GemvLaunch first;
-    pr->r = AddGemv(&first, xp[0], r_, GemvInput::kNone, nullptr, kPlain, nullptr);
-    pr->k = AddGemv(&first, xp[2], k_, GemvInput::kNone, nullptr, kPlain, nullptr);
-    pr->v = AddGemv(&first, xp[3], v_, GemvInput::kNone, nullptr, kPlain, nullptr);
-    const torch::Tensor w_low =
-        AddGemv(&first, xp[1], w1_, GemvInput::kNone, nullptr, kPlain, nullptr);
-    const torch::Tensor a_low =
-        AddGemv(&first, xp[4], a1_, GemvInput::kNone, nullptr, kPlain, nullptr);
-    const torch::Tensor g_low =
-        AddGemv(&first, xp[5], g1_, GemvInput::kNone, nullptr, kPlain, nullptr);
+    pr->r = first.Add(xp[0], r_, GemvInput::kNone, nullptr, kPlain, nullptr);
+    pr->k = first.Add(xp[2], k_, GemvInput::kNone, nullptr, kPlain, nullptr);
+    pr->v = first.Add(xp[3], v_, GemvInput::kNone, nullptr, kPlain, nullptr);
+    const torch::Tensor w_low = first.Add(xp[1], w1_, GemvInput::kNone, nullptr, kPlain, nullptr);
+    const torch::Tensor a_low = first.Add(xp[4], a1_, GemvInput::kNone, nullptr, kPlain, nullptr);
+    const torch::Tensor g_low = first.Add(xp[5], g1_, GemvInput::kNone, nullptr, kPlain, nullptr);
     torch::Tensor v_low;
-    if (layer_ > 0) v_low = AddGemv(&first, xp[3], v1_, GemvInput::kNone, nullptr, kPlain, nullptr);
-    RunGemv(first, xp[0]);
+    if (layer_ > 0) v_low = first.Add(xp[3], v1_, GemvInput::kNone, nullptr, kPlain, nullptr);
+    first.Run(xp[0], "an rwkv7 block's projections");
     GemvLaunch second;
-    pr->w_raw = AddGemv(&second, w_low, w2_, GemvInput::kTanh, &w0_, kPlain, nullptr);
-    pr->a_raw = AddGemv(&second, a_low, a2_, GemvInput::kNone, &a0_, kPlain, nullptr);
-    pr->g = AddGemv(&second, g_low, g2_, GemvInput::kSigmoid, nullptr, kPlain, nullptr);
-    if (layer_ > 0) {
-      pr->v_raw = AddGemv(&second, v_low, v2_, GemvInput::kNone, &v0_, kPlain, nullptr);
-    }
-    RunGemv(second, xp[0]);
-  }
-
-  // epilogue(x·wᵀ) by one grouped launch of one product: residual + it (kResidual) or
-  // relu(it)² (kSquaredRelu).
-  torch::Tensor GemvLinear(const torch::Tensor& x, const torch::Tensor& w,
-                           kernels::GemvEpilogue epilogue, const torch::Tensor* residual) const {
-    GemvLaunch launch;
-    torch::Tensor y =
-        AddGemv(&launch, x, w, kernels::GemvInput::kNone, nullptr, epilogue, residual);
-    RunGemv(launch, x);
-    return y;
+    pr->w_raw = second.Add(w_low, w2_, GemvInput::kTanh, &w0_, kPlain, nullptr);
+    pr->a_raw = second.Add(a_low, a2_, GemvInput::kNone, &a0_, kPlain, nullptr);
+    pr->g = second.Add(g_low, g2_, GemvInput::kSigmoid, nullptr, kPlain, nullptr);
+    if (layer_ > 0) pr->v_raw = second.Add(v_low, v2_, GemvInput::kNone, &v0_, kPlain, nullptr);
+    second.Run(xp[0], "an rwkv7 block's LoRA products");
   }
 
 #if defined(FWSERVE_CUDA_KERNELS)
