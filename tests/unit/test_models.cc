@@ -121,6 +121,7 @@ fwmodel::ModelConfig ConfigCase::Config() const {
   }
   fwmodel::ModelConfig config = TinyConfig(arch, ffn, dconv, nu, /*tie=*/dconv == 0);
   config.d_model = d_model;
+  config.n_heads = n_heads;
   return pkm ? WithPkm(config) : config;
 }
 
@@ -134,7 +135,8 @@ std::string ConfigCase::Name() const {
   }
   return absl::StrCat(fwmodel::ArchitectureName(arch), "_", fwmodel::FfnKindName(ffn), "_dconv",
                       dconv, "_nu", nu, pkm ? "_pkm" : "",
-                      d_model == 16 ? "" : absl::StrCat("_d", d_model));
+                      d_model == 16 ? "" : absl::StrCat("_d", d_model),
+                      n_heads == 2 ? "" : absl::StrCat("_heads", n_heads));
 }
 
 std::vector<ConfigCase> AllConfigCases() {

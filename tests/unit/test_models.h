@@ -40,7 +40,7 @@ struct ConfigCase {
   int nu;
   bool pkm = false;  // block 1's FFN is a product-key memory
   int d_model = 16;  // TinyConfig's; others give head widths that are not a multiple of 8
-  int n_heads = 2;   // TinyConfig's
+  int n_heads = 2;   // TinyConfig's; the head count of every architecture
 
   // An RWKV case (RwkvConfigCases) ignores ffn, dconv, nu and pkm: RWKV-7 has its LoRA
   // ranks off the vector width, RWKV-4 one head; the head is tied when d_model < 64.
