@@ -13,13 +13,13 @@
 
 #include "models/architectures/mixer.h"
 #include "models/architectures/native_math.h"
+#include "models/gpu/aft.h"
+#include "models/gpu/aft_host.h"
 #include "models/gpu/aft_rule.h"
 
 #if defined(FWSERVE_CUDA_KERNELS)
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
-
-#include "models/gpu/aft.h"
 #endif
 
 namespace fwmodel {
@@ -195,44 +195,11 @@ class Aft final : public Mixer {
   }
 
   // Step's (proj [B, d]) or Forward's (proj [B, T, d]) result by one launch of the fused
-  // kernel on the current stream of the projections' device: y of proj's shape, and
-  // state[0] replaced by a new [B, 3, d] tensor (Mixer's contract: replaced, not written).
-  // Contiguous inputs (the projections already are; anything else is copied), no host
-  // synchronisation, so it runs inside CUDA Graph capture as the ops around it.
+  // kernel (AftRecurrenceKernel); state[0] replaced by a new [B, 3, d] tensor (Mixer's
+  // contract: replaced, not written).
   torch::Tensor FusedRecurrence(const torch::Tensor proj[3], torch::Tensor* state) const {
-    const c10::cuda::CUDAGuard device(proj[0].device());
-    const int64_t B = proj[0].size(0), T = proj[0].dim() == 3 ? proj[0].size(1) : 1,
-                  d = config_.d_model;
-    TORCH_CHECK(proj[0].numel() == B * T * d && proj[0].size(-1) == d &&
-                    proj[1].sizes() == proj[0].sizes() && proj[2].sizes() == proj[0].sizes() &&
-                    state[0].dim() == 3 && state[0].size(0) == B && state[0].size(1) == 3 &&
-                    state[0].size(2) == d,
-                "aft: projections ", proj[0].sizes(), " and state ", state[0].sizes(),
-                " do not match d = ", d);
-    const torch::Tensor r = proj[0].contiguous(), k = proj[1].contiguous(),
-                        v = proj[2].contiguous();
-    const torch::Tensor decay = torch::exp(time_decay_).contiguous();  // w > 0
-    const torch::Tensor time_first = time_first_.contiguous();
-    const torch::Tensor state_in = state[0].contiguous();
-    torch::Tensor state_out = torch::empty_like(state_in, torch::MemoryFormat::Contiguous);
-    torch::Tensor y = torch::empty_like(r, torch::MemoryFormat::Contiguous);
-    kernels::AftArgs args;
-    args.B = B;
-    args.T = T;
-    args.d = d;
-    args.r = r.data_ptr<float>();
-    args.k = k.data_ptr<float>();
-    args.v = v.data_ptr<float>();
-    args.decay = decay.data_ptr<float>();
-    args.time_first = time_first.data_ptr<float>();
-    args.state_in = state_in.data_ptr<float>();
-    args.state_out = state_out.data_ptr<float>();
-    args.y = y.data_ptr<float>();
-    const int error = kernels::LaunchAft(args, c10::cuda::getCurrentCUDAStream().stream());
-    TORCH_CHECK(error == 0,
-                "aft: the fused recurrence kernel failed: ", kernels::AftErrorString(error));
-    state[0] = state_out;
-    return y;
+    return AftRecurrenceKernel(proj[0], proj[1], proj[2], time_decay_, time_first_, &state[0],
+                               "aft");
   }
 #endif
 
@@ -240,6 +207,53 @@ class Aft final : public Mixer {
 };
 
 }  // namespace
+
+torch::Tensor AftRecurrenceKernel(const torch::Tensor& r_raw, const torch::Tensor& k,
+                                  const torch::Tensor& v, const torch::Tensor& time_decay,
+                                  const torch::Tensor& time_first, torch::Tensor* state,
+                                  const char* what) {
+  const int64_t d = r_raw.size(-1), B = r_raw.size(0);
+  const int64_t T = r_raw.dim() == 3 ? r_raw.size(1) : 1;
+  TORCH_CHECK((r_raw.dim() == 2 || r_raw.dim() == 3) && r_raw.numel() == B * T * d &&
+                  k.sizes() == r_raw.sizes() && v.sizes() == r_raw.sizes() && state->dim() == 3 &&
+                  state->size(0) == B && state->size(1) == 3 && state->size(2) == d &&
+                  time_decay.numel() == d && time_first.numel() == d,
+              what, ": projections ", r_raw.sizes(), " and state ", state->sizes(),
+              " do not match");
+  const torch::Tensor r = r_raw.contiguous(), kc = k.contiguous(), vc = v.contiguous();
+  const torch::Tensor decay = torch::exp(time_decay).contiguous();  // w > 0
+  const torch::Tensor first = time_first.contiguous();
+  const torch::Tensor state_in = state->contiguous();
+  torch::Tensor state_out = torch::empty_like(state_in, torch::MemoryFormat::Contiguous);
+  torch::Tensor y = torch::empty_like(r, torch::MemoryFormat::Contiguous);
+  kernels::AftArgs args;
+  args.B = B;
+  args.T = T;
+  args.d = d;
+  args.r = r.data_ptr<float>();
+  args.k = kc.data_ptr<float>();
+  args.v = vc.data_ptr<float>();
+  args.decay = decay.data_ptr<float>();
+  args.time_first = first.data_ptr<float>();
+  args.state_in = state_in.data_ptr<float>();
+  args.state_out = state_out.data_ptr<float>();
+  args.y = y.data_ptr<float>();
+  if (r.is_cuda()) {
+#if defined(FWSERVE_CUDA_KERNELS)
+    const c10::cuda::CUDAGuard device(r.device());
+    const int error = kernels::LaunchAft(args, c10::cuda::getCurrentCUDAStream().stream());
+    TORCH_CHECK(error == 0, what,
+                ": the fused recurrence kernel failed: ", kernels::AftErrorString(error));
+#else
+    TORCH_CHECK(false, what, ": no CUDA kernels in this build");
+#endif
+  } else {
+    TORCH_CHECK(kernels::RunAftOnHost(args), what,
+                ": the recurrence kernel's arguments were refused");
+  }
+  *state = state_out;
+  return y;
+}
 
 std::unique_ptr<Mixer> MakeAftMixer(const ModelConfig& config, const ModelOptions& options) {
   return std::make_unique<Aft>(config, options);

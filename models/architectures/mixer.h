@@ -109,4 +109,16 @@ torch::Tensor MergeChunkHeads(const std::vector<torch::Tensor>& outputs, int64_t
 // DeltaNet architectures, whose blocks are whole (MakeWholeBlock, block.h).
 std::unique_ptr<Mixer> MakeMixer(const ModelConfig& config, const ModelOptions& options = {});
 
+// The aft recurrence (aft's time mix, and RWKV-4's: the same formulas with w =
+// exp(time_decay)) over the T tokens of r_raw, k, v ([B, T, d], or [B, d] for one token)
+// as one launch of the fused kernel (models/gpu/aft.h) on their CUDA device (on the
+// current stream, no host synchronisation), or by the kernel's CPU mirror for CPU tensors:
+// returns sigmoid(r_raw) ⊙ wkv, shaped like r_raw, and replaces *state ([B, 3, d]: α, β,
+// p) with a new tensor. float32 tensors, no autograd; throws c10::Error (naming `what`)
+// on a mismatch or a failed launch. Defined in aft.cc.
+torch::Tensor AftRecurrenceKernel(const torch::Tensor& r_raw, const torch::Tensor& k,
+                                  const torch::Tensor& v, const torch::Tensor& time_decay,
+                                  const torch::Tensor& time_first, torch::Tensor* state,
+                                  const char* what);
+
 }  // namespace fwmodel

@@ -1091,14 +1091,18 @@ absl::Status CheckTokens(const torch::Tensor& tokens, int64_t dims, int64_t voca
 }
 }  // namespace
 
-absl::StatusOr<torch::Tensor> Model::Forward(const torch::Tensor& tokens, State* state) const {
+absl::Status Model::CheckSequenceInput(const torch::Tensor& tokens, const State& state) const {
   if (matrices_released_) {
     return absl::FailedPreconditionError(
         "the model's matrices were released to its native kernel (ReleaseMatrices)");
   }
   absl::Status s = CheckTokens(tokens, 2, config_.vocab_size);
   if (!s.ok()) return s;
-  if (!(s = CheckState(*state, tokens.size(0))).ok()) return s;
+  return CheckState(state, tokens.size(0));
+}
+
+absl::StatusOr<torch::Tensor> Model::Forward(const torch::Tensor& tokens, State* state) const {
+  if (absl::Status s = CheckSequenceInput(tokens, *state); !s.ok()) return s;
   try {
     return ForwardUnchecked(tokens.to(options_.device), state);
   } catch (const c10::Error& e) {
@@ -1107,13 +1111,7 @@ absl::StatusOr<torch::Tensor> Model::Forward(const torch::Tensor& tokens, State*
 }
 
 absl::StatusOr<torch::Tensor> Model::Prefill(const torch::Tensor& tokens, State* state) const {
-  if (matrices_released_) {
-    return absl::FailedPreconditionError(
-        "the model's matrices were released to its native kernel (ReleaseMatrices)");
-  }
-  absl::Status s = CheckTokens(tokens, 2, config_.vocab_size);
-  if (!s.ok()) return s;
-  if (!(s = CheckState(*state, tokens.size(0))).ok()) return s;
+  if (absl::Status s = CheckSequenceInput(tokens, *state); !s.ok()) return s;
   try {
     torch::Tensor h = ForwardHidden(tokens.to(options_.device), state, /*training=*/false);
     return Head(h.select(1, h.size(1) - 1));

@@ -149,6 +149,9 @@ class Model {
   // in proj (made contiguous); *conv_state replaced by the advanced state.
   void FusedDepthwiseConv(int layer, torch::Tensor proj[3], torch::Tensor* conv_state) const;
   absl::Status CheckState(const State& state, int64_t batch) const;
+  // Forward's and Prefill's checks: matrices not released, tokens int64 [B, T] in the
+  // vocabulary, `state` of batch B.
+  absl::Status CheckSequenceInput(const torch::Tensor& tokens, const State& state) const;
 
   ModelConfig config_;
   ModelOptions options_;

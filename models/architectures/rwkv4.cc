@@ -19,14 +19,8 @@
 #include <atomic>
 #include <cmath>
 
+#include "models/architectures/mixer.h"
 #include "models/architectures/rwkv_block.h"
-#include "models/gpu/aft.h"
-#include "models/gpu/aft_host.h"
-
-#if defined(FWSERVE_CUDA_KERNELS)
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
-#endif
 
 namespace fwmodel {
 
@@ -199,43 +193,7 @@ class Rwkv4Block final : public RwkvBlock {
   // runs inside CUDA Graph capture.
   torch::Tensor FusedWkv(const torch::Tensor& r_raw, const torch::Tensor& k, const torch::Tensor& v,
                          torch::Tensor* wkv_state) const {
-    const int64_t B = r_raw.size(0), T = r_raw.size(1), d = config_.d_model;
-    TORCH_CHECK(r_raw.dim() == 3 && r_raw.size(2) == d && k.sizes() == r_raw.sizes() &&
-                    v.sizes() == r_raw.sizes() && wkv_state->dim() == 3 &&
-                    wkv_state->size(0) == B && wkv_state->size(1) == 3 && wkv_state->size(2) == d,
-                "rwkv4 block ", layer_, ": projections ", r_raw.sizes(), " and state ",
-                wkv_state->sizes(), " do not match d = ", d);
-    const torch::Tensor r = r_raw.contiguous(), kc = k.contiguous(), vc = v.contiguous();
-    const torch::Tensor decay = torch::exp(time_decay_).contiguous();  // w > 0
-    const torch::Tensor time_first = first_.contiguous();
-    const torch::Tensor state_in = wkv_state->contiguous();
-    torch::Tensor state_out = torch::empty_like(state_in, torch::MemoryFormat::Contiguous);
-    torch::Tensor y = torch::empty_like(r, torch::MemoryFormat::Contiguous);
-    kernels::AftArgs args;
-    args.B = B;
-    args.T = T;
-    args.d = d;
-    args.r = r.data_ptr<float>();
-    args.k = kc.data_ptr<float>();
-    args.v = vc.data_ptr<float>();
-    args.decay = decay.data_ptr<float>();
-    args.time_first = time_first.data_ptr<float>();
-    args.state_in = state_in.data_ptr<float>();
-    args.state_out = state_out.data_ptr<float>();
-    args.y = y.data_ptr<float>();
-    if (r.is_cuda()) {
-#if defined(FWSERVE_CUDA_KERNELS)
-      const c10::cuda::CUDAGuard device(r.device());
-      const int error = kernels::LaunchAft(args, c10::cuda::getCurrentCUDAStream().stream());
-      TORCH_CHECK(error == 0, "rwkv4 block ", layer_,
-                  ": the fused recurrence kernel failed: ", kernels::AftErrorString(error));
-#endif
-    } else {
-      TORCH_CHECK(kernels::RunAftOnHost(args), "rwkv4 block ", layer_,
-                  ": the recurrence kernel's arguments were refused");
-    }
-    *wkv_state = state_out;
-    return y;
+    return AftRecurrenceKernel(r_raw, k, v, time_decay_, first_, wkv_state, "an rwkv4 block");
   }
 
   torch::Tensor ln1_w_, ln1_b_, ln2_w_, ln2_b_;
