@@ -17,25 +17,8 @@ namespace {
 
 __global__ void __launch_bounds__(kAftThreads) AftKernel(const AftArgs args) {
   const int64_t item = static_cast<int64_t>(blockIdx.x) * kAftThreads + threadIdx.x;
-  const int64_t d = args.d;
-  if (item >= args.B * d) return;
-  const int64_t b = item / d, c = item - b * d;
-  const int64_t row = args.rows != nullptr ? args.rows[b] : b;
-  const int64_t state_at = row * 3 * d + c;
-  const float* in = args.state_in + state_at;
-  AftChannelState s{in[0], in[d], in[2 * d]};
-  const float u = args.time_first[c], w = args.decay[c];
-  const float* __restrict__ r = args.r;
-  const float* __restrict__ k = args.k;
-  const float* __restrict__ v = args.v;
-  for (int64_t t = 0; t < args.T; ++t) {
-    const int64_t o = (b * args.T + t) * d + c;
-    args.y[o] = AftChannelToken(r[o], k[o], v[o], u, w, &s);
-  }
-  float* out = args.state_out + state_at;
-  out[0] = s.alpha;
-  out[d] = s.beta;
-  out[2 * d] = s.p;
+  if (item >= args.B * args.d) return;
+  AftRunItem(args, item);
 }
 
 }  // namespace

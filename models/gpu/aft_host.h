@@ -18,23 +18,7 @@ namespace fwmodel::kernels {
 // arguments (cudaErrorInvalidValue).
 inline bool RunAftOnHost(const AftArgs& args) {
   if (!AftArgsValid(args)) return false;
-  const int64_t d = args.d;
-  for (int64_t item = 0; item < args.B * d; ++item) {
-    const int64_t b = item / d, c = item - b * d;
-    const int64_t row = args.rows != nullptr ? args.rows[b] : b;
-    const int64_t state_at = row * 3 * d + c;
-    const float* in = args.state_in + state_at;
-    AftChannelState s{in[0], in[d], in[2 * d]};
-    const float u = args.time_first[c], w = args.decay[c];
-    for (int64_t t = 0; t < args.T; ++t) {
-      const int64_t o = (b * args.T + t) * d + c;
-      args.y[o] = AftChannelToken(args.r[o], args.k[o], args.v[o], u, w, &s);
-    }
-    float* out = args.state_out + state_at;
-    out[0] = s.alpha;
-    out[d] = s.beta;
-    out[2 * d] = s.p;
-  }
+  for (int64_t item = 0; item < args.B * args.d; ++item) AftRunItem(args, item);
   return true;
 }
 

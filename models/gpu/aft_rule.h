@@ -16,6 +16,7 @@
 // finite, and e^{p−q} is exactly 0.
 #pragma once
 
+#include "models/gpu/aft.h"
 #include "models/gpu/host_device.h"
 
 namespace fwmodel::kernels {
@@ -46,6 +47,27 @@ FW_HOST_DEVICE inline float AftChannelToken(float r_raw, float k, float v, float
   s->beta = e1 * b0 + e2;
   s->p = q2;
   return r * wkv;
+}
+
+// LaunchAft's item `item` (of B·d: session b = item / d, channel c): the channel's state
+// from its row, the T tokens in order (AftChannelToken), the state out. The kernel's
+// thread body (aft.cu) and the mirror's loop body (aft_host.h).
+FW_HOST_DEVICE inline void AftRunItem(const AftArgs& args, int64_t item) {
+  const int64_t d = args.d;
+  const int64_t b = item / d, c = item - b * d;
+  const int64_t row = args.rows != nullptr ? args.rows[b] : b;
+  const int64_t state_at = row * 3 * d + c;
+  const float* in = args.state_in + state_at;
+  AftChannelState s{in[0], in[d], in[2 * d]};
+  const float u = args.time_first[c], w = args.decay[c];
+  for (int64_t t = 0; t < args.T; ++t) {
+    const int64_t o = (b * args.T + t) * d + c;
+    args.y[o] = AftChannelToken(args.r[o], args.k[o], args.v[o], u, w, &s);
+  }
+  float* out = args.state_out + state_at;
+  out[0] = s.alpha;
+  out[d] = s.beta;
+  out[2 * d] = s.p;
 }
 
 }  // namespace fwmodel::kernels
