@@ -181,17 +181,9 @@ class Aft final : public Mixer {
   // [B, T, d]), state and weights, and no autograd graph to record (the kernel has no
   // backward).
   bool FusedApplies(const torch::Tensor proj[3], const torch::Tensor& state) const {
-    for (const torch::Tensor* t :
-         {&proj[0], &proj[1], &proj[2], &state, &time_decay_, &time_first_}) {
-      if (!t->is_cuda() || t->scalar_type() != torch::kFloat32) return false;
-    }
-    if (c10::GradMode::is_enabled()) {
-      for (const torch::Tensor* t :
-           {&proj[0], &proj[1], &proj[2], &state, &time_decay_, &time_first_}) {
-        if (t->requires_grad()) return false;
-      }
-    }
-    return true;
+    return proj[0].is_cuda() &&
+           KernelInputsOk(proj[0].device(),
+                          {&proj[0], &proj[1], &proj[2], &state, &time_decay_, &time_first_});
   }
 
   // Step's (proj [B, d]) or Forward's (proj [B, T, d]) result by one launch of the fused

@@ -279,16 +279,8 @@ class FastWeight final : public Mixer {
         kernels::FastWeightPhi(dh, config_.dpfp_nu) > kernels::kFastWeightMaxPhi) {
       return false;
     }
-    const torch::Tensor* tensors[] = {&a, &proj[0], &proj[1], &proj[2], &beta_w_, &state[0]};
-    for (const torch::Tensor* t : tensors) {
-      if (!t->is_cuda() || t->scalar_type() != torch::kFloat32) return false;
-    }
-    if (c10::GradMode::is_enabled()) {
-      for (const torch::Tensor* t : tensors) {
-        if (t->requires_grad()) return false;
-      }
-    }
-    return true;
+    return a.is_cuda() &&
+           KernelInputsOk(a.device(), {&a, &proj[0], &proj[1], &proj[2], &beta_w_, &state[0]});
   }
 
   // Step's (a, proj [B, d]) or Forward's (a, proj [B, T, d]) result by one launch of the

@@ -154,16 +154,8 @@ class LinearAttention final : public Mixer {
   // [B, T, d]) and state, heads the kernel takes, and no autograd graph to record (the
   // kernel has no backward).
   bool FusedApplies(const torch::Tensor proj[3], const torch::Tensor* state) const {
-    if (config_.d_head() > kernels::kLinearAttentionMaxN) return false;
-    for (const torch::Tensor* t : {&proj[0], &proj[1], &proj[2], &state[0], &state[1]}) {
-      if (!t->is_cuda() || t->scalar_type() != torch::kFloat32) return false;
-    }
-    if (c10::GradMode::is_enabled()) {
-      for (const torch::Tensor* t : {&proj[0], &proj[1], &proj[2], &state[0], &state[1]}) {
-        if (t->requires_grad()) return false;
-      }
-    }
-    return true;
+    return config_.d_head() <= kernels::kLinearAttentionMaxN && proj[0].is_cuda() &&
+           KernelInputsOk(proj[0].device(), {&proj[0], &proj[1], &proj[2], &state[0], &state[1]});
   }
 
   // Step's (proj [B, d]) or Forward's (proj [B, T, d]) result by one launch of the fused

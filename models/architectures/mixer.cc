@@ -18,6 +18,18 @@ int64_t Mixer::MacsPerToken() const {
   return 4 * d * d;  // q|r, k, v, o
 }
 
+bool KernelInputsOk(const torch::Device& device,
+                    std::initializer_list<const torch::Tensor*> tensors, bool bf16_ok) {
+  const bool grad = c10::GradMode::is_enabled();
+  for (const torch::Tensor* t : tensors) {
+    if (!t->defined()) continue;
+    const bool dtype_ok =
+        t->scalar_type() == torch::kFloat32 || (bf16_ok && t->scalar_type() == torch::kBFloat16);
+    if (t->device() != device || !dtype_ok || (grad && t->requires_grad())) return false;
+  }
+  return true;
+}
+
 torch::Tensor MergeChunkHeads(const std::vector<torch::Tensor>& outputs, int64_t batch,
                               int64_t tokens, int64_t d_model) {
   torch::Tensor heads = outputs.size() == 1 ? outputs[0] : torch::cat(outputs, 2);

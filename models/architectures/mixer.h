@@ -16,6 +16,7 @@
 #include <array>
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <utility>
@@ -108,6 +109,13 @@ torch::Tensor MergeChunkHeads(const std::vector<torch::Tensor>& outputs, int64_t
 // The one place that picks a mixer: by config.architecture. Null for the RWKV and
 // DeltaNet architectures, whose blocks are whole (MakeWholeBlock, block.h).
 std::unique_ptr<Mixer> MakeMixer(const ModelConfig& config, const ModelOptions& options = {});
+
+// Whether a fused kernel may read these tensors (undefined ones are skipped): each on
+// `device`, float32 (or, with `bf16_ok`, bfloat16: ModelOptions::bf16_matrices), and,
+// while grad mode is on, none requiring grad (the kernels have no backward). Which
+// devices run a kernel is the caller's test. Defined in mixer.cc.
+bool KernelInputsOk(const torch::Device& device,
+                    std::initializer_list<const torch::Tensor*> tensors, bool bf16_ok = false);
 
 // The aft recurrence (aft's time mix, and RWKV-4's: the same formulas with w =
 // exp(time_decay)) over the T tokens of r_raw, k, v ([B, T, d], or [B, d] for one token)

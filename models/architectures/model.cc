@@ -46,22 +46,11 @@ std::atomic<bool> model_host_kernels_for_testing{false};
 // skipped) on x's device, float32 or bf16 (ModelOptions::bf16_matrices), and no autograd
 // graph to record (the kernels have no backward).
 bool KernelPathApplies(const torch::Tensor& x, std::initializer_list<const torch::Tensor*> with) {
-  if (x.scalar_type() != torch::kFloat32) return false;
   if (!(x.is_cuda() && GemvCudaKernelsBuilt()) &&
       !(x.is_cpu() && model_host_kernels_for_testing.load())) {
     return false;
   }
-  const bool grad = c10::GradMode::is_enabled();
-  if (grad && x.requires_grad()) return false;
-  for (const torch::Tensor* t : with) {
-    if (!t->defined()) continue;
-    if (t->device() != x.device() ||
-        (t->scalar_type() != torch::kFloat32 && t->scalar_type() != torch::kBFloat16) ||
-        (grad && t->requires_grad())) {
-      return false;
-    }
-  }
-  return true;
+  return KernelInputsOk(x.device(), {&x}) && KernelInputsOk(x.device(), with, /*bf16_ok=*/true);
 }
 
 // Rows of x [..., width]: the grouped GEMV takes at most kernels::kGemvMaxRows.

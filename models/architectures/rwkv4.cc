@@ -19,6 +19,7 @@
 #include <atomic>
 #include <cmath>
 
+#include "models/architectures/gemv_launch.h"
 #include "models/architectures/mixer.h"
 #include "models/architectures/rwkv_block.h"
 
@@ -170,21 +171,9 @@ class Rwkv4Block final : public RwkvBlock {
   // the kernel's mirror (SetRwkv4HostWkvForTesting).
   bool FusedApplies(const torch::Tensor& r_raw, const torch::Tensor& k, const torch::Tensor& v,
                     const torch::Tensor& wkv_state) const {
-#if defined(FWSERVE_CUDA_KERNELS)
-    constexpr bool kCudaKernels = true;
-#else
-    constexpr bool kCudaKernels = false;
-#endif
-    const bool cuda = r_raw.is_cuda() && kCudaKernels;
+    const bool cuda = r_raw.is_cuda() && GemvCudaKernelsBuilt();
     if (!cuda && !(r_raw.is_cpu() && rwkv4_host_wkv_for_testing.load())) return false;
-    const bool grad = c10::GradMode::is_enabled();
-    for (const torch::Tensor* t : {&r_raw, &k, &v, &wkv_state, &time_decay_, &first_}) {
-      if (t->scalar_type() != torch::kFloat32 || t->device() != r_raw.device() ||
-          (grad && t->requires_grad())) {
-        return false;
-      }
-    }
-    return true;
+    return KernelInputsOk(r_raw.device(), {&r_raw, &k, &v, &wkv_state, &time_decay_, &first_});
   }
 
   // sigmoid(r) ⊙ wkv [B, T, d] by one launch of the aft kernel (aft's recurrence with w =

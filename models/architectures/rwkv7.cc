@@ -40,6 +40,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "models/architectures/gemv_launch.h"
+#include "models/architectures/mixer.h"
 #include "models/architectures/rwkv_block.h"
 #include "models/gpu/gemv.h"
 
@@ -315,42 +316,26 @@ class Rwkv7Block final : public RwkvBlock {
         h.size(0) * h.size(1) > kernels::kGemvMaxRows || h.size(2) != config_.d_model) {
       return false;
     }
-#if defined(FWSERVE_CUDA_KERNELS)
-    constexpr bool kCudaKernels = true;
-#else
-    constexpr bool kCudaKernels = false;
-#endif
-    if (!(h.is_cuda() && kCudaKernels) && !(h.is_cpu() && rwkv7_host_gemv_for_testing.load())) {
+    if (!(h.is_cuda() && GemvCudaKernelsBuilt()) &&
+        !(h.is_cpu() && rwkv7_host_gemv_for_testing.load())) {
       return false;
     }
-    const bool grad = c10::GradMode::is_enabled();
-    if (grad && h.requires_grad()) return false;
-    for (int p = 0; p < 6; ++p) {
-      if (xp[p].scalar_type() != torch::kFloat32 || xp[p].device() != h.device() ||
-          (grad && xp[p].requires_grad())) {
-        return false;
-      }
+    if (!KernelInputsOk(h.device(),
+                        {&h, &xp[0], &xp[1], &xp[2], &xp[3], &xp[4], &xp[5], &w0_, &a0_, &v0_})) {
+      return false;
+    }
+    for (const torch::Tensor* t : {&w0_, &a0_, &v0_}) {
+      if (t->defined() && t->numel() != config_.d_model) return false;
     }
     // The matrices: all float32 or all bf16 (ModelOptions::bf16_matrices): a launch has
     // one weight type.
-    const torch::ScalarType matrix_type = r_.scalar_type();
-    if (matrix_type != torch::kFloat32 && matrix_type != torch::kBFloat16) return false;
-    for (const torch::Tensor* t : {&r_, &k_, &v_, &o_, &w1_, &w2_, &a1_, &a2_, &v1_, &v2_, &g1_,
-                                   &g2_, &ffn_key_, &ffn_value_}) {
+    const std::initializer_list<const torch::Tensor*> matrices = {
+        &r_, &k_, &v_, &o_, &w1_, &w2_, &a1_, &a2_, &v1_, &v2_, &g1_, &g2_, &ffn_key_, &ffn_value_};
+    for (const torch::Tensor* t : matrices) {
       if (!t->defined()) continue;  // v1, v2 in block 0
-      if (t->dim() != 2 || t->scalar_type() != matrix_type || t->device() != h.device() ||
-          (grad && t->requires_grad())) {
-        return false;
-      }
+      if (t->dim() != 2 || t->scalar_type() != r_.scalar_type()) return false;
     }
-    for (const torch::Tensor* t : {&w0_, &a0_, &v0_}) {
-      if (!t->defined()) continue;
-      if (t->numel() != config_.d_model || t->scalar_type() != torch::kFloat32 ||
-          t->device() != h.device() || (grad && t->requires_grad())) {
-        return false;
-      }
-    }
-    return true;
+    return KernelInputsOk(h.device(), matrices, /*bf16_ok=*/true);
   }
 
   // The time mix's projections in two grouped launches: r, k, v and the LoRAs' first
